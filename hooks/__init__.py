@@ -1,0 +1,1 @@
+"""Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting)."""

@@ -1,0 +1,57 @@
+"""Memory sizes: the one place where size strings are parsed and bytes are formatted.
+
+Units: B, KB/MB/GB/TB are powers of 1000; KiB/MiB/GiB/TiB are powers of 1024; the letters are
+case-insensitive; a bare int (or digit string) is bytes. Unlike accelerate, "10gb" means gigabytes, never
+gigabits: a lower-case "b" is a byte here, because nobody budgets GPU memory in bits.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidSizeError
+
+_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+GiB = 1024**3
+
+
+def parse_size(value: int | float | str) -> int:
+    """Bytes for `value`: an int of bytes or a string such as "24GiB", "10GB", "512 MiB", "1024"."""
+    if isinstance(value, bool):
+        raise InvalidSizeError(f"Invalid memory size {value!r}: expected bytes (int) or a string like '24GiB'.")
+    if isinstance(value, int):
+        return _non_negative(value, value)
+    if isinstance(value, float) and value.is_integer():
+        return _non_negative(int(value), value)
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        unit = match.group(2).lower() if match else None
+        if match and (unit == "" or unit in _UNITS):
+            return _non_negative(int(float(match.group(1)) * _UNITS.get(unit, 1)), value)
+    raise InvalidSizeError(
+        f"Invalid memory size {value!r}: expected bytes (int) or a number followed by one of "
+        "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '24GiB'."
+    )
+
+
+def _non_negative(n: int, original) -> int:
+    if n < 0:
+        raise InvalidSizeError(f"Invalid memory size {original!r}: a size cannot be negative.")
+    return n
+
+
+def format_size(n: int | float, unit: str = "GiB", digits: int = 2) -> str:
+    """`format_size(1.5 * GiB)` -> "1.50 GiB"."""
+    return f"{n / _UNITS[unit.lower()]:.{digits}f} {unit}"

@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from placement import InvalidDeviceError, InvalidSizeError, normalize_device, parse_size
+from placement.sizes import format_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (1024, 1024),
+        ("1024", 1024),
+        ("10GB", 10 * 1000**3),
+        ("10gb", 10 * 1000**3),  # accelerate reads this as gigabits; we read bytes
+        ("24GiB", 24 * 1024**3),
+        ("24gib", 24 * 1024**3),
+        ("1.5 GiB", 3 * 1024**3 // 2),
+        ("512MiB", 512 * 1024**2),
+        ("7B", 7),
+        ("2TB", 2 * 1000**4),
+        (3.0, 3),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["ten GB", "10 gigs", "GiB", "", "-1GB", -5, True, 1.5, None, "10 Gb s"])
+def test_parse_size_rejects_and_quotes_the_input(bad):
+    with pytest.raises(InvalidSizeError, match=repr(bad).replace("(", r"\(").replace(")", r"\)")[:8]):
+        parse_size(bad)
+
+
+def test_format_size():
+    assert format_size(3 * 1024**3 // 2) == "1.50 GiB"
+    assert format_size(512 * 1024**2, "MiB", 0) == "512 MiB"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [(0, 0), (3, 3), ("1", 1), ("cuda", 0), ("cuda:1", 1), (torch.device("cuda", 2), 2), ("cpu", "cpu"),
+     (torch.device("cpu"), "cpu"), ("disk", "disk"), ("CPU", "cpu")],
+)
+def test_normalize_device(spec, expected):
+    assert normalize_device(spec) == expected
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", -1, True, 1.0, "tpu:0"])
+def test_normalize_device_rejects(bad):
+    with pytest.raises(InvalidDeviceError, match="Invalid device"):
+        normalize_device(bad)
