@@ -1,0 +1,210 @@
+"""Pipeline: named components (models and non-models), the model graph, placement state, save and load.
+
+A subclass declares its components as constructor arguments and its data flow as `model_graph` edges, then
+registers the components. Everything about placement (plan, stream, dispatch) lives in `pipeline_loading`;
+everything about offloading in `PipelineMemoryMixin`; this file holds the state those two act on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import networkx as nx
+import torch
+from torch import nn
+
+from accelerate.hooks import remove_hook_from_module
+from placement.errors import PlacementError
+
+from .errors import DeviceMappedError
+from .pipeline_memory import PipelineMemoryMixin
+
+
+class PipelineComponentError(PlacementError, ValueError):
+    """A component or model-graph edge that a pipeline cannot accept."""
+
+
+class Pipeline(PipelineMemoryMixin):
+    """Base class of every pipeline (and, used directly, a generic pipeline loaded from any folder).
+
+    `model_graph` lists edges `(producer, consumer)` between module components; its topological order is the
+    execution order that planning and model offload follow. Edges that touch an optional component registered
+    as None are ignored; an edge naming a component that was never registered is an error.
+    """
+
+    model_graph: ClassVar[Sequence[tuple[str, str]]] = ()
+
+    def __init__(self) -> None:
+        self._component_names: list[str] = []
+        self.hf_device_map: dict[str, Any] | None = None
+        # The placement.Plan the pipeline was loaded with (None when not device-mapped); kept for inspection.
+        self.placement_plan = None
+        # Per-component actions `reset_device_map()` must run after removing hooks (e.g. reload disk weights).
+        self._reset_actions: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------------------------------- components
+    def register_components(self, **named: Any) -> None:
+        """Register components (modules, non-modules, or None for an absent optional one) as attributes."""
+        for name, component in named.items():
+            if name.startswith("_") or not name.isidentifier():
+                raise PipelineComponentError(f"Component name {name!r} must be a public Python identifier.")
+            if name not in self._component_names:
+                self._component_names.append(name)
+            setattr(self, name, component)
+
+    @property
+    def components(self) -> dict[str, Any]:
+        """Every registered component by name (modules, non-modules, None for absent ones), in registration order."""
+        return {name: getattr(self, name) for name in self._component_names}
+
+    @property
+    def module_components(self) -> dict[str, nn.Module]:
+        """The nn.Module components, in execution order."""
+        components = self.components
+        return {name: components[name] for name in self.execution_order}
+
+    @property
+    def graph_edges(self) -> list[tuple[str, str]]:
+        """The model graph's edges between present module components (edges touching a None component dropped)."""
+        components = self.components
+        edges = []
+        for producer, consumer in self.model_graph:
+            for name in (producer, consumer):
+                if name not in components:
+                    raise PipelineComponentError(
+                        f"{type(self).__name__}.model_graph names {name!r}, which is not a registered component "
+                        f"(registered: {', '.join(components) or 'none'})."
+                    )
+            if isinstance(components[producer], nn.Module) and isinstance(components[consumer], nn.Module):
+                edges.append((producer, consumer))
+        return edges
+
+    @property
+    def execution_order(self) -> list[str]:
+        """Module component names in topological order of the model graph; ties keep registration order."""
+        modules = [name for name, obj in self.components.items() if isinstance(obj, nn.Module)]
+        graph = nx.DiGraph()
+        graph.add_nodes_from(modules)
+        graph.add_edges_from((a, b) for a, b in self.graph_edges if a != b)
+        rank = {name: index for index, name in enumerate(modules)}
+        try:
+            return list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
+        except nx.NetworkXUnfeasible as error:
+            raise PipelineComponentError(
+                f"{type(self).__name__}.model_graph has a cycle: {nx.find_cycle(graph)}; the graph must be acyclic."
+            ) from error
+
+    # ------------------------------------------------------------------------------------------ devices
+    def component_execution_device(self, name: str) -> torch.device:
+        """Where component `name` computes: its plan's execution device, an offload hook's, or its weights'."""
+        if self.placement_plan is not None and name in self.placement_plan.components:
+            return _torch_device(self.placement_plan.components[name].execution_device)
+        return module_execution_device(self.components[name])
+
+    @property
+    def device(self) -> torch.device:
+        """The execution device of the first module component (where a call starts)."""
+        order = self.execution_order
+        return self.component_execution_device(order[0]) if order else torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        for module in self.module_components.values():
+            for parameter in module.parameters():
+                if parameter.is_floating_point():
+                    return parameter.dtype
+        return torch.float32
+
+    def to(self, *args, **kwargs) -> "Pipeline":
+        """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
+        self._refuse_if_device_mapped(".to()")
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        for module in self.module_components.values():
+            module.to(device=device, dtype=dtype)
+        return self
+
+    def reset_device_map(self) -> None:
+        """Remove every hook, bring every weight to the CPU and clear `hf_device_map`; then `.to()` works."""
+        for name, module in self.module_components.items():
+            remove_hook_from_module(module, recurse=True)
+            action = self._reset_actions.pop(name, None)
+            if action is not None:
+                action(module)
+            module.to("cpu")
+            if hasattr(module, "hf_device_map"):
+                module.hf_device_map = None
+        self._reset_actions.clear()
+        self.hf_device_map = None
+        self.placement_plan = None
+
+    def _refuse_if_device_mapped(self, operation: str) -> None:
+        if self.hf_device_map is not None:
+            raise DeviceMappedError(
+                f"{operation} on a device-mapped {type(self).__name__} (hf_device_map={self.hf_device_map}) "
+                "would break its placement; call pipe.reset_device_map() first."
+            )
+
+    # ------------------------------------------------------------------------------------- save and load
+    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
+                        variant: str | None = None) -> None:
+        """Write model_index.json and one subfolder per component, atomically (see `pipeline_saving`)."""
+        from .pipeline_saving import save_pipeline
+
+        save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+
+    @classmethod
+    def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
+                        variant: str | None = None, offload_folder: str | Path | None = None,
+                        call: Mapping[str, Any] | None = None, progress: bool = True, **components: Any):
+        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
+
+        `components` replaces saved components by name (a component that already carries a device map is
+        pinned where it is). `call` (e.g. `{"height": 1024, "width": 1024}`) makes the plan account for
+        activation memory where the pipeline knows its inputs (`activation_inputs`).
+        """
+        from .pipeline_loading import load_pipeline
+
+        return load_pipeline(cls, pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                             variant=variant, offload_folder=offload_folder, call=call, progress=progress,
+                             passed=components)
+
+    @classmethod
+    def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
+                       variant: str | None = None, offload_folder: str | Path | None = None,
+                       call: Mapping[str, Any] | None = None, **components: Any):
+        """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights."""
+        from .pipeline_loading import plan_folder
+
+        return plan_folder(cls, pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                           variant=variant, offload_folder=offload_folder, call=call, passed=components)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}("]
+        for name, component in self.components.items():
+            lines.append(f"  {name}: {type(component).__name__ if component is not None else None}")
+        lines.append(f"  hf_device_map={self.hf_device_map}")
+        return "\n".join(lines) + "\n)"
+
+
+def module_execution_device(module: Any) -> torch.device:
+    """An accelerate hook's execution device if the module has one (offload), else its first weight's device."""
+    if not isinstance(module, nn.Module):
+        return torch.device("cpu")
+    for submodule in module.modules():
+        hook = getattr(submodule, "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        for inner in getattr(hook, "hooks", ()):  # accelerate SequentialHook
+            device = device or getattr(inner, "execution_device", None)
+        if device is not None:
+            return torch.device(device) if not isinstance(device, int) else _torch_device(device)
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return torch.device("cpu")
+
+
+def _torch_device(device) -> torch.device:
+    from placement.devices import torch_device
+
+    return torch_device("cpu" if device == "disk" else device)
