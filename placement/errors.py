@@ -15,3 +15,7 @@ class InvalidSizeError(PlacementError, ValueError):
 
 class InvalidDeviceError(PlacementError, ValueError):
     """A device key or device spec that is not an accelerator index, "cpu" or "disk"."""
+
+
+class InvalidDtypeError(PlacementError, ValueError):
+    """A `torch_dtype` that is not a floating dtype, None, or a {component: dtype, "default": dtype} dict."""

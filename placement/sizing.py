@@ -1,0 +1,186 @@
+"""Bytes of a module at a requested dtype, and the units a device map may place independently.
+
+Sizes come from `accelerate.utils.compute_module_sizes` (the accelerate-style `{"": total, "blocks": ...,
+"blocks.0": ...}` dict every device-map tool speaks), corrected where accelerate is wrong for loading:
+
+- a bool tensor takes one byte per element in memory; accelerate counts 1/8 byte (a bit);
+- a floating tensor stored smaller than the requested dtype (an fp16 parameter loaded with fp32) is cast
+  up when loaded; accelerate takes the smaller of the two sizes;
+- a non-floating tensor (int, bool, complex) is never cast; accelerate casts complex ones;
+- `_keep_in_fp32_modules` only ever applies to floating tensors; accelerate's `special_dtypes` would
+  also "cast" an int64 buffer inside such a module to 4 bytes.
+
+Tied parameters are counted once (at their first name, as `named_parameters` yields them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import compute_module_sizes
+from accelerate.utils.modeling import dtype_byte_size, named_module_tensors
+from torch import nn
+
+from .errors import InvalidDtypeError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitUnit:
+    """One piece a device map may put on a device of its own: a `_no_split_modules` block, a leaf module
+    outside those blocks, or a parameter/buffer held directly by a module that has children."""
+
+    path: str
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSize:
+    total: int  # bytes at the requested dtype, as loaded
+    module_sizes: dict[str, int]  # accelerate-style, corrected; keys are module and tensor paths
+    split_units: tuple[SplitUnit, ...]  # in module order (accelerate's traversal order)
+    no_split_classes: tuple[str, ...]  # the module's `_no_split_modules`
+
+    @property
+    def largest_unit(self) -> int:
+        """The smallest room that can hold any piece of this module: its largest split unit."""
+        return max((unit.bytes for unit in self.split_units), default=0)
+
+
+def size_module(module: nn.Module, dtype: torch.dtype | None = None) -> ComponentSize:
+    """Size `module` (usually on meta) as it will be once loaded with `torch_dtype=dtype`."""
+    dtype = _resolve_dtype(dtype, where="size_module(dtype=...)")
+    kept_fp32 = fp32_kept_tensors(module, dtype)
+    sizes = compute_module_sizes(module, dtype=dtype, special_dtypes=kept_fp32 or None)
+    for name, delta in _corrections(module, dtype, kept_fp32):
+        parts = name.split(".")
+        for idx in range(len(parts) + 1):
+            sizes[".".join(parts[:idx])] += delta
+    module_sizes = {key: int(round(value)) for key, value in sizes.items()}
+    module_sizes.setdefault("", 0)
+    no_split = no_split_classes(module)
+    return ComponentSize(
+        total=module_sizes[""],
+        module_sizes=module_sizes,
+        split_units=split_units(module, module_sizes, no_split),
+        no_split_classes=no_split,
+    )
+
+
+def no_split_classes(module: nn.Module) -> tuple[str, ...]:
+    """The module's `_no_split_modules` class names (None or absent means no block is protected)."""
+    names = getattr(module, "_no_split_modules", None) or ()
+    if isinstance(names, str):
+        names = (names,)
+    return tuple(dict.fromkeys(str(name) for name in names))
+
+
+def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.dtype]:
+    """`{tensor path: torch.float32}` for the floating tensors that loading keeps in float32.
+
+    diffusers (and this library's ModelMixin) keep `_keep_in_fp32_modules` in fp32 whatever `torch_dtype` is;
+    transformers only does so when loading in fp16, and keeps `_keep_in_fp32_modules_strict` in fp32 for
+    fp16 and bf16. A name matches when it is one dotted part of the tensor's path ("wo" in "block.0.wo.weight").
+    """
+    keep = _kept_module_names(module, dtype)
+    if not keep:
+        return {}
+    return {
+        name: torch.float32
+        for name, tensor in named_module_tensors(module, recurse=True)
+        if tensor.is_floating_point() and not keep.isdisjoint(name.split("."))
+    }
+
+
+def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tuple[str, ...]) -> tuple[SplitUnit, ...]:
+    """The module's split units in accelerate's order: own parameters, children, own buffers."""
+    units: list[SplitUnit] = []
+    protected = set(no_split)
+
+    def visit(path: str, mod: nn.Module) -> None:
+        children = list(mod.named_children())
+        if not children or type(mod).__name__ in protected:
+            units.append(SplitUnit(path=path, bytes=module_sizes.get(path, 0)))
+            return
+        for name, _ in mod.named_parameters(recurse=False):
+            units.append(SplitUnit(path=_join(path, name), bytes=module_sizes.get(_join(path, name), 0)))
+        for name, child in children:
+            visit(_join(path, name), child)
+        for name, _ in mod.named_buffers(recurse=False):
+            units.append(SplitUnit(path=_join(path, name), bytes=module_sizes.get(_join(path, name), 0)))
+
+    visit("", module)
+    return tuple(units)
+
+
+def dtype_for(dtype_spec, component: str) -> torch.dtype | None:
+    """The dtype `component` loads in: `dtype_spec` is a dtype, None, or `{"name": dtype, "default": dtype}`."""
+    if isinstance(dtype_spec, Mapping):
+        for key in dtype_spec:
+            _resolve_dtype(dtype_spec[key], where=f"torch_dtype[{key!r}]")
+        chosen = dtype_spec.get(component, dtype_spec.get("default"))
+        return _resolve_dtype(chosen, where=f"torch_dtype[{component!r}]")
+    return _resolve_dtype(dtype_spec, where="torch_dtype")
+
+
+def _resolve_dtype(spec, *, where: str) -> torch.dtype | None:
+    """None, a floating torch.dtype, or its name ("bfloat16", "torch.float16") -> the dtype."""
+    if spec is None:
+        return None
+    dtype = spec
+    if isinstance(spec, str):
+        dtype = getattr(torch, spec.strip().removeprefix("torch."), None)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise InvalidDtypeError(
+        f"Invalid {where} = {spec!r}: expected a floating torch.dtype such as torch.bfloat16 (or its name, "
+        "'bfloat16'), None to keep each tensor's own dtype, or a dict {component: dtype, 'default': dtype}."
+    )
+
+
+def _kept_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[str]:
+    if dtype is None or dtype == torch.float32 or dtype.itemsize > 4:
+        return set()
+    is_transformers = hasattr(type(module), "_keep_in_fp32_modules_strict")
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    if is_transformers:
+        keep = keep if dtype == torch.float16 else set()
+        if dtype in (torch.float16, torch.bfloat16):
+            keep |= set(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+    return keep
+
+
+def _corrections(module: nn.Module, dtype: torch.dtype | None, kept_fp32: Mapping[str, torch.dtype]):
+    """(tensor path, bytes to add) wherever accelerate's per-tensor size differs from the loaded size."""
+    for name, tensor in named_module_tensors(module, recurse=True):
+        if name in kept_fp32:
+            continue  # accelerate uses the special dtype exactly, as loading does
+        loaded = tensor.numel() * _loaded_itemsize(tensor.dtype, dtype)
+        counted = tensor.numel() * _accelerate_itemsize(tensor.dtype, dtype)
+        if loaded != counted:
+            yield name, loaded - counted
+
+
+def _loaded_itemsize(own: torch.dtype, requested: torch.dtype | None) -> int:
+    """Bytes per element once loaded: floating tensors take the requested dtype; others keep theirs."""
+    if requested is not None and own.is_floating_point:
+        return requested.itemsize
+    return own.itemsize
+
+
+def _accelerate_itemsize(own: torch.dtype, requested: torch.dtype | None) -> float:
+    """What `compute_module_sizes` counts per element (mirrors its code, including bool = 1/8)."""
+    if requested is None or str(own).startswith(("torch.uint", "torch.int", "torch.bool")):
+        return _byte_size(own)
+    return min(_byte_size(requested), _byte_size(own))
+
+
+@functools.cache
+def _byte_size(dtype: torch.dtype) -> float:
+    return dtype_byte_size(dtype)  # cached: accelerate re-checks the torch version on every call
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name

@@ -1,0 +1,157 @@
+"""Split one module over several devices along its split units, never cutting a `_no_split_modules` block.
+
+accelerate's `infer_auto_device_map` is asked first. It reserves room for the largest layer on the first
+device (for a layer offloaded later, which a split never has) and counts bools at 1/8 byte, so it can refuse
+a split that fits, or (rarely) overfill a device. Its answer is therefore checked against our corrected sizes
+and, when it is not a valid split, replaced by an exact contiguous packing of the split units: fill each
+device in the given order with as many consecutive units as fit. For units in a fixed order that greedy
+packing is optimal (if any contiguous assignment fits, the greedy one does), so a feasible split is never
+left on the table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import torch
+from accelerate import infer_auto_device_map
+from accelerate.utils import find_tied_parameters
+from torch import nn
+
+from .devices import Device, normalize_device
+from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors
+
+_ACCELERATE_LOGGERS = ("accelerate.utils.modeling", "accelerate")
+
+
+def split_device_map(
+    module: nn.Module,
+    budgets: Mapping[Device, int],
+    *,
+    size: ComponentSize,
+    dtype: torch.dtype | None = None,
+) -> dict[str, Device] | None:
+    """`{module path: device}` placing `module`'s split units over `budgets` (bytes, visited in the given
+    order), or None when they cannot fit. Paths are relative to `module`, merged to the coarsest prefixes."""
+    devices = [normalize_device(device) for device in budgets]
+    room = {device: int(budgets[key]) for device, key in zip(devices, budgets)}
+    if not devices or size.total > sum(room.values()) or size.largest_unit > max(room.values()):
+        return None
+    units = size.split_units
+    tied_groups = _tied_unit_groups(module, units)
+    for attempt in (_accelerate_assignment, _greedy_assignment):
+        assignment = attempt(module, devices, room, size, dtype, units)
+        if assignment is not None and _is_valid(assignment, units, room, tied_groups):
+            return merge_to_prefixes(assignment)
+    return None
+
+
+def merge_to_prefixes(unit_devices: Mapping[str, Device]) -> dict[str, Device]:
+    """Collapse `{unit path: device}` to the coarsest module prefixes that sit on one device (like
+    accelerate's `clean_device_map`); everything on one device becomes `{"": device}`."""
+    devices_under: dict[str, set] = {}
+    for path, device in unit_devices.items():
+        for prefix in _prefixes(path):
+            devices_under.setdefault(prefix, set()).add(device)
+    merged: dict[str, Device] = {}
+    for path, device in unit_devices.items():
+        for prefix in _prefixes(path):
+            if len(devices_under[prefix]) == 1:
+                merged.setdefault(prefix, device)
+                break
+    return merged
+
+
+def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[str, Device] | None:
+    """accelerate's split, with the devices renamed 0..n-1 so that it visits them in our order (it sorts
+    accelerator ints first, then "cpu") and never reserves a layer's room on a host device."""
+    aliases = {alias: device for alias, device in enumerate(devices)}
+    kept_fp32 = fp32_kept_tensors(module, dtype)
+    with _quiet_accelerate():
+        raw = infer_auto_device_map(
+            module,
+            max_memory={alias: room[device] for alias, device in aliases.items()},
+            no_split_module_classes=list(size.no_split_classes),
+            dtype=dtype,
+            special_dtypes=kept_fp32 or None,
+        )
+    if any(device not in aliases for device in raw.values()):
+        return None  # accelerate sent something to "disk": it found no split within the budgets
+    return _units_from_map({key: aliases[alias] for key, alias in raw.items()}, units)
+
+
+def _greedy_assignment(module, devices, room, size, dtype, units) -> dict[str, Device] | None:
+    """Exact contiguous packing: each device takes the longest run of the next units that fits."""
+    assignment: dict[str, Device] = {}
+    index, used = 0, 0
+    for unit in units:
+        while index < len(devices) and used + unit.bytes > room[devices[index]]:
+            index, used = index + 1, 0
+        if index == len(devices):
+            return None
+        assignment[unit.path] = devices[index]
+        used += unit.bytes
+    return assignment
+
+
+def _units_from_map(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -> dict[str, Device] | None:
+    """Each unit's device under `device_map` (its longest matching prefix); None if a key cuts into a unit."""
+    unit_paths = {unit.path for unit in units}
+    for key in device_map:
+        if any(prefix in unit_paths for prefix in _prefixes(key)[:-1]):
+            return None  # the key lies strictly inside a unit: that unit would be cut
+    assignment: dict[str, Device] = {}
+    for unit in units:
+        owner = next((p for p in reversed(_prefixes(unit.path)) if p in device_map), None)
+        if owner is None:
+            return None
+        assignment[unit.path] = device_map[owner]
+    return assignment
+
+
+def _is_valid(assignment, units, room, tied_groups) -> bool:
+    used = dict.fromkeys(room, 0)
+    for unit in units:
+        device = assignment[unit.path]
+        if device not in used:
+            return False
+        used[device] += unit.bytes
+    if any(used[device] > room[device] for device in room):
+        return False
+    return all(len({assignment[path] for path in group}) == 1 for group in tied_groups)
+
+
+def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set[str]]:
+    """Sets of unit paths that share a tied parameter and so must sit on one device."""
+    groups = find_tied_parameters(module)
+    if not groups:
+        return []
+    unit_paths = {unit.path for unit in units}
+    result = []
+    for names in groups:
+        owners = {next(p for p in reversed(_prefixes(name)) if p in unit_paths) for name in names}
+        if len(owners) > 1:
+            result.append(owners)
+    return result
+
+
+def _prefixes(path: str) -> list[str]:
+    """"a.b.c" -> ["", "a", "a.b", "a.b.c"]: every module path that contains `path`, outermost first."""
+    if not path:
+        return [""]
+    parts = path.split(".")
+    return [".".join(parts[:idx]) for idx in range(len(parts) + 1)]
+
+
+class _quiet_accelerate:
+    """Silence accelerate's "Device 1 is not available" warnings: planning for absent GPUs is intended."""
+
+    def __enter__(self):
+        self._levels = [(log, log.level) for log in map(logging.getLogger, _ACCELERATE_LOGGERS)]
+        for log, _ in self._levels:
+            log.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        for log, level in self._levels:
+            log.setLevel(level)
