@@ -1,0 +1,132 @@
+"""Apply a relative device map to a loaded module with accelerate hooks, and take the hooks off again.
+
+`dispatch` is `accelerate.dispatch_model(force_hooks=True)` with our device spelling and three fixes:
+- modules mapped to "cpu" or "disk" execute on the execution device (an accelerator when there is one),
+  their weights streamed in per forward;
+- "disk" weights are served from the checkpoint's own safetensors files through an offload index
+  (`{name: {"safetensors_file", "weight_name", "dtype"}}`): nothing is copied to an offload folder;
+- buffers are never offloaded (`offload_buffers=False`), so the caller loads persistent buffers of disk
+  modules to the CPU (the checkpoint loader does) instead of losing them as accelerate's default does.
+A dispatch that fails removes every hook it attached before re-raising.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from accelerate import dispatch_model
+from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
+from accelerate.utils import set_module_tensor_to_device
+from torch import nn
+
+from placement.devices import Device, is_accelerator, normalize_device
+from placement.errors import PlacementError
+
+DiskWeights = Mapping[str, Mapping[str, str]]
+
+
+class DispatchError(PlacementError, ValueError):
+    """A device map that cannot be applied: incomplete, disk entries without weights to serve, bad devices."""
+
+
+def dispatch(
+    module: nn.Module,
+    device_map: Mapping[str, Device],
+    *,
+    execution_device: Device | None = None,
+    disk_weights: DiskWeights | None = None,
+) -> nn.Module:
+    """Attach hooks so `module` runs as `device_map` ({submodule path: device}, "" = whole) places it.
+
+    Weights of accelerator and plain-CPU entries must already be on their device (the loader puts them
+    there); "cpu" entries are offloaded when an accelerator executes; "disk" parameters are on meta and
+    served by `disk_weights`. `execution_device` (default: the first accelerator in the map, else "cpu") runs
+    the offloaded parts and receives the inputs. Sets `module.hf_device_map` to the normalised map.
+    """
+    normalized = {name: normalize_device(device) for name, device in device_map.items()}
+    main = _execution_device(normalized, execution_device)
+    disk_index = _disk_index(module, normalized, disk_weights)
+    try:
+        dispatch_model(
+            module,
+            device_map=normalized,
+            main_device=main,
+            offload_index=disk_index,
+            offload_buffers=False,
+            force_hooks=True,
+        )
+    except BaseException:
+        remove_hook_from_module(module, recurse=True)
+        raise
+    module.hf_device_map = dict(normalized)
+    return module
+
+
+def undispatch(module: nn.Module) -> None:
+    """Remove every accelerate hook under `module`; offloaded weights come back as real tensors.
+
+    CPU-offloaded weights return to the CPU (accelerate restores them), disk-offloaded ones are read from
+    their files onto the CPU (accelerate would leave them on meta), so the module is whole again and `.to()`
+    works. Weights already on accelerators stay where they are.
+    """
+    for submodule in module.modules():
+        for hook in _align_hooks(getattr(submodule, "_hf_hook", None)):
+            _materialize_disk_weights(submodule, hook)
+    remove_hook_from_module(module, recurse=True)
+    if getattr(module, "hf_device_map", None) is not None:
+        module.hf_device_map = None
+
+
+def _execution_device(device_map: Mapping[str, Device], requested: Device | None) -> Device:
+    if requested is not None:
+        device = normalize_device(requested)
+        if device == "disk":
+            raise DispatchError("execution_device cannot be 'disk': pick an accelerator index or 'cpu'.")
+        return device
+    accelerators = sorted(d for d in set(device_map.values()) if is_accelerator(d))
+    return accelerators[0] if accelerators else "cpu"
+
+
+def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weights: DiskWeights | None):
+    disk_prefixes = [name for name, device in device_map.items() if device == "disk"]
+    if not disk_prefixes:
+        return None
+    parameters = [
+        name
+        for name, _ in module.named_parameters()
+        if any(name == prefix or name.startswith(f"{prefix}.") or prefix == "" for prefix in disk_prefixes)
+    ]
+    unserved = [name for name in parameters if disk_weights is None or name not in disk_weights]
+    if unserved:
+        raise DispatchError(
+            f"The device map puts {', '.join(repr(p) for p in disk_prefixes)} on 'disk', but no disk_weights "
+            f"entry serves {len(unserved)} of their parameters (e.g. {unserved[0]!r}). Pass the checkpoint's "
+            "offload index (WeightsIndex.offload_index) as disk_weights."
+        )
+    return {name: dict(info) for name, info in disk_weights.items()}
+
+
+def _align_hooks(hook) -> list[AlignDevicesHook]:
+    if isinstance(hook, AlignDevicesHook):
+        return [hook]
+    if isinstance(hook, SequentialHook):
+        return [inner for h in hook.hooks for inner in _align_hooks(h)]
+    return []
+
+
+def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> None:
+    if not hook.offload or hook.weights_map is None:
+        return
+    meta = torch.device("meta")
+    for name, original in getattr(hook, "original_devices", {}).items():
+        if original != meta:
+            continue  # accelerate's detach_hook restores weights that had a real device
+        try:
+            value = hook.weights_map[name].to("cpu")
+        except KeyError:
+            continue  # not served by the hook (e.g. a buffer): left as it is
+        set_module_tensor_to_device(submodule, name, "cpu", value=value, dtype=value.dtype)
+
+
+__all__ = ["DispatchError", "dispatch", "undispatch"]

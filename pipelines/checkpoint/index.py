@@ -1,0 +1,198 @@
+"""Find a model's weights in a folder: one safetensors file, or shards listed by an index json.
+
+`find_weights` reads only headers (names, shapes, dtypes): no tensor data is touched, so a 20 GB checkpoint
+is inspected in milliseconds, and every structural problem (missing shard, truncated file, index naming a
+tensor its shard lacks) is reported before a single weight is moved.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .errors import (
+    CorruptCheckpointError,
+    VariantNotFoundError,
+    WeightsNotFoundError,
+    list_names,
+)
+from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, pickle_files_in, variants_in
+
+# safetensors dtype codes -> torch dtypes (the codes `safe_open(...).get_slice(k).get_dtype()` returns).
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorEntry:
+    """Where one tensor lives and what it is, read from its file's header."""
+
+    name: str
+    file: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return torch.Size(self.shape).numel() * self.dtype.itemsize
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsIndex:
+    """A model's weights on disk: every tensor's file, shape and dtype, files in shard order."""
+
+    folder: Path
+    naming: WeightsNaming
+    index_file: Path | None
+    tensors: Mapping[str, TensorEntry]
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys(entry.file for entry in self.tensors.values()))
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.index_file is not None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.tensors.values())
+
+    def offload_index(self, names, dtype_of) -> dict[str, dict[str, str]]:
+        """accelerate's offload index serving `names` from the checkpoint files themselves (no copy).
+
+        `dtype_of(entry)` gives the dtype each tensor must have when it is read back.
+        """
+        index = {}
+        for name in names:
+            entry = self.tensors[name]
+            index[name] = {
+                "safetensors_file": str(entry.file),
+                "weight_name": name,
+                "dtype": str(dtype_of(entry)).removeprefix("torch."),
+            }
+        return index
+
+
+def find_weights(
+    folder: str | Path, *, weights_name: str = DIFFUSERS_WEIGHTS_NAME, variant: str | None = None
+) -> WeightsIndex:
+    """The weights of the model saved in `folder`: the single file, or the shards its index json lists.
+
+    `weights_name` is the file stem: "diffusion_pytorch_model" (diffusers, ours) or "model" (transformers).
+    Raises `WeightsNotFoundError` / `VariantNotFoundError` (naming the files or listing the variants that exist)
+    or `CorruptCheckpointError` (naming the file) before any tensor is read.
+    """
+    folder = Path(folder)
+    naming = WeightsNaming(weights_name=weights_name, variant=variant)
+    if not folder.is_dir():
+        raise WeightsNotFoundError(f"Checkpoint folder {str(folder)!r} does not exist or is not a folder.")
+    index_path = folder / naming.index_file
+    if index_path.is_file():
+        weight_map = _read_index(index_path)
+        tensors = _tensors_from_index(folder, index_path, weight_map)
+        return WeightsIndex(folder=folder, naming=naming, index_file=index_path, tensors=tensors)
+    single = folder / naming.single_file
+    if single.is_file():
+        tensors = {entry.name: entry for entry in read_header(single)}
+        return WeightsIndex(folder=folder, naming=naming, index_file=None, tensors=tensors)
+    raise _no_weights_error(folder, naming)
+
+
+def read_header(path: Path) -> list[TensorEntry]:
+    """The tensors of one safetensors file, in storage order, from its header only."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return [_entry(handle, name, path) for name in handle.offset_keys()]
+    except SafetensorError as error:
+        raise CorruptCheckpointError(
+            f"Safetensors file {str(path)!r} is corrupt or truncated ({error}). "
+            "Re-download or re-save this file."
+        ) from error
+    except OSError as error:
+        raise WeightsNotFoundError(f"Cannot read weights file {str(path)!r}: {error}.") from error
+
+
+def _entry(handle, name: str, path: Path) -> TensorEntry:
+    tensor_slice = handle.get_slice(name)
+    code = tensor_slice.get_dtype()
+    if code not in SAFETENSORS_DTYPES:
+        raise CorruptCheckpointError(f"Tensor {name!r} in {str(path)!r} has unsupported dtype {code!r}.")
+    return TensorEntry(name=name, file=path, shape=tuple(tensor_slice.get_shape()), dtype=SAFETENSORS_DTYPES[code])
+
+
+def _read_index(index_path: Path) -> dict[str, str]:
+    try:
+        content = json.loads(index_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CorruptCheckpointError(f"Index file {str(index_path)!r} is not valid JSON ({error}).") from error
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(
+            f"Index file {str(index_path)!r} has no 'weight_map' object of tensor name -> shard file name."
+        )
+    return weight_map
+
+
+def _tensors_from_index(folder: Path, index_path: Path, weight_map: dict[str, str]) -> dict[str, TensorEntry]:
+    shard_names = list(dict.fromkeys(weight_map.values()))
+    missing = [name for name in shard_names if not (folder / name).is_file()]
+    if missing:
+        raise WeightsNotFoundError(
+            f"Index {index_path.name!r} in {str(folder)!r} names shard file(s) that do not exist: "
+            f"{list_names(missing)}. The checkpoint is incomplete: re-download or re-save it."
+        )
+    tensors: dict[str, TensorEntry] = {}
+    for shard_name in shard_names:
+        in_file = {entry.name: entry for entry in read_header(folder / shard_name)}
+        wanted = [name for name, file in weight_map.items() if file == shard_name]
+        absent = [name for name in wanted if name not in in_file]
+        if absent:
+            raise CorruptCheckpointError(
+                f"Index {index_path.name!r} says shard {shard_name!r} holds {list_names(absent)}, "
+                "but that file does not contain them. The index and shards come from different saves."
+            )
+        tensors.update((name, in_file[name]) for name in wanted)
+    return tensors
+
+
+def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundError:
+    variants = variants_in(folder, naming.weights_name)
+    wanted = naming.variant or "default"
+    if wanted in variants:  # shards are there but their index is not
+        return WeightsNotFoundError(
+            f"Shard files of {naming.weights_name!r} are in {str(folder)!r} but their index "
+            f"{naming.index_file!r} is missing, so the shards cannot be assembled. Re-download or re-save it."
+        )
+    if variants:
+        return VariantNotFoundError(
+            f"No {wanted!r} variant of {naming.weights_name!r} weights in {str(folder)!r} "
+            f"(looked for {naming.single_file!r} or {naming.index_file!r}). Variants present: "
+            f"{', '.join(variants)}; pass variant= one of them ('default' means variant=None)."
+        )
+    pickles = pickle_files_in(folder, naming.weights_name)
+    if pickles:
+        return WeightsNotFoundError(
+            f"{str(folder)!r} holds only pickle weights ({list_names(pickles)}), which are never unpickled "
+            "here because unpickling runs arbitrary code. Convert them to safetensors first."
+        )
+    return WeightsNotFoundError(
+        f"No weights in {str(folder)!r}: expected {naming.single_file!r}, or {naming.index_file!r} with its shards."
+    )

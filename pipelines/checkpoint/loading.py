@@ -1,0 +1,144 @@
+"""Stream a checkpoint into a model built on the meta device, each tensor straight to its device and dtype.
+
+Host memory: each tensor is read from its safetensors file by `safe_open` (one copy, the tensor itself) and
+handed to `accelerate.utils.set_module_tensor_to_device`; nothing else holds it, so a CPU load peaks near one
+model size. The file is reopened every `_REMAP_BYTES` so the memory-mapped pages already read stop counting
+against the process (a single 20 GB file would otherwise add its whole size to the peak).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Callable, Iterable, Mapping
+
+import torch
+from accelerate.utils import set_module_tensor_to_device
+from safetensors import SafetensorError, safe_open
+from torch import nn
+from tqdm.auto import tqdm
+
+from placement.devices import Device, normalize_device, torch_device
+
+from .errors import CheckpointError, CorruptCheckpointError
+from .index import TensorEntry, WeightsIndex
+from .validation import validate_weights
+
+_REMAP_BYTES = 256 * 1024**2
+
+
+def load_weights(
+    module: nn.Module,
+    weights: WeightsIndex,
+    *,
+    device_map: Mapping[str, Device] | None = None,
+    dtype: torch.dtype | None = None,
+    keep_in_fp32: Iterable[str] = (),
+    tied_weights: Mapping[str, str] | None = None,
+    progress: bool = True,
+) -> None:
+    """Fill `module` (built under `init_empty_weights()`) with the tensors of `weights`, in place.
+
+    `device_map` ({module path: device}, "" for the whole model; None = everything on "cpu"): each tensor goes
+    to the device of its longest matching prefix. Parameters mapped to "disk" stay on meta (the dispatch step
+    serves them from the checkpoint files); their persistent buffers are loaded to the CPU.
+    `dtype`: floating tensors are cast to it, except in submodules named in `keep_in_fp32` (kept float32);
+    None keeps each tensor's dtype from the checkpoint. `tied_weights` ({tied name: source name}) are tied
+    after loading. Validation (keys, shapes) runs before anything moves; on any failure every tensor loaded so
+    far goes back to meta, so no half-loaded model holds memory.
+    """
+    validate_weights(module, weights, tied_weights=tied_weights)
+    devices = tensor_devices(module, device_map)
+    buffer_names = {name for name, _ in module.named_buffers()}
+    keep = tuple(keep_in_fp32 or ())
+    plan = [
+        (entry, _host_if_disk(devices[name], name in buffer_names), target_dtype(entry, dtype, keep))
+        for name, entry in weights.tensors.items()
+        if name in devices and (devices[name] != "disk" or name in buffer_names)
+    ]
+    try:
+        _stream(module, plan, progress=progress)
+        tie_weights(module, tied_weights)
+    except BaseException:
+        module.to("meta")
+        raise
+
+
+def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -> dict[str, Device]:
+    """The device of every parameter and persistent buffer: its longest matching `device_map` prefix."""
+    normalized = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
+    devices, unmapped = {}, []
+    for name in module.state_dict(keep_vars=True):
+        device = _lookup(name, normalized)
+        if device is None:
+            unmapped.append(name)
+        else:
+            devices[name] = device
+    if unmapped:
+        raise CheckpointError(
+            f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
+            f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
+        )
+    return devices
+
+
+def target_dtype(entry: TensorEntry, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
+    """The dtype `entry` is loaded as: integer/bool tensors never change; fp32-pinned modules stay float32."""
+    if not entry.dtype.is_floating_point:
+        return entry.dtype
+    if keep_in_fp32 and any(part in keep_in_fp32 for part in entry.name.split(".")):
+        return torch.float32
+    return entry.dtype if dtype is None else dtype
+
+
+def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> None:
+    """Make each tied parameter the same object as its source (after `init_empty_weights`, which unties)."""
+    for tied, source in (tied_weights or {}).items():
+        owner_path, _, attribute = tied.rpartition(".")
+        owner = module.get_submodule(owner_path)
+        source_value = module.get_parameter(source)
+        setattr(owner, attribute, source_value)
+
+
+def _lookup(name: str, device_map: Mapping[str, Device]) -> Device | None:
+    prefix = name
+    while True:
+        if prefix in device_map:
+            return device_map[prefix]
+        if not prefix:
+            return None
+        prefix = prefix.rpartition(".")[0]
+
+
+def _host_if_disk(device: Device, is_buffer: bool) -> Device:
+    # Buffers of disk-offloaded modules are loaded: accelerate's hooks do not offload them by default.
+    return "cpu" if device == "disk" and is_buffer else device
+
+
+def _stream(module: nn.Module, plan, *, progress: bool) -> None:
+    by_file: dict = defaultdict(list)
+    for item in plan:
+        by_file[item[0].file].append(item)
+    bar = tqdm(total=len(plan), desc=f"Loading {type(module).__name__}", unit="tensor", disable=None if progress else True)
+    with bar:
+        for path, items in by_file.items():
+            _stream_file(module, path, items, on_tensor=bar.update)
+
+
+def _stream_file(module: nn.Module, path, items, *, on_tensor: Callable[[int], object]) -> None:
+    pending = deque(items)
+    try:
+        while pending:
+            read = 0
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                while pending and read < _REMAP_BYTES:
+                    entry, device, dtype = pending.popleft()
+                    value = handle.get_tensor(entry.name)
+                    set_module_tensor_to_device(module, entry.name, _torch(device), value=value, dtype=dtype)
+                    read += entry.nbytes
+                    on_tensor(1)
+    except SafetensorError as error:
+        raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
+
+
+def _torch(device: Device) -> torch.device:
+    return torch_device(device)

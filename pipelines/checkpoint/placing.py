@@ -1,0 +1,94 @@
+"""The two steps around planning for any module built on meta: size it right, then load and dispatch it.
+
+    with init_empty_weights(): module = build()
+    cast_meta(module, weights, dtype=..., keep_in_fp32=...)   # meta tensors get their load dtype: exact sizes
+    device_map = <plan>(module, ...)                           # model-level or pipeline-level planning
+    load_and_dispatch(module, weights, device_map, ...)        # stream weights, attach hooks when needed
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+from accelerate.utils import set_module_tensor_to_device
+from torch import nn
+
+from hooks.dispatch import dispatch, undispatch
+from placement.devices import Device, is_accelerator, normalize_device
+
+from .index import WeightsIndex
+from .loading import load_weights, target_dtype
+
+
+def cast_meta(
+    module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype | None, keep_in_fp32: Iterable[str] = ()
+) -> None:
+    """Give every meta tensor the dtype it will be loaded as, so that sizing (`compute_module_sizes`) is exact.
+
+    Costs nothing: meta tensors hold no memory. Tensors that already hold data are left alone.
+    """
+    keep = tuple(keep_in_fp32 or ())
+    names = dict(module.state_dict(keep_vars=True))
+    for name, entry in weights.tensors.items():
+        tensor = names.get(name)
+        if tensor is None or tensor.device.type != "meta":
+            continue
+        set_module_tensor_to_device(module, name, "meta", dtype=target_dtype(entry, dtype, keep))
+
+
+def needs_hooks(device_map: Mapping[str, Device]) -> bool:
+    """Hooks are needed when weights span devices, live on disk, or sit on the CPU while an accelerator runs."""
+    devices = {normalize_device(device) for device in device_map.values()}
+    return len(devices) > 1 or "disk" in devices
+
+
+def load_and_dispatch(
+    module: nn.Module,
+    weights: WeightsIndex,
+    device_map: Mapping[str, Device] | None,
+    *,
+    dtype: torch.dtype | None = None,
+    keep_in_fp32: Iterable[str] = (),
+    tied_weights: Mapping[str, str] | None = None,
+    progress: bool = True,
+) -> nn.Module:
+    """Stream `weights` into `module` as `device_map` places them, then attach hooks if the map needs them.
+
+    `device_map` None loads everything on the CPU and leaves `hf_device_map` None. Disk entries are served
+    from the checkpoint files. On failure the module is left hook-free with every tensor on meta.
+    """
+    keep = tuple(keep_in_fp32 or ())
+    load_weights(
+        module, weights, device_map=device_map, dtype=dtype, keep_in_fp32=keep,
+        tied_weights=tied_weights, progress=progress,
+    )
+    if device_map is None:
+        module.hf_device_map = None
+        return module
+    normalized = {name: normalize_device(device) for name, device in device_map.items()}
+    try:
+        if needs_hooks(normalized):
+            disk = [name for name, device in normalized.items() if device == "disk"]
+            index = weights.offload_index(
+                _names_under(weights, disk), lambda entry: target_dtype(entry, dtype, keep)
+            ) if disk else None
+            dispatch(module, normalized, execution_device=_execution_device(normalized), disk_weights=index)
+        module.hf_device_map = normalized
+    except BaseException:
+        undispatch(module)
+        module.to("meta")
+        raise
+    return module
+
+
+def _names_under(weights: WeightsIndex, prefixes: list[str]) -> list[str]:
+    return [
+        name for name in weights.tensors
+        if any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
+    ]
+
+
+def _execution_device(device_map: Mapping[str, Device]) -> Device:
+    accelerators = sorted(device for device in set(device_map.values()) if is_accelerator(device))
+    return accelerators[0] if accelerators else "cpu"
