@@ -2,5 +2,6 @@
 
 from .config import ModelConfig
 from .modeling import ModelMixin
+from .models import AutoencoderKL, DiT, TextEncoder, UNet
 
-__all__ = ["ModelConfig", "ModelMixin"]
+__all__ = ["AutoencoderKL", "DiT", "ModelConfig", "ModelMixin", "TextEncoder", "UNet"]

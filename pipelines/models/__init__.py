@@ -1,0 +1,29 @@
+"""Reference models: real architectures in miniature, each a `ModelMixin` with `presets` ("tiny" and real sizes).
+
+Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`.
+"""
+
+from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
+from .dit import DiT, DiTConfig
+from .errors import ModelInputError
+from .layers import Activation, NormKind
+from .text_encoder import Pooling, TextEncoder, TextEncoderConfig, TextEncoderOutput
+from .unet import UNet, UNetConfig
+from .vae_blocks import DiagonalGaussian
+
+__all__ = [
+    "Activation",
+    "AutoencoderKL",
+    "AutoencoderKLConfig",
+    "DiT",
+    "DiTConfig",
+    "DiagonalGaussian",
+    "ModelInputError",
+    "NormKind",
+    "Pooling",
+    "TextEncoder",
+    "TextEncoderConfig",
+    "TextEncoderOutput",
+    "UNet",
+    "UNetConfig",
+]

@@ -1,0 +1,79 @@
+"""Checks of forward inputs, shared by the reference models: each failure is a ModelInputError that says
+which model and argument, what the config expects and what was given."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ModelInputError
+
+
+def check_rank(model: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
+    if tensor.ndim != rank:
+        raise ModelInputError(
+            f"{model}: `{name}` must be a {rank}-d tensor {layout}, got shape {tuple(tensor.shape)}."
+        )
+
+
+def check_last_dim(model: str, name: str, tensor: torch.Tensor, expected: int, config_field: str) -> None:
+    if tensor.shape[-1] != expected:
+        raise ModelInputError(
+            f"{model}: `{name}` has last dimension {tensor.shape[-1]} but config.{config_field} is {expected} "
+            f"(shape {tuple(tensor.shape)}); pass embeddings from an encoder of that width."
+        )
+
+
+def check_channels(model: str, name: str, tensor: torch.Tensor, expected: int, config_field: str) -> None:
+    if tensor.shape[1] != expected:
+        raise ModelInputError(
+            f"{model}: `{name}` has {tensor.shape[1]} channels but config.{config_field} is {expected} "
+            f"(shape {tuple(tensor.shape)})."
+        )
+
+
+def check_spatial_multiple(model: str, name: str, tensor: torch.Tensor, multiple: int) -> None:
+    height, width = tensor.shape[-2:]
+    if height % multiple or width % multiple:
+        raise ModelInputError(
+            f"{model}: `{name}` is {height}x{width}; both sides must be multiples of {multiple}. "
+            f"Choose an image size whose latents divide evenly."
+        )
+
+
+def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | None, batch: int) -> None:
+    """`pooled` is required exactly when the config has a `pooled_projection_dim`."""
+    if expected_dim is None:
+        if pooled is not None:
+            raise ModelInputError(
+                f"{model}: got `pooled` but config.pooled_projection_dim is None (this model takes no pooled "
+                f"text embedding); drop the argument or use a config with pooled_projection_dim set."
+            )
+        return
+    if pooled is None:
+        raise ModelInputError(
+            f"{model}: config.pooled_projection_dim is {expected_dim}, so `pooled` (B, {expected_dim}) is required."
+        )
+    check_rank(model, "pooled", pooled, 2, f"(B, {expected_dim})")
+    check_last_dim(model, "pooled", pooled, expected_dim, "pooled_projection_dim")
+    check_batch(model, "pooled", pooled, batch)
+
+
+def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None:
+    if tensor.shape[0] != batch:
+        raise ModelInputError(
+            f"{model}: `{name}` has batch size {tensor.shape[0]} but the latents have {batch}."
+        )
+
+
+def timesteps_for_batch(
+    model: str, timestep: torch.Tensor | float | int, batch: int, device: torch.device
+) -> torch.Tensor:
+    """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`: one timestep per sample."""
+    t = torch.as_tensor(timestep, device=device)
+    if t.ndim == 0:
+        t = t.expand(batch)
+    if t.ndim != 1 or t.shape[0] not in (1, batch):
+        raise ModelInputError(
+            f"{model}: `timestep` must be a number or a tensor of shape () or ({batch},), got {tuple(t.shape)}."
+        )
+    return t.to(dtype=torch.float32).expand(batch)
