@@ -1,17 +1,39 @@
 """Pure planning: sizes, devices, the model graph, strategies and the Plan. Never loads weights."""
 
 from .activations import estimate_activations
+from .api import plan
+from .budgets import Budgets, resolve_budgets
 from .devices import Device, normalize_device
 from .errors import InvalidDeviceError, InvalidSizeError, PlacementError
+from .graph import build_graph, execution_order
+from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
+from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
+from .planning_errors import ComponentError, DoesNotFitError, GraphError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_size, parse_size
 
 __all__ = [
+    "ACCELERATOR_RUNTIME_OVERHEAD",
+    "Budgets",
+    "ComponentError",
+    "ComponentPlan",
     "Device",
+    "DevicePlan",
+    "DoesNotFitError",
+    "Fallback",
+    "GraphError",
     "InvalidDeviceError",
     "InvalidSizeError",
+    "OffloadFolderRequiredError",
     "PlacementError",
+    "PlacementKind",
+    "Plan",
+    "StrategyError",
+    "build_graph",
     "estimate_activations",
+    "execution_order",
     "format_size",
     "normalize_device",
     "parse_size",
+    "plan",
+    "resolve_budgets",
 ]

@@ -1,0 +1,120 @@
+"""Budgets: how many bytes each device may hold, from `max_memory` or detected.
+
+An explicit `max_memory` is used exactly as given (no hidden margin): its integer keys are the accelerators
+the plan may use (present or not: planning for a machine you do not have is a main use), "cpu" and "disk"
+the host budgets. A missing "cpu" key means the host's available RAM (detected, with the margin below); a
+missing "disk" key means the disk is unlimited (it is still only used when an `offload_folder` is given).
+
+Detected budgets (`max_memory=None`) come from accelerate's `get_max_memory()` (free memory of each visible
+accelerator, available RAM), minus a safety margin:
+- accelerators keep back ACCELERATOR_MARGIN (10%) of their free memory, at least MIN_ACCELERATOR_MARGIN
+  (256 MiB): the caching allocator's fragmentation and the small temporaries of a forward that a
+  weights-only plan does not see;
+- the CPU keeps back CPU_MARGIN (20%) of available RAM: other processes, the Python heap, and the page
+  cache that safetensors' memory-mapped reads lean on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from .devices import Device, device_sort_key, is_accelerator, normalize_device
+from .errors import InvalidDeviceError, InvalidSizeError
+from .sizes import format_size, parse_size
+
+ACCELERATOR_MARGIN = 0.10
+MIN_ACCELERATOR_MARGIN = 256 * 1024**2
+CPU_MARGIN = 0.20
+
+MARGIN_DESCRIPTION = (
+    f"detected budgets keep back {ACCELERATOR_MARGIN:.0%} of each accelerator's free memory "
+    f"(at least {format_size(MIN_ACCELERATOR_MARGIN, 'MiB', 0)}) and {CPU_MARGIN:.0%} of available RAM"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budgets:
+    """Bytes per device, accelerators by index, then "cpu", then "disk" (None: unlimited)."""
+
+    limits: dict[Device, Optional[int]]
+    detected: frozenset = frozenset()
+
+    @property
+    def accelerators(self) -> tuple[int, ...]:
+        return tuple(d for d in self.limits if is_accelerator(d))
+
+    def limit(self, device: Device) -> Optional[int]:
+        return self.limits[device]
+
+    def has(self, device: Device) -> bool:
+        return device in self.limits
+
+
+def resolve_budgets(max_memory: Mapping | None) -> Budgets:
+    """The budgets for `max_memory` (see the module docstring); a bad key or size is a typed error."""
+    if max_memory is None:
+        return detect_budgets()
+    if not isinstance(max_memory, Mapping):
+        raise InvalidSizeError(
+            f"max_memory must be a dict such as {{0: '24GiB', 1: '24GiB', 'cpu': '64GiB'}}, got {max_memory!r}."
+        )
+    limits: dict[Device, Optional[int]] = {}
+    for key, value in max_memory.items():
+        device = _device_key(key)
+        if device in limits:
+            raise InvalidDeviceError(
+                f"max_memory names device {device!r} twice (key {key!r} is another spelling of it); keep one."
+            )
+        limits[device] = _size(key, value)
+    detected = set()
+    if "cpu" not in limits:
+        limits["cpu"] = _detected_cpu_budget()
+        detected.add("cpu")
+    limits.setdefault("disk", None)
+    return Budgets(limits=_ordered(limits), detected=frozenset(detected))
+
+
+def detect_budgets() -> Budgets:
+    """Free accelerator memory and available RAM (accelerate's `get_max_memory`) minus the margins."""
+    from accelerate.utils import get_max_memory
+
+    found = get_max_memory()
+    limits: dict[Device, Optional[int]] = {
+        key: apply_accelerator_margin(free) for key, free in found.items() if is_accelerator(key)
+    }
+    limits["cpu"] = apply_cpu_margin(found["cpu"]) if "cpu" in found else _detected_cpu_budget()
+    limits["disk"] = None
+    return Budgets(limits=_ordered(limits), detected=frozenset(d for d in limits if d != "disk"))
+
+
+def apply_accelerator_margin(free: int) -> int:
+    return max(0, free - max(int(free * ACCELERATOR_MARGIN), MIN_ACCELERATOR_MARGIN))
+
+
+def apply_cpu_margin(available: int) -> int:
+    return max(0, available - int(available * CPU_MARGIN))
+
+
+def _detected_cpu_budget() -> int:
+    import psutil  # a dependency of accelerate
+
+    return apply_cpu_margin(psutil.virtual_memory().available)
+
+
+def _device_key(key) -> Device:
+    try:
+        return normalize_device(key)
+    except InvalidDeviceError as error:
+        raise InvalidDeviceError(f"Unknown max_memory key {key!r}: {error}") from None
+
+
+def _size(key, value) -> int:
+    try:
+        return parse_size(value)
+    except InvalidSizeError as error:
+        raise InvalidSizeError(f"max_memory[{key!r}]: {error}") from None
+
+
+def _ordered(limits: dict[Device, Optional[int]]) -> dict[Device, Optional[int]]:
+    return {device: limits[device] for device in sorted(limits, key=device_sort_key)}

@@ -1,0 +1,103 @@
+"""`Plan.explain()`: an aligned table a person reads at a glance, then the reasons.
+
+    component     kind   runs on  GPU 0  GPU 1   CPU
+    text_encoder  whole  GPU 1        .   9.00     .
+    denoiser      split  GPU 0    20.00   4.00     .
+    ...
+    device  budget  weights  activations  overhead  peak   left
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .devices import is_accelerator
+from .plan import Plan
+from .sizes import GiB
+
+EMPTY = "."
+
+
+def explain_plan(plan: Plan) -> str:
+    lines = [f"Placement plan (strategy {plan.strategy!r}), sizes in GiB", ""]
+    lines += _component_table(plan)
+    lines += ["", *_device_table(plan)]
+    lines += ["", _activation_note(plan)]
+    if plan.budget_margin:
+        lines.append(f"Budgets: {plan.budget_margin}.")
+    if plan.crossing_edges:
+        lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
+    else:
+        lines.append("Edges crossing devices: none")
+    if plan.fallbacks:
+        lines += ["", "Fallbacks:"]
+        lines += [f"  {fb.component} -> {fb.kind.value}: {fb.reason}" for fb in plan.fallbacks]
+    if plan.warnings:
+        lines += ["", "Warnings:"]
+        lines += [f"  {warning}" for warning in plan.warnings]
+    return "\n".join(lines)
+
+
+def _component_table(plan: Plan) -> list[str]:
+    devices = [entry.device for entry in plan.devices]
+    header = ["component", "kind", "runs on", *[_name(d) for d in devices]]
+    rows = []
+    for name, component in plan.components.items():
+        cells = [_gib(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
+        kind = component.kind.value + (" (pinned)" if component.pinned else "")
+        rows.append([name, kind, _name(component.execution_device), *cells])
+    totals = [_gib(entry.weight_bytes) for entry in plan.devices]
+    rows.append(["total weights", "", "", *totals])
+    return _aligned(header, rows, left=3)
+
+
+def _device_table(plan: Plan) -> list[str]:
+    header = ["device", "budget", "weights", "activations", "overhead", "predicted peak", "left"]
+    rows = []
+    for entry in plan.devices:
+        budget = "unlimited" if entry.budget is None else _gib(entry.budget) + (" (detected)" if entry.detected else "")
+        rows.append([
+            _name(entry.device),
+            budget,
+            _gib(entry.weight_bytes),
+            _gib(entry.activation_peak),
+            _gib(entry.overhead),
+            _gib(entry.predicted_peak),
+            EMPTY if entry.left is None else _gib(entry.left),
+        ])
+    return _aligned(header, rows, left=1)
+
+
+def _activation_note(plan: Plan) -> str:
+    if plan.activations_accounted:
+        return (
+            "Activations accounted for: peak = weights + the largest transient among the components executing "
+            "there (activations, plus the streamed block of an offloaded one) + runtime overhead on accelerators."
+        )
+    return (
+        "Activations NOT accounted for (no call spec given): peaks are weights (and streamed blocks) only; a "
+        "large input can still run out of memory. Pass activations= (or call=) to plan for the call."
+    )
+
+
+def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
+    """Columns padded to their widest cell; the first `left` columns left-aligned, numbers right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(
+            str(cell).ljust(width) if i < left else str(cell).rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return [line(header), *[line(row) for row in rows]]
+
+
+def _name(device) -> str:
+    if is_accelerator(device):
+        return f"GPU {device}"
+    return "CPU" if device == "cpu" else "disk"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f}"

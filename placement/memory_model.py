@@ -1,0 +1,114 @@
+"""Predicted peak memory per device, kept up to date while a strategy places components.
+
+    predicted peak = weights placed on the device
+                   + the largest transient among the components that execute there
+                   + a runtime overhead (accelerators only, and only when activations are accounted)
+
+Components run one after another, so only the largest transient counts, not their sum. A component's
+transient is its activation peak (from `estimate_activations`, for the call the user will make) plus, when
+it is offloaded or on disk, its largest streamed block: the block being computed has to sit on the
+execution device next to the activations. A split component charges its full activation peak to every
+accelerator it spans: conservative (each device holds only its part of the work), and it keeps a split
+from being planned onto a device whose leftover room is exactly its weights.
+
+Without activations (the caller made no call spec) the transient is only the streamed block, the overhead
+is zero, and explicit budgets are honoured byte for byte; the plan then says activations were not
+accounted for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .budgets import Budgets
+from .devices import Device, is_accelerator
+from .plan import DevicePlan
+
+# What an accelerator needs beyond tensors the plan sees: the CUDA context with the cuBLAS/cuDNN workspaces
+# (300-600 MiB on current GPUs, allocated outside PyTorch's caching allocator, so no weight or activation
+# estimate contains it) plus the caching allocator's rounding and fragmentation during a forward (a few
+# hundred MiB at diffusion-model sizes). 1 GiB covers both with a little room; it is charged once per
+# accelerator that holds weights or executes something.
+ACCELERATOR_RUNTIME_OVERHEAD = 1024**3
+
+
+@dataclass
+class DeviceLoad:
+    """The running total of one device while a plan is built (mutable: a ledger entry, not a record)."""
+
+    device: Device
+    budget: Optional[int]
+    detected: bool
+    weights: int = 0
+    transient: int = 0
+    used: bool = False
+
+
+class Ledger:
+    """What every device holds so far, and whether one more component fits (weights + transient)."""
+
+    def __init__(self, budgets: Budgets, *, activations_accounted: bool):
+        self.activations_accounted = activations_accounted
+        self.loads = {
+            device: DeviceLoad(device=device, budget=limit, detected=device in budgets.detected)
+            for device, limit in budgets.limits.items()
+        }
+
+    @property
+    def accelerators(self) -> list[int]:
+        return [device for device in self.loads if is_accelerator(device)]
+
+    def has(self, device: Device) -> bool:
+        return device in self.loads
+
+    def overhead(self, device: Device, *, used: bool = True) -> int:
+        if self.activations_accounted and is_accelerator(device) and used:
+            return ACCELERATOR_RUNTIME_OVERHEAD
+        return 0
+
+    def peak(self, device: Device, *, weights: int = 0, transient: int = 0) -> int:
+        """The device's predicted peak if `weights` more were placed and a component with `transient`
+        executed there."""
+        load = self.loads[device]
+        used = load.used or weights > 0 or transient > 0
+        return load.weights + weights + max(load.transient, transient) + self.overhead(device, used=used)
+
+    def room(self, device: Device, *, transient: int = 0) -> Optional[int]:
+        """Bytes of weights the device can still take for a component that will run there with `transient`
+        (None: unlimited). Placing anything makes the device used, so its overhead counts."""
+        load = self.loads[device]
+        if load.budget is None:
+            return None
+        return load.budget - (load.weights + max(load.transient, transient) + self.overhead(device))
+
+    def fits(self, device: Device, *, weights: int, transient: int = 0) -> bool:
+        budget = self.loads[device].budget
+        return budget is None or self.peak(device, weights=weights, transient=transient) <= budget
+
+    def add(self, device: Device, *, weights: int = 0, transient: int = 0) -> None:
+        load = self.loads[device]
+        load.weights += weights
+        load.transient = max(load.transient, transient)
+        load.used = True
+
+    def device_plans(self) -> list[DevicePlan]:
+        plans = []
+        for device, load in self.loads.items():
+            if device == "disk" and not load.used and load.budget is None:
+                continue  # an unused, unlimited disk says nothing worth a row
+            overhead = self.overhead(device, used=load.used)
+            peak = load.weights + load.transient + overhead
+            plans.append(
+                DevicePlan(
+                    device=device,
+                    budget=load.budget,
+                    detected=load.detected,
+                    weight_bytes=load.weights,
+                    activation_peak=load.transient,
+                    overhead=overhead,
+                    predicted_peak=peak,
+                    left=None if load.budget is None else load.budget - peak,
+                )
+            )
+        return plans

@@ -1,0 +1,46 @@
+"""Placement strategies (DESIGN.md, "Strategies"): one small module each, sharing the fallback chain."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..memory_model import Ledger
+from .balanced import place_balanced
+from .cpu_only import place_cpu_only
+from .fallbacks import Context
+from .request import ComponentRequest, Placed, Placements
+from .sequential import place_sequential
+from .single_device import place_single_device
+from .spec import SUPPORTED, StrategyKind, StrategySpec, parse_strategy
+
+__all__ = [
+    "SUPPORTED",
+    "ComponentRequest",
+    "Context",
+    "Placed",
+    "Placements",
+    "StrategyKind",
+    "StrategySpec",
+    "parse_strategy",
+    "place_free_components",
+]
+
+
+def place_free_components(
+    spec: StrategySpec,
+    requests: Sequence[ComponentRequest],
+    ledger: Ledger,
+    context: Context,
+    placements: Placements,
+    notes: list[str],
+) -> None:
+    """Place the components nobody pinned, by `spec` (a dict strategy's remainder goes "balanced")."""
+    if spec.kind is StrategyKind.DEVICE:
+        place_single_device(requests, ledger, placements, spec.device, notes)
+    elif not ledger.accelerators:
+        place_cpu_only(requests, ledger, context, placements)
+    elif spec.kind is StrategyKind.SEQUENTIAL:
+        place_sequential(requests, ledger, context, placements)
+    else:
+        low_0 = spec.kind is StrategyKind.BALANCED_LOW_0
+        place_balanced(requests, ledger, context, placements, low_0=low_0)

@@ -1,0 +1,155 @@
+"""The chain every strategy shares: whole on an accelerator, else split, else offloaded, else cpu, else disk.
+
+1. whole: on the first accelerator, in the strategy's order, that has room for weights + transient;
+2. split: the component's split units over the accelerators' remaining room (no `_no_split_modules` block
+   is ever cut; `splitting.split_device_map` asks accelerate first and packs exactly when it falls short);
+3. offloaded: weights in CPU RAM, executed on the accelerator with the most room for the streamed block;
+4. cpu: weights in CPU RAM and run there, when no accelerator can even hold one streamed block;
+5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
+Each step past the first is recorded as a Fallback whose reason gives the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..devices import Device
+from ..memory_model import Ledger
+from ..plan import Fallback, PlacementKind
+from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError
+from ..splitting import split_device_map
+from .request import ComponentRequest, Placed, component_plan, device_name, gib
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """Planning options every strategy step may need."""
+
+    has_offload_folder: bool
+
+
+def place_with_fallbacks(
+    request: ComponentRequest,
+    ledger: Ledger,
+    context: Context,
+    *,
+    whole_order: Sequence[int],
+    split_order: Sequence[int],
+) -> Placed:
+    """Whole on the first accelerator of `whole_order` with room, else the fallback chain."""
+    for device in whole_order:
+        if ledger.fits(device, weights=request.bytes, transient=request.transient):
+            return place_whole(request, ledger, device)
+    why = f"{request.needs()}; {rooms_text(ledger, request)}."
+    return (
+        try_split(request, ledger, split_order, why)
+        or try_offload(request, ledger, why)
+        or place_on_host(request, ledger, context, why)
+    )
+
+
+def place_whole(request: ComponentRequest, ledger: Ledger, device: Device) -> Placed:
+    ledger.add(device, weights=request.bytes, transient=request.transient)
+    kind = PlacementKind.CPU if device == "cpu" else PlacementKind.WHOLE
+    plan = component_plan(
+        request, kind=kind, device_map={"": device}, execution_device=device, placed_bytes={device: request.bytes}
+    )
+    return Placed(plan=plan)
+
+
+def try_split(request: ComponentRequest, ledger: Ledger, order: Sequence[int], why: str) -> Optional[Placed]:
+    rooms = {device: ledger.room(device, transient=request.transient) for device in order}
+    rooms = {device: room for device, room in rooms.items() if room is not None and room > 0}
+    if len(rooms) < 2:
+        return None
+    device_map = split_device_map(request.module, rooms, size=request.size, dtype=request.dtype)
+    if device_map is None:
+        return None
+    placed: dict[Device, int] = {}
+    for path, device in device_map.items():
+        placed[device] = placed.get(device, 0) + request.size.module_sizes[path]
+    for device, weights in placed.items():
+        ledger.add(device, weights=weights, transient=request.transient)
+    execution_device = next(iter(device_map.values()))
+    plan = component_plan(
+        request, kind=PlacementKind.SPLIT, device_map=device_map, execution_device=execution_device,
+        placed_bytes=placed,
+    )
+    parts = ", ".join(f"{device_name(d)} {gib(n)}" for d, n in plan.placed_bytes.items())
+    reason = f"{why} Split along its blocks: {parts}."
+    return Placed(plan=plan, fallback=Fallback(component=request.name, kind=PlacementKind.SPLIT, reason=reason))
+
+
+def try_offload(request: ComponentRequest, ledger: Ledger, why: str) -> Optional[Placed]:
+    """Weights in CPU RAM, streamed block by block to the accelerator with the most room for that."""
+    stream = streaming_device(request, ledger, ledger.accelerators)
+    if stream is None or not ledger.fits("cpu", weights=request.bytes):
+        return None
+    return _streamed(request, ledger, host="cpu", execution_device=stream, why=why)
+
+
+def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, why: str) -> Placed:
+    """CPU RAM and run on the CPU when no accelerator can stream it, else disk; an error if neither fits."""
+    if ledger.fits("cpu", weights=request.bytes, transient=request.transient):
+        placed = place_whole(request, ledger, "cpu")
+        no_stream = "" if not ledger.accelerators else (
+            f" No accelerator has room to stream its largest block ({gib(request.size.largest_unit)}) "
+            "next to its activations, so it runs on the CPU."
+        )
+        reason = f"{why}{no_stream}"
+        return Placed(plan=placed.plan, fallback=Fallback(component=request.name, kind=PlacementKind.CPU, reason=reason))
+    cpu_room = ledger.room("cpu", transient=request.transient)
+    if not context.has_offload_folder:
+        cpu_left = f" The CPU has {gib(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
+        raise OffloadFolderRequiredError(
+            f"{why}{cpu_left} Its weights must go to disk, and no offload_folder was given. "
+            "Pass offload_folder=..., a larger max_memory, or more devices."
+        )
+    if not ledger.fits("disk", weights=request.bytes):
+        raise DoesNotFitError(
+            f"{why} Not even the disk budget has room ({gib(max(ledger.room('disk') or 0, 0))} left). "
+            "Raise max_memory['disk'] or free some space."
+        )
+    stream = streaming_device(request, ledger, ledger.accelerators)
+    if stream is None and not ledger.fits("cpu", weights=0, transient=request.transient + request.size.largest_unit):
+        raise DoesNotFitError(
+            f"{why} Its weights could go to disk, but no device has room to run it: it needs "
+            f"{gib(request.size.largest_unit)} for its largest block next to its activations."
+        )
+    return _streamed(request, ledger, host="disk", execution_device=stream if stream is not None else "cpu", why=why)
+
+
+def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequence[int]) -> Optional[int]:
+    """The accelerator with the most room left once it holds the largest block and the activations."""
+    transient = request.transient + request.size.largest_unit
+    fitting = [d for d in candidates if ledger.fits(d, weights=0, transient=transient)]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda d: (ledger.room(d, transient=transient), -fitting.index(d)))
+
+
+def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device, why: str) -> Placed:
+    unit = request.size.largest_unit
+    ledger.add(host, weights=request.bytes)
+    ledger.add(execution_device, transient=request.transient + unit)
+    kind = PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK
+    plan = component_plan(
+        request, kind=kind, device_map={"": host}, execution_device=execution_device,
+        placed_bytes={host: request.bytes}, streamed_unit_bytes=unit,
+    )
+    where = "CPU RAM" if host == "cpu" else "the offload folder"
+    reason = (
+        f"{why} No split fits either. Weights in {where}, streamed to {device_name(execution_device)} "
+        f"one block at a time (largest block {gib(unit)})."
+    )
+    return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, reason=reason))
+
+
+def rooms_text(ledger: Ledger, request: ComponentRequest) -> str:
+    """"GPU 0 has 2.00 GiB left, GPU 1 has 0.50 GiB left" (room for weights next to its activations)."""
+    parts = []
+    for device in ledger.accelerators:
+        room = ledger.room(device, transient=request.transient)
+        parts.append(f"{device_name(device)} has {gib(max(room, 0))} left")
+    return ", ".join(parts) if parts else "there is no accelerator"

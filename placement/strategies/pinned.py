@@ -1,0 +1,172 @@
+"""Pinned components: placed by the caller, used as given, counted against the budgets.
+
+Two sources: a dict strategy `{component: device | {submodule: device}}` (validated; the components it
+does not name are planned by "balanced" around it), and `pinned=` for components that arrive already
+dispatched (their placement is a fact, so a budget they exceed is a warning, not an error).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Mapping
+
+from ..devices import Device, is_accelerator, normalize_device
+from ..errors import InvalidDeviceError
+from ..memory_model import Ledger
+from ..plan import PlacementKind
+from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
+from .request import ComponentRequest, Placed, component_plan, device_name, gib
+
+
+def normalize_pins(pins: Mapping, requests: Mapping[str, ComponentRequest], *, source: str) -> dict[str, dict[str, Device]]:
+    """`{component: {relative path: device}}`, every name, path and device checked; errors quote `source`."""
+    unknown = [name for name in pins if name not in requests]
+    if unknown:
+        raise StrategyError(
+            f"{source} names components that do not exist: {unknown}. The module components are "
+            f"{list(requests)}."
+        )
+    normalized = {}
+    for name, spec in pins.items():
+        if isinstance(spec, Mapping):
+            device_map = {str(path): _device(value, source, f"{name}.{path}" if path else name) for path, value in spec.items()}
+            _check_paths(device_map, requests[name], source)
+        else:
+            device_map = {"": _device(spec, source, name)}
+        normalized[name] = device_map
+    return normalized
+
+
+def check_budgets_exist(pins: Mapping[str, Mapping[str, Device]], ledger: Ledger, *, source: str, has_offload_folder: bool) -> None:
+    for name, device_map in pins.items():
+        for device in dict.fromkeys(device_map.values()):
+            if not ledger.has(device):
+                raise StrategyError(
+                    f"{source} puts {name!r} on {device_name(device)}, which has no budget: the devices are "
+                    f"{list(ledger.loads)}. Add {device!r} to max_memory or pick one of those devices."
+                )
+            if device == "disk" and not has_offload_folder:
+                raise OffloadFolderRequiredError(
+                    f"{source} puts {name!r} (or part of it) on 'disk', and no offload_folder was given. "
+                    "Pass offload_folder=... or pin it to another device."
+                )
+
+
+def place_pinned(request: ComponentRequest, device_map: Mapping[str, Device], ledger: Ledger) -> Placed:
+    placed = _bytes_per_device(request, device_map)
+    accelerators = [d for d in _module_order_devices(request, device_map) if is_accelerator(d)]
+    hosts = [d for d in placed if not is_accelerator(d)]
+    execution_device = accelerators[0] if accelerators else "cpu"
+    kind = _kind(accelerators, hosts)
+    streamed = request.size.largest_unit if hosts and accelerators else 0
+    for device, weights in placed.items():
+        # A split charges its activations to every accelerator it spans, as the planner's splits do.
+        spans = kind is PlacementKind.SPLIT and is_accelerator(device)
+        ledger.add(device, weights=weights, transient=request.transient if spans else 0)
+    ledger.add(execution_device, transient=request.transient + streamed)
+    plan = component_plan(
+        request, kind=kind, device_map=device_map, execution_device=execution_device, placed_bytes=placed,
+        streamed_unit_bytes=streamed, pinned=True,
+    )
+    return Placed(plan=plan)
+
+
+def over_budget(ledger: Ledger, devices) -> list[tuple[str, Device]]:
+    """("GPU 0: predicted 9.00 GiB > budget 8.00 GiB", 0) for every listed device over its budget."""
+    found = []
+    for device in dict.fromkeys(devices):
+        budget = ledger.loads[device].budget
+        peak = ledger.peak(device)
+        if budget is not None and peak > budget:
+            found.append((f"{device_name(device)}: predicted {gib(peak)} > budget {gib(budget)}", device))
+    return found
+
+
+def enforce(ledger: Ledger, devices, *, what: str, notes: list[str]) -> None:
+    """A placement the caller asked for must fit: over an explicit budget is an error; over a detected
+    one (free memory minus a margin: a guess) is a warning, since the caller named the devices."""
+    problems = over_budget(ledger, devices)
+    guessed = [p for p, d in problems if ledger.loads[d].detected]
+    given = [p for p, d in problems if not ledger.loads[d].detected]
+    if given:
+        raise DoesNotFitError(
+            f"{what} does not fit: {'; '.join(given)}. Pass a larger max_memory, put fewer components on "
+            "these devices, or use device_map='balanced'."
+        )
+    for problem in guessed:
+        message = f"{what} may not fit: {problem} (a detected budget)."
+        warnings.warn(message, stacklevel=4)
+        notes.append(message)
+
+
+def _kind(accelerators: list[int], hosts: list[Device]) -> PlacementKind:
+    if accelerators and hosts:
+        return PlacementKind.OFFLOADED  # part in RAM or on disk, executed on the accelerator
+    if accelerators:
+        return PlacementKind.WHOLE if len(set(accelerators)) == 1 else PlacementKind.SPLIT
+    return PlacementKind.DISK if "disk" in hosts else PlacementKind.CPU
+
+
+def _device(value, source: str, where: str) -> Device:
+    try:
+        return normalize_device(value)
+    except InvalidDeviceError as error:
+        raise StrategyError(f"{source}[{where!r}]: {error}") from None
+
+
+def _tensor_names(request: ComponentRequest) -> list[str]:
+    module = request.module
+    return [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+
+
+def _owner(name: str, device_map: Mapping[str, Device]):
+    parts = name.split(".")
+    for cut in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:cut])
+        if prefix in device_map:
+            return prefix
+    return None
+
+
+def _check_paths(device_map: Mapping[str, Device], request: ComponentRequest, source: str) -> None:
+    known = request.size.module_sizes
+    missing = [path for path in device_map if path not in known and not _is_submodule(request, path)]
+    if missing:
+        top = sorted({key.split(".")[0] for key in known if key})[:12]
+        raise StrategyError(
+            f"{source} for {request.name!r} names submodules that do not exist: {missing}. "
+            f"Its top-level submodules are {top}."
+        )
+    uncovered = [name for name in _tensor_names(request) if _owner(name, device_map) is None]
+    if uncovered:
+        raise StrategyError(
+            f"{source} for {request.name!r} leaves {len(uncovered)} tensors without a device, e.g. "
+            f"{uncovered[:5]}. Map their modules too, or map '' to a default device."
+        )
+
+
+def _is_submodule(request: ComponentRequest, path: str) -> bool:
+    try:
+        request.module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _bytes_per_device(request: ComponentRequest, device_map: Mapping[str, Device]) -> dict[Device, int]:
+    if len(device_map) == 1 and "" in device_map:
+        return {device_map[""]: request.bytes}
+    placed: dict[Device, int] = {}
+    for name in _tensor_names(request):
+        device = device_map[_owner(name, device_map)]
+        placed[device] = placed.get(device, 0) + request.size.module_sizes.get(name, 0)
+    return placed
+
+
+def _module_order_devices(request: ComponentRequest, device_map: Mapping[str, Device]) -> list[Device]:
+    """The devices in the order the forward reaches them (the first one receives the inputs)."""
+    if len(device_map) == 1:
+        return list(device_map.values())
+    seen = {device_map[_owner(unit.path, device_map) or ""]: None for unit in request.size.split_units
+            if _owner(unit.path, device_map) is not None}
+    return list(seen) or list(dict.fromkeys(device_map.values()))

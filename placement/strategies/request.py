@@ -1,0 +1,102 @@
+"""What a strategy knows of one component, and the record it produces for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import torch
+from torch import nn
+
+from ..devices import Device, device_sort_key, is_accelerator
+from ..plan import ComponentPlan, Fallback, PlacementKind
+from ..sizes import format_size
+from ..sizing import ComponentSize
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentRequest:
+    """One module component to place: its size at the requested dtype and its activation peak."""
+
+    name: str
+    module: nn.Module
+    size: ComponentSize
+    dtype: Optional[torch.dtype]
+    activation: Optional[int]  # None: activations not accounted for
+    position: int  # in execution order
+
+    @property
+    def bytes(self) -> int:
+        return self.size.total
+
+    @property
+    def transient(self) -> int:
+        return self.activation or 0
+
+    @property
+    def dtype_name(self) -> Optional[str]:
+        return None if self.dtype is None else str(self.dtype).removeprefix("torch.")
+
+    def needs(self) -> str:
+        """"vae needs 1.21 GiB (bfloat16) + 0.30 GiB of activations" for error and fallback messages."""
+        text = f"{self.name} needs {gib(self.bytes)}"
+        if self.dtype_name:
+            text += f" ({self.dtype_name})"
+        if self.activation:
+            text += f" + {gib(self.activation)} of activations"
+        return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """A strategy's answer for one component: its plan, and the fallback taken if it is not whole."""
+
+    plan: ComponentPlan
+    fallback: Optional[Fallback] = None
+
+
+@dataclass
+class Placements:
+    """The answers collected so far, by component name (mutable while a plan is built)."""
+
+    by_name: dict[str, Placed] = field(default_factory=dict)
+
+    def add(self, placed: Placed) -> None:
+        self.by_name[placed.plan.name] = placed
+
+
+def component_plan(
+    request: ComponentRequest,
+    *,
+    kind: PlacementKind,
+    device_map: Mapping[str, Device],
+    execution_device: Device,
+    placed_bytes: Mapping[Device, int],
+    streamed_unit_bytes: int = 0,
+    pinned: bool = False,
+) -> ComponentPlan:
+    ordered = {device: placed_bytes[device] for device in sorted(placed_bytes, key=device_sort_key)}
+    return ComponentPlan(
+        name=request.name,
+        kind=kind,
+        devices=list(ordered),
+        execution_device=execution_device,
+        bytes=request.bytes,
+        dtype=request.dtype_name,
+        device_map=dict(device_map),
+        placed_bytes=ordered,
+        activation_bytes=request.activation,
+        streamed_unit_bytes=streamed_unit_bytes,
+        pinned=pinned,
+    )
+
+
+def gib(n: int) -> str:
+    return format_size(n, "GiB")
+
+
+def device_name(device: Device) -> str:
+    """"GPU 1", "CPU", "disk": how messages and tables name a device."""
+    if is_accelerator(device):
+        return f"GPU {device}"
+    return "CPU" if device == "cpu" else "disk"
