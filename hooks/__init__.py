@@ -1,1 +1,12 @@
 """Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting)."""
+
+from .group_offload import (
+    GroupOffloadHook,
+    GroupOffloadingConfig,
+    GroupOffloadSession,
+    OffloadType,
+    apply_group_offloading,
+    group_offloading_session,
+    remove_group_offloading,
+)
+from .memory_errors import OffloadConfigError, OffloadConflictError

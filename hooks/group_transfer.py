@@ -1,0 +1,60 @@
+"""How an offloaded group's tensors reach the onload device: a plain blocking copy, or a CUDA side stream.
+
+With a side stream, the copy of the next group is queued on its own stream from pinned host memory while the
+compute stream runs the current group; the compute stream waits on an event (a GPU-side wait, the CPU does
+not block) before it touches the copied weights, and `record_stream` stops the caching allocator from
+reusing their memory before the compute stream is done with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingCopy:
+    """Tensors whose copy was queued; `ready` is None when the copy already finished (blocking)."""
+
+    tensors: Mapping[str, torch.Tensor]
+    ready: torch.cuda.Event | None = None
+
+
+class BlockingTransfer:
+    """`tensor.to(device)` on the current stream: simple, and the copy is done when it returns."""
+
+    uses_pinned_memory = False
+    prefetches = False
+
+    def copy(self, sources: Mapping[str, torch.Tensor], device: torch.device) -> PendingCopy:
+        return PendingCopy(tensors={key: tensor.to(device) for key, tensor in sources.items()})
+
+    def wait(self, pending: PendingCopy) -> None:
+        """Nothing to wait for: the copy finished inside `copy`."""
+
+
+class StreamTransfer:
+    """Copies on a dedicated CUDA stream from pinned memory, overlapping the compute of the current group."""
+
+    uses_pinned_memory = True
+    prefetches = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def copy(self, sources: Mapping[str, torch.Tensor], device: torch.device) -> PendingCopy:
+        with torch.cuda.stream(self.stream):
+            tensors = {key: tensor.to(device, non_blocking=True) for key, tensor in sources.items()}
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return PendingCopy(tensors=tensors, ready=ready)
+
+    def wait(self, pending: PendingCopy) -> None:
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(pending.ready)
+        for tensor in pending.tensors.values():
+            # Allocated on the side stream, used on the compute stream: free only after compute is done.
+            tensor.record_stream(compute)

@@ -1,0 +1,80 @@
+"""Small helpers over accelerate's hook mechanism: one `_hf_hook` per module, chained by `SequentialHook`.
+
+Every technique of this package installs `accelerate.hooks.ModelHook`s with `add_hook_to_module`, so
+`accelerate.hooks.remove_hook_from_module(module, recurse=True)` undoes all of them. These helpers let a
+technique find its own hooks (or a conflicting one) and remove only its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from accelerate.hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    ModelHook,
+    SequentialHook,
+    add_hook_to_module,
+    remove_hook_from_module,
+)
+from torch import nn
+
+# Hooks that move a module's weights between devices on their own (accelerate's offloading/dispatch).
+ACCELERATE_PLACEMENT_HOOKS = (AlignDevicesHook, CpuOffload)
+
+
+def hooks_of(module: nn.Module) -> list[ModelHook]:
+    """The hooks installed on `module` itself, with `SequentialHook` chains flattened."""
+    hook = getattr(module, "_hf_hook", None)
+    return _flatten(hook) if hook is not None else []
+
+
+def _flatten(hook: ModelHook) -> list[ModelHook]:
+    if isinstance(hook, SequentialHook):
+        return [inner for part in hook.hooks for inner in _flatten(part)]
+    return [hook]
+
+
+def find_hooks(root: nn.Module, hook_types: type | tuple[type, ...]) -> Iterator[tuple[str, nn.Module, ModelHook]]:
+    """(qualified module name, module, hook) for every hook of `hook_types` in `root`'s tree."""
+    for name, module in root.named_modules():
+        for hook in hooks_of(module):
+            if isinstance(hook, hook_types):
+                yield name, module, hook
+
+
+def has_hook(root: nn.Module, hook_types: type | tuple[type, ...]) -> bool:
+    return next(find_hooks(root, hook_types), None) is not None
+
+
+def remove_hooks_of_type(root: nn.Module, hook_types: type | tuple[type, ...]) -> int:
+    """Detach every hook of `hook_types` in `root`'s tree, keeping the other hooks chained as they were.
+
+    Returns how many hooks were removed. Hooks are detached root first, as `remove_hook_from_module` does.
+    """
+    removed = 0
+    for module in list(root.modules()):
+        hooks = hooks_of(module)
+        kept = [hook for hook in hooks if not isinstance(hook, hook_types)]
+        if len(kept) == len(hooks):
+            continue
+        removed += len(hooks) - len(kept)
+        for hook in hooks:
+            if isinstance(hook, hook_types):
+                hook.detach_hook(module)
+        # Take the forward wrapper off without detaching the kept hooks (their state stays valid) ...
+        _unwrap_forward(module)
+        # ... then re-install them in their original order.
+        for hook in kept:
+            add_hook_to_module(module, hook, append=True)
+    return removed
+
+
+def _unwrap_forward(module: nn.Module) -> None:
+    """`remove_hook_from_module` without calling `detach_hook` (the caller detached what it meant to)."""
+    hook = module.__dict__.pop("_hf_hook", None)
+    if hook is None:
+        return
+    placeholder = ModelHook()  # detach_hook of the base class does nothing
+    module._hf_hook = placeholder
+    remove_hook_from_module(module)

@@ -1,0 +1,255 @@
+"""Group offloading on the CPU: outputs equal the plain run, weights sit in the store between calls,
+groups are onloaded exactly while they run, and removal leaves plain modules behind.
+
+With no accelerator the onload device is the CPU too, so "where the weights are" is observed through the
+disk store (modules hold `meta` placeholders between calls) and through the session's resident groups.
+"""
+
+import os
+
+import pytest
+import torch
+from accelerate.big_modeling import cpu_offload
+from accelerate.hooks import remove_hook_from_module
+from torch import nn
+
+import hooks.group_offload as group_offload
+from hooks import (
+    GroupOffloadingConfig,
+    OffloadConfigError,
+    OffloadConflictError,
+    OffloadType,
+    apply_group_offloading,
+    group_offloading_session,
+    remove_group_offloading,
+)
+from hooks.group_transfer import BlockingTransfer
+
+
+class Probe(nn.Module):
+    """Records which groups are resident while it runs (it holds no weights, so it is never hooked itself)."""
+
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+        self.owner = lambda: None  # set by the model; a plain attribute would register it as a submodule
+
+    def forward(self, x):
+        session = group_offloading_session(self.owner())
+        if session is not None:
+            self.log.append(sorted(group.name for group in session.resident_groups))
+        return x
+
+
+class Tiny(nn.Module):
+    def __init__(self, tied: bool = False, blocks: int = 4):
+        super().__init__()
+        self.log = []
+        self.embed = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU(), Probe(self.log)) for _ in range(blocks))
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.register_buffer("scale", torch.tensor(0.5))
+        for block in self.blocks:
+            block[2].owner = lambda: self
+        if tied:
+            self.head.weight = self.embed.weight
+        self.fail_in_block = None
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for index, block in enumerate(self.blocks):
+            if index == self.fail_in_block:
+                raise RuntimeError("boom")
+            x = block(x)
+        return self.head(self.norm(x)) * self.scale
+
+    def decode(self, x):
+        """An entry point that is not forward (like a VAE's decode): only `head` runs."""
+        return self.head(x)
+
+
+def make(tied=False):
+    torch.manual_seed(0)
+    return Tiny(tied=tied).eval()
+
+
+TOKENS = torch.tensor([[1, 2, 3], [4, 5, 6]])
+LAYOUTS = [OffloadType.BLOCK_LEVEL, OffloadType.LEAF_LEVEL]
+
+
+def all_hooked(module):
+    return [name for name, sub in module.named_modules() if hasattr(sub, "_hf_hook")]
+
+
+@pytest.mark.parametrize("to_disk", [False, True], ids=["ram", "disk"])
+@pytest.mark.parametrize("offload_type", LAYOUTS, ids=lambda t: t.value)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_outputs_equal_plain_run_twice_and_removal_restores(offload_type, to_disk, tied, tmp_path):
+    model = make(tied)
+    with torch.no_grad():
+        expected = model(TOKENS)
+    config = GroupOffloadingConfig(
+        onload_device="cpu", offload_type=offload_type, offload_to_disk_path=tmp_path if to_disk else None
+    )
+    apply_group_offloading(model, config)
+    session = group_offloading_session(model)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+            assert session.resident_groups == []
+            devices = {t.device.type for t in [*model.parameters(), *model.buffers()]}
+            assert devices == ({"meta"} if to_disk else {"cpu"})
+    if to_disk:
+        files = os.listdir(session.disk_folder)
+        assert len(files) == len(session.groups) and all(f.endswith(".safetensors") for f in files)
+    if tied:
+        assert model.head.weight is model.embed.weight
+
+    remove_group_offloading(model)
+    assert all_hooked(model) == []
+    assert {t.device.type for t in model.parameters()} == {"cpu"}
+    assert not model.blocks[0][0].weight.is_pinned()
+    if tied:
+        assert model.head.weight is model.embed.weight
+    if to_disk:
+        assert os.listdir(tmp_path) == []  # the group files went with the hooks
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("blocks_per_group, expected", [
+    (1, [["blocks.0", "rest"], ["blocks.1", "rest"], ["blocks.2", "rest"], ["blocks.3", "rest"]]),
+    (2, [["blocks.0-1", "rest"], ["blocks.0-1", "rest"], ["blocks.2-3", "rest"], ["blocks.2-3", "rest"]]),
+    (3, [["blocks.0-2", "rest"]] * 3 + [["blocks.3", "rest"]]),
+])
+def test_block_level_onloads_one_run_of_blocks_at_a_time(blocks_per_group, expected):
+    model = make()
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", num_blocks_per_group=blocks_per_group))
+    with torch.no_grad():
+        model(TOKENS)
+    assert model.log == expected
+
+
+def test_leaf_level_onloads_one_layer_at_a_time():
+    model = make()
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_type="leaf_level"))
+    names = [group.name for group in group_offloading_session(model).groups]
+    assert names == ["root", "embed", "blocks.0.0", "blocks.1.0", "blocks.2.0", "blocks.3.0", "norm", "head"]
+    with torch.no_grad():
+        model(TOKENS)
+    # Only the root's own buffer (`scale`) stays resident while a probe runs: each Linear went back after it ran.
+    assert model.log == [["root"]] * 4
+
+
+def test_prefetch_chain_onloads_the_next_group_while_the_current_one_runs(monkeypatch):
+    class PrefetchingCopy(BlockingTransfer):
+        prefetches = True  # what StreamTransfer does on CUDA, with a copy that completes at once
+
+    monkeypatch.setattr(group_offload, "_make_transfer", lambda config: PrefetchingCopy())
+    model = make()
+    with torch.no_grad():
+        expected = model(TOKENS)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    with torch.no_grad():
+        model(TOKENS)  # first call records the execution order
+        traced = list(model.log)
+        model.log.clear()
+        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+    assert traced == [["blocks.0", "rest"], ["blocks.1", "rest"], ["blocks.2", "rest"], ["blocks.3", "rest"]]
+    assert model.log == [["blocks.0", "blocks.1", "rest"], ["blocks.1", "blocks.2", "rest"],
+                         ["blocks.2", "blocks.3", "rest"], ["blocks.3", "rest"]]
+    assert group_offloading_session(model).resident_groups == []
+
+
+def test_entry_point_other_than_forward_onloads_what_it_calls(tmp_path):
+    model = make()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model.decode(x)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_to_disk_path=tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode(x), expected, atol=1e-5, rtol=0)
+    assert model.head.weight.is_meta and group_offloading_session(model).resident_groups == []
+
+
+def test_a_call_that_raises_does_not_leave_groups_behind():
+    model = make()
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    session = group_offloading_session(model)
+    model.fail_in_block = 2
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad():
+        model(TOKENS)
+    assert session.resident_groups  # the rest group was left onloaded by the failed call ...
+    model.fail_in_block = None
+    model.log.clear()
+    with torch.no_grad():
+        model(TOKENS)
+    assert session.resident_groups == [] and model.log[0] == ["blocks.0", "rest"]  # ... and swept by the next
+
+
+def test_applying_twice_replaces_and_accelerate_removal_undoes_everything(tmp_path):
+    model = make()
+    with torch.no_grad():
+        expected = model(TOKENS)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_to_disk_path=tmp_path))
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_type="leaf_level"))
+    assert len(os.listdir(tmp_path)) == 0  # the first application's files were removed with it
+    assert group_offloading_session(model).config.offload_type is OffloadType.LEAF_LEVEL
+    remove_hook_from_module(model, recurse=True)
+    assert all_hooked(model) == []
+    assert {t.device.type for t in model.parameters()} == {"cpu"}
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+
+
+def test_accelerate_offload_hooks_are_a_conflict():
+    model = make()
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    with pytest.raises(OffloadConflictError, match=r"remove_hook_from_module.*reset_device_map"):
+        apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+
+
+def test_weights_on_meta_are_refused():
+    with torch.device("meta"):
+        model = Tiny()
+    with pytest.raises(OffloadConfigError, match="meta device.*Load the weights first"):
+        apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    assert all_hooked(model) == []
+
+
+def test_unwritable_disk_path_fails_cleanly(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    model = make()
+    with pytest.raises(OffloadConfigError, match="writable"):
+        apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_to_disk_path=not_a_folder))
+    assert all_hooked(model) == [] and {t.device.type for t in model.parameters()} == {"cpu"}
+
+
+def test_config_defaults_and_normalisation():
+    config = GroupOffloadingConfig(onload_device=0)
+    assert config.onload_device.index == 0 and config.onload_device.type in ("cuda", "xpu")
+    assert config.offload_device == torch.device("cpu")
+    assert config.offload_type is OffloadType.BLOCK_LEVEL and config.num_blocks_per_group == 1
+    assert GroupOffloadingConfig(onload_device="cuda:1", offload_type="leaf_level").offload_type is OffloadType.LEAF_LEVEL
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(onload_device="cpu", use_stream=True), "use_stream=True.*CUDA"),
+    (dict(onload_device="cpu", offload_type="layer"), "'block_level', 'leaf_level'"),
+    (dict(onload_device="cpu", num_blocks_per_group=0), "num_blocks_per_group"),
+    (dict(onload_device="disk"), "onload_device='disk'.*offload_to_disk_path"),
+    (dict(onload_device="cpu", offload_device="meta"), "offload_device='meta'"),
+])
+def test_bad_configs_are_clear_errors(kwargs, message):
+    with pytest.raises(OffloadConfigError, match=message):
+        GroupOffloadingConfig(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a CPU-only machine")
+def test_cuda_onload_without_cuda_is_a_clear_error():
+    model = make()
+    with pytest.raises(OffloadConfigError, match="no CUDA device"):
+        apply_group_offloading(model, GroupOffloadingConfig(onload_device=0))
+    assert all_hooked(model) == []
