@@ -27,9 +27,11 @@ from .activation_attention import FusedAttentionAccounting
 from .activation_tracker import LiveStorageTracker
 from .errors import PlacementError
 
-# Fake tensors claim to live on the CPU: model code that branches on the device ("meta" skips, "cuda"
-# kernels) takes its ordinary path, and attention is accounted for by FusedAttentionAccounting anyway.
-_FAKE_DEVICE = torch.device("cpu")
+# Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
+# meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
+# values, could not run. Attention is accounted for by FusedAttentionAccounting, so meta's math path for
+# scaled_dot_product_attention never runs.
+_FAKE_DEVICE = torch.device("meta")
 
 # Methods named in the error when the requested one does not exist.
 _COMMON_CALLS = ("forward", "encode", "decode")
@@ -118,14 +120,20 @@ def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:
     return bool(keep_fp32) and any(segment in keep_fp32 for segment in name.split("."))
 
 
+def _defines(module: nn.Module, method: str) -> bool:
+    # nn.Module itself has a `forward` that only raises; it does not count as defining one.
+    attribute = getattr(type(module), method, None)
+    return callable(getattr(module, method, None)) and attribute is not nn.Module.forward
+
+
 def _bound_method(module: nn.Module, method: str):
     if not isinstance(module, nn.Module):
         raise InvalidActivationCallError(
             f"estimate_activations needs an nn.Module, got {type(module).__name__}."
         )
     call = getattr(module, method, None)
-    if not callable(call):
-        candidates = [name for name in _COMMON_CALLS if callable(getattr(module, name, None))]
+    if not _defines(module, method):
+        candidates = [name for name in _COMMON_CALLS if _defines(module, name)]
         raise InvalidActivationCallError(
             f"{type(module).__name__} has no method {method!r} to estimate; pass method= the method the "
             f"pipeline calls (this module has: {', '.join(candidates)})."
