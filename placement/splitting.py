@@ -11,6 +11,7 @@ left on the table.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -68,7 +69,7 @@ def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[st
     accelerator ints first, then "cpu") and never reserves a layer's room on a host device."""
     aliases = {alias: device for alias, device in enumerate(devices)}
     kept_fp32 = fp32_kept_tensors(module, dtype)
-    with _quiet_accelerate():
+    with quiet_accelerate():
         raw = infer_auto_device_map(
             module,
             max_memory={alias: room[device] for alias, device in aliases.items()},
@@ -78,7 +79,7 @@ def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[st
         )
     if any(device not in aliases for device in raw.values()):
         return None  # accelerate sent something to "disk": it found no split within the budgets
-    return _units_from_map({key: aliases[alias] for key, alias in raw.items()}, units)
+    return assign_units({key: aliases[alias] for key, alias in raw.items()}, units)
 
 
 def _greedy_assignment(module, devices, room, size, dtype, units) -> dict[str, Device] | None:
@@ -95,8 +96,9 @@ def _greedy_assignment(module, devices, room, size, dtype, units) -> dict[str, D
     return assignment
 
 
-def _units_from_map(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -> dict[str, Device] | None:
-    """Each unit's device under `device_map` (its longest matching prefix); None if a key cuts into a unit."""
+def assign_units(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -> dict[str, Device] | None:
+    """Each unit's device under `device_map` (its longest matching prefix); None if a key cuts into a unit
+    or a unit is not covered."""
     unit_paths = {unit.path for unit in units}
     for key in device_map:
         if any(prefix in unit_paths for prefix in _prefixes(key)[:-1]):
@@ -144,14 +146,15 @@ def _prefixes(path: str) -> list[str]:
     return [".".join(parts[:idx]) for idx in range(len(parts) + 1)]
 
 
-class _quiet_accelerate:
+@contextlib.contextmanager
+def quiet_accelerate():
     """Silence accelerate's "Device 1 is not available" warnings: planning for absent GPUs is intended."""
-
-    def __enter__(self):
-        self._levels = [(log, log.level) for log in map(logging.getLogger, _ACCELERATE_LOGGERS)]
-        for log, _ in self._levels:
-            log.setLevel(logging.ERROR)
-
-    def __exit__(self, *exc):
-        for log, level in self._levels:
+    loggers = [logging.getLogger(name) for name in _ACCELERATE_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
             log.setLevel(level)
