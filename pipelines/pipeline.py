@@ -14,7 +14,7 @@ import networkx as nx
 import torch
 from torch import nn
 
-from accelerate.hooks import remove_hook_from_module
+from hooks.dispatch import undispatch
 from placement.errors import PlacementError
 
 from .errors import DeviceMappedError
@@ -40,8 +40,6 @@ class Pipeline(PipelineMemoryMixin):
         self.hf_device_map: dict[str, Any] | None = None
         # The placement.Plan the pipeline was loaded with (None when not device-mapped); kept for inspection.
         self.placement_plan = None
-        # Per-component actions `reset_device_map()` must run after removing hooks (e.g. reload disk weights).
-        self._reset_actions: dict[str, Any] = {}
 
     # ----------------------------------------------------------------------------------------- components
     def register_components(self, **named: Any) -> None:
@@ -127,14 +125,10 @@ class Pipeline(PipelineMemoryMixin):
     def reset_device_map(self) -> None:
         """Remove every hook, bring every weight to the CPU and clear `hf_device_map`; then `.to()` works."""
         for name, module in self.module_components.items():
-            remove_hook_from_module(module, recurse=True)
-            action = self._reset_actions.pop(name, None)
-            if action is not None:
-                action(module)
+            undispatch(module)  # removes every accelerate hook, offload ones too; disk weights come back
             module.to("cpu")
             if hasattr(module, "hf_device_map"):
                 module.hf_device_map = None
-        self._reset_actions.clear()
         self.hf_device_map = None
         self.placement_plan = None
 

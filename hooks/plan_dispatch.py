@@ -1,0 +1,78 @@
+"""Apply one component's placement (a `placement.ComponentPlan`) to its loaded module.
+
+The loader has already put every weight where the plan says (accelerator, CPU RAM, or left on meta for
+disk). This attaches the runtime that makes the module run there:
+- whole / split / cpu: accelerate hooks (`dispatch`, `force_hooks=True`) move inputs to each block's device
+  and the outputs back to the caller's device;
+- offloaded on an accelerator: block-level group offloading (a whole block moved per transfer, prefetched on
+  a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
+- disk: accelerate hooks serving the weights from the checkpoint's own safetensors files.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from placement.devices import is_accelerator, torch_device
+from placement.plan import ComponentPlan, PlacementKind
+
+from .dispatch import DiskWeights, dispatch, undispatch
+
+
+def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
+                         disk_weights: DiskWeights | None = None) -> nn.Module:
+    """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`."""
+    execution = component.execution_device
+    if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution) and _group_offload_available():
+        _apply_group_offload(module, torch_device(execution))
+        module.hf_device_map = dict(component.device_map)
+        return module
+    with _quiet_offload_notice():
+        return dispatch(module, component.device_map, execution_device=execution, disk_weights=disk_weights)
+
+
+def remove_component_plan(module: nn.Module) -> None:
+    """Undo `apply_component_plan`: every hook off, disk weights materialised on the CPU."""
+    undispatch(module)
+
+
+def _group_offload_available() -> bool:
+    try:
+        from .group_offload import GroupOffloadingConfig, apply_group_offloading  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None:
+    from .group_offload import GroupOffloadingConfig, apply_group_offloading
+
+    config = GroupOffloadingConfig(onload_device=onload_device, offload_type="block_level",
+                                   use_stream=onload_device.type == "cuda")
+    try:
+        apply_group_offloading(module, config)
+    except BaseException:
+        undispatch(module)
+        raise
+
+
+class _DropOffloadNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "parameters are on the meta device because they were offloaded" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_offload_notice():
+    """accelerate logs that offloaded parameters sit on meta even when a "cpu" entry runs on the CPU and nothing
+    is offloaded; the plan already says where every weight is, so the notice is noise here."""
+    logger = logging.getLogger("accelerate.big_modeling")
+    notice = _DropOffloadNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)

@@ -1,0 +1,85 @@
+"""Plan a pipeline's module components with `placement.plan`: its graph, its dtypes, pins for components passed
+in already dispatched, and (with `call=`) the activation peak of each component for that call."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torch import nn
+
+import placement
+from placement.devices import normalize_device
+from placement.errors import InvalidDeviceError, PlacementError
+
+from .pipeline import Pipeline, PipelineComponentError
+
+STRATEGY_NAMES = ("balanced", "auto", "sequential", "balanced_low_0")
+
+
+class CallSpecError(PlacementError, ValueError):
+    """A `call=` spec the pipeline cannot turn into example inputs."""
+
+
+def plan_pipeline(pipe: Pipeline, *, device_map, max_memory, torch_dtype, offload_folder, call,
+                  pinned: Mapping[str, Any], pipeline_class: type | None = None) -> placement.Plan:
+    """`placement.plan` over `pipe.module_components` with its model graph (and activations when `call` is given)."""
+    modules = pipe.module_components
+    activations = None
+    if call is not None:
+        activations = call_activations(pipeline_class or type(pipe), pipe, modules, call)
+    return placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
+                          dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
+                          pinned=dict(pinned) or None)
+
+
+def call_activations(pipeline_class: type, pipe: Pipeline, modules: Mapping[str, nn.Module],
+                     call: Mapping[str, Any]) -> dict[str, int]:
+    """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs."""
+    describe = getattr(pipeline_class, "activation_inputs", None)
+    if describe is None:
+        raise CallSpecError(
+            f"{pipeline_class.__name__} does not describe its call's inputs (no activation_inputs method), so "
+            "call= cannot be used with it; plan without call= (weights only)."
+        )
+    try:
+        inputs = describe(pipe, **dict(call))
+    except TypeError as error:
+        raise CallSpecError(
+            f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "
+            "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
+        ) from error
+    return {
+        name: placement.estimate_activations(modules[name], spec.args, spec.kwargs, method=spec.method)
+        for name, spec in inputs.items()
+        if name in modules
+    }
+
+
+def is_single_device(device_map) -> bool:
+    """A device_map naming one device ("cuda", "cuda:1", 0, "cpu", torch.device): everything there, no hooks."""
+    if isinstance(device_map, Mapping) or device_map in STRATEGY_NAMES:
+        return False
+    try:
+        normalize_device(device_map)
+    except (InvalidDeviceError, TypeError):
+        return False
+    return True
+
+
+def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
+    """Components passed in that already carry a device map: pinned where they are (their own hf_device_map)."""
+    pins = {}
+    for name, obj in passed.items():
+        if not isinstance(obj, nn.Module):
+            continue
+        device_map = getattr(obj, "hf_device_map", None)
+        hooked = any(hasattr(submodule, "_hf_hook") for submodule in obj.modules())
+        if device_map:
+            pins[name] = dict(device_map)
+        elif hooked:
+            raise PipelineComponentError(
+                f"Component {name!r} was passed in with accelerate hooks but no hf_device_map, so where it runs "
+                "is unknown; remove its hooks (accelerate.hooks.remove_hook_from_module(m, recurse=True)) or load "
+                "it with its own device_map."
+            )
+    return pins
