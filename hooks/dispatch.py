@@ -41,10 +41,11 @@ def dispatch(
 
     Weights of accelerator and plain-CPU entries must already be on their device (the loader puts them
     there); "cpu" entries are offloaded when an accelerator executes; "disk" parameters are on meta and
-    served by `disk_weights`. `execution_device` (default: the first accelerator in the map, else "cpu") runs
-    the offloaded parts and receives the inputs. Sets `module.hf_device_map` to the normalised map.
+    served by `disk_weights`. Nested keys (`{"": "cpu", "blocks.0": "disk"}`) mean "the longest prefix wins";
+    they are flattened first, because accelerate hooks a mapped module whole. `execution_device` (default: the first accelerator in the map, else "cpu") runs
+    the offloaded parts and receives the inputs. Sets `module.hf_device_map` to the flattened map.
     """
-    normalized = {name: normalize_device(device) for name, device in device_map.items()}
+    normalized = flatten_device_map(module, {name: normalize_device(device) for name, device in device_map.items()})
     main = _execution_device(normalized, execution_device)
     disk_index = _disk_index(module, normalized, disk_weights)
     try:
@@ -76,6 +77,29 @@ def undispatch(module: nn.Module) -> None:
     remove_hook_from_module(module, recurse=True)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
+
+
+def flatten_device_map(module: nn.Module, device_map: Mapping[str, Device]) -> dict[str, Device]:
+    """The same placement without nested keys: a key with mapped descendants is replaced by its children
+    (submodules and direct tensors) that are not mapped themselves, recursively. Disjoint maps are unchanged."""
+    flat = dict(device_map)
+    while True:
+        parent = next((key for key in flat if _has_mapped_descendant(key, flat)), None)
+        if parent is None:
+            return flat
+        device = flat.pop(parent)
+        owner = module.get_submodule(parent)
+        prefix = f"{parent}." if parent else ""
+        children = [name for name, _ in owner.named_children()]
+        children += [name for name, _ in owner.named_parameters(recurse=False)]
+        children += [name for name, _ in owner.named_buffers(recurse=False)]
+        for child in children:
+            flat.setdefault(prefix + child, device)
+
+
+def _has_mapped_descendant(key: str, device_map: Mapping[str, Device]) -> bool:
+    prefix = f"{key}." if key else ""
+    return any(other != key and other.startswith(prefix) for other in device_map)
 
 
 def _execution_device(device_map: Mapping[str, Device], requested: Device | None) -> Device:
@@ -129,4 +153,4 @@ def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> N
         set_module_tensor_to_device(submodule, name, "cpu", value=value, dtype=value.dtype)
 
 
-__all__ = ["DispatchError", "dispatch", "undispatch"]
+__all__ = ["DispatchError", "dispatch", "flatten_device_map", "undispatch"]

@@ -75,17 +75,18 @@ class WeightsIndex:
     def total_bytes(self) -> int:
         return sum(entry.nbytes for entry in self.tensors.values())
 
-    def offload_index(self, names, dtype_of) -> dict[str, dict[str, str]]:
-        """accelerate's offload index serving `names` from the checkpoint files themselves (no copy).
+    def offload_index(self, sources: Mapping[str, str], dtype_of) -> dict[str, dict[str, str]]:
+        """accelerate's offload index serving model tensors from the checkpoint files themselves (no copy).
 
-        `dtype_of(entry)` gives the dtype each tensor must have when it is read back.
+        `sources` maps each model tensor name to the checkpoint tensor holding its value (itself, or the
+        source of a tied weight); `dtype_of(entry)` gives the dtype it must have when it is read back.
         """
         index = {}
-        for name in names:
-            entry = self.tensors[name]
+        for name, source in sources.items():
+            entry = self.tensors[source]
             index[name] = {
                 "safetensors_file": str(entry.file),
-                "weight_name": name,
+                "weight_name": source,
                 "dtype": str(dtype_of(entry)).removeprefix("torch."),
             }
         return index

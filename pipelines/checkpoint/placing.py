@@ -70,11 +70,11 @@ def load_and_dispatch(
     try:
         if needs_hooks(normalized):
             disk = [name for name, device in normalized.items() if device == "disk"]
-            index = weights.offload_index(
-                _names_under(weights, disk), lambda entry: target_dtype(entry, dtype, keep)
-            ) if disk else None
+            sources = _disk_sources(module, weights, disk, tied_weights or {})
+            index = weights.offload_index(sources, lambda entry: target_dtype(entry, dtype, keep)) if disk else None
             dispatch(module, normalized, execution_device=_execution_device(normalized), disk_weights=index)
-        module.hf_device_map = normalized
+        else:
+            module.hf_device_map = normalized  # one device: the weights are already there, no hooks needed
     except BaseException:
         undispatch(module)
         module.to("meta")
@@ -82,11 +82,17 @@ def load_and_dispatch(
     return module
 
 
-def _names_under(weights: WeightsIndex, prefixes: list[str]) -> list[str]:
-    return [
-        name for name in weights.tensors
-        if any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
-    ]
+def _disk_sources(
+    module: nn.Module, weights: WeightsIndex, prefixes: list[str], tied_weights: Mapping[str, str]
+) -> dict[str, str]:
+    """{parameter under a disk prefix: checkpoint tensor serving it}; a tied parameter is served by its source."""
+    sources = {}
+    for name, _ in module.named_parameters(remove_duplicate=False):
+        if any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes):
+            source = name if name in weights.tensors else tied_weights.get(name)
+            if source is not None:
+                sources[name] = source
+    return sources
 
 
 def _execution_device(device_map: Mapping[str, Device]) -> Device:

@@ -119,3 +119,11 @@ def test_split_and_offloaded_on_an_accelerator(tmp_path):
     assert hooked(model) == []
     assert model.layers[1].linear.weight.device.type == "cpu"
     assert model.layers[2].linear.weight.device.type == "cpu"
+
+
+def test_nested_keys_are_flattened_longest_prefix_first(tmp_path):
+    reference, model, index = stack_with_disk_layers(tmp_path, disk_layers=[1])
+    dispatch(model, {"": "cpu", "layers.1": "disk"}, disk_weights=index)
+    assert model.hf_device_map == {"layers.0": "cpu", "layers.1": "disk", "layers.2": "cpu"}
+    x = torch.randn(2, 8)
+    assert torch.allclose(model(x), reference(x), atol=1e-6)

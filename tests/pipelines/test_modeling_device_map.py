@@ -1,0 +1,128 @@
+"""ModelMixin.from_pretrained with device maps: strategies, single devices, dicts, cpu and disk offload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checkpoint_models import Block, PlainConfig, PlainModel, TinyModel, tiny_ids, tiny_model
+
+
+def saved_bytes(model) -> int:
+    tied = set(model._tied_weights_keys or ())
+    return sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if n not in tied)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dm") / "tiny"
+    model = tiny_model(depth=6)
+    model.save_pretrained(folder, max_shard_size=4000)
+    return model, folder
+
+
+def no_block_is_cut(model, device_map) -> bool:
+    blocks = [path for path, m in model.named_modules() if isinstance(m, Block)]
+    return not any(key.startswith(f"{block}.") for key in device_map for block in blocks)
+
+
+def hooked(model):
+    return [name for name, m in model.named_modules() if hasattr(m, "_hf_hook")]
+
+
+def test_auto_with_40_percent_cpu_offloads_to_disk_and_matches(saved, tmp_path):
+    model, folder = saved
+    budget = int(0.4 * saved_bytes(model))
+    loaded = TinyModel.from_pretrained(
+        folder, device_map="auto", max_memory={"cpu": budget}, offload_folder=tmp_path / "off", progress=False
+    )
+    devices = set(loaded.hf_device_map.values())
+    assert "disk" in devices, loaded.hf_device_map
+    assert no_block_is_cut(loaded, loaded.hf_device_map)
+    resident = sum(t.numel() * t.element_size() for t in loaded.state_dict().values() if t.device.type != "meta")
+    assert resident <= budget + 1024  # what is not on disk fits the cpu budget (plus the int buffer)
+    ids = tiny_ids(model.config)
+    assert torch.allclose(loaded(ids), model(ids), atol=1e-5)
+    assert not (tmp_path / "off").exists() or not any((tmp_path / "off").iterdir())  # served from the checkpoint
+
+
+@pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
+def test_every_strategy_loads_on_a_cpu_budget(saved, strategy):
+    model, folder = saved
+    loaded = TinyModel.from_pretrained(folder, device_map=strategy, max_memory={"cpu": "1GB"}, progress=False)
+    assert set(loaded.hf_device_map.values()) == {"cpu"}
+    ids = tiny_ids(model.config)
+    assert torch.equal(loaded(ids), model(ids))
+
+
+@pytest.mark.parametrize("spec", ["cpu", torch.device("cpu")])
+def test_single_device_places_everything_without_hooks(saved, spec):
+    model, folder = saved
+    loaded = TinyModel.from_pretrained(folder, device_map=spec, progress=False)
+    assert loaded.hf_device_map == {"": "cpu"}
+    assert hooked(loaded) == []
+    assert loaded.head.weight is loaded.embed.weight
+
+
+def test_dict_map_with_disk_needs_no_offload_folder(saved):
+    model, folder = saved
+    device_map = {"embed": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks": "disk", "norm_out": "cpu",
+                  "head": "cpu", "steps": "cpu"}
+    loaded = TinyModel.from_pretrained(folder, device_map=device_map, progress=False)
+    flat = {**device_map, **{f"blocks.{i}": "disk" for i in range(2, 6)}}
+    del flat["blocks"]  # nested keys are flattened: the longest prefix wins
+    assert loaded.hf_device_map == flat
+    assert loaded.blocks[1].fc1.weight.device.type == "cpu"
+    assert loaded.blocks[0].fc1.weight.device.type == "meta"
+    assert torch.equal(loaded.blocks[0].gate, model.blocks[0].gate)  # persistent buffer of a disk module
+    ids = tiny_ids(model.config)
+    assert torch.allclose(loaded(ids), model(ids), atol=1e-6)
+
+
+def test_offloaded_load_honours_torch_dtype(saved, tmp_path):
+    model, folder = saved
+    loaded = TinyModel.from_pretrained(
+        folder, device_map="auto", torch_dtype=torch.bfloat16,
+        max_memory={"cpu": int(0.2 * saved_bytes(model))}, offload_folder=tmp_path, progress=False,
+    )
+    assert "disk" in loaded.hf_device_map.values()
+    assert loaded.norm_out.weight.dtype == torch.float32
+    ids = tiny_ids(model.config)
+    reference = TinyModel.from_pretrained(folder, torch_dtype=torch.bfloat16, progress=False)
+    assert torch.equal(loaded(ids), reference(ids))
+
+
+def test_class_without_no_split_modules_works_with_auto(tmp_path):
+    torch.manual_seed(0)
+    model = PlainModel(PlainConfig()).eval()
+    model.save_pretrained(tmp_path / "plain")
+    loaded = PlainModel.from_pretrained(
+        tmp_path / "plain", device_map="auto", max_memory={"cpu": "1MB"}, offload_folder=tmp_path, progress=False
+    )
+    assert len(loaded.hf_device_map) == 1  # placed whole
+    x = torch.randn(3, 8)
+    assert torch.allclose(loaded(x), model(x), atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_auto_on_an_accelerator_with_cpu_and_disk_offload(saved, tmp_path):
+    model, folder = saved
+    size = saved_bytes(model)
+    loaded = TinyModel.from_pretrained(
+        folder, device_map="auto", max_memory={0: int(0.4 * size), "cpu": int(0.3 * size)},
+        offload_folder=tmp_path, progress=False,
+    )
+    assert {0, "cpu", "disk"} <= set(loaded.hf_device_map.values()), loaded.hf_device_map
+    assert no_block_is_cut(loaded, loaded.hf_device_map)
+    ids = tiny_ids(model.config)
+    out = loaded(ids.to("cuda:0"))
+    assert torch.allclose(out.cpu(), model(ids), atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_single_accelerator_loads_straight_to_it(saved):
+    model, folder = saved
+    loaded = TinyModel.from_pretrained(folder, device_map="cuda", torch_dtype=torch.float16, progress=False)
+    assert loaded.hf_device_map == {"": 0}
+    assert loaded.blocks[0].fc1.weight.device == torch.device("cuda:0")
+    assert loaded.norm_out.weight.dtype == torch.float32
