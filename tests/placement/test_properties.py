@@ -1,0 +1,188 @@
+"""Property tests of placement.plan() over random components, block structures, graphs and budgets.
+
+Every plan must: place every component exactly once (every tensor under exactly one device-map key); keep
+every device's predicted peak under its budget; never cut a `_no_split_modules` block; keep a component
+whole whenever some accelerator had room for it at its turn; be deterministic; survive a JSON round trip.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import networkx as nx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import placement
+from placement import ACCELERATOR_RUNTIME_OVERHEAD, PlacementKind, Plan
+from synthetic import component
+
+MiB = 1024**2
+UNIT = 256 * MiB  # the 1 GiB runtime overhead is 4 units
+OFFLOAD_FOLDER = "/nonexistent/offload"  # planning never writes; the folder only has to be given
+
+SETTINGS = settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@st.composite
+def scenarios(draw):
+    count = draw(st.integers(1, 5))
+    names = [f"c{i}" for i in range(count)]
+    structures = [
+        (draw(st.lists(st.integers(1, 8), min_size=1, max_size=6)), draw(st.sampled_from([0, 0, 1, 3])))
+        for _ in names
+    ]
+    gpus = draw(st.lists(st.integers(0, 40), min_size=1, max_size=4))
+    max_memory = {index: units * UNIT for index, units in enumerate(gpus)}
+    max_memory["cpu"] = draw(st.sampled_from([2, 10, 40, 1000, 1000])) * UNIT
+    order = draw(st.permutations(names))
+    edges = [(a, b) for i, a in enumerate(order) for b in order[i + 1 :] if draw(st.booleans())]
+    activations = None
+    if draw(st.booleans()):
+        activations = {name: draw(st.integers(0, 6)) * UNIT for name in names}
+    strategy = draw(st.sampled_from(["balanced", "auto", "sequential", "balanced_low_0"]))
+    return names, structures, max_memory, edges, activations, strategy
+
+
+def build(names, structures):
+    return {name: component(blocks, head=head, unit=UNIT) for name, (blocks, head) in zip(names, structures)}
+
+
+def make_plan(names, structures, max_memory, edges, activations, strategy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # integer keys are always given: planning must not warn
+        return placement.plan(
+            build(names, structures), max_memory=max_memory, strategy=strategy, graph=edges,
+            activations=activations, offload_folder=OFFLOAD_FOLDER,
+        )
+
+
+@SETTINGS
+@given(scenarios())
+def test_plan_properties(scenario):
+    names, structures, max_memory, edges, activations, strategy = scenario
+    try:
+        plan = make_plan(*scenario)
+    except placement.DoesNotFitError as error:
+        # Legitimate only when no device, not even the CPU, can run a component streamed from disk.
+        assert "no device has room to run it" in str(error)
+        return
+    modules = build(names, structures)
+    assert_every_component_placed_once(plan, modules)
+    assert_no_block_cut(plan)
+    assert_budgets_respected(plan, max_memory)
+    assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy)
+    assert_execution_order_respects_graph(plan, edges)
+    assert Plan.from_json(plan.to_json()) == plan
+    assert make_plan(*scenario) == plan
+
+
+def assert_every_component_placed_once(plan, modules):
+    assert list(plan.components) and set(plan.components) == set(modules)
+    for name, module in modules.items():
+        device_map = plan.components[name].device_map
+        keys = list(device_map)
+        assert not any(a != b and (a == "" or b.startswith(a + ".")) for a in keys for b in keys), keys
+        placed = {}
+        for tensor, param in module.named_parameters():
+            owners = [k for k in keys if k == "" or tensor == k or tensor.startswith(k + ".")]
+            assert len(owners) == 1, (name, tensor, keys)
+            device = device_map[owners[0]]
+            placed[device] = placed.get(device, 0) + param.numel() * 4
+        assert placed == {d: n for d, n in plan.components[name].placed_bytes.items() if n or d in placed}
+        assert sum(placed.values()) == plan.components[name].bytes
+
+
+def assert_no_block_cut(plan):
+    for component_plan in plan.components.values():
+        for key in component_plan.device_map:
+            parts = key.split(".")
+            assert not (len(parts) > 2 and parts[0] == "blocks"), key  # inside blocks.<i>
+            assert not (len(parts) > 1 and parts[0] == "head"), key  # the head leaf is a unit too
+
+
+def assert_budgets_respected(plan, max_memory):
+    totals = {}
+    for component_plan in plan.components.values():
+        for device, n in component_plan.placed_bytes.items():
+            totals[device] = totals.get(device, 0) + n
+    for entry in plan.devices:
+        assert entry.weight_bytes == totals.get(entry.device, 0)
+        assert entry.predicted_peak == entry.weight_bytes + entry.activation_peak + entry.overhead
+        if entry.device in max_memory:
+            assert entry.budget == max_memory[entry.device]
+            assert entry.predicted_peak <= entry.budget, entry
+
+
+def assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy):
+    """Replay the placement order and check each non-whole component against every GPU's state then."""
+    accounted = plan.activations_accounted
+    gpus = [d for d in max_memory if isinstance(d, int)]
+    weights = dict.fromkeys(gpus, 0)
+    transient = dict.fromkeys(gpus, 0)
+    used = dict.fromkeys(gpus, False)
+    for component_plan in placement_order(plan, strategy):
+        act = component_plan.activation_bytes or 0
+        if component_plan.kind is not PlacementKind.WHOLE:
+            for gpu in gpus:
+                overhead = ACCELERATOR_RUNTIME_OVERHEAD if accounted else 0
+                peak = weights[gpu] + component_plan.bytes + max(transient[gpu], act) + overhead
+                assert peak > max_memory[gpu], (component_plan.name, gpu, peak, max_memory[gpu])
+        for device, n in component_plan.placed_bytes.items():
+            if device in weights:
+                weights[device] += n
+                used[device] = True
+                if component_plan.kind is PlacementKind.SPLIT:
+                    transient[device] = max(transient[device], act)
+        execution = component_plan.execution_device
+        if execution in transient:
+            transient[execution] = max(transient[execution], act + component_plan.streamed_unit_bytes)
+
+
+def placement_order(plan, strategy):
+    components = list(plan.components.values())
+    if strategy == "sequential":
+        return components
+    position = {c.name: i for i, c in enumerate(components)}
+    return sorted(components, key=lambda c: (-c.bytes, position[c.name]))
+
+
+def assert_execution_order_respects_graph(plan, edges):
+    order = list(plan.components)
+    graph = nx.DiGraph(edges)
+    assert all(order.index(a) < order.index(b) for a, b in graph.edges)
+    crossing = {(a, b) for a, b in graph.edges if plan.components[a].execution_device != plan.components[b].execution_device}
+    assert set(plan.crossing_edges) == crossing
+
+
+@st.composite
+def pinned_scenarios(draw):
+    names, structures, max_memory, edges, activations, _ = draw(scenarios())
+    pinned_name = draw(st.sampled_from(names))
+    devices = [d for d in max_memory if isinstance(d, int)] + ["cpu"]
+    pinned = {pinned_name: draw(st.sampled_from(devices))}
+    return names, structures, max_memory, edges, activations, pinned
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(pinned_scenarios())
+def test_pinned_components_stay_and_the_rest_respects_what_is_left(scenario):
+    names, structures, max_memory, edges, activations, pinned = scenario
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a pinned component may itself exceed its budget: a warning
+        try:
+            plan = placement.plan(
+                build(names, structures), max_memory=max_memory, graph=edges, activations=activations,
+                pinned=pinned, offload_folder=OFFLOAD_FOLDER,
+            )
+        except placement.DoesNotFitError as error:
+            assert "no device has room to run it" in str(error)
+            return
+    (name, device), = pinned.items()
+    assert plan.components[name].pinned and plan.components[name].device_map == {"": device}
+    assert_every_component_placed_once(plan, build(names, structures))
+    assert_no_block_cut(plan)
+    if not plan.warnings:  # the pinned component fit its device: then nothing may exceed a budget
+        assert_budgets_respected(plan, max_memory)
