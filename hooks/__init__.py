@@ -10,3 +10,4 @@ from .group_offload import (
     remove_group_offloading,
 )
 from .memory_errors import OffloadConfigError, OffloadConflictError
+from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, remove_layerwise_casting

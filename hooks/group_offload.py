@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from accelerate.hooks import ModelHook, add_hook_to_module
+from accelerate.hooks import ModelHook
 from accelerate.utils import send_to_device
 from torch import nn
 
@@ -35,7 +35,7 @@ from placement.errors import InvalidDeviceError
 from .group_planning import GroupSpec, OffloadType, plan_groups
 from .group_storage import DiskStore, HostStore
 from .group_transfer import BlockingTransfer, StreamTransfer
-from .hook_utils import ACCELERATE_PLACEMENT_HOOKS, find_hooks, hooks_of, remove_hooks_of_type
+from .hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConfigError, OffloadConflictError
 from .module_group import ModuleGroup
 
@@ -230,14 +230,15 @@ def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
 
 
 def _install_hooks(root: nn.Module, groups: list[ModuleGroup], session: GroupOffloadSession) -> None:
+    # First in each chain: a layerwise-casting hook on the same module must see the onloaded weights.
     root_hooked = False
     for group in groups:
         for member in group.modules:
             is_root = member is root
             root_hooked = root_hooked or is_root
-            add_hook_to_module(member, GroupOffloadHook(group=group, session=session, is_root=is_root), append=True)
+            add_hook_first(member, GroupOffloadHook(group=group, session=session, is_root=is_root))
     if not root_hooked:
-        add_hook_to_module(root, GroupOffloadHook(group=None, session=session, is_root=True), append=True)
+        add_hook_first(root, GroupOffloadHook(group=None, session=session, is_root=True))
 
 
 def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, transfer, disk_folder):

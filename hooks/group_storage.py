@@ -56,6 +56,9 @@ class DiskStore:
 
     def __init__(self, *, path: str) -> None:
         self.path = path
+        # Placeholders keep the stored shape and dtype even if the module held another form when released
+        # (e.g. a layerwise-casting upcast copy): between calls the module shows what the file holds.
+        self._placeholders: dict[str, torch.Tensor] = {}
 
     def take(self, entries: Sequence[TensorEntry]) -> None:
         # Own contiguous CPU copies: safetensors refuses tensors that share storage (views, tied slices).
@@ -70,6 +73,7 @@ class DiskStore:
                 f"Could not write offloaded weights to {self.path!r} ({error}). Check that the "
                 "offload_to_disk_path folder is writable and has room, or offload to host memory instead."
             ) from error
+        self._placeholders = {key: torch.empty_like(tensor, device="meta") for key, tensor in tensors.items()}
         del tensors
         self.release(entries)
 
@@ -83,7 +87,7 @@ class DiskStore:
 
     def release(self, entries: Sequence[TensorEntry]) -> None:
         for entry in entries:
-            entry.set(torch.empty_like(entry.get(), device="meta"))
+            entry.set(self._placeholders[entry.key])
 
     def restore(self, entries: Sequence[TensorEntry], devices: Mapping[str, torch.device]) -> None:
         tensors = self.read(pinned=False)

@@ -62,12 +62,37 @@ def remove_hooks_of_type(root: nn.Module, hook_types: type | tuple[type, ...]) -
         for hook in hooks:
             if isinstance(hook, hook_types):
                 hook.detach_hook(module)
-        # Take the forward wrapper off without detaching the kept hooks (their state stays valid) ...
-        _unwrap_forward(module)
-        # ... then re-install them in their original order.
-        for hook in kept:
-            add_hook_to_module(module, hook, append=True)
+        _reinstall(module, kept)
     return removed
+
+
+def add_hook_first(module: nn.Module, hook: ModelHook) -> None:
+    """Install `hook` so that it runs before the hooks already on `module` (whose state is kept)."""
+    existing = hooks_of(module)
+    hook.init_hook(module)
+    _reinstall(module, [hook, *existing])
+
+
+def _reinstall(module: nn.Module, hooks: list[ModelHook]) -> None:
+    """Chain already-initialised `hooks` on `module` in this order.
+
+    accelerate's `add_hook_to_module(append=True)` would detach the hook already there (undoing its work)
+    and re-run `init_hook` of every hook in the chain (e.g. `CpuOffload` moves the module to the CPU again),
+    so the forward wrapper is rebuilt here with `init_hook` silenced for the duration of the call.
+    """
+    _unwrap_forward(module)
+    if not hooks:
+        return
+    chain = hooks[0] if len(hooks) == 1 else SequentialHook(*hooks)
+    chain.init_hook = _already_initialised  # instance attribute shadows the method for this one call
+    try:
+        add_hook_to_module(module, chain)
+    finally:
+        del chain.init_hook
+
+
+def _already_initialised(module: nn.Module) -> nn.Module:
+    return module
 
 
 def _unwrap_forward(module: nn.Module) -> None:
@@ -75,6 +100,5 @@ def _unwrap_forward(module: nn.Module) -> None:
     hook = module.__dict__.pop("_hf_hook", None)
     if hook is None:
         return
-    placeholder = ModelHook()  # detach_hook of the base class does nothing
-    module._hf_hook = placeholder
+    module._hf_hook = ModelHook()  # a base hook's detach_hook does nothing
     remove_hook_from_module(module)

@@ -1,0 +1,200 @@
+"""Layerwise casting: weights stored in a small dtype (fp8 by default) and upcast one layer at a time.
+
+    apply_layerwise_casting(denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+
+Each Linear / Conv / ConvTranspose layer keeps its weights in `storage_dtype`; just before it runs its hook
+puts a `compute_dtype` copy in the module and just after puts the stored tensor back, so at most one layer's
+weights exist in the compute dtype at a time. Normalisation layers and embeddings are skipped by default
+(by class, and by the name patterns in `DEFAULT_SKIP_MODULES_PATTERN`): they are small and precision
+sensitive. The rest of the module must already be in `compute_dtype` (load it with that `torch_dtype`).
+
+Combining: apply layerwise casting first, then group offloading (the offloaded groups then hold the small
+dtype too). `remove_layerwise_casting` (or accelerate's `remove_hook_from_module(recurse=True)`) puts the
+weights back in `compute_dtype`; the rounding to `storage_dtype` is not undone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
+from torch import nn
+
+from .hook_utils import has_hook, remove_hooks_of_type
+from .memory_errors import OffloadConfigError, OffloadConflictError
+from .tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
+
+__all__ = [
+    "DEFAULT_SKIP_MODULES_CLASSES",
+    "DEFAULT_SKIP_MODULES_PATTERN",
+    "LayerwiseCastingConfig",
+    "LayerwiseCastingHook",
+    "apply_layerwise_casting",
+    "remove_layerwise_casting",
+]
+
+CASTABLE_LAYERS = (
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+    nn.Embedding,
+)
+DEFAULT_SKIP_MODULES_CLASSES = (
+    nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+)
+# Searched (re.search) in qualified module names: norms, embeddings, and patch/position embeddings.
+DEFAULT_SKIP_MODULES_PATTERN = ("norm", "emb")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerwiseCastingConfig:
+    storage_dtype: torch.dtype
+    compute_dtype: torch.dtype
+    skip_modules_pattern: tuple[str, ...]
+    skip_modules_classes: tuple[type[nn.Module], ...]
+
+    def skips(self, name: str, module: nn.Module) -> bool:
+        return isinstance(module, self.skip_modules_classes) or any(
+            re.search(pattern, name) for pattern in self.skip_modules_pattern
+        )
+
+
+class LayerwiseCastingHook(ModelHook):
+    """Swaps the module's stored (small) weights for compute-dtype copies for the duration of its forward."""
+
+    def __init__(self, *, entries: tuple[TensorEntry, ...], config: LayerwiseCastingConfig) -> None:
+        self.entries = entries
+        self.config = config
+        self._swapped: list[tuple[TensorEntry, torch.Tensor, torch.Tensor]] = []
+
+    def __repr__(self) -> str:
+        return f"LayerwiseCastingHook({self.config.storage_dtype} -> {self.config.compute_dtype})"
+
+    def pre_forward(self, module, *args, **kwargs):
+        self._swapped = []
+        for entry in self.entries:
+            stored = entry.get()
+            if stored.dtype != self.config.storage_dtype:
+                continue  # already upcast by an enclosing call of the same module
+            entry.set(stored.to(self.config.compute_dtype))
+            self._swapped.append((entry, stored, entry.get()))
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        for entry, stored, upcast in self._swapped:
+            # Another technique (group offloading) may already have swapped the tensor out; leave its choice.
+            if entry.get() is upcast:
+                entry.set(stored)
+        self._swapped = []
+        return output
+
+    def detach_hook(self, module):
+        for entry in self.entries:
+            if entry.get().dtype == self.config.storage_dtype:
+                entry.set(entry.get().to(self.config.compute_dtype))
+        return module
+
+
+def apply_layerwise_casting(
+    module: nn.Module,
+    storage_dtype: torch.dtype | str = torch.float8_e4m3fn,
+    compute_dtype: torch.dtype | str = torch.bfloat16,
+    skip_modules_pattern: tuple[str, ...] | list[str] | str | None = None,
+    skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+) -> LayerwiseCastingConfig:
+    """Store the weights of `module`'s Linear/Conv layers in `storage_dtype`, compute in `compute_dtype`.
+
+    `skip_modules_pattern`: regexes searched in qualified module names (None: `DEFAULT_SKIP_MODULES_PATTERN`;
+    `()` skips by class only). `skip_modules_classes`: None means `DEFAULT_SKIP_MODULES_CLASSES`.
+    Returns the resolved config. Applying again replaces the previous casting.
+    """
+    config = LayerwiseCastingConfig(
+        storage_dtype=_dtype(storage_dtype, "storage_dtype"),
+        compute_dtype=_dtype(compute_dtype, "compute_dtype"),
+        skip_modules_pattern=_patterns(skip_modules_pattern),
+        skip_modules_classes=DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes),
+    )
+    from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
+
+    if has_hook(module, GroupOffloadHook):
+        raise OffloadConflictError(
+            f"{type(module).__name__} is group-offloaded: apply layerwise casting first, then group offloading "
+            "(remove_group_offloading(module), apply_layerwise_casting(...), apply_group_offloading(...))."
+        )
+    remove_layerwise_casting(module)
+    targets = _targets(module, config)
+    _check_dtypes(module, config, targets)
+    entries = collect_entries(module)
+    for _, layer in targets:
+        layer_entries = tuple(entries[tid] for tid in direct_tensor_ids(layer) if entries[tid].get().is_floating_point())
+        for entry in layer_entries:
+            if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
+                entry.set(entry.get().detach().to(config.storage_dtype))
+        add_hook_to_module(layer, LayerwiseCastingHook(entries=layer_entries, config=config), append=True)
+    return config
+
+
+def remove_layerwise_casting(module: nn.Module) -> None:
+    """Remove the casting hooks of `module`'s tree; weights go back to the compute dtype (rounding stays)."""
+    remove_hooks_of_type(module, LayerwiseCastingHook)
+
+
+def _targets(module: nn.Module, config: LayerwiseCastingConfig) -> list[tuple[str, nn.Module]]:
+    return [
+        (name, layer)
+        for name, layer in module.named_modules()
+        if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)
+    ]
+
+
+def _dtype(value, field: str) -> torch.dtype:
+    if isinstance(value, str):
+        resolved = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(resolved, torch.dtype):
+            raise OffloadConfigError(
+                f"{field}={value!r}: this torch ({torch.__version__}) has no such dtype. "
+                "Use e.g. torch.float8_e4m3fn, torch.bfloat16 or torch.float16."
+            )
+        value = resolved
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise OffloadConfigError(f"{field}={value!r} must be a floating torch.dtype (e.g. torch.float8_e4m3fn).")
+    return value
+
+
+def _patterns(value) -> tuple[str, ...]:
+    if value is None:
+        return DEFAULT_SKIP_MODULES_PATTERN
+    patterns = (value,) if isinstance(value, str) else tuple(value)
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise OffloadConfigError(f"skip_modules_pattern {pattern!r} is not a valid regex: {error}.") from error
+    return patterns
+
+
+def _check_dtypes(module: nn.Module, config: LayerwiseCastingConfig, targets) -> None:
+    """The storage dtype must round-trip on the weights' device; the rest must already compute in compute_dtype."""
+    devices = {p.device for _, layer in targets for p in layer.parameters(recurse=False)} or {torch.device("cpu")}
+    for device in devices:
+        try:
+            torch.ones(2, device=device).to(config.storage_dtype).to(config.compute_dtype)
+        except (RuntimeError, TypeError) as error:
+            raise OffloadConfigError(
+                f"This torch ({torch.__version__}) cannot hold weights as {config.storage_dtype} on {device} "
+                f"({error}). Choose another storage_dtype, e.g. torch.float16 or torch.bfloat16."
+            ) from error
+    target_ids = {id(layer) for _, layer in targets}
+    wrong = [
+        f"{name} ({tensor.dtype})"
+        for name, tensor in module.named_parameters()
+        if tensor.is_floating_point() and tensor.dtype not in (config.compute_dtype, config.storage_dtype)
+        and id(module.get_submodule(name.rpartition(".")[0])) not in target_ids
+    ]
+    if wrong:
+        raise OffloadConfigError(
+            f"Layerwise casting computes in {config.compute_dtype}, but layers it does not cast are in other dtypes: "
+            f"{wrong[:3]}{' ...' if len(wrong) > 3 else ''}. Load the model with torch_dtype={config.compute_dtype} "
+            f"or call module.to({config.compute_dtype}) first."
+        )
