@@ -21,13 +21,14 @@ from placement.devices import is_accelerator, torch_device
 from placement.plan import ComponentPlan, PlacementKind
 
 from .dispatch import DiskWeights, dispatch, undispatch
+from .group_offload import GroupOffloadingConfig, apply_group_offloading
 
 
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
                          disk_weights: DiskWeights | None = None) -> nn.Module:
     """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`."""
     execution = component.execution_device
-    if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution) and _group_offload_available():
+    if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution):
         _apply_group_offload(module, torch_device(execution))
         module.hf_device_map = dict(component.device_map)
         return module
@@ -40,17 +41,7 @@ def remove_component_plan(module: nn.Module) -> None:
     undispatch(module)
 
 
-def _group_offload_available() -> bool:
-    try:
-        from .group_offload import GroupOffloadingConfig, apply_group_offloading  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None:
-    from .group_offload import GroupOffloadingConfig, apply_group_offloading
-
     config = GroupOffloadingConfig(onload_device=onload_device, offload_type="block_level",
                                    use_stream=onload_device.type == "cuda")
     try:
