@@ -91,6 +91,7 @@ def plan(
         activations_accounted=activations is not None,
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
+        placement_order=list(by_name),
     )
 
 

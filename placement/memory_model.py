@@ -18,7 +18,7 @@ accounted for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .budgets import Budgets
@@ -54,6 +54,13 @@ class Ledger:
             device: DeviceLoad(device=device, budget=limit, detected=device in budgets.detected)
             for device, limit in budgets.limits.items()
         }
+
+    def copy(self) -> "Ledger":
+        """An independent copy, for a strategy that tries several orders and keeps the best."""
+        twin = Ledger.__new__(Ledger)
+        twin.activations_accounted = self.activations_accounted
+        twin.loads = {device: replace(load) for device, load in self.loads.items()}
+        return twin
 
     @property
     def accelerators(self) -> list[int]:

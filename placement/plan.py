@@ -85,6 +85,7 @@ class Plan(_Frozen):
     activations_accounted: bool
     warnings: list[str]
     budget_margin: str = ""  # how detected budgets were derived, for explain()
+    placement_order: list[str] = []  # the order the strategy placed components in (pinned ones first)
 
     @property
     def device_map(self) -> dict[str, Device]:

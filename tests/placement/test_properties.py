@@ -142,11 +142,10 @@ def assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy):
 
 
 def placement_order(plan, strategy):
-    components = list(plan.components.values())
+    assert sorted(plan.placement_order) == sorted(plan.components)
     if strategy == "sequential":
-        return components
-    position = {c.name: i for i, c in enumerate(components)}
-    return sorted(components, key=lambda c: (-c.bytes, position[c.name]))
+        assert plan.placement_order == list(plan.components)
+    return [plan.components[name] for name in plan.placement_order]
 
 
 def assert_execution_order_respects_graph(plan, edges):

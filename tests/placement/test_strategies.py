@@ -63,6 +63,22 @@ def test_split_beats_accelerates_reserve_for_the_largest_layer():
     assert plan.components["denoiser"].placed_bytes == {0: 10 * GiB, 1: 10 * GiB}
 
 
+def test_balanced_retries_least_divisible_first_when_largest_first_fragments():
+    # Largest first puts the 8 GiB splittable component whole on GPU 0 and then has no room for the second
+    # unsplittable 6; placing the unsplittable ones first lets the 8 GiB one fill the rest (4 + 4).
+    comps = {"a": whole(6), "b": whole(6), "c": whole(8, 8)}
+    plan = placement.plan(comps, max_memory={0: "10GiB", 1: "10GiB", "cpu": "64GiB"})
+    assert on_accelerators(plan)
+    assert plan.components["c"].kind is PlacementKind.SPLIT
+    assert plan.placement_order == ["a", "b", "c"]
+
+
+def test_balanced_keeps_largest_first_when_it_fits():
+    comps = {"small": whole(1), "big": whole(3, 3)}
+    plan = placement.plan(comps, max_memory={0: "10GiB", 1: "10GiB", "cpu": "1GiB"})
+    assert plan.placement_order == ["big", "small"]
+
+
 # --- balanced ---------------------------------------------------------------------------------------------
 
 
