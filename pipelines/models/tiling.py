@@ -31,6 +31,8 @@ class TileGrid:
         """
         if length <= size:
             return cls(length=length, size=length, starts=(0,))
+        if not 0 < overlap < size:
+            raise ValueError(f"tile overlap must be between 1 and the tile size - 1 ({size - 1}), got {overlap}")
         stride = size - overlap
         count = math.ceil((length - size) / stride) + 1
         span = length - size

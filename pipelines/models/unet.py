@@ -73,7 +73,7 @@ class UNet(ModelMixin):
     _no_split_modules = ["UpBlock", "ResnetBlock2D", "Transformer2D", "BasicTransformerBlock", "TimestepConditioning"]
     presets: ClassVar[dict[str, UNetConfig]] = {
         "tiny": UNetConfig(
-            block_out_channels=(16, 32), layers_per_block=1, transformer_layers_per_block=(0, 1),
+            block_out_channels=(8, 16), layers_per_block=1, transformer_layers_per_block=(0, 1),
             mid_transformer_layers=1, attention_head_dim=8, cross_attention_dim=32, pooled_projection_dim=32,
             norm_num_groups=4,
         ),
