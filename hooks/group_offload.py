@@ -159,6 +159,11 @@ class GroupOffloadHook(ModelHook):
         self.session = session
         self.is_root = is_root
 
+    @property
+    def execution_device(self) -> torch.device:
+        """Where the hooked module computes (read by code that puts inputs on a component's device)."""
+        return self.session.onload_device
+
     def __repr__(self) -> str:
         return f"GroupOffloadHook(group={self.group!r}, is_root={self.is_root})"
 

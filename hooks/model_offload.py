@@ -1,0 +1,128 @@
+"""Model offload: whole components move to the accelerator when called; the previous one goes back.
+
+    chain = apply_model_cpu_offload([text_encoder, denoiser, vae], execution_device=0)
+    ... run the pipeline ...
+    chain.offload_all()            # after a pipeline call: nothing stays on the accelerator
+
+Built on accelerate's `cpu_offload_with_hook`: the components in `chain` (model-graph order) are linked so
+that calling one offloads its predecessor; the link is closed into a ring so that the next pipeline call's
+first component also sends the previous call's last one back. Components passed as `standalone` (outside
+the model graph) are offloaded on their own: they move when called and go back at `offload_all()`.
+
+Components are often entered through a method other than `forward` (a VAE's `decode`): every direct child
+of a component carries a `ComponentEntryHook` that runs the component's offload hook first when the
+component is not on the execution device yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from accelerate.big_modeling import cpu_offload_with_hook
+from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOffloadHook, add_hook_to_module
+from accelerate.utils import send_to_device
+from torch import nn
+
+from .hook_utils import find_hooks, has_hook, remove_hooks_of_type
+from .memory_errors import OffloadConflictError
+from .offload_devices import resolve_execution_device
+
+__all__ = ["ComponentEntryHook", "ModelOffloadChain", "apply_model_cpu_offload", "remove_model_cpu_offload"]
+
+
+class ComponentEntryHook(ModelHook):
+    """On a direct child of an offloaded component: bring the component over if it is entered here first."""
+
+    def __init__(self, *, component: nn.Module, offload: UserCpuOffloadHook) -> None:
+        self.component = component
+        self.offload = offload
+
+    @property
+    def execution_device(self) -> torch.device:
+        return self.offload.hook.execution_device
+
+    def pre_forward(self, module, *args, **kwargs):
+        if _weights_device(self.component) != self.execution_device:
+            self.offload.hook.pre_forward(self.component)  # offloads the predecessor, moves the component
+        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOffloadChain:
+    """The offload hooks of one `apply_model_cpu_offload` call, chained ones first, in call order."""
+
+    execution_device: torch.device
+    chained: tuple[UserCpuOffloadHook, ...]
+    standalone: tuple[UserCpuOffloadHook, ...]
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [hook.model for hook in (*self.chained, *self.standalone)]
+
+    def offload_all(self) -> None:
+        """Send every component back to the CPU (what a pipeline does at the end of a call)."""
+        for hook in (*self.chained, *self.standalone):
+            if _weights_device(hook.model) != torch.device("cpu"):
+                hook.offload()
+
+    def remove(self) -> None:
+        for module in self.modules:
+            remove_model_cpu_offload(module)
+
+
+def apply_model_cpu_offload(
+    chain: Sequence[nn.Module], *, standalone: Sequence[nn.Module] = (), execution_device=None
+) -> ModelOffloadChain:
+    """Model-offload `chain` (in call order) and `standalone` modules. Applying again replaces it."""
+    device = resolve_execution_device(execution_device)
+    modules = [*chain, *standalone]
+    for module in modules:
+        _refuse_other_offloading(module)
+    for module in modules:
+        remove_model_cpu_offload(module)
+    chained, previous = [], None
+    for module in chain:
+        previous = _offload(module, device, previous)
+        chained.append(previous)
+    if len(chained) > 1:
+        chained[0].hook.prev_module_hook = chained[-1]  # the ring: a new call sends the last component back
+    alone = [_offload(module, device, None) for module in standalone]
+    return ModelOffloadChain(execution_device=device, chained=tuple(chained), standalone=tuple(alone))
+
+
+def remove_model_cpu_offload(module: nn.Module) -> None:
+    """Remove the model offload hooks of `module`'s tree; the module is left on the CPU."""
+    if remove_hooks_of_type(module, (CpuOffload, ComponentEntryHook)):
+        module.to("cpu")
+
+
+def _offload(module: nn.Module, device: torch.device, previous: UserCpuOffloadHook | None) -> UserCpuOffloadHook:
+    _, user_hook = cpu_offload_with_hook(module, execution_device=device, prev_module_hook=previous)
+    for child in module.children():
+        add_hook_to_module(child, ComponentEntryHook(component=module, offload=user_hook), append=True)
+    return user_hook
+
+
+def _refuse_other_offloading(module: nn.Module) -> None:
+    from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
+
+    if has_hook(module, GroupOffloadHook):
+        raise OffloadConflictError(
+            f"{type(module).__name__} is group-offloaded; model offload would fight over its weights. Remove it "
+            "first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
+        )
+    placed = next(find_hooks(module, AlignDevicesHook), None)
+    if placed is not None:
+        raise OffloadConflictError(
+            f"{type(module).__name__} already has accelerate AlignDevicesHooks (sequential offload or a device map, "
+            f"at {placed[0] or '<root>'!r}). Remove them first (accelerate.hooks.remove_hook_from_module(module, "
+            "recurse=True); on a pipeline: reset_device_map())."
+        )
+
+
+def _weights_device(module: nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    return torch.device("cpu")
