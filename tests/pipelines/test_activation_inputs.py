@@ -1,0 +1,167 @@
+"""TextToImagePipeline's per-component example inputs, and the activation estimate of every reference model
+against a real run: on CPU (tiny presets, three sizes) and on a GPU (real widths, 512 and 1024; marked)."""
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map_only
+
+from pipelines.text_to_image import TextToImagePipeline
+from pipelines.text_to_image_inputs import ActivationInputsError, ComponentCall, text_to_image_activation_inputs
+from placement.activation_measure import measure_activations
+
+SIDES = (32, 64, 128)  # pixels; the tiny VAE downsamples by 2, so latents are 16..64 a side
+
+
+@pytest.fixture(scope="module", params=["tiny-unet", "tiny-dit"])
+def pipelines_pair(request):
+    """The same preset twice: on meta (what planning estimates from) and with real weights (what runs)."""
+    return (
+        TextToImagePipeline.from_preset(request.param, device="meta"),
+        TextToImagePipeline.from_preset(request.param, device="cpu", seed=0),
+    )
+
+
+def real_inputs(call: ComponentCall, device="cpu", generator=None):
+    """Real tensors of the call's shapes: token ids and masks of ones (valid for any vocabulary), noise."""
+
+    def materialize(meta: torch.Tensor) -> torch.Tensor:
+        if meta.is_floating_point():
+            return torch.randn(meta.shape, dtype=meta.dtype, device=device, generator=generator)
+        return torch.ones(meta.shape, dtype=meta.dtype, device=device)
+
+    return tree_map_only(torch.Tensor, materialize, (call.args, dict(call.kwargs)))
+
+
+def test_estimate_is_within_ten_percent_of_a_real_run_at_three_sizes(pipelines_pair):
+    on_meta, real = pipelines_pair
+    for side in SIDES:
+        calls = text_to_image_activation_inputs(on_meta, side, side, guidance_scale=4.0)
+        for name, call in calls.items():
+            estimate = call.estimate(getattr(on_meta, name))
+            args, kwargs = real_inputs(call)
+            measured = measure_activations(getattr(real, name), args, kwargs, method=call.method)
+            assert measured > 0
+            assert abs(estimate - measured) <= 0.10 * measured, (name, side, estimate, measured)
+
+
+def test_estimates_grow_with_resolution_as_the_architectures_imply(pipelines_pair):
+    on_meta, _ = pipelines_pair
+    small, large = (
+        {name: call.estimate(getattr(on_meta, name)) for name, call in
+         text_to_image_activation_inputs(on_meta, side, side).items()}
+        for side in (64, 128)
+    )
+    for name in ("text_encoder", "text_encoder_2"):
+        if name in small:
+            assert small[name] == large[name]  # the prompt's length, not the image's size
+    # Conv feature maps and (fused-attention) token sequences both scale with the pixel count: 2x the side is
+    # 4x the bytes. The DiT's fixed text tokens keep it slightly under 4x; an N x N attention would give ~16x.
+    assert 3.9 <= large["vae"] / small["vae"] <= 4.1
+    assert 3.5 <= large["denoiser"] / small["denoiser"] <= 4.1
+
+
+def test_guidance_doubles_the_denoiser_and_text_batches_only():
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    guided = text_to_image_activation_inputs(pipe, 64, 64, batch_size=3, num_images_per_prompt=2, guidance_scale=5.0)
+    plain = text_to_image_activation_inputs(pipe, 64, 64, batch_size=3, num_images_per_prompt=2, guidance_scale=1.0)
+    latents, timestep, sequence = guided["denoiser"].args
+    assert latents.shape == (12, pipe.denoiser.config.in_channels, 32, 32) and latents.is_meta
+    assert timestep.shape == ()
+    assert sequence.shape[0] == 12 and guided["denoiser"].kwargs["pooled"].shape[0] == 12
+    assert guided["text_encoder"].args[0].shape[0] == 12
+    assert plain["denoiser"].args[0].shape[0] == 6 and plain["text_encoder"].args[0].shape[0] == 6
+    for calls in (guided, plain):
+        assert calls["vae"].method == "decode"
+        assert calls["vae"].args[0].shape == (6, pipe.vae.config.latent_channels, 32, 32)
+
+
+def test_text_encoders_see_the_tokenizers_max_length_and_the_denoiser_the_combined_text():
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    calls = text_to_image_activation_inputs(pipe, 64, 64)
+    for name in ("text_encoder", "text_encoder_2"):
+        length = getattr(pipe, name).config.max_position_embeddings
+        assert calls[name].args[0].shape[1] == length and calls[name].args[0].dtype == torch.long
+        assert calls[name].kwargs["attention_mask"].shape == calls[name].args[0].shape
+    # Flux layout: the second (T5-like) encoder is the sequence, the first (CLIP-like) gives the pooled vector.
+    _, _, sequence = calls["denoiser"].args
+    assert sequence.shape[1:] == (pipe.text_encoder_2.config.max_position_embeddings,
+                                  pipe.denoiser.config.joint_attention_dim)
+    assert calls["denoiser"].kwargs["pooled"].shape[1] == pipe.denoiser.config.pooled_projection_dim
+
+
+def test_inputs_follow_the_components_dtype():
+    pipe = TextToImagePipeline.from_preset("tiny-unet", device="meta")
+    pipe.denoiser.to(torch.bfloat16)
+    calls = text_to_image_activation_inputs(pipe, 64, 64)
+    assert calls["denoiser"].args[0].dtype == torch.bfloat16 and calls["denoiser"].args[2].dtype == torch.bfloat16
+    assert calls["vae"].args[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (dict(height=66, width=64), r"height=66 must be a positive multiple of 4.*try 64"),
+        (dict(height=64, width=0), r"width=0"),
+        (dict(height=64, width=64, batch_size=0), r"batch_size must be a positive int, got 0"),
+        (dict(height=64, width=64, num_images_per_prompt=1.5), r"num_images_per_prompt"),
+    ],
+)
+def test_bad_call_specs_are_clear_errors(spec, message):
+    pipe = TextToImagePipeline.from_preset("tiny-unet", device="meta")
+    with pytest.raises(ActivationInputsError, match=message):
+        text_to_image_activation_inputs(pipe, **spec)
+
+
+# --- GPU: predicted vs torch.cuda.max_memory_allocated at 512 and 1024 ------------------------------------
+
+# Real widths; the transformer stacks are shortened because the activation peak of a stack is that of one
+# block plus the stream it carries — depth changes the weights, not the peak — and it keeps the test quick.
+GPU_PRESETS = ("sdxl-like", "flux-like")
+
+
+def _shortened(module):
+    """The module's class with its config's transformer stacks cut to two blocks, built on meta."""
+    from pipelines.models import DiT, UNet
+
+    update = {}
+    if isinstance(module, DiT):
+        update = dict(num_double_layers=2, num_single_layers=2)
+    elif isinstance(module, UNet):
+        update = dict(transformer_layers_per_block=(0, 2, 2), mid_transformer_layers=2)
+    with torch.device("meta"):
+        return type(module)(module.config.model_copy(update=update)).eval()
+
+
+def _gpu_peak(module_on_meta, call: ComponentCall, dtype) -> int:
+    """Build the module on the GPU, run the call for real, return the peak bytes above the weights."""
+    device = torch.device("cuda")
+    module = type(module_on_meta)(module_on_meta.config)
+    module.to(device=device, dtype=dtype).eval()
+    torch.cuda.synchronize()
+    weights = torch.cuda.memory_allocated()
+    generator = torch.Generator(device=device).manual_seed(0)
+    args, kwargs = real_inputs(call, device=device, generator=generator)
+    args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, (args, kwargs))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()  # from here: weights + inputs, as the estimate counts them
+    with torch.inference_mode():
+        getattr(module, call.method)(*args, **kwargs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - weights
+    del module, args, kwargs
+    torch.cuda.empty_cache()
+    return peak
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+@pytest.mark.parametrize("side", [512, 1024])
+def test_estimate_is_within_fifteen_percent_of_cuda_max_memory_allocated(preset, side):
+    dtype = torch.bfloat16
+    pipe = TextToImagePipeline.from_preset(preset, device="meta")
+    calls = text_to_image_activation_inputs(pipe, side, side)
+    for name in ("denoiser", "vae"):
+        module = _shortened(getattr(pipe, name))
+        estimate = calls[name].estimate(module, dtype=dtype)
+        measured = _gpu_peak(module, calls[name], dtype)
+        assert abs(estimate - measured) <= 0.15 * measured, (preset, side, name, estimate, measured)
