@@ -68,7 +68,7 @@ def try_split(request: ComponentRequest, ledger: Ledger, order: Sequence[int], w
         return None
     placed: dict[Device, int] = {}
     for path, device in device_map.items():
-        placed[device] = placed.get(device, 0) + request.size.module_sizes[path]
+        placed[device] = placed.get(device, 0) + request.size.module_sizes.get(path, 0)  # tensor-less modules: 0
     for device, weights in placed.items():
         ledger.add(device, weights=weights, transient=request.transient)
     execution_device = next(iter(device_map.values()))
