@@ -1,9 +1,13 @@
 """Stream a checkpoint into a model built on the meta device, each tensor straight to its device and dtype.
 
-Host memory: each tensor is read from its safetensors file by `safe_open` (one copy, the tensor itself) and
-handed to `accelerate.utils.set_module_tensor_to_device`; nothing else holds it, so a CPU load peaks near one
-model size. The file is reopened every `_REMAP_BYTES` so the memory-mapped pages already read stop counting
-against the process (a single 20 GB file would otherwise add its whole size to the peak).
+Host memory: `safe_open(...).get_tensor` (safetensors >= 0.6) returns a tensor backed by a private memory
+map of the file, so a CPU load that keeps the checkpoint's dtype copies nothing: the weights are the page
+cache's pages, mapped copy-on-write, and a CPU load peaks at one model size. A cast or a move to an
+accelerator makes the one real copy, handed to `accelerate.utils.set_module_tensor_to_device`; the mapped
+source is dropped right after, and the file is reopened every `_REMAP_BYTES` so the pages already read stop
+counting against the process (one 20 GB file would otherwise add its whole size to the peak).
+Files are replaced, never rewritten in place, by our saves (`atomic_folder`), so a mapped model stays valid
+when its folder is saved over.
 """
 
 from __future__ import annotations
