@@ -1,6 +1,7 @@
 """Strategies and their fallbacks, the anchors' bugs as regressions, and bad input."""
 
 import pytest
+import torch
 
 import placement
 from placement import PlacementKind
@@ -278,3 +279,34 @@ def test_graph_errors_surface_from_plan():
         placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB"}, graph=[("a", "b"), ("b", "a")])
     with pytest.raises(placement.GraphError, match="'c'"):
         placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB"}, graph=[("a", "c")])
+
+
+# --- odd modules and the CPU-only path --------------------------------------------------------------------
+
+
+class WithActivationModule(torch.nn.Module):
+    """Blocks with a parameter-less GELU between them: a split unit of 0 bytes."""
+
+    _no_split_modules = ["Block"]
+
+    def __init__(self):
+        super().__init__()
+        self.first = whole(4, 4).blocks
+        self.act = torch.nn.GELU()
+        self.second = whole(4, 4).blocks
+
+
+def test_split_with_a_parameter_less_module():
+    plan = placement.plan({"m": WithActivationModule()}, max_memory={0: "5GiB", 1: "5GiB", "cpu": "1GiB"})
+    m = plan.components["m"]
+    assert m.kind is PlacementKind.SPLIT and "act" in m.device_map  # a key with no tensors under it
+    assert sum(m.placed_bytes.values()) == 8 * GiB and max(m.placed_bytes.values()) <= 5 * GiB
+
+
+def test_cpu_only_goes_to_disk_when_ram_is_short(tmp_path):
+    comps = {"encoder": whole(1), "denoiser": whole(6, 6)}
+    with pytest.warns(UserWarning, match="degrades to 'cpu'"):
+        plan = placement.plan(comps, max_memory={"cpu": "4GiB"}, offload_folder=tmp_path)
+    assert kinds(plan) == {"encoder": PlacementKind.CPU, "denoiser": PlacementKind.DISK}
+    assert plan.components["denoiser"].execution_device == "cpu"
+    assert plan.fallbacks[0].component == "denoiser" and "CPU has 3.00 GiB left" in plan.fallbacks[0].reason
