@@ -21,7 +21,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
-from placement.devices import Device, normalize_device, torch_device
+from placement.devices import Device, is_accelerator, normalize_device, torch_device
+from placement.errors import InvalidDeviceError
 
 from .errors import CheckpointError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
@@ -38,6 +39,7 @@ def load_weights(
     dtype: torch.dtype | None = None,
     keep_in_fp32: Iterable[str] = (),
     tied_weights: Mapping[str, str] | None = None,
+    ignore_unexpected: Iterable[str] = (),
     progress: bool = True,
 ) -> None:
     """Fill `module` (built under `init_empty_weights()`) with the tensors of `weights`, in place.
@@ -47,11 +49,13 @@ def load_weights(
     serves them from the checkpoint files); their persistent buffers are loaded to the CPU.
     `dtype`: floating tensors are cast to it, except in submodules named in `keep_in_fp32` (kept float32);
     None keeps each tensor's dtype from the checkpoint. `tied_weights` ({tied name: source name}) are tied
-    after loading. Validation (keys, shapes) runs before anything moves; on any failure every tensor loaded so
-    far goes back to meta, so no half-loaded model holds memory.
+    after loading. `ignore_unexpected`: regexes of checkpoint keys the model may lack (left unread), as
+    transformers' `_keys_to_ignore_on_load_unexpected`. Validation (keys, shapes, devices) runs before anything
+    moves; on any failure every tensor loaded so far goes back to meta: no half-loaded model holds memory.
     """
-    validate_weights(module, weights, tied_weights=tied_weights)
+    validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     devices = tensor_devices(module, device_map)
+    _check_accelerators_exist(module, set(devices.values()))
     buffer_names = {name for name, _ in module.named_buffers()}
     keep = tuple(keep_in_fp32 or ())
     plan = [
@@ -83,6 +87,18 @@ def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -
             f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
         )
     return devices
+
+
+def _check_accelerators_exist(module: nn.Module, devices: set) -> None:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 and hasattr(torch, "xpu") and torch.xpu.is_available():
+        count = torch.xpu.device_count()
+    absent = sorted(d for d in devices if is_accelerator(d) and d >= count)
+    if absent:
+        raise InvalidDeviceError(
+            f"The device map puts weights of {type(module).__name__} on accelerator(s) {absent}, but this machine "
+            f"has {count} accelerator(s). Load with device_map='cpu', or plan for the accelerators present."
+        )
 
 
 def target_dtype(entry: TensorEntry, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> torch.dtype:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 from torch import nn
@@ -16,17 +17,23 @@ def expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def validate_weights(
-    module: nn.Module, weights: WeightsIndex, *, tied_weights: Mapping[str, str] | None = None
+    module: nn.Module,
+    weights: WeightsIndex,
+    *,
+    tied_weights: Mapping[str, str] | None = None,
+    ignore_unexpected: Iterable[str] = (),
 ) -> None:
     """Raise if a key is missing or unexpected (all named) or a shape differs (named, both shapes).
 
     Tied weights (`{tied name: source name}`) may be absent: they are re-tied to their source after loading.
+    Checkpoint keys matching a regex of `ignore_unexpected` may be present without the model having them.
     """
     expected = expected_shapes(module)
     tied = set(tied_weights or ())
     present = set(weights.tensors)
+    ignored = [re.compile(pattern) for pattern in ignore_unexpected]
     missing = sorted(set(expected) - present - tied)
-    unexpected = sorted(present - set(expected))
+    unexpected = sorted(k for k in present - set(expected) if not any(p.search(k) for p in ignored))
     where = _describe(weights)
     if missing or unexpected:
         parts = []
@@ -38,7 +45,7 @@ def validate_weights(
             f"Checkpoint {where} does not match {type(module).__name__}: {'; '.join(parts)}. "
             "Check that the config and the weights come from the same model."
         )
-    mismatched = _shape_mismatches(expected, weights, present)
+    mismatched = _shape_mismatches(expected, weights, present & set(expected))
     if mismatched:
         raise CheckpointShapeError(
             f"Checkpoint {where} does not match {type(module).__name__}: shape mismatch for "
@@ -58,5 +65,5 @@ def _shape_mismatches(expected, weights: WeightsIndex, names: Iterable[str]) -> 
 
 
 def _describe(weights: WeightsIndex) -> str:
-    source = weights.index_file or weights.files[0] if weights.files else weights.folder
+    source = (weights.index_file or weights.files[0]) if weights.files else weights.folder
     return repr(str(source))

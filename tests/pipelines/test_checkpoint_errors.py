@@ -189,3 +189,20 @@ def test_failure_while_streaming_leaves_no_loaded_tensor(saved, monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         load_weights(model, weights, tied_weights=TinyModel._tied_weights_keys, progress=False)
     assert all(t.device.type == "meta" for t in model.state_dict().values())
+
+
+def test_ignored_unexpected_keys_are_skipped_not_loaded(saved):
+    rewrite_weights(saved, lambda t: t.update({"embed.position_ids": torch.arange(3)}))
+    weights = find_weights(saved)
+    with init_empty_weights():
+        model = TinyModel(tiny_model().config)
+    load_weights(model, weights, tied_weights=TinyModel._tied_weights_keys,
+                 ignore_unexpected=[r"position_ids$"], progress=False)
+    assert torch.equal(model.blocks[0].fc1.weight, tiny_model().blocks[0].fc1.weight)
+
+
+def test_absent_accelerator_is_refused_before_loading(saved):
+    from placement.errors import InvalidDeviceError
+
+    with pytest.raises(InvalidDeviceError, match=r"accelerator\(s\) \[99\]"):
+        load(saved, device_map={"": 99})
