@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from placement.errors import PlacementError
+
+from . import cli_demo, cli_plan
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="placement",
         description="Place the models of a multi-model PyTorch pipeline across GPUs, the CPU and the disk.",
     )
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (cli_demo, cli_plan):
+        module.register(subparsers)
     return parser
 
 
@@ -21,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except PlacementError as error:  # a typed, explained error: the message is the whole story
+        print(f"placement {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

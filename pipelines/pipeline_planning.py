@@ -10,6 +10,7 @@ from torch import nn
 import placement
 from placement.devices import normalize_device
 from placement.errors import InvalidDeviceError, PlacementError
+from placement.sizing import dtype_for
 
 from .pipeline import Pipeline, PipelineComponentError
 
@@ -26,14 +27,14 @@ def plan_pipeline(pipe: Pipeline, *, device_map, max_memory, torch_dtype, offloa
     modules = pipe.module_components
     activations = None
     if call is not None:
-        activations = call_activations(pipeline_class or type(pipe), pipe, modules, call)
+        activations = call_activations(pipeline_class or type(pipe), pipe, modules, call, torch_dtype=torch_dtype)
     return placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
                           dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
                           pinned=dict(pinned) or None)
 
 
 def call_activations(pipeline_class: type, pipe: Pipeline, modules: Mapping[str, nn.Module],
-                     call: Mapping[str, Any]) -> dict[str, int]:
+                     call: Mapping[str, Any], *, torch_dtype=None) -> dict[str, int]:
     """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs."""
     describe = getattr(pipeline_class, "activation_inputs", None)
     if describe is None:
@@ -49,7 +50,8 @@ def call_activations(pipeline_class: type, pipe: Pipeline, modules: Mapping[str,
             "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
         ) from error
     return {
-        name: placement.estimate_activations(modules[name], spec.args, spec.kwargs, method=spec.method)
+        name: placement.estimate_activations(modules[name], spec.args, spec.kwargs, method=spec.method,
+                                             dtype=dtype_for(torch_dtype, name))
         for name, spec in inputs.items()
         if name in modules
     }

@@ -19,6 +19,7 @@ from placement.errors import PlacementError
 
 from .pipeline import Pipeline
 from .text_conditioning import TextConditioning, text_conditioning_for
+from .text_to_image_inputs import text_to_image_activation_inputs
 
 
 class PipelineCallError(PlacementError, ValueError):
@@ -42,6 +43,9 @@ class TextToImagePipeline(Pipeline):
     """The reference text-to-image pipeline (see module docstring); `text_encoder_2` is optional."""
 
     model_graph = [("text_encoder", "denoiser"), ("text_encoder_2", "denoiser"), ("denoiser", "vae")]
+    # What one call feeds each component (meta tensors), for `call=` planning: activation_inputs(height, width,
+    # batch_size=1, num_images_per_prompt=1, guidance_scale=4.0) -> {component: ComponentCall}.
+    activation_inputs = text_to_image_activation_inputs
 
     def __init__(self, text_encoder, denoiser, vae, scheduler, tokenizer, text_encoder_2=None):
         super().__init__()
