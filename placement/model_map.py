@@ -169,6 +169,7 @@ def _accelerate_assignment(module, targets, size, dtype) -> dict[str, Device] | 
             no_split_module_classes=list(size.no_split_classes),
             dtype=dtype,
             special_dtypes=fp32_kept_tensors(module, dtype) or None,
+            offload_buffers=True,  # the map is the same; skips a per-module buffer sizing used only to warn
         )
     return assign_units({key: aliases.get(device, device) for key, device in raw.items()}, size.split_units)
 

@@ -76,6 +76,7 @@ def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[st
             no_split_module_classes=list(size.no_split_classes),
             dtype=dtype,
             special_dtypes=kept_fp32 or None,
+            offload_buffers=True,  # the map is the same; skips a per-module buffer sizing used only to warn
         )
     if any(device not in aliases for device in raw.values()):
         return None  # accelerate sent something to "disk": it found no split within the budgets
