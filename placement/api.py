@@ -10,7 +10,7 @@ from torch import nn
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
-from .memory_model import Ledger
+from .memory_model import Ledger, streaming_working_set
 from .plan import Plan
 from .planning_errors import ComponentError, StrategyError
 from .sizes import parse_size
@@ -61,14 +61,7 @@ def plan(
     order = execution_order(model_graph, list(modules))
     activation_bytes = _activations(activations, modules)
     requests = {
-        name: ComponentRequest(
-            name=name,
-            module=modules[name],
-            size=size_module(modules[name], dtype_for(dtype, name)),
-            dtype=dtype_for(dtype, name),
-            activation=activation_bytes.get(name) if activations is not None else None,
-            position=position,
-        )
+        name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position)
         for position, name in enumerate(order)
     }
     if spec.kind is StrategyKind.DICT:
@@ -92,6 +85,14 @@ def plan(
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
+    )
+
+
+def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int) -> ComponentRequest:
+    size = size_module(module, dtype)
+    return ComponentRequest(
+        name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
+        streamed=streaming_working_set(module, size),
     )
 
 

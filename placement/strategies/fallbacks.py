@@ -3,8 +3,9 @@
 1. whole: on the first accelerator, in the strategy's order, that has room for weights + transient;
 2. split: the component's split units over the accelerators' remaining room (no `_no_split_modules` block
    is ever cut; `splitting.split_device_map` asks accelerate first and packs exactly when it falls short);
-3. offloaded: weights in CPU RAM, executed on the accelerator with the most room for the streamed block;
-4. cpu: weights in CPU RAM and run there, when no accelerator can even hold one streamed block;
+3. offloaded: weights in CPU RAM, executed on the accelerator with the most room for its streaming working
+   set (`memory_model.streaming_working_set`: the non-block rest plus two blocks in flight);
+4. cpu: weights in CPU RAM and run there, when no accelerator can hold that working set;
 5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
 Each step past the first is recorded as a Fallback whose reason gives the numbers.
 """
@@ -94,8 +95,8 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
     if ledger.fits("cpu", weights=request.bytes, transient=request.transient):
         placed = place_whole(request, ledger, "cpu")
         no_stream = "" if not ledger.accelerators else (
-            f" No accelerator has room to stream its largest block ({gib(request.size.largest_unit)}) "
-            "next to its activations, so it runs on the CPU."
+            f" No accelerator has room for its streaming working set ({gib(request.streamed)}: what offloading "
+            "keeps on the device at once) next to its activations, so it runs on the CPU."
         )
         reason = f"{why}{no_stream}"
         return Placed(plan=placed.plan, fallback=Fallback(component=request.name, kind=PlacementKind.CPU, reason=reason))
@@ -112,17 +113,17 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
             "Raise max_memory['disk'] or free some space."
         )
     stream = streaming_device(request, ledger, ledger.accelerators)
-    if stream is None and not ledger.fits("cpu", weights=0, transient=request.transient + request.size.largest_unit):
+    if stream is None and not ledger.fits("cpu", weights=0, transient=request.transient + request.streamed):
         raise DoesNotFitError(
             f"{why} Its weights could go to disk, but no device has room to run it: it needs "
-            f"{gib(request.size.largest_unit)} for its largest block next to its activations."
+            f"{gib(request.streamed)} for its streaming working set next to its activations."
         )
     return _streamed(request, ledger, host="disk", execution_device=stream if stream is not None else "cpu", why=why)
 
 
 def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequence[int]) -> Optional[int]:
-    """The accelerator with the most room left once it holds the largest block and the activations."""
-    transient = request.transient + request.size.largest_unit
+    """The accelerator with the most room left once it holds the streaming working set and the activations."""
+    transient = request.transient + request.streamed
     fitting = [d for d in candidates if ledger.fits(d, weights=0, transient=transient)]
     if not fitting:
         return None
@@ -130,7 +131,7 @@ def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequ
 
 
 def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device, why: str) -> Placed:
-    unit = request.size.largest_unit
+    unit = request.streamed
     ledger.add(host, weights=request.bytes)
     ledger.add(execution_device, transient=request.transient + unit)
     kind = PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK
@@ -141,7 +142,7 @@ def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution
     where = "CPU RAM" if host == "cpu" else "the offload folder"
     reason = (
         f"{why} No split fits either. Weights in {where}, streamed to {device_name(execution_device)} "
-        f"one block at a time (largest block {gib(unit)})."
+        f"block by block ({gib(unit)} on the device at once)."
     )
     return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, reason=reason))
 

@@ -58,7 +58,7 @@ def place_pinned(request: ComponentRequest, device_map: Mapping[str, Device], le
     hosts = [d for d in placed if not is_accelerator(d)]
     execution_device = accelerators[0] if accelerators else "cpu"
     kind = _kind(accelerators, hosts)
-    streamed = request.size.largest_unit if hosts and accelerators else 0
+    streamed = request.streamed if hosts and accelerators else 0
     for device, weights in placed.items():
         # A split charges its activations to every accelerator it spans, as the planner's splits do.
         spans = kind is PlacementKind.SPLIT and is_accelerator(device)

@@ -30,8 +30,9 @@ def test_6_5_3_3_on_10_and_7_loses_no_component():
 
 
 def test_6_5_3_3_with_unsplittable_components_offloads_rather_than_drops():
-    # Blocks of 1.5 GiB: d cannot be split over the 1 + 2 GiB left, so it is offloaded, streamed to GPU 1.
-    comps = {"a": whole(6), "b": whole(5), "c": whole(3, 2), "d": whole(3, 2)}
+    # Blocks of 0.75 GiB: d cannot be split over the 1 + 2 GiB left (3 of its 4 blocks fit), so it is
+    # offloaded, streamed to GPU 1 (two blocks in flight: 1.5 GiB).
+    comps = {"a": whole(6), "b": whole(5), "c": whole(3, 4), "d": whole(3, 4)}
     plan = placement.plan(comps, max_memory={0: "10GiB", 1: "7GiB", "cpu": "64GiB"})
     assert set(plan.components) == {"a", "b", "c", "d"}
     assert kinds(plan)["d"] is PlacementKind.OFFLOADED and plan.components["d"].execution_device == 1
@@ -146,9 +147,20 @@ def test_offloaded_component_streams_to_the_gpu_with_most_room():
     plan = placement.plan(comps, max_memory={0: "10GiB", 1: "3GiB", "cpu": "64GiB"})
     big = plan.components["big"]
     assert big.kind is PlacementKind.OFFLOADED
-    assert big.device_map == {"": "cpu"} and big.execution_device == 1 and big.streamed_unit_bytes == GiB
-    assert plan.device(1).activation_peak == GiB  # its streamed block
+    # its streaming working set: two 1 GiB blocks in flight (the current one and the prefetched next)
+    assert big.device_map == {"": "cpu"} and big.execution_device == 1 and big.streamed_unit_bytes == 2 * GiB
+    assert plan.device(1).activation_peak == 2 * GiB
     assert plan.device("cpu").weight_bytes == 8 * GiB
+
+
+def test_streaming_working_set_is_the_rest_plus_two_blocks():
+    from placement.memory_model import streaming_working_set
+    from placement.sizing import size_module
+
+    module = component([1, 3, 2], head=0.5)
+    assert streaming_working_set(module, size_module(module)) == int(0.5 * GiB) + 3 * GiB + 2 * GiB
+    flat = torch.nn.Linear(4, 4)  # no block list: nothing streams, the whole module is resident
+    assert streaming_working_set(flat, size_module(flat)) == size_module(flat).total
 
 
 def test_no_room_to_stream_runs_on_the_cpu():
@@ -167,7 +179,7 @@ def test_disk_needed_without_offload_folder_is_an_error():
 
 def test_disk_with_offload_folder(tmp_path):
     comps = {"a": whole(4), "b": whole(6, 6)}
-    plan = placement.plan(comps, max_memory={0: "5GiB", "cpu": "2GiB"}, offload_folder=tmp_path)
+    plan = placement.plan(comps, max_memory={0: "6GiB", "cpu": "2GiB"}, offload_folder=tmp_path)
     b = plan.components["b"]
     assert b.kind is PlacementKind.DISK and b.device_map == {"": "disk"} and b.execution_device == 0
     assert plan.device("disk").weight_bytes == 6 * GiB
