@@ -21,6 +21,7 @@ from .errors import (
 from .index import TensorEntry, WeightsIndex, find_weights, read_header
 from .loading import load_weights, tensor_devices, target_dtype, tie_weights
 from .naming import CONFIG_NAME, DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNaming, variants_in
+from .placing import cast_meta, disk_offload_index, load_and_dispatch
 from .saving import atomic_folder, save_weights
 from .validation import validate_weights
 
@@ -40,6 +41,9 @@ __all__ = [
     "WeightsNaming",
     "WeightsNotFoundError",
     "atomic_folder",
+    "cast_meta",
+    "disk_offload_index",
+    "load_and_dispatch",
     "find_weights",
     "load_weights",
     "read_header",

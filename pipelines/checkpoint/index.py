@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import (
+    CheckpointKeysError,
     CorruptCheckpointError,
     VariantNotFoundError,
     WeightsNotFoundError,
@@ -75,12 +76,26 @@ class WeightsIndex:
     def total_bytes(self) -> int:
         return sum(entry.nbytes for entry in self.tensors.values())
 
-    def offload_index(self, sources: Mapping[str, str], dtype_of) -> dict[str, dict[str, str]]:
+    def offload_index(
+        self, names: Iterable[str] | Mapping[str, str], dtype_of, *, tied_weights: Mapping[str, str] | None = None
+    ) -> dict[str, dict[str, str]]:
         """accelerate's offload index serving model tensors from the checkpoint files themselves (no copy).
 
-        `sources` maps each model tensor name to the checkpoint tensor holding its value (itself, or the
-        source of a tied weight); `dtype_of(entry)` gives the dtype it must have when it is read back.
+        `names`: model tensor names (each served by the checkpoint tensor of that name, or for a tied weight
+        absent from the checkpoint by its source in `tied_weights`), or a mapping {model name: checkpoint
+        name}. `dtype_of(entry)` gives the dtype each must have when it is read back.
         """
+        if isinstance(names, Mapping):
+            sources = dict(names)
+        else:
+            tied = tied_weights or {}
+            sources = {name: name if name in self.tensors else tied.get(name, name) for name in names}
+        unserved = sorted(name for name, source in sources.items() if source not in self.tensors)
+        if unserved:
+            raise CheckpointKeysError(
+                f"No tensor of the checkpoint in {str(self.folder)!r} can serve {list_names(unserved)} from disk; "
+                "if they are tied weights, pass tied_weights={tied name: source name}."
+            )
         index = {}
         for name, source in sources.items():
             entry = self.tensors[source]

@@ -69,9 +69,9 @@ def load_and_dispatch(
     normalized = {name: normalize_device(device) for name, device in device_map.items()}
     try:
         if needs_hooks(normalized):
-            disk = [name for name, device in normalized.items() if device == "disk"]
-            sources = _disk_sources(module, weights, disk, tied_weights or {})
-            index = weights.offload_index(sources, lambda entry: target_dtype(entry, dtype, keep)) if disk else None
+            index = disk_offload_index(
+                module, weights, normalized, dtype=dtype, keep_in_fp32=keep, tied_weights=tied_weights
+            )
             dispatch(module, normalized, execution_device=_execution_device(normalized), disk_weights=index)
         else:
             module.hf_device_map = normalized  # one device: the weights are already there, no hooks needed
@@ -80,6 +80,26 @@ def load_and_dispatch(
         module.to("meta")
         raise
     return module
+
+
+def disk_offload_index(
+    module: nn.Module,
+    weights: WeightsIndex,
+    device_map: Mapping[str, Device],
+    *,
+    dtype: torch.dtype | None = None,
+    keep_in_fp32: Iterable[str] = (),
+    tied_weights: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, str]] | None:
+    """The `disk_weights` for `hooks.dispatch.dispatch`: every parameter `device_map` puts on "disk", served
+    from its checkpoint file in its load dtype; a tied parameter by its source, even when the source itself is
+    not on disk (accelerate's hook asks for it by the tied name). None when nothing is on disk."""
+    disk = [name for name, device in device_map.items() if normalize_device(device) == "disk"]
+    if not disk:
+        return None
+    keep = tuple(keep_in_fp32 or ())
+    sources = _disk_sources(module, weights, disk, tied_weights or {})
+    return weights.offload_index(sources, lambda entry: target_dtype(entry, dtype, keep))
 
 
 def _disk_sources(

@@ -130,3 +130,29 @@ def test_config_round_trip_and_from_config():
     config = TinyConfig(width=8, depth=2)
     model = TinyModel.from_config({"_class_name": "TinyModel", **config.model_dump()})
     assert model.config == config
+
+
+def test_offload_index_serves_tied_weights_from_their_source(tmp_path):
+    from pipelines.checkpoint import CheckpointKeysError
+
+    tiny_model().save_pretrained(tmp_path / "m")
+    weights = find_weights(tmp_path / "m")
+    index = weights.offload_index(
+        ["blocks.0.fc1.weight", "head.weight"], lambda entry: torch.float16, tied_weights={"head.weight": "embed.weight"}
+    )
+    assert index["head.weight"]["weight_name"] == "embed.weight"
+    assert index["blocks.0.fc1.weight"] == {
+        "safetensors_file": str(tmp_path / "m" / "diffusion_pytorch_model.safetensors"),
+        "weight_name": "blocks.0.fc1.weight",
+        "dtype": "float16",
+    }
+    with pytest.raises(CheckpointKeysError, match="'head.weight'.*tied_weights"):
+        weights.offload_index(["head.weight"], lambda entry: entry.dtype)
+
+
+def test_dict_map_with_tied_weight_on_disk_and_source_on_cpu(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "m")
+    loaded = TinyModel.from_pretrained(tmp_path / "m", device_map={"": "cpu", "head": "disk"}, progress=False)
+    assert loaded.hf_device_map["head"] == "disk"
+    assert torch.allclose(loaded(tiny_ids(model.config)), model(tiny_ids(model.config)), atol=1e-6)
