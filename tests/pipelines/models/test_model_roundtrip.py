@@ -65,3 +65,26 @@ def test_fp16_variant_round_trip(tmp_path, cls, preset):
     assert (tmp_path / f"{WEIGHTS}.fp16.safetensors").is_file()
     assert_bit_exact(half, cls.from_pretrained(tmp_path, variant="fp16", progress=False))
     assert_bit_exact(model, cls.from_pretrained(tmp_path, progress=False))
+
+
+def inside_a_no_split_block(model, key: str) -> bool:
+    """True when `key` names a strict descendant of a `_no_split_modules` block (a block cut in two)."""
+    parts = key.split(".") if key else []
+    for depth in range(1, len(parts)):
+        ancestor = model.get_submodule(".".join(parts[:depth]))
+        if type(ancestor).__name__ in model._no_split_modules:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("cls", [UNet, DiT, AutoencoderKL], ids=lambda cls: cls.__name__)
+def test_offloaded_load_computes_the_same_and_keeps_blocks_whole(tmp_path, cls):
+    """device_map="auto" with CPU room for 60% of the model: the rest streams from disk through accelerate's
+    hooks. Sums of two submodules' outputs live inside one no-split module, so any cut works."""
+    model = tiny(cls)
+    model.save_pretrained(tmp_path / "model")
+    loaded = cls.from_pretrained(tmp_path / "model", device_map="auto", max_memory={"cpu": int(0.6 * model_bytes(model))},
+                                 offload_folder=tmp_path / "offload", progress=False).eval()
+    assert {"cpu", "disk"} <= set(loaded.hf_device_map.values())
+    assert not [key for key in loaded.hf_device_map if inside_a_no_split_block(loaded, key)]
+    torch.testing.assert_close(run(loaded), run(model), atol=1e-5, rtol=0)
