@@ -25,7 +25,7 @@ from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOff
 from accelerate.utils import send_to_device
 from torch import nn
 
-from .hook_utils import find_hooks, has_hook, remove_hooks_of_type
+from .hook_utils import find_hooks, has_hook, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConflictError
 from .offload_devices import resolve_execution_device
 
@@ -64,7 +64,8 @@ class ModelOffloadChain:
     def offload_all(self) -> None:
         """Send every component back to the CPU (what a pipeline does at the end of a call)."""
         for hook in (*self.chained, *self.standalone):
-            if _weights_device(hook.model) != torch.device("cpu"):
+            installed = any(inner is hook.hook for inner in hooks_of(hook.model))  # not removed since
+            if installed and _weights_device(hook.model) != torch.device("cpu"):
                 hook.offload()
 
     def remove(self) -> None:
