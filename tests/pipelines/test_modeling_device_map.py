@@ -126,3 +126,19 @@ def test_single_accelerator_loads_straight_to_it(saved):
     assert loaded.hf_device_map == {"": 0}
     assert loaded.blocks[0].fc1.weight.device == torch.device("cuda:0")
     assert loaded.norm_out.weight.dtype == torch.float32
+
+
+def test_saving_a_disk_offloaded_model_asks_to_undispatch_first(saved, tmp_path):
+    from hooks.dispatch import undispatch
+    from pipelines.checkpoint import CheckpointSaveError
+
+    model, folder = saved
+    loaded = TinyModel.from_pretrained(folder, device_map={"": "cpu", "blocks.1": "disk"}, progress=False)
+    with pytest.raises(CheckpointSaveError, match=r"blocks\.1\.fc1\.weight.*[Uu]ndispatch"):
+        loaded.save_pretrained(tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+    undispatch(loaded)
+    loaded.save_pretrained(tmp_path / "copy")
+    again = TinyModel.from_pretrained(tmp_path / "copy", progress=False)
+    ids = tiny_ids(model.config)
+    assert torch.equal(again(ids), model(ids))
