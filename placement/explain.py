@@ -40,12 +40,12 @@ def explain_plan(plan: Plan) -> str:
 
 def _component_table(plan: Plan) -> list[str]:
     devices = [entry.device for entry in plan.devices]
-    header = ["component", "kind", "runs on", *[_name(d) for d in devices]]
+    header = ["component", "kind", "runs on", *[device_label(d) for d in devices]]
     rows = []
     for name, component in plan.components.items():
         cells = [_gib(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
-        rows.append([name, kind, _name(component.execution_device), *cells])
+        rows.append([name, kind, device_label(component.execution_device), *cells])
     totals = [_gib(entry.weight_bytes) for entry in plan.devices]
     rows.append(["total weights", "", "", *totals])
     return _aligned(header, rows, left=3)
@@ -57,7 +57,7 @@ def _device_table(plan: Plan) -> list[str]:
     for entry in plan.devices:
         budget = "unlimited" if entry.budget is None else _gib(entry.budget) + (" (detected)" if entry.detected else "")
         rows.append([
-            _name(entry.device),
+            device_label(entry.device),
             budget,
             _gib(entry.weight_bytes),
             _gib(entry.activation_peak),
@@ -93,7 +93,8 @@ def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int)
     return [line(header), *[line(row) for row in rows]]
 
 
-def _name(device) -> str:
+def device_label(device) -> str:
+    """"GPU 1", "CPU", "disk": how tables and messages name a device."""
     if is_accelerator(device):
         return f"GPU {device}"
     return "CPU" if device == "cpu" else "disk"

@@ -7,9 +7,9 @@
 Components run one after another, so only the largest transient counts, not their sum. A component's
 transient is its activation peak (from `estimate_activations`, for the call the user will make) plus, when
 it is offloaded or on disk, its streaming working set (see `streaming_working_set`): what block-level
-offloading keeps on the execution device at once, next to the activations. A split component charges its full activation peak to every
-accelerator it spans: conservative (each device holds only its part of the work), and it keeps a split
-from being planned onto a device whose leftover room is exactly its weights.
+offloading keeps on the execution device at once, next to the activations. A split component charges its
+full activation peak to every accelerator it spans: conservative (each device holds only its part of the
+work), and it keeps a split from being planned onto a device whose leftover room is exactly its weights.
 
 Without activations (the caller made no call spec) the transient is only the streamed block, the overhead
 is zero, and explicit budgets are honoured byte for byte; the plan then says activations were not

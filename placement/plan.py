@@ -11,7 +11,7 @@ from typing import Annotated, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt
 
-from .devices import Device, device_sort_key, is_accelerator, normalize_device
+from .devices import Device, is_accelerator, normalize_device
 
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
 
@@ -129,7 +129,3 @@ class Plan(_Frozen):
         from .explain import explain_plan  # explain imports this module; import here to avoid a cycle
 
         return explain_plan(self)
-
-
-def sorted_devices(devices) -> list[Device]:
-    return sorted(set(devices), key=device_sort_key)

@@ -74,7 +74,10 @@ def _attempt(order, ledger: Ledger, context: Context, placements: Placements, *,
             key=lambda d: (-trial_ledger.room(d, transient=request.transient), d),
         )
         device_order = [turn, *others, *reserved]
-        trial.add(place_with_fallbacks(request, trial_ledger, context, whole_order=device_order, split_order=device_order))
+        placed = place_with_fallbacks(
+            request, trial_ledger, context, whole_order=device_order, split_order=device_order
+        )
+        trial.add(placed)
     off = sum(
         n
         for request in order

@@ -99,7 +99,8 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
             "keeps on the device at once) next to its activations, so it runs on the CPU."
         )
         reason = f"{why}{no_stream}"
-        return Placed(plan=placed.plan, fallback=Fallback(component=request.name, kind=PlacementKind.CPU, reason=reason))
+        fallback = Fallback(component=request.name, kind=PlacementKind.CPU, reason=reason)
+        return Placed(plan=placed.plan, fallback=fallback)
     cpu_room = ledger.room("cpu", transient=request.transient)
     if not context.has_offload_folder:
         cpu_left = f" The CPU has {gib(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""

@@ -18,7 +18,9 @@ from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, Strat
 from .request import ComponentRequest, Placed, component_plan, device_name, gib
 
 
-def normalize_pins(pins: Mapping, requests: Mapping[str, ComponentRequest], *, source: str) -> dict[str, dict[str, Device]]:
+def normalize_pins(
+    pins: Mapping, requests: Mapping[str, ComponentRequest], *, source: str
+) -> dict[str, dict[str, Device]]:
     """`{component: {relative path: device}}`, every name, path and device checked; errors quote `source`."""
     unknown = [name for name in pins if name not in requests]
     if unknown:
@@ -29,7 +31,9 @@ def normalize_pins(pins: Mapping, requests: Mapping[str, ComponentRequest], *, s
     normalized = {}
     for name, spec in pins.items():
         if isinstance(spec, Mapping):
-            device_map = {str(path): _device(value, source, f"{name}.{path}" if path else name) for path, value in spec.items()}
+            device_map = {
+                str(path): _device(value, source, f"{name}.{path}" if path else name) for path, value in spec.items()
+            }
             _check_paths(device_map, requests[name], source)
         else:
             device_map = {"": _device(spec, source, name)}
@@ -37,7 +41,9 @@ def normalize_pins(pins: Mapping, requests: Mapping[str, ComponentRequest], *, s
     return normalized
 
 
-def check_budgets_exist(pins: Mapping[str, Mapping[str, Device]], ledger: Ledger, *, source: str, has_offload_folder: bool) -> None:
+def check_budgets_exist(
+    pins: Mapping[str, Mapping[str, Device]], ledger: Ledger, *, source: str, has_offload_folder: bool
+) -> None:
     for name, device_map in pins.items():
         for device in dict.fromkeys(device_map.values()):
             if not ledger.has(device):

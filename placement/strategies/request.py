@@ -8,7 +8,8 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
-from ..devices import Device, device_sort_key, is_accelerator
+from ..devices import Device, device_sort_key
+from ..explain import device_label
 from ..plan import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_size
 from ..sizing import ComponentSize
@@ -97,7 +98,4 @@ def gib(n: int) -> str:
 
 
 def device_name(device: Device) -> str:
-    """"GPU 1", "CPU", "disk": how messages and tables name a device."""
-    if is_accelerator(device):
-        return f"GPU {device}"
-    return "CPU" if device == "cpu" else "disk"
+    return device_label(device)
