@@ -72,7 +72,7 @@ def _activation_note(plan: Plan) -> str:
     if plan.activations_accounted:
         return (
             "Activations accounted for: peak = weights + the largest transient among the components executing "
-            "there (activations, plus the streamed block of an offloaded one) + runtime overhead on accelerators."
+            "there (activations, plus an offloaded one's streaming working set) + runtime overhead on accelerators."
         )
     return (
         "Activations NOT accounted for (no call spec given): peaks are weights (and streamed blocks) only; a "
