@@ -24,6 +24,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .activation_attention import FusedAttentionAccounting
+from .activation_hooks import accelerate_hooks_bypassed
 from .activation_tracker import LiveStorageTracker
 from .errors import PlacementError
 
@@ -42,7 +43,7 @@ class ActivationEstimateError(PlacementError, RuntimeError):
 
 
 class InvalidActivationCallError(PlacementError, ValueError):
-    """The call to estimate is malformed: a method the module does not have, a module with runtime hooks."""
+    """The call to estimate is malformed: not a module, or a method the module does not have."""
 
 
 def estimate_activations(
@@ -55,14 +56,15 @@ def estimate_activations(
 ) -> int:
     """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights.
 
-    `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`) or hold real
-    weights; it is not modified and nothing of its size is allocated. `args` is a tuple (a lone tensor is
+    `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`), hold real
+    weights, or already be dispatched/offloaded with accelerate hooks (they are bypassed for the estimate and
+    restored); it is not modified and nothing of its size is allocated. `args` is a tuple (a lone tensor is
     accepted) and `kwargs` a dict; their tensors may be `meta` or real, and only their shapes and dtypes
     matter. `method` names the method to call (`"decode"` for a VAE). `dtype`, when given, is the floating
     dtype the module will run in: floating weights and inputs are cast to it, except in the module's
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
     """
-    call = _bound_method(module, method)
+    _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     fake_mode = FakeTensorMode()
@@ -74,9 +76,10 @@ def estimate_activations(
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
-            with FusedAttentionAccounting(), tracker:
-                call(*fake_args, **fake_kwargs)
+        with accelerate_hooks_bypassed(module), torch.inference_mode(), fake_mode:
+            with _reparametrize_module(module, weights), FusedAttentionAccounting(), tracker:
+                # Looked up here: with the hooks bypassed, `forward` is the module's own again.
+                getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise ActivationEstimateError(_failure_message(module, method, args, kwargs, error)) from error
     return tracker.peak_bytes
@@ -126,25 +129,17 @@ def _defines(module: nn.Module, method: str) -> bool:
     return callable(getattr(module, method, None)) and attribute is not nn.Module.forward
 
 
-def _bound_method(module: nn.Module, method: str):
+def _check_call(module: nn.Module, method: str) -> None:
     if not isinstance(module, nn.Module):
         raise InvalidActivationCallError(
             f"estimate_activations needs an nn.Module, got {type(module).__name__}."
         )
-    call = getattr(module, method, None)
     if not _defines(module, method):
         candidates = [name for name in _COMMON_CALLS if _defines(module, name)]
         raise InvalidActivationCallError(
             f"{type(module).__name__} has no method {method!r} to estimate; pass method= the method the "
             f"pipeline calls (this module has: {', '.join(candidates)})."
         )
-    hooked = [name or "<root>" for name, sub in module.named_modules() if hasattr(sub, "_hf_hook")]
-    if hooked:
-        raise InvalidActivationCallError(
-            f"{type(module).__name__} carries accelerate hooks (on {', '.join(hooked[:5])}); estimate "
-            "activations before dispatching it, or after removing the hooks (pipe.reset_device_map())."
-        )
-    return call
 
 
 

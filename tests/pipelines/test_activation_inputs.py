@@ -97,6 +97,21 @@ def test_inputs_follow_the_components_dtype():
     assert calls["vae"].args[0].dtype == torch.float32
 
 
+def test_an_offloaded_vae_decode_is_estimated_like_a_plain_one():
+    from accelerate import cpu_offload
+    from accelerate.hooks import remove_hook_from_module
+
+    pipe = TextToImagePipeline.from_preset("tiny-unet", device="cpu")
+    call = text_to_image_activation_inputs(pipe, 64, 64)["vae"]
+    plain = call.estimate(pipe.vae)
+    cpu_offload(pipe.vae, execution_device=torch.device("cpu"))
+    try:
+        assert call.estimate(pipe.vae) == plain
+        assert pipe.vae._hf_hook is not None  # still offloaded afterwards
+    finally:
+        remove_hook_from_module(pipe.vae, recurse=True)
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [

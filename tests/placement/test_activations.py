@@ -4,7 +4,8 @@ methods, errors."""
 import pytest
 import torch
 import torch.nn.functional as F
-from accelerate import init_empty_weights
+from accelerate import cpu_offload, init_empty_weights
+from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 from torch import nn
 
 import placement
@@ -194,10 +195,36 @@ def test_value_dependent_code_is_explained():
         estimate_activations(NeedsValues(), (torch.empty(3, device="meta"),))
 
 
-def test_dispatched_module_is_refused():
-    from accelerate.hooks import ModelHook, add_hook_to_module
+class RefusingHook(ModelHook):
+    """A hook that fails if the estimate ever runs it (it would move fake tensors to a real device)."""
 
-    module = TinyDecoder()
-    add_hook_to_module(module.conv_in, ModelHook())
-    with pytest.raises(InvalidActivationCallError, match="conv_in.*reset_device_map"):
-        estimate_activations(module, (torch.empty(1, 4, 8, 8, device="meta"),), method="decode")
+    def pre_forward(self, module, *args, **kwargs):
+        raise AssertionError("the estimate ran an accelerate hook")
+
+
+def test_accelerate_hooks_are_bypassed_and_restored(transformer):
+    x = torch.randn(2, 64, 32)
+    plain = estimate_activations(transformer, (x,))
+    add_hook_to_module(transformer, RefusingHook())
+    add_hook_to_module(transformer.blocks[1].mlp, RefusingHook())
+    wrappers = (transformer.forward, transformer.blocks[1].mlp.forward)
+    try:
+        assert estimate_activations(transformer, (x,)) == plain
+        assert isinstance(transformer._hf_hook, RefusingHook) and isinstance(transformer.blocks[1].mlp._hf_hook, RefusingHook)
+        assert (transformer.forward, transformer.blocks[1].mlp.forward) == wrappers
+    finally:
+        remove_hook_from_module(transformer, recurse=True)
+    assert not hasattr(transformer, "_hf_hook") and not hasattr(transformer.blocks[1].mlp, "_hf_hook")
+
+
+def test_cpu_offloaded_module_is_estimated_from_its_shapes():
+    torch.manual_seed(0)
+    module = TinyTransformer().eval()
+    x = torch.randn(1, 128, 32)
+    plain = estimate_activations(module, (x,))
+    cpu_offload(module, execution_device=torch.device("cpu"))
+    try:
+        assert module.blocks[0].qkv.weight.is_meta  # the weights live in the hooks' weights map now
+        assert estimate_activations(module, (x,)) == plain
+    finally:
+        remove_hook_from_module(module, recurse=True)

@@ -1,0 +1,142 @@
+"""Activation estimates: accuracy against real runs, and how long an estimate takes at real sizes.
+
+    python benchmarks/activation_accuracy.py            # a few minutes on a 2-core machine
+    python benchmarks/activation_accuracy.py --quick    # fewer sizes
+
+Table 1 (accuracy, CPU): for each component of the reference pipelines, at several image sizes, our estimate
+(`placement.estimate_activations` on the meta-built component, inputs from
+`TextToImagePipeline.activation_inputs`) against the peak measured by really running the component on CPU
+under torch's MemTracker (`placement.activation_measure`). "math path" is what a plain meta/fake run gives when
+attention is left to the math fallback (the N x N score matrix), as ratios to the measured peak. The tiny
+presets have the real architectures at small widths; the "sd-vae" rows use the real SDXL VAE.
+
+Table 2 (speed, meta): the estimate for each component of the real-size presets ("sdxl-like", "flux-like",
+bf16) at 512 and 1024, its size and the wall and CPU seconds it took (target: FLUX DiT at 1024 < 2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from pipelines.models import AutoencoderKL
+from pipelines.text_to_image import TextToImagePipeline
+from pipelines.text_to_image_inputs import ComponentCall, text_to_image_activation_inputs
+from placement.activation_measure import measure_activations
+from placement.activation_tracker import LiveStorageTracker
+
+MiB = 2**20
+GiB = 2**30
+
+
+class MathPathAttention(TorchFunctionMode):
+    """SDPA as the math fallback computes it: the full score matrix, its softmax, then the product."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        query, key, value = args[:3]
+        scores = query @ key.transpose(-2, -1) * query.shape[-1] ** -0.5
+        return scores.softmax(dim=-1) @ value
+
+
+def math_path_estimate(module, call: ComponentCall) -> int:
+    """The estimate without fused-attention accounting (what meta execution of SDPA costs)."""
+    fake_mode = FakeTensorMode()
+    converter = fake_mode.fake_tensor_converter
+    memo = {}
+
+    def fake(tensor):
+        if id(tensor) not in memo:
+            memo[id(tensor)] = converter.from_meta_and_device(fake_mode, tensor.detach().to("meta"), torch.device("meta"))
+        return memo[id(tensor)]
+
+    weights = {name: fake(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
+    args, kwargs = tree_map_only(torch.Tensor, fake, (call.args, dict(call.kwargs)))
+    tracker = LiveStorageTracker()
+    tracker.exclude(weights.values())
+    tracker.count(tree_leaves((args, kwargs)))
+    with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights), MathPathAttention(), tracker:
+        getattr(module, call.method)(*args, **kwargs)
+    return tracker.peak_bytes
+
+
+def real_inputs(call: ComponentCall):
+    def materialize(meta):
+        return torch.randn(meta.shape, dtype=meta.dtype) if meta.is_floating_point() else torch.ones(meta.shape, dtype=meta.dtype)
+
+    return tree_map_only(torch.Tensor, materialize, (call.args, dict(call.kwargs)))
+
+
+def accuracy_rows(sides: tuple[int, ...]):
+    for preset in ("tiny-unet", "tiny-dit"):
+        on_meta = TextToImagePipeline.from_preset(preset, device="meta")
+        real = TextToImagePipeline.from_preset(preset, device="cpu", seed=0)
+        for side in sides:
+            for name, call in text_to_image_activation_inputs(on_meta, side, side).items():
+                yield _accuracy_row(f"{preset}/{name}", side, getattr(on_meta, name), getattr(real, name), call)
+    # The real SDXL VAE decoder (128..512 channels), decoded for real at 128 and 256 pixels.
+    config = AutoencoderKL.presets["sdxl"]
+    with torch.device("meta"):
+        vae_on_meta = AutoencoderKL(config).eval()
+    vae = AutoencoderKL(config).eval()
+    for side in (128, 256):
+        latents = torch.empty(1, config.latent_channels, side // 8, side // 8, device="meta")
+        yield _accuracy_row("sd-vae/decode", side, vae_on_meta, vae, ComponentCall(args=(latents,), method="decode"))
+
+
+def _accuracy_row(label, side, module_on_meta, module, call):
+    started = time.perf_counter()
+    estimate = call.estimate(module_on_meta)
+    seconds = time.perf_counter() - started
+    args, kwargs = real_inputs(call)
+    measured = measure_activations(module, args, kwargs, method=call.method)
+    math_path = math_path_estimate(module_on_meta, call)
+    return label, side, estimate, measured, math_path, seconds
+
+
+def speed_rows(sides: tuple[int, ...]):
+    for preset in ("sdxl-like", "flux-like"):
+        pipe = TextToImagePipeline.from_preset(preset, device="meta")
+        for side in sides:
+            for name, call in text_to_image_activation_inputs(pipe, side, side).items():
+                module = getattr(pipe, name)
+                wall, cpu = time.perf_counter(), time.process_time()
+                estimate = call.estimate(module, dtype=torch.bfloat16)
+                yield f"{preset}/{name}", side, estimate, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes")
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    accuracy_sides = (64, 128) if options.quick else (64, 128, 256)
+
+    print("Accuracy (CPU, float32): estimate vs a real run measured by MemTracker")
+    print(f"{'component':28s} {'pixels':>7s} {'measured MiB':>13s} {'estimate MiB':>13s} {'est/meas':>9s} "
+          f"{'math-path/meas':>15s} {'estimate s':>11s}")
+    worst = 0.0
+    for label, side, estimate, measured, math_path, seconds in accuracy_rows(accuracy_sides):
+        worst = max(worst, abs(estimate / measured - 1))
+        print(f"{label:28s} {side:>7d} {measured / MiB:>13.2f} {estimate / MiB:>13.2f} {estimate / measured:>9.3f} "
+              f"{math_path / measured:>15.2f} {seconds:>11.2f}")
+    print(f"worst |estimate/measured - 1| = {worst:.3%} (target <= 10%)\n")
+
+    print("Speed (meta, bf16): real-size presets")
+    print(f"{'component':28s} {'pixels':>7s} {'estimate GiB':>13s} {'wall s':>8s} {'cpu s':>8s}")
+    for label, side, estimate, wall, cpu in speed_rows((512, 1024)):
+        target = "  (target < 2 s)" if label == "flux-like/denoiser" and side == 1024 else ""
+        print(f"{label:28s} {side:>7d} {estimate / GiB:>13.3f} {wall:>8.2f} {cpu:>8.2f}{target}")
+
+
+if __name__ == "__main__":
+    main()
