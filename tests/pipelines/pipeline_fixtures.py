@@ -98,7 +98,7 @@ def tiny_user_pipeline(seed: int = 0) -> TinyUserPipeline:
 
 
 USER_IDS = torch.tensor([[1, 2, 3], [4, 5, 6]])
-CALL = dict(height=32, width=32, num_inference_steps=2, output_type="pt")
+CALL = dict(height=16, width=16, num_inference_steps=2, output_type="pt")
 
 
 def generate(pipe: TextToImagePipeline, **overrides) -> torch.Tensor:
