@@ -153,7 +153,10 @@ def _stream_file(module: nn.Module, path, items, *, on_tensor: Callable[[int], o
                 while pending and read < _REMAP_BYTES:
                     entry, device, dtype = pending.popleft()
                     value = handle.get_tensor(entry.name)
-                    set_module_tensor_to_device(module, entry.name, _torch(device), value=value, dtype=dtype)
+                    # clear_cache=False: accelerate would empty the CUDA cache after every single tensor.
+                    set_module_tensor_to_device(
+                        module, entry.name, _torch(device), value=value, dtype=dtype, clear_cache=False
+                    )
                     read += entry.nbytes
                     on_tensor(1)
     except SafetensorError as error:
