@@ -87,19 +87,12 @@ def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map,
     index = ModelIndex.read(folder)
     check_constructor(cls, index, passed)
     sources = component_sources(index, folder, skip=passed)
-    components = {name: build_on_meta(s.cls, s.folder) for name, s in sources.items() if s.is_module}
-    pipe = Pipeline()  # a stand-in that only orders the modules: the real class's constructor may need non-modules
-    pipe.register_components(**{**{name: None for name in index.components}, **components, **passed})
-    pipe.model_graph = cls.model_graph if cls is not Pipeline else _generic_graph(index, pipe)
+    components = {name: build_on_meta(s.cls, s.folder) if s.is_module else load_non_module(s)
+                  for name, s in sources.items()}
+    pipe = construct_pipeline(cls, index, {**components, **passed})
     return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory,
                          torch_dtype=_dtype_spec(pipe, torch_dtype, passed), offload_folder=offload_folder,
-                         call=call, pinned=passed_pins(passed), pipeline_class=cls)
-
-
-def _generic_graph(index: ModelIndex, pipe: Pipeline):
-    from .pipeline_sources import generic_graph
-
-    return generic_graph(index, pipe)
+                         call=call, pinned=passed_pins(passed))
 
 
 def _dtype_spec(pipe: Pipeline, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:

@@ -22,28 +22,29 @@ class CallSpecError(PlacementError, ValueError):
 
 
 def plan_pipeline(pipe: Pipeline, *, device_map, max_memory, torch_dtype, offload_folder, call,
-                  pinned: Mapping[str, Any], pipeline_class: type | None = None) -> placement.Plan:
+                  pinned: Mapping[str, Any]) -> placement.Plan:
     """`placement.plan` over `pipe.module_components` with its model graph (and activations when `call` is given)."""
     modules = pipe.module_components
     activations = None
     if call is not None:
-        activations = call_activations(pipeline_class or type(pipe), pipe, modules, call, torch_dtype=torch_dtype)
+        activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype)
     return placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
                           dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
                           pinned=dict(pinned) or None)
 
 
-def call_activations(pipeline_class: type, pipe: Pipeline, modules: Mapping[str, nn.Module],
-                     call: Mapping[str, Any], *, torch_dtype=None) -> dict[str, int]:
+def call_activations(pipe: Pipeline, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
+                     torch_dtype=None) -> dict[str, int]:
     """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs."""
-    describe = getattr(pipeline_class, "activation_inputs", None)
+    pipeline_class = type(pipe)
+    describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
         raise CallSpecError(
             f"{pipeline_class.__name__} does not describe its call's inputs (no activation_inputs method), so "
             "call= cannot be used with it; plan without call= (weights only)."
         )
     try:
-        inputs = describe(pipe, **dict(call))
+        inputs = describe(**dict(call))
     except TypeError as error:
         raise CallSpecError(
             f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "

@@ -1,0 +1,75 @@
+"""The `placement` console script: `demo` and `plan`."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub
+import pytest
+from PIL import Image
+
+from pipelines.cli import main
+from pipelines.cli_args import max_memory_arg, simulate_arg
+from placement import Plan
+from placement.sizes import GiB
+
+from pipeline_fixtures import save_preset
+
+pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+
+
+def test_demo_writes_the_image_and_prints_both_plans(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--size", "16", "--steps", "1", "--simulate", "2x24GiB"]) == 0
+    out = capsys.readouterr().out
+    with Image.open(tmp_path / "demo.png") as image:
+        assert image.size == (16, 16)
+    assert "pipe.hf_device_map = {'text_encoder': " in out
+    assert out.count("Placement plan") == 2
+    assert "GPU 0: 24 GiB, GPU 1: 24 GiB" in out and "wrote demo.png" in out
+
+
+def test_plan_of_a_preset_prints_the_table_and_writes_json(tmp_path, capsys):
+    target = tmp_path / "out" / "plan.json"
+    code = main(["plan", "flux-like", "--max-memory", "0=24GiB,1=24GiB", "--dtype", "bf16", "--json", str(target)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "Placement plan" in out and "denoiser" in out and "GPU 1" in out
+    plan = Plan.from_json(target.read_text())
+    assert list(plan.components) == ["text_encoder", "text_encoder_2", "denoiser", "vae"]
+    assert {d for c in plan.components.values() for d in c.devices} == {0, 1}  # 31 GiB spread over two 24 GiB
+    assert not plan.activations_accounted
+
+
+def test_plan_of_a_folder_with_a_call_accounts_for_activations(tmp_path, capsys):
+    folder, _ = save_preset(tmp_path / "tiny-dit")
+    target = tmp_path / "plan.json"
+    code = main(["plan", str(folder), "--max-memory", "0=8GiB,1=8GiB", "--strategy", "sequential",
+                 "--height", "64", "--width", "64", "--batch-size", "2", "--json", str(target)])
+    assert code == 0
+    plan = Plan.from_json(target.read_text())
+    assert plan.activations_accounted and plan.strategy == "sequential"
+    assert all(c.activation_bytes and c.activation_bytes > 0 for c in plan.components.values())
+    assert "Activations accounted for" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "tiny-dit", "--max-memory", "0=24Gx"])
+    assert exit_info.value.code == 2 and "Invalid memory size '24Gx'" in capsys.readouterr().err
+    assert main(["plan", "tiny-dit", "--strategy", "fastest", "--max-memory", "0=1GiB"]) == 2
+    assert "Unknown placement strategy 'fastest'" in capsys.readouterr().err
+
+    def offline(*args, **kwargs):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    assert main(["plan", "someone/no-such-pipeline"]) == 2
+    assert "not a preset (tiny-unet, tiny-dit, sdxl-like, flux-like)" in capsys.readouterr().err
+
+
+def test_budget_arguments_parse_sizes_the_one_way():
+    assert max_memory_arg("0=24GiB,1=10GB,cpu=64GiB") == {0: 24 * GiB, 1: 10 * 1000**3, "cpu": 64 * GiB}
+    assert simulate_arg("2x24GiB") == {0: 24 * GiB, 1: 24 * GiB}
+    assert simulate_arg("24GiB,12GiB") == {0: 24 * GiB, 1: 12 * GiB}
+    assert json.dumps(simulate_arg("0=1GiB")) == json.dumps({0: GiB})
