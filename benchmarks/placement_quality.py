@@ -126,7 +126,7 @@ def load_pipelines(path: Path, only: tuple[str, ...] | None = None) -> list[Pipe
 
 
 def gpu_budgets(gibs: list[int]) -> dict[int, int]:
-    return {index: gib * GiB for index, gib in enumerate(gibs)}
+    return {index: int(gib * GiB) for index, gib in enumerate(gibs)}
 
 
 def ours(pipeline: Pipeline, gibs: list[int]) -> Outcome:
@@ -165,7 +165,8 @@ def diffusers(pipeline: Pipeline, gibs: list[int]) -> Outcome:
     missing = tuple(c for c in sizes if c not in device_map)
     off = sum(sizes[c] for c in sizes if device_map.get(c, "cpu") == "cpu")
     used = {d: sum(sizes[c] for c, dev in device_map.items() if dev == d) for d in budgets}
-    crossing = sum(1 for a, b in pipeline.edges if a in device_map and b in device_map and device_map[a] != device_map[b])
+    placed_edges = [(a, b) for a, b in pipeline.edges if a in device_map and b in device_map]
+    crossing = sum(1 for a, b in placed_edges if device_map[a] != device_map[b])
     return Outcome(
         off_gpu=off, missing=missing, fullest=max(used[d] / budgets[d] for d in budgets),
         crossing=crossing, on_host=off > 0,
@@ -181,6 +182,39 @@ def fits_at_block_granularity(pipeline: Pipeline, gibs: list[int]) -> bool:
             return False
         room[slot] -= unit
     return True
+
+
+# --- the anchor's known failures, on synthetic components (issue 3's regressions) ---
+
+REGRESSIONS = {
+    "6,5,3,3 GiB on 10+7": ([6, 5, 3, 3], [10, 7]),
+    "24,9,.25,.17 GiB on 2x24": ([24, 9, 0.25, 0.17], [24, 24]),
+    "30 GiB on 2x24": ([30], [24, 24]),
+}
+
+
+class _Block(nn.Module):
+    def __init__(self, numel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(numel, dtype=DTYPE), requires_grad=False)
+
+
+class _Synthetic(nn.Module):
+    """A component of `gib` GiB in bf16, made of 16 equal never-cut blocks."""
+
+    _no_split_modules = ["_Block"]
+
+    def __init__(self, gib: float):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(int(gib * GiB) // 2 // 16) for _ in range(16))
+
+
+def synthetic(gibs: list[float]) -> Pipeline:
+    with init_empty_weights():
+        modules = {f"c{i}": _Synthetic(gib) for i, gib in enumerate(gibs)}
+    names = list(modules)
+    sizes = {name: size_module(module, DTYPE) for name, module in modules.items()}
+    return Pipeline(name="synthetic", modules=modules, sizes=sizes, edges=list(zip(names, names[1:])))
 
 
 # --- timing ---
@@ -210,15 +244,19 @@ def _gib(n: int) -> str:
 
 
 def _row(cells, widths) -> str:
-    return "  ".join(str(cell).rjust(width) if i > 1 else str(cell).ljust(width) for i, (cell, width) in enumerate(zip(cells, widths)))
+    """Names left-aligned, numbers right-aligned."""
+    texts = [str(cell) for cell in cells]
+    return "  ".join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths)))
 
 
 def run(path: Path, smoke: bool) -> None:
     start = time.perf_counter()
     names, inventories = SMOKE if smoke else (None, tuple(INVENTORIES))
     pipelines = load_pipelines(path, names)
-    print(f"built and sized {sum(len(p.modules) for p in pipelines)} components on meta in {time.perf_counter() - start:.1f} s\n")
-    head = ["pipeline", "GPUs (GiB)", "weights", "fits", "ours off", "miss", "full", "cross", "diff off", "miss", "full", "cross"]
+    built = sum(len(p.modules) for p in pipelines)
+    print(f"built and sized {built} components on meta in {time.perf_counter() - start:.1f} s\n")
+    head = ["pipeline", "GPUs (GiB)", "weights", "fits"]
+    head += ["ours off", "miss", "full", "cross", "diff off", "miss", "full", "cross"]
     widths = [18, 10, 8, 5, 9, 5, 6, 6, 9, 24, 6, 6]
     print(_row(["", "", "GiB", "", "GiB", "", "", "", "GiB", "", "", ""], widths))
     print(_row(head, widths))
@@ -236,6 +274,12 @@ def run(path: Path, smoke: bool) -> None:
                 _gib(theirs.off_gpu), ",".join(theirs.missing) or 0, f"{theirs.fullest:.0%}", theirs.crossing,
             ], widths))  # fmt: skip
     _totals(rows)
+    print("\nthe anchor's known failures (synthetic components of 16 blocks each):")
+    for label, (components, gpus) in REGRESSIONS.items():
+        pipeline = synthetic(components)
+        mine, theirs = ours(pipeline, gpus), diffusers(pipeline, gpus)
+        print(f"  {label:26} off GPUs / missing: ours {_gib(mine.off_gpu)} GiB / {len(mine.missing)}, "
+              f"diffusers {_gib(theirs.off_gpu)} GiB / {len(theirs.missing)} {list(theirs.missing) or ''}")  # fmt: skip
     flux = next((p for p in pipelines if p.name == "flux1-dev"), None)
     if flux is not None:
         mine, theirs, worst = time_flux(flux)

@@ -160,7 +160,9 @@ def test_a_class_without_no_split_modules_is_placed_whole():
 def test_does_not_fit_anywhere_is_a_typed_error_with_numbers():
     model = _meta()
     with pytest.raises(DoesNotFitError, match=r"Net needs .* \(float16\).*GPU 0"):
-        model_device_map(model, "auto", max_memory={0: 100, "cpu": 100, "disk": 100}, dtype=torch.float16, offload_folder="x")
+        model_device_map(
+            model, "auto", max_memory={0: 100, "cpu": 100, "disk": 100}, dtype=torch.float16, offload_folder="x"
+        )
 
 
 def test_single_device_over_its_budget_is_an_error():

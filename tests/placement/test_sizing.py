@@ -53,7 +53,8 @@ def test_meta_module_sizes_like_the_real_one():
     with init_empty_weights():
         meta = Net(dim=32, depth=4)
     assert next(meta.parameters()).is_meta
-    assert size_module(meta, torch.bfloat16).module_sizes == size_module(Net(dim=32, depth=4), torch.bfloat16).module_sizes
+    real = Net(dim=32, depth=4)
+    assert size_module(meta, torch.bfloat16).module_sizes == size_module(real, torch.bfloat16).module_sizes
 
 
 def test_bool_tensor_is_one_byte_per_element_not_one_bit():
