@@ -111,7 +111,10 @@ def warm_page_cache(folder: Path) -> None:
 def print_table(results: dict[str, dict], size: int) -> None:
     raw = results["raw read"]
     print(f"\nmodel: {size / 1e9:.2f} GB in {results['_files']} shard(s)\n")
-    header = f"{'variant (bytes read/s)':<24}{'time s':>9}{'GB/s':>8}{'x raw speed':>13}{'peak RSS GB':>13}{'RSS / model':>13}"
+    header = (
+        f"{'variant (bytes read/s)':<24}{'time s':>9}{'GB/s':>8}{'x raw speed':>13}"
+        f"{'peak RSS GB':>13}{'RSS / model':>13}"
+    )
     print(header)
     print("-" * len(header))
     for variant in VARIANTS:

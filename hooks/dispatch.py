@@ -42,8 +42,9 @@ def dispatch(
     Weights of accelerator and plain-CPU entries must already be on their device (the loader puts them
     there); "cpu" entries are offloaded when an accelerator executes; "disk" parameters are on meta and
     served by `disk_weights`. Nested keys (`{"": "cpu", "blocks.0": "disk"}`) mean "the longest prefix wins";
-    they are flattened first, because accelerate hooks a mapped module whole. `execution_device` (default: the first accelerator in the map, else "cpu") runs
-    the offloaded parts and receives the inputs. Sets `module.hf_device_map` to the flattened map.
+    they are flattened first, because accelerate hooks a mapped module whole. `execution_device` (default:
+    the first accelerator in the map, else "cpu") runs the offloaded parts and receives the inputs. Sets
+    `module.hf_device_map` to the flattened map.
     """
     normalized = flatten_device_map(module, {name: normalize_device(device) for name, device in device_map.items()})
     main = _execution_device(normalized, execution_device)

@@ -13,6 +13,8 @@ when its folder is saved over.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import torch
@@ -29,6 +31,15 @@ from .index import TensorEntry, WeightsIndex
 from .validation import validate_weights
 
 _REMAP_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Read:
+    """One tensor to read: where it is in the checkpoint, the device and dtype it is loaded as."""
+
+    entry: TensorEntry
+    device: Device
+    dtype: torch.dtype
 
 
 def load_weights(
@@ -59,7 +70,11 @@ def load_weights(
     buffer_names = {name for name, _ in module.named_buffers()}
     keep = tuple(keep_in_fp32 or ())
     plan = [
-        (entry, _host_if_disk(devices[name], name in buffer_names), target_dtype(entry, dtype, keep))
+        _Read(
+            entry=entry,
+            device=_host_if_disk(devices[name], name in buffer_names),
+            dtype=target_dtype(entry, dtype, keep),
+        )
         for name, entry in weights.tensors.items()
         if name in devices and (devices[name] != "disk" or name in buffer_names)
     ]
@@ -134,34 +149,35 @@ def _host_if_disk(device: Device, is_buffer: bool) -> Device:
     return "cpu" if device == "disk" and is_buffer else device
 
 
-def _stream(module: nn.Module, plan, *, progress: bool) -> None:
-    by_file: dict = defaultdict(list)
-    for item in plan:
-        by_file[item[0].file].append(item)
-    bar = tqdm(total=len(plan), desc=f"Loading {type(module).__name__}", unit="tensor", disable=None if progress else True)
+def _stream(module: nn.Module, plan: list[_Read], *, progress: bool) -> None:
+    by_file: dict[Path, list[_Read]] = defaultdict(list)
+    for read in plan:
+        by_file[read.entry.file].append(read)
+    # disable=None: tqdm shows the bar on terminals and notebooks only (quiet in CI logs and tests).
+    bar = tqdm(
+        total=len(plan), desc=f"Loading {type(module).__name__}", unit="tensor", disable=None if progress else True
+    )
     with bar:
         for path, items in by_file.items():
             _stream_file(module, path, items, on_tensor=bar.update)
 
 
-def _stream_file(module: nn.Module, path, items, *, on_tensor: Callable[[int], object]) -> None:
+def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor: Callable[[int], object]) -> None:
     pending = deque(items)
     try:
         while pending:
-            read = 0
+            mapped = 0
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                while pending and read < _REMAP_BYTES:
-                    entry, device, dtype = pending.popleft()
+                while pending and mapped < _REMAP_BYTES:
+                    item = pending.popleft()
+                    entry = item.entry
                     value = handle.get_tensor(entry.name)
                     # clear_cache=False: accelerate would empty the CUDA cache after every single tensor.
                     set_module_tensor_to_device(
-                        module, entry.name, _torch(device), value=value, dtype=dtype, clear_cache=False
+                        module, entry.name, torch_device(item.device), value=value, dtype=item.dtype, clear_cache=False
                     )
-                    read += entry.nbytes
+                    mapped += entry.nbytes
                     on_tensor(1)
     except SafetensorError as error:
         raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
 
-
-def _torch(device: Device) -> torch.device:
-    return torch_device(device)

@@ -67,7 +67,8 @@ def test_unexpected_key_is_named(saved):
 
 def test_shape_mismatch_names_the_key_and_both_shapes(saved):
     rewrite_weights(saved, lambda t: t.update({"blocks.0.fc2.weight": torch.zeros(16, 31)}))
-    with pytest.raises(CheckpointShapeError, match=r"'blocks\.0\.fc2\.weight': checkpoint \[16, 31\].*model \[16, 32\]"):
+    expected = r"'blocks\.0\.fc2\.weight': checkpoint \[16, 31\].*model \[16, 32\]"
+    with pytest.raises(CheckpointShapeError, match=expected):
         load(saved)
 
 

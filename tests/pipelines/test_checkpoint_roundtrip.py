@@ -138,7 +138,9 @@ def test_offload_index_serves_tied_weights_from_their_source(tmp_path):
     tiny_model().save_pretrained(tmp_path / "m")
     weights = find_weights(tmp_path / "m")
     index = weights.offload_index(
-        ["blocks.0.fc1.weight", "head.weight"], lambda entry: torch.float16, tied_weights={"head.weight": "embed.weight"}
+        ["blocks.0.fc1.weight", "head.weight"],
+        lambda entry: torch.float16,
+        tied_weights={"head.weight": "embed.weight"},
     )
     assert index["head.weight"]["weight_name"] == "embed.weight"
     assert index["blocks.0.fc1.weight"] == {
