@@ -53,17 +53,20 @@ class ModelIndex(BaseModel):
     class_name: str
     components: dict[str, ComponentSpec]
     model_graph: list[tuple[str, str]] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)  # "_" keys and non-component settings, kept as read
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = MODEL_INDEX_NAME) -> "ModelIndex":
         if "_class_name" not in data:
             raise ModelIndexError(f"{source} has no '_class_name'; a pipeline folder's index must name its class.")
-        components = {}
+        components, settings = {}, {}
         for name, value in data.items():
             if name.startswith("_"):
                 continue
-            if not (isinstance(value, (list, tuple)) and len(value) == 2):
+            if not isinstance(value, (list, tuple)):
+                settings[name] = value  # a pipeline setting diffusers keeps here (requires_safety_checker, ...)
+                continue
+            if len(value) != 2:
                 raise ModelIndexError(
                     f"{source}: component {name!r} is {value!r}; expected [library, ClassName] "
                     "(or [null, null] for an absent optional component)."
@@ -71,6 +74,7 @@ class ModelIndex(BaseModel):
             components[name] = ComponentSpec(library=value[0], class_name=value[1])
         graph = data.get("_model_graph")
         metadata = {k: v for k, v in data.items() if k.startswith("_") and k not in ("_class_name", "_model_graph")}
+        metadata.update(settings)
         return cls(
             class_name=data["_class_name"],
             components=components,

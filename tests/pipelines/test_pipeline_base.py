@@ -158,7 +158,7 @@ def test_required_component_absent_from_the_index_is_an_error(tmp_path):
         (["pipelines", "NoSuchModel"], "not part of the 'pipelines' library"),
         (["no_such_library_xyz", "Decoder"], "cannot import library 'no_such_library_xyz'"),
         (["pipeline_fixtures", "NoSuchClass"], "has no class 'NoSuchClass'"),
-        ("Decoder", r"expected \[library, ClassName\]"),
+        (["pipelines", "Decoder", "extra"], r"expected \[library, ClassName\]"),
     ],
 )
 def test_unknown_library_or_class_is_a_clear_error(tmp_path, entry, message):
