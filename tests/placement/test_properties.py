@@ -22,7 +22,7 @@ UNIT = 256 * MiB  # the 1 GiB runtime overhead is 4 units
 OFFLOAD_FOLDER = "/nonexistent/offload"  # planning never writes; the folder only has to be given
 
 SETTINGS = settings(
-    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -165,7 +165,7 @@ def pinned_scenarios(draw):
     return names, structures, max_memory, edges, activations, pinned
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(pinned_scenarios())
 def test_pinned_components_stay_and_the_rest_respects_what_is_left(scenario):
     names, structures, max_memory, edges, activations, pinned = scenario
