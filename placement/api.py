@@ -67,7 +67,7 @@ def plan(
     if spec.kind is StrategyKind.DICT:
         normalize_pins(spec.pins, requests, source="device_map")  # validated even when degraded below
     notes: list[str] = []
-    spec = _degrade_without_accelerators(spec, budgets, notes)
+    spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
     context = Context(has_offload_folder=offload_folder is not None)
     placements = Placements()
@@ -124,13 +124,16 @@ def _activations(activations, modules: Mapping[str, nn.Module]) -> dict[str, int
     return {name: parse_size(value) for name, value in activations.items()}
 
 
-def _degrade_without_accelerators(spec: StrategySpec, budgets: Budgets, notes: list[str]) -> StrategySpec:
+def _degrade_without_accelerators(
+    spec: StrategySpec, budgets: Budgets, notes: list[str], *, detected: bool
+) -> StrategySpec:
     """No accelerator to plan for: every strategy runs everything on the CPU, with ONE warning."""
     if budgets.accelerators or (spec.kind is StrategyKind.DEVICE and spec.device == "cpu"):
         return spec
+    why = "no accelerator is visible" if detected else "max_memory has no integer (accelerator) keys"
     message = (
-        f"No accelerator to plan for (none is visible and max_memory has no integer keys): strategy "
-        f"{spec.label!r} degrades to 'cpu', and every component runs on the CPU."
+        f"No accelerator to plan for ({why}): strategy {spec.label!r} degrades to 'cpu', and every component "
+        "runs on the CPU. Pass max_memory={0: '24GiB', ...} to plan for GPUs this machine does not have."
     )
     warnings.warn(message, UserWarning, stacklevel=3)
     notes.append(message)
