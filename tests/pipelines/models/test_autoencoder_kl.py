@@ -78,29 +78,30 @@ def tile_edges(length: int, tile: int, overlap: int, factor: int) -> list[int]:
 
 def test_tiled_decode_is_close_to_plain_and_seam_free(vae):
     """Tolerance: with random weights every tile normalises (GroupNorm) and attends over itself only, so a
-    tiled decode differs from the plain one; its mean error stays under 35% of the image's mean magnitude.
-    Seams: the error (tiled - plain) must not jump at tile edges more than 2x its typical column-to-column
-    change; stitching the same tiles without blending jumps 3x or more, so the check can tell."""
-    latents = latents_for(vae, batch=1, height=40, width=56)
+    tiled decode differs from the plain one; its mean error stays under 35% of the image's mean magnitude
+    (18% measured). Seams: the error (tiled - plain) must not jump at tile edges more than 2.5x its median
+    column-to-column change (1.8x measured); stitching tiles without blending jumps 3.5x or more (4.8x
+    measured) at its seams, so the check can tell a seam."""
+    latents = latents_for(vae, batch=1, height=24, width=40)  # 2 x 3 tiles of 16 latents
     factor = vae.downsampling_factor
     with torch.no_grad():
         plain = vae.decode(latents)
         vae.enable_tiling()
         tiled = vae.decode(latents)
-        stitched = torch.cat([vae._decode_tile(part) for part in latents.split(14, dim=-1)], dim=-1)
+        stitched = torch.cat([vae._decode_tile(part) for part in latents.split(16, dim=-1)], dim=-1)
     assert tiled.shape == plain.shape
     assert (tiled - plain).abs().mean() < 0.35 * plain.abs().mean()
 
     tile, overlap = 32 // factor, int(32 // factor * 0.25)
     error_jumps = column_jumps(tiled - plain)
-    at_edges = error_jumps[[edge - 1 for edge in tile_edges(56, tile, overlap, factor)]]
-    assert at_edges.max() < 2 * error_jumps.median()
+    at_edges = error_jumps[[edge - 1 for edge in tile_edges(40, tile, overlap, factor)]]
+    assert at_edges.max() < 2.5 * error_jumps.median()
     stitched_jumps = column_jumps(stitched - plain)
-    assert stitched_jumps[[27, 55, 83]].min() > 3 * stitched_jumps.median()
+    assert stitched_jumps[[31, 63]].min() > 3.5 * stitched_jumps.median()
 
 
 def test_tiled_encode_has_the_plain_shape_and_is_close(vae):
-    images = torch.randn(1, 3, 80, 112, generator=torch.Generator().manual_seed(1))
+    images = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(1))  # 2 x 3 tiles of 32 pixels
     with torch.no_grad():
         plain = vae.encode(images).mean
         vae.enable_tiling()

@@ -39,13 +39,14 @@ def warm_meta_init():
 
 @pytest.mark.parametrize("cls, preset", ALL_PRESETS, ids=lambda v: getattr(v, "__name__", v))
 def test_every_preset_builds_on_meta_in_well_under_a_second(warm_meta_init, cls, preset):
-    # Best of up to three tries: CI shares two cores, and one descheduled try says nothing about the model.
+    # CPU time of this process, best of up to three tries: CI shares two cores between jobs, and time spent
+    # descheduled says nothing about the model.
     timings = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = time.process_time()
         with init_empty_weights():
             model = cls.from_config(cls.presets[preset])
-        timings.append(time.perf_counter() - start)
+        timings.append(time.process_time() - start)
         if timings[-1] < 1.0:
             break
     assert min(timings) < 1.0, f"{cls.__name__}[{preset}] took {min(timings):.2f}s on meta"

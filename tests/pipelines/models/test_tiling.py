@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pipelines.models.tiling import TileGrid, blend_tiles
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     align=st.sampled_from([1, 2, 8]),
     tiles=st.integers(1, 12),
