@@ -6,8 +6,10 @@ cache's pages, mapped copy-on-write, and a CPU load peaks at one model size. A c
 accelerator makes the one real copy, handed to `accelerate.utils.set_module_tensor_to_device`; the mapped
 source is dropped right after, and the file is reopened every `_REMAP_BYTES` so the pages already read stop
 counting against the process (one 20 GB file would otherwise add its whole size to the peak).
-Files are replaced, never rewritten in place, by our saves (`atomic_folder`), so a mapped model stays valid
-when its folder is saved over.
+Files are replaced, never rewritten in place, by our saves (`atomic_folder`) and by safetensors' `save_file`,
+so a mapped model stays valid when its folder is saved over. Truncating a loaded file in place (not replacing
+it) faults the mapped pages with SIGBUS, exactly as for `safetensors.torch.load_file`; load with a `torch_dtype`
+cast to get tensors that own their memory.
 """
 
 from __future__ import annotations
