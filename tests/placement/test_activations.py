@@ -228,3 +228,26 @@ def test_cpu_offloaded_module_is_estimated_from_its_shapes():
         assert estimate_activations(module, (x,)) == plain
     finally:
         remove_hook_from_module(module, recurse=True)
+
+
+def test_live_storage_tracker_counts_storages_once_and_releases_them():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from placement.activation_tracker import LiveStorageTracker
+
+    with FakeTensorMode():
+        weight = torch.empty(1024)  # 4 KiB, excluded
+        x = torch.empty(256)  # 1 KiB, an input
+        tracker = LiveStorageTracker()
+        tracker.exclude([weight])
+        tracker.count([x, "not a tensor"])
+        with tracker:
+            view = weight.view(32, 32).t()  # a view of a weight: nothing new
+            doubled = x * 2  # +1 KiB
+            doubled.add_(1)  # in place: nothing new
+            del doubled  # -1 KiB
+            y = x.repeat(4)  # +4 KiB: peak 1 + 4
+    assert tracker.peak_bytes == 5 * 1024
+    assert tracker.live_bytes == 5 * 1024
+    del y, view
+    assert tracker.live_bytes == 1024  # only the input is left
