@@ -67,7 +67,9 @@ def estimate_activations(
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
-    fake_mode = FakeTensorMode()
+    # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
+    # real; let the fake mode wrap them on the fly rather than refuse the call.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     copies = _FakeCopies(fake_mode, dtype)
     weights = copies.module_tensors(module)
     fake_args, fake_kwargs = copies.inputs((args, kwargs))

@@ -186,6 +186,18 @@ def test_a_call_that_cannot_run_names_the_module_and_the_inputs(transformer):
         estimate_activations(transformer, (torch.empty(2, 16, 31, device="meta"),))
 
 
+def test_plain_tensor_attributes_are_wrapped_too():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.tensor(0.5)  # neither a parameter nor a buffer: stays a real CPU tensor
+
+        def forward(self, x):
+            return x * self.scale
+
+    assert estimate_activations(Scaled(), (torch.empty(4, 16, device="meta"),)) == 2 * 4 * 16 * 4
+
+
 def test_value_dependent_code_is_explained():
     class NeedsValues(nn.Module):
         def forward(self, x):
