@@ -101,7 +101,8 @@ class DiT(ModelMixin):
         text = self.context_embedder(encoder_hidden_states)
         for block in self.double_blocks:
             image, text = block(image, text, cond)
-        joint = torch.cat([text, image], dim=1)
+        # Without double blocks, text and image come from two embedders a device map may have put apart.
+        joint = torch.cat([text.to(image.device), image], dim=1)
         for block in self.single_blocks:
             joint = block(joint, cond)
         image = joint[:, text.shape[1]:]
