@@ -9,8 +9,10 @@ GPU kernels allocate (`FusedAttentionAccounting`), not as the math path meta exe
 What the number means: the peak, over the call, of the bytes held by tensors that are not the module's
 parameters or buffers — the inputs (they sit on the device while it runs), every intermediate while it is
 alive, and the output. So a device's peak is weights + this, for the component that runs there.
-Not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, the CUDA context. The planner
-adds a documented per-device overhead for those.
+Not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, the CUDA context (the planner
+adds a documented per-device overhead for those), and temporaries private to one composite op: under
+inference mode the tracker sees `aten.linear` or `aten.layer_norm` whole, so e.g. the copy `linear` makes of
+a non-contiguous input, or layer norm's per-row statistics, are not seen (small next to the tensors that are).
 """
 
 from __future__ import annotations
