@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from accelerate import init_empty_weights
@@ -62,9 +62,19 @@ def weights_name_for(cls: type) -> str:
     return TRANSFORMERS_WEIGHTS_NAME if family is Family.TRANSFORMERS else DIFFUSERS_WEIGHTS_NAME
 
 
-def tied_weights_for(cls: type) -> dict[str, str] | None:
-    """Our models declare ties ({tied: source}); the tied copy is not in the checkpoint and is re-tied on load."""
-    return dict(cls._tied_weights_keys or {}) if family_of(cls) is Family.OWN else None
+def tied_weights_for(module: nn.Module, saved: Iterable[str]) -> dict[str, str]:
+    """{tied name: source name} for every parameter shared under several names (after `build_on_meta` tied
+    them) whose checkpoint stores only one of the names, e.g. transformers' T5 `encoder.embed_tokens.weight`
+    -> `shared.weight`. Found from the module itself, so it holds for every family."""
+    saved = set(saved)
+    names_of: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(parameter), []).append(name)
+    ties = {}
+    for names in names_of.values():
+        sources = [name for name in names if name in saved]
+        ties.update({name: sources[0] for name in names if sources and name not in saved})
+    return ties
 
 
 def build_on_meta(cls: type, folder: Path) -> nn.Module:

@@ -148,7 +148,7 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     dtype = dtype_for(options.torch_dtype, source.name)
     keep = keep_in_fp32_modules(module)
     load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
-                 tied_weights=tied_weights_for(source.cls), progress=options.progress)
+                 tied_weights=tied_weights_for(module, weights.tensors), progress=options.progress)
     if component.kind is not PlacementKind.DISK and "disk" not in component.device_map.values():
         return None
     disk_names = [name for name, p in module.named_parameters() if p.device.type == "meta"]

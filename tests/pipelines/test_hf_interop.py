@@ -99,3 +99,19 @@ def test_a_library_tokenizer_that_cannot_load_is_reported_and_skipped(sd_folder,
         plan = Pipeline.plan_placement(copy, max_memory={0: "1GiB", 1: "1GiB"})
     assert any("'tokenizer'" in str(w.message) and "skipped" in str(w.message) for w in caught)
     assert set(plan.components) == {"text_encoder", "unet", "vae"}
+
+
+def test_tied_transformers_weights_load_from_the_one_saved_copy(tmp_path):
+    """T5 saves `shared.weight` only; `encoder.embed_tokens.weight` is tied to it and must be re-tied."""
+    torch.manual_seed(0)
+    t5 = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2)).eval()
+    t5.save_pretrained(tmp_path / "pipe" / "text_encoder_2")
+    (tmp_path / "pipe" / "model_index.json").write_text(json.dumps(
+        {"_class_name": "FluxPipeline", "text_encoder_2": ["transformers", "T5EncoderModel"]}))
+    pipe = Pipeline.from_pretrained(tmp_path / "pipe", device_map="balanced", progress=False)
+    loaded = pipe.text_encoder_2
+    assert loaded.shared.weight is loaded.encoder.embed_tokens.weight
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).last_hidden_state, t5(ids).last_hidden_state, atol=1e-5, rtol=0)
