@@ -87,7 +87,8 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
     if missing:
         raise PipelineComponentError(
             f"{cls.__name__} needs component(s) {missing} but the folder's model_index.json provides "
-            f"{sorted(index.components)}; pass them to from_pretrained (e.g. {missing[0]}=...) or use a complete folder."
+            f"{sorted(index.components)}; pass them to from_pretrained (e.g. {missing[0]}=...) or use a complete "
+            "folder."
         )
     unknown = [name for name in passed if name not in parameters]
     if unknown:

@@ -45,7 +45,8 @@ def sd_folder(tmp_path_factory):
         block_out_channels=(32,), in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
         up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=32, sample_size=16).eval()
     pipe = diffusers.StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=diffusers.EulerDiscreteScheduler(steps_offset=1),
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=diffusers.EulerDiscreteScheduler(steps_offset=1),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     pipe.save_pretrained(root / "sd")
     return root / "sd", {"text_encoder": text_encoder, "unet": unet, "vae": vae, "tokenizer": tokenizer}

@@ -126,7 +126,8 @@ def test_device_mapped_passed_component_is_pinned_and_never_moved(saved, tmp_pat
     pipe = load(folder, denoiser=denoiser)
     assert pipe.placement_plan.components["denoiser"].pinned is True
     assert denoiser.hf_device_map == own_map and has_hooks(denoiser) == hooks_before
-    shown = {k.removeprefix("denoiser").lstrip("."): v for k, v in pipe.hf_device_map.items() if k.startswith("denoiser")}
+    shown = {key.removeprefix("denoiser").lstrip("."): device
+             for key, device in pipe.hf_device_map.items() if key.startswith("denoiser")}
     assert shown == own_map
     torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
 
