@@ -157,11 +157,11 @@ class Pipeline(PipelineMemoryMixin):
         pinned where it is). `call` (e.g. `{"height": 1024, "width": 1024}`) makes the plan account for
         activation memory where the pipeline knows its inputs (`activation_inputs`).
         """
-        from .pipeline_loading import load_pipeline
+        from .pipeline_loading import LoadOptions, load_pipeline
 
-        return load_pipeline(cls, pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                             variant=variant, offload_folder=offload_folder, call=call, progress=progress,
-                             passed=components)
+        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+                              offload_folder=offload_folder, call=call, progress=progress)
+        return load_pipeline(cls, pretrained, passed=components, options=options)
 
     @classmethod
     def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,

@@ -26,7 +26,13 @@ from placement.plan import Plan, PlacementKind
 from placement.sizing import dtype_for
 
 from .checkpoint import find_weights, load_weights, target_dtype
-from .hf_interop import build_on_meta, keep_in_fp32_modules, load_without_device_map, tied_weights_for, weights_name_for
+from .hf_interop import (
+    build_on_meta,
+    keep_in_fp32_modules,
+    load_without_device_map,
+    tied_weights_for,
+    weights_name_for,
+)
 from .model_index import ModelIndex
 from .pipeline import Pipeline
 from .pipeline_planning import is_single_device, passed_pins, plan_pipeline
@@ -55,8 +61,7 @@ class LoadOptions:
     progress: bool = True
 
 
-def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], **options) -> Pipeline:
-    options = LoadOptions(**options)
+def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     folder = resolve_pipeline_folder(pretrained, weights=True)
     index = ModelIndex.read(folder)
     check_constructor(cls, index, passed)

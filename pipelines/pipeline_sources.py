@@ -80,6 +80,12 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
     from .pipeline import Pipeline
 
     if cls is Pipeline:
+        unknown = [name for name in passed if name not in index.components]
+        if unknown:
+            raise PipelineComponentError(
+                f"{unknown} are not components of this folder (model_index.json lists {sorted(index.components)}); "
+                "check the spelling of from_pretrained's keyword arguments."
+            )
         return
     parameters = _constructor_parameters(cls)
     available = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)

@@ -180,3 +180,9 @@ def test_passing_a_component_the_pipeline_does_not_have_is_an_error(tmp_path):
     tiny_user_pipeline().save_pretrained(tmp_path / "user")
     with pytest.raises(PipelineComponentError, match="no component"):
         TinyUserPipeline.from_pretrained(tmp_path / "user", vae=linear())
+
+
+def test_generic_load_refuses_a_misspelt_keyword_instead_of_adding_a_component(tmp_path):
+    tiny_user_pipeline().save_pretrained(tmp_path / "user")
+    with pytest.raises(PipelineComponentError, match=r"\['device_mp'\] are not components"):
+        Pipeline.from_pretrained(tmp_path / "user", device_mp="balanced")
