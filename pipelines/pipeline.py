@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hooks.dispatch import undispatch
+from hooks.group_offload import group_offloading_session
 from placement.errors import PlacementError
 
 from .errors import DeviceMappedError
@@ -117,6 +118,7 @@ class Pipeline(PipelineMemoryMixin):
     def to(self, *args, **kwargs) -> "Pipeline":
         """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
         self._refuse_if_device_mapped(".to()")
+        # The argument parser nn.Module.to itself uses: .to accepts exactly what a module's .to accepts.
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         for module in self.module_components.values():
             module.to(device=device, dtype=dtype)
@@ -182,16 +184,19 @@ class Pipeline(PipelineMemoryMixin):
 
 
 def module_execution_device(module: Any) -> torch.device:
-    """An accelerate hook's execution device if the module has one (offload), else its first weight's device."""
+    """Where an offloaded module computes (group offload's onload device, an accelerate hook's execution
+    device), else its first weight's device."""
     if not isinstance(module, nn.Module):
         return torch.device("cpu")
+    session = group_offloading_session(module)
+    if session is not None:
+        return session.onload_device
     for submodule in module.modules():
         hook = getattr(submodule, "_hf_hook", None)
-        device = getattr(hook, "execution_device", None)
-        for inner in getattr(hook, "hooks", ()):  # accelerate SequentialHook
-            device = device or getattr(inner, "execution_device", None)
-        if device is not None:
-            return torch.device(device) if not isinstance(device, int) else _torch_device(device)
+        for candidate in (hook, *getattr(hook, "hooks", ())):  # a hook, or the hooks of a SequentialHook
+            device = getattr(candidate, "execution_device", None)
+            if device is not None:
+                return _torch_device(device) if isinstance(device, int) else torch.device(device)
     for tensor in list(module.parameters()) + list(module.buffers()):
         if tensor.device.type != "meta":
             return tensor.device
