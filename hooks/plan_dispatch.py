@@ -26,7 +26,10 @@ from .group_offload import GroupOffloadingConfig, apply_group_offloading
 
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
                          disk_weights: DiskWeights | None = None) -> nn.Module:
-    """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`."""
+    """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`.
+
+    `hooks.dispatch.undispatch(module)` removes them all again (group offloading included).
+    """
     execution = component.execution_device
     if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution):
         _apply_group_offload(module, torch_device(execution))
@@ -34,11 +37,6 @@ def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
         return module
     with _quiet_offload_notice():
         return dispatch(module, component.device_map, execution_device=execution, disk_weights=disk_weights)
-
-
-def remove_component_plan(module: nn.Module) -> None:
-    """Undo `apply_component_plan`: every hook off, disk weights materialised on the CPU."""
-    undispatch(module)
 
 
 def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None:

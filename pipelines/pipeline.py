@@ -155,9 +155,13 @@ class Pipeline(PipelineMemoryMixin):
                         call: Mapping[str, Any] | None = None, progress: bool = True, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
-        `components` replaces saved components by name (a component that already carries a device map is
-        pinned where it is). `call` (e.g. `{"height": 1024, "width": 1024}`) makes the plan account for
-        activation memory where the pipeline knows its inputs (`activation_inputs`).
+        `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
+        a dict {component: device | {submodule: device}}, or one device. `torch_dtype`: a dtype or
+        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk"; disk-offloaded
+        weights are read from the checkpoint's own safetensors files (nothing is copied). `components` replaces
+        saved components by name: a plain one is sized and placed with the rest (never cast), one that already
+        carries a device map is pinned where it is. `call` (e.g. `{"height": 1024, "width": 1024}`) makes the
+        plan account for activation memory where the pipeline knows its inputs (`activation_inputs`).
         """
         from .pipeline_loading import LoadOptions, load_pipeline
 
