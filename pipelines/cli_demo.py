@@ -58,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
         budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {size / 2**30:.0f} GiB"
                             for device, size in args.simulate.items())
-        print(f"\nThe same pipeline planned for {budgets} (planning only, nothing loaded):\n")
-        simulated = TextToImagePipeline.plan_placement(folder, max_memory=args.simulate)
+        print(f"\nThe same pipeline planned for {budgets} and this {args.size}x{args.size} call "
+              "(planning only, nothing loaded):\n")
+        simulated = TextToImagePipeline.plan_placement(folder, max_memory=args.simulate,
+                                                       call={"height": args.size, "width": args.size})
         print(simulated.explain())
     print(f"\nDone in {time.perf_counter() - started:.1f} s. Next: placement plan flux-like "
           "--max-memory 0=24GiB,1=24GiB --dtype bf16 --height 1024 --width 1024")
