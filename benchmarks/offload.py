@@ -1,0 +1,237 @@
+"""Offload benchmark: per-step time and peak memory of each memory technique vs the plain run.
+
+Every technique runs the same pipeline call (same prompt, size, steps, seed) in a fresh subprocess:
+build the reference pipeline, apply the technique, one warm-up call (which also records the prefetch order
+of streamed group offload), then the measured call. Per-step time is the fastest wall time of one denoiser
+call in the measured call, hooks included (torch forward pre/post hooks around the hooked forward; CUDA
+synchronised): the fastest, because on a shared machine the other steps measure the neighbours.
+Peak memory: on a GPU, `torch.cuda.max_memory_allocated` over the measured call; on the CPU, the peak RSS
+over the measured call (sampled every 2 ms) above the RSS the process had before it built the pipeline.
+`torch._dynamo` is imported before that baseline: accelerate's hooks import it on their first call
+(`torch.compiler.disable`), ~70 MiB of code that would otherwise count against the hook-based techniques.
+
+On the CPU every technique executes on the CPU, so "offloading" moves nothing: the figures show the cost
+of the hooks themselves, and only the disk store lowers the peak (its weights live in files between calls).
+On a GPU the figures are the real trade-off.
+
+    python benchmarks/offload.py                       # mid-size DiT pipeline, 256x256, 4 steps (~2-4 min on CPU)
+    python benchmarks/offload.py --hidden 1536 --size 1024 --dtype bfloat16   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+TECHNIQUES = {
+    "plain": "whole pipeline on the execution device, no hooks",
+    "model offload": "whole components move in and out, graph order",
+    "sequential offload": "every layer's weights copied in per call (accelerate cpu_offload)",
+    "group block": "runs of blocks move together",
+    "group leaf": "one layer at a time",
+    "group leaf + stream": "one layer at a time, next one prefetched on a side stream (CUDA only)",
+    "group block, disk": "runs of blocks read from safetensors files",
+    "layerwise fp8": "denoiser Linear/Conv weights stored as float8_e4m3fn, upcast per layer",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    technique: str
+    per_step_s: float
+    call_s: float
+    peak_bytes: int
+
+
+def main() -> None:
+    args = parse_args()
+    if args.one is not None:
+        print(json.dumps(asdict(measure(args.one, args))))
+        return
+    import torch
+
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    names = [name for name in TECHNIQUES if cuda or name != "group leaf + stream"]
+    print(f"device: {'cuda' if cuda else 'cpu'} | DiT hidden {args.hidden}, {args.double}+{args.single} blocks | "
+          f"{args.size}x{args.size}, {args.steps} steps, {args.dtype}")
+    results = [run_child(name, args) for name in names]
+    print_table(results, cuda)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=384, help="DiT hidden size (the denoiser's width)")
+    parser.add_argument("--double", type=int, default=4, help="DiT double-stream blocks")
+    parser.add_argument("--single", type=int, default=8, help="DiT single-stream blocks")
+    parser.add_argument("--size", type=int, default=64, help="image height and width")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu"])
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child mode: measure one technique
+    return parser.parse_args()
+
+
+def run_child(name: str, args: argparse.Namespace) -> Measurement:
+    command = [sys.executable, __file__, "--one", name, "--hidden", str(args.hidden), "--double", str(args.double),
+               "--single", str(args.single), "--size", str(args.size), "--steps", str(args.steps),
+               "--dtype", args.dtype, "--device", args.device]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+    measurement = Measurement(**json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"  measured {name}: {measurement.per_step_s * 1e3:.1f} ms/step", file=sys.stderr)
+    return measurement
+
+
+def print_table(results: list[Measurement], cuda: bool) -> None:
+    plain = results[0]
+    memory = "peak alloc" if cuda else "peak RSS"
+    print(f"| technique | ms / step | x plain | {memory} (MiB) | x plain | what moves |")
+    print("|---|---:|---:|---:|---:|---|")
+    for result in results:
+        print(f"| {result.technique} | {result.per_step_s * 1e3:.1f} | {result.per_step_s / plain.per_step_s:.2f} | "
+              f"{result.peak_bytes / 2**20:.0f} | {result.peak_bytes / max(plain.peak_bytes, 1):.2f} | "
+              f"{TECHNIQUES[result.technique]} |")
+
+
+# --------------------------------------------------------------------------------------- child process
+def measure(name: str, args: argparse.Namespace) -> Measurement:
+    import torch
+
+    import torch._dynamo  # noqa: F401  (see the module docstring: part of the baseline, not of a technique)
+
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    rss_before = _rss_bytes()
+    pipe = build_pipeline(args)
+    with tempfile.TemporaryDirectory() as folder:
+        apply_technique(name, pipe, device, getattr(torch, args.dtype), folder)
+        call(pipe, args, steps=1)  # warm-up; traces the prefetch order
+        pipe.maybe_free_model_hooks()
+        step_times = _time_denoiser_steps(pipe.denoiser, cuda)
+        with PeakMemory(cuda, rss_before) as peak:
+            started = time.perf_counter()
+            call(pipe, args, steps=args.steps)
+            call_s = time.perf_counter() - started
+    return Measurement(technique=name, per_step_s=min(step_times), call_s=call_s,
+                       peak_bytes=peak.bytes)
+
+
+def build_pipeline(args: argparse.Namespace):
+    """The tiny-dit pipeline (two tiny text encoders, tiny VAE) with a mid-size DiT as the denoiser."""
+    import torch
+
+    from pipelines import TextToImagePipeline
+    from pipelines.models import DiT
+
+    pipe = TextToImagePipeline.from_preset("tiny-dit")
+    tiny = pipe.denoiser.config
+    config = tiny.model_copy(update=dict(hidden_size=args.hidden, num_heads=max(1, args.hidden // 64),
+                                         num_double_layers=args.double, num_single_layers=args.single))
+    torch.manual_seed(0)
+    pipe.register_components(denoiser=DiT(type(tiny)(**config.model_dump())).eval())
+    return pipe.to(dtype=getattr(torch, args.dtype))
+
+
+def apply_technique(name: str, pipe, device, dtype, folder: str) -> None:
+    from hooks import apply_layerwise_casting
+
+    if name == "plain":
+        pipe.to(device)
+    elif name == "model offload":
+        pipe.enable_model_cpu_offload(device)
+    elif name == "sequential offload":
+        pipe.enable_sequential_cpu_offload(device)
+    elif name == "group block":
+        pipe.enable_group_offload(device)
+    elif name == "group leaf":
+        pipe.enable_group_offload(device, offload_type="leaf_level")
+    elif name == "group leaf + stream":
+        pipe.enable_group_offload(device, offload_type="leaf_level", use_stream=True)
+    elif name == "group block, disk":
+        pipe.enable_group_offload(device, offload_to_disk_path=folder)
+    elif name == "layerwise fp8":
+        pipe.to(device)
+        import torch
+
+        apply_layerwise_casting(pipe.denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+    else:
+        raise SystemExit(f"unknown technique {name!r}; known: {', '.join(TECHNIQUES)}")
+
+
+def call(pipe, args: argparse.Namespace, *, steps: int):
+    import torch
+
+    with torch.no_grad():
+        return pipe("a lighthouse at dusk", height=args.size, width=args.size, num_inference_steps=steps,
+                    generator=torch.Generator().manual_seed(0), output_type="pt")
+
+
+def _time_denoiser_steps(denoiser, cuda: bool) -> list[float]:
+    import torch
+
+    durations, started = [], []
+
+    def before(module, args, kwargs):
+        if cuda:
+            torch.cuda.synchronize()
+        started.append(time.perf_counter())
+
+    def after(module, args, kwargs, output):
+        if cuda:
+            torch.cuda.synchronize()
+        durations.append(time.perf_counter() - started.pop())
+
+    denoiser.register_forward_pre_hook(before, with_kwargs=True)
+    denoiser.register_forward_hook(after, with_kwargs=True)
+    return durations
+
+
+class PeakMemory:
+    """Peak CUDA allocation, or peak RSS above `rss_before` sampled on a thread, over a `with` block."""
+
+    def __init__(self, cuda: bool, rss_before: int) -> None:
+        self.cuda, self.rss_before, self.bytes = cuda, rss_before, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.bytes = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.bytes = max(self.bytes, _rss_bytes() - self.rss_before)
+            time.sleep(0.002)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+if __name__ == "__main__":
+    main()
