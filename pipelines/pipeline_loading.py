@@ -25,7 +25,7 @@ from placement.errors import PlacementError
 from placement.plan import Plan, PlacementKind
 from placement.sizing import dtype_for
 
-from .checkpoint import find_weights, load_weights, target_dtype
+from .checkpoint import WeightsNotFoundError, cast_meta, find_weights, load_weights, target_dtype, tie_weights
 from .hf_interop import (
     build_on_meta,
     keep_in_fp32_modules,
@@ -74,7 +74,9 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
             components[name] = load_without_device_map(source.cls, source.folder, dtype=dtype, variant=options.variant)
         return construct_pipeline(cls, index, {**components, **passed})
 
-    components.update({name: build_on_meta(source.cls, source.folder) for name, source in modules.items()})
+    components.update({name: build_sized_on_meta(source, torch_dtype=options.torch_dtype, variant=options.variant,
+                                                 weights_required=True)
+                       for name, source in modules.items()})
     pipe = construct_pipeline(cls, index, {**components, **passed})
     plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
                          torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
@@ -87,17 +89,38 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
 def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map, max_memory, torch_dtype,
                 variant, offload_folder, call) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    del variant  # weights are not read: sizes come from the configs and dtypes
     folder = resolve_pipeline_folder(pretrained, weights=False)
     index = ModelIndex.read(folder)
     check_constructor(cls, index, passed)
     sources = component_sources(index, folder, skip=passed)
-    components = {name: build_on_meta(s.cls, s.folder) if s.is_module else load_non_module(s)
-                  for name, s in sources.items()}
+    components = {
+        name: build_sized_on_meta(s, torch_dtype=torch_dtype, variant=variant, weights_required=False)
+        if s.is_module else load_non_module(s)
+        for name, s in sources.items()
+    }
     pipe = construct_pipeline(cls, index, {**components, **passed})
     return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory,
                          torch_dtype=_dtype_spec(pipe, torch_dtype, passed), offload_folder=offload_folder,
                          call=call, pinned=passed_pins(passed))
+
+
+def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | None,
+                        weights_required: bool) -> nn.Module:
+    """The module on meta with each tensor in the dtype it will load as (the checkpoint's own unless
+    `torch_dtype` says otherwise; fp32-kept modules stay fp32), so planning sizes it exactly. Reads the
+    safetensors headers only. Without weight files (a configs-only folder, when planning) the config's dtypes
+    and `torch_dtype` are used."""
+    module = build_on_meta(source.cls, source.folder)
+    try:
+        weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=variant)
+    except WeightsNotFoundError:
+        if weights_required:
+            raise
+        return module
+    ties = tied_weights_for(module, weights.tensors)
+    cast_meta(module, weights, dtype=dtype_for(torch_dtype, source.name), keep_in_fp32=keep_in_fp32_modules(module))
+    tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
+    return module
 
 
 def _dtype_spec(pipe: Pipeline, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:

@@ -4,6 +4,7 @@ components passed in, dtype dicts, bad values, and a failed load that leaves not
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import pipelines.pipeline_loading as pipeline_loading
 from pipelines import DiT, Pipeline, TextToImagePipeline
+from pipelines.checkpoint import CorruptCheckpointError
 from pipelines.errors import DeviceMappedError
 from pipelines.pipeline_loading import PipelineLoadError
 from placement.planning_errors import StrategyError
@@ -170,29 +172,39 @@ def test_generic_pipeline_of_our_folder_is_device_mapped_in_its_graph_order(save
     assert set(pipe.hf_device_map) == set(pipe.execution_order)
 
 
-def test_failed_load_leaves_nothing_behind(saved, tmp_path, monkeypatch):
+def test_a_corrupt_weights_file_fails_before_anything_is_loaded(saved, tmp_path, monkeypatch):
     folder, _ = saved
     broken = tmp_path / "broken"
-    for path in folder.rglob("*"):
-        if path.is_file():
-            target = broken / path.relative_to(folder)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
+    shutil.copytree(folder, broken)
     vae_weights = broken / "vae" / "diffusion_pytorch_model.safetensors"
     vae_weights.write_bytes(vae_weights.read_bytes()[:-64])  # the last component's file is truncated
+    streamed = []
+    monkeypatch.setattr(pipeline_loading, "load_weights", lambda module, *a, **k: streamed.append(module))
+    with pytest.raises(CorruptCheckpointError, match="vae"):
+        load(broken)
+    assert streamed == []  # headers are checked while sizing, before the first tensor moves
 
-    built = {}
+
+def test_failed_load_leaves_nothing_behind(saved, monkeypatch):
+    folder, _ = saved
+    built, stream = {}, pipeline_loading.load_weights
     construct = pipeline_loading.construct_pipeline
 
     def spy(*args, **kwargs):
         built["pipe"] = construct(*args, **kwargs)
         return built["pipe"]
 
+    def fail_on_the_vae(module, *args, **kwargs):
+        if module is built["pipe"].vae:
+            raise RuntimeError("injected failure while streaming the vae")
+        return stream(module, *args, **kwargs)
+
     monkeypatch.setattr(pipeline_loading, "construct_pipeline", spy)
+    monkeypatch.setattr(pipeline_loading, "load_weights", fail_on_the_vae)
     passed_encoder = TextToImagePipeline.from_preset("tiny-dit").text_encoder
     weights_before = {k: v.clone() for k, v in passed_encoder.state_dict().items()}
-    with pytest.raises(Exception, match="diffusion_pytorch_model"):
-        load(broken, text_encoder=passed_encoder)
+    with pytest.raises(RuntimeError, match="injected"):
+        load(folder, text_encoder=passed_encoder)
     pipe = built["pipe"]
     assert has_hooks(pipe) == [] and pipe.hf_device_map is None
     # What was loaded went back to meta (freed); what was passed in is intact on the CPU.
@@ -209,3 +221,16 @@ def test_model_index_written_by_save_names_every_component(saved):
     assert index["denoiser"] == ["pipelines", "DiT"]
     assert index["tokenizer"] == ["pipelines", "ByteTokenizer"]
     assert index["scheduler"] == ["pipelines", "FlowMatchEulerScheduler"]
+
+
+def test_plans_size_the_checkpoints_own_dtype_unless_torch_dtype_overrides(saved, tmp_path):
+    folder, _ = saved
+    half = TextToImagePipeline.from_pretrained(folder).to(torch.float16)
+    half.save_pretrained(tmp_path / "fp16")
+    full = component_bytes(folder)
+    planned = TextToImagePipeline.plan_placement(tmp_path / "fp16", max_memory={0: "1GiB"})
+    assert {name: c.bytes for name, c in planned.components.items()} == {n: b // 2 for n, b in full.items()}
+    upcast = TextToImagePipeline.plan_placement(tmp_path / "fp16", max_memory={0: "1GiB"}, torch_dtype=torch.float32)
+    assert {name: c.bytes for name, c in upcast.components.items()} == full
+    loaded = load(tmp_path / "fp16")
+    assert {next(m.parameters()).dtype for m in loaded.module_components.values()} == {torch.float16}
