@@ -130,7 +130,7 @@ class GroupOffloadSession:
         if self._prefetches and not self._traced:
             self._trace = []
 
-    def group_entered(self, group: ModuleGroup) -> None:
+    def group_first_used(self, group: ModuleGroup) -> None:
         if self._trace is not None and all(group is not seen for seen in self._trace):
             self._trace.append(group)
         upcoming = self._next_group.get(id(group))
@@ -171,8 +171,8 @@ class GroupOffloadHook(ModelHook):
         if self.is_root:
             self.session.begin_call()
         if self.group is not None:
-            self.group.enter()
-            self.session.group_entered(self.group)
+            if self.group.enter():
+                self.session.group_first_used(self.group)
             self.group.wait_until_ready()
         device = self.session.onload_device
         return send_to_device(args, device), send_to_device(kwargs, device)

@@ -51,6 +51,7 @@ class ModuleGroup:
         self.original_devices = {entry.key: entry.get().device for entry in self.entries}
         self.state = GroupState.PLAIN  # until `take_weights` hands the weights to the store
         self.active_calls = 0
+        self._unused = False  # onloaded and not used yet
         self._pending: PendingCopy | None = None
 
     def __repr__(self) -> str:
@@ -74,6 +75,7 @@ class ModuleGroup:
         for entry in self.entries:
             entry.set(self._pending.tensors[entry.key])
         self.state = GroupState.ONLOADED
+        self._unused = True
         return True
 
     def wait_until_ready(self) -> None:
@@ -83,9 +85,15 @@ class ModuleGroup:
             self._pending = None
 
     def enter(self) -> bool:
-        """A module of the group is about to run: count it and onload if needed."""
+        """A module of the group is about to run: count it, onload if needed.
+
+        True for the first use since the weights came (onloaded here or prefetched before): the moment to
+        prefetch the next group, once per visit rather than once per module of the group.
+        """
         self.active_calls += 1
-        return self.onload()
+        self.onload()
+        first_use, self._unused = self._unused, False
+        return first_use
 
     def leave(self, module: nn.Module) -> None:
         """A module of the group returned: offload when the release rule says the group is done."""

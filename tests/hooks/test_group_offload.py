@@ -162,6 +162,48 @@ def test_prefetch_chain_onloads_the_next_group_while_the_current_one_runs(monkey
     assert group_offloading_session(model).resident_groups == []
 
 
+class MidBlock(nn.Module):
+    """Runs between two block lists through a child of the rest group (like a UNet's mid block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.mid = nn.Linear(8, 8)
+        self.up = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        for block in self.down:
+            x = block(x)
+        x = self.mid(x)
+        for block in self.up:
+            x = block(x)
+        return x
+
+
+def test_prefetch_loads_each_group_once_per_call_when_the_rest_is_re_entered(monkeypatch):
+    class PrefetchingCopy(BlockingTransfer):
+        prefetches = True
+
+    monkeypatch.setattr(group_offload, "_make_transfer", lambda config: PrefetchingCopy())
+    torch.manual_seed(0)
+    model = MidBlock().eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    session = group_offloading_session(model)
+    onloads = []
+    for group in session.groups:
+        original = group.onload
+        group.onload = lambda original=original, group=group: original() and not onloads.append(group.name)
+    with torch.no_grad():
+        model(x)  # traces
+        onloads.clear()
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+    # `mid` re-enters the rest group between the block lists: that must not prefetch down.0 a second time.
+    assert onloads == ["rest", "down.0", "down.1", "up.0", "up.1"]
+
+
 def test_entry_point_other_than_forward_onloads_what_it_calls(tmp_path):
     model = make()
     x = torch.randn(2, 8)
