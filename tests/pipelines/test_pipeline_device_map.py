@@ -15,6 +15,7 @@ from pipelines import DiT, Pipeline, TextToImagePipeline
 from pipelines.checkpoint import CorruptCheckpointError
 from pipelines.errors import DeviceMappedError
 from pipelines.pipeline_loading import PipelineLoadError
+from pipelines.pipeline_planning import CallSpecError
 from placement.planning_errors import StrategyError
 
 from pipeline_fixtures import USER_IDS, TinyUserPipeline, generate, has_hooks, save_preset, tiny_user_pipeline
@@ -234,3 +235,13 @@ def test_plans_size_the_checkpoints_own_dtype_unless_torch_dtype_overrides(saved
     assert {name: c.bytes for name, c in upcast.components.items()} == full
     loaded = load(tmp_path / "fp16")
     assert {next(m.parameters()).dtype for m in loaded.module_components.values()} == {torch.float16}
+
+
+def test_from_pretrained_with_a_call_plans_for_its_activations(saved):
+    folder, expected = saved
+    pipe = load(folder, call={"height": 16, "width": 16, "batch_size": 1})
+    assert pipe.placement_plan.activations_accounted
+    assert all(c.activation_bytes > 0 for c in pipe.placement_plan.components.values())
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    with pytest.raises(CallSpecError, match="call=.*does not fit"):
+        load(folder, call={"resolution": 16})
