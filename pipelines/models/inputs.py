@@ -58,6 +58,20 @@ def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | No
     check_batch(model, "pooled", pooled, batch)
 
 
+def check_denoiser_inputs(
+    model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int, text_dim_field: str
+) -> None:
+    """The denoiser call `(latents, timestep, encoder_hidden_states, pooled)` shared by UNet and DiT."""
+    check_rank(model, "latents", latents, 4, "(B, C, H, W)")
+    check_channels(model, "latents", latents, config.in_channels, "in_channels")
+    check_spatial_multiple(model, "latents", latents, spatial_multiple)
+    check_rank(model, "encoder_hidden_states", encoder_hidden_states, 3, "(B, S, D)")
+    text_dim = getattr(config, text_dim_field)
+    check_last_dim(model, "encoder_hidden_states", encoder_hidden_states, text_dim, text_dim_field)
+    check_batch(model, "encoder_hidden_states", encoder_hidden_states, latents.shape[0])
+    check_pooled(model, pooled, config.pooled_projection_dim, latents.shape[0])
+
+
 def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None:
     if tensor.shape[0] != batch:
         raise ModelInputError(

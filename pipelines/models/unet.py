@@ -21,15 +21,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..modeling import ModelMixin
-from .inputs import (
-    check_batch,
-    check_channels,
-    check_last_dim,
-    check_pooled,
-    check_rank,
-    check_spatial_multiple,
-    timesteps_for_batch,
-)
+from .inputs import check_denoiser_inputs, timesteps_for_batch
 from .unet_blocks import DownBlock, MidBlock, OutputHead, TimestepConditioning, UpBlock
 
 
@@ -145,12 +137,7 @@ class UNet(ModelMixin):
         return self.head(x)
 
     def _check_inputs(self, latents, encoder_hidden_states, pooled) -> None:
-        name, config = type(self).__name__, self.config
-        check_rank(name, "latents", latents, 4, "(B, C, H, W)")
-        check_channels(name, "latents", latents, config.in_channels, "in_channels")
-        check_spatial_multiple(name, "latents", latents, self.downsampling_factor)
-        check_rank(name, "encoder_hidden_states", encoder_hidden_states, 3, "(B, S, D)")
-        check_last_dim(name, "encoder_hidden_states", encoder_hidden_states, config.cross_attention_dim,
-                       "cross_attention_dim")
-        check_batch(name, "encoder_hidden_states", encoder_hidden_states, latents.shape[0])
-        check_pooled(name, pooled, config.pooled_projection_dim, latents.shape[0])
+        check_denoiser_inputs(
+            type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
+            spatial_multiple=self.downsampling_factor, text_dim_field="cross_attention_dim",
+        )
