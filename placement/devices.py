@@ -67,6 +67,13 @@ def device_sort_key(device: Device) -> tuple[int, int]:
     return (1, HOST_DEVICES.index(device))
 
 
+def device_label(device: Device) -> str:
+    """"GPU 1", "CPU", "disk": how tables and messages name a device."""
+    if is_accelerator(device):
+        return f"GPU {device}"
+    return "CPU" if device == "cpu" else "disk"
+
+
 def _invalid(spec) -> str:
     return (
         f"Invalid device {spec!r}: expected an accelerator index (0, 1, ...), 'cuda', 'cuda:N', "

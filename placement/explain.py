@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .devices import is_accelerator
+from .devices import device_label
 from .plan import Plan
-from .sizes import GiB
+from .sizes import format_bytes
 
 EMPTY = "."
 
 
 def explain_plan(plan: Plan) -> str:
-    lines = [f"Placement plan (strategy {plan.strategy!r}), sizes in GiB", ""]
+    lines = [f"Placement plan (strategy {plan.strategy!r})", ""]
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
     lines += ["", _activation_note(plan)]
@@ -43,10 +43,10 @@ def _component_table(plan: Plan) -> list[str]:
     header = ["component", "kind", "runs on", *[device_label(d) for d in devices]]
     rows = []
     for name, component in plan.components.items():
-        cells = [_gib(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
+        cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
         rows.append([name, kind, device_label(component.execution_device), *cells])
-    totals = [_gib(entry.weight_bytes) for entry in plan.devices]
+    totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
     rows.append(["total weights", "", "", *totals])
     return _aligned(header, rows, left=3)
 
@@ -55,15 +55,15 @@ def _device_table(plan: Plan) -> list[str]:
     header = ["device", "budget", "weights", "activations", "overhead", "predicted peak", "left"]
     rows = []
     for entry in plan.devices:
-        budget = "unlimited" if entry.budget is None else _gib(entry.budget) + (" (detected)" if entry.detected else "")
+        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget) + (" (detected)" if entry.detected else "")
         rows.append([
             device_label(entry.device),
             budget,
-            _gib(entry.weight_bytes),
-            _gib(entry.activation_peak),
-            _gib(entry.overhead),
-            _gib(entry.predicted_peak),
-            EMPTY if entry.left is None else _gib(entry.left),
+            format_bytes(entry.weight_bytes),
+            format_bytes(entry.activation_peak),
+            format_bytes(entry.overhead),
+            format_bytes(entry.predicted_peak),
+            EMPTY if entry.left is None else format_bytes(entry.left),
         ])
     return _aligned(header, rows, left=1)
 
@@ -91,14 +91,3 @@ def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int)
         ).rstrip()
 
     return [line(header), *[line(row) for row in rows]]
-
-
-def device_label(device) -> str:
-    """"GPU 1", "CPU", "disk": how tables and messages name a device."""
-    if is_accelerator(device):
-        return f"GPU {device}"
-    return "CPU" if device == "cpu" else "disk"
-
-
-def _gib(n: int) -> str:
-    return f"{n / GiB:.2f}"

@@ -28,10 +28,10 @@ from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
 from .budgets import Budgets, resolve_budgets
-from .devices import Device, is_accelerator, normalize_device
+from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import InvalidDeviceError
 from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
-from .sizes import format_size
+from .sizes import format_bytes
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors, size_module
 from .splitting import assign_units, merge_to_prefixes, quiet_accelerate, split_device_map
 
@@ -90,8 +90,8 @@ def _single_device_map(module, spec, max_memory, dtype) -> dict[str, Device]:
         total = size_module(module, dtype).total
         if limit is not None and total > limit:
             raise DoesNotFitError(
-                f"{type(module).__name__} needs {_gib(total)}{_dtype_note(dtype)} but max_memory gives "
-                f"{_device_name(device)} {_gib(limit)}. Pass a larger max_memory or device_map='auto'."
+                f"{type(module).__name__} needs {format_bytes(total)}{_dtype_note(dtype)} but max_memory gives "
+                f"{device_label(device)} {format_bytes(limit)}. Pass a larger max_memory or device_map='auto'."
             )
     return {"": device}
 
@@ -208,11 +208,11 @@ def _offload_room(budgets: Budgets, limits, size) -> dict[Device, int]:
 def _does_not_fit(module, size, budgets: Budgets, dtype, disk_allowed) -> Exception:
     name = type(module).__name__
     parts = ", ".join(
-        f"{_device_name(d)} {_gib(limit) if limit is not None else 'unlimited'}"
+        f"{device_label(d)} {format_bytes(limit) if limit is not None else 'unlimited'}"
         for d, limit in budgets.limits.items()
         if d != "disk" or disk_allowed
     )
-    needs = f"{name} needs {_gib(size.total)}{_dtype_note(dtype)} (largest block {_gib(size.largest_unit)})"
+    needs = f"{name} needs {format_bytes(size.total)}{_dtype_note(dtype)} (largest block {format_bytes(size.largest_unit)})"
     if not disk_allowed:
         return OffloadFolderRequiredError(
             f"{needs}; the budgets ({parts}) cannot hold it without the disk. Pass offload_folder=... to offload "
@@ -263,8 +263,8 @@ def _check_explicit_budgets(name, placed, budgets: Budgets, size: ComponentSize,
         limit = budgets.limits.get(device)
         if limit is not None and total > limit:
             raise DoesNotFitError(
-                f"device_map for {name} puts {_gib(total)}{_dtype_note(dtype)} on {_device_name(device)}, whose "
-                f"max_memory is {_gib(limit)}. Move some modules elsewhere or raise max_memory."
+                f"device_map for {name} puts {format_bytes(total)}{_dtype_note(dtype)} on {device_label(device)}, whose "
+                f"max_memory is {format_bytes(limit)}. Move some modules elsewhere or raise max_memory."
             )
 
 
@@ -278,17 +278,7 @@ def _owner(tensor: str, device_map: Mapping[str, Device]):
     return None
 
 
-def _gib(n: int) -> str:
-    """Bytes in the largest binary unit that keeps the number readable (tiny test models too)."""
-    for unit in ("GiB", "MiB", "KiB"):
-        if n >= 1024 ** ("KMG".index(unit[0]) + 1):
-            return format_size(n, unit)
-    return f"{n} B"
-
-
 def _dtype_note(dtype) -> str:
     return f" ({str(dtype).removeprefix('torch.')})" if dtype is not None else ""
 
 
-def _device_name(device: Device) -> str:
-    return f"GPU {device}" if is_accelerator(device) else device

@@ -52,6 +52,16 @@ def _non_negative(n: int, original) -> int:
     return n
 
 
+def format_bytes(n: int | float) -> str:
+    """Bytes in the largest binary unit that keeps the number readable: "24.00 GiB", "312.50 KiB", "17 B".
+
+    Tables and error messages use this, so that tiny test models do not all read "0.00 GiB"."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def format_size(n: int | float, unit: str = "GiB", digits: int = 2) -> str:
     """`format_size(1.5 * GiB)` -> "1.50 GiB"."""
     return f"{n / _UNITS[unit.lower()]:.{digits}f} {unit}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..memory_model import Ledger
+from ..sizes import format_bytes
 from .fallbacks import Context, place_on_host, place_whole
-from .request import ComponentRequest, Placements, gib
+from .request import ComponentRequest, Placements
 
 
 def place_cpu_only(
@@ -17,5 +18,5 @@ def place_cpu_only(
             placements.add(place_whole(request, ledger, "cpu"))
         else:
             room = max(ledger.room("cpu", transient=request.transient) or 0, 0)
-            why = f"{request.needs()}; the CPU has {gib(room)} left."
+            why = f"{request.needs()}; the CPU has {format_bytes(room)} left."
             placements.add(place_on_host(request, ledger, context, why))

@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..devices import Device
+from ..devices import Device, device_label
 from ..memory_model import Ledger
 from ..plan import Fallback, PlacementKind
 from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError
+from ..sizes import format_bytes
 from ..splitting import split_device_map
-from .request import ComponentRequest, Placed, component_plan, device_name, gib
+from .request import ComponentRequest, Placed, component_plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +78,7 @@ def try_split(request: ComponentRequest, ledger: Ledger, order: Sequence[int], w
         request, kind=PlacementKind.SPLIT, device_map=device_map, execution_device=execution_device,
         placed_bytes=placed,
     )
-    parts = ", ".join(f"{device_name(d)} {gib(n)}" for d, n in plan.placed_bytes.items())
+    parts = ", ".join(f"{device_label(d)} {format_bytes(n)}" for d, n in plan.placed_bytes.items())
     reason = f"{why} Split along its blocks: {parts}."
     return Placed(plan=plan, fallback=Fallback(component=request.name, kind=PlacementKind.SPLIT, reason=reason))
 
@@ -95,7 +96,7 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
     if ledger.fits("cpu", weights=request.bytes, transient=request.transient):
         placed = place_whole(request, ledger, "cpu")
         no_stream = "" if not ledger.accelerators else (
-            f" No accelerator has room for its streaming working set ({gib(request.streamed)}: what offloading "
+            f" No accelerator has room for its streaming working set ({format_bytes(request.streamed)}: what offloading "
             "keeps on the device at once) next to its activations, so it runs on the CPU."
         )
         reason = f"{why}{no_stream}"
@@ -103,21 +104,21 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
         return Placed(plan=placed.plan, fallback=fallback)
     cpu_room = ledger.room("cpu", transient=request.transient)
     if not context.has_offload_folder:
-        cpu_left = f" The CPU has {gib(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
+        cpu_left = f" The CPU has {format_bytes(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
         raise OffloadFolderRequiredError(
             f"{why}{cpu_left} Its weights must go to disk, and no offload_folder was given. "
             "Pass offload_folder=..., a larger max_memory, or more devices."
         )
     if not ledger.fits("disk", weights=request.bytes):
         raise DoesNotFitError(
-            f"{why} Not even the disk budget has room ({gib(max(ledger.room('disk') or 0, 0))} left). "
+            f"{why} Not even the disk budget has room ({format_bytes(max(ledger.room('disk') or 0, 0))} left). "
             "Raise max_memory['disk'] or free some space."
         )
     stream = streaming_device(request, ledger, ledger.accelerators)
     if stream is None and not ledger.fits("cpu", weights=0, transient=request.transient + request.streamed):
         raise DoesNotFitError(
             f"{why} Its weights could go to disk, but no device has room to run it: it needs "
-            f"{gib(request.streamed)} for its streaming working set next to its activations."
+            f"{format_bytes(request.streamed)} for its streaming working set next to its activations."
         )
     return _streamed(request, ledger, host="disk", execution_device=stream if stream is not None else "cpu", why=why)
 
@@ -142,8 +143,8 @@ def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution
     )
     where = "CPU RAM" if host == "cpu" else "the offload folder"
     reason = (
-        f"{why} No split fits either. Weights in {where}, streamed to {device_name(execution_device)} "
-        f"block by block ({gib(unit)} on the device at once)."
+        f"{why} No split fits either. Weights in {where}, streamed to {device_label(execution_device)} "
+        f"block by block ({format_bytes(unit)} on the device at once)."
     )
     return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, reason=reason))
 
@@ -153,5 +154,5 @@ def rooms_text(ledger: Ledger, request: ComponentRequest) -> str:
     parts = []
     for device in ledger.accelerators:
         room = ledger.room(device, transient=request.transient)
-        parts.append(f"{device_name(device)} has {gib(max(room, 0))} left")
+        parts.append(f"{device_label(device)} has {format_bytes(max(room, 0))} left")
     return ", ".join(parts) if parts else "there is no accelerator"

@@ -10,12 +10,13 @@ from __future__ import annotations
 import warnings
 from typing import Mapping
 
-from ..devices import Device, is_accelerator, normalize_device
+from ..devices import Device, device_label, is_accelerator, normalize_device
 from ..errors import InvalidDeviceError
 from ..memory_model import Ledger
 from ..plan import PlacementKind
 from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
-from .request import ComponentRequest, Placed, component_plan, device_name, gib
+from ..sizes import format_bytes
+from .request import ComponentRequest, Placed, component_plan
 
 
 def normalize_pins(
@@ -48,7 +49,7 @@ def check_budgets_exist(
         for device in dict.fromkeys(device_map.values()):
             if not ledger.has(device):
                 raise StrategyError(
-                    f"{source} puts {name!r} on {device_name(device)}, which has no budget: the devices are "
+                    f"{source} puts {name!r} on {device_label(device)}, which has no budget: the devices are "
                     f"{list(ledger.loads)}. Add {device!r} to max_memory or pick one of those devices."
                 )
             if device == "disk" and not has_offload_folder:
@@ -84,7 +85,7 @@ def over_budget(ledger: Ledger, devices) -> list[tuple[str, Device]]:
         budget = ledger.loads[device].budget
         peak = ledger.peak(device)
         if budget is not None and peak > budget:
-            found.append((f"{device_name(device)}: predicted {gib(peak)} > budget {gib(budget)}", device))
+            found.append((f"{device_label(device)}: predicted {format_bytes(peak)} > budget {format_bytes(budget)}", device))
     return found
 
 

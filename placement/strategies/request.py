@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from ..devices import Device, device_sort_key
-from ..explain import device_label
 from ..plan import ComponentPlan, Fallback, PlacementKind
-from ..sizes import format_size
+from ..sizes import format_bytes
 from ..sizing import ComponentSize
 
 
@@ -41,11 +40,11 @@ class ComponentRequest:
 
     def needs(self) -> str:
         """"vae needs 1.21 GiB (bfloat16) + 0.30 GiB of activations" for error and fallback messages."""
-        text = f"{self.name} needs {gib(self.bytes)}"
+        text = f"{self.name} needs {format_bytes(self.bytes)}"
         if self.dtype_name:
             text += f" ({self.dtype_name})"
         if self.activation:
-            text += f" + {gib(self.activation)} of activations"
+            text += f" + {format_bytes(self.activation)} of activations"
         return text
 
 
@@ -91,11 +90,3 @@ def component_plan(
         streamed_unit_bytes=streamed_unit_bytes,
         pinned=pinned,
     )
-
-
-def gib(n: int) -> str:
-    return format_size(n, "GiB")
-
-
-def device_name(device: Device) -> str:
-    return device_label(device)
