@@ -275,7 +275,10 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
 
 
 def _refuse_accelerate_offload(module: nn.Module) -> None:
-    found = [(name or "<root>", type(hook).__name__) for name, _, hook in find_hooks(module, ACCELERATE_PLACEMENT_HOOKS)]
+    from .model_offload import ComponentEntryHook  # a sibling technique; imported here to keep files independent
+
+    conflicting = (*ACCELERATE_PLACEMENT_HOOKS, ComponentEntryHook)
+    found = [(name or "<root>", type(hook).__name__) for name, _, hook in find_hooks(module, conflicting)]
     if found:
         listed = ", ".join(f"{name} ({hook})" for name, hook in found[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""

@@ -73,6 +73,17 @@ def add_hook_first(module: nn.Module, hook: ModelHook) -> None:
     _reinstall(module, [hook, *existing])
 
 
+def add_hook_last(module: nn.Module, hook: ModelHook) -> None:
+    """Install `hook` after the hooks already on `module`, without detaching them.
+
+    accelerate's `add_hook_to_module(append=True)` detaches the existing hook first (a layerwise-casting
+    hook would cast its weights back, a group offloading hook would restore them).
+    """
+    existing = hooks_of(module)
+    hook.init_hook(module)
+    _reinstall(module, [*existing, hook])
+
+
 def _reinstall(module: nn.Module, hooks: list[ModelHook]) -> None:
     """Chain already-initialised `hooks` on `module` in this order.
 

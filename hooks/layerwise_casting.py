@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass
 
 import torch
-from accelerate.hooks import ModelHook, add_hook_to_module
+from accelerate.hooks import AlignDevicesHook, ModelHook
 from torch import nn
 
-from .hook_utils import has_hook, remove_hooks_of_type
+from .hook_utils import add_hook_last, find_hooks, has_hook, remove_hooks_of_type
 from .memory_errors import OffloadConfigError, OffloadConflictError
 from .tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
 
@@ -113,7 +113,9 @@ def apply_layerwise_casting(
         storage_dtype=_dtype(storage_dtype, "storage_dtype"),
         compute_dtype=_dtype(compute_dtype, "compute_dtype"),
         skip_modules_pattern=_patterns(skip_modules_pattern),
-        skip_modules_classes=DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes),
+        skip_modules_classes=(
+            DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes)
+        ),
     )
     from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
 
@@ -122,16 +124,25 @@ def apply_layerwise_casting(
             f"{type(module).__name__} is group-offloaded: apply layerwise casting first, then group offloading "
             "(remove_group_offloading(module), apply_layerwise_casting(...), apply_group_offloading(...))."
         )
+    offloaded = next((name for name, _, hook in find_hooks(module, AlignDevicesHook) if hook.offload), None)
+    if offloaded is not None:
+        raise OffloadConflictError(
+            f"{type(module).__name__} is sequentially offloaded (accelerate hooks at {offloaded or '<root>'!r}): its "
+            "weights come back from a full-precision state dict on every call, so casting would save nothing. "
+            "Remove it first; casting combines with group offloading (applied after casting) and model offload."
+        )
     remove_layerwise_casting(module)
     targets = _targets(module, config)
     _check_dtypes(module, config, targets)
     entries = collect_entries(module)
     for _, layer in targets:
-        layer_entries = tuple(entries[tid] for tid in direct_tensor_ids(layer) if entries[tid].get().is_floating_point())
+        layer_entries = tuple(
+            entries[tid] for tid in direct_tensor_ids(layer) if entries[tid].get().is_floating_point()
+        )
         for entry in layer_entries:
             if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
                 entry.set(entry.get().detach().to(config.storage_dtype))
-        add_hook_to_module(layer, LayerwiseCastingHook(entries=layer_entries, config=config), append=True)
+        add_hook_last(layer, LayerwiseCastingHook(entries=layer_entries, config=config))
     return config
 
 

@@ -4,10 +4,11 @@
     ... run the pipeline ...
     chain.offload_all()            # after a pipeline call: nothing stays on the accelerator
 
-Built on accelerate's `cpu_offload_with_hook`: the components in `chain` (model-graph order) are linked so
-that calling one offloads its predecessor; the link is closed into a ring so that the next pipeline call's
-first component also sends the previous call's last one back. Components passed as `standalone` (outside
-the model graph) are offloaded on their own: they move when called and go back at `offload_all()`.
+Built on accelerate's `cpu_offload_with_hook` (its `CpuOffload` hook and `UserCpuOffloadHook`): the
+components in `chain` (model-graph order) are linked so that calling one offloads its predecessor; the link
+is closed into a ring so that the next pipeline call's first component also sends the previous call's last
+one back. Components passed as `standalone` (outside the model graph) are offloaded on their own: they move
+when called and go back at `offload_all()`.
 
 Components are often entered through a method other than `forward` (a VAE's `decode`): every direct child
 of a component carries a `ComponentEntryHook` that runs the component's offload hook first when the
@@ -20,12 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from accelerate.big_modeling import cpu_offload_with_hook
-from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOffloadHook, add_hook_to_module
+from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOffloadHook
 from accelerate.utils import send_to_device
 from torch import nn
 
-from .hook_utils import find_hooks, has_hook, hooks_of, remove_hooks_of_type
+from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConflictError
 from .offload_devices import resolve_execution_device
 
@@ -100,9 +100,13 @@ def remove_model_cpu_offload(module: nn.Module) -> None:
 
 
 def _offload(module: nn.Module, device: torch.device, previous: UserCpuOffloadHook | None) -> UserCpuOffloadHook:
-    _, user_hook = cpu_offload_with_hook(module, execution_device=device, prev_module_hook=previous)
+    # accelerate's cpu_offload_with_hook, with the hook appended by `add_hook_last`: accelerate's append would
+    # detach a hook already there (a layerwise-casting hook would cast its weights back to full precision).
+    hook = CpuOffload(execution_device=device, prev_module_hook=previous)
+    add_hook_last(module, hook)
+    user_hook = UserCpuOffloadHook(module, hook)
     for child in module.children():
-        add_hook_to_module(child, ComponentEntryHook(component=module, offload=user_hook), append=True)
+        add_hook_last(child, ComponentEntryHook(component=module, offload=user_hook))
     return user_hook
 
 

@@ -46,6 +46,14 @@ def _refuse_other_offloading(module: nn.Module) -> None:
             f"{type(module).__name__} is group-offloaded; sequential offload would fight over its weights. Remove "
             "it first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
         )
+    from .layerwise_casting import LayerwiseCastingHook
+
+    if has_hook(module, LayerwiseCastingHook):
+        raise OffloadConflictError(
+            f"{type(module).__name__} has layerwise casting, which sequential offload would bypass (it restores "
+            "each layer from its own state dict before the cast hook runs). Use group offloading with "
+            "offload_type='leaf_level' instead (it keeps the stored dtype), or model offload."
+        )
     if has_hook(module, CpuOffload):
         raise OffloadConflictError(
             f"{type(module).__name__} is model-offloaded; remove that first (hooks.remove_model_cpu_offload(module); "

@@ -274,7 +274,8 @@ def test_config_defaults_and_normalisation():
     assert config.onload_device.index == 0 and config.onload_device.type in ("cuda", "xpu")
     assert config.offload_device == torch.device("cpu")
     assert config.offload_type is OffloadType.BLOCK_LEVEL and config.num_blocks_per_group == 1
-    assert GroupOffloadingConfig(onload_device="cuda:1", offload_type="leaf_level").offload_type is OffloadType.LEAF_LEVEL
+    leaf = GroupOffloadingConfig(onload_device="cuda:1", offload_type="leaf_level")
+    assert leaf.offload_type is OffloadType.LEAF_LEVEL and leaf.onload_device.index == 1
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -124,6 +124,27 @@ def test_casting_then_group_offloading(offload_type, to_disk, tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_casting_with_model_offload_and_refused_with_sequential_offload():
+    from hooks import apply_model_cpu_offload, apply_sequential_cpu_offload, remove_sequential_cpu_offload
+
+    model = make()
+    with torch.no_grad():
+        exact = rounded_copy(model, CAST, torch.float8_e4m3fn)(TOKENS)
+    apply_layerwise_casting(model, compute_dtype=torch.float32)
+    chain = apply_model_cpu_offload([model])
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), exact, atol=1e-5, rtol=0)
+    assert model.head.weight.dtype == torch.float8_e4m3fn
+    chain.remove()
+    with pytest.raises(OffloadConflictError, match="group offloading with offload_type='leaf_level'"):
+        apply_sequential_cpu_offload(model)
+    remove_layerwise_casting(model)
+    apply_sequential_cpu_offload(model)
+    with pytest.raises(OffloadConflictError, match="sequentially offloaded"):
+        apply_layerwise_casting(model, compute_dtype=torch.float32)
+    remove_sequential_cpu_offload(model)
+
+
 def test_storage_dtype_this_torch_cannot_hold():
     model = make()
     with pytest.raises(OffloadConfigError, match="cannot hold weights as torch.float4_e2m1fn_x2"):
