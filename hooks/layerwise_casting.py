@@ -9,7 +9,8 @@ weights exist in the compute dtype at a time. Normalisation layers and embedding
 sensitive. The rest of the module must already be in `compute_dtype` (load it with that `torch_dtype`).
 
 Combining: apply layerwise casting first, then group offloading (the offloaded groups then hold the small
-dtype too). `remove_layerwise_casting` (or accelerate's `remove_hook_from_module(recurse=True)`) puts the
+dtype too) or model offload. Sequential offload is refused both ways (it restores full-precision weights
+from its own state dict on every call). `remove_layerwise_casting` (or accelerate's `remove_hook_from_module(recurse=True)`) puts the
 weights back in `compute_dtype`; the rounding to `storage_dtype` is not undone.
 """
 
