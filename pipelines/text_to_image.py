@@ -84,12 +84,17 @@ class TextToImagePipeline(Pipeline):
         guided = guidance_scale > 1.0
         negatives = _negative_prompts(negative_prompt, len(prompts)) if guided else []
         texts = [text for text in negatives + prompts for _ in range(num_images_per_prompt)]
-        sequence, pooled = self.encode_text(texts)
-
         batch = len(prompts) * num_images_per_prompt
-        latents = self.prepare_latents(batch, height, width, generator=generator, latents=latents)
-        latents = self.denoise(latents, sequence, pooled, num_inference_steps, guidance_scale if guided else None)
-        return TextToImageOutput(images=self.decode(latents, output_type))
+        try:
+            sequence, pooled = self.encode_text(texts)
+            latents = self.prepare_latents(batch, height, width, generator=generator, latents=latents)
+            latents = self.denoise(latents, sequence, pooled, num_inference_steps, guidance_scale if guided else None)
+            images = self.decode(latents, output_type)
+        finally:
+            # Model offload keeps the last component (the VAE) on the accelerator; send it back so memory is
+            # free between calls, also after a failed one. A no-op unless model offload is on.
+            self.maybe_free_model_hooks()
+        return TextToImageOutput(images=images)
 
     def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Encoder outputs combined as the denoiser wants them (see `text_conditioning`), on its device."""

@@ -48,3 +48,12 @@ def test_offloaded_components_on_gpu0_match_a_plain_gpu_run(tmp_path):
     torch.testing.assert_close(generate(loaded, height=64, width=64), expected, atol=1e-3, rtol=0)
     loaded.reset_device_map()
     assert {p.device.type for m in loaded.module_components.values() for p in m.parameters()} == {"cpu"}
+
+
+@pytest.mark.gpu
+def test_model_offload_leaves_nothing_on_the_gpu_after_a_call():
+    pipe = TextToImagePipeline.from_preset("tiny-dit", seed=0)
+    pipe.enable_model_cpu_offload(0)
+    generate(pipe, height=64, width=64)
+    assert {p.device.type for m in pipe.module_components.values() for p in m.parameters()} == {"cpu"}
+    pipe.reset_device_map()

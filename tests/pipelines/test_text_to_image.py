@@ -121,3 +121,32 @@ def test_call_spec_plans_activations_that_grow_with_resolution(tmp_path):
     weights_only = plan_pipeline(pipe, device_map="balanced", max_memory=budgets, torch_dtype=None,
                                  offload_folder=None, call=None, pinned={})
     assert not weights_only.activations_accounted
+
+
+def test_every_call_sends_model_offloaded_components_back_even_a_failed_one(monkeypatch):
+    """Model offload leaves the last component on the execution device; `__call__` ends with
+    `maybe_free_model_hooks()`, so each call, finished or failed, hands the chain's offload_all one visit."""
+    pipe = TextToImagePipeline.from_preset("tiny-dit", seed=0)
+    pipe.enable_model_cpu_offload()
+    chain_class, visits = type(pipe._model_offload), []
+    offload_all = chain_class.offload_all
+    monkeypatch.setattr(chain_class, "offload_all", lambda chain: (visits.append("call"), offload_all(chain)))
+    generate(pipe)
+    assert visits == ["call"]
+    with pytest.raises(PipelineCallError, match="latents have shape"):
+        pipe("a", height=16, width=16, num_inference_steps=1, latents=torch.zeros(1, 1, 1, 1))
+    assert visits == ["call", "call"]
+    pipe.reset_device_map()
+
+
+def test_freeing_model_hooks_is_a_no_op_on_a_device_mapped_pipeline(tmp_path):
+    from pipeline_fixtures import has_hooks, save_preset
+
+    folder, pipe = save_preset(tmp_path / "tiny-dit")
+    with pytest.warns(UserWarning, match="No accelerator"):
+        loaded = TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False)
+    hooks, device_map = has_hooks(loaded), dict(loaded.hf_device_map)
+    torch.testing.assert_close(generate(loaded), generate(pipe), atol=1e-5, rtol=0)
+    loaded.maybe_free_model_hooks()
+    assert has_hooks(loaded) == hooks and loaded.hf_device_map == device_map
+    assert {p.device.type for m in loaded.module_components.values() for p in m.parameters()} == {"cpu"}
