@@ -12,15 +12,16 @@ A dispatch that fails removes every hook it attached before re-raising.
 
 from __future__ import annotations
 
+import warnings
 from typing import Mapping
 
 import torch
 from accelerate import dispatch_model
 from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
-from accelerate.utils import set_module_tensor_to_device
+from accelerate.utils import OffloadedWeightsLoader, set_module_tensor_to_device
 from torch import nn
 
-from placement.devices import Device, is_accelerator, normalize_device
+from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import PlacementError
 
 DiskWeights = Mapping[str, Mapping[str, str]]
@@ -49,15 +50,20 @@ def dispatch(
     normalized = flatten_device_map(module, {name: normalize_device(device) for name, device in device_map.items()})
     main = _execution_device(normalized, execution_device)
     disk_index = _disk_index(module, normalized, disk_weights)
+    normalized = _place_direct_tensors(module, normalized, main, disk_index)
     try:
-        dispatch_model(
-            module,
-            device_map=normalized,
-            main_device=main,
-            offload_index=disk_index,
-            offload_buffers=False,
-            force_hooks=True,
-        )
+        with warnings.catch_warnings():
+            # accelerate's check_device_map warns about keys naming a tensor (which its own
+            # infer_auto_device_map emits); _place_direct_tensors has placed those already.
+            warnings.filterwarnings("ignore", message="The following device_map keys do not match any submodules")
+            dispatch_model(
+                module,
+                device_map=normalized,
+                main_device=main,
+                offload_index=disk_index,
+                offload_buffers=False,
+                force_hooks=True,
+            )
     except BaseException:
         remove_hook_from_module(module, recurse=True)
         raise
@@ -111,6 +117,37 @@ def _execution_device(device_map: Mapping[str, Device], requested: Device | None
         return device
     accelerators = sorted(d for d in set(device_map.values()) if is_accelerator(d))
     return accelerators[0] if accelerators else "cpu"
+
+
+def _place_direct_tensors(
+    module: nn.Module, device_map: Mapping[str, Device], main: Device, disk_index: DiskWeights | None
+) -> dict[str, Device]:
+    """Keys naming a tensor rather than a module (a top-level `pos_embed`, a model's own buffer): accelerate
+    hooks modules only, so it would leave such a tensor where it is, on meta when planned for "disk". Each one
+    is put where it executes instead: its accelerator, else the execution device (offloading one tensor saves
+    too little to be worth a hook). Returns the map with those keys pointing where their tensor now is; a key
+    naming neither a module nor a tensor is a DispatchError."""
+    modules = dict(module.named_modules())
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
+    unknown = [key for key in device_map if key not in modules and key not in tensors]
+    if unknown:
+        raise DispatchError(
+            f"device_map keys {unknown} name neither a submodule nor a tensor of {type(module).__name__}; "
+            f"its top-level names are {[name for name, _ in module.named_children()]}. Use paths from "
+            "named_modules()."
+        )
+    placed = dict(device_map)
+    served = OffloadedWeightsLoader(index=disk_index) if disk_index else {}
+    for key, device in device_map.items():
+        if key in modules:
+            continue
+        target = device if is_accelerator(device) else main
+        value = served[key] if tensors[key].device.type == "meta" and key in served else tensors[key]
+        if value.device.type == "meta":
+            raise DispatchError(f"{key!r} is on meta and no disk_weights entry serves it: load it first.")
+        set_module_tensor_to_device(module, key, torch_device(target), value=value, dtype=value.dtype)
+        placed[key] = target
+    return placed
 
 
 def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weights: DiskWeights | None):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from accelerate.utils import set_module_tensor_to_device
@@ -127,3 +129,43 @@ def test_nested_keys_are_flattened_longest_prefix_first(tmp_path):
     assert model.hf_device_map == {"layers.0": "cpu", "layers.1": "disk", "layers.2": "cpu"}
     x = torch.randn(2, 8)
     assert torch.allclose(model(x), reference(x), atol=1e-6)
+
+
+class WithOwnTensors(Stack):
+    """Tensors held by the model itself, not by a submodule: keys such as "pos" name a tensor, not a module."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(8))
+        self.register_buffer("shift", torch.randn(8))
+
+    def forward(self, x):
+        return super().forward(x + self.pos) + self.shift
+
+
+def test_keys_naming_a_tensor_are_placed_even_on_disk_and_raise_no_warning(tmp_path):
+    """accelerate hooks modules only: it left a top-level parameter planned for "disk" on meta (the forward
+    failed) and warned that the key matches no submodule. dispatch places such tensors where they execute."""
+    torch.manual_seed(0)
+    reference = WithOwnTensors().eval()
+    model = WithOwnTensors().eval()
+    model.load_state_dict(reference.state_dict())
+    path = tmp_path / "pos.safetensors"
+    save_file({"pos": reference.pos.detach().clone()}, str(path))
+    set_module_tensor_to_device(model, "pos", "meta")
+    index = {"pos": {"safetensors_file": str(path), "weight_name": "pos", "dtype": "float32"}}
+    x = torch.randn(2, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch(model, {"pos": "disk", "shift": "disk", "layers": "cpu"}, disk_weights=index)
+    assert model.pos.device.type == "cpu" and model.hf_device_map == {"pos": "cpu", "shift": "cpu", "layers": "cpu"}
+    torch.testing.assert_close(model(x), reference(x), atol=0, rtol=0)
+    undispatch(model)
+    assert hooked(model) == []
+
+
+def test_a_key_naming_neither_module_nor_tensor_is_refused_before_any_hook():
+    model = WithOwnTensors()
+    with pytest.raises(DispatchError, match=r"\['layers.9'\] name neither a submodule nor a tensor.*'layers'"):
+        dispatch(model, {"": "cpu", "layers.9": "cpu"})
+    assert hooked(model) == []
