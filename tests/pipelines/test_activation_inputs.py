@@ -127,6 +127,109 @@ def test_bad_call_specs_are_clear_errors(spec, message):
         text_to_image_activation_inputs(pipe, **spec)
 
 
+# --- the call spec's batch arithmetic: num_images_per_prompt, batch_size > 1, guidance_scale <= 1 ---------
+
+SPECS = [  # (prompts, images per prompt, guidance_scale): CFG on and off, at and below 1
+    (1, 1, 4.0), (2, 3, 4.0), (2, 1, 1.0), (1, 2, 0.0), (3, 1, 0.5),
+]
+
+
+def _shapes(tree):
+    """(shape, dtype) of every tensor in a call's args/kwargs, in order; other leaves as they are."""
+    from torch.utils._pytree import tree_leaves
+
+    return [(tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf for leaf in tree_leaves(tree)]
+
+
+def _captured_call(pipe, prompts: int, per_prompt: int, guidance_scale: float, monkeypatch) -> dict[str, list]:
+    """What a real `pipe(...)` call feeds each component: the shapes of the first call of each."""
+    seen: dict[str, list] = {}
+    handles = []
+    for name in ("text_encoder", "text_encoder_2", "denoiser"):
+        module = getattr(pipe, name, None)
+        if module is not None:
+            def record(module, args, kwargs, name=name):
+                seen.setdefault(name, _shapes((args, kwargs)))
+            handles.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    decode = pipe.vae._decode
+
+    def record_decode(latents):
+        seen.setdefault("vae", _shapes(((latents,), {})))
+        return decode(latents)
+
+    monkeypatch.setattr(pipe.vae, "_decode", record_decode)
+    try:
+        with torch.no_grad():
+            pipe(["a red square"] * prompts, num_images_per_prompt=per_prompt, guidance_scale=guidance_scale,
+                 height=32, width=48, num_inference_steps=1, output_type="pt")
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("preset", ["tiny-unet", "tiny-dit"])
+@pytest.mark.parametrize("prompts, per_prompt, guidance_scale", SPECS)
+def test_inputs_are_exactly_what_a_real_call_feeds_each_component(preset, prompts, per_prompt, guidance_scale,
+                                                                  monkeypatch):
+    pipe = TextToImagePipeline.from_preset(preset, seed=0)
+    calls = text_to_image_activation_inputs(pipe, 32, 48, batch_size=prompts, num_images_per_prompt=per_prompt,
+                                            guidance_scale=guidance_scale)
+    seen = _captured_call(pipe, prompts, per_prompt, guidance_scale, monkeypatch)
+    assert set(seen) == set(calls)
+    for name, call in calls.items():
+        assert _shapes((call.args, dict(call.kwargs))) == seen[name], name
+    images, guided = prompts * per_prompt, guidance_scale > 1
+    assert calls["denoiser"].args[0].shape[0] == images * (2 if guided else 1)
+    assert calls["vae"].args[0].shape[0] == images
+
+
+def _estimates(pipe, **spec) -> dict[str, int]:
+    calls = text_to_image_activation_inputs(pipe, 64, 64, **spec)
+    return {name: call.estimate(getattr(pipe, name)) for name, call in calls.items()}
+
+
+def test_estimates_depend_on_images_and_guidance_not_on_how_the_batch_is_asked_for():
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    # Two prompts x one image and one prompt x two images are the same tensors for every component.
+    assert _estimates(pipe, batch_size=2) == _estimates(pipe, num_images_per_prompt=2)
+    # guidance_scale <= 1 runs no classifier-free guidance, wherever below 1 it is.
+    unguided = _estimates(pipe, batch_size=2, guidance_scale=1.0)
+    assert _estimates(pipe, batch_size=2, guidance_scale=0.0) == unguided
+    assert _estimates(pipe, batch_size=2, guidance_scale=0.5) == unguided
+    # One guided image puts two samples through the encoders and the denoiser, like two unguided images, but
+    # the VAE decodes one.
+    guided = _estimates(pipe, batch_size=1, guidance_scale=1.5)
+    for name in ("text_encoder", "text_encoder_2", "denoiser"):
+        assert guided[name] == unguided[name], name
+    assert guided["vae"] < unguided["vae"]
+
+
+def test_estimates_scale_with_the_number_of_samples():
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    one = _estimates(pipe, guidance_scale=1.0)
+    four = _estimates(pipe, batch_size=2, num_images_per_prompt=2, guidance_scale=1.0)
+    guided_four = _estimates(pipe, batch_size=2, num_images_per_prompt=2, guidance_scale=4.0)
+    # Every activation carries the batch dimension (the 0-d timestep and its embedding are the exception).
+    for name in one:
+        assert 3.8 <= four[name] / one[name] <= 4.0, (name, one[name], four[name])
+    assert 1.9 <= guided_four["denoiser"] / four["denoiser"] <= 2.0
+    assert guided_four["vae"] == four["vae"]
+
+
+@pytest.mark.parametrize("prompts, per_prompt, guidance_scale", [(2, 2, 4.0), (3, 1, 1.0)])
+def test_batched_estimates_are_within_ten_percent_of_a_real_run(pipelines_pair, prompts, per_prompt,
+                                                                 guidance_scale):
+    on_meta, real = pipelines_pair
+    calls = text_to_image_activation_inputs(on_meta, 64, 64, batch_size=prompts, num_images_per_prompt=per_prompt,
+                                            guidance_scale=guidance_scale)
+    for name, call in calls.items():
+        estimate = call.estimate(getattr(on_meta, name))
+        args, kwargs = real_inputs(call)
+        measured = measure_activations(getattr(real, name), args, kwargs, method=call.method)
+        assert abs(estimate - measured) <= 0.10 * measured, (name, estimate, measured)
+
+
 # --- GPU: predicted vs torch.cuda.max_memory_allocated at 512 and 1024 ------------------------------------
 
 # Real widths; the transformer stacks are shortened because the activation peak of a stack is that of one
