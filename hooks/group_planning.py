@@ -1,8 +1,10 @@
 """Which modules form which offload group (pure bookkeeping: nothing moves here).
 
-Block level: the children of each `nn.ModuleList`/`nn.Sequential` child of the root (or of the root itself
-when it is one) are cut into runs of `num_blocks_per_group`; everything else (the root's own tensors and its
-other children) forms one "rest" group, onloaded while the root (or one of those children) runs.
+Block level: the blocks of every block list `placement.streaming.block_groups` finds (an `nn.ModuleList` /
+`nn.Sequential` at any depth: T5's `encoder.block`, a VAE's `decoder.up_blocks`; the planner sizes offloaded
+components from the same layout) are cut into runs of `num_blocks_per_group`; everything else (the tensors
+of the root, of the modules descended through and of every other child) forms one "rest" group, onloaded
+while the root or any of those modules runs.
 Leaf level: every module that holds tensors itself (each leaf layer, and any parent with direct parameters)
 is its own group.
 Groups that share a tensor (tied weights) are merged so a tensor is never offloaded while still in use.
@@ -15,10 +17,10 @@ from enum import Enum
 
 from torch import nn
 
+from placement.streaming import block_groups
+
 from .module_group import ReleaseRule
 from .tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
-
-BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
 
 
 class OffloadType(str, Enum):
@@ -63,31 +65,27 @@ def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group
 
 
 def _block_drafts(root: nn.Module, num_blocks_per_group: int) -> list[_Draft]:
-    containers = [("", root)] if isinstance(root, BLOCK_CONTAINERS) else [
-        (name, child) for name, child in root.named_children() if isinstance(child, BLOCK_CONTAINERS)
-    ]
+    layout = block_groups(root)
     drafts, claimed = [], set()
-    for container_name, container in containers:
-        blocks = list(container.named_children())
+    for block_list in layout.block_lists:
+        blocks = block_list.blocks
         for start in range(0, len(blocks), num_blocks_per_group):
             run = blocks[start : start + num_blocks_per_group]
             owned = [m for _, block in run for m in block.modules() if id(m) not in claimed]
             claimed.update(id(m) for m in owned)
-            first, last = run[0][0], run[-1][0]
-            label = first if first == last else f"{first}-{last}"
+            first, last = run[0][0], run[-1][0].rsplit(".", 1)[-1]
             drafts.append(
                 _Draft(
-                    name=f"{container_name}.{label}" if container_name else label,
+                    name=first if run[0][0] == run[-1][0] else f"{first}-{last}",
                     modules=[block for _, block in run],
                     owned=owned,
                     release=ReleaseRule.AFTER_LAST_MODULE,
                 )
             )
-    rest_children = [child for _, child in root.named_children() if id(child) not in claimed]
-    # A container's blocks have their own groups; hooking the container would onload the rest for nothing.
-    rest_children = [child for child in rest_children if not isinstance(child, BLOCK_CONTAINERS)]
+    # The root is always hooked (it drives the session); a module shared with a block belongs to the block.
+    rest_modules = [root, *(m for path, m in layout.rest_modules if path and id(m) not in claimed)]
     rest_owned = [m for m in root.modules() if id(m) not in claimed]
-    rest = _Draft(name="rest", modules=[root, *rest_children], owned=rest_owned, release=ReleaseRule.WHEN_IDLE)
+    rest = _Draft(name="rest", modules=rest_modules, owned=rest_owned, release=ReleaseRule.WHEN_IDLE)
     return [rest, *drafts]
 
 

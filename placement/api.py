@@ -10,11 +10,12 @@ from torch import nn
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
-from .memory_model import Ledger, streaming_working_set
+from .memory_model import Ledger
 from .plan import Plan
 from .planning_errors import ComponentError, StrategyError
 from .sizes import parse_size
 from .sizing import dtype_for, size_module
+from .streaming import streaming_working_set
 from .strategies import (
     ComponentRequest,
     Context,

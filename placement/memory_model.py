@@ -6,8 +6,8 @@
 
 Components run one after another, so only the largest transient counts, not their sum. A component's
 transient is its activation peak (from `estimate_activations`, for the call the user will make) plus, when
-it is offloaded or on disk, its streaming working set (see `streaming_working_set`): what block-level
-offloading keeps on the execution device at once, next to the activations. A split component charges its
+it is offloaded or on disk, its streaming working set (`streaming.streaming_working_set`): what
+block-level offloading keeps on the execution device at once, next to the activations. A split component charges its
 full activation peak to every accelerator it spans: conservative (each device holds only its part of the
 work), and it keeps a split from being planned onto a device whose leftover room is exactly its weights.
 
@@ -21,12 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from torch import nn
-
 from .budgets import Budgets
 from .devices import Device, is_accelerator
 from .plan import DevicePlan
-from .sizing import ComponentSize
+from .streaming import streaming_working_set  # noqa: F401  (re-exported: the planner's view of it)
 
 # What an accelerator needs beyond tensors the plan sees: the CUDA context with the cuBLAS/cuDNN workspaces
 # (300-600 MiB on current GPUs, allocated outside PyTorch's caching allocator, so no weight or activation
@@ -34,34 +32,6 @@ from .sizing import ComponentSize
 # hundred MiB at diffusion-model sizes). 1 GiB covers both with a little room; it is charged once per
 # accelerator that holds weights or executes something.
 ACCELERATOR_RUNTIME_OVERHEAD = 1024**3
-
-
-# Block-level offloading cuts the blocks of the root's nn.ModuleList / nn.Sequential children into groups.
-BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
-# On CUDA it prefetches the next block on a side stream while the current one computes: two blocks resident.
-RESIDENT_BLOCKS = 2
-
-
-def streaming_working_set(module: nn.Module, size: ComponentSize) -> int:
-    """Bytes an offloaded component keeps on its execution device at once while it runs.
-
-    This mirrors how the runtime streams it (hooks' block-level group offloading): the blocks of the root's
-    ModuleList/Sequential children move one at a time, with the next one prefetched, while everything
-    else (embeddings, norms, heads: the "rest") stays on the device for the whole forward. So the working
-    set is the rest plus the two largest blocks. A module with no block list streams nothing: its working
-    set is all of it, and offloading it saves no accelerator memory.
-    """
-    containers = [("", module)] if isinstance(module, BLOCK_CONTAINERS) else [
-        (name, child) for name, child in module.named_children() if isinstance(child, BLOCK_CONTAINERS)
-    ]
-    blocks = [
-        size.module_sizes.get(f"{prefix}.{name}" if prefix else name, 0)
-        for prefix, container in containers
-        for name, _ in container.named_children()
-    ]
-    resident = sorted(blocks, reverse=True)[:RESIDENT_BLOCKS]
-    rest = size.total - sum(blocks)
-    return max(rest, 0) + sum(resident)
 
 
 @dataclass

@@ -24,7 +24,7 @@ class ComponentRequest:
     dtype: Optional[torch.dtype]
     activation: Optional[int]  # None: activations not accounted for
     position: int  # in execution order
-    streamed: int  # bytes on the execution device at once when offloaded (memory_model.streaming_working_set)
+    streamed: int  # bytes on the execution device at once when offloaded (streaming.streaming_working_set)
 
     @property
     def bytes(self) -> int:

@@ -1,0 +1,94 @@
+"""What block-level offloading streams: ONE definition shared by the runtime and the planner.
+
+`hooks.group_planning` builds its offload groups from `block_groups(module)`, and the planner's
+`streaming_working_set` (what an offloaded component keeps on its execution device at once) reads the same
+layout, so the plan and the runtime never disagree on which bytes stream. (It lives here because `hooks`
+may import `placement`, never the reverse.)
+
+A block list is an `nn.ModuleList` / `nn.Sequential`; its children are the blocks, moved to the device one
+at a time. Block lists are found at any depth: a child that is not a block list itself but holds one further
+down (a transformers `T5EncoderModel` keeps its blocks under `encoder.block`, a CLIP text model under
+`text_model.encoder.layers`, a VAE under `encoder.down_blocks`) is descended into. Everything outside the
+blocks -- the root's own tensors, the tensors of the modules descended through, and every child that holds
+no block list (embeddings, norms, heads) -- is the "rest", resident while any part of the module runs.
+Blocks are never looked into: a block's own lists move with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .sizing import ComponentSize
+
+BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+# On CUDA the runtime prefetches the next block on a side stream while the current one computes: two
+# blocks are resident at once (without streams one would be, so two is the bound the planner charges).
+RESIDENT_BLOCKS = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockList:
+    """One ModuleList/Sequential whose children are streamed one block at a time."""
+
+    path: str  # its qualified name under the root ("" when the root itself is the list)
+    container: nn.Module
+
+    @property
+    def blocks(self) -> list[tuple[str, nn.Module]]:
+        """(qualified path, block) for each child, in order."""
+        return [(f"{self.path}.{name}" if self.path else name, block) for name, block in self.container.named_children()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockLayout:
+    """How block-level offloading cuts a module: its block lists, and the modules that hold the rest."""
+
+    block_lists: tuple[BlockList, ...]  # in module order
+    # (path, module): the root, the modules descended through, and every other child met on the way; the
+    # runtime hooks these so the rest is on the device whenever any of them runs.
+    rest_modules: tuple[tuple[str, nn.Module], ...]
+
+    @property
+    def block_paths(self) -> list[str]:
+        return [path for block_list in self.block_lists for path, _ in block_list.blocks]
+
+
+def block_groups(module: nn.Module) -> BlockLayout:
+    """The block lists of `module` at any depth, and the modules holding everything else (see the module doc)."""
+    if isinstance(module, BLOCK_CONTAINERS):
+        return BlockLayout(block_lists=(BlockList(path="", container=module),), rest_modules=(("", module),))
+    block_lists: list[BlockList] = []
+    rest: list[tuple[str, nn.Module]] = [("", module)]
+    _descend(module, "", block_lists, rest)
+    return BlockLayout(block_lists=tuple(block_lists), rest_modules=tuple(rest))
+
+
+def _descend(module: nn.Module, prefix: str, block_lists: list[BlockList], rest: list) -> None:
+    for name, child in module.named_children():
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(child, BLOCK_CONTAINERS):
+            block_lists.append(BlockList(path=path, container=child))
+            continue
+        found: list[BlockList] = []
+        below: list[tuple[str, nn.Module]] = []
+        _descend(child, path, found, below)
+        rest.append((path, child))
+        if found:  # a container of block lists: its blocks stream, its other children join the rest
+            block_lists += found
+            rest += below
+
+
+def streaming_working_set(module: nn.Module, size: ComponentSize) -> int:
+    """Bytes an offloaded component keeps on its execution device at once while it runs.
+
+    The rest stays on the device for the whole forward and the blocks move one at a time with the next one
+    prefetched, so the working set is the rest plus the two largest blocks. A module with no block list
+    streams nothing: its working set is all of it, and offloading it saves no accelerator memory.
+    Tied tensors are counted once, where `size` counts them (their first name).
+    """
+    blocks = [size.module_sizes.get(path, 0) for path in block_groups(module).block_paths]
+    resident = sorted(blocks, reverse=True)[:RESIDENT_BLOCKS]
+    rest = size.total - sum(blocks)
+    return max(rest, 0) + sum(resident)
