@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 import huggingface_hub
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from .checkpoint.errors import WeightsNotFoundError
@@ -39,9 +39,18 @@ def resolve_folder(
         raise WeightsNotFoundError(
             f"{repo_id!r} is neither an existing folder nor a valid Hugging Face Hub id ('org/name'): {error}"
         ) from error
-    snapshot = huggingface_hub.snapshot_download(
-        repo_id, allow_patterns=list(allow_patterns) if allow_patterns is not None else None, revision=revision
-    )
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            repo_id, allow_patterns=list(allow_patterns) if allow_patterns is not None else None, revision=revision
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        # huggingface_hub's own message talks of snapshots and connections only; a mistyped local path lands
+        # here too, so say both what was looked for and what to check.
+        raise WeightsNotFoundError(
+            f"{repo_id!r} is not an existing folder (looked for {str(local.absolute())!r}), and fetching it as a "
+            f"Hugging Face Hub id failed: {type(error).__name__}: {str(error).splitlines()[0]} Check the path; "
+            "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
+        ) from error
     return _with_subfolder(Path(snapshot), subfolder)
 
 

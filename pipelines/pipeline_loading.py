@@ -21,7 +21,7 @@ from torch import nn
 from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
 from placement.devices import is_accelerator, torch_device
-from placement.errors import PlacementError
+from placement.errors import InvalidDtypeError, PlacementError
 from placement.plan import Plan, PlacementKind
 from placement.sizing import dtype_for
 
@@ -66,6 +66,7 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
     index = ModelIndex.read(folder)
     check_constructor(cls, index, passed)
     sources = component_sources(index, folder, skip=passed)
+    check_dtype_keys(options.torch_dtype, sources, passed)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
@@ -93,6 +94,7 @@ def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map,
     index = ModelIndex.read(folder)
     check_constructor(cls, index, passed)
     sources = component_sources(index, folder, skip=passed)
+    check_dtype_keys(torch_dtype, sources, passed)
     components = {
         name: build_sized_on_meta(s, torch_dtype=torch_dtype, variant=variant, weights_required=False)
         if s.is_module else load_non_module(s)
@@ -121,6 +123,21 @@ def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | 
     cast_meta(module, weights, dtype=dtype_for(torch_dtype, source.name), keep_in_fp32=keep_in_fp32_modules(module))
     tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
     return module
+
+
+def check_dtype_keys(torch_dtype, sources: Mapping[str, ComponentSource], passed: Mapping[str, Any]) -> None:
+    """A dict `torch_dtype` may name module components and "default" only: a misspelt key would otherwise
+    be ignored without a word, loading that component in the default dtype."""
+    if not isinstance(torch_dtype, Mapping):
+        return
+    modules = [name for name, s in sources.items() if s.is_module]
+    modules += [name for name, value in passed.items() if isinstance(value, nn.Module)]
+    unknown = sorted(str(key) for key in torch_dtype if key != "default" and key not in modules)
+    if unknown:
+        raise InvalidDtypeError(
+            f"torch_dtype names {unknown}, which are not module components of this pipeline; its module "
+            f"components are {sorted(modules)}. Fix the key(s), or use 'default' for every other component."
+        )
 
 
 def _dtype_spec(pipe: Pipeline, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:

@@ -69,3 +69,19 @@ def test_missing_subfolder_is_named(tmp_path):
     tiny_model().save_pretrained(tmp_path / "m")
     with pytest.raises(WeightsNotFoundError, match="unet"):
         hub.resolve_folder(tmp_path / "m", subfolder="unet")
+
+
+def test_a_failed_download_names_the_path_it_looked_for_and_what_to_check(tmp_path, monkeypatch):
+    """A mistyped local folder ("nope") is a valid Hub id: the download's own error (offline here) spoke of
+    snapshots and connections only."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def offline(*args, **kwargs):
+        raise LocalEntryNotFoundError("An error happened while trying to locate the files on the Hub.")
+
+    monkeypatch.setattr(hub.huggingface_hub, "snapshot_download", offline)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WeightsNotFoundError, match=r"'nope' is not an existing folder \(looked for .*nope'\).*"
+                                                   r"LocalEntryNotFoundError.*Check the path") as caught:
+        TinyModel.from_pretrained("nope")
+    assert isinstance(caught.value.__cause__, LocalEntryNotFoundError)

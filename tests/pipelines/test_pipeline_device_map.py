@@ -149,6 +149,23 @@ def test_dtype_dict_per_component_with_and_without_device_map(saved):
     assert plan.components["vae"].bytes == full["vae"]
 
 
+def test_a_misspelt_dtype_key_is_an_error_naming_it_and_the_components(saved):
+    """{"denoser": bf16} used to load the denoiser in float32 without a word."""
+    from placement.errors import InvalidDtypeError
+
+    folder, _ = saved
+    dtypes = {"denoser": torch.bfloat16, "default": torch.float32}
+    calls = (lambda: load(folder, torch_dtype=dtypes),
+             lambda: TextToImagePipeline.from_pretrained(folder, torch_dtype=dtypes),
+             lambda: TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, torch_dtype=dtypes))
+    for call in calls:
+        with pytest.raises(InvalidDtypeError, match=r"\['denoser'\].*'denoiser', 'text_encoder'.*'default'"):
+            call()
+    tokenizer_key = {"tokenizer": torch.float16}  # a component, but not a module: nothing to cast
+    with pytest.raises(InvalidDtypeError, match=r"\['tokenizer'\], which are not module components"):
+        TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, torch_dtype=tokenizer_key)
+
+
 def test_unknown_device_map_string_lists_the_supported_ones(saved):
     folder, _ = saved
     with pytest.raises(StrategyError, match="'fastest'.*balanced.*sequential.*balanced_low_0"):
