@@ -7,6 +7,7 @@ are downloaded). `--height/--width/--batch-size` plan for that call (activation 
 from __future__ import annotations
 
 import argparse
+import difflib
 from pathlib import Path
 
 from placement import Plan
@@ -79,9 +80,10 @@ def _folder(target: str) -> Path:
     try:
         return resolve_pipeline_folder(target, weights=False)
     except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
+        close = difflib.get_close_matches(target, PRESETS, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
         raise PlanTargetError(
-            f"{target!r} is not a preset ({', '.join(PRESETS)}), not an existing folder, and could not be fetched "
-            f"from the Hub ({type(error).__name__}: {str(error).splitlines()[0]})."
+            f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}). {type(error).__name__}: {error}"
         ) from error
 
 

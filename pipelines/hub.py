@@ -48,7 +48,7 @@ def resolve_folder(
         # here too, so say both what was looked for and what to check.
         raise WeightsNotFoundError(
             f"{repo_id!r} is not an existing folder (looked for {str(local.absolute())!r}), and fetching it as a "
-            f"Hugging Face Hub id failed: {type(error).__name__}: {str(error).splitlines()[0]} Check the path; "
+            f"Hugging Face Hub id failed ({type(error).__name__}: {str(error).splitlines()[0]}). Check the path; "
             "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
         ) from error
     return _with_subfolder(Path(snapshot), subfolder)

@@ -142,7 +142,9 @@ def resolve_class(spec: ComponentSpec, *, component: str) -> type:
         hint = (
             " Install the [hf] extra: pip install 'pipeline-placement[hf]'."
             if library in HF_LIBRARIES
-            else " The library must be 'pipelines', 'diffusers', 'transformers' or an importable module path."
+            else " The library must be 'pipelines', 'diffusers', 'transformers' or an importable module path: "
+            f"install the package that defines {library!r}, or add its folder to PYTHONPATH (the `placement` "
+            "command does not look in the current folder)."
         )
         raise ModelIndexError(f"Component {component!r}: cannot import library {library!r} ({error}).{hint}") from error
     found = getattr(module, class_name, None)

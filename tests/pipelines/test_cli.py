@@ -66,6 +66,9 @@ def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, c
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     assert main(["plan", "someone/no-such-pipeline"]) == 2
     assert "not a preset (tiny-unet, tiny-dit, sdxl-like, flux-like)" in capsys.readouterr().err
+    assert main(["plan", "tiny-dtt"]) == 2  # a typo of a preset reads as a Hub id: say which preset was meant
+    err = capsys.readouterr().err
+    assert "did you mean 'tiny-dit'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
 
 
 def test_budget_arguments_parse_sizes_the_one_way():

@@ -156,7 +156,7 @@ def test_required_component_absent_from_the_index_is_an_error(tmp_path):
     "entry, message",
     [
         (["pipelines", "NoSuchModel"], "not part of the 'pipelines' library"),
-        (["no_such_library_xyz", "Decoder"], "cannot import library 'no_such_library_xyz'"),
+        (["no_such_library_xyz", "Decoder"], "cannot import library 'no_such_library_xyz'.*add its folder to PYTHONPATH"),
         (["pipeline_fixtures", "NoSuchClass"], "has no class 'NoSuchClass'"),
         (["pipelines", "Decoder", "extra"], r"expected \[library, ClassName\]"),
     ],
