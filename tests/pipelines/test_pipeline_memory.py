@@ -16,7 +16,7 @@ from pipelines import TextToImagePipeline
 from pipelines.errors import DeviceMappedError
 from pipelines.pipeline_memory import VaeFeatureError
 
-CALL = dict(num_inference_steps=1, height=32, width=32, output_type="pt")
+CALL = dict(num_inference_steps=1, output_type="pt")
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,9 @@ def pipe():
     return TextToImagePipeline.from_preset("tiny-unet")
 
 
-def generate(pipe, prompt="a red square"):
+def generate(pipe, prompt="a red square", side=32):
     with torch.no_grad():
-        return pipe(prompt, generator=torch.Generator().manual_seed(0), **CALL).images
+        return pipe(prompt, generator=torch.Generator().manual_seed(0), height=side, width=side, **CALL).images
 
 
 def tensor_devices(pipe):
@@ -86,20 +86,57 @@ def test_technique_equals_plain_run_twice_and_reset_restores(technique, pipe, re
     torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
 
 
+THEN = {  # what runs on top of layerwise casting (applied first, as docs/memory.md says)
+    "nothing": lambda pipe: None,
+    "group-leaf": lambda pipe: pipe.enable_group_offload("cpu", offload_type="leaf_level"),
+    "model": lambda pipe: pipe.enable_model_cpu_offload(),
+}
+
+
+@pytest.mark.parametrize("then", THEN)
 @pytest.mark.parametrize("storage_dtype, bound", [(torch.float8_e4m3fn, 0.05), (torch.bfloat16, 0.005)])
-def test_layerwise_casting_then_group_offload_on_the_denoiser(storage_dtype, bound, pipe, reference):
+def test_layerwise_casting_alone_and_under_offloading(storage_dtype, bound, then, pipe, reference):
     """fp8 keeps 3 mantissa bits (<= 2**-4 relative per weight), bf16 8 (<= 2**-9): the images may differ from
     the full-precision ones by that much (measured 0.9% and 0.06%), and not at all between calls."""
     from hooks import apply_layerwise_casting
 
     apply_layerwise_casting(pipe.denoiser, storage_dtype=storage_dtype, compute_dtype=torch.float32)
-    pipe.enable_group_offload("cpu", offload_type="leaf_level")
+    THEN[then](pipe)
     first, second = generate(pipe), generate(pipe)
     torch.testing.assert_close(second, first, atol=1e-5, rtol=0)
     assert 0 < ((first - reference).norm() / reference.norm()).item() < bound
+    pipe.maybe_free_model_hooks()
     assert storage_dtype in {p.dtype for p in pipe.denoiser.parameters()}  # stored small between calls
     pipe.reset_device_map()
     assert hooked(pipe) == [] and {p.dtype for p in pipe.denoiser.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("technique", [*TECHNIQUES, "layerwise-fp8"])
+def test_accelerate_hook_removal_undoes_every_technique(technique, pipe, tmp_path):
+    """Every technique is accelerate hooks: `remove_hook_from_module(recurse=True)` on each component leaves
+    plain modules, weights on the CPU in their own dtype, nothing on disk, and the images of the technique."""
+    from accelerate.hooks import remove_hook_from_module
+
+    from hooks import apply_layerwise_casting
+
+    if technique == "layerwise-fp8":
+        apply_layerwise_casting(pipe.denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    else:
+        TECHNIQUES[technique][0](pipe, tmp_path)
+    expected = generate(pipe)
+    pipe.maybe_free_model_hooks()
+    for module in pipe.module_components.values():
+        remove_hook_from_module(module, recurse=True)
+    assert hooked(pipe) == [] and tensor_devices(pipe) == {"cpu"}
+    assert {p.dtype for m in pipe.module_components.values() for p in m.parameters()} == {torch.float32}
+    assert [name for _, _, names in os.walk(tmp_path) for name in names] == []  # group files removed
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_group_offload_with_no_arguments_just_works(pipe, reference):
+    pipe.enable_group_offload()  # onload on GPU 0, or on the CPU without one; block level, one block a group
+    torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+    assert all(group_offloading_session(m).resident_groups == [] for m in pipe.module_components.values())
 
 
 def test_model_offload_twice_follows_the_model_graph(pipe, reference):
@@ -142,25 +179,70 @@ def test_switching_techniques_needs_a_reset_and_failures_leave_nothing_behind(pi
     torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
 
 
-def test_vae_slicing_and_tiling_are_wired_to_the_vae(pipe):
-    prompts = ["a red square", "a blue circle"]
-    with torch.no_grad():
-        batch = pipe(prompts, generator=torch.Generator().manual_seed(0), **CALL).images
-        pipe.enable_vae_slicing()
-        assert pipe.vae.use_slicing
-        sliced = pipe(prompts, generator=torch.Generator().manual_seed(0), **CALL).images
-        pipe.disable_vae_slicing()
-        assert not pipe.vae.use_slicing
-    torch.testing.assert_close(sliced, batch, atol=1e-5, rtol=0)  # one sample at a time, same images
+def _decoder_batches(pipe) -> list[int]:
+    """The batch size of every call of the VAE's decoder network (one per sample slice and per tile)."""
+    batches: list[int] = []
+    pipe.vae.decoder.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
+    return batches
 
-    pipe.enable_vae_tiling()
-    assert pipe.vae.use_tiling
-    pipe.disable_vae_tiling()
-    assert not pipe.vae.use_tiling
+
+def test_vae_slicing_decodes_sample_by_sample_and_saves_nothing_for_one(pipe):
+    prompts = ["a red square", "a blue circle"]
+    batches = _decoder_batches(pipe)
+    batch = generate(pipe, prompts)
+    pipe.enable_vae_slicing()
+    assert pipe.vae.use_slicing
+    sliced = generate(pipe, prompts)
+    torch.testing.assert_close(sliced, batch, atol=1e-5, rtol=0)  # one sample at a time, same images
+    generate(pipe)  # a batch of one: one decode, exactly as without slicing
+    assert batches == [2, 1, 1, 1]
+    pipe.disable_vae_slicing()
+    assert not pipe.vae.use_slicing
 
     pipe.register_components(vae=None)
     with pytest.raises(VaeFeatureError, match="no vae"):
         pipe.enable_vae_slicing()
+
+
+def test_vae_tiling_splits_images_larger_than_a_tile_and_skips_the_others(pipe):
+    """tile_sample_size=32 pixels on the tiny VAE (factor 2): 16-latent tiles overlapping by 4."""
+    from pipelines.models.tiling import TileGrid
+
+    plain = {side: generate(pipe, side=side) for side in (32, 48)}
+    batches = _decoder_batches(pipe)
+    pipe.enable_vae_tiling(tile_sample_size=32)
+    assert pipe.vae.use_tiling and pipe.vae.tile_sample_size == 32
+    torch.testing.assert_close(generate(pipe, side=32), plain[32], atol=0, rtol=0)  # one tile: not tiled
+    assert len(batches) == 1
+    tiled = generate(pipe, side=48)
+    assert len(batches) == 1 + len(TileGrid.cover(24, 16, 4).starts) ** 2
+    difference = ((tiled - plain[48]).norm() / plain[48].norm()).item()
+    assert 0 < difference < 0.1, difference  # close to, not equal to, the untiled decode
+    pipe.disable_vae_tiling()
+    assert not pipe.vae.use_tiling
+    torch.testing.assert_close(generate(pipe, side=48), plain[48], atol=0, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+@pytest.mark.parametrize("technique", [*TECHNIQUES, "device-map"])
+def test_vae_slicing_and_tiling_work_under_every_technique(technique, tmp_path):
+    prompts = ["a red square", "a blue circle"]
+
+    def sliced_and_tiled(pipe):
+        pipe.enable_vae_slicing()
+        pipe.enable_vae_tiling(tile_sample_size=32)
+        return generate(pipe, prompts, side=48)  # 2 samples x 2 x 2 overlapping tiles of 32 pixels
+
+    plain = TextToImagePipeline.from_preset("tiny-unet")
+    expected = sliced_and_tiled(plain)
+    if technique == "device-map":
+        plain.save_pretrained(tmp_path / "folder")
+        pipe = TextToImagePipeline.from_pretrained(tmp_path / "folder", device_map="balanced", progress=False)
+        assert pipe.hf_device_map is not None
+    else:
+        pipe = TextToImagePipeline.from_preset("tiny-unet")
+        TECHNIQUES[technique][0](pipe, tmp_path / "groups")
+    torch.testing.assert_close(sliced_and_tiled(pipe), expected, atol=1e-5, rtol=0)
 
 
 # --- GPU: peak memory ordering, on the tiny pipelines and on a mid-size one where weights dominate --------
