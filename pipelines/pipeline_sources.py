@@ -86,6 +86,7 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
                 f"{unknown} are not components of this folder (model_index.json lists {sorted(index.components)}); "
                 "check the spelling of from_pretrained's keyword arguments."
             )
+        _check_passed_modules(index, passed)
         return
     parameters = _constructor_parameters(cls)
     available = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
@@ -101,6 +102,23 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
         raise PipelineComponentError(
             f"{cls.__name__} has no component(s) {unknown}; its components are {sorted(parameters)}."
         )
+    _check_passed_modules(index, passed)
+
+
+def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any]) -> None:
+    """Where the folder holds a model, a passed replacement must be a module (any class: a wrapped or
+    quantized model is fine) or None; anything else would only fail at the first call, far from the cause."""
+    for name, value in passed.items():
+        spec = index.components.get(name)
+        if value is None or _is_module(value) or spec is None or spec.is_absent:
+            continue
+        saved = resolve_class(spec, component=name)
+        if isinstance(saved, type) and family_of(saved) is not Family.NON_MODULE:
+            raise PipelineComponentError(
+                f"from_pretrained({name}=...) got a {type(value).__name__}, but {name!r} is a model in this folder "
+                f"({spec.library}.{spec.class_name}); pass an nn.Module (e.g. {spec.class_name}.from_pretrained"
+                f"(...)), or None to leave it out."
+            )
 
 
 def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, Any]) -> "Pipeline":

@@ -186,3 +186,16 @@ def test_generic_load_refuses_a_misspelt_keyword_instead_of_adding_a_component(t
     tiny_user_pipeline().save_pretrained(tmp_path / "user")
     with pytest.raises(PipelineComponentError, match=r"\['device_mp'\] are not components"):
         Pipeline.from_pretrained(tmp_path / "user", device_mp="balanced")
+
+
+def test_a_passed_non_module_where_the_folder_holds_a_model_is_an_error(tmp_path):
+    """denoiser="path/to/denoiser" used to be accepted and fail at the first call; a module of another class
+    (a wrapped or quantized model) and None stay allowed."""
+    tiny_user_pipeline().save_pretrained(tmp_path / "user")
+    for cls in (TinyUserPipeline, Pipeline):
+        with pytest.raises(PipelineComponentError, match=r"decoder=\.\.\.\) got a str, but 'decoder' is a model "
+                                                         r"in this folder \(pipeline_fixtures.Decoder\)"):
+            cls.from_pretrained(tmp_path / "user", decoder="decoder/")
+    other = nn.Linear(8, 3)
+    assert TinyUserPipeline.from_pretrained(tmp_path / "user", decoder=other).decoder is other
+    assert Pipeline.from_pretrained(tmp_path / "user", decoder=None).decoder is None
