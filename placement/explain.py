@@ -40,14 +40,17 @@ def explain_plan(plan: Plan) -> str:
 
 def _component_table(plan: Plan) -> list[str]:
     devices = [entry.device for entry in plan.devices]
-    header = ["component", "kind", "runs on", *[device_label(d) for d in devices]]
+    # With a call spec, each component's own activation peak: which one sets a device's "activations" below.
+    activations = ["activations"] if plan.activations_accounted else []
+    header = ["component", "kind", "runs on", *activations, *[device_label(d) for d in devices]]
     rows = []
     for name, component in plan.components.items():
         cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
-        rows.append([name, kind, device_label(component.execution_device), *cells])
+        own = [EMPTY if component.activation_bytes is None else format_bytes(component.activation_bytes)]
+        rows.append([name, kind, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
-    rows.append(["total weights", "", "", *totals])
+    rows.append(["total weights", "", "", *[""] * len(activations), *totals])
     return _aligned(header, rows, left=3)
 
 

@@ -230,6 +230,36 @@ def test_batched_estimates_are_within_ten_percent_of_a_real_run(pipelines_pair, 
         assert abs(estimate - measured) <= 0.10 * measured, (name, estimate, measured)
 
 
+
+@pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+def test_a_plan_for_a_call_shows_each_components_activations_and_each_devices_peak(tmp_path):
+    """What `plan_placement(call=)` (and `placement plan --height/--width/--batch-size`) show a user: each
+    component's activation peak for that call, and per device weights + the largest of them + overhead."""
+    from placement.sizes import format_bytes
+
+    TextToImagePipeline.from_preset("tiny-dit").save_pretrained(tmp_path / "tiny-dit")
+    spec = {"height": 64, "width": 64, "batch_size": 2, "num_images_per_prompt": 2, "guidance_scale": 1.0}
+    plan = TextToImagePipeline.plan_placement(tmp_path / "tiny-dit", max_memory={0: "4GiB", 1: "4GiB"}, call=spec)
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    assert plan.activations_accounted
+    for name, call in pipe.activation_inputs(**spec).items():
+        assert plan.components[name].activation_bytes == call.estimate(getattr(pipe, name)), name
+    for device in plan.devices:
+        running = [c.activation_bytes for c in plan.components.values() if c.execution_device == device.device]
+        assert device.activation_peak == max(running, default=0), device
+        assert device.predicted_peak == device.weight_bytes + device.activation_peak + device.overhead
+
+    lines = plan.explain().splitlines()
+    header = next(line for line in lines if line.startswith("component"))
+    assert header.split()[:5] == ["component", "kind", "runs", "on", "activations"]
+    for name, component in plan.components.items():
+        row = next(line for line in lines if line.startswith(f"{name} "))
+        assert row.split()[4:6] == format_bytes(component.activation_bytes).split(), row
+    for device in plan.accelerators:
+        row = next(line for line in lines if line.startswith(f"GPU {device} "))  # the device table's row
+        assert format_bytes(plan.device(device).predicted_peak) in row, row
+
+
 # --- GPU: predicted vs torch.cuda.max_memory_allocated at 512 and 1024 ------------------------------------
 
 # Real widths; the transformer stacks are shortened because the activation peak of a stack is that of one
