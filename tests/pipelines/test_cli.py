@@ -76,3 +76,15 @@ def test_budget_arguments_parse_sizes_the_one_way():
     assert simulate_arg("2x24GiB") == {0: 24 * GiB, 1: 24 * GiB}
     assert simulate_arg("24GiB,12GiB") == {0: 24 * GiB, 1: 12 * GiB}
     assert json.dumps(simulate_arg("0=1GiB")) == json.dumps({0: GiB})
+
+
+def test_help_works_and_the_console_script_is_this_main(capsys):
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "placement"]
+    assert script.value == "pipelines.cli:main"
+    for argv, expected in ((["--help"], ("demo", "plan")), (["plan", "--help"], ("--max-memory", "--strategy"))):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        out = capsys.readouterr().out
+        assert exit_info.value.code == 0 and all(word in out for word in expected)

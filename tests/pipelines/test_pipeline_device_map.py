@@ -262,3 +262,31 @@ def test_from_pretrained_with_a_call_plans_for_its_activations(saved):
     torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
     with pytest.raises(CallSpecError, match="call=.*does not fit"):
         load(folder, call={"resolution": 16})
+
+
+def test_loading_shows_a_progress_bar_per_component_that_reaches_its_tensor_count(saved, monkeypatch):
+    """tqdm is created per component with disable=None (shown on terminals, quiet in logs); progress=False
+    turns it off."""
+    import pipelines.checkpoint.loading as loading
+
+    bars = []
+
+    class Recorder(loading.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.steps = 0  # tqdm stops counting once it finds no terminal; count the updates here
+            bars.append((kwargs["desc"], kwargs["disable"], self))
+
+        def update(self, n=1):
+            self.steps += n
+            return super().update(n)
+
+    monkeypatch.setattr(loading, "tqdm", Recorder)
+    folder, _ = saved
+    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced")
+    expected = [(f"Loading {type(m).__name__}", len(m.state_dict())) for m in pipe.module_components.values()]
+    assert sorted((desc, bar.steps) for desc, _, bar in bars) == sorted(expected)
+    assert all(disable is None and bar.total == bar.steps for _, disable, bar in bars)
+    bars.clear()
+    load(folder)
+    assert bars and all(disable is True for _, disable, _ in bars)
