@@ -117,6 +117,12 @@ def test_plain_passed_component_is_sized_and_placed_with_the_rest(saved):
     assert pipe.placement_plan.components["denoiser"].pinned is False
     assert pipe.hf_device_map["denoiser"] == "cpu"
     torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    # Sized from the object, not from the folder: a bf16 denoiser passed in counts at its own size.
+    half = DiT.from_pretrained(folder / "denoiser", torch_dtype=torch.bfloat16)
+    own = sum(t.numel() * t.element_size() for t in half.state_dict().values())
+    assert 2 * own == pytest.approx(component_bytes(folder)["denoiser"], rel=0.01)
+    plan = TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB", 1: "1GiB"}, denoiser=half)
+    assert plan.components["denoiser"].bytes == own == sum(plan.components["denoiser"].placed_bytes.values())
 
 
 def test_device_mapped_passed_component_is_pinned_and_never_moved(saved, tmp_path):
