@@ -14,7 +14,9 @@ The fp16 cast streams each tensor from its memory map through one `tensor.to(dty
 in process on 2 shared cores, two 270 MB shards from the page cache, best of 4: `.to(fp16)` 2.37 GB/s,
 `torch.empty(dtype)` + `copy_` 2.39, the same in 4M-element chunks 1.93, `readinto` a reused 16 MiB buffer then
 `copy_` 1.16, `readinto` a whole fp32 tensor then cast 0.87. None beats `.to()`, so the loader keeps it; the
-"load_file, cast to fp16" row is the same cast done the plain way (peak RSS 1.5x), for comparison.
+"load_file, cast to fp16" row is the same cast done the plain way, for comparison (in one process, best of 3 on
+the 1.07 GB model: ours 0.51 s, load_file + `.to` 0.70 s; across child processes the two swing 0.5-2 s on a
+shared CPU, so compare several runs).
 
     python benchmarks/load.py                 # ~1.07 GB fp32 model, 4 shards, 2 repeats
     python benchmarks/load.py --gib 2 --repeats 3 --folder /tmp/bench-model
