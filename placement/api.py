@@ -19,6 +19,7 @@ from .streaming import streaming_working_set
 from .strategies import (
     ComponentRequest,
     Context,
+    CostModel,
     Placements,
     StrategyKind,
     StrategySpec,
@@ -74,7 +75,7 @@ def plan(
     placements = Placements()
     _place_pins(spec, pinned, requests, ledger, context, placements, notes)
     free = [request for name, request in requests.items() if name not in placements.by_name]
-    place_free_components(spec, free, ledger, context, placements, notes)
+    place_free_components(spec, free, ledger, context, placements, notes, CostModel.build(model_graph, free))
     by_name = placements.by_name
     return Plan(
         strategy=spec.label,

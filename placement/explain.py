@@ -31,7 +31,10 @@ def explain_plan(plan: Plan) -> str:
         lines.append("Edges crossing devices: none")
     if plan.fallbacks:
         lines += ["", "Fallbacks:"]
-        lines += [f"  {fb.component} -> {fb.kind.value}: {fb.reason}" for fb in plan.fallbacks]
+        lines += [
+            f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
+            for fb in plan.fallbacks
+        ]
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  {warning}" for warning in plan.warnings]

@@ -24,7 +24,6 @@ from typing import Optional
 from .budgets import Budgets
 from .devices import Device, is_accelerator
 from .plan import DevicePlan
-from .streaming import streaming_working_set  # noqa: F401  (re-exported: the planner's view of it)
 
 # What an accelerator needs beyond tensors the plan sees: the CUDA context with the cuBLAS/cuDNN workspaces
 # (300-600 MiB on current GPUs, allocated outside PyTorch's caching allocator, so no weight or activation

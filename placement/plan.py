@@ -69,11 +69,17 @@ class DevicePlan(_Frozen):
 
 
 class Fallback(_Frozen):
-    """A component that could not be placed whole, the kind it got instead, and why (with the numbers)."""
+    """A component that could not be placed whole, the kind it got instead, and why (with the numbers).
+
+    `demoted`: the component was kept off the accelerators' resident room on purpose (streamed instead of
+    whole or split) because that let others execute on an accelerator rather than on the CPU; see
+    `strategies.demotion`.
+    """
 
     component: str
     kind: PlacementKind
     reason: str
+    demoted: bool = False
 
 
 class Plan(_Frozen):
@@ -85,7 +91,8 @@ class Plan(_Frozen):
     activations_accounted: bool
     warnings: list[str]
     budget_margin: str = ""  # how detected budgets were derived, for explain()
-    placement_order: list[str] = []  # the order the strategy placed components in (pinned ones first)
+    # The order the strategy placed components in: pinned ones first, demoted ones (streamed on purpose) last.
+    placement_order: list[str] = []
 
     @property
     def device_map(self) -> dict[str, Device]:

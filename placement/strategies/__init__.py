@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 from ..memory_model import Ledger
 from .balanced import place_balanced
+from .cost import CostModel, PlanCost
 from .cpu_only import place_cpu_only
+from .demotion import place_with_demotions
 from .fallbacks import Context
 from .request import ComponentRequest, Placed, Placements
 from .sequential import place_sequential
@@ -17,8 +20,10 @@ __all__ = [
     "SUPPORTED",
     "ComponentRequest",
     "Context",
+    "CostModel",
     "Placed",
     "Placements",
+    "PlanCost",
     "StrategyKind",
     "StrategySpec",
     "parse_strategy",
@@ -33,14 +38,20 @@ def place_free_components(
     context: Context,
     placements: Placements,
     notes: list[str],
+    costs: CostModel,
 ) -> None:
-    """Place the components nobody pinned, by `spec` (a dict strategy's remainder goes "balanced")."""
+    """Place the components nobody pinned, by `spec` (a dict strategy's remainder goes "balanced").
+
+    With accelerators, the strategy's plan is kept unless demoting components to "offloaded" executes
+    fewer bytes on the CPU (`demotion`). A single-device strategy places exactly where it was told.
+    """
     if spec.kind is StrategyKind.DEVICE:
         place_single_device(requests, ledger, placements, spec.device, notes)
     elif not ledger.accelerators:
         place_cpu_only(requests, ledger, context, placements)
     elif spec.kind is StrategyKind.SEQUENTIAL:
-        place_sequential(requests, ledger, context, placements)
+        place_with_demotions(place_sequential, requests, ledger, context, placements, costs)
     else:
         low_0 = spec.kind is StrategyKind.BALANCED_LOW_0
-        place_balanced(requests, ledger, context, placements, low_0=low_0)
+        strategy = partial(place_balanced, low_0=low_0)
+        place_with_demotions(strategy, requests, ledger, context, placements, costs)

@@ -7,12 +7,14 @@
    set (`streaming.streaming_working_set`: the non-block rest plus two blocks in flight);
 4. cpu: weights in CPU RAM and run there, when no accelerator can hold that working set;
 5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
-Each step past the first is recorded as a Fallback whose reason gives the numbers.
+Each step past the first is recorded as a Fallback whose reason gives the numbers. When the chain leaves a
+component executing on the CPU, `demotion` tries streaming some resident components instead, so that all of
+them execute on an accelerator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..devices import Device, device_label
@@ -26,9 +28,12 @@ from .request import ComponentRequest, Placed, component_plan
 
 @dataclass(frozen=True, kw_only=True)
 class Context:
-    """Planning options every strategy step may need."""
+    """Planning options every strategy step may need, and what one plan() call may reuse across attempts."""
 
     has_offload_folder: bool
+    # (component, rooms) -> its split device map (None: no split fits). Strategies that try several orders,
+    # and the demotion search, place the same component into the same rooms again; a split is costly to find.
+    split_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def place_with_fallbacks(
@@ -45,7 +50,7 @@ def place_with_fallbacks(
             return place_whole(request, ledger, device)
     why = f"{request.needs()}; {rooms_text(ledger, request)}."
     return (
-        try_split(request, ledger, split_order, why)
+        try_split(request, ledger, split_order, why, context)
         or try_offload(request, ledger, why)
         or place_on_host(request, ledger, context, why)
     )
@@ -60,12 +65,17 @@ def place_whole(request: ComponentRequest, ledger: Ledger, device: Device) -> Pl
     return Placed(plan=plan)
 
 
-def try_split(request: ComponentRequest, ledger: Ledger, order: Sequence[int], why: str) -> Optional[Placed]:
+def try_split(
+    request: ComponentRequest, ledger: Ledger, order: Sequence[int], why: str, context: Context
+) -> Optional[Placed]:
     rooms = {device: ledger.room(device, transient=request.transient) for device in order}
     rooms = {device: room for device, room in rooms.items() if room is not None and room > 0}
     if len(rooms) < 2:
         return None
-    device_map = split_device_map(request.module, rooms, size=request.size, dtype=request.dtype)
+    key = (request.name, tuple(rooms.items()))  # the order of the rooms matters: the split fills them in turn
+    if key not in context.split_cache:
+        context.split_cache[key] = split_device_map(request.module, rooms, size=request.size, dtype=request.dtype)
+    device_map = context.split_cache[key]
     if device_map is None:
         return None
     placed: dict[Device, int] = {}
@@ -88,7 +98,8 @@ def try_offload(request: ComponentRequest, ledger: Ledger, why: str) -> Optional
     stream = streaming_device(request, ledger, ledger.accelerators)
     if stream is None or not ledger.fits("cpu", weights=request.bytes):
         return None
-    return _streamed(request, ledger, host="cpu", execution_device=stream, why=why)
+    reason = f"{why} No split fits either. {streamed_text('cpu', stream, request.streamed)}"
+    return place_streamed(request, ledger, host="cpu", execution_device=stream, reason=reason)
 
 
 def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, why: str) -> Placed:
@@ -120,7 +131,9 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
             f"{why} Its weights could go to disk, but no device has room to run it: it needs "
             f"{format_bytes(request.streamed)} for its streaming working set next to its activations."
         )
-    return _streamed(request, ledger, host="disk", execution_device=stream if stream is not None else "cpu", why=why)
+    execution_device = stream if stream is not None else "cpu"
+    reason = f"{why} No split fits either. {streamed_text('disk', execution_device, request.streamed)}"
+    return place_streamed(request, ledger, host="disk", execution_device=execution_device, reason=reason)
 
 
 def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequence[int]) -> Optional[int]:
@@ -132,7 +145,10 @@ def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequ
     return max(fitting, key=lambda d: (ledger.room(d, transient=transient), -fitting.index(d)))
 
 
-def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device, why: str) -> Placed:
+def place_streamed(
+    request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device, reason: str
+) -> Placed:
+    """Weights on `host` ("cpu" RAM or "disk"), streamed to `execution_device` when the component runs."""
     unit = request.streamed
     ledger.add(host, weights=request.bytes)
     ledger.add(execution_device, transient=request.transient + unit)
@@ -141,12 +157,15 @@ def _streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution
         request, kind=kind, device_map={"": host}, execution_device=execution_device,
         placed_bytes={host: request.bytes}, streamed_unit_bytes=unit,
     )
-    where = "CPU RAM" if host == "cpu" else "the offload folder"
-    reason = (
-        f"{why} No split fits either. Weights in {where}, streamed to {device_label(execution_device)} "
-        f"block by block ({format_bytes(unit)} on the device at once)."
-    )
     return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, reason=reason))
+
+
+def streamed_text(host: str, execution_device: Device, unit: int) -> str:
+    where = "CPU RAM" if host == "cpu" else "the offload folder"
+    return (
+        f"Weights in {where}, streamed to {device_label(execution_device)} block by block "
+        f"({format_bytes(unit)} on the device at once)."
+    )
 
 
 def rooms_text(ledger: Ledger, request: ComponentRequest) -> str:

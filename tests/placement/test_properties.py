@@ -2,7 +2,11 @@
 
 Every plan must: place every component exactly once (every tensor under exactly one device-map key); keep
 every device's predicted peak under its budget; never cut a `_no_split_modules` block; keep a component
-whole whenever some accelerator had room for it at its turn; be deterministic; survive a JSON round trip.
+whole whenever some accelerator had room for it at its turn, unless it was demoted (streamed on purpose so
+that others need not run on the CPU; a demoted component always executes on an accelerator); execute
+nothing on the CPU when an accelerator can hold the largest streaming working set and RAM the weights; be
+deterministic; survive a JSON round trip. With one accelerator, a bigger budget never executes more bytes
+on the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from hypothesis import strategies as st
 
 import placement
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, PlacementKind, Plan
+from placement.sizing import size_module
+from placement.streaming import streaming_working_set
 from synthetic import component
 
 MiB = 1024**2
@@ -74,6 +80,8 @@ def test_plan_properties(scenario):
     assert_no_block_cut(plan)
     assert_budgets_respected(plan, max_memory)
     assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy)
+    assert_demoted_ones_execute_on_an_accelerator(plan)
+    assert_nothing_on_cpu_when_an_accelerator_can_stream_everything(plan, modules, max_memory, activations)
     assert_execution_order_respects_graph(plan, edges)
     assert Plan.from_json(plan.to_json()) == plan
     assert make_plan(*scenario) == plan
@@ -123,9 +131,10 @@ def assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy):
     weights = dict.fromkeys(gpus, 0)
     transient = dict.fromkeys(gpus, 0)
     used = dict.fromkeys(gpus, False)
+    demoted = demoted_names(plan)
     for component_plan in placement_order(plan, strategy):
         act = component_plan.activation_bytes or 0
-        if component_plan.kind is not PlacementKind.WHOLE:
+        if component_plan.kind is not PlacementKind.WHOLE and component_plan.name not in demoted:
             for gpu in gpus:
                 overhead = ACCELERATOR_RUNTIME_OVERHEAD if accounted else 0
                 peak = weights[gpu] + component_plan.bytes + max(transient[gpu], act) + overhead
@@ -143,9 +152,41 @@ def assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy):
 
 def placement_order(plan, strategy):
     assert sorted(plan.placement_order) == sorted(plan.components)
+    demoted = demoted_names(plan)
+    kept = [name for name in plan.placement_order if name not in demoted]
+    assert set(plan.placement_order[len(kept):]) == demoted  # demoted ones are placed after the rest
     if strategy == "sequential":
-        assert plan.placement_order == list(plan.components)
+        assert kept == [name for name in plan.components if name not in demoted]
     return [plan.components[name] for name in plan.placement_order]
+
+
+def demoted_names(plan):
+    return {fallback.component for fallback in plan.fallbacks if fallback.demoted}
+
+
+def assert_demoted_ones_execute_on_an_accelerator(plan):
+    for name in demoted_names(plan):
+        component_plan = plan.components[name]
+        assert component_plan.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK), component_plan
+        assert isinstance(component_plan.execution_device, int), component_plan
+
+
+def cpu_bytes(plan):
+    return sum(c.bytes for c in plan.components.values() if c.execution_device == "cpu")
+
+
+def assert_nothing_on_cpu_when_an_accelerator_can_stream_everything(plan, modules, max_memory, activations):
+    """Streaming every component to one accelerator needs only the largest working set there (they run one
+    after another) and every weight in RAM: when that fits, nothing may execute on the CPU."""
+    needed = max(
+        streaming_working_set(module, size_module(module)) + (activations or {}).get(name, 0)
+        for name, module in modules.items()
+    )
+    needed += ACCELERATOR_RUNTIME_OVERHEAD if activations is not None else 0
+    gpus = [budget for device, budget in max_memory.items() if isinstance(device, int)]
+    total = sum(c.bytes for c in plan.components.values())
+    if max(gpus) >= needed and max_memory["cpu"] >= total:
+        assert cpu_bytes(plan) == 0, plan.explain()
 
 
 def assert_execution_order_respects_graph(plan, edges):
@@ -185,3 +226,22 @@ def test_pinned_components_stay_and_the_rest_respects_what_is_left(scenario):
     assert_no_block_cut(plan)
     if not plan.warnings:  # the pinned component fit its device: then nothing may exceed a budget
         assert_budgets_respected(plan, max_memory)
+
+
+@st.composite
+def one_gpu_budget_pairs(draw):
+    names, structures, _, edges, activations, strategy = draw(scenarios())
+    smaller = draw(st.integers(0, 40))
+    larger = smaller + draw(st.integers(1, 12))
+    return names, structures, edges, activations, strategy, smaller * UNIT, larger * UNIT
+
+
+@SETTINGS
+@given(one_gpu_budget_pairs())
+def test_a_bigger_budget_never_executes_more_on_the_cpu(scenario):
+    names, structures, edges, activations, strategy, smaller, larger = scenario
+    plans = []
+    for budget in (smaller, larger):
+        max_memory = {0: budget, "cpu": 1000 * UNIT}
+        plans.append(make_plan(names, structures, max_memory, edges, activations, strategy))
+    assert cpu_bytes(plans[1]) <= cpu_bytes(plans[0]), (plans[0].explain(), plans[1].explain())
