@@ -143,3 +143,23 @@ def test_planner_offloads_t5_on_a_gpu_with_room_for_its_working_set():
     assert encoder.streamed_unit_bytes == working_set and plan.device(0).predicted_peak == working_set
     too_small = placement.plan({"text_encoder": model}, max_memory={0: working_set - 1, "cpu": 10 * size.total})
     assert too_small.components["text_encoder"].kind is placement.PlacementKind.CPU
+
+
+@pytest.mark.gpu
+def test_t5_stream_prefetch_on_gpu_stays_within_the_planned_working_set():
+    model = tiny_t5()
+    with torch.no_grad():
+        expected = model(input_ids=TOKENS).last_hidden_state
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device=0, use_stream=True))
+    session = group_offloading_session(model)
+    log, handles = resident_log(model, session, model.encoder.block)
+    with torch.no_grad():
+        for _ in range(2):  # the first call records the order; the second prefetches the next block
+            output = model(input_ids=TOKENS).last_hidden_state
+            torch.testing.assert_close(output.cpu(), expected, atol=1e-4, rtol=0)
+    for handle in handles:
+        handle.remove()
+    plain = tiny_t5(on_meta=True)
+    assert max(resident for _, resident in log) <= streaming_working_set(plain, size_module(plain))
+    assert any(len(groups) == 3 for groups, _ in log)  # rest + the running block + the prefetched one
+    remove_group_offloading(model)
