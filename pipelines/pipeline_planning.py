@@ -3,6 +3,9 @@ in already dispatched, and (with `call=`) the activation peak of each component 
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
 from typing import Any, Mapping
 
 from torch import nn
@@ -14,6 +17,8 @@ from placement.sizing import dtype_for
 
 from .pipeline import Pipeline, PipelineComponentError
 
+# This library's three package folders: a frame whose file lies in one of them is not the user's.
+_LIBRARY_DIRS = tuple(Path(__file__).resolve().parent.parent / name for name in ("placement", "hooks", "pipelines"))
 STRATEGY_NAMES = ("balanced", "auto", "sequential", "balanced_low_0")
 
 
@@ -28,9 +33,22 @@ def plan_pipeline(pipe: Pipeline, *, device_map, max_memory, torch_dtype, offloa
     activations = None
     if call is not None:
         activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype)
-    return placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
-                          dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
-                          pinned=dict(pinned) or None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
+                              dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
+                              pinned=dict(pinned) or None)
+    for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
+        warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
+    return plan
+
+
+def _caller_stacklevel() -> int:
+    """The `stacklevel` of the first frame outside this library (its three packages), for warnings."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and any(Path(frame.f_code.co_filename).resolve().is_relative_to(d) for d in _LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def call_activations(pipe: Pipeline, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,

@@ -46,6 +46,7 @@ def test_balanced_load_gives_the_in_memory_images_and_is_device_mapped(saved):
         pipe = load(folder)
     degrade = [w for w in caught if "No accelerator" in str(w.message)]
     assert len(degrade) == 1  # one warning, not one per component
+    assert degrade[0].filename == __file__  # it points at the caller's line, not at the library's insides
     torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
     assert pipe.hf_device_map == {name: "cpu" for name in ("text_encoder", "text_encoder_2", "denoiser", "vae")}
     assert pipe.denoiser.hf_device_map == {"": "cpu"}
