@@ -236,7 +236,7 @@ def one_gpu_budget_pairs(draw):
     return names, structures, edges, activations, strategy, smaller * UNIT, larger * UNIT
 
 
-@SETTINGS
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(one_gpu_budget_pairs())
 def test_a_bigger_budget_never_executes_more_on_the_cpu(scenario):
     names, structures, edges, activations, strategy, smaller, larger = scenario
