@@ -51,7 +51,7 @@ class CostModel:
 
     @classmethod
     def build(cls, graph: nx.DiGraph, requests: Sequence[ComponentRequest]) -> "CostModel":
-        runs = {request.name: runs_per_call(graph, request.name) for request in requests}
+        runs = {name: runs_per_call(graph, name) for name in graph.nodes}  # every module component is a node
         anchor = min(requests, key=lambda r: (-runs[r.name], -r.bytes, r.position), default=None)
         return cls(graph=graph, runs=runs, anchor=None if anchor is None else anchor.name)
 

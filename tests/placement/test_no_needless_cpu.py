@@ -171,3 +171,11 @@ def test_nothing_demoted_when_the_strategy_already_runs_all_on_accelerators():
     comps = {"a": whole(4), "b": whole(3, 3)}
     plan = placement.plan(comps, max_memory={0: "4GiB", 1: "3GiB", "cpu": "64GiB"})
     assert kinds(plan) == {"a": PlacementKind.WHOLE, "b": PlacementKind.WHOLE} and demoted(plan) == set()
+
+
+def test_bad_runs_per_call_on_a_pinned_component_is_an_error_too():
+    graph = nx.DiGraph([("a", "b")])
+    graph.nodes["a"]["runs_per_call"] = -1
+    with pytest.raises(placement.GraphError, match=r"'a' has runs_per_call=-1"):
+        placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB", "cpu": "4GiB"}, graph=graph,
+                       pinned={"a": 0})
