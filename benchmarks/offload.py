@@ -3,20 +3,21 @@
 Every technique runs the same pipeline call (same prompt, size, steps, seed) in a fresh subprocess, in
 `--rounds` alternating rounds (best kept):
 build the reference pipeline, apply the technique, one warm-up call (which also records the prefetch order
-of streamed group offload), then the measured call. Per-step time is the fastest wall time of one denoiser
-call in the measured call, hooks included (torch forward pre/post hooks around the hooked forward; CUDA
-synchronised): the fastest, because on a shared machine the other steps measure the neighbours.
+of streamed group offload), then the measured call. Per-step time is the fastest denoiser call in the
+measured call, hooks included (torch forward pre/post hooks around the hooked forward): on a GPU its wall
+time (CUDA synchronised); on the CPU the CPU time of the one thread that computes (torch is set to one
+thread there), which other jobs on a shared machine do not inflate the way they inflate wall time.
 Peak memory: on a GPU, `torch.cuda.max_memory_allocated` over the measured call; on the CPU, the peak RSS
 over the measured call (sampled every 2 ms) above the RSS the process had before it built the pipeline.
 `torch._dynamo` is imported before that baseline: accelerate's hooks import it on their first call
 (`torch.compiler.disable`), ~70 MiB of code that would otherwise count against the hook-based techniques.
 
 On the CPU every technique executes on the CPU, so "offloading" moves nothing: the figures show the cost
-of the hooks themselves, and only the disk store lowers the peak (its weights live in files between calls).
-On a GPU the figures are the real trade-off.
+of the hooks themselves, and only the disk store and fp8 storage lower the peak. On a GPU the figures are the
+real trade-off.
 
-    python benchmarks/offload.py                       # mid-size DiT pipeline, 256x256, 4 steps (~2-3 min on this CPU)
-    python benchmarks/offload.py --hidden 1536 --size 1024 --dtype bfloat16   # on a GPU
+    python benchmarks/offload.py                       # DiT width 384, 4+8 blocks, 64x64, 3 steps (~3 min on 2 cores)
+    python benchmarks/offload.py --hidden 1536 --size 512 --dtype bfloat16   # on a GPU
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> None:
     cuda = torch.cuda.is_available() and args.device != "cpu"
     names = [name for name in TECHNIQUES if cuda or name != "group leaf + stream"]
     print(f"device: {'cuda' if cuda else 'cpu'} | DiT hidden {args.hidden}, {args.double}+{args.single} blocks | "
-          f"{args.size}x{args.size}, {args.steps} steps, {args.dtype} | best of {args.rounds} rounds")
+          f"{args.size}x{args.size}, {args.steps} steps, {args.dtype} | best of {args.rounds} rounds | "
+          f"ms/step: {'synchronised wall time' if cuda else 'CPU time of one torch thread'}")
     # Rounds alternate the techniques so a burst of load from elsewhere hits them all alike; the best of the
     # rounds is kept (the fastest step, the lowest peak).
     rounds = [[run_child(name, args) for name in names] for _ in range(args.rounds)]
@@ -118,12 +120,13 @@ def measure(name: str, args: argparse.Namespace) -> Measurement:
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda:
+        torch.set_num_threads(1)  # all the work on this thread, so its CPU time is the step's cost
     rss_before = _rss_bytes()
     pipe = build_pipeline(args)
     with tempfile.TemporaryDirectory() as folder:
         apply_technique(name, pipe, device, getattr(torch, args.dtype), folder)
-        call(pipe, args, steps=1)  # warm-up; traces the prefetch order
-        pipe.maybe_free_model_hooks()
+        call(pipe, args, steps=1)  # warm-up; traces the prefetch order (the call ends with everything offloaded)
         step_times = _time_denoiser_steps(pipe.denoiser, cuda)
         with PeakMemory(cuda, rss_before) as peak:
             started = time.perf_counter()
@@ -184,19 +187,21 @@ def call(pipe, args: argparse.Namespace, *, steps: int):
 
 
 def _time_denoiser_steps(denoiser, cuda: bool) -> list[float]:
+    """Seconds per denoiser call: synchronised wall time on a GPU, the computing thread's CPU time on the CPU."""
     import torch
 
     durations, started = [], []
+    clock = time.perf_counter if cuda else time.thread_time
 
     def before(module, args, kwargs):
         if cuda:
             torch.cuda.synchronize()
-        started.append(time.perf_counter())
+        started.append(clock())
 
     def after(module, args, kwargs, output):
         if cuda:
             torch.cuda.synchronize()
-        durations.append(time.perf_counter() - started.pop())
+        durations.append(clock() - started.pop())
 
     denoiser.register_forward_pre_hook(before, with_kwargs=True)
     denoiser.register_forward_hook(after, with_kwargs=True)

@@ -87,7 +87,10 @@ class PipelineMemoryMixin:
         self._apply_to_each(apply, undo=remove_group_offloading)
 
     def maybe_free_model_hooks(self) -> None:
-        """After a call with model offload: send every component back to the CPU (no-op otherwise)."""
+        """After a call with model offload: send every component back to the CPU (no-op otherwise).
+
+        A pipeline's `__call__` ends with it (TextToImagePipeline's does, also when the call raised); call it
+        yourself after running components directly."""
         if self._model_offload is not None:
             self._model_offload.offload_all()
 

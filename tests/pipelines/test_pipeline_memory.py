@@ -79,8 +79,7 @@ def test_technique_equals_plain_run_twice_and_reset_restores(technique, pipe, re
     enable(pipe, tmp_path)
     for _ in range(2):
         torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
-        pipe.maybe_free_model_hooks()
-        check_between_calls(pipe, tmp_path)
+        check_between_calls(pipe, tmp_path)  # the call itself ends with maybe_free_model_hooks()
     pipe.reset_device_map()
     assert hooked(pipe) == [] and tensor_devices(pipe) == {"cpu"}
     torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
@@ -105,7 +104,6 @@ def test_layerwise_casting_alone_and_under_offloading(storage_dtype, bound, then
     first, second = generate(pipe), generate(pipe)
     torch.testing.assert_close(second, first, atol=1e-5, rtol=0)
     assert 0 < ((first - reference).norm() / reference.norm()).item() < bound
-    pipe.maybe_free_model_hooks()
     assert storage_dtype in {p.dtype for p in pipe.denoiser.parameters()}  # stored small between calls
     pipe.reset_device_map()
     assert hooked(pipe) == [] and {p.dtype for p in pipe.denoiser.parameters()} == {torch.float32}
@@ -124,7 +122,6 @@ def test_accelerate_hook_removal_undoes_every_technique(technique, pipe, tmp_pat
     else:
         TECHNIQUES[technique][0](pipe, tmp_path)
     expected = generate(pipe)
-    pipe.maybe_free_model_hooks()
     for module in pipe.module_components.values():
         remove_hook_from_module(module, recurse=True)
     assert hooked(pipe) == [] and tensor_devices(pipe) == {"cpu"}
@@ -311,8 +308,7 @@ def _peaks_per_technique(build, side: int) -> tuple[dict[str, int], dict[str, to
             pipe.enable_group_offload(0)
         else:
             pipe.enable_group_offload(0, offload_type="leaf_level", use_stream=True)
-        _peak_bytes(pipe, side)  # first call: traces the prefetch order
-        pipe.maybe_free_model_hooks()
+        _peak_bytes(pipe, side)  # first call: traces the prefetch order; it ends with everything offloaded
         peaks[technique], images[technique] = _peak_bytes(pipe, side)
         pipe.reset_device_map()
         del pipe
@@ -325,9 +321,9 @@ def _peaks_per_technique(build, side: int) -> tuple[dict[str, int], dict[str, to
 def test_peak_memory_ordering_on_gpu(preset):
     """no offload > model offload >= group(block) >= group(leaf, stream), measured over a whole call.
 
-    `>=` where the VAE decode sets the peak: at these sizes the tiny VAE's decode outweighs every denoiser
-    block, and it is resident whole during its decode under model offload and (being one run of blocks at
-    most) under block-level group offload alike.
+    `>=`, not `>`: the tiny models' weights are a few hundred KiB, less than the activations of the VAE's
+    decode at 64x64, which set the peak under every offloading technique alike (the mid-size test below has
+    weights dominate and the strict order).
     """
     peaks, images = _peaks_per_technique(lambda: TextToImagePipeline.from_preset(preset), 64)
     assert peaks["group-leaf-stream"] <= peaks["group-block"] <= peaks["model"] < peaks["none"], peaks
