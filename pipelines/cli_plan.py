@@ -1,7 +1,8 @@
 """`placement plan TARGET --max-memory 0=24GiB,1=24GiB`: where a pipeline would go, without loading weights.
 
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
-are downloaded). `--height/--width/--batch-size` plan for that call (activation peaks per device).
+are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`) plan
+for that call: each component's activation peak, and per device weights + activations + overhead.
 """
 
 from __future__ import annotations
@@ -31,13 +32,20 @@ def register(subparsers) -> None:
     parser.add_argument("--height", type=int, default=None, help="plan for a call at this image height")
     parser.add_argument("--width", type=int, default=None, help="plan for a call at this image width")
     parser.add_argument("--batch-size", type=int, default=None, help="prompts per call (with --height/--width)")
+    parser.add_argument("--num-images-per-prompt", type=int, default=None,
+                        help="images per prompt (with --height/--width; default 1)")
+    parser.add_argument("--guidance-scale", type=float, default=None,
+                        help="above 1 (the default, 4.0), classifier-free guidance doubles the denoiser's batch")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the plan as JSON")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    call = call_spec(args)
     plan = plan_target(args.target, device_map=args.strategy, max_memory=args.max_memory, torch_dtype=args.dtype,
-                       offload_folder=args.offload_folder, call=call_spec(args))
+                       offload_folder=args.offload_folder, call=call)
+    if call is not None:  # what the activation peaks below are for
+        print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n")
     print(plan.explain())
     if args.json is not None:
         write_json(args.json, plan.to_json())

@@ -260,6 +260,26 @@ def test_a_plan_for_a_call_shows_each_components_activations_and_each_devices_pe
         assert format_bytes(plan.device(device).predicted_peak) in row, row
 
 
+
+@pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+def test_placement_plan_cli_plans_for_images_per_prompt_and_guidance(tmp_path, capsys):
+    from pipelines.cli import main
+    from placement import Plan
+
+    target = tmp_path / "plan.json"
+    code = main(["plan", "tiny-dit", "--max-memory", "0=1GiB,1=1GiB", "--height", "64", "--width", "64",
+                 "--batch-size", "2", "--num-images-per-prompt", "3", "--guidance-scale", "1", "--json", str(target)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "Planned for the call: height=64, width=64, batch_size=2, num_images_per_prompt=3, guidance_scale=1.0" in out
+    plan = Plan.from_json(target.read_text())
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    calls = pipe.activation_inputs(64, 64, batch_size=2, num_images_per_prompt=3, guidance_scale=1.0)
+    for name, call in calls.items():
+        assert plan.components[name].activation_bytes == call.estimate(getattr(pipe, name)), name
+    assert calls["denoiser"].args[0].shape[0] == 6  # no guidance: one sample per image
+
+
 # --- GPU: predicted vs torch.cuda.max_memory_allocated at 512 and 1024 ------------------------------------
 
 # Real widths; the transformer stacks are shortened because the activation peak of a stack is that of one
