@@ -286,7 +286,8 @@ def test_mid_size_pipeline_is_dominated_by_the_denoisers_weights():
     assert peak_activations < largest_block  # the weights each technique keeps resident decide the peak
 
 
-def _peak_bytes(pipe, side: int) -> int:
+def _peak_and_images(pipe, side: int) -> tuple[int, torch.Tensor]:
+    """torch.cuda.max_memory_allocated over one call, and the call's images (on the CPU)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
@@ -308,8 +309,8 @@ def _peaks_per_technique(build, side: int) -> tuple[dict[str, int], dict[str, to
             pipe.enable_group_offload(0)
         else:
             pipe.enable_group_offload(0, offload_type="leaf_level", use_stream=True)
-        _peak_bytes(pipe, side)  # first call: traces the prefetch order; it ends with everything offloaded
-        peaks[technique], images[technique] = _peak_bytes(pipe, side)
+        _peak_and_images(pipe, side)  # first call: traces the prefetch order; it ends with everything offloaded
+        peaks[technique], images[technique] = _peak_and_images(pipe, side)
         pipe.reset_device_map()
         del pipe
         torch.cuda.empty_cache()
