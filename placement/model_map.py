@@ -33,7 +33,7 @@ from .errors import InvalidDeviceError
 from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_bytes
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors, size_module
-from .splitting import assign_units, merge_to_prefixes, quiet_accelerate, split_device_map
+from .splitting import assign_units, merge_to_prefixes, owning_key, quiet_accelerate, split_device_map
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _HOST = ("cpu", "disk")
@@ -236,8 +236,8 @@ def _explicit_map(module, device_map: Mapping, max_memory, dtype, disk_allowed) 
             result[key] = normalize_device(value)
         except InvalidDeviceError as error:
             raise InvalidDeviceError(f"device_map[{key!r}]: {error}") from None
-    placed = {tensor: _owner(tensor, result) for tensor in tensors}
-    missing = [tensor for tensor, owner in placed.items() if owner is None]
+    owners = {tensor: owning_key(tensor, result) for tensor in tensors}
+    missing = [tensor for tensor, owner in owners.items() if owner is None]
     if missing:
         raise StrategyError(
             f"device_map for {name} gives no device to {len(missing)} tensor(s) ({', '.join(missing[:5])}"
@@ -250,14 +250,14 @@ def _explicit_map(module, device_map: Mapping, max_memory, dtype, disk_allowed) 
             f"device_map for {name} puts {', '.join(on_disk)} on 'disk' but no offload_folder was given; pass one."
         )
     if max_memory is not None:
+        placed = {tensor: result[owner] for tensor, owner in owners.items()}
         _check_explicit_budgets(name, placed, resolve_budgets(max_memory), size_module(module, dtype), dtype)
     return result
 
 
 def _check_explicit_budgets(name, placed, budgets: Budgets, size: ComponentSize, dtype) -> None:
     used: dict[Device, int] = {}
-    for tensor, key in placed.items():
-        device = key[1]
+    for tensor, device in placed.items():
         used[device] = used.get(device, 0) + size.module_sizes.get(tensor, 0)  # a tied copy is absent: 0
     for device, total in used.items():
         limit = budgets.limits.get(device)
@@ -266,16 +266,6 @@ def _check_explicit_budgets(name, placed, budgets: Budgets, size: ComponentSize,
                 f"device_map for {name} puts {format_bytes(total)}{_dtype_note(dtype)} on {device_label(device)}, whose "
                 f"max_memory is {format_bytes(limit)}. Move some modules elsewhere or raise max_memory."
             )
-
-
-def _owner(tensor: str, device_map: Mapping[str, Device]):
-    """(key, device) of the longest key of `device_map` that contains `tensor`, or None."""
-    parts = tensor.split(".")
-    for idx in range(len(parts), -1, -1):
-        key = ".".join(parts[:idx])
-        if key in device_map:
-            return key, device_map[key]
-    return None
 
 
 def _dtype_note(dtype) -> str:

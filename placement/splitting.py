@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from accelerate import infer_auto_device_map
@@ -106,7 +106,7 @@ def assign_units(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -
             return None  # the key lies strictly inside a unit: that unit would be cut
     assignment: dict[str, Device] = {}
     for unit in units:
-        owner = next((p for p in reversed(_prefixes(unit.path)) if p in device_map), None)
+        owner = owning_key(unit.path, device_map)
         if owner is None:
             return None
         assignment[unit.path] = device_map[owner]
@@ -133,10 +133,16 @@ def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set
     unit_paths = {unit.path for unit in units}
     result = []
     for names in groups:
-        owners = {next(p for p in reversed(_prefixes(name)) if p in unit_paths) for name in names}
+        owners = {owning_key(name, unit_paths) for name in names}
         if len(owners) > 1:
             result.append(owners)
     return result
+
+
+def owning_key(path: str, keys: Collection[str]) -> str | None:
+    """The longest of `keys` that contains `path` (itself or a module prefix of it; "" contains everything),
+    or None: the key of a device map that places `path`."""
+    return next((prefix for prefix in reversed(_prefixes(path)) if prefix in keys), None)
 
 
 def _prefixes(path: str) -> list[str]:

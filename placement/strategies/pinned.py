@@ -16,6 +16,7 @@ from ..memory_model import Ledger
 from ..plan import PlacementKind
 from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from ..sizes import format_bytes
+from ..splitting import owning_key
 from .request import ComponentRequest, Placed, component_plan
 
 
@@ -126,15 +127,6 @@ def _tensor_names(request: ComponentRequest) -> list[str]:
     return [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
 
 
-def _owner(name: str, device_map: Mapping[str, Device]):
-    parts = name.split(".")
-    for cut in range(len(parts), -1, -1):
-        prefix = ".".join(parts[:cut])
-        if prefix in device_map:
-            return prefix
-    return None
-
-
 def _check_paths(device_map: Mapping[str, Device], request: ComponentRequest, source: str) -> None:
     known = request.size.module_sizes
     missing = [path for path in device_map if path not in known and not _is_submodule(request, path)]
@@ -144,7 +136,7 @@ def _check_paths(device_map: Mapping[str, Device], request: ComponentRequest, so
             f"{source} for {request.name!r} names submodules that do not exist: {missing}. "
             f"Its top-level submodules are {top}."
         )
-    uncovered = [name for name in _tensor_names(request) if _owner(name, device_map) is None]
+    uncovered = [name for name in _tensor_names(request) if owning_key(name, device_map) is None]
     if uncovered:
         raise StrategyError(
             f"{source} for {request.name!r} leaves {len(uncovered)} tensors without a device, e.g. "
@@ -165,7 +157,7 @@ def _bytes_per_device(request: ComponentRequest, device_map: Mapping[str, Device
         return {device_map[""]: request.bytes}
     placed: dict[Device, int] = {}
     for name in _tensor_names(request):
-        device = device_map[_owner(name, device_map)]
+        device = device_map[owning_key(name, device_map)]
         placed[device] = placed.get(device, 0) + request.size.module_sizes.get(name, 0)
     return placed
 
@@ -174,6 +166,6 @@ def _module_order_devices(request: ComponentRequest, device_map: Mapping[str, De
     """The devices in the order the forward reaches them (the first one receives the inputs)."""
     if len(device_map) == 1:
         return list(device_map.values())
-    seen = {device_map[_owner(unit.path, device_map) or ""]: None for unit in request.size.split_units
-            if _owner(unit.path, device_map) is not None}
+    owners = (owning_key(unit.path, device_map) for unit in request.size.split_units)
+    seen = {device_map[key]: None for key in owners if key is not None}
     return list(seen) or list(dict.fromkeys(device_map.values()))
