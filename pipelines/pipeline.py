@@ -109,11 +109,7 @@ class Pipeline(PipelineMemoryMixin):
 
     @property
     def dtype(self) -> torch.dtype:
-        for module in self.module_components.values():
-            for parameter in module.parameters():
-                if parameter.is_floating_point():
-                    return parameter.dtype
-        return torch.float32
+        return module_dtype(*self.module_components.values())
 
     def to(self, *args, **kwargs) -> "Pipeline":
         """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
@@ -205,6 +201,12 @@ def module_execution_device(module: Any) -> torch.device:
         if tensor.device.type != "meta":
             return tensor.device
     return torch.device("cpu")
+
+
+def module_dtype(*modules: nn.Module) -> torch.dtype:
+    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none)."""
+    floats = (tensor.dtype for module in modules for tensor in module.parameters() if tensor.is_floating_point())
+    return next(floats, torch.float32)
 
 
 def _torch_device(device) -> torch.device:

@@ -17,7 +17,7 @@ import torch
 
 from placement.errors import PlacementError
 
-from .pipeline import Pipeline
+from .pipeline import Pipeline, module_dtype
 from .text_conditioning import TextConditioning, text_conditioning_for
 from .text_to_image_inputs import text_to_image_activation_inputs
 
@@ -117,12 +117,12 @@ class TextToImagePipeline(Pipeline):
             latents = torch.randn(shape, generator=generator, device=noise_device, dtype=torch.float32)
         elif tuple(latents.shape) != shape:
             raise PipelineCallError(f"latents have shape {tuple(latents.shape)}; this call needs {shape}.")
-        return latents.to(self.component_execution_device("denoiser"), _dtype_of(self.denoiser))
+        return latents.to(self.component_execution_device("denoiser"), module_dtype(self.denoiser))
 
     def denoise(self, latents: torch.Tensor, sequence: torch.Tensor, pooled: torch.Tensor | None, steps: int,
                 guidance_scale: float | None) -> torch.Tensor:
         self.scheduler.set_timesteps(steps)
-        dtype = _dtype_of(self.denoiser)
+        dtype = module_dtype(self.denoiser)
         sequence = sequence.to(dtype)
         pooled = pooled.to(dtype) if pooled is not None else None
         extra = {} if pooled is None else {"pooled": pooled}
@@ -139,7 +139,7 @@ class TextToImagePipeline(Pipeline):
         config = self.vae.config
         latents = latents / config.scaling_factor + getattr(config, "shift_factor", 0.0)
         vae_device = self.component_execution_device("vae")
-        images = self.vae.decode(latents.to(vae_device, _dtype_of(self.vae)))
+        images = self.vae.decode(latents.to(vae_device, module_dtype(self.vae)))
         images = (images.float() / 2 + 0.5).clamp(0, 1)
         if output_type is OutputType.PT:
             return images
@@ -181,10 +181,3 @@ def _negative_prompts(negative_prompt: str | list[str] | None, count: int) -> li
     if len(negatives) != count:
         raise PipelineCallError(f"{len(negatives)} negative prompts for {count} prompts; give one per prompt.")
     return negatives
-
-
-def _dtype_of(module) -> torch.dtype:
-    for parameter in module.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32

@@ -22,6 +22,7 @@ from placement import estimate_activations
 from placement.errors import PlacementError
 
 from .models import TextEncoderOutput
+from .pipeline import module_dtype
 
 _META = torch.device("meta")
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
@@ -75,7 +76,7 @@ def text_to_image_activation_inputs(
     latent_side = (height // factor, width // factor)
     calls["denoiser"] = _denoiser_call(pipe.denoiser, guided_batch, latent_side, sequence, pooled)
     vae_latents = torch.empty(
-        (images, pipe.vae.config.latent_channels, *latent_side), dtype=_float_dtype(pipe.vae), device=_META
+        (images, pipe.vae.config.latent_channels, *latent_side), dtype=module_dtype(pipe.vae), device=_META
     )
     calls["vae"] = ComponentCall(args=(vae_latents,), method="decode")
     return calls
@@ -89,26 +90,18 @@ def _text_encoder_call(encoder, batch: int) -> ComponentCall:
 
 
 def _text_encoder_output(encoder, batch: int) -> TextEncoderOutput:
-    config, dtype = encoder.config, _float_dtype(encoder)
+    config, dtype = encoder.config, module_dtype(encoder)
     hidden = torch.empty((batch, config.max_position_embeddings, config.hidden_size), dtype=dtype, device=_META)
     pooled = torch.empty((batch, config.projection_dim or config.hidden_size), dtype=dtype, device=_META)
     return TextEncoderOutput(last_hidden_state=hidden, pooled_output=pooled)
 
 
 def _denoiser_call(denoiser, batch: int, latent_side: tuple[int, int], sequence, pooled) -> ComponentCall:
-    dtype = _float_dtype(denoiser)
+    dtype = module_dtype(denoiser)
     latents = torch.empty((batch, denoiser.config.in_channels, *latent_side), dtype=dtype, device=_META)
     timestep = torch.empty((), dtype=torch.float32, device=_META)  # one scheduler timestep, a 0-d tensor
     kwargs = {} if pooled is None else {"pooled": pooled.to(dtype)}
     return ComponentCall(args=(latents, timestep, sequence.to(dtype)), kwargs=kwargs)
-
-
-def _float_dtype(module: torch.nn.Module) -> torch.dtype:
-    """The dtype the module computes in: that of its first floating parameter (float32 if it has none)."""
-    for parameter in module.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32
 
 
 def _check_spec(pipe, height: int, width: int, batch_size: int, num_images_per_prompt: int) -> None:
