@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Mapping
 
 import torch
-from accelerate import infer_auto_device_map
 from accelerate.utils import get_balanced_memory
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
@@ -33,7 +32,14 @@ from .errors import InvalidDeviceError
 from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_bytes
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors, size_module
-from .splitting import assign_units, merge_to_prefixes, owning_key, quiet_accelerate, split_device_map
+from .splitting import (
+    accelerate_device_map,
+    assign_units,
+    merge_to_prefixes,
+    owning_key,
+    quiet_accelerate,
+    split_device_map,
+)
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _HOST = ("cpu", "disk")
@@ -162,15 +168,7 @@ def _accelerate_assignment(module, targets, size, dtype) -> dict[str, Device] | 
     aliases = {alias: device for alias, device in enumerate(accelerators)}
     room = {alias: targets[device] for alias, device in aliases.items()}
     room["cpu"] = targets["cpu"]
-    with quiet_accelerate():
-        raw = infer_auto_device_map(
-            module,
-            max_memory=room,
-            no_split_module_classes=list(size.no_split_classes),
-            dtype=dtype,
-            special_dtypes=fp32_kept_tensors(module, dtype) or None,
-            offload_buffers=True,  # the map is the same; skips a per-module buffer sizing used only to warn
-        )
+    raw = accelerate_device_map(module, room, size, dtype)
     return assign_units({key: aliases.get(device, device) for key, device in raw.items()}, size.split_units)
 
 

@@ -68,19 +68,24 @@ def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[st
     """accelerate's split, with the devices renamed 0..n-1 so that it visits them in our order (it sorts
     accelerator ints first, then "cpu") and never reserves a layer's room on a host device."""
     aliases = {alias: device for alias, device in enumerate(devices)}
-    kept_fp32 = fp32_kept_tensors(module, dtype)
-    with quiet_accelerate():
-        raw = infer_auto_device_map(
-            module,
-            max_memory={alias: room[device] for alias, device in aliases.items()},
-            no_split_module_classes=list(size.no_split_classes),
-            dtype=dtype,
-            special_dtypes=kept_fp32 or None,
-            offload_buffers=True,  # the map is the same; skips a per-module buffer sizing used only to warn
-        )
+    raw = accelerate_device_map(module, {alias: room[device] for alias, device in aliases.items()}, size, dtype)
     if any(device not in aliases for device in raw.values()):
         return None  # accelerate sent something to "disk": it found no split within the budgets
     return assign_units({key: aliases[alias] for key, alias in raw.items()}, units)
+
+
+def accelerate_device_map(module: nn.Module, max_memory: Mapping, size: ComponentSize, dtype) -> dict:
+    """accelerate's `infer_auto_device_map` for `module` at `dtype` (fp32-kept tensors included), its
+    `_no_split_modules` blocks kept whole, without its warnings about absent devices."""
+    with quiet_accelerate():
+        return infer_auto_device_map(
+            module,
+            max_memory=max_memory,
+            no_split_module_classes=list(size.no_split_classes),
+            dtype=dtype,
+            special_dtypes=fp32_kept_tensors(module, dtype) or None,
+            offload_buffers=True,  # the map is the same; skips a per-module buffer sizing used only to warn
+        )
 
 
 def _greedy_assignment(module, devices, room, size, dtype, units) -> dict[str, Device] | None:
