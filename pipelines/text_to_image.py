@@ -72,6 +72,14 @@ class TextToImagePipeline(Pipeline):
     def vae_scale_factor(self) -> int:
         return int(self.vae.downsampling_factor)
 
+    @property
+    def image_size_multiple(self) -> int:
+        """Height and width must be multiples of this: the VAE's factor times the denoiser's (a UNet's
+        downsampling factor, a DiT's patch size)."""
+        denoiser = self.denoiser
+        return self.vae_scale_factor * getattr(denoiser, "downsampling_factor",
+                                               getattr(denoiser.config, "patch_size", 1))
+
     @torch.inference_mode()
     def __call__(self, prompt: str | list[str], *, negative_prompt: str | list[str] | None = None,
                  height: int = 512, width: int = 512, num_inference_steps: int = 20, guidance_scale: float = 4.0,
@@ -153,8 +161,7 @@ class TextToImagePipeline(Pipeline):
     def _check_call(self, prompts: list[str], height: int, width: int, steps: int, per_prompt: int) -> None:
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise PipelineCallError(f"prompt must be a string or a non-empty list of strings, got {prompts!r}.")
-        multiple = self.vae_scale_factor * getattr(self.denoiser, "downsampling_factor",
-                                                   getattr(self.denoiser.config, "patch_size", 1))
+        multiple = self.image_size_multiple
         if height <= 0 or width <= 0 or height % multiple or width % multiple:
             raise PipelineCallError(
                 f"height={height} and width={width} must be positive multiples of {multiple} (the VAE's factor "

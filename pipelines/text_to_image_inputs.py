@@ -108,15 +108,12 @@ def _check_spec(pipe, height: int, width: int, batch_size: int, num_images_per_p
     for name, value in (("batch_size", batch_size), ("num_images_per_prompt", num_images_per_prompt)):
         if not isinstance(value, int) or value < 1:
             raise ActivationInputsError(f"activation_inputs: {name} must be a positive int, got {value!r}.")
-    denoiser = pipe.denoiser
-    multiple = pipe.vae_scale_factor * getattr(
-        denoiser, "downsampling_factor", getattr(denoiser.config, "patch_size", 1)
-    )
+    multiple = pipe.image_size_multiple
     for name, value in (("height", height), ("width", width)):
         if not isinstance(value, int) or value <= 0 or value % multiple:
             nearest = max(multiple, round(value / multiple) * multiple) if isinstance(value, (int, float)) else 1024
             raise ActivationInputsError(
                 f"activation_inputs: {name}={value!r} must be a positive multiple of {multiple} (the VAE's "
-                f"downsampling factor {pipe.vae_scale_factor} times the {type(denoiser).__name__}'s "
+                f"downsampling factor {pipe.vae_scale_factor} times the {type(pipe.denoiser).__name__}'s "
                 f"{multiple // pipe.vae_scale_factor}); try {nearest}."
             )
