@@ -17,12 +17,14 @@ from typing import Mapping
 
 import torch
 from accelerate import dispatch_model
-from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
+from accelerate.hooks import AlignDevicesHook, remove_hook_from_module
 from accelerate.utils import OffloadedWeightsLoader, set_module_tensor_to_device
 from torch import nn
 
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import PlacementError
+
+from .hook_utils import find_hooks
 
 DiskWeights = Mapping[str, Mapping[str, str]]
 
@@ -78,9 +80,8 @@ def undispatch(module: nn.Module) -> None:
     their files onto the CPU (accelerate would leave them on meta), so the module is whole again and `.to()`
     works. Weights already on accelerators stay where they are.
     """
-    for submodule in module.modules():
-        for hook in _align_hooks(getattr(submodule, "_hf_hook", None)):
-            _materialize_disk_weights(submodule, hook)
+    for _, submodule, hook in find_hooks(module, AlignDevicesHook):
+        _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
@@ -167,14 +168,6 @@ def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weight
             "offload index (WeightsIndex.offload_index) as disk_weights."
         )
     return {name: dict(info) for name, info in disk_weights.items()}
-
-
-def _align_hooks(hook) -> list[AlignDevicesHook]:
-    if isinstance(hook, AlignDevicesHook):
-        return [hook]
-    if isinstance(hook, SequentialHook):
-        return [inner for h in hook.hooks for inner in _align_hooks(h)]
-    return []
 
 
 def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> None:
