@@ -15,7 +15,7 @@ from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
 from hooks.dispatch import dispatch, undispatch
-from placement.devices import Device, is_accelerator, normalize_device
+from placement.devices import Device, normalize_device
 
 from .index import WeightsIndex
 from .loading import load_weights, target_dtype
@@ -72,7 +72,7 @@ def load_and_dispatch(
             index = disk_offload_index(
                 module, weights, normalized, dtype=dtype, keep_in_fp32=keep, tied_weights=tied_weights
             )
-            dispatch(module, normalized, execution_device=_execution_device(normalized), disk_weights=index)
+            dispatch(module, normalized, disk_weights=index)  # executes on its first accelerator, else the CPU
         else:
             module.hf_device_map = normalized  # one device: the weights are already there, no hooks needed
     except BaseException:
@@ -113,8 +113,3 @@ def _disk_sources(
             if source is not None:
                 sources[name] = source
     return sources
-
-
-def _execution_device(device_map: Mapping[str, Device]) -> Device:
-    accelerators = sorted(device for device in set(device_map.values()) if is_accelerator(device))
-    return accelerators[0] if accelerators else "cpu"
