@@ -27,7 +27,7 @@ from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
 from .budgets import Budgets, resolve_budgets
-from .devices import Device, device_label, is_accelerator, normalize_device
+from .devices import HOST_DEVICES, Device, device_label, is_accelerator, normalize_device
 from .errors import InvalidDeviceError
 from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_bytes
@@ -42,7 +42,6 @@ from .splitting import (
 )
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-_HOST = ("cpu", "disk")
 
 
 def model_device_map(
@@ -183,7 +182,7 @@ def _fits(assignment, units, limits) -> bool:
 
 
 def _uses_host(assignment) -> bool:
-    return any(device in _HOST for device in assignment.values())
+    return any(device in HOST_DEVICES for device in assignment.values())
 
 
 def _unique(*rooms):
