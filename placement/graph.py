@@ -37,9 +37,7 @@ def build_graph(names: Sequence[str], graph: nx.DiGraph | Iterable | None) -> nx
 def execution_order(graph: nx.DiGraph, names: Sequence[str]) -> list[str]:
     """Topological order; ties broken by the components' order in the mapping, so it is deterministic."""
     position = {name: index for index, name in enumerate(names)}
-    acyclic = nx.DiGraph(graph)
-    acyclic.remove_edges_from(list(nx.selfloop_edges(acyclic)))
-    return list(nx.lexicographical_topological_sort(acyclic, key=position.__getitem__))
+    return list(nx.lexicographical_topological_sort(_without_self_loops(graph), key=position.__getitem__))
 
 
 def crossing_edges(graph: nx.DiGraph, execution_devices: Mapping[str, Device]) -> list[tuple[str, str]]:
@@ -64,10 +62,8 @@ def _from_edges(edges) -> nx.DiGraph:
 
 
 def _reject_cycles(graph: nx.DiGraph) -> None:
-    acyclic = nx.DiGraph(graph)
-    acyclic.remove_edges_from(list(nx.selfloop_edges(acyclic)))
     try:
-        cycle = nx.find_cycle(acyclic)
+        cycle = nx.find_cycle(_without_self_loops(graph))
     except nx.NetworkXNoCycle:
         return
     path = " -> ".join([str(a) for a, _ in cycle] + [str(cycle[0][0])])
@@ -75,3 +71,10 @@ def _reject_cycles(graph: nx.DiGraph) -> None:
         f"The model graph has a cycle: {path}. Only a self-loop (a component consuming its own output) is "
         "allowed; remove one of these edges so the graph gives an execution order."
     )
+
+
+def _without_self_loops(graph: nx.DiGraph) -> nx.DiGraph:
+    """A copy without self-loops (a denoiser fed its own output): what the execution order is read from."""
+    acyclic = nx.DiGraph(graph)
+    acyclic.remove_edges_from(list(nx.selfloop_edges(acyclic)))
+    return acyclic
