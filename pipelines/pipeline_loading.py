@@ -62,11 +62,7 @@ class LoadOptions:
 
 
 def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Pipeline:
-    folder = resolve_pipeline_folder(pretrained, weights=True)
-    index = ModelIndex.read(folder)
-    check_constructor(cls, index, passed)
-    sources = component_sources(index, folder, skip=passed)
-    check_dtype_keys(options.torch_dtype, sources, passed)
+    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=True)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
@@ -90,11 +86,7 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
 def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map, max_memory, torch_dtype,
                 variant, offload_folder, call) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    folder = resolve_pipeline_folder(pretrained, weights=False)
-    index = ModelIndex.read(folder)
-    check_constructor(cls, index, passed)
-    sources = component_sources(index, folder, skip=passed)
-    check_dtype_keys(torch_dtype, sources, passed)
+    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=torch_dtype, weights=False)
     components = {
         name: build_sized_on_meta(s, torch_dtype=torch_dtype, variant=variant, weights_required=False)
         if s.is_module else load_non_module(s)
@@ -104,6 +96,18 @@ def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map,
     return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory,
                          torch_dtype=_dtype_spec(pipe, torch_dtype, passed), offload_folder=offload_folder,
                          call=call, pinned=passed_pins(passed))
+
+
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
+                 weights: bool) -> tuple[ModelIndex, dict[str, ComponentSource]]:
+    """The folder's index and the sources of the components not passed in, after every check that needs no
+    module built (constructor arguments, passed replacements, torch_dtype keys)."""
+    folder = resolve_pipeline_folder(pretrained, weights=weights)
+    index = ModelIndex.read(folder)
+    check_constructor(cls, index, passed)
+    sources = component_sources(index, folder, skip=passed)
+    check_dtype_keys(torch_dtype, sources, passed)
+    return index, sources
 
 
 def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | None,
