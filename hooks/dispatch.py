@@ -23,6 +23,7 @@ from torch import nn
 
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import PlacementError
+from placement.splitting import owning_key
 
 from .hook_utils import find_hooks
 
@@ -158,7 +159,7 @@ def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weight
     parameters = [
         name
         for name, _ in module.named_parameters()
-        if any(name == prefix or name.startswith(f"{prefix}.") or prefix == "" for prefix in disk_prefixes)
+        if owning_key(name, disk_prefixes) is not None
     ]
     unserved = [name for name in parameters if disk_weights is None or name not in disk_weights]
     if unserved:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
+from placement.splitting import owning_key
 
 from .errors import CheckpointError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
@@ -93,11 +94,11 @@ def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -
     normalized = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
     devices, unmapped = {}, []
     for name in module.state_dict(keep_vars=True):
-        device = _lookup(name, normalized)
-        if device is None:
+        owner = owning_key(name, normalized)
+        if owner is None:
             unmapped.append(name)
         else:
-            devices[name] = device
+            devices[name] = normalized[owner]
     if unmapped:
         raise CheckpointError(
             f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
@@ -134,16 +135,6 @@ def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> No
         owner = module.get_submodule(owner_path)
         source_value = module.get_parameter(source)
         setattr(owner, attribute, source_value)
-
-
-def _lookup(name: str, device_map: Mapping[str, Device]) -> Device | None:
-    prefix = name
-    while True:
-        if prefix in device_map:
-            return device_map[prefix]
-        if not prefix:
-            return None
-        prefix = prefix.rpartition(".")[0]
 
 
 def _host_if_disk(device: Device, is_buffer: bool) -> Device:

@@ -16,6 +16,7 @@ from torch import nn
 
 from hooks.dispatch import dispatch, undispatch
 from placement.devices import Device, normalize_device
+from placement.splitting import owning_key
 
 from .index import WeightsIndex
 from .loading import load_weights, target_dtype
@@ -108,7 +109,7 @@ def _disk_sources(
     """{parameter under a disk prefix: checkpoint tensor serving it}; a tied parameter is served by its source."""
     sources = {}
     for name, _ in module.named_parameters(remove_duplicate=False):
-        if any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes):
+        if owning_key(name, prefixes) is not None:
             source = name if name in weights.tensors else tied_weights.get(name)
             if source is not None:
                 sources[name] = source
