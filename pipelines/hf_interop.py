@@ -24,7 +24,6 @@ from .checkpoint.config_file import read_config
 from .modeling import ModelMixin
 
 
-
 class ComponentBuildError(PlacementError, ValueError):
     """A component class that cannot be built from its folder's config."""
 
@@ -107,8 +106,7 @@ def load_without_device_map(cls: type, folder: Path, *, dtype: torch.dtype | Non
         return cls.from_pretrained(folder)
     if family is Family.TRANSFORMERS:
         return cls.from_pretrained(folder, dtype=dtype, variant=variant).eval()
-    if family is Family.DIFFUSERS:
-        return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant).eval()
+    # Ours and diffusers' take the same arguments.
     return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant).eval()
 
 
