@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..devices import is_accelerator
 from ..errors import PlacementError
 from ..memory_model import Ledger
+from .cost import host_bytes
 from .fallbacks import Context, place_with_fallbacks
 from .request import ComponentRequest, Placements
 
@@ -78,12 +78,7 @@ def _attempt(order, ledger: Ledger, context: Context, placements: Placements, *,
             request, trial_ledger, context, whole_order=device_order, split_order=device_order
         )
         trial.add(placed)
-    off = sum(
-        n
-        for request in order
-        for device, n in trial.by_name[request.name].plan.placed_bytes.items()
-        if not is_accelerator(device)
-    )
+    off = sum(host_bytes(trial.by_name[request.name].plan) for request in order)
     return _Attempt(ledger=trial_ledger, placements=trial, off_accelerators=off)
 
 

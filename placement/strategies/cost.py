@@ -60,7 +60,7 @@ class CostModel:
         plans = {name: placed.plan for name, placed in by_name.items()}
         cpu = sum(plan.bytes for name, plan in plans.items() if name in placed_here and _on_cpu(plan))
         streamed = sum(
-            _host_bytes(plan) * self.runs.get(name, 1)
+            host_bytes(plan) * self.runs.get(name, 1)
             for name, plan in plans.items()
             if name in placed_here and not _on_cpu(plan)
         )
@@ -90,5 +90,6 @@ def _on_cpu(plan: ComponentPlan) -> bool:
     return not is_accelerator(plan.execution_device)
 
 
-def _host_bytes(plan: ComponentPlan) -> int:
+def host_bytes(plan: ComponentPlan) -> int:
+    """Weight bytes the plan keeps off the accelerators (CPU RAM, disk)."""
     return sum(n for device, n in plan.placed_bytes.items() if not is_accelerator(device))
