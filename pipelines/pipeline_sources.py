@@ -8,14 +8,13 @@ import inspect
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
+
+from torch import nn
 
 from .hf_interop import Family, family_of, known_execution_order
 from .model_index import ModelIndex, resolve_class
-from .pipeline import PipelineComponentError
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from .pipeline import Pipeline, PipelineComponentError
 
 # What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
 PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]
@@ -77,8 +76,6 @@ def load_non_module(source: ComponentSource) -> Any:
 
 def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -> None:
     """Before anything is built: every required constructor argument is available, every passed name is known."""
-    from .pipeline import Pipeline
-
     if cls is Pipeline:
         unknown = [name for name in passed if name not in index.components]
         if unknown:
@@ -110,7 +107,7 @@ def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any]) -> None:
     quantized model is fine) or None; anything else would only fail at the first call, far from the cause."""
     for name, value in passed.items():
         spec = index.components.get(name)
-        if value is None or _is_module(value) or spec is None or spec.is_absent:
+        if value is None or isinstance(value, nn.Module) or spec is None or spec.is_absent:
             continue
         saved = resolve_class(spec, component=name)
         if isinstance(saved, type) and family_of(saved) is not Family.NON_MODULE:
@@ -121,11 +118,9 @@ def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any]) -> None:
             )
 
 
-def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, Any]) -> "Pipeline":
+def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, Any]) -> Pipeline:
     """A subclass through its constructor (index entries it does not take are ignored with a warning);
     the base class as a generic pipeline: every component an attribute, the folder's or a known graph."""
-    from .pipeline import Pipeline
-
     if cls is Pipeline:
         pipe = Pipeline()
         pipe.register_components(**{name: components.get(name) for name in _ordered_names(index, components)})
@@ -139,12 +134,12 @@ def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, An
     return cls(**{name: value for name, value in components.items() if name in parameters})
 
 
-def generic_graph(index: ModelIndex, pipe: "Pipeline") -> list[tuple[str, str]]:
+def generic_graph(index: ModelIndex, pipe: Pipeline) -> list[tuple[str, str]]:
     """The folder's own `_model_graph`, else a known diffusers pipeline's order, else model_index.json's order,
     as a chain over the module components present."""
     if index.model_graph is not None:
         return [tuple(edge) for edge in index.model_graph]
-    modules = [name for name, obj in pipe.components.items() if _is_module(obj)]
+    modules = [name for name, obj in pipe.components.items() if isinstance(obj, nn.Module)]
     known = known_execution_order(index.class_name) or []
     order = [name for name in known if name in modules] + [name for name in modules if name not in known]
     return list(zip(order, order[1:]))
@@ -161,9 +156,3 @@ def _constructor_parameters(cls: type) -> dict[str, inspect.Parameter]:
         for name, parameter in list(signature.parameters.items())[1:]
         if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     }
-
-
-def _is_module(obj: Any) -> bool:
-    from torch import nn
-
-    return isinstance(obj, nn.Module)
