@@ -195,8 +195,7 @@ class GroupOffloadHook(ModelHook):
 def apply_group_offloading(module: nn.Module, config: GroupOffloadingConfig) -> None:
     """Group-offload `module` in place. Applying again replaces the previous group offloading."""
     _refuse_accelerate_offload(module)
-    if group_offloading_session(module) is not None or next(find_hooks(module, GroupOffloadHook), None):
-        remove_group_offloading(module)
+    remove_group_offloading(module)
     _refuse_unmaterialized_weights(module)
     if config.onload_device.type == "cuda" and not torch.cuda.is_available():
         raise OffloadConfigError(
