@@ -206,17 +206,14 @@ def apply_group_offloading(module: nn.Module, config: GroupOffloadingConfig) -> 
     disk_folder = _make_disk_folder(module, config)
     transfer = _make_transfer(config)
     groups = [_build_group(spec, index, config, transfer, disk_folder) for index, spec in enumerate(specs)]
+    session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches,
+                                  disk_folder=disk_folder)
     try:
         for group in groups:
             group.take_weights()
     except BaseException:
-        for group in groups:
-            group.restore()
-        if disk_folder is not None:
-            shutil.rmtree(disk_folder, ignore_errors=True)
+        session.close()  # groups that took their weights give them back; the disk folder goes
         raise
-    session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches,
-                                  disk_folder=disk_folder)
     _install_hooks(module, groups, session)
 
 
