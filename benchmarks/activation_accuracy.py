@@ -30,8 +30,9 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from pipelines.models import AutoencoderKL
 from pipelines.text_to_image import TextToImagePipeline
 from pipelines.text_to_image_inputs import ComponentCall, text_to_image_activation_inputs
-from placement.activation_measure import measure_activations
+from placement.activation_measure import activation_peak, measure_activations
 from placement.activation_tracker import LiveStorageTracker
+from placement.activations import _FakeCopies
 
 MiB = 2**20
 GiB = 2**30
@@ -52,16 +53,9 @@ class MathPathAttention(TorchFunctionMode):
 def math_path_estimate(module, call: ComponentCall) -> int:
     """The estimate without fused-attention accounting (what meta execution of SDPA costs)."""
     fake_mode = FakeTensorMode()
-    converter = fake_mode.fake_tensor_converter
-    memo = {}
-
-    def fake(tensor):
-        if id(tensor) not in memo:
-            memo[id(tensor)] = converter.from_meta_and_device(fake_mode, tensor.detach().to("meta"), torch.device("meta"))
-        return memo[id(tensor)]
-
-    weights = {name: fake(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
-    args, kwargs = tree_map_only(torch.Tensor, fake, (call.args, dict(call.kwargs)))
+    copies = _FakeCopies(fake_mode, None)  # no dtype: every tensor as it is
+    weights = copies.module_tensors(module)
+    args, kwargs = copies.inputs((call.args, dict(call.kwargs)))
     tracker = LiveStorageTracker()
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((args, kwargs)))
@@ -109,7 +103,6 @@ def memtracker_estimate(module, call: ComponentCall, dtype) -> int:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from placement.activation_attention import FusedAttentionAccounting
-    from placement.activations import _FakeCopies
 
     fake_mode = FakeTensorMode()
     copies = _FakeCopies(fake_mode, dtype)
@@ -122,8 +115,7 @@ def memtracker_estimate(module, call: ComponentCall, dtype) -> int:
         tracker.track_external(module, *[leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)])
         with tracker:
             getattr(module, call.method)(*args, **kwargs)
-    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
-    return sum(v for k, v in snapshot.items() if k not in ("Total", "Parameter", "Buffer"))
+    return activation_peak(tracker)
 
 
 def timed(fn, repeats: int = 2):

@@ -30,11 +30,17 @@ def measure_activations(
     """Peak bytes, on top of the weights, of really running `module.<method>(*args, **kwargs)` under
     `torch.inference_mode()`: inputs, intermediates and output, as `estimate_activations` counts them."""
     args = args if isinstance(args, tuple) else (args,)
-    inputs = [leaf for leaf in tree_leaves((args, dict(kwargs or {}))) if isinstance(leaf, torch.Tensor)]
+    kwargs = dict(kwargs or {})
+    inputs = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
     tracker = MemTracker()
     tracker.track_external(module, *inputs)
     with torch.inference_mode(), tracker:
-        getattr(module, method)(*args, **dict(kwargs or {}))
+        getattr(module, method)(*args, **kwargs)
+    return activation_peak(tracker)
+
+
+def activation_peak(tracker: MemTracker) -> int:
+    """The peak bytes a finished MemTracker saw on its one device, parameters and buffers left out."""
     peaks = tracker.get_tracker_snapshot("peak")
     if not peaks:
         return 0
