@@ -35,7 +35,7 @@ from placement.errors import InvalidDeviceError
 from .group_planning import GroupSpec, OffloadType, plan_groups
 from .group_storage import DiskStore, HostStore
 from .group_transfer import BlockingTransfer, StreamTransfer
-from .hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, hooks_of, remove_hooks_of_type
+from .hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, has_hook, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConfigError, OffloadConflictError
 from .module_group import ModuleGroup
 
@@ -268,6 +268,15 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
             f"offload_to_disk_path={config.offload_to_disk_path!r} cannot hold offloaded groups ({error}). "
             "Pass a writable folder."
         ) from error
+
+
+def refuse_group_offloaded(module: nn.Module, technique: str) -> None:
+    """The conflict check of the other offload techniques: `technique` would fight group offloading's hooks."""
+    if has_hook(module, GroupOffloadHook):
+        raise OffloadConflictError(
+            f"{type(module).__name__} is group-offloaded; {technique} would fight over its weights. Remove it "
+            "first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
+        )
 
 
 def _refuse_accelerate_offload(module: nn.Module) -> None:

@@ -25,7 +25,7 @@ from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOff
 from accelerate.utils import send_to_device
 from torch import nn
 
-from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, remove_hooks_of_type
+from .hook_utils import add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConflictError
 from .offload_devices import resolve_execution_device
 
@@ -111,13 +111,9 @@ def _offload(module: nn.Module, device: torch.device, previous: UserCpuOffloadHo
 
 
 def _refuse_other_offloading(module: nn.Module) -> None:
-    from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
+    from .group_offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
 
-    if has_hook(module, GroupOffloadHook):
-        raise OffloadConflictError(
-            f"{type(module).__name__} is group-offloaded; model offload would fight over its weights. Remove it "
-            "first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
-        )
+    refuse_group_offloaded(module, "model offload")
     placed = next(find_hooks(module, AlignDevicesHook), None)
     if placed is not None:
         raise OffloadConflictError(

@@ -39,14 +39,10 @@ def remove_sequential_cpu_offload(module: nn.Module) -> None:
 
 
 def _refuse_other_offloading(module: nn.Module) -> None:
-    from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
-
-    if has_hook(module, GroupOffloadHook):
-        raise OffloadConflictError(
-            f"{type(module).__name__} is group-offloaded; sequential offload would fight over its weights. Remove "
-            "it first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
-        )
+    from .group_offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
     from .layerwise_casting import LayerwiseCastingHook
+
+    refuse_group_offloaded(module, "sequential offload")
 
     if has_hook(module, LayerwiseCastingHook):
         raise OffloadConflictError(
