@@ -35,6 +35,7 @@ from accelerate.utils import compute_module_sizes
 from torch import nn
 
 import placement
+from placement.devices import HOST_DEVICES
 from placement.sizing import size_module
 
 GiB = 1024**3
@@ -46,7 +47,6 @@ INVENTORIES = {
 }  # fmt: skip
 SMOKE = (("sd15", "pixart-sigma-1024"), ("1x24", "2x11", "24+12"))
 DTYPE = torch.bfloat16
-HOST = ("cpu", "disk")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +138,7 @@ def ours(pipeline: Pipeline, gibs: list[int]) -> Outcome:
         dtype=DTYPE,
         offload_folder="offload",
     )
-    off = sum(b for c in plan.components.values() for d, b in c.placed_bytes.items() if d in HOST)
+    off = sum(b for c in plan.components.values() for d, b in c.placed_bytes.items() if d in HOST_DEVICES)
     missing = tuple(c for c in pipeline.modules if c not in plan.components)
     fills = [d.weight_bytes / d.budget for d in plan.devices if isinstance(d.device, int) and d.budget]
     return Outcome(
