@@ -79,3 +79,9 @@ def tiny_model(seed: int = 0, **fields) -> TinyModel:
 def tiny_ids(config: TinyConfig, batch: int = 2, length: int = 5) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
     return torch.randint(0, config.vocab, (batch, length), generator=generator)
+
+
+def saved_bytes(model) -> int:
+    """What save_pretrained writes: every tensor of the state dict except the tied copies."""
+    tied = set(model._tied_weights_keys or ())
+    return sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if n not in tied)

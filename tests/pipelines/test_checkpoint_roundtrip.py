@@ -10,12 +10,7 @@ import torch
 from pipelines.checkpoint import find_weights, read_header
 from pipelines.checkpoint.naming import WeightsNaming
 
-from checkpoint_models import TinyConfig, TinyModel, tiny_ids, tiny_model
-
-
-def saved_bytes(model) -> int:
-    tied = set(model._tied_weights_keys or ())
-    return sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if n not in tied)
+from checkpoint_models import TinyConfig, TinyModel, saved_bytes, tiny_ids, tiny_model
 
 
 def assert_same_weights(original, loaded, *, fp32_modules=("norm_out",)):

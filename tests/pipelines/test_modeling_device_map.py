@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checkpoint_models import Block, PlainConfig, PlainModel, TinyModel, tiny_ids, tiny_model
-
-
-def saved_bytes(model) -> int:
-    tied = set(model._tied_weights_keys or ())
-    return sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if n not in tied)
+from checkpoint_models import Block, PlainConfig, PlainModel, TinyModel, saved_bytes, tiny_ids, tiny_model
 
 
 @pytest.fixture(scope="module")
