@@ -22,6 +22,7 @@ from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
 from placement.devices import is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
+from placement.model_map import accelerators_present
 from placement.plan import Plan, PlacementKind
 from placement.sizing import dtype_for
 
@@ -150,7 +151,7 @@ def _dtype_spec(pipe: Pipeline, torch_dtype, passed: Mapping[str, Any]) -> dict[
 
 
 def _check_devices_exist(plan: Plan) -> None:
-    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    present = accelerators_present()
     wanted = sorted({d for c in plan.components.values() for d in [*c.devices, c.execution_device]
                      if is_accelerator(d)})
     absent = [d for d in wanted if d >= present]
