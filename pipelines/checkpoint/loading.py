@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
+from placement.model_map import accelerators_present
 from placement.splitting import owning_key
 
 from .errors import CheckpointError, CorruptCheckpointError
@@ -108,9 +109,7 @@ def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -
 
 
 def _check_accelerators_exist(module: nn.Module, devices: set) -> None:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0 and hasattr(torch, "xpu") and torch.xpu.is_available():
-        count = torch.xpu.device_count()
+    count = accelerators_present()
     absent = sorted(d for d in devices if is_accelerator(d) and d >= count)
     if absent:
         raise InvalidDeviceError(
