@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+from pipeline_fixtures import has_hooks
 from pipelines import Pipeline
 
 transformers = pytest.importorskip("transformers")
@@ -86,7 +87,7 @@ def test_generic_load_on_cpu_gives_the_originals_outputs(sd_folder):
         torch.testing.assert_close(pipe.vae.decode(latents).sample, originals["vae"].decode(latents).sample,
                                    atol=1e-5, rtol=0)
     pipe.reset_device_map()
-    assert not [n for m in pipe.module_components.values() for n, s in m.named_modules() if hasattr(s, "_hf_hook")]
+    assert not has_hooks(pipe)
 
 
 def test_a_library_tokenizer_that_cannot_load_is_reported_and_skipped(sd_folder, tmp_path):
