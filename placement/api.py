@@ -66,14 +66,14 @@ def plan(
         name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position)
         for position, name in enumerate(order)
     }
-    if spec.kind is StrategyKind.DICT:
-        normalize_pins(spec.pins, requests, source="device_map")  # validated even when degraded below
+    # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
+    asked = normalize_pins(spec.pins, requests, source="device_map") if spec.kind is StrategyKind.DICT else {}
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
     context = Context(has_offload_folder=offload_folder is not None)
     placements = Placements()
-    _place_pins(spec, pinned, requests, ledger, context, placements, notes)
+    _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
     free = [request for name, request in requests.items() if name not in placements.by_name]
     place_free_components(spec, free, ledger, context, placements, notes, CostModel.build(model_graph, free))
     by_name = placements.by_name
@@ -142,9 +142,9 @@ def _degrade_without_accelerators(
     return StrategySpec(kind=StrategyKind.BALANCED, degraded=True)
 
 
-def _place_pins(spec, pinned, requests, ledger, context, placements, notes) -> None:
+def _place_pins(asked, pinned, requests, ledger, context, placements, notes) -> None:
     """Components already placed (`pinned`, their placement is a fact: over budget is a warning), then the
-    dict strategy's pins (a request: validated, over an explicit budget is an error)."""
+    dict strategy's pins (`asked`, normalized: a request, over an explicit budget is an error)."""
     already = normalize_pins(pinned or {}, requests, source="pinned")
     check_budgets_exist(already, ledger, source="pinned", has_offload_folder=True)
     for name, device_map in already.items():
@@ -153,9 +153,8 @@ def _place_pins(spec, pinned, requests, ledger, context, placements, notes) -> N
         message = f"Components passed in already placed exceed a budget: {problem}."
         warnings.warn(message, UserWarning, stacklevel=3)
         notes.append(message)
-    if spec.kind is not StrategyKind.DICT:
+    if not asked:
         return
-    asked = normalize_pins(spec.pins, requests, source="device_map")
     both = sorted(set(asked) & set(already))
     if both:
         raise StrategyError(
