@@ -72,10 +72,6 @@ class WeightsIndex:
     def is_sharded(self) -> bool:
         return self.index_file is not None
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(entry.nbytes for entry in self.tensors.values())
-
     def offload_index(
         self, names: Iterable[str] | Mapping[str, str], dtype_of, *, tied_weights: Mapping[str, str] | None = None
     ) -> dict[str, dict[str, str]]:
