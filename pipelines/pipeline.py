@@ -170,10 +170,11 @@ class Pipeline(PipelineMemoryMixin):
                        variant: str | None = None, offload_folder: str | Path | None = None,
                        call: Mapping[str, Any] | None = None, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights."""
-        from .pipeline_loading import plan_folder
+        from .pipeline_loading import LoadOptions, plan_folder
 
-        return plan_folder(cls, pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                           variant=variant, offload_folder=offload_folder, call=call, passed=components)
+        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+                              offload_folder=offload_folder, call=call)
+        return plan_folder(cls, pretrained, passed=components, options=options)
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}("]

@@ -53,6 +53,8 @@ class PipelineLoadError(PlacementError, RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class LoadOptions:
+    """The arguments of `from_pretrained` / `plan_placement` (`progress` matters to loading only)."""
+
     device_map: Any
     max_memory: Mapping | None
     torch_dtype: Any
@@ -76,27 +78,30 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
                                                  weights_required=True)
                        for name, source in modules.items()})
     pipe = construct_pipeline(cls, index, {**components, **passed})
-    plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
-                         torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
-                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
+    plan = _plan(pipe, passed, options)
     _check_devices_exist(plan)
     _materialize(pipe, plan, modules, passed, options)
     return pipe
 
 
-def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], device_map, max_memory, torch_dtype,
-                variant, offload_folder, call) -> Plan:
+def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=torch_dtype, weights=False)
+    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=False)
     components = {
-        name: build_sized_on_meta(s, torch_dtype=torch_dtype, variant=variant, weights_required=False)
+        name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
         for name, s in sources.items()
     }
     pipe = construct_pipeline(cls, index, {**components, **passed})
-    return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory,
-                         torch_dtype=_dtype_spec(pipe, torch_dtype, passed), offload_folder=offload_folder,
-                         call=call, pinned=passed_pins(passed))
+    return _plan(pipe, passed, options)
+
+
+def _plan(pipe: Pipeline, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+    """`plan_pipeline` for a pipeline built from a folder: components passed in keep their own dtype, and those
+    already dispatched are pinned where they are."""
+    return plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
+                         torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
+                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
 
 
 def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
