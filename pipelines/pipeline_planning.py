@@ -11,15 +11,15 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.devices import normalize_device
-from placement.errors import InvalidDeviceError, PlacementError
+from placement.errors import PlacementError
+from placement.planning_errors import StrategyError
 from placement.sizing import dtype_for
+from placement.strategies import StrategyKind, parse_strategy
 
 from .pipeline import Pipeline, PipelineComponentError
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parent.parent / name for name in ("placement", "hooks", "pipelines"))
-STRATEGY_NAMES = ("balanced", "auto", "sequential", "balanced_low_0")
 
 
 class CallSpecError(PlacementError, ValueError):
@@ -78,13 +78,10 @@ def call_activations(pipe: Pipeline, modules: Mapping[str, nn.Module], call: Map
 
 def is_single_device(device_map) -> bool:
     """A device_map naming one device ("cuda", "cuda:1", 0, "cpu", torch.device): everything there, no hooks."""
-    if isinstance(device_map, Mapping) or device_map in STRATEGY_NAMES:
-        return False
     try:
-        normalize_device(device_map)
-    except (InvalidDeviceError, TypeError):
+        return parse_strategy(device_map).kind is StrategyKind.DEVICE
+    except StrategyError:
         return False
-    return True
 
 
 def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
