@@ -59,7 +59,7 @@ def text_conditioning_for(encoders: list, denoiser) -> TextConditioning:
     """Match the encoders' hidden/pooled widths to the denoiser's; a clear error when nothing matches."""
     width, pooled_width = denoiser_text_widths(denoiser)
     hidden = [encoder.config.hidden_size for encoder in encoders]
-    pooled = [encoder.config.projection_dim or encoder.config.hidden_size for encoder in encoders]
+    pooled = [encoder.config.pooled_dim for encoder in encoders]
     if len(encoders) == 1 and hidden[0] == width:
         sequence = SequenceSource.FIRST
     elif len(encoders) == 2 and sum(hidden) == width:

@@ -92,7 +92,7 @@ def _text_encoder_call(encoder, batch: int) -> ComponentCall:
 def _text_encoder_output(encoder, batch: int) -> TextEncoderOutput:
     config, dtype = encoder.config, module_dtype(encoder)
     hidden = torch.empty((batch, config.max_position_embeddings, config.hidden_size), dtype=dtype, device=_META)
-    pooled = torch.empty((batch, config.projection_dim or config.hidden_size), dtype=dtype, device=_META)
+    pooled = torch.empty((batch, config.pooled_dim), dtype=dtype, device=_META)
     return TextEncoderOutput(last_hidden_state=hidden, pooled_output=pooled)
 
 

@@ -51,6 +51,11 @@ class TextEncoderConfig(ModelConfig):
             )
         return self
 
+    @property
+    def pooled_dim(self) -> int:
+        """The width of `pooled_output`: the projection's when there is one, else the hidden size."""
+        return self.projection_dim or self.hidden_size
+
 
 class TextEncoderOutput(NamedTuple):
     """A NamedTuple so accelerate's hooks move it between devices like any tuple of tensors."""
