@@ -29,6 +29,7 @@ from .activation_attention import FusedAttentionAccounting
 from .activation_hooks import accelerate_hooks_bypassed
 from .activation_tracker import LiveStorageTracker
 from .errors import PlacementError
+from .sizing import kept_fp32_module_names
 
 # Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
 # meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
@@ -109,7 +110,9 @@ class _FakeCopies:
 
     def module_tensors(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter and buffer by its full name (tied ones under each of their names)."""
-        keep_fp32 = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+        # The same rule as sizing and loading: diffusers keeps these modules fp32 at any dtype, transformers
+        # only for fp16 (plus its `_strict` list for bf16).
+        keep_fp32 = kept_fp32_module_names(module, self._dtype)
         named = list(module.named_parameters(remove_duplicate=False))
         named += list(module.named_buffers(remove_duplicate=False))
         return {
@@ -123,7 +126,7 @@ class _FakeCopies:
 
 
 def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:
-    # transformers' rule: a weight stays fp32 when one of its path segments names a kept module.
+    # A weight stays fp32 when one of its path segments names a kept module.
     return bool(keep_fp32) and any(segment in keep_fp32 for segment in name.split("."))
 
 

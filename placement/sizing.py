@@ -84,7 +84,7 @@ def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str,
     transformers only does so when loading in fp16, and keeps `_keep_in_fp32_modules_strict` in fp32 for
     fp16 and bf16. A name matches when it is one dotted part of the tensor's path ("wo" in "block.0.wo.weight").
     """
-    keep = _kept_module_names(module, dtype)
+    keep = kept_fp32_module_names(module, dtype)
     if not keep:
         return {}
     return {
@@ -140,7 +140,8 @@ def _resolve_dtype(spec, *, where: str) -> torch.dtype | None:
     )
 
 
-def _kept_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[str]:
+def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[str]:
+    """Names of the submodules that loading at `dtype` keeps in float32 (the rule of the module's library)."""
     if dtype is None or dtype == torch.float32 or dtype.itemsize > 4:
         return set()
     is_transformers = hasattr(type(module), "_keep_in_fp32_modules_strict")

@@ -164,6 +164,26 @@ def test_keep_in_fp32_modules_stay_float32():
     assert estimate_activations(Mixed(), (x,), dtype=torch.bfloat16) == 64 * (2 + 2 + 4 + 4)
 
 
+def test_transformers_keep_rule_casts_kept_modules_in_bf16():
+    # transformers keeps `_keep_in_fp32_modules` in fp32 only for fp16 loads; in bf16 they are cast like the
+    # rest (sizing and loading follow the same rule), so a head computing in the hidden dtype works.
+    class TransformersLike(nn.Module):
+        _keep_in_fp32_modules = ["head"]
+        _keep_in_fp32_modules_strict = None  # the attribute that marks a transformers model
+
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(64, 64)
+            self.head = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    x = torch.empty(1, 64, device="meta")
+    # input, body output and head output, all bf16: the head's weights were cast too.
+    assert estimate_activations(TransformersLike(), (x,), dtype=torch.bfloat16) == 64 * (2 + 2 + 2)
+
+
 def test_other_methods_and_kwargs():
     decoder = TinyDecoder().eval()
     latents = torch.randn(1, 4, 16, 16)
