@@ -53,7 +53,8 @@ def _caller_stacklevel() -> int:
 
 def call_activations(pipe: Pipeline, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs."""
+    """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs
+    (`activation_inputs(**call)` gives a `ComponentCall` per component)."""
     pipeline_class = type(pipe)
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
@@ -68,12 +69,8 @@ def call_activations(pipe: Pipeline, modules: Mapping[str, nn.Module], call: Map
             f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "
             "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
         ) from error
-    return {
-        name: placement.estimate_activations(modules[name], spec.args, spec.kwargs, method=spec.method,
-                                             dtype=dtype_for(torch_dtype, name))
-        for name, spec in inputs.items()
-        if name in modules
-    }
+    return {name: spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
+            for name, spec in inputs.items() if name in modules}
 
 
 def is_single_device(device_map) -> bool:
