@@ -16,6 +16,7 @@ from torch import nn
 
 from hooks.dispatch import undispatch
 from hooks.group_offload import group_offloading_session
+from placement.devices import torch_device
 from placement.errors import PlacementError
 
 from .errors import DeviceMappedError
@@ -211,6 +212,4 @@ def module_dtype(*modules: nn.Module) -> torch.dtype:
 
 
 def _torch_device(device) -> torch.device:
-    from placement.devices import torch_device
-
     return torch_device("cpu" if device == "disk" else device)
