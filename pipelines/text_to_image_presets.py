@@ -19,6 +19,7 @@ from placement.errors import PlacementError
 from .config import ModelConfig
 from .models import AutoencoderKL, DiT, TextEncoder, UNet
 from .schedulers import FlowMatchEulerScheduler, FlowMatchEulerSchedulerConfig
+from .tokenizers import ByteTokenizer
 
 
 class UnknownPresetError(PlacementError, ValueError):
@@ -74,8 +75,6 @@ def build_preset_components(name: str, *, device: str = "cpu", seed: int = 0) ->
             f"from_preset(device={device!r}): presets are built on {' or '.join(DEVICES)}; build on 'cpu' and "
             "call .to(...), or save the pipeline and load it with device_map=... to place it."
         )
-    from .tokenizers import ByteTokenizer
-
     with torch.random.fork_rng(devices=[]):  # seeded, without disturbing the caller's global RNG
         torch.manual_seed(seed)
         # torch.device("meta") allocates nothing, not even transiently (init_empty_weights allocates each
