@@ -49,9 +49,9 @@ class PipelineMemoryMixin:
         """
         self._refuse_offload_when_device_mapped("enable_model_cpu_offload")
         in_graph = {name for edge in self.model_graph for name in edge}
-        modules = self.module_components
-        chain = [modules[name] for name in self.execution_order if name in in_graph]
-        standalone = [modules[name] for name in self.execution_order if name not in in_graph]
+        modules = self.module_components  # in execution order
+        chain = [module for name, module in modules.items() if name in in_graph]
+        standalone = [module for name, module in modules.items() if name not in in_graph]
         self._model_offload = apply_model_cpu_offload(chain, standalone=standalone, execution_device=device)
 
     def enable_sequential_cpu_offload(self, device: torch.device | int | str | None = None) -> None:
