@@ -17,6 +17,8 @@ from pipelines.errors import DeviceMappedError
 from pipelines.pipeline_loading import PipelineLoadError
 from pipelines.pipeline_planning import CallSpecError
 from placement.planning_errors import StrategyError
+from placement.sizing import size_module
+from placement.streaming import streaming_working_set
 
 from pipeline_fixtures import USER_IDS, TinyUserPipeline, generate, has_hooks, save_preset, tiny_user_pipeline
 
@@ -297,3 +299,32 @@ def test_loading_shows_a_progress_bar_per_component_that_reaches_its_tensor_coun
     bars.clear()
     load(folder)
     assert bars and all(disable is True for _, disable, _ in bars)
+
+
+def ram_that_sends_one_component_to_disk(folder) -> int:
+    """A CPU budget for all but one component, plus the room to run that one streamed from the disk. Tiny
+    models are mostly embeddings, so which component can stream in less than its size is found by planning."""
+    sizes = component_bytes(folder)
+    meta = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    for name, size in sorted(sizes.items(), key=lambda item: item[1]):
+        module = getattr(meta, name)
+        ram = sum(sizes.values()) - size + streaming_working_set(module, size_module(module))
+        plan = TextToImagePipeline.plan_placement(folder, max_memory={"cpu": ram}, offload_folder="unused")
+        if any(c.kind.value == "disk" for c in plan.components.values()):
+            return ram
+    raise AssertionError("no CPU budget sends a tiny-dit component to disk")
+
+
+def test_components_planned_to_disk_are_served_from_the_checkpoint_and_match(saved, tmp_path):
+    folder, expected = saved
+    pipe = load(folder, max_memory={"cpu": ram_that_sends_one_component_to_disk(folder)},
+                offload_folder=tmp_path / "offload")
+    on_disk = [name for name, c in pipe.placement_plan.components.items() if c.kind.value == "disk"]
+    assert on_disk and all(pipe.hf_device_map[name] == "disk" for name in on_disk)
+    for name in on_disk:  # nothing resident between calls
+        assert all(p.device.type == "meta" for p in pipe.components[name].parameters())
+    assert not any((tmp_path / "offload").rglob("*.safetensors"))  # served from the checkpoint: no copy written
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    pipe.reset_device_map()
+    assert not has_hooks(pipe)
+    assert all(p.device.type == "cpu" for name in on_disk for p in pipe.components[name].parameters())
