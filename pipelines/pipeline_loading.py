@@ -23,10 +23,17 @@ from hooks.plan_dispatch import apply_component_plan
 from placement.devices import is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
 from placement.model_map import accelerators_present
-from placement.plan import Plan, PlacementKind
+from placement.plan import Plan
 from placement.sizing import dtype_for
 
-from .checkpoint import WeightsNotFoundError, cast_meta, find_weights, load_weights, target_dtype, tie_weights
+from .checkpoint import (
+    WeightsNotFoundError,
+    cast_meta,
+    disk_offload_index,
+    find_weights,
+    load_weights,
+    tie_weights,
+)
 from .hf_interop import (
     build_on_meta,
     keep_in_fp32_modules,
@@ -202,12 +209,12 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=options.variant)
     dtype = dtype_for(options.torch_dtype, source.name)
     keep = keep_in_fp32_modules(module)
+    tied = tied_weights_for(module, weights.tensors)
     load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
-                 tied_weights=tied_weights_for(module, weights.tensors), progress=options.progress)
-    if component.kind is not PlacementKind.DISK and "disk" not in component.device_map.values():
-        return None
-    disk_names = [name for name, p in module.named_parameters() if p.device.type == "meta"]
-    return weights.offload_index(disk_names, lambda entry: target_dtype(entry, dtype, keep))
+                 tied_weights=tied, progress=options.progress)
+    # The checkpoint's own files serve the disk part; a tied parameter is served under its tied name too.
+    return disk_offload_index(module, weights, component.device_map, dtype=dtype, keep_in_fp32=keep,
+                              tied_weights=tied)
 
 
 def _move_passed(name: str, module: nn.Module, component) -> None:
