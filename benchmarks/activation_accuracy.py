@@ -6,7 +6,7 @@
 Table 1 (accuracy, CPU): for each component of the reference pipelines, at several image sizes, our estimate
 (`placement.estimate_activations` on the meta-built component, inputs from
 `TextToImagePipeline.activation_inputs`) against the peak measured by really running the component on CPU
-under torch's MemTracker (`placement.activation_measure`). "math path" is what a plain meta/fake run gives when
+under torch's MemTracker (`placement.activations.measure`). "math path" is what a plain meta/fake run gives when
 attention is left to the math fallback (the N x N score matrix), as ratios to the measured peak. The tiny
 presets have the real architectures at small widths; the "sd-vae" rows use the real SDXL VAE.
 
@@ -27,12 +27,12 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from pipelines.models import AutoencoderKL
-from pipelines.text_to_image import TextToImagePipeline
-from pipelines.text_to_image_inputs import ComponentCall, text_to_image_activation_inputs
-from placement.activation_measure import activation_peak, measure_activations
-from placement.activation_tracker import LiveStorageTracker
-from placement.activations import _FakeCopies
+from pipelines.text_to_image.models import AutoencoderKL
+from pipelines.text_to_image.pipeline import TextToImagePipeline
+from pipelines.text_to_image.inputs import ComponentCall, text_to_image_activation_inputs
+from placement.activations.measure import activation_peak, measure_activations
+from placement.activations.tracker import LiveStorageTracker
+from placement.activations.estimate import _FakeCopies
 
 MiB = 2**20
 GiB = 2**30
@@ -102,7 +102,7 @@ def memtracker_estimate(module, call: ComponentCall, dtype) -> int:
     """The same fake run measured by torch's MemTracker instead of LiveStorageTracker (for the timing)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from placement.activation_attention import FusedAttentionAccounting
+    from placement.activations.attention import FusedAttentionAccounting
 
     fake_mode = FakeTensorMode()
     copies = _FakeCopies(fake_mode, dtype)

@@ -141,7 +141,7 @@ def build_pipeline(args: argparse.Namespace):
     import torch
 
     from pipelines import TextToImagePipeline
-    from pipelines.models import DiT
+    from pipelines.text_to_image.models import DiT
 
     pipe = TextToImagePipeline.from_preset("tiny-dit")
     tiny = pipe.denoiser.config

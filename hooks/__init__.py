@@ -1,6 +1,6 @@
 """Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting)."""
 
-from .group_offload import (
+from .group_offload.offload import (
     GroupOffloadHook,
     GroupOffloadingConfig,
     GroupOffloadSession,

@@ -118,7 +118,7 @@ def apply_layerwise_casting(
             DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes)
         ),
     )
-    from .group_offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
+    from .group_offload.offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
 
     if has_hook(module, GroupOffloadHook):
         raise OffloadConflictError(

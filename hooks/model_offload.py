@@ -111,7 +111,7 @@ def _offload(module: nn.Module, device: torch.device, previous: UserCpuOffloadHo
 
 
 def _refuse_other_offloading(module: nn.Module) -> None:
-    from .group_offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
+    from .group_offload.offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
 
     refuse_group_offloaded(module, "model offload")
     placed = next(find_hooks(module, AlignDevicesHook), None)

@@ -21,7 +21,7 @@ from placement.devices import is_accelerator, torch_device
 from placement.plan import ComponentPlan, PlacementKind
 
 from .dispatch import DiskWeights, dispatch, undispatch
-from .group_offload import GroupOffloadingConfig, apply_group_offloading
+from .group_offload.offload import GroupOffloadingConfig, apply_group_offloading
 
 
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *,

@@ -39,7 +39,7 @@ def remove_sequential_cpu_offload(module: nn.Module) -> None:
 
 
 def _refuse_other_offloading(module: nn.Module) -> None:
-    from .group_offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
+    from .group_offload.offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
     from .layerwise_casting import LayerwiseCastingHook
 
     refuse_group_offloaded(module, "sequential offload")

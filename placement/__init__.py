@@ -1,6 +1,6 @@
 """Pure planning: sizes, devices, the model graph, strategies and the Plan. Never loads weights."""
 
-from .activations import estimate_activations
+from .activations.estimate import estimate_activations
 from .api import plan
 from .budgets import Budgets, resolve_budgets
 from .devices import Device, normalize_device

@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .devices import device_label
-from .plan import Plan
 from .sizes import format_bytes
+
+if TYPE_CHECKING:  # plan.py imports this module from Plan.explain(); the type is for readers only
+    from .plan import Plan
 
 EMPTY = "."
 

@@ -13,7 +13,7 @@ from accelerate.big_modeling import cpu_offload
 from accelerate.hooks import remove_hook_from_module
 from torch import nn
 
-import hooks.group_offload as group_offload
+import hooks.group_offload.offload as group_offload
 from hooks import (
     GroupOffloadingConfig,
     OffloadConfigError,
@@ -23,7 +23,7 @@ from hooks import (
     group_offloading_session,
     remove_group_offloading,
 )
-from hooks.group_transfer import BlockingTransfer
+from hooks.group_offload.transfer import BlockingTransfer
 
 
 class Probe(nn.Module):

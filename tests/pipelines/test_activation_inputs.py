@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map_only
 
-from pipelines.text_to_image import TextToImagePipeline
-from pipelines.text_to_image_inputs import ActivationInputsError, ComponentCall, text_to_image_activation_inputs
-from placement.activation_measure import measure_activations
+from pipelines.text_to_image.pipeline import TextToImagePipeline
+from pipelines.text_to_image.inputs import ActivationInputsError, ComponentCall, text_to_image_activation_inputs
+from placement.activations.measure import measure_activations
 
 SIDES = (32, 64, 128)  # pixels; the tiny VAE downsamples by 2, so latents are 16..64 a side
 
@@ -289,7 +289,7 @@ GPU_PRESETS = ("sdxl-like", "flux-like")
 
 def _shortened(module):
     """The module's class with its config's transformer stacks cut to two blocks, built on meta."""
-    from pipelines.models import DiT, UNet
+    from pipelines.text_to_image.models import DiT, UNet
 
     update = {}
     if isinstance(module, DiT):

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from pipelines.cli import main
-from pipelines.cli_args import max_memory_arg, simulate_arg
+from pipelines.cli.args import max_memory_arg, simulate_arg
 from placement import Plan
 from placement.sizes import GiB
 

@@ -10,9 +10,9 @@ from torch import nn
 
 from pipelines import Pipeline
 from pipelines.errors import DeviceMappedError
-from pipelines.model_index import ModelIndexError
-from pipelines.pipeline import PipelineComponentError
-from pipelines.schedulers import FlowMatchEulerScheduler
+from pipelines.framework.model_index import ModelIndexError
+from pipelines.framework.pipeline import PipelineComponentError
+from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler
 
 from pipeline_fixtures import USER_IDS, Decoder, DecoderConfig, TinyUserPipeline, tiny_user_pipeline
 

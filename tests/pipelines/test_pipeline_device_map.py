@@ -10,12 +10,12 @@ import warnings
 import pytest
 import torch
 
-import pipelines.pipeline_loading as pipeline_loading
+import pipelines.framework.loading as pipeline_loading
 from pipelines import DiT, Pipeline, TextToImagePipeline
 from pipelines.checkpoint import CorruptCheckpointError
 from pipelines.errors import DeviceMappedError
-from pipelines.pipeline_loading import PipelineLoadError
-from pipelines.pipeline_planning import CallSpecError
+from pipelines.framework.loading import PipelineLoadError
+from pipelines.framework.planning import CallSpecError
 from placement.planning_errors import StrategyError
 from placement.sizing import size_module
 from placement.streaming import streaming_working_set

@@ -14,7 +14,7 @@ from hooks import OffloadConflictError, group_offloading_session
 from hooks.hook_utils import hooks_of
 from pipelines import TextToImagePipeline
 from pipelines.errors import DeviceMappedError
-from pipelines.pipeline_memory import VaeFeatureError
+from pipelines.framework.memory import VaeFeatureError
 
 CALL = dict(num_inference_steps=1, output_type="pt")
 
@@ -203,7 +203,7 @@ def test_vae_slicing_decodes_sample_by_sample_and_saves_nothing_for_one(pipe):
 
 def test_vae_tiling_splits_images_larger_than_a_tile_and_skips_the_others(pipe):
     """tile_sample_size=32 pixels on the tiny VAE (factor 2): 16-latent tiles overlapping by 4."""
-    from pipelines.models.tiling import TileGrid
+    from pipelines.text_to_image.models.tiling import TileGrid
 
     plain = {side: generate(pipe, side=side) for side in (32, 48)}
     batches = _decoder_batches(pipe)
@@ -251,8 +251,8 @@ def mid_size_pipeline(device: str = "cpu") -> TextToImagePipeline:
     """tiny-dit's layout with a mid-size DiT (width 1024, 4 double + 8 single blocks: ~270M parameters, ~1.1 GB
     in fp32) and 512-wide text encoders (~13M each): the denoiser's weights are ~7x its largest block,
     and far above every activation peak at MID_SIZE, so the techniques' weight savings decide the order."""
-    from pipelines.models import AutoencoderKL, DiT, TextEncoder
-    from pipelines.text_to_image_presets import build_preset_components
+    from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder
+    from pipelines.text_to_image.presets import build_preset_components
 
     def resized(config, **update):
         return type(config)(**{**config.model_dump(), **update})

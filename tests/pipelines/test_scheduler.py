@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from pipelines.component_config import ComponentConfigError
-from pipelines.schedulers import FlowMatchEulerScheduler, SchedulerError
+from pipelines.framework.component_config import ComponentConfigError
+from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler, SchedulerError
 
 
 def test_schedule_runs_from_pure_noise_to_zero():

@@ -8,9 +8,9 @@ import torch
 from PIL import Image
 
 from pipelines import TextEncoder, TextToImagePipeline
-from pipelines.text_conditioning import SequenceSource, TextConditioningError, text_conditioning_for
-from pipelines.text_to_image import PipelineCallError
-from pipelines.text_to_image_presets import UnknownPresetError
+from pipelines.text_to_image.conditioning import SequenceSource, TextConditioningError, text_conditioning_for
+from pipelines.text_to_image.pipeline import PipelineCallError
+from pipelines.text_to_image.presets import UnknownPresetError
 
 from pipeline_fixtures import generate
 
@@ -108,7 +108,7 @@ def test_encoders_that_do_not_fit_the_denoiser_are_reported(tiny_unet):
 
 
 def test_call_spec_plans_activations_that_grow_with_resolution(tmp_path):
-    from pipelines.pipeline_planning import plan_pipeline
+    from pipelines.framework.planning import plan_pipeline
 
     pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
     budgets = {0: "4GiB", 1: "4GiB"}

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.component_config import ComponentConfigError
-from pipelines.tokenizers import ByteTokenizer, TokenizerError
+from pipelines.framework.component_config import ComponentConfigError
+from pipelines.text_to_image.tokenizers import ByteTokenizer, TokenizerError
 
 BOS, EOS, PAD = ByteTokenizer.bos_token_id, ByteTokenizer.eos_token_id, ByteTokenizer.pad_token_id
 

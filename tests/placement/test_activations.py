@@ -9,9 +9,9 @@ from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_mod
 from torch import nn
 
 import placement
-from placement.activation_attention import fused_attention_output
-from placement.activation_measure import measure_activations
-from placement.activations import ActivationEstimateError, InvalidActivationCallError, estimate_activations
+from placement.activations.attention import fused_attention_output
+from placement.activations.measure import measure_activations
+from placement.activations.estimate import ActivationEstimateError, InvalidActivationCallError, estimate_activations
 
 
 class AttentionBlock(nn.Module):
@@ -265,7 +265,7 @@ def test_cpu_offloaded_module_is_estimated_from_its_shapes():
 def test_live_storage_tracker_counts_storages_once_and_releases_them():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from placement.activation_tracker import LiveStorageTracker
+    from placement.activations.tracker import LiveStorageTracker
 
     with FakeTensorMode():
         weight = torch.empty(1024)  # 4 KiB, excluded

@@ -4,8 +4,8 @@ import pytest
 import torch
 from accelerate import init_empty_weights
 
-from placement.activation_measure import measure_activations
-from placement.activations import estimate_activations
+from placement.activations.measure import measure_activations
+from placement.activations.estimate import estimate_activations
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")

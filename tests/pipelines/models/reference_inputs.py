@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.models import AutoencoderKL, DiT, TextEncoder, UNet
+from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 
 
 def tiny(cls, preset: str = "tiny", seed: int = 0):

@@ -7,8 +7,8 @@ import torch
 from accelerate import cpu_offload
 from accelerate.hooks import remove_hook_from_module
 
-from pipelines.models import AutoencoderKL, DiagonalGaussian, ModelInputError
-from pipelines.models.tiling import TileGrid
+from pipelines.text_to_image.models import AutoencoderKL, DiagonalGaussian, ModelInputError
+from pipelines.text_to_image.models.tiling import TileGrid
 
 from reference_inputs import tiny
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.models import DiT, ModelInputError, UNet
+from pipelines.text_to_image.models import DiT, ModelInputError, UNet
 
 from reference_inputs import denoiser_inputs, tiny
 

@@ -9,7 +9,7 @@ import torch
 from accelerate import init_empty_weights
 
 from pipelines import ModelMixin
-from pipelines.models import AutoencoderKL, DiT, TextEncoder, UNet
+from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 
 # The published sizes of the architectures the presets mirror.
 REAL_SIZES = {

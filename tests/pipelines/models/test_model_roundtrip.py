@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from pipelines.models import AutoencoderKL, DiT, TextEncoder, UNet
+from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 
 from reference_inputs import run, tiny
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.models import ModelInputError, TextEncoder, TextEncoderOutput
-from pipelines.tokenizers import ByteTokenizer
+from pipelines.text_to_image.models import ModelInputError, TextEncoder, TextEncoderOutput
+from pipelines.text_to_image.tokenizers import ByteTokenizer
 
 from reference_inputs import text_inputs, tiny
 

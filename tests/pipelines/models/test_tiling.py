@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pipelines.models.tiling import TileGrid, blend_tiles
+from pipelines.text_to_image.models.tiling import TileGrid, blend_tiles
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,0 +1,29 @@
+"""Group offloading: weights kept in CPU RAM or on disk, moved to the execution device a group of modules (a
+block, or a leaf) at a time, with prefetch on a side CUDA stream.
+
+offload.py   the technique: config, session, hook, apply/remove
+planning.py  which modules form a group (block lists at any depth, or each leaf)
+module_group.py, storage.py, transfer.py   one group's tensors, where they rest, how they move
+"""
+
+from .offload import (
+    GroupOffloadHook,
+    GroupOffloadingConfig,
+    GroupOffloadSession,
+    OffloadType,
+    apply_group_offloading,
+    group_offloading_session,
+    refuse_group_offloaded,
+    remove_group_offloading,
+)
+
+__all__ = [
+    "GroupOffloadHook",
+    "GroupOffloadingConfig",
+    "GroupOffloadSession",
+    "OffloadType",
+    "apply_group_offloading",
+    "group_offloading_session",
+    "refuse_group_offloaded",
+    "remove_group_offloading",
+]

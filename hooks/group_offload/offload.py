@@ -1,0 +1,303 @@
+"""Group offloading: weights live in CPU RAM (or on disk) and visit the accelerator one group at a time.
+
+    apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0))          # runs of blocks
+    apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0, offload_type="leaf_level",
+                                                           use_stream=True))           # + prefetch
+    remove_group_offloading(denoiser)   # or accelerate.hooks.remove_hook_from_module(denoiser, recurse=True)
+
+A group is onloaded just before one of its modules runs and offloaded when it is done (see
+`group_planning` for what the groups are). With `use_stream` (CUDA only) the first call records the order
+in which groups run; from the second call on, starting a group also queues the copy of the next one on a
+side stream from pinned memory, so the bus works while the GPU computes. With `offload_to_disk_path` each
+group is one safetensors file, and the module holds `meta` placeholders between calls.
+
+Built on accelerate's hooks: every hooked module holds a `GroupOffloadHook` in `_hf_hook`, so removing
+hooks with accelerate restores the plain module (weights back on the devices they had before).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass
+
+import torch
+from accelerate.hooks import ModelHook
+from accelerate.utils import send_to_device
+from torch import nn
+
+from placement.devices import normalize_device, torch_device
+from placement.errors import InvalidDeviceError
+
+from .planning import GroupSpec, OffloadType, plan_groups
+from .storage import DiskStore, HostStore
+from .transfer import BlockingTransfer, StreamTransfer
+from ..hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, has_hook, hooks_of, remove_hooks_of_type
+from ..memory_errors import OffloadConfigError, OffloadConflictError
+from .module_group import ModuleGroup
+
+__all__ = [
+    "GroupOffloadHook",
+    "GroupOffloadingConfig",
+    "GroupOffloadSession",
+    "OffloadType",
+    "apply_group_offloading",
+    "group_offloading_session",
+    "remove_group_offloading",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupOffloadingConfig:
+    """How to group-offload a module. Devices and the offload type are normalised on construction."""
+
+    onload_device: torch.device | int | str
+    offload_device: torch.device | str = "cpu"
+    offload_type: OffloadType | str = OffloadType.BLOCK_LEVEL
+    num_blocks_per_group: int = 1
+    use_stream: bool = False  # CUDA only: prefetch the next group on a side stream from pinned memory
+    offload_to_disk_path: str | os.PathLike | None = None  # groups saved to / read from safetensors files
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__  # normalising a frozen dataclass's own fields
+        set_field(self, "onload_device", _execution_device(self.onload_device, "onload_device"))
+        set_field(self, "offload_device", _execution_device(self.offload_device, "offload_device"))
+        set_field(self, "offload_type", _offload_type(self.offload_type))
+        if self.offload_to_disk_path is not None:
+            set_field(self, "offload_to_disk_path", os.fspath(self.offload_to_disk_path))
+        blocks = self.num_blocks_per_group
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise OffloadConfigError(f"num_blocks_per_group must be an int >= 1, got {blocks!r}.")
+        if self.use_stream and self.onload_device.type != "cuda":
+            raise OffloadConfigError(
+                f"use_stream=True prefetches on a CUDA side stream, but onload_device is {self.onload_device}. "
+                "Pass use_stream=False (offloading then copies synchronously), or a CUDA onload_device."
+            )
+
+
+def _execution_device(spec, field: str) -> torch.device:
+    try:
+        device = normalize_device(spec)
+        if device == "disk":
+            raise InvalidDeviceError("'disk' is not a device tensors can sit on")
+        return torch_device(device)
+    except InvalidDeviceError as error:
+        raise OffloadConfigError(
+            f"GroupOffloadingConfig.{field}={spec!r} is not usable: {error} "
+            "Use an accelerator index / 'cuda:N' / 'cpu'; to keep weights on disk pass offload_to_disk_path."
+        ) from error
+
+
+def _offload_type(value) -> OffloadType:
+    try:
+        return OffloadType(value)
+    except ValueError:
+        choices = ", ".join(repr(kind.value) for kind in OffloadType)
+        raise OffloadConfigError(f"offload_type={value!r} is not one of {choices}.") from None
+
+
+class GroupOffloadSession:
+    """The state shared by all hooks of one `apply_group_offloading` call: the groups and the prefetch chain."""
+
+    def __init__(self, *, config: GroupOffloadingConfig, groups: list[ModuleGroup], prefetches: bool,
+                 disk_folder: str | None) -> None:
+        self.config = config
+        self.groups = groups
+        self.disk_folder = disk_folder
+        self._prefetches = prefetches
+        self._trace: list[ModuleGroup] | None = None
+        self._next_group: dict[int, ModuleGroup] = {}
+        self._traced = False
+        if disk_folder is not None:
+            # Files of a module that is garbage-collected without removing the hooks do not outlive it.
+            weakref.finalize(self, shutil.rmtree, disk_folder, True)
+
+    @property
+    def onload_device(self) -> torch.device:
+        return self.config.onload_device
+
+    @property
+    def resident_groups(self) -> list[ModuleGroup]:
+        return [group for group in self.groups if group.is_onloaded]
+
+    def begin_call(self) -> None:
+        # Offload whatever a previous call that raised mid-forward left behind, then maybe start tracing.
+        for group in self.groups:
+            group.reset()
+        if self._prefetches and not self._traced:
+            self._trace = []
+
+    def group_first_used(self, group: ModuleGroup) -> None:
+        if self._trace is not None and all(group is not seen for seen in self._trace):
+            self._trace.append(group)
+        upcoming = self._next_group.get(id(group))
+        if upcoming is not None:
+            upcoming.onload()  # queued on the side stream; waited for when its module runs
+
+    def end_call(self) -> None:
+        for group in self.groups:
+            group.reset()
+        if self._trace is not None:
+            self._next_group = {id(a): b for a, b in zip(self._trace, self._trace[1:])}
+            self._trace, self._traced = None, True
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.restore()
+        if self.disk_folder is not None:
+            shutil.rmtree(self.disk_folder, ignore_errors=True)
+
+
+class GroupOffloadHook(ModelHook):
+    """Onloads the module's group before its forward, offloads it after; the root hook also runs the session."""
+
+    def __init__(self, *, group: ModuleGroup | None, session: GroupOffloadSession, is_root: bool) -> None:
+        self.group = group
+        self.session = session
+        self.is_root = is_root
+
+    @property
+    def execution_device(self) -> torch.device:
+        """Where the hooked module computes (read by code that puts inputs on a component's device)."""
+        return self.session.onload_device
+
+    def __repr__(self) -> str:
+        return f"GroupOffloadHook(group={self.group!r}, is_root={self.is_root})"
+
+    def pre_forward(self, module, *args, **kwargs):
+        if self.is_root:
+            self.session.begin_call()
+        if self.group is not None:
+            if self.group.enter():
+                self.session.group_first_used(self.group)
+            self.group.wait_until_ready()
+        device = self.session.onload_device
+        return send_to_device(args, device), send_to_device(kwargs, device)
+
+    def post_forward(self, module, output):
+        if self.group is not None:
+            self.group.leave(module)
+        if self.is_root:
+            self.session.end_call()
+        return output
+
+    def detach_hook(self, module):
+        if self.is_root:
+            self.session.close()
+        elif self.group is not None:
+            self.group.restore()
+        return module
+
+
+def apply_group_offloading(module: nn.Module, config: GroupOffloadingConfig) -> None:
+    """Group-offload `module` in place. Applying again replaces the previous group offloading."""
+    _refuse_accelerate_offload(module)
+    remove_group_offloading(module)
+    _refuse_unmaterialized_weights(module)
+    if config.onload_device.type == "cuda" and not torch.cuda.is_available():
+        raise OffloadConfigError(
+            f"onload_device={config.onload_device} but this machine has no CUDA device. "
+            "Use onload_device='cpu' (weights then move between the store and the CPU) or run on a GPU machine."
+        )
+    specs = plan_groups(module, config.offload_type, config.num_blocks_per_group)
+    disk_folder = _make_disk_folder(module, config)
+    transfer = _make_transfer(config)
+    groups = [_build_group(spec, index, config, transfer, disk_folder) for index, spec in enumerate(specs)]
+    session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches,
+                                  disk_folder=disk_folder)
+    try:
+        for group in groups:
+            group.take_weights()
+    except BaseException:
+        session.close()  # groups that took their weights give them back; the disk folder goes
+        raise
+    _install_hooks(module, groups, session)
+
+
+def remove_group_offloading(module: nn.Module) -> None:
+    """Remove only the group offloading hooks of `module`'s tree; weights go back where they were."""
+    remove_hooks_of_type(module, GroupOffloadHook)
+
+
+def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
+    """The session of the group offloading applied to `module` itself (None when there is none)."""
+    for hook in hooks_of(module):
+        if isinstance(hook, GroupOffloadHook) and hook.is_root:
+            return hook.session
+    return None
+
+
+def _install_hooks(root: nn.Module, groups: list[ModuleGroup], session: GroupOffloadSession) -> None:
+    # First in each chain: a layerwise-casting hook on the same module must see the onloaded weights.
+    root_hooked = False
+    for group in groups:
+        for member in group.modules:
+            is_root = member is root
+            root_hooked = root_hooked or is_root
+            add_hook_first(member, GroupOffloadHook(group=group, session=session, is_root=is_root))
+    if not root_hooked:
+        add_hook_first(root, GroupOffloadHook(group=None, session=session, is_root=True))
+
+
+def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, transfer, disk_folder):
+    if disk_folder is not None:
+        file_name = f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', spec.name)[:80]}.safetensors"
+        store = DiskStore(path=os.path.join(disk_folder, file_name))
+    else:
+        store = HostStore(offload_device=config.offload_device, pin_memory=transfer.uses_pinned_memory)
+    return ModuleGroup(name=spec.name, modules=spec.modules, entries=spec.entries, release=spec.release,
+                       onload_device=config.onload_device, store=store, transfer=transfer)
+
+
+def _make_transfer(config: GroupOffloadingConfig) -> BlockingTransfer | StreamTransfer:
+    return StreamTransfer(config.onload_device) if config.use_stream else BlockingTransfer()
+
+
+def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str | None:
+    """A fresh folder per application, so two modules offloaded to one path never overwrite each other."""
+    if config.offload_to_disk_path is None:
+        return None
+    try:
+        os.makedirs(config.offload_to_disk_path, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"{type(module).__name__}-", dir=config.offload_to_disk_path)
+    except OSError as error:
+        raise OffloadConfigError(
+            f"offload_to_disk_path={config.offload_to_disk_path!r} cannot hold offloaded groups ({error}). "
+            "Pass a writable folder."
+        ) from error
+
+
+def refuse_group_offloaded(module: nn.Module, technique: str) -> None:
+    """The conflict check of the other offload techniques: `technique` would fight group offloading's hooks."""
+    if has_hook(module, GroupOffloadHook):
+        raise OffloadConflictError(
+            f"{type(module).__name__} is group-offloaded; {technique} would fight over its weights. Remove it "
+            "first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
+        )
+
+
+def _refuse_accelerate_offload(module: nn.Module) -> None:
+    from ..model_offload import ComponentEntryHook  # a sibling technique; imported here to keep files independent
+
+    conflicting = (*ACCELERATE_PLACEMENT_HOOKS, ComponentEntryHook)
+    found = [(name or "<root>", type(hook).__name__) for name, _, hook in find_hooks(module, conflicting)]
+    if found:
+        listed = ", ".join(f"{name} ({hook})" for name, hook in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise OffloadConflictError(
+            f"Cannot apply group offloading to {type(module).__name__}: accelerate already places or offloads "
+            f"its weights ({listed}{more}). Remove those hooks first with "
+            "accelerate.hooks.remove_hook_from_module(module, recurse=True) (on a pipeline: reset_device_map())."
+        )
+
+
+def _refuse_unmaterialized_weights(module: nn.Module) -> None:
+    on_meta = [name for name, tensor in [*module.named_parameters(), *module.named_buffers()] if tensor.is_meta]
+    if on_meta:
+        raise OffloadConfigError(
+            f"Cannot group-offload {type(module).__name__}: {len(on_meta)} tensors have no data (meta device), "
+            f"e.g. {on_meta[:3]}. Load the weights first (from_pretrained), then offload."
+        )

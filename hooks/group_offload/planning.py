@@ -1,0 +1,132 @@
+"""Which modules form which offload group (pure bookkeeping: nothing moves here).
+
+Block level: the blocks of every block list `placement.streaming.block_groups` finds (an `nn.ModuleList` /
+`nn.Sequential` at any depth: T5's `encoder.block`, a VAE's `decoder.up_blocks`; the planner sizes offloaded
+components from the same layout) are cut into runs of `num_blocks_per_group`; everything else (the tensors
+of the root, of the modules descended through and of every other child) forms one "rest" group, onloaded
+while the root or any of those modules runs.
+Leaf level: every module that holds tensors itself (each leaf layer, and any parent with direct parameters)
+is its own group.
+Groups that share a tensor (tied weights) are merged so a tensor is never offloaded while still in use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from torch import nn
+
+from placement.streaming import block_groups
+
+from .module_group import ReleaseRule
+from ..tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
+
+
+class OffloadType(str, Enum):
+    BLOCK_LEVEL = "block_level"
+    LEAF_LEVEL = "leaf_level"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class GroupSpec:
+    """A group to build: `modules` get the hook (the last one ends a run of blocks), `entries` move together."""
+
+    name: str
+    modules: tuple[nn.Module, ...]
+    entries: tuple[TensorEntry, ...]
+    release: ReleaseRule
+
+
+@dataclass(kw_only=True, eq=False)
+class _Draft:
+    name: str
+    modules: list[nn.Module]
+    owned: list[nn.Module]  # modules whose *direct* tensors belong to this group
+    release: ReleaseRule
+
+
+def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group: int) -> list[GroupSpec]:
+    if offload_type is OffloadType.BLOCK_LEVEL:
+        drafts = _block_drafts(root, num_blocks_per_group)
+    else:
+        drafts = _leaf_drafts(root)
+    entries = collect_entries(root)
+    drafts = _merge_tied(drafts, entries)
+    specs = []
+    for draft in drafts:
+        tensor_ids = dict.fromkeys(tid for module in draft.owned for tid in direct_tensor_ids(module))
+        group_entries = tuple(entries[tid] for tid in tensor_ids)
+        if group_entries:
+            specs.append(
+                GroupSpec(name=draft.name, modules=tuple(draft.modules), entries=group_entries, release=draft.release)
+            )
+    return specs
+
+
+def _block_drafts(root: nn.Module, num_blocks_per_group: int) -> list[_Draft]:
+    layout = block_groups(root)
+    drafts, claimed = [], set()
+    for block_list in layout.block_lists:
+        blocks = block_list.blocks
+        for start in range(0, len(blocks), num_blocks_per_group):
+            run = blocks[start : start + num_blocks_per_group]
+            owned = [m for _, block in run for m in block.modules() if id(m) not in claimed]
+            claimed.update(id(m) for m in owned)
+            first, last = run[0][0], run[-1][0].rsplit(".", 1)[-1]
+            drafts.append(
+                _Draft(
+                    name=first if run[0][0] == run[-1][0] else f"{first}-{last}",
+                    modules=[block for _, block in run],
+                    owned=owned,
+                    release=ReleaseRule.AFTER_LAST_MODULE,
+                )
+            )
+    # The root is always hooked (it drives the session); a module shared with a block belongs to the block.
+    rest_modules = [root, *(m for path, m in layout.rest_modules if path and id(m) not in claimed)]
+    rest_owned = [m for m in root.modules() if id(m) not in claimed]
+    rest = _Draft(name="rest", modules=rest_modules, owned=rest_owned, release=ReleaseRule.WHEN_IDLE)
+    return [rest, *drafts]
+
+
+def _leaf_drafts(root: nn.Module) -> list[_Draft]:
+    return [
+        _Draft(name=name or "root", modules=[module], owned=[module], release=ReleaseRule.WHEN_IDLE)
+        for name, module in root.named_modules()
+        if direct_tensor_ids(module)
+    ]
+
+
+def _merge_tied(drafts: list[_Draft], entries: dict[int, TensorEntry]) -> list[_Draft]:
+    """Union the drafts whose owned modules share a tensor; keeps first-seen order."""
+    owner = {id(m): index for index, draft in enumerate(drafts) for m in draft.owned}
+    parent = list(range(len(drafts)))
+
+    def find(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    for entry in entries.values():
+        groups = {owner[id(slot.module)] for slot in entry.slots if id(slot.module) in owner}
+        if not groups:
+            continue
+        first, *others = sorted(groups)
+        for other in others:
+            parent[find(other)] = find(first)
+
+    merged: dict[int, _Draft] = {}
+    for index, draft in enumerate(drafts):
+        head = find(index)
+        if head not in merged:
+            merged[head] = _Draft(name=draft.name, modules=list(draft.modules), owned=list(draft.owned),
+                                  release=draft.release)
+            continue
+        target = merged[head]
+        target.name = f"{target.name}+{draft.name}"
+        target.modules += [m for m in draft.modules if all(m is not known for known in target.modules)]
+        target.owned += draft.owned
+        if draft.release is not target.release:
+            target.release = ReleaseRule.WHEN_IDLE
+    return list(merged.values())

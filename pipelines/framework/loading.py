@@ -1,0 +1,253 @@
+"""Pipeline.from_pretrained / plan_placement: build on meta, plan, stream each tensor to its device, dispatch.
+
+    folder -> model_index.json -> classes -> modules built on meta (+ components passed in)
+           -> placement.plan (graph = the pipeline's model graph; passed dispatched components pinned)
+           -> per component: weights streamed from safetensors to the planned devices -> hooks for its kind
+           -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
+
+A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
+to meta (memory freed), components passed in returned to where they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from hooks.dispatch import undispatch
+from hooks.plan_dispatch import apply_component_plan
+from placement.devices import is_accelerator, torch_device
+from placement.errors import InvalidDtypeError, PlacementError
+from placement.model_map import accelerators_present
+from placement.plan import Plan
+from placement.sizing import dtype_for
+
+from ..checkpoint import (
+    WeightsNotFoundError,
+    cast_meta,
+    disk_offload_index,
+    find_weights,
+    load_weights,
+    tie_weights,
+)
+from .hf_interop import (
+    build_on_meta,
+    keep_in_fp32_modules,
+    load_without_device_map,
+    tied_weights_for,
+    weights_name_for,
+)
+from .model_index import ModelIndex
+from .components import PipelineComponents
+from .planning import is_single_device, passed_pins, plan_pipeline
+from .sources import (
+    ComponentSource,
+    check_constructor,
+    component_sources,
+    construct_pipeline,
+    load_non_module,
+    resolve_pipeline_folder,
+)
+
+
+class PipelineLoadError(PlacementError, RuntimeError):
+    """A plan that cannot be carried out on this machine (e.g. it names an accelerator that is not here)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadOptions:
+    """The arguments of `from_pretrained` / `plan_placement` (`progress` matters to loading only)."""
+
+    device_map: Any
+    max_memory: Mapping | None
+    torch_dtype: Any
+    variant: str | None
+    offload_folder: str | Path | None
+    call: Mapping[str, Any] | None
+    progress: bool = True
+
+
+def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> PipelineComponents:
+    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=True)
+    components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
+    modules = {name: s for name, s in sources.items() if s.is_module}
+    if options.device_map is None:
+        for name, source in modules.items():
+            dtype = dtype_for(options.torch_dtype, name)
+            components[name] = load_without_device_map(source.cls, source.folder, dtype=dtype, variant=options.variant)
+        return construct_pipeline(cls, index, {**components, **passed})
+
+    components.update({name: build_sized_on_meta(source, torch_dtype=options.torch_dtype, variant=options.variant,
+                                                 weights_required=True)
+                       for name, source in modules.items()})
+    pipe = construct_pipeline(cls, index, {**components, **passed})
+    plan = _plan(pipe, passed, options)
+    _check_devices_exist(plan)
+    _materialize(pipe, plan, modules, passed, options)
+    return pipe
+
+
+def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+    """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
+    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=False)
+    components = {
+        name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
+        if s.is_module else load_non_module(s)
+        for name, s in sources.items()
+    }
+    pipe = construct_pipeline(cls, index, {**components, **passed})
+    return _plan(pipe, passed, options)
+
+
+def _plan(pipe: PipelineComponents, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+    """`plan_pipeline` for a pipeline built from a folder: components passed in keep their own dtype, and those
+    already dispatched are pinned where they are."""
+    return plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
+                         torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
+                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
+
+
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
+                 weights: bool) -> tuple[ModelIndex, dict[str, ComponentSource]]:
+    """The folder's index and the sources of the components not passed in, after every check that needs no
+    module built (constructor arguments, passed replacements, torch_dtype keys)."""
+    folder = resolve_pipeline_folder(pretrained, weights=weights)
+    index = ModelIndex.read(folder)
+    check_constructor(cls, index, passed)
+    sources = component_sources(index, folder, skip=passed)
+    check_dtype_keys(torch_dtype, sources, passed)
+    return index, sources
+
+
+def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | None,
+                        weights_required: bool) -> nn.Module:
+    """The module on meta with each tensor in the dtype it will load as (the checkpoint's own unless
+    `torch_dtype` says otherwise; fp32-kept modules stay fp32), so planning sizes it exactly. Reads the
+    safetensors headers only. Without weight files (a configs-only folder, when planning) the config's dtypes
+    and `torch_dtype` are used."""
+    module = build_on_meta(source.cls, source.folder)
+    try:
+        weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=variant)
+    except WeightsNotFoundError:
+        if weights_required:
+            raise
+        return module
+    ties = tied_weights_for(module, weights.tensors)
+    cast_meta(module, weights, dtype=dtype_for(torch_dtype, source.name), keep_in_fp32=keep_in_fp32_modules(module))
+    tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
+    return module
+
+
+def check_dtype_keys(torch_dtype, sources: Mapping[str, ComponentSource], passed: Mapping[str, Any]) -> None:
+    """A dict `torch_dtype` may name module components and "default" only: a misspelt key would otherwise
+    be ignored without a word, loading that component in the default dtype."""
+    if not isinstance(torch_dtype, Mapping):
+        return
+    modules = [name for name, s in sources.items() if s.is_module]
+    modules += [name for name, value in passed.items() if isinstance(value, nn.Module)]
+    unknown = sorted(str(key) for key in torch_dtype if key != "default" and key not in modules)
+    if unknown:
+        raise InvalidDtypeError(
+            f"torch_dtype names {unknown}, which are not module components of this pipeline; its module "
+            f"components are {sorted(modules)}. Fix the key(s), or use 'default' for every other component."
+        )
+
+
+def _dtype_spec(pipe: PipelineComponents, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:
+    """Per module component: the requested dtype for what we load; passed components keep their own."""
+    return {name: None if name in passed else dtype_for(torch_dtype, name) for name in pipe.execution_order}
+
+
+def _check_devices_exist(plan: Plan) -> None:
+    present = accelerators_present()
+    wanted = sorted({d for c in plan.components.values() for d in [*c.devices, c.execution_device]
+                     if is_accelerator(d)})
+    absent = [d for d in wanted if d >= present]
+    if absent:
+        raise PipelineLoadError(
+            f"The plan puts components on accelerator(s) {absent}, but this machine has {present}. "
+            "To see where a pipeline would go on other hardware, call plan_placement(...) instead; to load here, "
+            "give max_memory only for the accelerators present."
+        )
+
+
+def _materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, ComponentSource],
+                 passed: Mapping[str, Any], options: LoadOptions) -> None:
+    """Stream, move and dispatch every component; on any failure undo all of it before re-raising."""
+    single_device = is_single_device(options.device_map)
+    touched: list[str] = []
+    passed_origin = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
+    try:
+        for name in plan.execution_order:
+            component = plan.components[name]
+            if component.pinned and name in passed:
+                continue  # already dispatched by its owner: shown in the map, never moved
+            module = pipe.components[name]
+            touched.append(name)
+            disk_weights = None
+            if name in sources:
+                disk_weights = _stream_weights(module, sources[name], component, options)
+            else:
+                _move_passed(name, module, component)
+            if single_device:
+                module.hf_device_map = dict(component.device_map)
+            else:
+                apply_component_plan(module, component, disk_weights=disk_weights)
+        pipe.placement_plan = plan
+        pipe.hf_device_map = plan.device_map
+    except BaseException:
+        _undo(pipe, touched, sources, passed_origin)
+        raise
+
+
+def _stream_weights(module: nn.Module, source: ComponentSource, component, options: LoadOptions):
+    """Load the component's tensors straight to the plan's devices; the offload index for its disk part."""
+    weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=options.variant)
+    dtype = dtype_for(options.torch_dtype, source.name)
+    keep = keep_in_fp32_modules(module)
+    tied = tied_weights_for(module, weights.tensors)
+    load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
+                 tied_weights=tied, progress=options.progress)
+    # The checkpoint's own files serve the disk part; a tied parameter is served under its tied name too.
+    return disk_offload_index(module, weights, component.device_map, dtype=dtype, keep_in_fp32=keep,
+                              tied_weights=tied)
+
+
+def _move_passed(name: str, module: nn.Module, component) -> None:
+    """A plain component passed in: moved to the plan's devices (never cast: it is the caller's object)."""
+    for path, device in sorted(component.device_map.items(), key=lambda item: len(item[0])):
+        if device == "disk":
+            raise PipelineLoadError(
+                f"Component {name!r} was passed in and planned to 'disk', but its weights are not in a checkpoint "
+                "file that disk offload could read; give the CPU a larger max_memory, or save and load it instead."
+            )
+        module.get_submodule(path).to(torch_device(device))
+
+
+def _origin_device(module: nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _undo(pipe: PipelineComponents, touched: list[str], sources, passed_origin) -> None:
+    for name in touched:
+        module = pipe.components[name]
+        try:
+            undispatch(module)
+            if name in sources:
+                module.to("meta")  # frees what was loaded; the pipeline object is discarded anyway
+            else:
+                module.to(passed_origin.get(name, torch.device("cpu")))
+            if hasattr(module, "hf_device_map"):
+                module.hf_device_map = None
+        except Exception:  # best effort: the original error is what the caller needs to see
+            continue
+    pipe.hf_device_map = None
+    pipe.placement_plan = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

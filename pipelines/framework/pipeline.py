@@ -1,0 +1,57 @@
+"""Pipeline: the base class of every pipeline, and used directly, a generic pipeline loaded from any folder.
+
+Its state (components, model graph, placement) lives in `components.PipelineComponents`; this class adds the
+folder entry points, which hand over to `loading` and `saving`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
+from .loading import LoadOptions, load_pipeline, plan_folder
+from .registry import library_class
+from .saving import save_pipeline
+
+
+@library_class
+class Pipeline(PipelineComponents):
+    """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
+    arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
+    any folder as a generic pipeline."""
+
+    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
+                        variant: str | None = None) -> None:
+        """Write model_index.json and one subfolder per component, atomically (see `saving`)."""
+        save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+
+    @classmethod
+    def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
+                        variant: str | None = None, offload_folder: str | Path | None = None,
+                        call: Mapping[str, Any] | None = None, progress: bool = True, **components: Any):
+        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
+
+        `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
+        a dict {component: device | {submodule: device}}, or one device. `torch_dtype`: a dtype or
+        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk"; disk-offloaded
+        weights are read from the checkpoint's own safetensors files (nothing is copied). `components` replaces
+        saved components by name: a plain one is sized and placed with the rest (never cast), one that already
+        carries a device map is pinned where it is. `call` (e.g. `{"height": 1024, "width": 1024}`) makes the
+        plan account for activation memory where the pipeline knows its inputs (`activation_inputs`).
+        """
+        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+                              offload_folder=offload_folder, call=call, progress=progress)
+        return load_pipeline(cls, pretrained, passed=components, options=options)
+
+    @classmethod
+    def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
+                       variant: str | None = None, offload_folder: str | Path | None = None,
+                       call: Mapping[str, Any] | None = None, **components: Any):
+        """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights."""
+        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+                              offload_folder=offload_folder, call=call)
+        return plan_folder(cls, pretrained, passed=components, options=options)
+
+
+__all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]

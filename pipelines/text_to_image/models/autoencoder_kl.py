@@ -1,0 +1,179 @@
+"""AutoencoderKL: the VAE of latent diffusion (conv encoder/decoder with a KL bottleneck).
+
+- `encode(images) -> DiagonalGaussian`: images (B, in_channels, H, W) in [-1, 1], H and W multiples of
+  `downsampling_factor`; the posterior over unscaled latents (`.sample(generator)` or `.mode()`).
+- `decode(latents) -> Tensor`: unscaled latents (B, latent_channels, h, w) -> images (B, out_channels, h*f, w*f).
+- A pipeline scales as diffusers does: denoiser latents = (vae latents - shift_factor) * scaling_factor, and
+  decodes `latents / scaling_factor + shift_factor`.
+
+Memory savers (both off by default; neither changes weights):
+- `enable_slicing()`: encode/decode one sample of the batch at a time (saves nothing for a batch of one).
+  Results equal the plain call up to float rounding.
+- `enable_tiling(tile_sample_size=None, overlap_factor=None)`: split one image into overlapping spatial tiles
+  of `tile_sample_size` pixels (default `config.tile_sample_size`), run each, blend the overlaps linearly.
+  Skipped when the input is no larger than one tile. GroupNorm statistics and the mid-block attention see
+  one tile at a time, so the result is close to, not equal to, the plain call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import torch
+from pydantic import PositiveInt, model_validator
+from torch import nn
+
+from ...framework.config import ModelConfig
+from ...framework.modeling import ModelMixin
+from .entry_points import hooked_entry_point
+from .errors import ModelInputError
+from .inputs import check_channels, check_rank, check_spatial_multiple
+from .tiling import blend_tiles
+from .vae_blocks import Decoder, DiagonalGaussian, Encoder
+from ...framework.registry import library_class
+
+
+class AutoencoderKLConfig(ModelConfig):
+    in_channels: PositiveInt = 3
+    out_channels: PositiveInt = 3
+    latent_channels: PositiveInt = 4
+    block_out_channels: tuple[PositiveInt, ...] = (128, 256, 512, 512)
+    layers_per_block: PositiveInt = 2
+    norm_num_groups: PositiveInt = 32
+    use_quant_conv: bool = True
+    scaling_factor: float = 0.13025
+    shift_factor: float = 0.0
+    tile_sample_size: PositiveInt = 512
+    tile_overlap_factor: float = 0.25
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for channels in self.block_out_channels:
+            if channels % self.norm_num_groups:
+                raise ValueError(
+                    f"block_out_channels entry {channels} must be a multiple of norm_num_groups ({self.norm_num_groups})"
+                )
+        if not 0.0 < self.tile_overlap_factor <= 0.5:
+            raise ValueError(f"tile_overlap_factor must be in (0, 0.5], got {self.tile_overlap_factor}")
+        return self
+
+
+@library_class
+class AutoencoderKL(ModelMixin):
+    config_class = AutoencoderKLConfig
+    _no_split_modules = ["ResnetBlock2D", "VAEMidBlock"]
+    presets: ClassVar[dict[str, AutoencoderKLConfig]] = {
+        "tiny": AutoencoderKLConfig(block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4,
+                                    tile_sample_size=32),
+        # Flux-like tiny: 16 latent channels, no quant convs, a shift factor.
+        "tiny-16ch": AutoencoderKLConfig(block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4,
+                                         latent_channels=16, use_quant_conv=False, scaling_factor=0.3611,
+                                         shift_factor=0.1159, tile_sample_size=32),
+        # SDXL's VAE: ~84M.
+        "sdxl": AutoencoderKLConfig(),
+        # FLUX.1's VAE: 16 latent channels, no quant convs: ~84M.
+        "flux": AutoencoderKLConfig(latent_channels=16, use_quant_conv=False, scaling_factor=0.3611,
+                                    shift_factor=0.1159),
+    }
+
+    def __init__(self, config: AutoencoderKLConfig):
+        super().__init__(config)
+        channels, layers, groups = config.block_out_channels, config.layers_per_block, config.norm_num_groups
+        self.encoder = Encoder(config.in_channels, config.latent_channels, channels, layers, groups)
+        self.decoder = Decoder(config.latent_channels, config.out_channels, channels, layers, groups)
+        moments = 2 * config.latent_channels
+        self.quant_conv = nn.Conv2d(moments, moments, 1) if config.use_quant_conv else None
+        self.post_quant_conv = (
+            nn.Conv2d(config.latent_channels, config.latent_channels, 1) if config.use_quant_conv else None
+        )
+        self.use_slicing = False
+        self.use_tiling = False
+        self.tile_sample_size = config.tile_sample_size
+        self.tile_overlap_factor = config.tile_overlap_factor
+
+    @property
+    def downsampling_factor(self) -> int:
+        """Pixels per latent along each side (8 for the real presets)."""
+        return 2 ** (len(self.config.block_out_channels) - 1)
+
+    def enable_slicing(self) -> None:
+        self.use_slicing = True
+
+    def disable_slicing(self) -> None:
+        self.use_slicing = False
+
+    def enable_tiling(self, tile_sample_size: int | None = None, overlap_factor: float | None = None) -> None:
+        size = self.config.tile_sample_size if tile_sample_size is None else tile_sample_size
+        overlap = self.config.tile_overlap_factor if overlap_factor is None else overlap_factor
+        factor = self.downsampling_factor
+        if size <= 0 or size % factor:
+            raise ModelInputError(
+                f"AutoencoderKL.enable_tiling: tile_sample_size {size} must be a positive multiple of the "
+                f"downsampling factor {factor}."
+            )
+        if not 0.0 < overlap <= 0.5 or int(size * overlap) < factor:
+            raise ModelInputError(
+                f"AutoencoderKL.enable_tiling: overlap_factor {overlap} must be in (0, 0.5] and give at least "
+                f"{factor} pixels of overlap on {size}-pixel tiles (it gives {int(size * overlap)})."
+            )
+        self.use_tiling, self.tile_sample_size, self.tile_overlap_factor = True, size, overlap
+
+    def disable_tiling(self) -> None:
+        self.use_tiling = False
+
+    @hooked_entry_point
+    def encode(self, images: torch.Tensor) -> DiagonalGaussian:
+        return self._encode(images)
+
+    @hooked_entry_point
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return self._decode(latents)
+
+    def forward(self, images: torch.Tensor, sample_posterior: bool = False,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """Reconstruction: decode(encode(images)), from the posterior mean unless `sample_posterior`."""
+        # The unhooked bodies: forward already went through the hook; running it again would offload mid-call.
+        posterior = self._encode(images)
+        return self._decode(posterior.sample(generator) if sample_posterior else posterior.mode())
+
+    def _encode(self, images: torch.Tensor) -> DiagonalGaussian:
+        name = f"{type(self).__name__}.encode"
+        check_rank(name, "images", images, 4, "(B, C, H, W)")
+        check_channels(name, "images", images, self.config.in_channels, "in_channels")
+        check_spatial_multiple(name, "images", images, self.downsampling_factor)
+        return DiagonalGaussian.from_moments(self._batched(self._encode_moments, images))
+
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        name = f"{type(self).__name__}.decode"
+        check_rank(name, "latents", latents, 4, "(B, C, h, w)")
+        check_channels(name, "latents", latents, self.config.latent_channels, "latent_channels")
+        return self._batched(self._decode_maybe_tiled, latents)
+
+    def _batched(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        if self.use_slicing and x.shape[0] > 1:
+            return torch.cat([fn(sample) for sample in x.split(1)], dim=0)
+        return fn(x)
+
+    def _encode_moments(self, images: torch.Tensor) -> torch.Tensor:
+        size, factor = self.tile_sample_size, self.downsampling_factor
+        if self.use_tiling and max(images.shape[-2:]) > size:
+            return blend_tiles(self._encode_tile, images, tile_size=size,
+                               overlap=int(size * self.tile_overlap_factor), scale=1 / factor, align=factor)
+        return self._encode_tile(images)
+
+    def _encode_tile(self, images: torch.Tensor) -> torch.Tensor:
+        moments = self.encoder(images)
+        return moments if self.quant_conv is None else self.quant_conv(moments)
+
+    def _decode_maybe_tiled(self, latents: torch.Tensor) -> torch.Tensor:
+        factor = self.downsampling_factor
+        tile = self.tile_sample_size // factor
+        if self.use_tiling and max(latents.shape[-2:]) > tile:
+            return blend_tiles(self._decode_tile, latents, tile_size=tile,
+                               overlap=max(1, int(tile * self.tile_overlap_factor)), scale=factor)
+        return self._decode_tile(latents)
+
+    def _decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
+        if self.post_quant_conv is not None:
+            latents = self.post_quant_conv(latents)
+        return self.decoder(latents)

@@ -1,0 +1,192 @@
+"""TextToImagePipeline: text encoder(s) -> denoiser (UNet or DiT) -> VAE, flow matching with classifier-free guidance.
+
+The pipeline never moves weights: it hands each component its inputs on that component's execution device
+(device-mapped components carry hooks that do it; a plain pipeline moved with `.to()` needs it), keeps the
+latents where the denoiser computes, and returns images on the CPU ("pil", "np") or on the execution device
+of the VAE ("pt").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+
+from placement.errors import PlacementError
+
+from ..framework.pipeline import Pipeline, module_dtype
+from .conditioning import TextConditioning, text_conditioning_for
+from .inputs import text_to_image_activation_inputs
+from ..framework.registry import library_class
+
+
+class PipelineCallError(PlacementError, ValueError):
+    """A pipeline call with arguments that cannot work (sizes, counts, output type)."""
+
+
+class OutputType(str, Enum):
+    PIL = "pil"
+    NP = "np"
+    PT = "pt"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextToImageOutput:
+    """`images`: a list of PIL images, a (B, H, W, 3) float numpy array in [0, 1], or a (B, 3, H, W) tensor."""
+
+    images: Any
+
+
+@library_class
+class TextToImagePipeline(Pipeline):
+    """The reference text-to-image pipeline (see module docstring); `text_encoder_2` is optional."""
+
+    model_graph = [("text_encoder", "denoiser"), ("text_encoder_2", "denoiser"), ("denoiser", "vae")]
+    # What one call feeds each component (meta tensors), for `call=` planning: activation_inputs(height, width,
+    # batch_size=1, num_images_per_prompt=1, guidance_scale=4.0) -> {component: ComponentCall}.
+    activation_inputs = text_to_image_activation_inputs
+
+    def __init__(self, text_encoder, denoiser, vae, scheduler, tokenizer, text_encoder_2=None):
+        super().__init__()
+        self.register_components(text_encoder=text_encoder, text_encoder_2=text_encoder_2, denoiser=denoiser,
+                                 vae=vae, scheduler=scheduler, tokenizer=tokenizer)
+
+    @classmethod
+    def from_preset(cls, name: str, *, device: str = "cpu", seed: int = 0) -> "TextToImagePipeline":
+        """A pipeline from a named preset ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like"); random weights
+        from `seed` on "cpu", or built on "meta" (no memory) for planning."""
+        from .presets import build_preset_components
+
+        return cls(**build_preset_components(name, device=device, seed=seed))
+
+    @property
+    def text_encoders(self) -> list:
+        return [encoder for encoder in (self.text_encoder, self.text_encoder_2) if encoder is not None]
+
+    @property
+    def text_conditioning(self) -> TextConditioning:
+        return text_conditioning_for(self.text_encoders, self.denoiser)
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(self.vae.downsampling_factor)
+
+    @property
+    def image_size_multiple(self) -> int:
+        """Height and width must be multiples of this: the VAE's factor times the denoiser's (a UNet's
+        downsampling factor, a DiT's patch size)."""
+        denoiser = self.denoiser
+        return self.vae_scale_factor * getattr(denoiser, "downsampling_factor",
+                                               getattr(denoiser.config, "patch_size", 1))
+
+    @torch.inference_mode()
+    def __call__(self, prompt: str | list[str], *, negative_prompt: str | list[str] | None = None,
+                 height: int = 512, width: int = 512, num_inference_steps: int = 20, guidance_scale: float = 4.0,
+                 num_images_per_prompt: int = 1, generator: torch.Generator | None = None,
+                 latents: torch.Tensor | None = None, output_type: OutputType | str = "pil") -> TextToImageOutput:
+        """Generate images; guidance_scale > 1 runs classifier-free guidance (the denoiser sees a doubled batch)."""
+        output_type = _output_type(output_type)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        self._check_call(prompts, height, width, num_inference_steps, num_images_per_prompt)
+        guided = guidance_scale > 1.0
+        negatives = _negative_prompts(negative_prompt, len(prompts)) if guided else []
+        texts = [text for text in negatives + prompts for _ in range(num_images_per_prompt)]
+        batch = len(prompts) * num_images_per_prompt
+        try:
+            sequence, pooled = self.encode_text(texts)
+            latents = self.prepare_latents(batch, height, width, generator=generator, latents=latents)
+            latents = self.denoise(latents, sequence, pooled, num_inference_steps, guidance_scale if guided else None)
+            images = self.decode(latents, output_type)
+        finally:
+            # Model offload keeps the last component (the VAE) on the accelerator; send it back so memory is
+            # free between calls, also after a failed one. A no-op unless model offload is on.
+            self.maybe_free_model_hooks()
+        return TextToImageOutput(images=images)
+
+    def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encoder outputs combined as the denoiser wants them (see `text_conditioning`), on its device."""
+        outputs = []
+        for name, encoder in (("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2)):
+            if encoder is None:
+                continue
+            tokens = self.tokenizer(texts, max_length=encoder.config.max_position_embeddings)
+            device = self.component_execution_device(name)
+            outputs.append(encoder(tokens["input_ids"].to(device), attention_mask=tokens["attention_mask"].to(device)))
+        return self.text_conditioning.combine(outputs, self.component_execution_device("denoiser"))
+
+    def prepare_latents(self, batch: int, height: int, width: int, *, generator: torch.Generator | None,
+                        latents: torch.Tensor | None) -> torch.Tensor:
+        """Gaussian noise drawn on the generator's device (CPU by default: the same noise on every machine)."""
+        factor = self.vae_scale_factor
+        shape = (batch, self.denoiser.config.in_channels, height // factor, width // factor)
+        if latents is None:
+            noise_device = generator.device if generator is not None else torch.device("cpu")
+            latents = torch.randn(shape, generator=generator, device=noise_device, dtype=torch.float32)
+        elif tuple(latents.shape) != shape:
+            raise PipelineCallError(f"latents have shape {tuple(latents.shape)}; this call needs {shape}.")
+        return latents.to(self.component_execution_device("denoiser"), module_dtype(self.denoiser))
+
+    def denoise(self, latents: torch.Tensor, sequence: torch.Tensor, pooled: torch.Tensor | None, steps: int,
+                guidance_scale: float | None) -> torch.Tensor:
+        self.scheduler.set_timesteps(steps)
+        dtype = module_dtype(self.denoiser)
+        sequence = sequence.to(dtype)
+        pooled = pooled.to(dtype) if pooled is not None else None
+        extra = {} if pooled is None else {"pooled": pooled}
+        for timestep in self.scheduler.timesteps:
+            model_input = torch.cat([latents, latents]) if guidance_scale is not None else latents
+            prediction = self.denoiser(model_input, timestep, sequence, **extra)
+            if guidance_scale is not None:
+                unconditional, conditional = prediction.chunk(2)
+                prediction = unconditional + guidance_scale * (conditional - unconditional)
+            latents = self.scheduler.step(prediction, timestep, latents)
+        return latents
+
+    def decode(self, latents: torch.Tensor, output_type: OutputType):
+        config = self.vae.config
+        latents = latents / config.scaling_factor + getattr(config, "shift_factor", 0.0)
+        vae_device = self.component_execution_device("vae")
+        images = self.vae.decode(latents.to(vae_device, module_dtype(self.vae)))
+        images = (images.float() / 2 + 0.5).clamp(0, 1)
+        if output_type is OutputType.PT:
+            return images
+        array = images.permute(0, 2, 3, 1).cpu().numpy()
+        if output_type is OutputType.NP:
+            return array
+        from PIL import Image
+
+        return [Image.fromarray((image * 255).round().astype(np.uint8)) for image in array]
+
+    def _check_call(self, prompts: list[str], height: int, width: int, steps: int, per_prompt: int) -> None:
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise PipelineCallError(f"prompt must be a string or a non-empty list of strings, got {prompts!r}.")
+        multiple = self.image_size_multiple
+        if height <= 0 or width <= 0 or height % multiple or width % multiple:
+            raise PipelineCallError(
+                f"height={height} and width={width} must be positive multiples of {multiple} (the VAE's factor "
+                f"{self.vae_scale_factor} times the denoiser's); try {max(multiple, height // multiple * multiple)}."
+            )
+        if steps < 1 or per_prompt < 1:
+            raise PipelineCallError(
+                f"num_inference_steps ({steps}) and num_images_per_prompt ({per_prompt}) must be at least 1."
+            )
+
+
+def _output_type(value: OutputType | str) -> OutputType:
+    try:
+        return OutputType(value)
+    except ValueError:
+        supported = ", ".join(repr(kind.value) for kind in OutputType)
+        raise PipelineCallError(f"output_type={value!r} is not supported; use one of {supported}.") from None
+
+
+def _negative_prompts(negative_prompt: str | list[str] | None, count: int) -> list[str]:
+    if negative_prompt is None:
+        return [""] * count
+    negatives = [negative_prompt] * count if isinstance(negative_prompt, str) else list(negative_prompt)
+    if len(negatives) != count:
+        raise PipelineCallError(f"{len(negatives)} negative prompts for {count} prompts; give one per prompt.")
+    return negatives

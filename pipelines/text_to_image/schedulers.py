@@ -1,0 +1,127 @@
+"""FlowMatchEulerScheduler: Euler steps along the straight noise-to-data path of rectified flow (SD3, Flux).
+
+The sample at noise level sigma is `x_sigma = (1 - sigma) * x_0 + sigma * noise`; the denoiser predicts the
+velocity `noise - x_0`; one step from sigma to the next sigma' is `x + (sigma' - sigma) * velocity`.
+Timesteps are `sigma * num_train_timesteps` (what the denoiser is called with), sigmas run from 1 down to
+1/num_train_timesteps, then 0. `shift` > 1 spends more steps at high noise (`shift*s / (1 + (shift-1)*s)`),
+as diffusers' FlowMatchEulerDiscreteScheduler does for high resolutions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
+
+from placement.errors import PlacementError
+
+from ..framework.component_config import describe_validation_error, read_component_config, write_component_config
+from ..framework.registry import library_class
+
+SCHEDULER_CONFIG_NAME = "scheduler_config.json"
+
+
+class SchedulerError(PlacementError, ValueError):
+    """A scheduler misused: bad settings, a step before `set_timesteps`, or a timestep not in the schedule."""
+
+
+class FlowMatchEulerSchedulerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_train_timesteps: PositiveInt = 1000
+    shift: PositiveFloat = 1.0
+
+
+@library_class
+class FlowMatchEulerScheduler:
+    """`set_timesteps(n)`, then for each `t` in `timesteps`: `sample = step(model_output, t, sample)`."""
+
+    config_name = SCHEDULER_CONFIG_NAME
+
+    def __init__(self, config: FlowMatchEulerSchedulerConfig | None = None, **fields):
+        if config is not None and fields:
+            raise SchedulerError("Pass either a FlowMatchEulerSchedulerConfig or keyword fields, not both.")
+        try:
+            self._config = config or FlowMatchEulerSchedulerConfig(**fields)
+        except ValidationError as error:
+            raise SchedulerError(f"FlowMatchEulerScheduler: {describe_validation_error(error)}.") from error
+        self._sigmas: torch.Tensor | None = None
+
+    @property
+    def config(self) -> FlowMatchEulerSchedulerConfig:
+        return self._config
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        """Noise levels, one per timestep plus the final 0 (float32, CPU)."""
+        return self._require_schedule()
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        """What the denoiser is called with at each step: sigma * num_train_timesteps (float32, CPU)."""
+        return self._require_schedule()[:-1] * self._config.num_train_timesteps
+
+    @property
+    def init_noise_sigma(self) -> float:
+        """Initial latents are unit Gaussian noise (sigma 1), unscaled."""
+        return 1.0
+
+    def set_timesteps(self, num_inference_steps: int) -> None:
+        if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise SchedulerError(
+                f"num_inference_steps must be a positive integer, got {num_inference_steps!r}."
+            )
+        total = self._config.num_train_timesteps
+        sigmas = torch.linspace(1.0, 1.0 / total, num_inference_steps, dtype=torch.float64)
+        shift = self._config.shift
+        sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+        self._sigmas = torch.cat([sigmas, sigmas.new_zeros(1)]).to(torch.float32)
+
+    def step(self, model_output: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor) -> torch.Tensor:
+        """The sample at the next noise level; computed in float32, returned in the sample's dtype."""
+        if model_output.shape != sample.shape:
+            raise SchedulerError(
+                f"model_output has shape {tuple(model_output.shape)} but sample has {tuple(sample.shape)}."
+            )
+        index = self.index_for_timestep(timestep)
+        sigmas = self._require_schedule()
+        delta = float(sigmas[index + 1] - sigmas[index])
+        prev = sample.float() + delta * model_output.to(sample.device, torch.float32)
+        return prev.to(sample.dtype)
+
+    def scale_noise(self, sample: torch.Tensor, timestep: torch.Tensor | float, noise: torch.Tensor) -> torch.Tensor:
+        """Forward process: the clean `sample` noised to `timestep`'s level (for image-to-image and training)."""
+        sigma = float(self._require_schedule()[self.index_for_timestep(timestep)])
+        return ((1.0 - sigma) * sample.float() + sigma * noise.float()).to(sample.dtype)
+
+    def index_for_timestep(self, timestep: torch.Tensor | float) -> int:
+        """Position of `timestep` in `timesteps` (matched to a relative 1e-5, so float16 round trips work)."""
+        value = float(torch.as_tensor(timestep).reshape(-1)[0]) if torch.is_tensor(timestep) else float(timestep)
+        timesteps = self.timesteps
+        for index, candidate in enumerate(timesteps.tolist()):
+            if math.isclose(candidate, value, rel_tol=1e-5, abs_tol=1e-3):
+                return index
+        raise SchedulerError(
+            f"timestep {value} is not in this schedule ({len(timesteps)} steps from {timesteps[0]:.2f} to "
+            f"{timesteps[-1]:.2f}); call step() with the values of scheduler.timesteps."
+        )
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write `scheduler_config.json` into `folder` (created if needed)."""
+        return write_component_config(folder, SCHEDULER_CONFIG_NAME, self._config, class_name=type(self).__name__)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, *, subfolder: str | None = None) -> "FlowMatchEulerScheduler":
+        config = read_component_config(folder, SCHEDULER_CONFIG_NAME, FlowMatchEulerSchedulerConfig,
+                                       subfolder=subfolder)
+        return cls(config)
+
+    def _require_schedule(self) -> torch.Tensor:
+        if self._sigmas is None:
+            raise SchedulerError("No schedule yet: call scheduler.set_timesteps(num_inference_steps) first.")
+        return self._sigmas
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._config!r})"

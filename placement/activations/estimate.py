@@ -1,0 +1,170 @@
+"""estimate_activations: the peak memory one call of a module adds on top of its weights, without memory.
+
+The call runs for real — every op of the module's Python code, with its real shapes and dtypes — but on
+fake tensors (`torch._subclasses.FakeTensorMode`): no data is allocated, so a FLUX-size DiT on `meta` can
+be "run" at 1024x1024 on a laptop. A dispatch mode (`LiveStorageTracker`) adds up the bytes of the storages
+that are alive after each op and keeps the maximum; scaled-dot-product attention is counted as the fused
+GPU kernels allocate (`FusedAttentionAccounting`), not as the math path meta execution would take.
+
+What the number means: the peak, over the call, of the bytes held by tensors that are not the module's
+parameters or buffers — the inputs (they sit on the device while it runs), every intermediate while it is
+alive, and the output. So a device's peak is weights + this, for the component that runs there.
+Not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, the CUDA context (the planner
+adds a documented per-device overhead for those), and temporaries private to one composite op: under
+inference mode the tracker sees `aten.linear` or `aten.layer_norm` whole, so e.g. the copy `linear` makes of
+a non-contiguous input, or layer norm's per-row statistics, are not seen (small next to the tensors that are).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from .attention import FusedAttentionAccounting
+from .hooks import accelerate_hooks_bypassed
+from .tracker import LiveStorageTracker
+from ..errors import PlacementError
+from ..sizing import kept_fp32_module_names
+
+# Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
+# meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
+# values, could not run. Attention is accounted for by FusedAttentionAccounting, so meta's math path for
+# scaled_dot_product_attention never runs.
+_FAKE_DEVICE = torch.device("meta")
+
+# Methods named in the error when the requested one does not exist.
+_COMMON_CALLS = ("forward", "encode", "decode")
+
+
+class ActivationEstimateError(PlacementError, RuntimeError):
+    """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...)."""
+
+
+class InvalidActivationCallError(PlacementError, ValueError):
+    """The call to estimate is malformed: not a module, or a method the module does not have."""
+
+
+def estimate_activations(
+    module: nn.Module,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: str = "forward",
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights.
+
+    `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`), hold real
+    weights, or already be dispatched/offloaded with accelerate hooks (they are bypassed for the estimate and
+    restored); it is not modified and nothing of its size is allocated. `args` is a tuple (a lone tensor is
+    accepted) and `kwargs` a dict; their tensors may be `meta` or real, and only their shapes and dtypes
+    matter. `method` names the method to call (`"decode"` for a VAE). `dtype`, when given, is the floating
+    dtype the module will run in: floating weights and inputs are cast to it, except in the module's
+    `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
+    """
+    _check_call(module, method)
+    args = args if isinstance(args, tuple) else (args,)
+    kwargs = dict(kwargs or {})
+    # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
+    # real; let the fake mode wrap them on the fly rather than refuse the call.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    copies = _FakeCopies(fake_mode, dtype)
+    weights = copies.module_tensors(module)
+    fake_args, fake_kwargs = copies.inputs((args, kwargs))
+
+    tracker = LiveStorageTracker()
+    tracker.exclude(weights.values())
+    tracker.count(tree_leaves((fake_args, fake_kwargs)))
+    try:
+        with accelerate_hooks_bypassed(module), torch.inference_mode(), fake_mode:
+            with _reparametrize_module(module, weights), FusedAttentionAccounting(), tracker:
+                # Looked up here: with the hooks bypassed, `forward` is the module's own again.
+                getattr(module, method)(*fake_args, **fake_kwargs)
+    except Exception as error:  # re-raised with what the caller needs to fix it
+        raise ActivationEstimateError(_failure_message(module, method, args, kwargs, error)) from error
+    return tracker.peak_bytes
+
+
+class _FakeCopies:
+    """Fake stand-ins for real or meta tensors: same shape and dtype (or `dtype`), no storage allocated."""
+
+    def __init__(self, fake_mode: FakeTensorMode, dtype: torch.dtype | None):
+        self._fake_mode = fake_mode
+        self._dtype = dtype
+        self._memo: dict[int, torch.Tensor] = {}  # id(original) -> fake, so tied weights stay tied
+
+    def tensor(self, original: torch.Tensor, *, cast: bool) -> torch.Tensor:
+        key = id(original)
+        if key not in self._memo:
+            meta = original.detach().to("meta")  # free: a meta tensor has no data to copy
+            if cast and self._dtype is not None and meta.is_floating_point():
+                meta = meta.to(self._dtype)
+            converter = self._fake_mode.fake_tensor_converter
+            self._memo[key] = converter.from_meta_and_device(self._fake_mode, meta, _FAKE_DEVICE)
+        return self._memo[key]
+
+    def module_tensors(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer by its full name (tied ones under each of their names)."""
+        # The same rule as sizing and loading: diffusers keeps these modules fp32 at any dtype, transformers
+        # only for fp16 (plus its `_strict` list for bf16).
+        keep_fp32 = kept_fp32_module_names(module, self._dtype)
+        named = list(module.named_parameters(remove_duplicate=False))
+        named += list(module.named_buffers(remove_duplicate=False))
+        return {
+            name: self.tensor(value, cast=not _in_kept_module(name, keep_fp32))
+            for name, value in named
+            if value is not None
+        }
+
+    def inputs(self, tree: Any) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: self.tensor(t, cast=True), tree)
+
+
+def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:
+    # A weight stays fp32 when one of its path segments names a kept module.
+    return bool(keep_fp32) and any(segment in keep_fp32 for segment in name.split("."))
+
+
+def _defines(module: nn.Module, method: str) -> bool:
+    # nn.Module itself has a `forward` that only raises; it does not count as defining one.
+    attribute = getattr(type(module), method, None)
+    return callable(getattr(module, method, None)) and attribute is not nn.Module.forward
+
+
+def _check_call(module: nn.Module, method: str) -> None:
+    if not isinstance(module, nn.Module):
+        raise InvalidActivationCallError(
+            f"estimate_activations needs an nn.Module, got {type(module).__name__}."
+        )
+    if not _defines(module, method):
+        candidates = [name for name in _COMMON_CALLS if _defines(module, name)]
+        raise InvalidActivationCallError(
+            f"{type(module).__name__} has no method {method!r} to estimate; pass method= the method the "
+            f"pipeline calls (this module has: {', '.join(candidates)})."
+        )
+
+
+
+def _failure_message(module: nn.Module, method: str, args: tuple, kwargs: dict, error: Exception) -> str:
+    return (
+        f"Could not estimate the activations of {type(module).__name__}.{method} on inputs "
+        f"{_describe(args)}{', ' + _describe(kwargs) if kwargs else ''}: {type(error).__name__}: {error}. "
+        "Check that the example inputs match the model's config; code that needs tensor values (e.g. "
+        "`if mask.any():`, `.item()`) cannot run without data and must branch on shapes instead."
+    )
+
+
+def _describe(tree: Any) -> str:
+    if isinstance(tree, torch.Tensor):
+        return f"{str(tree.dtype).removeprefix('torch.')}{list(tree.shape)}"
+    if isinstance(tree, Mapping):
+        return "{" + ", ".join(f"{key}={_describe(value)}" for key, value in tree.items()) + "}"
+    if isinstance(tree, (tuple, list)):
+        return "(" + ", ".join(_describe(item) for item in tree) + ")"
+    return repr(tree)
+
