@@ -11,6 +11,7 @@ from .group_offload.offload import (
 )
 from .memory_errors import OffloadConfigError, OffloadConflictError
 from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, remove_layerwise_casting
-from .model_offload import ModelOffloadChain, apply_model_cpu_offload, remove_model_cpu_offload
+from .model_offload import ModelOffloadChain, ModelOffloadConfig, apply_model_cpu_offload, remove_model_cpu_offload
 from .offload_devices import resolve_execution_device
-from .sequential_offload import apply_sequential_cpu_offload, remove_sequential_cpu_offload
+from .techniques import Technique, check_compatible
+from .sequential_offload import SequentialOffloadConfig, apply_sequential_cpu_offload, remove_sequential_cpu_offload

@@ -20,11 +20,12 @@ import re
 from dataclasses import dataclass
 
 import torch
-from accelerate.hooks import AlignDevicesHook, ModelHook
+from accelerate.hooks import ModelHook
 from torch import nn
 
-from .hook_utils import add_hook_last, find_hooks, has_hook, remove_hooks_of_type
-from .memory_errors import OffloadConfigError, OffloadConflictError
+from .hook_utils import add_hook_last, remove_hooks_of_type
+from .memory_errors import OffloadConfigError
+from .techniques import Technique, check_compatible
 from .tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
 
 __all__ = [
@@ -64,6 +65,8 @@ class LayerwiseCastingConfig:
 class LayerwiseCastingHook(ModelHook):
     """Swaps the module's stored (small) weights for compute-dtype copies for the duration of its forward."""
 
+    technique = Technique.LAYERWISE_CASTING
+
     def __init__(self, *, entries: tuple[TensorEntry, ...], config: LayerwiseCastingConfig) -> None:
         self.entries = entries
         self.config = config
@@ -99,7 +102,7 @@ class LayerwiseCastingHook(ModelHook):
 
 def apply_layerwise_casting(
     module: nn.Module,
-    storage_dtype: torch.dtype | str = torch.float8_e4m3fn,
+    storage_dtype: LayerwiseCastingConfig | torch.dtype | str = torch.float8_e4m3fn,
     compute_dtype: torch.dtype | str = torch.bfloat16,
     skip_modules_pattern: tuple[str, ...] | list[str] | str | None = None,
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
@@ -108,8 +111,11 @@ def apply_layerwise_casting(
 
     `skip_modules_pattern`: regexes searched in qualified module names (None: `DEFAULT_SKIP_MODULES_PATTERN`;
     `()` skips by class only). `skip_modules_classes`: None means `DEFAULT_SKIP_MODULES_CLASSES`.
-    Returns the resolved config. Applying again replaces the previous casting.
+    Returns the resolved config. Applying again replaces the previous casting. A `LayerwiseCastingConfig` in
+    place of `storage_dtype` is used as it is (`apply_layerwise_casting(module, config)`).
     """
+    if isinstance(storage_dtype, LayerwiseCastingConfig):
+        return _apply(module, storage_dtype)
     config = LayerwiseCastingConfig(
         storage_dtype=_dtype(storage_dtype, "storage_dtype"),
         compute_dtype=_dtype(compute_dtype, "compute_dtype"),
@@ -118,20 +124,11 @@ def apply_layerwise_casting(
             DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes)
         ),
     )
-    from .group_offload.offload import GroupOffloadHook  # a sibling technique; imported here to keep files independent
+    return _apply(module, config)
 
-    if has_hook(module, GroupOffloadHook):
-        raise OffloadConflictError(
-            f"{type(module).__name__} is group-offloaded: apply layerwise casting first, then group offloading "
-            "(remove_group_offloading(module), apply_layerwise_casting(...), apply_group_offloading(...))."
-        )
-    offloaded = next((name for name, _, hook in find_hooks(module, AlignDevicesHook) if hook.offload), None)
-    if offloaded is not None:
-        raise OffloadConflictError(
-            f"{type(module).__name__} is sequentially offloaded (accelerate hooks at {offloaded or '<root>'!r}): its "
-            "weights come back from a full-precision state dict on every call, so casting would save nothing. "
-            "Remove it first; casting combines with group offloading (applied after casting) and model offload."
-        )
+
+def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> LayerwiseCastingConfig:
+    check_compatible(module, Technique.LAYERWISE_CASTING)
     remove_layerwise_casting(module)
     targets = _targets(module, config)
     _check_dtypes(module, config, targets)

@@ -19,21 +19,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOffloadHook
+from accelerate.hooks import CpuOffload, ModelHook, UserCpuOffloadHook
 from accelerate.utils import send_to_device
 from torch import nn
 
-from .hook_utils import add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
-from .memory_errors import OffloadConflictError
+from .hook_utils import add_hook_last, hooks_of, remove_hooks_of_type
 from .offload_devices import resolve_execution_device
+from .techniques import Technique, check_compatible
 
-__all__ = ["ComponentEntryHook", "ModelOffloadChain", "apply_model_cpu_offload", "remove_model_cpu_offload"]
+__all__ = ["ComponentEntryHook", "ModelOffloadChain", "ModelOffloadConfig", "apply_model_cpu_offload", "remove_model_cpu_offload"]
 
 
 class ComponentEntryHook(ModelHook):
     """On a direct child of an offloaded component: bring the component over if it is entered here first."""
+
+    technique = Technique.MODEL_OFFLOAD
 
     def __init__(self, *, component: nn.Module, offload: UserCpuOffloadHook) -> None:
         self.component = component
@@ -47,6 +50,11 @@ class ComponentEntryHook(ModelHook):
         if _weights_device(self.component) != self.execution_device:
             self.offload.hook.pre_forward(self.component)  # offloads the predecessor, moves the component
         return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOffloadConfig:
+    execution_device: Any = None  # an accelerator index, "cuda:1", a torch.device; None: the first accelerator
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,13 +82,20 @@ class ModelOffloadChain:
 
 
 def apply_model_cpu_offload(
-    chain: Sequence[nn.Module], *, standalone: Sequence[nn.Module] = (), execution_device=None
+    chain: Sequence[nn.Module],
+    config: ModelOffloadConfig | None = None,
+    *,
+    standalone: Sequence[nn.Module] = (),
+    execution_device=None,
 ) -> ModelOffloadChain:
-    """Model-offload `chain` (in call order) and `standalone` modules. Applying again replaces it."""
-    device = resolve_execution_device(execution_device)
+    """Model-offload `chain` (in call order) and `standalone` modules. Applying again replaces it.
+
+    `execution_device=` alone is the same as `ModelOffloadConfig(execution_device=...)`."""
+    config = config or ModelOffloadConfig(execution_device=execution_device)
+    device = resolve_execution_device(config.execution_device)
     modules = [*chain, *standalone]
     for module in modules:
-        _refuse_other_offloading(module)
+        check_compatible(module, Technique.MODEL_OFFLOAD)
     for module in modules:
         remove_model_cpu_offload(module)
     chained, previous = [], None
@@ -108,19 +123,6 @@ def _offload(module: nn.Module, device: torch.device, previous: UserCpuOffloadHo
     for child in module.children():
         add_hook_last(child, ComponentEntryHook(component=module, offload=user_hook))
     return user_hook
-
-
-def _refuse_other_offloading(module: nn.Module) -> None:
-    from .group_offload.offload import refuse_group_offloaded  # a sibling technique; imported here to keep files independent
-
-    refuse_group_offloaded(module, "model offload")
-    placed = next(find_hooks(module, AlignDevicesHook), None)
-    if placed is not None:
-        raise OffloadConflictError(
-            f"{type(module).__name__} already has accelerate AlignDevicesHooks (sequential offload or a device map, "
-            f"at {placed[0] or '<root>'!r}). Remove them first (accelerate.hooks.remove_hook_from_module(module, "
-            "recurse=True); on a pipeline: reset_device_map())."
-        )
 
 
 def _weights_device(module: nn.Module) -> torch.device:

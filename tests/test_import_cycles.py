@@ -77,8 +77,7 @@ def import_graph(package: str) -> nx.DiGraph:
     "package",
     [
         "placement",
-        # group_offload <-> model_offload refuse each other; the technique table with one check_compatible ends it.
-        pytest.param("hooks", marks=pytest.mark.xfail(strict=True, reason="technique table not in yet")),
+        "hooks",
         "pipelines",
     ],
 )

@@ -13,7 +13,6 @@ from .offload import (
     OffloadType,
     apply_group_offloading,
     group_offloading_session,
-    refuse_group_offloaded,
     remove_group_offloading,
 )
 
@@ -24,6 +23,5 @@ __all__ = [
     "OffloadType",
     "apply_group_offloading",
     "group_offloading_session",
-    "refuse_group_offloaded",
     "remove_group_offloading",
 ]

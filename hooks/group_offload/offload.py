@@ -35,8 +35,9 @@ from placement.errors import InvalidDeviceError
 from .planning import GroupSpec, OffloadType, plan_groups
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
-from ..hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, has_hook, hooks_of, remove_hooks_of_type
-from ..memory_errors import OffloadConfigError, OffloadConflictError
+from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type
+from ..memory_errors import OffloadConfigError
+from ..techniques import Technique, check_compatible
 from .module_group import ModuleGroup
 
 __all__ = [
@@ -154,6 +155,8 @@ class GroupOffloadSession:
 class GroupOffloadHook(ModelHook):
     """Onloads the module's group before its forward, offloads it after; the root hook also runs the session."""
 
+    technique = Technique.GROUP_OFFLOAD
+
     def __init__(self, *, group: ModuleGroup | None, session: GroupOffloadSession, is_root: bool) -> None:
         self.group = group
         self.session = session
@@ -194,7 +197,7 @@ class GroupOffloadHook(ModelHook):
 
 def apply_group_offloading(module: nn.Module, config: GroupOffloadingConfig) -> None:
     """Group-offload `module` in place. Applying again replaces the previous group offloading."""
-    _refuse_accelerate_offload(module)
+    check_compatible(module, Technique.GROUP_OFFLOAD)
     remove_group_offloading(module)
     _refuse_unmaterialized_weights(module)
     if config.onload_device.type == "cuda" and not torch.cuda.is_available():
@@ -268,30 +271,6 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
             f"offload_to_disk_path={config.offload_to_disk_path!r} cannot hold offloaded groups ({error}). "
             "Pass a writable folder."
         ) from error
-
-
-def refuse_group_offloaded(module: nn.Module, technique: str) -> None:
-    """The conflict check of the other offload techniques: `technique` would fight group offloading's hooks."""
-    if has_hook(module, GroupOffloadHook):
-        raise OffloadConflictError(
-            f"{type(module).__name__} is group-offloaded; {technique} would fight over its weights. Remove it "
-            "first (hooks.remove_group_offloading(module); on a pipeline: reset_device_map())."
-        )
-
-
-def _refuse_accelerate_offload(module: nn.Module) -> None:
-    from ..model_offload import ComponentEntryHook  # a sibling technique; imported here to keep files independent
-
-    conflicting = (*ACCELERATE_PLACEMENT_HOOKS, ComponentEntryHook)
-    found = [(name or "<root>", type(hook).__name__) for name, _, hook in find_hooks(module, conflicting)]
-    if found:
-        listed = ", ".join(f"{name} ({hook})" for name, hook in found[:5])
-        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        raise OffloadConflictError(
-            f"Cannot apply group offloading to {type(module).__name__}: accelerate already places or offloads "
-            f"its weights ({listed}{more}). Remove those hooks first with "
-            "accelerate.hooks.remove_hook_from_module(module, recurse=True) (on a pipeline: reset_device_map())."
-        )
 
 
 def _refuse_unmaterialized_weights(module: nn.Module) -> None:

@@ -111,7 +111,7 @@ class PipelineComponents(PipelineMemoryMixin):
     def dtype(self) -> torch.dtype:
         return module_dtype(*self.module_components.values())
 
-    def to(self, *args, **kwargs) -> "Pipeline":
+    def to(self, *args, **kwargs) -> "PipelineComponents":
         """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
         self._refuse_if_device_mapped(".to()")
         # The argument parser nn.Module.to itself uses: .to accepts exactly what a module's .to accepts.

@@ -167,7 +167,7 @@ def test_switching_techniques_needs_a_reset_and_failures_leave_nothing_behind(pi
     from hooks import GroupOffloadingConfig, apply_group_offloading
 
     apply_group_offloading(pipe.vae, GroupOffloadingConfig(onload_device="cpu"))
-    with pytest.raises(OffloadConflictError, match="group-offloaded"):
+    with pytest.raises(OffloadConflictError, match="already has group offloading"):
         pipe.enable_sequential_cpu_offload()
     assert [name for name in hooked(pipe) if not name.startswith("vae")] == []
     assert {p.device.type for p in pipe.denoiser.parameters()} == {"cpu"}
