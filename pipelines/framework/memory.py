@@ -58,7 +58,7 @@ class PipelineMemoryMixin:
         """Every layer's weights stay in CPU RAM and visit `device` only while it runs (least memory, slowest)."""
         self._refuse_offload_when_device_mapped("enable_sequential_cpu_offload")
         execution_device = resolve_execution_device(device)
-        self._apply_to_each(lambda name, module: apply_sequential_cpu_offload(module, execution_device),
+        self._apply_to_each(lambda name, module: apply_sequential_cpu_offload(module, execution_device=execution_device),
                             undo=remove_sequential_cpu_offload)
 
     def enable_group_offload(
