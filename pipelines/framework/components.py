@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
-import networkx as nx
 import torch
 from torch import nn
 
@@ -17,6 +16,8 @@ from hooks.dispatch import undispatch
 from hooks.group_offload.offload import group_offloading_session
 from placement.devices import torch_device
 from placement.errors import PlacementError
+from placement.graph import build_graph, execution_order
+from placement.planning_errors import GraphError
 
 from ..errors import DeviceMappedError
 from .memory import PipelineMemoryMixin
@@ -83,16 +84,10 @@ class PipelineComponents(PipelineMemoryMixin):
     def execution_order(self) -> list[str]:
         """Module component names in topological order of the model graph; ties keep registration order."""
         modules = [name for name, obj in self.components.items() if isinstance(obj, nn.Module)]
-        graph = nx.DiGraph()
-        graph.add_nodes_from(modules)
-        graph.add_edges_from((a, b) for a, b in self.graph_edges if a != b)
-        rank = {name: index for index, name in enumerate(modules)}
         try:
-            return list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
-        except nx.NetworkXUnfeasible as error:
-            raise PipelineComponentError(
-                f"{type(self).__name__}.model_graph has a cycle: {nx.find_cycle(graph)}; the graph must be acyclic."
-            ) from error
+            return execution_order(build_graph(modules, self.graph_edges), modules)
+        except GraphError as error:
+            raise PipelineComponentError(f"{type(self).__name__}.model_graph: {error}") from error
 
     # ------------------------------------------------------------------------------------------ devices
     def component_execution_device(self, name: str) -> torch.device:
