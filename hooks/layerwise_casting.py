@@ -26,7 +26,7 @@ from torch import nn
 from .hook_utils import add_hook_last, remove_hooks_of_type
 from .memory_errors import OffloadConfigError
 from .techniques import Technique, check_compatible
-from .tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
+from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = [
     "DEFAULT_SKIP_MODULES_CLASSES",
@@ -67,10 +67,10 @@ class LayerwiseCastingHook(ModelHook):
 
     technique = Technique.LAYERWISE_CASTING
 
-    def __init__(self, *, entries: tuple[TensorEntry, ...], config: LayerwiseCastingConfig) -> None:
+    def __init__(self, *, entries: tuple[ModelTensor, ...], config: LayerwiseCastingConfig) -> None:
         self.entries = entries
         self.config = config
-        self._swapped: list[tuple[TensorEntry, torch.Tensor, torch.Tensor]] = []
+        self._swapped: list[tuple[ModelTensor, torch.Tensor, torch.Tensor]] = []
 
     def __repr__(self) -> str:
         return f"LayerwiseCastingHook({self.config.storage_dtype} -> {self.config.compute_dtype})"

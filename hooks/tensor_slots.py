@@ -4,7 +4,7 @@ Offloading replaces a module's parameters and buffers with other tensors (a devi
 `meta` placeholder while the weights live on disk). `param.data = other` cannot cross to or from `meta`, so,
 as accelerate's `set_module_tensor_to_device` does, we replace the `nn.Parameter` object in the owning
 module's `_parameters` (or the buffer in `_buffers`). A tied weight (one tensor held by several modules) is
-one `TensorEntry` with several slots, all of which receive the same new tensor.
+one `ModelTensor` with several slots, all of which receive the same new tensor.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class TensorSlot:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class TensorEntry:
+class ModelTensor:
     """One distinct tensor of a model: `key` is its first qualified name (e.g. "blocks.0.proj.weight")."""
 
     key: str
@@ -54,7 +54,7 @@ class TensorEntry:
             store[slot.name] = value
 
 
-def collect_entries(root: nn.Module) -> dict[int, TensorEntry]:
+def collect_entries(root: nn.Module) -> dict[int, ModelTensor]:
     """Every distinct tensor under `root`, keyed by `id(tensor)`, in `named_modules()` order."""
     slots_by_tensor: dict[int, list[TensorSlot]] = {}
     first_name: dict[int, str] = {}
@@ -64,7 +64,7 @@ def collect_entries(root: nn.Module) -> dict[int, TensorEntry]:
             slots_by_tensor.setdefault(id(tensor), []).append(slot)
             first_name.setdefault(id(tensor), prefix + slot.name)
     return {
-        tensor_id: TensorEntry(key=first_name[tensor_id], slots=tuple(slots))
+        tensor_id: ModelTensor(key=first_name[tensor_id], slots=tuple(slots))
         for tensor_id, slots in slots_by_tensor.items()
     }
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
-from ..tensor_slots import TensorEntry
+from ..tensor_slots import ModelTensor
 
 
 class GroupState(Enum):
@@ -34,7 +34,7 @@ class ModuleGroup:
         *,
         name: str,
         modules: Sequence[nn.Module],
-        entries: Sequence[TensorEntry],
+        entries: Sequence[ModelTensor],
         release: ReleaseRule,
         onload_device: torch.device,
         store: HostStore | DiskStore,

@@ -20,7 +20,7 @@ from torch import nn
 from placement.streaming import block_groups
 
 from .module_group import ReleaseRule
-from ..tensor_slots import TensorEntry, collect_entries, direct_tensor_ids
+from ..tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 
 class OffloadType(str, Enum):
@@ -34,7 +34,7 @@ class GroupSpec:
 
     name: str
     modules: tuple[nn.Module, ...]
-    entries: tuple[TensorEntry, ...]
+    entries: tuple[ModelTensor, ...]
     release: ReleaseRule
 
 
@@ -97,7 +97,7 @@ def _leaf_drafts(root: nn.Module) -> list[_Draft]:
     ]
 
 
-def _merge_tied(drafts: list[_Draft], entries: dict[int, TensorEntry]) -> list[_Draft]:
+def _merge_tied(drafts: list[_Draft], entries: dict[int, ModelTensor]) -> list[_Draft]:
     """Union the drafts whose owned modules share a tensor; keeps first-seen order."""
     owner = {id(m): index for index, draft in enumerate(drafts) for m in draft.owned}
     parent = list(range(len(drafts)))

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from ..memory_errors import OffloadConfigError
-from ..tensor_slots import TensorEntry
+from ..tensor_slots import ModelTensor
 
 
 class HostStore:
@@ -26,7 +26,7 @@ class HostStore:
         self.pin_memory = pin_memory
         self._tensors: dict[str, torch.Tensor] = {}
 
-    def take(self, entries: Sequence[TensorEntry]) -> None:
+    def take(self, entries: Sequence[ModelTensor]) -> None:
         """Move each tensor to the store; the module then holds the stored copy (no second copy in RAM)."""
         for entry in entries:
             stored = entry.get().detach().to(self.offload_device)
@@ -39,11 +39,11 @@ class HostStore:
         """The stored tensors themselves (already pinned when the store pins)."""
         return self._tensors
 
-    def release(self, entries: Sequence[TensorEntry]) -> None:
+    def release(self, entries: Sequence[ModelTensor]) -> None:
         for entry in entries:
             entry.set(self._tensors[entry.key])
 
-    def restore(self, entries: Sequence[TensorEntry], devices: Mapping[str, torch.device]) -> None:
+    def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
         for entry in entries:
             stored = self._tensors.pop(entry.key)
             # A pinned copy is page-locked RAM the OS cannot reclaim; give the module an ordinary one.
@@ -60,7 +60,7 @@ class DiskStore:
         # (e.g. a layerwise-casting upcast copy): between calls the module shows what the file holds.
         self._placeholders: dict[str, torch.Tensor] = {}
 
-    def take(self, entries: Sequence[TensorEntry]) -> None:
+    def take(self, entries: Sequence[ModelTensor]) -> None:
         # Own contiguous CPU copies: safetensors refuses tensors that share storage (views, tied slices).
         tensors = {entry.key: entry.get().detach().to("cpu").contiguous().clone() for entry in entries}
         partial = self.path + ".partial"
@@ -85,11 +85,11 @@ class DiskStore:
             tensors = {key: tensor.pin_memory() for key, tensor in tensors.items()}
         return tensors
 
-    def release(self, entries: Sequence[TensorEntry]) -> None:
+    def release(self, entries: Sequence[ModelTensor]) -> None:
         for entry in entries:
             entry.set(self._placeholders[entry.key])
 
-    def restore(self, entries: Sequence[TensorEntry], devices: Mapping[str, torch.device]) -> None:
+    def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
         tensors = self.read(pinned=False)
         for entry in entries:
             entry.set(tensors[entry.key].to(devices[entry.key]))
