@@ -198,7 +198,8 @@ class _Search:
         groups = []
         for indices in self.packing(size, chosen.fit):
             found = self.planner.plan({index: self.inventory[index] for index in indices}, share)
-            groups.append(ReplicaGroup(replica=len(groups), accelerators=list(indices), fit=replica_fit(found), plan=found))
+            fit = replica_fit(found)
+            groups.append(ReplicaGroup(replica=len(groups), accelerators=list(indices), fit=fit, plan=found))
         used = {index for group in groups for index in group.accelerators}
         return ReplicaPlan(
             group_size=size, groups=groups, unused=sorted(set(self.inventory) - used), fit=chosen.fit,
