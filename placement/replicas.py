@@ -16,6 +16,8 @@ The accelerators are partitioned into disjoint groups of one size, each holding 
   the groups 0–1, 2–3, .... Groups whose budgets (in index order) are equal are planned once. Equal GPUs, and
   machines of more than EXACT_SEARCH_LIMIT accelerators (the search is exponential in their number), are cut
   into consecutive groups by index.
+- Detected budgets (max_memory=None) of GPUs within DETECTED_JITTER (2%) of each other are evened down to the
+  smallest: identical GPUs report free memory a few MiB apart, and should group as equals.
 - Host RAM is shared: each group is planned with the CPU budget divided by the number of groups of its size
   the machine could form (`n // group_size`), so streamed replicas together never exceed it.
 - Device indices stay real: the group {2, 3} is planned with `max_memory={2: ..., 3: ..., "cpu": share}`,
@@ -41,6 +43,7 @@ from .strategies.spec import NAMED_STRATEGIES, parse_strategy
 Group = tuple[int, ...]  # accelerator indices, ascending
 # Above this many accelerators of unequal sizes, groups are consecutive indices (the exact search is exponential).
 EXACT_SEARCH_LIMIT = 12
+DETECTED_JITTER = 0.02
 
 
 def plan_replicas(
@@ -61,7 +64,7 @@ def plan_replicas(
     """
     _check_strategy(strategy)
     budgets = resolve_budgets(max_memory)
-    inventory = {index: budgets.limit(index) for index in budgets.accelerators}
+    inventory = _even_out_detected({index: budgets.limit(index) for index in budgets.accelerators}, budgets.detected)
     if not inventory:
         raise ReplicaError(
             "Replicas need accelerators, and max_memory has none (no integer keys, or no GPU is visible). "
@@ -81,6 +84,17 @@ def plan_replicas(
             group_size=0, groups=[], unused=sorted(inventory), fit=None, options=options, cpu_share=None
         )
     return search.materialize(chosen, options)
+
+
+def _even_out_detected(inventory: dict[int, int], detected: frozenset) -> dict[int, int]:
+    """Detected budgets within DETECTED_JITTER of the smallest of their kind are set to that smallest: free
+    memory differs by a few MiB between identical GPUs, and equal budgets give equal groups (planned once)."""
+    evened = dict(inventory)
+    for index in sorted((i for i in inventory if i in detected), key=inventory.__getitem__):
+        for other in detected:
+            if other in inventory and inventory[index] <= inventory[other] <= inventory[index] * (1 + DETECTED_JITTER):
+                evened[other] = min(evened[other], inventory[index])
+    return evened
 
 
 def _check_strategy(strategy) -> None:

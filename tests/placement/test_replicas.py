@@ -99,3 +99,15 @@ def test_no_accelerators_is_a_typed_error():
 def test_a_device_map_strategy_is_refused():
     with pytest.raises(ReplicaError, match="named strategy"):
         placement.plan_replicas(pipeline(), max_memory=gpus(16, 16), strategy={"encoder": 0})
+
+
+def test_detected_budgets_of_like_gpus_are_evened_down(monkeypatch):
+    import accelerate.utils
+
+    free = {0: 20 * GiB + 7 * 2**20, 1: 20 * GiB, 2: 20 * GiB + 3 * 2**20, 3: 10 * GiB, "cpu": 64 * GiB}
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda: dict(free))
+    replicas = placement.plan_replicas(pipeline(), max_memory=None)
+    budgets = {index: group.max_memory[index] for group in replicas.groups for index in group.accelerators}
+    evened = placement.budgets.apply_accelerator_margin(20 * GiB)
+    assert {budgets[index] for index in (0, 1, 2) if index in budgets} == {evened}
+    assert [group.accelerators for group in replicas.groups] == [[0], [1], [2]]
