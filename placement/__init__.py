@@ -8,6 +8,8 @@ from .errors import InvalidDeviceError, InvalidSizeError, PlacementError
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
+from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
+from .replicas import plan_replicas
 from .planning_errors import ComponentError, DoesNotFitError, GraphError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_size, parse_size
 
@@ -27,6 +29,10 @@ __all__ = [
     "PlacementError",
     "PlacementKind",
     "Plan",
+    "ReplicaError",
+    "ReplicaFit",
+    "ReplicaGroup",
+    "ReplicaPlan",
     "StrategyError",
     "build_graph",
     "estimate_activations",
@@ -35,5 +41,6 @@ __all__ = [
     "normalize_device",
     "parse_size",
     "plan",
+    "plan_replicas",
     "resolve_budgets",
 ]

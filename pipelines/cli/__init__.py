@@ -7,7 +7,7 @@ import sys
 
 from placement.errors import PlacementError
 
-from . import demo, plan
+from . import demo, plan, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place the models of a multi-model PyTorch pipeline across GPUs, the CPU and the disk.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, plan):
+    for module in (demo, plan, run):
         module.register(subparsers)
     return parser
 

@@ -1,0 +1,138 @@
+"""`load_replica()`: inside a `torchrun` launch, this process's replica of a pipeline and its share of the work.
+
+    replica = load_replica("my-pipeline", prompts, torch_dtype=torch.bfloat16, call={"height": 1024, "width": 1024})
+    for index, prompt in replica.share:               # every world_size-th input, by index
+        image = replica.pipe(prompt, generator=torch.Generator().manual_seed(index)).images[0]
+    everything = replica.gather(results)              # on rank 0: every rank's results; elsewhere None
+
+Steps, the same on every rank so that none waits for a collective another skips:
+1. With accelerators: local rank 0 of each node plans the node's replicas (`placement.plan_replicas`, on meta;
+   GPU budgets detected unless `max_memory` is given) and every rank takes its node's plan: plans made on each
+   rank could differ (free memory moves), and the ranks of one node must agree on disjoint groups.
+2. Each rank loads the pipeline onto the group of its local rank (`from_pretrained` with the group's
+   `max_memory`, so it plans exactly that group; device indices are real). Without accelerators every rank
+   loads onto the CPU.
+3. A status is all-gathered before any work: if one rank could not plan or load, every rank raises
+   ReplicaLoadError naming each failed rank and why, so none is left waiting in a later collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+import placement
+from placement.errors import PlacementError
+
+from ..framework.pipeline import Pipeline
+from .launch import DEFAULT_TIMEOUT, Exchange, Launch
+from .planning import folder_pipeline_class, plan_pipeline_replicas
+
+
+class ReplicaLoadError(PlacementError, RuntimeError):
+    """One or more ranks of a launch could not plan or load their replica; the message names each and why."""
+
+
+@dataclass(kw_only=True)
+class Replica:
+    """This process's replica: the placed pipeline, its GPU group (None on the CPU), its share of the inputs."""
+
+    pipe: Any
+    launch: Launch
+    group: Optional[placement.ReplicaGroup]
+    share: list[tuple[int, Any]]  # (input index, input): every world_size-th input from this rank's
+    exchange: Exchange = field(repr=False)
+
+    def gather(self, results: Sequence[Any]) -> Optional[list[Any]]:
+        """Every rank's `results` concatenated on rank 0 (in rank order; None on the other ranks)."""
+        gathered = self.exchange.gather_to_first(list(results))
+        return None if gathered is None else [item for part in gathered for item in part]
+
+    def all_gather(self, value: Any) -> list[Any]:
+        return self.exchange.all_gather(value)
+
+    def close(self) -> None:
+        """Destroy the process group if `load_replica` created it."""
+        self.exchange.close()
+
+    def __enter__(self) -> "Replica":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_class: Optional[type] = None,
+                 torch_dtype=None, max_memory: Optional[Mapping] = None, call: Optional[Mapping[str, Any]] = None,
+                 group_size: Optional[int] = None, strategy: str = "balanced",
+                 timeout: timedelta = DEFAULT_TIMEOUT, progress: Optional[bool] = None) -> Replica:
+    """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc).
+
+    Run plainly (no torchrun) it is one replica on the whole machine: the pipeline placed over every GPU
+    (`device_map=strategy`), all the inputs. `max_memory`: one node's budgets (default: detected).
+    `pipeline_class`: the class to load as (default: the folder's own class when it is one of ours, else
+    `pipelines.Pipeline`).
+    """
+    launch = Launch.from_env()
+    exchange = Exchange(launch, timeout=timeout)
+    cls = pipeline_class or folder_pipeline_class(pretrained)
+    options = dict(torch_dtype=torch_dtype, call=call, progress=launch.rank == 0 if progress is None else progress)
+    if not launch.distributed:  # one process, the whole machine: errors surface as they are
+        pipe = cls.from_pretrained(pretrained, device_map=strategy, max_memory=max_memory, **options)
+        return Replica(pipe=pipe, launch=launch, group=None, share=list(enumerate(inputs)), exchange=exchange)
+    group, pipe, error = None, None, None
+    try:
+        group = _node_group(exchange, cls, pretrained, max_memory=max_memory, torch_dtype=torch_dtype, call=call,
+                            group_size=group_size, strategy=strategy)
+        pipe = _load_on_group(cls, pretrained, group, strategy=strategy, options=options)
+    except Exception as failure:  # reported to every rank below, so that none hangs waiting for this one
+        error = f"{type(failure).__name__}: {failure}"
+    _check_everyone_loaded(exchange, launch, group, error)
+    share = [(index, item) for index, item in enumerate(inputs) if index % launch.world_size == launch.rank]
+    return Replica(pipe=pipe, launch=launch, group=group, share=share, exchange=exchange)
+
+
+def _node_group(exchange: Exchange, cls, pretrained, **planning) -> Optional[placement.ReplicaGroup]:
+    """This rank's GPU group from its node's replica plan (made by the node's local rank 0); None without GPUs."""
+    launch = exchange.launch
+    mine = None
+    if launch.local_rank == 0 and torch.cuda.is_available():
+        try:
+            mine = ("plan", plan_pipeline_replicas(cls, pretrained, **planning).to_json(indent=None))
+        except Exception as failure:  # every rank must reach the all_gather below, whatever went wrong
+            mine = ("error", f"{type(failure).__name__}: {failure}")
+    entries = exchange.all_gather((launch.node, launch.local_rank, mine))
+    found = next((found for node, local, found in entries if node == launch.node and local == 0), None)
+    kind, payload = found or (None, None)
+    if kind is None:
+        return None  # no accelerators on this node: every rank runs on the CPU
+    if kind == "error":
+        raise ReplicaLoadError(f"planning the replicas of node {launch.node} failed: {payload}")
+    replicas = placement.ReplicaPlan.from_json(payload)
+    if replicas.replicas < launch.local_world_size:
+        raise ReplicaLoadError(
+            f"node {launch.node} holds {replicas.replicas} replica(s) ({replicas.verdict}), and torchrun started "
+            f"{launch.local_world_size} processes on it; launch with --nproc_per_node {max(replicas.replicas, 1)} "
+            "or fewer (or give --group-size / max_memory)."
+        )
+    return replicas.group(launch.local_rank)
+
+
+def _load_on_group(cls, pretrained, group: Optional[placement.ReplicaGroup], *, strategy, options) -> Pipeline:
+    if group is None:
+        return cls.from_pretrained(pretrained, device_map="cpu", **{**options, "call": None})
+    torch.cuda.set_device(group.accelerators[0])  # this rank's CUDA work (and NCCL) defaults to its group
+    return cls.from_pretrained(pretrained, device_map=strategy, max_memory=group.max_memory, **options)
+
+
+def _check_everyone_loaded(exchange: Exchange, launch: Launch, group, error: Optional[str]) -> None:
+    where = "the CPU" if group is None else group.label
+    statuses = exchange.all_gather((launch.label, where, error))
+    failed = [f"{label} on {place}: {why}" for label, place, why in statuses if why is not None]
+    if failed:
+        exchange.close()
+        raise ReplicaLoadError("Replica load failed on " + "; ".join(failed))

@@ -1,0 +1,222 @@
+"""`placement.plan_replicas()`: as many copies of a pipeline as one machine's accelerators hold.
+
+The accelerators are partitioned into disjoint groups of one size, each holding one replica planned by
+`placement.plan` (same strategies, placement kinds and memory model) on that group's budgets alone:
+
+- A group counts as a replica only if its plan runs without the CPU or the disk: RESIDENT (every component
+  whole or split on the group's accelerators) or, only when no group of any size can be resident, STREAMED
+  (weights offloaded to CPU RAM, executed on the group's accelerators). Resident and streamed replicas are
+  never mixed: prompts are shared out equally, so one slow replica would set the pace of the whole run.
+- The group size is the one that gives the most replicas; on a tie, the smaller group (fewer GPUs idle per
+  replica, the smallest group that holds the pipeline). `group_size=` fixes it instead.
+- GPUs of different sizes: for each group size, an exact search over the ways to cut the GPUs into groups
+  maximises the number of groups that hold a replica, each group planned on its real GPUs. So a big GPU is
+  paired with a small one when that pair holds a replica and two big ones would waste room, and like goes with
+  like when only that works. Among equally good cuts, groups of the lowest free indices win: equal GPUs give
+  the groups 0–1, 2–3, .... Groups whose budgets (in index order) are equal are planned once. Equal GPUs, and
+  machines of more than EXACT_SEARCH_LIMIT accelerators (the search is exponential in their number), are cut
+  into consecutive groups by index.
+- Detected budgets (max_memory=None) of GPUs within DETECTED_JITTER (2%) of each other are evened down to the
+  smallest: identical GPUs report free memory a few MiB apart, and should group as equals.
+- Host RAM is shared: each group is planned with the CPU budget divided by the number of groups of its size
+  the machine could form (`n // group_size`), so streamed replicas together never exceed it.
+- Device indices stay real: the group {2, 3} is planned with `max_memory={2: ..., 3: ..., "cpu": share}`,
+  and its Plan names devices 2 and 3 (the strategies place over the given indices, contiguous or not;
+  "balanced_low_0" keeps GPU 0 free only in the group that contains it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+from typing import Callable, Mapping, Optional
+
+from torch import nn
+
+from .api import plan as plan_placement
+from .budgets import resolve_budgets
+from .plan import Plan
+from .planning_errors import DoesNotFitError, OffloadFolderRequiredError
+from .replica_plan import GroupSizeOption, ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
+from .strategies.spec import NAMED_STRATEGIES, parse_strategy
+
+Group = tuple[int, ...]  # accelerator indices, ascending
+# Above this many accelerators of unequal sizes, groups are consecutive indices (the exact search is exponential).
+EXACT_SEARCH_LIMIT = 12
+DETECTED_JITTER = 0.02
+
+
+def plan_replicas(
+    components: Mapping[str, nn.Module],
+    *,
+    max_memory: Optional[Mapping],
+    graph=None,
+    dtype=None,
+    activations: Optional[Mapping[str, int]] = None,
+    group_size: Optional[int] = None,
+    strategy: str = "balanced",
+) -> ReplicaPlan:
+    """Partition the accelerators of `max_memory` into groups, one replica each (see the module doc).
+
+    max_memory: {0: "80GiB", 1: "80GiB", ..., "cpu": "512GiB"} for one machine (None: detected); the other
+        arguments are `placement.plan`'s, applied to every group. group_size: GPUs per replica, or None to
+        choose the size that gives the most replicas.
+    """
+    _check_strategy(strategy)
+    budgets = resolve_budgets(max_memory)
+    inventory = _even_out_detected({index: budgets.limit(index) for index in budgets.accelerators}, budgets.detected)
+    if not inventory:
+        raise ReplicaError(
+            "Replicas need accelerators, and max_memory has none (no integer keys, or no GPU is visible). "
+            "Pass max_memory={0: '24GiB', 1: '24GiB', ...} for the GPUs of one machine."
+        )
+    sizes = _group_sizes(group_size, len(inventory))
+    planner = _GroupPlanner(
+        lambda group: plan_placement(
+            components, max_memory=group, strategy=strategy, graph=graph, dtype=dtype, activations=activations
+        )
+    )
+    search = _Search(inventory=inventory, cpu=budgets.limit("cpu"), planner=planner)
+    options = [search.option(size) for size in sizes]
+    chosen = _choose(options)
+    if chosen is None:
+        return ReplicaPlan(
+            group_size=0, groups=[], unused=sorted(inventory), fit=None, options=options, cpu_share=None
+        )
+    return search.materialize(chosen, options)
+
+
+def _even_out_detected(inventory: dict[int, int], detected: frozenset) -> dict[int, int]:
+    """Detected budgets within DETECTED_JITTER of the smallest of their kind are set to that smallest: free
+    memory differs by a few MiB between identical GPUs, and equal budgets give equal groups (planned once)."""
+    evened = dict(inventory)
+    for index in sorted((i for i in inventory if i in detected), key=inventory.__getitem__):
+        for other in detected:
+            if other in inventory and inventory[index] <= inventory[other] <= inventory[index] * (1 + DETECTED_JITTER):
+                evened[other] = min(evened[other], inventory[index])
+    return evened
+
+
+def _check_strategy(strategy) -> None:
+    spec = parse_strategy(strategy)
+    if spec.kind not in NAMED_STRATEGIES:
+        raise ReplicaError(
+            f"Replicas are planned with a named strategy ('balanced', 'auto', 'sequential', 'balanced_low_0'), "
+            f"not {strategy!r}: a device map or a single device names GPUs that only one group contains."
+        )
+
+
+def _group_sizes(group_size: Optional[int], count: int) -> list[int]:
+    if group_size is None:
+        return list(range(1, count + 1))
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= count:
+        raise ReplicaError(
+            f"group_size={group_size!r}: expected a whole number of GPUs from 1 to {count} (the accelerators in "
+            "max_memory), or None to choose the size that gives the most replicas."
+        )
+    return [group_size]
+
+
+def _choose(options: list[GroupSizeOption]) -> Optional[GroupSizeOption]:
+    """Resident replicas if any size gives some, else streamed ones; most replicas, then the smaller group."""
+    for fit in (ReplicaFit.RESIDENT, ReplicaFit.STREAMED):
+        found = [option for option in options if option.fit is fit and option.replicas > 0]
+        if found:
+            return max(found, key=lambda option: (option.replicas, -option.group_size))
+    return None
+
+
+class _GroupPlanner:
+    """`placement.plan` for one group's budgets, remembered: equal budgets give the same plan."""
+
+    def __init__(self, plan_group: Callable[[dict], Plan]):
+        self._plan_group = plan_group
+        self._plans: dict[tuple, Optional[Plan]] = {}
+
+    def plan(self, group: dict[int, int], cpu: int) -> Optional[Plan]:
+        """The group's plan with `cpu` bytes of host RAM, or None when nothing places it without the disk."""
+        key = (tuple(group.items()), cpu)
+        if key not in self._plans:
+            try:
+                self._plans[key] = self._plan_group({**group, "cpu": cpu})
+            except (DoesNotFitError, OffloadFolderRequiredError):
+                self._plans[key] = None  # needs the disk (no offload folder is given) or fits nowhere
+        return self._plans[key]
+
+    def fit(self, group: dict[int, int], cpu: int) -> Optional[ReplicaFit]:
+        found = self.plan(group, cpu)
+        return None if found is None else replica_fit(found)
+
+
+class _Search:
+    """The exact search over which GPUs go together, for one machine's inventory."""
+
+    def __init__(self, *, inventory: dict[int, int], cpu: int, planner: _GroupPlanner):
+        self.inventory = inventory
+        self.cpu = cpu
+        self.planner = planner
+        self._fits: dict[tuple, Optional[ReplicaFit]] = {}
+
+    def cpu_share(self, group_size: int) -> int:
+        return self.cpu // (len(self.inventory) // group_size)
+
+    def option(self, group_size: int) -> GroupSizeOption:
+        for fit in (ReplicaFit.RESIDENT, ReplicaFit.STREAMED):
+            packing = self.packing(group_size, fit)
+            if packing:
+                return GroupSizeOption(group_size=group_size, replicas=len(packing), fit=fit)
+        return GroupSizeOption(group_size=group_size, replicas=0, fit=None)
+
+    def group_fit(self, group: Group, group_size: int) -> Optional[ReplicaFit]:
+        """How the group fits. The strategies see a group's budgets in index order (and "balanced_low_0"
+        whether GPU 0 is in it), so groups alike in both are planned once."""
+        key = (tuple(self.inventory[index] for index in group), 0 in group, group_size)
+        if key not in self._fits:
+            self._fits[key] = self.planner.fit({index: self.inventory[index] for index in group},
+                                               self.cpu_share(group_size))  # fmt: skip
+        return self._fits[key]
+
+    def packing(self, group_size: int, fit: ReplicaFit) -> tuple[Group, ...]:
+        """The most disjoint groups of `group_size` GPUs that each hold a replica of `fit` (STREAMED accepts
+        either): groups of the lowest free GPUs tried first, so equal GPUs give 0–1, 2–3, ..."""
+
+        def accepts(group: Group) -> bool:
+            found = self.group_fit(group, group_size)
+            return found is fit or (found is not None and fit is ReplicaFit.STREAMED)
+
+        indices = tuple(sorted(self.inventory))
+        if len(set(self.inventory.values())) == 1 or len(indices) > EXACT_SEARCH_LIMIT:
+            chunks = [indices[i : i + group_size] for i in range(0, len(indices) - group_size + 1, group_size)]
+            return tuple(chunk for chunk in chunks if accepts(chunk))
+
+        @lru_cache(maxsize=None)
+        def best(free: Group) -> tuple[Group, ...]:
+            if len(free) < group_size:
+                return ()
+            first, rest, result = free[0], free[1:], ()
+            for others in combinations(rest, group_size - 1):
+                if accepts((first, *others)):
+                    candidate = ((first, *others), *best(tuple(i for i in rest if i not in others)))
+                    if len(candidate) > len(result):
+                        result = candidate
+                        if len(result) == len(free) // group_size:
+                            return result  # no packing can do better
+            without_first = best(rest)  # the lowest free GPU left out, only when that gives more groups
+            return without_first if len(without_first) > len(result) else result
+
+        return best(indices)
+
+    def materialize(self, chosen: GroupSizeOption, options: list[GroupSizeOption]) -> ReplicaPlan:
+        """The chosen packing's groups, each with its plan on its real GPU indices."""
+        size, share = chosen.group_size, self.cpu_share(chosen.group_size)
+        groups = []
+        for indices in self.packing(size, chosen.fit):
+            found = self.planner.plan({index: self.inventory[index] for index in indices}, share)
+            fit = replica_fit(found)
+            groups.append(ReplicaGroup(replica=len(groups), accelerators=list(indices), fit=fit, plan=found))
+        used = {index for group in groups for index in group.accelerators}
+        return ReplicaPlan(
+            group_size=size, groups=groups, unused=sorted(set(self.inventory) - used), fit=chosen.fit,
+            options=options, cpu_share=share,
+        )  # fmt: skip
+
