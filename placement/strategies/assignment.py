@@ -185,7 +185,7 @@ class _Phase1:
             self.global_bound = 0.0
 
     def run(self) -> Optional[tuple[tuple[int, ...], tuple[int, float]]]:
-        self._dfs(0, 0, 0.0)
+        self._dfs(0, 0, self.loads.fullest())  # devices that get nothing new still count as they are
         if self.best is None or self.best_slots is None:
             return None
         return self.best_slots, self.best

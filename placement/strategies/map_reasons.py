@@ -44,24 +44,33 @@ def map_reasons(problem: Problem, chosen: Assignment, *, names: Sequence[str]) -
     lines = [headline]
     for i, (s, z) in enumerate(zip(chosen.slots, zigzag)):
         if s != z:
-            lines.append(f"{names[i]} on {label[s]}, not {label[z]} as in the zig-zag map: " + _why(problem, i, z, peaks, names))
+            lines.append(f"{names[i]} on {label[s]}, not {label[z]} as in the zig-zag map: " + _why(problem, i, z, peaks, names, limit))
     return lines
 
 
-def _why(problem: Problem, i: int, z: int, peaks: list[int], names: Sequence[str]) -> str:
+def _why(problem: Problem, i: int, z: int, peaks: list[int], names: Sequence[str], limit: float) -> str:
+    """Why component i is not on its zig-zag slot z (peaks: each slot's peak under the zig-zag map)."""
     item, slot = problem.items[i], problem.slots[z]
-    beside = [names[j] for j, s in enumerate(problem.preferred) if s == z and j != i]
-    where = f"beside {', '.join(beside)} " if beside else ""
-    if slot.budget is not None and peaks[z] > slot.budget:
-        need = (
-            f"its {format_bytes(item.transient)} activation peak does not fit"
-            if item.transient and item.transient >= max(slot.transient, *(problem.items[j].transient for j, s in enumerate(problem.preferred) if s == z))
-            else f"its {format_bytes(item.weights)} of weights do not fit"
-        )
+    others = [j for j, s in enumerate(problem.preferred) if s == z and j != i]
+    where = f"beside {', '.join(names[j] for j in others)} " if others else ""
+    rest = max([slot.transient, *(problem.items[j].transient for j in others)])
+    extra_transient = max(item.transient - rest, 0)  # what its activations add on top of the others'
+    if slot.budget is not None and peaks[z] > slot.budget and peaks[z] - item.weights - extra_transient <= slot.budget:
+        # Without it the device would fit: it is the one that does not fit there.
+        if extra_transient and peaks[z] - extra_transient <= slot.budget:
+            need = f"its {format_bytes(item.transient)} activation peak does not fit"
+        else:
+            need = f"its {format_bytes(item.weights)} of weights do not fit"
         return (
             f"{need} {where}there ({device_label(slot.device)} would peak at {format_bytes(peaks[z])}, budget "
             f"{format_bytes(slot.budget)})."
         )
-    if slot.budget:
-        return f"{where}there {device_label(slot.device)} would be at {peaks[z] / slot.budget:.0%} of its budget."
-    return "the other components' moves leave it better placed here."
+    if slot.budget and peaks[z] > slot.budget * limit:
+        return (
+            f"{where}there {device_label(slot.device)} would be at {peaks[z] / slot.budget:.0%} of its budget, "
+            f"past the {limit:.0%} this map stays within."
+        )
+    return (
+        "moved with the others: of the maps within "
+        f"{TOLERANCE:.0%} of the best, this one crosses devices on the fewest model-graph edges."
+    )
