@@ -193,3 +193,38 @@ def test_crossings_count_on_a_dag_with_branches():
     # The best fullest is 7 of 8 ({den, te1 or vae} | {te2, the other}); each such map crosses on 2 edges, as
     # does {den, te1, vae} | {te2} only at 8 of 8 (past 5%), so 2 is the fewest.
     assert math.isclose(fullest(plan), 7 / 8) and len(plan.crossing_edges) == 2
+
+
+def test_demotion_search_finds_the_best_resident_set_past_eight_components():
+    # 11 streamable components on one 10 GiB GPU. Largest first: den (5), mid (1.2), seven 0.5 GiB encoders
+    # fill 9.7 GiB, and the last two encoders (one block each: streaming keeps all of it on the GPU) have no
+    # room and would run on the CPU. Streaming mid alone (12 blocks: 0.2 GiB at once) lets everything else stay
+    # whole: 9.5 + 0.2 GiB. The nested smallest-first sets the search used past 8 components reach only
+    # {3 encoders} (1.5 GiB streamed per call); the best-first search finds {mid} (1.2 GiB).
+    comps = {"den": whole(5, 5), "mid": whole(1.2, 12), **{f"e{i}": whole(0.5) for i in range(9)}}
+    plan = placement.plan(comps, max_memory={0: "10GiB", "cpu": "64GiB"})
+    demoted = {f.component for f in plan.fallbacks if f.demoted}
+    assert demoted == {"mid"}, plan.explain()
+    assert plan.components["mid"].kind is PlacementKind.OFFLOADED and plan.components["mid"].execution_device == 0
+    assert all(plan.components[name].kind is PlacementKind.WHOLE for name in comps if name != "mid")
+    assert plan.device(0).predicted_peak <= 10 * GiB
+
+
+def test_best_first_sets_visit_every_subset_once_cheapest_first():
+    from placement.strategies.cost import CostModel
+    from placement.strategies.demotion import best_first_sets, demotion_value
+    from placement.strategies.request import ComponentRequest
+    from placement.sizing import size_module
+
+    modules = {f"c{i}": whole(size) for i, size in enumerate([3, 1, 2, 2, 5])}
+    requests = [
+        ComponentRequest(name=n, module=m, size=size_module(m), dtype=None, activation=None, position=i, streamed=0)
+        for i, (n, m) in enumerate(modules.items())
+    ]
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    costs = CostModel.build(graph, requests)  # the anchor: c4, the largest
+    sets = list(best_first_sets(requests, costs))
+    assert len(sets) == 2**5 - 1 and len({frozenset(r.name for r in s) for s in sets}) == 2**5 - 1
+    keys = [(any(r.name == "c4" for r in s), sum(demotion_value(r, costs) for r in s)) for s in sets]
+    assert keys == sorted(keys)
