@@ -131,8 +131,9 @@ def crossings(problem: Problem, slots: Sequence[int]) -> int:
     return inside + sum(1 for i, device in problem.fixed_edges if devices[i] != device)
 
 
-def best_assignment(problem: Problem, tolerance: float = TOLERANCE) -> Optional[Assignment]:
-    """The preferred assignment within `tolerance` of the optimum; None when no whole assignment fits."""
+def best_assignment(problem: Problem, tolerance: float = TOLERANCE, *, prefer: bool = True) -> Optional[Assignment]:
+    """The preferred assignment within `tolerance` of the optimum; None when no whole assignment fits.
+    `prefer=False` stops at the fewest crossings (skips the moves from the preferred map: the slow pass)."""
     if not problem.items:
         return Assignment(slots=(), fullest=0.0, optimum=0.0, reserved_weights=0, crossings=0, moved=0)
     first = _Phase1(problem).run()
@@ -143,7 +144,7 @@ def best_assignment(problem: Problem, tolerance: float = TOLERANCE) -> Optional[
     # The fewest crossings first, over maps up to exchanging interchangeable devices (fast); then the fewest
     # moves from the preferred map among those with that many crossings (device labels matter there).
     fewest = _Phase2(problem, limit=limit, reserved=reserved, start=optimum_slots, prefer=False).run()
-    chosen = _Phase2(problem, limit=limit, reserved=reserved, start=fewest, prefer=True).run()
+    chosen = _Phase2(problem, limit=limit, reserved=reserved, start=fewest, prefer=True).run() if prefer else fewest
     return Assignment(
         slots=chosen, fullest=fullest_share(problem, chosen), optimum=optimum, reserved_weights=reserved,
         crossings=crossings(problem, chosen), moved=_moved(problem, chosen),

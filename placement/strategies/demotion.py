@@ -73,10 +73,11 @@ def place_with_demotions(strategy: Strategy, request: StrategyRequest) -> Placem
     ledger = request.ledger
     if (base is None or base.cost.cpu_bytes) and ledger.accelerators:
         pool = [r for r in request.requests if streaming_device(r, ledger, ledger.accelerators) is not None]
-        best = _search(strategy, request, pool, best)
+        best = _search(strategy, replace(request, thorough=False), pool, best)
     if best is None:
         raise failure
     if best is not base:
+        best = _candidate(strategy, request, best.demoted) or best  # the winner again, with every tie-break
         return _explain_demotions(best, base, failure)
     return best.state
 

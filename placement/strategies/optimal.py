@@ -32,7 +32,7 @@ class WholeSearch:
 def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[PlacementState]:
     """Every component whole where the fullest device is within 5% of the best; None when that cannot fit."""
     search = build_search(request, low_0=low_0)
-    found = best_assignment(search.problem)
+    found = best_assignment(search.problem, prefer=request.thorough)
     if found is None:
         return None
     ledger, placements = request.start()

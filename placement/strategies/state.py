@@ -31,6 +31,9 @@ class StrategyRequest:
     placed: Mapping[str, Placed]  # components placed before this strategy runs (pinned ones)
     context: Context
     costs: CostModel
+    # False: skip the last tie-break (fewest moves from the zig-zag map). The demotion search compares many
+    # candidates by cost, which that tie-break never changes; it re-runs the winner with it.
+    thorough: bool = True
 
     @classmethod
     def build(cls, *, spec, requests: Sequence[ComponentRequest], ledger: Ledger, placed, context, costs):
