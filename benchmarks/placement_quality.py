@@ -13,8 +13,19 @@ the GPUs at block granularity: a packing of every component's split units (`_no_
 the leaves outside them) onto the GPUs exists (first-fit decreasing finds a witness). Then totals, and the
 time to plan a FLUX-size pipeline (12B DiT + 4.7B T5 + CLIP + VAE on meta), sizing included.
 
-Run by hand (needs the `[hf]` extra; about a minute, most of it building the models on meta):
-    python benchmarks/placement_quality.py [--scenarios PATH] [--smoke]
+Then the optimum table (issue 11): per pipeline x inventory, weights only ("w") and with activations ("w+a":
+each component's activation peak at one common call -- 1024 x 1024 images, the video families' default
+sizes -- from `placement.estimate_activations` on the meta-built components, see `real_calls.py`; kept in
+`data/real_activation_peaks.json`, rebuilt with --estimate), the best whole-component map's fullest GPU
+(peak / budget, the Plan's memory model: weights + the largest activation executing there + 1 GiB runtime
+overhead with activations), found by brute force (`optimum.py`), and ours / optimum and diffusers /
+optimum for the same score (diffusers' map ignores activations: above 1.00 / optimum past 100% means it
+would not fit); the edges crossing devices (ours, diffusers, the fewest among maps within 5% of the optimum);
+our planning time. Then the count of scenarios above 1.05 x the optimum.
+
+Run by hand (needs the `[hf]` extra; a few minutes, most of it building the models on meta; --smoke: 2 small
+pipelines x 3 inventories, under a minute):
+    python benchmarks/placement_quality.py [--scenarios PATH] [--smoke] [--estimate]
 """
 
 from __future__ import annotations
@@ -37,9 +48,11 @@ from torch import nn
 import placement
 from placement.devices import HOST_DEVICES
 from placement.sizing import size_module
+from quality_optimum import PEAKS, activation_peaks, print_optimum_table
 
 GiB = 1024**3
-DEFAULT_SCENARIOS = Path(__file__).resolve().parents[1].parent / "shared" / "scenarios" / "real_pipelines.json"
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_SCENARIOS = DATA / "real_pipelines.json"  # a copy of the shared scenarios, committed
 INVENTORIES = {
     "1x24": [24], "2x24": [24, 24], "2x16": [16, 16], "4x16": [16] * 4, "2x12": [12, 12], "2x11": [11, 11],
     "1x80": [80], "2x80": [80, 80], "24+12": [24, 12], "48+24+24": [48, 24, 24], "4x24": [24] * 4,
@@ -64,6 +77,7 @@ class Pipeline:
     modules: dict[str, nn.Module]  # in execution order
     sizes: dict[str, placement.sizing.ComponentSize]
     edges: list[tuple[str, str]]
+    classes: dict[str, str] = None  # component -> class name (real pipelines only)
 
 
 # --- building the real components on meta (cached: several pipelines share a text encoder or a VAE) ---
@@ -117,6 +131,7 @@ def load_pipelines(path: Path, only: tuple[str, ...] | None = None) -> list[Pipe
                 modules={c: built[c][0] for c in order},
                 sizes={c: built[c][1] for c in order},
                 edges=list(zip(order, order[1:])),
+                classes={c: specs[c]["class"] for c in order},
             )
         )
     return result
@@ -249,7 +264,7 @@ def _row(cells, widths) -> str:
     return "  ".join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths)))
 
 
-def run(path: Path, smoke: bool) -> None:
+def run(path: Path, smoke: bool, estimate: bool = False) -> None:
     start = time.perf_counter()
     names, inventories = SMOKE if smoke else (None, tuple(INVENTORIES))
     pipelines = load_pipelines(path, names)
@@ -280,6 +295,9 @@ def run(path: Path, smoke: bool) -> None:
         mine, theirs = ours(pipeline, gpus), diffusers(pipeline, gpus)
         print(f"  {label:26} off GPUs / missing: ours {_gib(mine.off_gpu)} GiB / {len(mine.missing)}, "
               f"diffusers {_gib(theirs.off_gpu)} GiB / {len(theirs.missing)} {list(theirs.missing) or ''}")  # fmt: skip
+    peaks = activation_peaks(pipelines, rebuild=estimate)
+    print_optimum_table(pipelines, {label: INVENTORIES[label] for label in inventories}, peaks,
+                        diffusers_map=diffusers_assignment)
     flux = next((p for p in pipelines if p.name == "flux1-dev"), None)
     if flux is not None:
         mine, theirs, worst = time_flux(flux)
@@ -312,10 +330,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", type=Path, default=DEFAULT_SCENARIOS, help="real_pipelines.json")
     parser.add_argument("--smoke", action="store_true", help="2 small pipelines x 3 inventories, for a quick check")
+    parser.add_argument("--estimate", action="store_true", help=f"re-estimate the activation peaks into {PEAKS.name}")
     args = parser.parse_args(argv)
     if not args.scenarios.exists():
         raise SystemExit(f"{args.scenarios} not found; pass --scenarios PATH to real_pipelines.json.")
-    run(args.scenarios, args.smoke)
+    run(args.scenarios, args.smoke, args.estimate)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from .strategies import (
     CostModel,
     Placements,
     StrategyKind,
+    StrategyRequest,
     StrategySpec,
     parse_strategy,
     place_free_components,
@@ -75,8 +76,14 @@ def plan(
     placements = Placements()
     _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
     free = [request for name, request in requests.items() if name not in placements.by_name]
-    place_free_components(spec, free, ledger, context, placements, notes, CostModel.build(model_graph, free))
-    by_name = placements.by_name
+    state = place_free_components(
+        StrategyRequest.build(
+            spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context,
+            costs=CostModel.build(model_graph, free),
+        )
+    )
+    ledger, by_name = state.ledger, state.by_name
+    notes += state.warnings
     return Plan(
         strategy=spec.label,
         components={name: by_name[name].plan for name in order},
@@ -87,6 +94,7 @@ def plan(
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
+        map_reasons=list(state.map_reasons),
     )
 
 

@@ -31,6 +31,9 @@ def explain_plan(plan: Plan) -> str:
         lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
     else:
         lines.append("Edges crossing devices: none")
+    if plan.map_reasons:
+        lines += ["", "Why this map:"]
+        lines += [f"  {reason}" for reason in plan.map_reasons]
     if plan.fallbacks:
         lines += ["", "Fallbacks:"]
         lines += [

@@ -93,6 +93,8 @@ class Plan(_Frozen):
     budget_margin: str = ""  # how detected budgets were derived, for explain()
     # The order the strategy placed components in: pinned ones first, demoted ones (streamed on purpose) last.
     placement_order: list[str] = []
+    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not).
+    map_reasons: list[str] = []
 
     @property
     def device_map(self) -> dict[str, Device]:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..memory_model import Ledger
 from ..sizes import format_bytes
-from .fallbacks import Context, place_on_host, place_whole
-from .request import ComponentRequest, Placements
+from .fallbacks import place_on_host, place_whole
+from .state import PlacementState, StrategyRequest
 
 
-def place_cpu_only(
-    requests: Sequence[ComponentRequest], ledger: Ledger, context: Context, placements: Placements
-) -> None:
-    for request in sorted(requests, key=lambda request: request.position):
-        if ledger.fits("cpu", weights=request.bytes, transient=request.transient):
-            placements.add(place_whole(request, ledger, "cpu"))
+def place_cpu_only(request: StrategyRequest) -> PlacementState:
+    ledger, placements = request.start()
+    for component in sorted(request.requests, key=lambda component: component.position):
+        if ledger.fits("cpu", weights=component.bytes, transient=component.transient):
+            placements.add(place_whole(component, ledger, "cpu"))
         else:
-            room = max(ledger.room("cpu", transient=request.transient) or 0, 0)
-            why = f"{request.needs()}; the CPU has {format_bytes(room)} left."
-            placements.add(place_on_host(request, ledger, context, why))
+            room = max(ledger.room("cpu", transient=component.transient) or 0, 0)
+            why = f"{component.needs()}; the CPU has {format_bytes(room)} left."
+            placements.add(place_on_host(component, ledger, request.context, why))
+    return PlacementState.of(ledger, placements)

@@ -14,17 +14,23 @@ dropped. The cheapest candidate (`cost.PlanCost`: bytes executing on the CPU, th
 runs most is streamed, then bytes streamed per call, then crossing edges) is kept; ties go to the earliest.
 
 D ranges over the subsets of the components that could stream at all (some accelerator can hold their working
-set), smallest subsets first, and within a size the least valuable components first (fewest runs per call,
-then smallest). Up to EXHAUSTIVE_LIMIT such components every subset is tried; past it, the nested prefixes of
-that order (one, two, ... all of them), so the search stays linear. Both include "all of them", which puts
-everything on an accelerator whenever one can hold the largest working set: the guarantee the tests check.
+set). Up to EXHAUSTIVE_LIMIT such components every subset is tried, smallest subsets first, and within a size
+the least valuable components first (fewest runs per call, then smallest). Past it, the subsets are visited
+best first: in increasing order of what demoting them costs at least (the anchor before everything else, then
+bytes streamed per call = bytes x runs per call), and the search stops as soon as no unvisited subset can beat
+the best candidate found (whose cost is at least its own demotion cost), or after BEST_FIRST_LIMIT candidates.
+So the best resident set is found beyond 8 components too, not only nested prefixes. Both searches include
+"all of them", which puts everything on an accelerator whenever one can hold the largest working set: the
+guarantee the tests check.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Callable, Iterator, Optional, Sequence
+from types import MappingProxyType
+from typing import Iterator, Optional, Sequence
 
 from ..devices import device_label
 from ..errors import PlacementError
@@ -34,84 +40,136 @@ from ..sizes import format_bytes
 from .cost import CostModel, PlanCost
 from .fallbacks import Context, place_streamed, streamed_text, streaming_device
 from .request import ComponentRequest, Placed, Placements
+from .state import PlacementState, Strategy, StrategyRequest
 
 EXHAUSTIVE_LIMIT = 8  # 2**8 - 1 = 255 extra strategy runs at most (a run is milliseconds: splits are cached)
-
-Strategy = Callable[[Sequence[ComponentRequest], Ledger, Context, Placements], None]
+BEST_FIRST_LIMIT = 512  # candidates the best-first search runs at most past EXHAUSTIVE_LIMIT
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Candidate:
     demoted: tuple[ComponentRequest, ...]
-    ledger: Ledger
-    placements: Placements
+    state: PlacementState
     cost: PlanCost
 
 
-def place_with_demotions(
-    strategy: Strategy,
-    requests: Sequence[ComponentRequest],
-    ledger: Ledger,
-    context: Context,
-    placements: Placements,
-    costs: CostModel,
-) -> None:
+def with_demotions(strategy: Strategy) -> Strategy:
+    """`strategy`, kept unless demoting components to streaming executes less on the CPU (see the module doc)."""
+
+    def place(request: StrategyRequest) -> PlacementState:
+        return place_with_demotions(strategy, request)
+
+    place.__name__ = f"{getattr(strategy, '__name__', 'strategy')}_with_demotions"
+    return place
+
+
+def place_with_demotions(strategy: Strategy, request: StrategyRequest) -> PlacementState:
     """Run `strategy`; if it executes something on the CPU (or fails), keep the cheapest plan with demotions."""
     try:
-        base, failure = _candidate(strategy, requests, (), ledger, context, placements, costs), None
+        base, failure = _candidate(strategy, request, ()), None
     except PlacementError as error:  # e.g. no device can run a component whose weights must go to disk
         base, failure = None, error
     best = base
+    ledger = request.ledger
     if (base is None or base.cost.cpu_bytes) and ledger.accelerators:
-        pool = [request for request in requests if streaming_device(request, ledger, ledger.accelerators) is not None]
-        for demoted in candidate_sets(pool, costs):
-            try:
-                candidate = _candidate(strategy, requests, demoted, ledger, context, placements, costs)
-            except PlacementError:  # this arrangement fails too
-                continue
-            if candidate is not None and (best is None or candidate.cost < best.cost):
-                best = candidate
+        pool = [r for r in request.requests if streaming_device(r, ledger, ledger.accelerators) is not None]
+        best = _search(strategy, replace(request, thorough=False), pool, best)
     if best is None:
         raise failure
     if best is not base:
-        _explain_demotions(best, base, failure)
-    ledger.loads = best.ledger.loads
-    placements.by_name = best.placements.by_name
+        best = _candidate(strategy, request, best.demoted) or best  # the winner again, with every tie-break
+        return _explain_demotions(best, base, failure)
+    return best.state
+
+
+def _search(
+    strategy: Strategy, request: StrategyRequest, pool: Sequence[ComponentRequest], best: Optional[_Candidate]
+) -> Optional[_Candidate]:
+    if len(pool) <= EXHAUSTIVE_LIMIT:
+        sets: Iterator = candidate_sets(pool, request.costs)
+    else:
+        sets = best_first_sets(pool, request.costs)
+    for tried, (demoted, at_least) in enumerate(_with_bounds(sets, request.costs)):
+        if len(pool) > EXHAUSTIVE_LIMIT and (tried >= BEST_FIRST_LIMIT or (best is not None and best.cost <= at_least)):
+            break  # no set left can be cheaper than the best candidate (or the search has run long enough)
+        best = _better(best, strategy, request, demoted)
+    if len(pool) > EXHAUSTIVE_LIMIT and (best is None or best.cost.cpu_bytes):
+        best = _better(best, strategy, request, tuple(pool))  # everything streamed: the guarantee's witness
+    return best
+
+
+def _better(
+    best: Optional[_Candidate], strategy: Strategy, request: StrategyRequest, demoted: tuple[ComponentRequest, ...]
+) -> Optional[_Candidate]:
+    try:
+        candidate = _candidate(strategy, request, demoted)
+    except PlacementError:  # this arrangement fails too
+        return best
+    return candidate if candidate is not None and (best is None or candidate.cost < best.cost) else best
 
 
 def candidate_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterator[tuple[ComponentRequest, ...]]:
     """Non-empty sets to demote, smallest first; least valuable components (fewest runs, smallest) first."""
     ranked = sorted(pool, key=lambda r: (costs.runs.get(r.name, 1), r.bytes, r.position))
-    if len(ranked) <= EXHAUSTIVE_LIMIT:
-        for size in range(1, len(ranked) + 1):
-            yield from combinations(ranked, size)
-    else:
-        for size in range(1, len(ranked) + 1):
-            yield tuple(ranked[:size])
+    for size in range(1, len(ranked) + 1):
+        yield from combinations(ranked, size)
+
+
+def demotion_value(request: ComponentRequest, costs: CostModel) -> int:
+    """Bytes streamed per call if `request` is demoted: what its demotion costs at least."""
+    return request.bytes * costs.runs.get(request.name, 1)
+
+
+def best_first_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterator[tuple[ComponentRequest, ...]]:
+    """Every non-empty subset exactly once, in increasing order of (contains the anchor, bytes streamed per call).
+
+    The classic successor scheme over items sorted by value: from a set whose last item is i, either add
+    item i+1 or replace i by i+1; a heap yields the sets cheapest first. The anchor sorts after all the others
+    (with a value above their total), so sets without it come first.
+    """
+    others = sorted((r for r in pool if r.name != costs.anchor), key=lambda r: (demotion_value(r, costs), r.position))
+    anchors = [r for r in pool if r.name == costs.anchor]
+    ranked = others + anchors
+    values = [demotion_value(r, costs) for r in others]
+    values += [sum(values) + 1 + demotion_value(r, costs) for r in anchors]
+    heap = [(values[0], (0,))] if ranked else []
+    while heap:
+        total, indices = heapq.heappop(heap)
+        yield tuple(ranked[i] for i in indices)
+        last = indices[-1]
+        if last + 1 < len(ranked):
+            heapq.heappush(heap, (total + values[last + 1], indices + (last + 1,)))
+            heapq.heappush(heap, (total - values[last] + values[last + 1], indices[:-1] + (last + 1,)))
+
+
+def _with_bounds(sets: Iterator, costs: CostModel) -> Iterator[tuple[tuple[ComponentRequest, ...], PlanCost]]:
+    """Each set with the least cost a candidate demoting it can have: nothing on the CPU, crossings none."""
+    for demoted in sets:
+        at_least = PlanCost(
+            cpu_bytes=0,
+            anchor_streamed=int(any(r.name == costs.anchor for r in demoted)),
+            streamed_bytes=sum(demotion_value(r, costs) for r in demoted),
+            crossing_edges=0,
+        )
+        yield demoted, at_least
 
 
 def _candidate(
-    strategy: Strategy,
-    requests: Sequence[ComponentRequest],
-    demoted: tuple[ComponentRequest, ...],
-    ledger: Ledger,
-    context: Context,
-    placements: Placements,
-    costs: CostModel,
+    strategy: Strategy, request: StrategyRequest, demoted: tuple[ComponentRequest, ...]
 ) -> Optional[_Candidate]:
     """The strategy over the others, then `demoted` streamed; None when one of them cannot run on an accelerator."""
-    trial_ledger = ledger.copy()
-    trial = Placements(by_name=dict(placements.by_name))
-    kept = [request for request in requests if all(request is not d for d in demoted)]
-    if kept:
-        strategy(kept, trial_ledger, context, trial)
-    for request in sorted(demoted, key=lambda r: (-(r.streamed + r.transient), r.position)):
-        placed = _stream(request, trial_ledger, context)
+    kept = [r for r in request.requests if all(r is not d for d in demoted)]
+    state = strategy(request.with_requests(kept)) if kept else PlacementState.of(*request.start())
+    ledger = state.ledger.copy()
+    placements = Placements(by_name=dict(state.by_name))
+    for component in sorted(demoted, key=lambda r: (-(r.streamed + r.transient), r.position)):
+        placed = _stream(component, ledger, request.context)
         if placed is None:
             return None
-        trial.add(placed)
-    cost = costs.cost(trial.by_name, {request.name for request in requests})
-    return _Candidate(demoted=demoted, ledger=trial_ledger, placements=trial, cost=cost)
+        placements.add(placed)
+    cost = request.costs.cost(placements.by_name, {r.name for r in request.requests})
+    state = replace(state, ledger=ledger, by_name=PlacementState.of(ledger, placements).by_name)
+    return _Candidate(demoted=demoted, state=state, cost=cost)
 
 
 def _stream(request: ComponentRequest, ledger: Ledger, context: Context) -> Optional[Placed]:
@@ -128,10 +186,13 @@ def _stream(request: ComponentRequest, ledger: Ledger, context: Context) -> Opti
     return place_streamed(request, ledger, host=host, execution_device=device, reason="")  # reason: below
 
 
-def _explain_demotions(best: _Candidate, base: Optional[_Candidate], failure: Optional[PlacementError]) -> None:
+def _explain_demotions(
+    best: _Candidate, base: Optional[_Candidate], failure: Optional[PlacementError]
+) -> PlacementState:
     """Give every demoted component a fallback saying what it was, what ran on the CPU without it, the numbers."""
-    base_plans = {} if base is None else {name: placed.plan for name, placed in base.placements.by_name.items()}
-    best_plans = {name: placed.plan for name, placed in best.placements.by_name.items()}
+    base_plans = {} if base is None else {name: placed.plan for name, placed in base.state.by_name.items()}
+    best_plans = {name: placed.plan for name, placed in best.state.by_name.items()}
+    by_name = dict(best.state.by_name)
     after = _cpu_text(best_plans) or "nothing"
     if base is None:
         goal, before = "the plan fits at all", f"Without demotions planning fails ({failure})"
@@ -147,7 +208,8 @@ def _explain_demotions(best: _Candidate, base: Optional[_Candidate], failure: Op
             "components on one device run one after another and share that room."
         )
         fallback = Fallback(component=request.name, kind=plan.kind, reason=reason, demoted=True)
-        best.placements.by_name[request.name] = Placed(plan=plan, fallback=fallback)
+        by_name[request.name] = Placed(plan=plan, fallback=fallback)
+    return replace(best.state, by_name=MappingProxyType(by_name))
 
 
 def _what(base: ComponentPlan) -> str:

@@ -8,21 +8,18 @@ whenever some accelerator has room for it.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..memory_model import Ledger
-from .fallbacks import Context, place_with_fallbacks
-from .request import ComponentRequest, Placements
+from .fallbacks import place_with_fallbacks
+from .state import PlacementState, StrategyRequest
 
 
-def place_sequential(
-    requests: Sequence[ComponentRequest], ledger: Ledger, context: Context, placements: Placements
-) -> None:
+def place_sequential(request: StrategyRequest) -> PlacementState:
+    ledger, placements = request.start()
     accelerators = ledger.accelerators
     current = 0
-    for request in sorted(requests, key=lambda request: request.position):
+    for component in sorted(request.requests, key=lambda component: component.position):
         order = accelerators[current:] + accelerators[:current]
-        placed = place_with_fallbacks(request, ledger, context, whole_order=order, split_order=order)
+        placed = place_with_fallbacks(component, ledger, request.context, whole_order=order, split_order=order)
         placements.add(placed)
         used = [accelerators.index(d) for d in placed.plan.devices if d in accelerators]
         current = max([current, *used])
+    return PlacementState.of(ledger, placements)
