@@ -82,15 +82,20 @@ def plan(
             costs=CostModel.build(model_graph, free),
         )
     )
-    ledger, by_name = state.ledger, state.by_name
-    notes += state.warnings
+    return _assemble(spec, order, model_graph, state, notes + list(state.warnings), budgets,
+                     activations_accounted=activations is not None)
+
+
+def _assemble(spec, order, model_graph, state, notes, budgets, *, activations_accounted: bool) -> Plan:
+    """The Plan from the strategy's final state, components in execution order."""
+    by_name = state.by_name
     return Plan(
         strategy=spec.label,
         components={name: by_name[name].plan for name in order},
-        devices=ledger.device_plans(),
+        devices=state.ledger.device_plans(),
         crossing_edges=crossing_edges(model_graph, {name: by_name[name].plan.execution_device for name in order}),
         fallbacks=[by_name[name].fallback for name in order if by_name[name].fallback is not None],
-        activations_accounted=activations is not None,
+        activations_accounted=activations_accounted,
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
