@@ -4,13 +4,21 @@ from .activations.estimate import estimate_activations
 from .api import plan
 from .budgets import Budgets, resolve_budgets
 from .devices import Device, normalize_device
-from .errors import InvalidDeviceError, InvalidSizeError, PlacementError
+from .errors import (
+    ComponentError,
+    DoesNotFitError,
+    GraphError,
+    InvalidDeviceError,
+    InvalidSizeError,
+    OffloadFolderRequiredError,
+    PlacementError,
+    StrategyError,
+)
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
 from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
 from .replicas import plan_replicas
-from .planning_errors import ComponentError, DoesNotFitError, GraphError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_size, parse_size
 
 __all__ = [

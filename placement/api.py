@@ -12,7 +12,7 @@ from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .plan import Plan
-from .planning_errors import ComponentError, StrategyError
+from .errors import ComponentError, StrategyError
 from .sizes import parse_size
 from .sizing import dtype_for, size_module
 from .streaming import streaming_working_set

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping, Sequence
 import networkx as nx
 
 from .devices import Device
-from .planning_errors import GraphError
+from .errors import GraphError
 
 
 def build_graph(names: Sequence[str], graph: nx.DiGraph | Iterable | None) -> nx.DiGraph:

@@ -28,8 +28,7 @@ from torch import nn
 
 from .budgets import Budgets, resolve_budgets
 from .devices import HOST_DEVICES, Device, device_label, is_accelerator, normalize_device
-from .errors import InvalidDeviceError
-from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
+from .errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_bytes
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors, size_module
 from .splitting import (

@@ -36,7 +36,7 @@ from torch import nn
 from .api import plan as plan_placement
 from .budgets import resolve_budgets
 from .plan import Plan
-from .planning_errors import DoesNotFitError, OffloadFolderRequiredError
+from .errors import DoesNotFitError, OffloadFolderRequiredError
 from .replica_plan import GroupSizeOption, ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
 from .strategies.spec import NAMED_STRATEGIES, parse_strategy
 

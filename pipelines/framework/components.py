@@ -15,9 +15,8 @@ from torch import nn
 from hooks.dispatch import undispatch
 from hooks.group_offload.offload import group_offloading_session
 from placement.devices import torch_device
-from placement.errors import PlacementError
+from placement.errors import GraphError, PlacementError
 from placement.graph import build_graph, execution_order
-from placement.planning_errors import GraphError
 
 from ..errors import DeviceMappedError
 from .memory import PipelineMemoryMixin

@@ -11,8 +11,7 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.errors import PlacementError
-from placement.planning_errors import StrategyError
+from placement.errors import PlacementError, StrategyError
 from placement.sizing import dtype_for
 from placement.strategies import StrategyKind, parse_strategy
 

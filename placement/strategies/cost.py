@@ -25,7 +25,7 @@ import networkx as nx
 from ..devices import is_accelerator
 from ..graph import crossing_edges
 from ..plan import ComponentPlan, PlacementKind
-from ..planning_errors import GraphError
+from ..errors import GraphError
 from .request import ComponentRequest, Placed
 
 RESIDENT_KINDS = (PlacementKind.WHOLE, PlacementKind.SPLIT)

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from ..devices import Device, device_label
 from ..memory_model import Ledger
 from ..plan import Fallback, PlacementKind
-from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError
+from ..errors import DoesNotFitError, OffloadFolderRequiredError
 from ..sizes import format_bytes
 from ..splitting import split_device_map
 from .request import ComponentRequest, Placed, component_plan

@@ -11,10 +11,9 @@ import warnings
 from typing import Mapping
 
 from ..devices import Device, device_label, is_accelerator, normalize_device
-from ..errors import InvalidDeviceError
+from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from ..memory_model import Ledger
 from ..plan import PlacementKind
-from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from ..sizes import format_bytes
 from ..splitting import owning_key
 from .request import ComponentRequest, Placed, component_plan

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..devices import device_label
-from ..planning_errors import StrategyError
+from ..errors import StrategyError
 from .fallbacks import place_whole
 from .pinned import enforce
 from .state import PlacementState, StrategyRequest

@@ -9,8 +9,7 @@ from typing import Mapping, Optional
 import torch
 
 from ..devices import Device, is_accelerator, normalize_device
-from ..errors import InvalidDeviceError
-from ..planning_errors import StrategyError
+from ..errors import InvalidDeviceError, StrategyError
 
 
 class StrategyKind(str, Enum):

@@ -16,7 +16,7 @@ from pipelines.checkpoint import CorruptCheckpointError
 from pipelines.errors import DeviceMappedError
 from pipelines.framework.loading import PipelineLoadError
 from pipelines.framework.planning import CallSpecError
-from placement.planning_errors import StrategyError
+from placement.errors import StrategyError
 from placement.sizing import size_module
 from placement.streaming import streaming_working_set
 

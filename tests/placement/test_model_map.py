@@ -8,9 +8,8 @@ from accelerate import infer_auto_device_map, init_empty_weights
 from accelerate.utils import get_balanced_memory
 from torch import nn
 
-from placement.errors import InvalidDeviceError
+from placement.errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from placement.model_map import accelerators_present, model_device_map
-from placement.planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from placement.sizing import size_module
 
 GB = 1000**3
