@@ -22,6 +22,7 @@ from .strategies import (
     CostModel,
     Placements,
     StrategyKind,
+    StrategyScope,
     StrategySpec,
     parse_strategy,
     place_free_components,
@@ -41,6 +42,7 @@ def plan(
     offload_folder=None,
     activations: Optional[Mapping[str, int]] = None,
     pinned: Optional[Mapping[str, Pin]] = None,
+    scope: str = "pipeline",
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -55,9 +57,13 @@ def plan(
     activations: {component: peak activation bytes} for the call the user will make; None plans weights
         only (the plan says so).
     pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
+    scope: "pipeline", or "model" for one model (`ModelMixin`): the strategy names then keep accelerate's
+        model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
     """
     modules = _module_components(components)
-    spec = parse_strategy(strategy)
+    spec = parse_strategy(strategy, scope=scope)
+    if spec.scope is StrategyScope.MODEL and len(modules) != 1:
+        raise ComponentError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
@@ -67,7 +73,8 @@ def plan(
         for position, name in enumerate(order)
     }
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
-    asked = normalize_pins(spec.pins, requests, source="device_map") if spec.kind is StrategyKind.DICT else {}
+    pins_components = spec.kind is StrategyKind.DICT and not spec.model_level
+    asked = normalize_pins(spec.pins, requests, source="device_map") if pins_components else {}
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
@@ -132,6 +139,8 @@ def _degrade_without_accelerators(
     """No accelerator to plan for: every strategy runs everything on the CPU, with ONE warning."""
     if budgets.accelerators or (spec.kind is StrategyKind.DEVICE and spec.device == "cpu"):
         return spec
+    if spec.model_level and (spec.kind is StrategyKind.DICT or not detected):
+        return spec  # accelerate's model-level meaning: a dict's devices exactly; given budgets: CPU, then disk
     why = "no accelerator is visible" if detected else "max_memory has no integer (accelerator) keys"
     message = (
         f"No accelerator to plan for ({why}): strategy {spec.label!r} degrades to 'cpu', and every component "

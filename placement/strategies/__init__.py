@@ -11,10 +11,11 @@ from .cost import CostModel, PlanCost
 from .cpu_only import place_cpu_only
 from .demotion import place_with_demotions
 from .fallbacks import Context
+from .model_level import budgets_of, charge, place_model
 from .request import ComponentRequest, Placed, Placements
 from .sequential import place_sequential
 from .single_device import place_single_device
-from .spec import SUPPORTED, StrategyKind, StrategySpec, parse_strategy
+from .spec import SUPPORTED, StrategyKind, StrategyScope, StrategySpec, parse_strategy
 
 __all__ = [
     "SUPPORTED",
@@ -25,6 +26,7 @@ __all__ = [
     "Placements",
     "PlanCost",
     "StrategyKind",
+    "StrategyScope",
     "StrategySpec",
     "parse_strategy",
     "place_free_components",
@@ -45,7 +47,11 @@ def place_free_components(
     With accelerators, the strategy's plan is kept unless demoting components to "offloaded" executes
     fewer bytes on the CPU (`demotion`). A single-device strategy places exactly where it was told.
     """
-    if spec.kind is StrategyKind.DEVICE:
+    if spec.model_level:  # one model, accelerate's meaning of the strategy names (`model_level`)
+        for request in requests:
+            placed = place_model(spec, request, budgets_of(ledger), disk_allowed=context.has_offload_folder)
+            placements.add(charge(ledger, placed, request))
+    elif spec.kind is StrategyKind.DEVICE:
         place_single_device(requests, ledger, placements, spec.device, notes)
     elif not ledger.accelerators:
         place_cpu_only(requests, ledger, context, placements)

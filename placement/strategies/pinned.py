@@ -16,7 +16,7 @@ from ..memory_model import Ledger
 from ..plan import PlacementKind
 from ..planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from ..sizes import format_bytes
-from ..splitting import owning_key
+from ..device_maps import owning_key
 from .request import ComponentRequest, Placed, component_plan
 
 
