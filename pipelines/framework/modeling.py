@@ -24,6 +24,7 @@ from ..checkpoint import (
     find_weights,
     load_weights,
     save_weights,
+    tie_weights,
     validate_weights,
 )
 from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_dict, write_config
@@ -173,9 +174,13 @@ def _build_sized_on_meta(cls: type, folder: Path, *, torch_dtype, variant, weigh
     except WeightsNotFoundError:
         if weights_required:
             raise
-        return model, None
-    validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
-    cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=tuple(cls._keep_in_fp32_modules or ()))
+        weights = None
+    if weights is not None:
+        validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
+        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=tuple(cls._keep_in_fp32_modules or ()))
+    # Ties made in __init__ do not survive init_empty_weights() or the re-typing above; re-tie so the plan
+    # counts a tied weight once, as the loaded model holds it.
+    tie_weights(model, cls._tied_weights_keys)
     return model, weights
 
 
