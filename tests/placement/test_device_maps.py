@@ -20,6 +20,7 @@ from placement.device_maps import (
 )
 from placement.devices import torch_device
 from placement.errors import InvalidDeviceError, PlacementError
+from placement.planning_errors import StrategyError
 from placement.strategies import parse_strategy
 
 
@@ -81,14 +82,18 @@ def test_single_device(spec, device):
         lambda: check_can_execute("disk", what="execution device"),
         lambda: torch_device("disk"),
         lambda: single_device("disk"),
-        lambda: parse_strategy("disk"),
-        lambda: parse_strategy("disk", scope="model"),
     ],
 )
 def test_the_disk_cannot_execute_one_error_one_message(attempt):
     with pytest.raises(InvalidDeviceError, match="'disk' holds weights but cannot execute them"):
         attempt()
     assert not is_single_device("disk")
+
+
+@pytest.mark.parametrize("scope", ["pipeline", "model"])
+def test_disk_as_a_strategy_quotes_the_same_check_and_lists_the_strategies(scope):
+    with pytest.raises(StrategyError, match=r"'disk' holds weights but cannot execute them.*Supported: 'balanced'"):
+        parse_strategy("disk", scope=scope)
 
 
 def test_hooks_refuse_the_disk_as_execution_device_with_the_same_message():
