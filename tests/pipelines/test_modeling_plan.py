@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
 
 
 def hooked(model):
-    return [name for name, m in model.named_modules() if hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook")]
+    return [name for name, m in model.named_modules() if hasattr(m, "_hf_hook")]
 
 
 def test_plan_placement_is_a_one_component_plan_with_explain(saved):
@@ -139,3 +139,21 @@ def test_plan_json_round_trips_and_sizes_follow_torch_dtype(saved):
     with torch.device("meta"):
         meta = TinyModel(TinyModel.config_class(depth=6))
     assert fp32.components["TinyModel"].bytes == size_module(meta).total
+
+
+@pytest.mark.gpu
+def test_offloaded_model_runs_with_group_offloading_on_the_gpu(saved):
+    # accelerate streamed each leaf of the CPU part; a model component offloaded to CPU RAM and executed on an
+    # accelerator now gets the pipeline runtime for that kind: block-level group offloading.
+    model, folder = saved
+    size = saved_bytes(model)
+    loaded = TinyModel.from_pretrained(folder, device_map="sequential", max_memory={0: size // 2, "cpu": size},
+                                       progress=False)
+    component = loaded.placement_plan.components["TinyModel"]
+    assert component.kind is PlacementKind.OFFLOADED and component.execution_device == 0
+    from hooks.group_offload import GroupOffloadHook
+    from hooks.hook_utils import has_hook
+
+    assert has_hook(loaded, GroupOffloadHook)
+    ids = tiny_ids(model.config)
+    assert torch.allclose(loaded(ids.to("cuda:0")).cpu(), model(ids), atol=1e-5)
