@@ -61,9 +61,7 @@ def plan(
         model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
     """
     modules = _module_components(components)
-    spec = parse_strategy(strategy, scope=scope)
-    if spec.scope is StrategyScope.MODEL and len(modules) != 1:
-        raise ComponentError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
+    spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
@@ -73,8 +71,7 @@ def plan(
         for position, name in enumerate(order)
     }
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
-    pins_components = spec.kind is StrategyKind.DICT and not spec.model_level
-    asked = normalize_pins(spec.pins, requests, source="device_map") if pins_components else {}
+    asked = _component_pins(spec, requests)
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
@@ -95,6 +92,20 @@ def plan(
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
     )
+
+
+def _parse_strategy(strategy, scope: str, modules: Mapping[str, nn.Module]) -> StrategySpec:
+    spec = parse_strategy(strategy, scope=scope)
+    if spec.scope is StrategyScope.MODEL and len(modules) != 1:
+        raise ComponentError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
+    return spec
+
+
+def _component_pins(spec: StrategySpec, requests) -> dict:
+    """A pipeline-level dict strategy's `{component: device map}` (at model scope a dict maps submodules)."""
+    if spec.kind is not StrategyKind.DICT or spec.model_level:
+        return {}
+    return normalize_pins(spec.pins, requests, source="device_map")
 
 
 def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int) -> ComponentRequest:
