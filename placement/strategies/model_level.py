@@ -242,7 +242,9 @@ def _placed(request: ComponentRequest, device_map: dict, spec: StrategySpec, bud
     in_order = _forward_order_devices(request, device_map)
     accelerators = [d for d in in_order if is_accelerator(d)]
     kind = _kind(accelerators, [d for d in placed if not is_accelerator(d)])
-    streamed = request.streamed if kind in (PlacementKind.OFFLOADED, PlacementKind.DISK) else 0
+    # accelerate's model-level maps keep room for the largest block next to the resident part on the execution
+    # device (`_offload_room`): that block, streamed in, is the transient to charge there.
+    streamed = request.size.largest_unit if kind in (PlacementKind.OFFLOADED, PlacementKind.DISK) else 0
     plan = component_plan(
         request, kind=kind, device_map=device_map, execution_device=accelerators[0] if accelerators else "cpu",
         placed_bytes=placed, streamed_unit_bytes=streamed, pinned=spec.kind is StrategyKind.DICT,

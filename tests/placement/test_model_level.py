@@ -279,3 +279,15 @@ def test_a_dict_at_model_scope_is_exact_and_pinned():
     assert component.device_map == {"": "cpu", "blocks.1": "disk"}
     assert component.kind is PlacementKind.DISK and component.pinned
     assert plan.fallbacks == []
+
+
+@pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
+def test_predicted_peaks_keep_every_budget_given(strategy):
+    # The streamed block charged to the execution device is the room accelerate's map keeps free for it.
+    model = _meta(Net, (1000, 3000, 500, 2500, 1500, 800, 2000))
+    total = size_module(model).total
+    for fraction in (0.3, 0.45, 0.6, 1.0):
+        budgets = {0: int(total * fraction), 1: int(total * fraction), "cpu": int(total * 0.3)}
+        plan = model_plan(model, strategy, max_memory=budgets, offload_folder="offload")
+        over = [(d.device, d.predicted_peak, d.budget) for d in plan.devices if d.left is not None and d.left < 0]
+        assert over == [], (strategy, fraction, plan.components["Net"].device_map)
