@@ -23,7 +23,7 @@ from torch import nn
 
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.errors import PlacementError
-from placement.splitting import owning_key
+from placement.device_maps import flatten_device_map, owning_key
 
 from .hook_utils import find_hooks
 
@@ -86,29 +86,6 @@ def undispatch(module: nn.Module) -> None:
     remove_hook_from_module(module, recurse=True)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
-
-
-def flatten_device_map(module: nn.Module, device_map: Mapping[str, Device]) -> dict[str, Device]:
-    """The same placement without nested keys: a key with mapped descendants is replaced by its children
-    (submodules and direct tensors) that are not mapped themselves, recursively. Disjoint maps are unchanged."""
-    flat = dict(device_map)
-    while True:
-        parent = next((key for key in flat if _has_mapped_descendant(key, flat)), None)
-        if parent is None:
-            return flat
-        device = flat.pop(parent)
-        owner = module.get_submodule(parent)
-        prefix = f"{parent}." if parent else ""
-        children = [name for name, _ in owner.named_children()]
-        children += [name for name, _ in owner.named_parameters(recurse=False)]
-        children += [name for name, _ in owner.named_buffers(recurse=False)]
-        for child in children:
-            flat.setdefault(prefix + child, device)
-
-
-def _has_mapped_descendant(key: str, device_map: Mapping[str, Device]) -> bool:
-    prefix = f"{key}." if key else ""
-    return any(other != key and other.startswith(prefix) for other in device_map)
 
 
 def _execution_device(device_map: Mapping[str, Device], requested: Device | None) -> Device:
@@ -185,4 +162,4 @@ def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> N
         set_module_tensor_to_device(submodule, name, "cpu", value=value, dtype=value.dtype)
 
 
-__all__ = ["DispatchError", "dispatch", "flatten_device_map", "undispatch"]
+__all__ = ["DispatchError", "dispatch", "undispatch"]

@@ -19,10 +19,7 @@ def resolve_execution_device(device=None) -> torch.device:
     if device is None:
         return torch_device(0) if torch.cuda.is_available() else torch.device("cpu")
     try:
-        resolved = normalize_device(device)
-        if resolved == "disk":
-            raise InvalidDeviceError("'disk' holds weights but cannot execute")
-        resolved = torch_device(resolved)
+        resolved = torch_device(normalize_device(device))  # "disk" is refused there: it cannot execute
     except InvalidDeviceError as error:
         raise OffloadConfigError(f"Execution device {device!r} is not usable: {error}") from error
     if resolved.type == "cuda" and not torch.cuda.is_available():

@@ -23,6 +23,7 @@ from .strategies import (
     Placements,
     StrategyKind,
     StrategyRequest,
+    StrategyScope,
     StrategySpec,
     parse_strategy,
     place_free_components,
@@ -42,6 +43,7 @@ def plan(
     offload_folder=None,
     activations: Optional[Mapping[str, int]] = None,
     pinned: Optional[Mapping[str, Pin]] = None,
+    scope: str = "pipeline",
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -56,9 +58,11 @@ def plan(
     activations: {component: peak activation bytes} for the call the user will make; None plans weights
         only (the plan says so).
     pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
+    scope: "pipeline", or "model" for one model (`ModelMixin`): the strategy names then keep accelerate's
+        model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
     """
     modules = _module_components(components)
-    spec = parse_strategy(strategy)
+    spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
@@ -68,7 +72,7 @@ def plan(
         for position, name in enumerate(order)
     }
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
-    asked = normalize_pins(spec.pins, requests, source="device_map") if spec.kind is StrategyKind.DICT else {}
+    asked = _component_pins(spec, requests)
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
@@ -101,6 +105,20 @@ def _assemble(spec, order, model_graph, state, notes, budgets, *, activations_ac
         placement_order=list(by_name),
         map_reasons=list(state.map_reasons),
     )
+
+
+def _parse_strategy(strategy, scope: str, modules: Mapping[str, nn.Module]) -> StrategySpec:
+    spec = parse_strategy(strategy, scope=scope)
+    if spec.scope is StrategyScope.MODEL and len(modules) != 1:
+        raise ComponentError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
+    return spec
+
+
+def _component_pins(spec: StrategySpec, requests) -> dict:
+    """A pipeline-level dict strategy's `{component: device map}` (at model scope a dict maps submodules)."""
+    if spec.kind is not StrategyKind.DICT or spec.model_level:
+        return {}
+    return normalize_pins(spec.pins, requests, source="device_map")
 
 
 def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int) -> ComponentRequest:
@@ -145,6 +163,8 @@ def _degrade_without_accelerators(
     """No accelerator to plan for: every strategy runs everything on the CPU, with ONE warning."""
     if budgets.accelerators or (spec.kind is StrategyKind.DEVICE and spec.device == "cpu"):
         return spec
+    if spec.model_level and (spec.kind is StrategyKind.DICT or not detected):
+        return spec  # accelerate's model-level meaning: a dict's devices exactly; given budgets: CPU, then disk
     why = "no accelerator is visible" if detected else "max_memory has no integer (accelerator) keys"
     message = (
         f"No accelerator to plan for ({why}): strategy {spec.label!r} degrades to 'cpu', and every component "

@@ -44,11 +44,29 @@ def is_accelerator(device: Device) -> bool:
 
 def torch_device(device: Device) -> torch.device:
     """The torch.device that executes on `device` ("disk" executes nowhere: its weights stream to an accelerator)."""
-    if device == "disk":
-        raise InvalidDeviceError("'disk' holds weights but cannot execute; pick an accelerator or 'cpu'.")
+    check_can_execute(device, what="execution device")
     if device == "cpu":
         return torch.device("cpu")
     return torch.device(accelerator_type(), device)
+
+
+def check_can_execute(device: Device, *, what: str) -> None:
+    """The one check that "disk" is not used where something must run: the disk holds weights, it never
+    executes them. `what` names the argument or component in the message."""
+    if device == "disk":
+        raise InvalidDeviceError(
+            f"{what}: 'disk' holds weights but cannot execute them. Run on an accelerator or 'cpu'; to keep "
+            "weights on disk, use a strategy ('auto', 'balanced', ...) with an offload_folder."
+        )
+
+
+def accelerators_present() -> int:
+    """How many accelerators this machine has (CUDA, else XPU)."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.device_count()
+    return 0
 
 
 def accelerator_type() -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from accelerate import infer_auto_device_map
 from accelerate.utils import find_tied_parameters
 from torch import nn
 
+from .device_maps import merge_to_prefixes, owning_key, prefixes
 from .devices import Device, normalize_device
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors
 
@@ -46,22 +47,6 @@ def split_device_map(
         if assignment is not None and _is_valid(assignment, units, room, tied_groups):
             return merge_to_prefixes(assignment)
     return None
-
-
-def merge_to_prefixes(unit_devices: Mapping[str, Device]) -> dict[str, Device]:
-    """Collapse `{unit path: device}` to the coarsest module prefixes that sit on one device (like
-    accelerate's `clean_device_map`); everything on one device becomes `{"": device}`."""
-    devices_under: dict[str, set] = {}
-    for path, device in unit_devices.items():
-        for prefix in _prefixes(path):
-            devices_under.setdefault(prefix, set()).add(device)
-    merged: dict[str, Device] = {}
-    for path, device in unit_devices.items():
-        for prefix in _prefixes(path):
-            if len(devices_under[prefix]) == 1:
-                merged.setdefault(prefix, device)
-                break
-    return merged
 
 
 def _accelerate_assignment(module, devices, room, size, dtype, units) -> dict[str, Device] | None:
@@ -107,7 +92,7 @@ def assign_units(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -
     or a unit is not covered."""
     unit_paths = {unit.path for unit in units}
     for key in device_map:
-        if any(prefix in unit_paths for prefix in _prefixes(key)[:-1]):
+        if any(prefix in unit_paths for prefix in prefixes(key)[:-1]):
             return None  # the key lies strictly inside a unit: that unit would be cut
     assignment: dict[str, Device] = {}
     for unit in units:
@@ -142,20 +127,6 @@ def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set
         if len(owners) > 1:
             result.append(owners)
     return result
-
-
-def owning_key(path: str, keys: Collection[str]) -> str | None:
-    """The longest of `keys` that contains `path` (itself or a module prefix of it; "" contains everything),
-    or None: the key of a device map that places `path`."""
-    return next((prefix for prefix in reversed(_prefixes(path)) if prefix in keys), None)
-
-
-def _prefixes(path: str) -> list[str]:
-    """"a.b.c" -> ["", "a", "a.b", "a.b.c"]: every module path that contains `path`, outermost first."""
-    if not path:
-        return [""]
-    parts = path.split(".")
-    return [".".join(parts[:idx]) for idx in range(len(parts) + 1)]
 
 
 @contextlib.contextmanager

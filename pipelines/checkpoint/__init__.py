@@ -19,9 +19,9 @@ from .errors import (
     WeightsNotFoundError,
 )
 from .index import TensorEntry, WeightsIndex, find_weights, read_header
-from .loading import load_weights, tensor_devices, target_dtype, tie_weights
+from .loading import check_accelerators_exist, load_weights, target_dtype, tie_weights
 from .naming import CONFIG_NAME, DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNaming, variants_in
-from .placing import cast_meta, disk_offload_index, load_and_dispatch
+from .placing import cast_meta, disk_offload_index, load_component, stream_component
 from .saving import atomic_folder, save_weights
 from .validation import validate_weights
 
@@ -42,14 +42,15 @@ __all__ = [
     "WeightsNotFoundError",
     "atomic_folder",
     "cast_meta",
+    "check_accelerators_exist",
     "disk_offload_index",
-    "load_and_dispatch",
+    "load_component",
     "find_weights",
     "load_weights",
     "read_header",
     "save_weights",
     "target_dtype",
-    "tensor_devices",
+    "stream_component",
     "tie_weights",
     "validate_weights",
     "variants_in",

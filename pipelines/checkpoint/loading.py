@@ -25,12 +25,11 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
-from placement.devices import Device, is_accelerator, normalize_device, torch_device
+from placement.device_maps import tensor_devices
+from placement.devices import Device, accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDeviceError
-from placement.model_map import accelerators_present
-from placement.splitting import owning_key
 
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
 from .validation import validate_weights
 
@@ -70,7 +69,7 @@ def load_weights(
     """
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     devices = tensor_devices(module, device_map)
-    _check_accelerators_exist(module, set(devices.values()))
+    check_accelerators_exist(type(module).__name__, set(devices.values()))
     buffer_names = {name for name, _ in module.named_buffers()}
     keep = tuple(keep_in_fp32 or ())
     plan = [
@@ -90,30 +89,13 @@ def load_weights(
         raise
 
 
-def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -> dict[str, Device]:
-    """The device of every parameter and persistent buffer: its longest matching `device_map` prefix."""
-    normalized = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
-    devices, unmapped = {}, []
-    for name in module.state_dict(keep_vars=True):
-        owner = owning_key(name, normalized)
-        if owner is None:
-            unmapped.append(name)
-        else:
-            devices[name] = normalized[owner]
-    if unmapped:
-        raise CheckpointError(
-            f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
-            f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
-        )
-    return devices
-
-
-def _check_accelerators_exist(module: nn.Module, devices: set) -> None:
+def check_accelerators_exist(what: str, devices) -> None:
+    """Loading onto accelerators this machine lacks is refused (planning for them is fine)."""
     count = accelerators_present()
-    absent = sorted(d for d in devices if is_accelerator(d) and d >= count)
+    absent = sorted(d for d in set(devices) if is_accelerator(d) and d >= count)
     if absent:
         raise InvalidDeviceError(
-            f"The device map puts weights of {type(module).__name__} on accelerator(s) {absent}, but this machine "
+            f"The device map puts weights of {what} on accelerator(s) {absent}, but this machine "
             f"has {count} accelerator(s). Load with device_map='cpu', or plan for the accelerators present."
         )
 

@@ -2,8 +2,8 @@
 
     with init_empty_weights(): module = build()
     cast_meta(module, weights, dtype=..., keep_in_fp32=...)   # meta tensors get their load dtype: exact sizes
-    device_map = <plan>(module, ...)                           # model-level or pipeline-level planning
-    load_and_dispatch(module, weights, device_map, ...)        # stream weights, attach hooks when needed
+    plan = placement.plan({name: module}, ...)                  # one planner for models and pipelines
+    load_component(module, weights, plan.components[name])      # stream weights, then the kind's hooks
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
-from hooks.dispatch import dispatch, undispatch
+from hooks.dispatch import DiskWeights, undispatch
+from hooks.plan_dispatch import apply_component_plan
+from placement.device_maps import owning_key
 from placement.devices import Device, normalize_device
-from placement.splitting import owning_key
+from placement.plan import ComponentPlan
 
 from .index import WeightsIndex
 from .loading import load_weights, target_dtype
@@ -38,47 +40,54 @@ def cast_meta(
         set_module_tensor_to_device(module, name, "meta", dtype=target_dtype(entry, dtype, keep))
 
 
-def needs_hooks(device_map: Mapping[str, Device]) -> bool:
-    """Hooks are needed when weights span devices, live on disk, or sit on the CPU while an accelerator runs."""
-    devices = {normalize_device(device) for device in device_map.values()}
-    return len(devices) > 1 or "disk" in devices
-
-
-def load_and_dispatch(
+def stream_component(
     module: nn.Module,
     weights: WeightsIndex,
-    device_map: Mapping[str, Device] | None,
+    component: ComponentPlan,
     *,
     dtype: torch.dtype | None = None,
     keep_in_fp32: Iterable[str] = (),
     tied_weights: Mapping[str, str] | None = None,
     progress: bool = True,
-) -> nn.Module:
-    """Stream `weights` into `module` as `device_map` places them, then attach hooks if the map needs them.
+) -> DiskWeights | None:
+    """Stream `weights` into `module` (built on meta) to the devices `component` plans; returns the offload
+    index serving its disk part from the checkpoint's own files (None when nothing is on disk).
 
-    `device_map` None loads everything on the CPU and leaves `hf_device_map` None. Disk entries are served
-    from the checkpoint files. On failure the module is left hook-free with every tensor on meta.
-    """
+    The one loader of planned weights: `ModelMixin.from_pretrained` and the pipeline loader both use it.
+    On failure every tensor loaded so far goes back to meta (`load_weights`)."""
     keep = tuple(keep_in_fp32 or ())
-    load_weights(
-        module, weights, device_map=device_map, dtype=dtype, keep_in_fp32=keep,
-        tied_weights=tied_weights, progress=progress,
-    )
-    if device_map is None:
-        module.hf_device_map = None
-        return module
-    normalized = {name: normalize_device(device) for name, device in device_map.items()}
+    load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
+                 tied_weights=tied_weights, progress=progress)
+    return disk_offload_index(module, weights, component.device_map, dtype=dtype, keep_in_fp32=keep,
+                              tied_weights=tied_weights)
+
+
+def load_component(
+    module: nn.Module,
+    weights: WeightsIndex,
+    component: ComponentPlan,
+    *,
+    hooks: bool = True,
+    dtype: torch.dtype | None = None,
+    keep_in_fp32: Iterable[str] = (),
+    tied_weights: Mapping[str, str] | None = None,
+    progress: bool = True,
+) -> nn.Module:
+    """`stream_component`, then the runtime of its placement kind (`hooks.plan_dispatch.apply_component_plan`);
+    `hooks=False` (a single-device strategy: the weights already sit where they run) only records the map.
+
+    A failure anywhere leaves the module hook-free with every tensor on meta: nothing half-loaded escapes."""
     try:
-        if needs_hooks(normalized):
-            index = disk_offload_index(
-                module, weights, normalized, dtype=dtype, keep_in_fp32=keep, tied_weights=tied_weights
-            )
-            dispatch(module, normalized, disk_weights=index)  # executes on its first accelerator, else the CPU
+        disk_weights = stream_component(module, weights, component, dtype=dtype, keep_in_fp32=keep_in_fp32,
+                                        tied_weights=tied_weights, progress=progress)
+        if hooks:
+            apply_component_plan(module, component, disk_weights=disk_weights)
         else:
-            module.hf_device_map = normalized  # one device: the weights are already there, no hooks needed
+            module.hf_device_map = dict(component.device_map)
     except BaseException:
         undispatch(module)
         module.to("meta")
+        module.hf_device_map = None
         raise
     return module
 

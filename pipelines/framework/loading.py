@@ -20,18 +20,17 @@ from torch import nn
 
 from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
-from placement.devices import is_accelerator, torch_device
+from placement.device_maps import is_single_device
+from placement.devices import accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
-from placement.model_map import accelerators_present
 from placement.plan import Plan
 from placement.sizing import dtype_for
 
 from ..checkpoint import (
     WeightsNotFoundError,
     cast_meta,
-    disk_offload_index,
     find_weights,
-    load_weights,
+    stream_component,
     tie_weights,
 )
 from .hf_interop import (
@@ -43,7 +42,7 @@ from .hf_interop import (
 )
 from .model_index import ModelIndex
 from .components import PipelineComponents
-from .planning import is_single_device, passed_pins, plan_pipeline
+from .planning import passed_pins, plan_pipeline
 from .sources import (
     ComponentSource,
     check_constructor,
@@ -210,11 +209,9 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     dtype = dtype_for(options.torch_dtype, source.name)
     keep = keep_in_fp32_modules(module)
     tied = tied_weights_for(module, weights.tensors)
-    load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
-                 tied_weights=tied, progress=options.progress)
     # The checkpoint's own files serve the disk part; a tied parameter is served under its tied name too.
-    return disk_offload_index(module, weights, component.device_map, dtype=dtype, keep_in_fp32=keep,
-                              tied_weights=tied)
+    return stream_component(module, weights, component, dtype=dtype, keep_in_fp32=keep, tied_weights=tied,
+                            progress=options.progress)
 
 
 def _move_passed(name: str, module: nn.Module, component) -> None:

@@ -10,17 +10,26 @@ import torch
 from accelerate import init_empty_weights
 from torch import nn
 
+import placement
+from placement.device_maps import is_single_device
+from placement.plan import Plan
+
 from ..checkpoint import (
     DIFFUSERS_WEIGHTS_NAME,
+    WeightsIndex,
     WeightsNaming,
+    WeightsNotFoundError,
     atomic_folder,
+    check_accelerators_exist,
     find_weights,
+    load_weights,
     save_weights,
+    tie_weights,
     validate_weights,
 )
 from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_dict, write_config
 from ..checkpoint.naming import CONFIG_NAME
-from ..checkpoint.placing import cast_meta, load_and_dispatch
+from ..checkpoint.placing import cast_meta, load_component
 from .config import ModelConfig
 from .hub import resolve_folder
 
@@ -53,6 +62,7 @@ class ModelMixin(nn.Module):
             )
         self._config = config
         self.hf_device_map: dict[str, Any] | None = None
+        self.placement_plan: Plan | None = None  # the plan from_pretrained(device_map=...) followed
 
     @property
     def config(self) -> ModelConfig:
@@ -85,6 +95,29 @@ class ModelMixin(nn.Module):
             )
 
     @classmethod
+    def plan_placement(
+        cls,
+        pretrained: str | Path,
+        *,
+        device_map="auto",
+        max_memory: Mapping | None = None,
+        torch_dtype: torch.dtype | None = None,
+        offload_folder: str | Path | None = None,
+        variant: str | None = None,
+        subfolder: str | None = None,
+    ) -> Plan:
+        """The plan `from_pretrained(..., device_map=...)` would follow: a one-component `placement.Plan`
+        (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
+        reads config.json and the safetensors headers only (from the Hub: config and index only)."""
+        naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
+        patterns = [p for p in naming.allow_patterns(subfolder) if p.endswith(".json")]
+        folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=patterns)
+        model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
+                                              weights_required=False)
+        return _plan(model, weights, device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                     offload_folder=offload_folder)
+
+    @classmethod
     def from_pretrained(
         cls,
         pretrained: str | Path,
@@ -100,39 +133,68 @@ class ModelMixin(nn.Module):
         """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
 
         `pretrained`: a folder or a Hub id. `device_map`: None (everything on the CPU, no hooks), a single
-        device ("cpu", "cuda", "cuda:1", 1, a torch.device), "auto" / "balanced" / "balanced_low_0" /
-        "sequential", or a dict {submodule path: device}. `torch_dtype` None keeps the checkpoint's dtypes.
-        Disk-offloaded weights are read from the checkpoint files themselves, so `offload_folder` only
-        permits planning onto "disk". Every failure raises before a half-loaded model can escape.
+        device ("cpu", "cuda", "cuda:1", 1, a torch.device: everything there, no hooks), "auto" / "balanced" /
+        "balanced_low_0" / "sequential" (accelerate's model-level meaning), or a dict {submodule path: device}.
+        A device map is planned by `placement.plan` (see `plan_placement`; the plan is kept as
+        `model.placement_plan`) and run by the same hooks as a pipeline component of that kind.
+        `torch_dtype` None keeps the checkpoint's dtypes. Disk-offloaded weights are read from the checkpoint
+        files themselves, so no offload folder is written. Every failure raises before a half-loaded model
+        (or one with hooks) can escape.
         """
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
         folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
-        config = read_config(folder, cls.config_class)
-        _warn_on_other_class(cls, folder)
-        weights = find_weights(folder, weights_name=cls.weights_name, variant=variant)
-        with init_empty_weights():
-            model = cls(config)
-        validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
+        model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
+                                              weights_required=True)
         keep = tuple(cls._keep_in_fp32_modules or ())
-        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=keep)
-        resolved = _plan(model, device_map, max_memory=max_memory, offload_folder=offload_folder)
-        load_and_dispatch(
-            model, weights, resolved, dtype=torch_dtype, keep_in_fp32=keep,
-            tied_weights=cls._tied_weights_keys, progress=progress,
+        if device_map is None:
+            load_weights(model, weights, dtype=torch_dtype, keep_in_fp32=keep, tied_weights=cls._tied_weights_keys,
+                         progress=progress)
+            return model.eval()
+        plan = _plan(model, weights, device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                     offload_folder=offload_folder)
+        component = plan.components[_component_name(model)]
+        check_accelerators_exist(type(model).__name__, [*component.devices, component.execution_device])
+        load_component(
+            model, weights, component, hooks=not is_single_device(device_map), dtype=torch_dtype,
+            keep_in_fp32=keep, tied_weights=cls._tied_weights_keys, progress=progress,
         )
+        model.placement_plan = plan
         return model.eval()
 
 
-def _plan(model: nn.Module, device_map, *, max_memory, offload_folder) -> dict | None:
-    """The model's flat device map from the model-level strategies (None when `device_map` is None)."""
-    if device_map is None:
-        return None
-    from placement.model_map import model_device_map  # the sizing layer's model-level planner
+def _build_sized_on_meta(cls: type, folder: Path, *, torch_dtype, variant, weights_required: bool):
+    """The model on meta, each tensor in the dtype it will load as, and its checkpoint index (None when the
+    folder has no weights and they are not required: planning then sizes from the config's dtypes)."""
+    config = read_config(folder, cls.config_class)
+    _warn_on_other_class(cls, folder)
+    with init_empty_weights():
+        model = cls(config)
+    try:
+        weights = find_weights(folder, weights_name=cls.weights_name, variant=variant)
+    except WeightsNotFoundError:
+        if weights_required:
+            raise
+        weights = None
+    if weights is not None:
+        validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
+        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=tuple(cls._keep_in_fp32_modules or ()))
+    # Ties made in __init__ do not survive init_empty_weights() or the re-typing above; re-tie so the plan
+    # counts a tied weight once, as the loaded model holds it.
+    tie_weights(model, cls._tied_weights_keys)
+    return model, weights
 
-    # disk_ok: a safetensors checkpoint serves disk-offloaded weights itself, no offload folder needed.
-    return model_device_map(
-        model, device_map, max_memory=max_memory, dtype=None, offload_folder=offload_folder, disk_ok=True
-    )
+
+def _plan(model: nn.Module, weights: WeightsIndex | None, device_map, *, max_memory, torch_dtype,
+          offload_folder) -> Plan:
+    """`placement.plan` for one model at model scope (accelerate's meaning of the strategy names)."""
+    # A safetensors checkpoint serves disk-offloaded weights itself: planning onto "disk" needs no folder.
+    disk_source = offload_folder if offload_folder is not None else (weights.folder if weights else None)
+    return placement.plan({_component_name(model): model}, max_memory=max_memory, strategy=device_map,
+                          dtype=torch_dtype, offload_folder=disk_source, scope="model")
+
+
+def _component_name(model: nn.Module) -> str:
+    return type(model).__name__
 
 
 def _warn_on_other_class(cls: type, folder: Path) -> None:

@@ -11,9 +11,8 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.errors import PlacementError, StrategyError
+from placement.errors import PlacementError
 from placement.sizing import dtype_for
-from placement.strategies import StrategyKind, parse_strategy
 
 from .components import PipelineComponentError, PipelineComponents
 
@@ -70,14 +69,6 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
         ) from error
     return {name: spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
             for name, spec in inputs.items() if name in modules}
-
-
-def is_single_device(device_map) -> bool:
-    """A device_map naming one device ("cuda", "cuda:1", 0, "cpu", torch.device): everything there, no hooks."""
-    try:
-        return parse_strategy(device_map).kind is StrategyKind.DEVICE
-    except StrategyError:
-        return False
 
 
 def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from .cost import CostModel, PlanCost
 from .fallbacks import Context
-from .registry import STRATEGIES, place_free_components
+from .registry import MODEL_STRATEGIES, STRATEGIES, place_free_components
 from .request import ComponentRequest, Placed, Placements
-from .spec import SUPPORTED, StrategyKind, StrategySpec, parse_strategy
+from .spec import SUPPORTED, StrategyKind, StrategyScope, StrategySpec, parse_strategy
 from .state import PlacementState, Strategy, StrategyRequest
 
 __all__ = [
+    "MODEL_STRATEGIES",
     "STRATEGIES",
     "SUPPORTED",
     "ComponentRequest",
@@ -22,6 +23,7 @@ __all__ = [
     "Strategy",
     "StrategyKind",
     "StrategyRequest",
+    "StrategyScope",
     "StrategySpec",
     "parse_strategy",
     "place_free_components",

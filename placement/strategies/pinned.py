@@ -15,7 +15,7 @@ from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredE
 from ..memory_model import Ledger
 from ..plan import PlacementKind
 from ..sizes import format_bytes
-from ..splitting import owning_key
+from ..device_maps import owning_key
 from .request import ComponentRequest, Placed, component_plan
 
 

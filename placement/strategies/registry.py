@@ -6,7 +6,8 @@ A strategy is any callable `StrategyRequest -> PlacementState` (see `state`). Re
 
 `with_demotions` wraps strategies that choose accelerators themselves, so that they never leave a component
 needlessly on the CPU (`demotion`). With no accelerator to plan for, every strategy but a single device
-degrades to `place_cpu_only`.
+degrades to `place_cpu_only`. A model-level request (`StrategySpec.model_level`) is looked up in
+`MODEL_STRATEGIES` instead.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .balanced import place_balanced
 from .cpu_only import place_cpu_only
 from .demotion import with_demotions
+from .model_level import place_model_level
 from .sequential import place_sequential
 from .single_device import place_single_device
 from .spec import StrategyKind
@@ -27,10 +29,16 @@ STRATEGIES: dict[StrategyKind, Strategy] = {
     StrategyKind.SEQUENTIAL: with_demotions(place_sequential),
     StrategyKind.DEVICE: place_single_device,
 }
+# One model (`scope="model"`): the same names with accelerate's model-level meaning (`model_level`).
+MODEL_STRATEGIES: dict[StrategyKind, Strategy] = {
+    kind: place_model_level for kind in StrategyKind if kind is not StrategyKind.DEVICE
+}
 
 
 def place_free_components(request: StrategyRequest) -> PlacementState:
     """Place the components nobody pinned, by the request's strategy; returns the state it built."""
+    if request.spec.model_level:  # accelerate's fill order (accelerators, CPU, disk) covers "no accelerator"
+        return MODEL_STRATEGIES[request.spec.kind](request)
     if request.spec.kind is not StrategyKind.DEVICE and not request.ledger.accelerators:
         return place_cpu_only(request)
     return STRATEGIES[request.spec.kind](request)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Optional
 
-import torch
-
-from ..devices import Device, is_accelerator, normalize_device
+from ..device_maps import single_device
+from ..devices import Device, is_accelerator
 from ..errors import InvalidDeviceError, StrategyError
 
 
@@ -19,6 +18,14 @@ class StrategyKind(str, Enum):
     BALANCED_LOW_0 = "balanced_low_0"
     DICT = "dict"  # pinned as given, the rest balanced around it
     DEVICE = "device"  # everything on one device
+
+
+class StrategyScope(str, Enum):
+    """What a strategy places: a pipeline's components (whole first), or one model's submodules with
+    accelerate's model-level meaning of the same names (`model_level`)."""
+
+    PIPELINE = "pipeline"
+    MODEL = "model"
 
 
 NAMED_STRATEGIES = (StrategyKind.BALANCED, StrategyKind.AUTO, StrategyKind.SEQUENTIAL, StrategyKind.BALANCED_LOW_0)
@@ -34,6 +41,12 @@ class StrategySpec:
     device: Optional[Device] = None  # DEVICE only
     pins: Optional[Mapping] = None  # DICT only
     degraded: bool = False  # no accelerator to plan for: everything on the CPU (disk when RAM is short)
+    scope: StrategyScope = StrategyScope.PIPELINE
+
+    @property
+    def model_level(self) -> bool:
+        """A named strategy or a {submodule: device} dict for one model: `strategies.model_level` places it."""
+        return self.scope is StrategyScope.MODEL and self.kind is not StrategyKind.DEVICE and not self.degraded
 
     @property
     def label(self) -> str:
@@ -45,16 +58,19 @@ class StrategySpec:
         return self.kind.value
 
 
-def parse_strategy(strategy) -> StrategySpec:
+def parse_strategy(strategy, *, scope: StrategyScope | str = StrategyScope.PIPELINE) -> StrategySpec:
+    """The one parser of `strategy` / `device_map` arguments. At model scope a dict maps submodule (or
+    tensor) paths of the one model to devices; a single device means the same at both scopes.
+    "disk" as a single device is a StrategyError quoting `check_can_execute`: it cannot execute."""
+    scope = StrategyScope(scope)
     if isinstance(strategy, Mapping):
-        return StrategySpec(kind=StrategyKind.DICT, pins=strategy)
+        return StrategySpec(kind=StrategyKind.DICT, pins=strategy, scope=scope)
     if isinstance(strategy, str) and strategy.strip().lower() in {kind.value for kind in NAMED_STRATEGIES}:
-        return StrategySpec(kind=StrategyKind(strategy.strip().lower()))
-    if isinstance(strategy, (str, int, torch.device)) and not isinstance(strategy, bool):
-        try:
-            device = normalize_device(strategy)
-        except InvalidDeviceError:
-            device = None
-        if device is not None and device != "disk":
-            return StrategySpec(kind=StrategyKind.DEVICE, device=device)
+        return StrategySpec(kind=StrategyKind(strategy.strip().lower()), scope=scope)
+    try:
+        device = single_device(strategy)
+    except InvalidDeviceError as error:  # "disk": the one check says why; the strategy list says what instead
+        raise StrategyError(f"Unknown placement strategy {strategy!r} ({error}). Supported: {SUPPORTED}.") from None
+    if device is not None:
+        return StrategySpec(kind=StrategyKind.DEVICE, device=device, scope=scope)
     raise StrategyError(f"Unknown placement strategy {strategy!r}. Supported: {SUPPORTED}.")

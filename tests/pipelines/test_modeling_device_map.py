@@ -1,4 +1,6 @@
-"""ModelMixin.from_pretrained with device maps: strategies, single devices, dicts, cpu and disk offload."""
+"""ModelMixin.from_pretrained with device maps: strategies, single devices, dicts, cpu and disk offload.
+
+Planned by `placement.plan(..., scope="model")` and loaded by the pipeline runtime (see test_modeling_plan.py)."""
 
 from __future__ import annotations
 
@@ -109,6 +111,10 @@ def test_auto_on_an_accelerator_with_cpu_and_disk_offload(saved, tmp_path):
     )
     assert {0, "cpu", "disk"} <= set(loaded.hf_device_map.values()), loaded.hf_device_map
     assert no_block_is_cut(loaded, loaded.hf_device_map)
+    # A component with a disk part is a "disk" component of the one runtime (weights served from the
+    # checkpoint); one with only CPU RAM beside the GPU would be "offloaded" and group-offloaded instead of
+    # accelerate's per-leaf streaming (test_modeling_plan.py checks that).
+    assert loaded.placement_plan.components["TinyModel"].kind.value == "disk"
     ids = tiny_ids(model.config)
     out = loaded(ids.to("cuda:0"))
     assert torch.allclose(out.cpu(), model(ids), atol=1e-5)

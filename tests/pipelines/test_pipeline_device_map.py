@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+import pipelines.checkpoint.placing as placing
 import pipelines.framework.loading as pipeline_loading
 from pipelines import DiT, Pipeline, TextToImagePipeline
 from pipelines.checkpoint import CorruptCheckpointError
@@ -206,7 +207,7 @@ def test_a_corrupt_weights_file_fails_before_anything_is_loaded(saved, tmp_path,
     vae_weights = broken / "vae" / "diffusion_pytorch_model.safetensors"
     vae_weights.write_bytes(vae_weights.read_bytes()[:-64])  # the last component's file is truncated
     streamed = []
-    monkeypatch.setattr(pipeline_loading, "load_weights", lambda module, *a, **k: streamed.append(module))
+    monkeypatch.setattr(placing, "load_weights", lambda module, *a, **k: streamed.append(module))
     with pytest.raises(CorruptCheckpointError, match="vae"):
         load(broken)
     assert streamed == []  # headers are checked while sizing, before the first tensor moves
@@ -214,7 +215,7 @@ def test_a_corrupt_weights_file_fails_before_anything_is_loaded(saved, tmp_path,
 
 def test_failed_load_leaves_nothing_behind(saved, monkeypatch):
     folder, _ = saved
-    built, stream = {}, pipeline_loading.load_weights
+    built, stream = {}, placing.load_weights  # the one loader of planned weights (stream_component)
     construct = pipeline_loading.construct_pipeline
 
     def spy(*args, **kwargs):
@@ -227,7 +228,7 @@ def test_failed_load_leaves_nothing_behind(saved, monkeypatch):
         return stream(module, *args, **kwargs)
 
     monkeypatch.setattr(pipeline_loading, "construct_pipeline", spy)
-    monkeypatch.setattr(pipeline_loading, "load_weights", fail_on_the_vae)
+    monkeypatch.setattr(placing, "load_weights", fail_on_the_vae)
     passed_encoder = TextToImagePipeline.from_preset("tiny-dit").text_encoder
     weights_before = {k: v.clone() for k, v in passed_encoder.state_dict().items()}
     with pytest.raises(RuntimeError, match="injected"):

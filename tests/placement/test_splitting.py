@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from placement.sizing import size_module
-from placement.splitting import merge_to_prefixes, split_device_map
+from placement.device_maps import merge_to_prefixes
+from placement.splitting import split_device_map
 
 
 class Block(nn.Module):

@@ -1,15 +1,20 @@
-"""Model-level device maps (ModelMixin.from_pretrained(device_map=...)): strategies, dicts, single devices."""
+"""Model-level strategies (`placement.plan(..., scope="model")`, what ModelMixin.from_pretrained(device_map=...)
+plans): accelerate's meaning of "auto"/"balanced"/"balanced_low_0"/"sequential", dicts, single devices, and the
+one-component Plan they produce (kinds, fallback reasons, explain)."""
 
 import warnings
 
 import pytest
 import torch
+
+import placement
 from accelerate import infer_auto_device_map, init_empty_weights
 from accelerate.utils import get_balanced_memory
 from torch import nn
 
-from placement.errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
-from placement.model_map import accelerators_present, model_device_map
+from placement.devices import accelerators_present
+from placement.plan import PlacementKind
+from placement.errors import ComponentError, DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from placement.sizing import size_module
 
 GB = 1000**3
@@ -41,6 +46,17 @@ class Opaque(Net):
     _no_split_modules = None
 
 
+def model_plan(model, strategy, *, max_memory=None, dtype=None, offload_folder=None):
+    name = type(model).__name__
+    return placement.plan({name: model}, strategy=strategy, max_memory=max_memory, dtype=dtype,
+                          offload_folder=offload_folder, scope="model")
+
+
+def model_device_map(model, strategy, **kwargs):
+    """The model's device map (relative to it), as model_map.model_device_map returned before the one planner."""
+    return model_plan(model, strategy, **kwargs).components[type(model).__name__].device_map
+
+
 def _meta(cls=Net, *args):
     with init_empty_weights():
         return cls(*args)
@@ -68,20 +84,25 @@ def _used(model, device_map):
     return used
 
 
-def test_none_and_single_devices():
+def test_single_devices_mean_the_same_as_at_pipeline_level():
     model = _meta()
-    assert model_device_map(model, None) is None
+    gpus = {index: "1GiB" for index in range(4)}
     assert model_device_map(model, "cpu") == {"": "cpu"}
-    assert model_device_map(model, "cuda") == {"": 0}
-    assert model_device_map(model, "cuda:1") == {"": 1}
-    assert model_device_map(model, 2) == {"": 2}
-    assert model_device_map(model, torch.device("cuda", 3)) == {"": 3}
+    assert model_device_map(model, "cuda", max_memory=gpus) == {"": 0}
+    assert model_device_map(model, "cuda:1", max_memory=gpus) == {"": 1}
+    assert model_device_map(model, 2, max_memory=gpus) == {"": 2}
+    assert model_device_map(model, torch.device("cuda", 3), max_memory=gpus) == {"": 3}
+    assert model_plan(model, "cpu").components["Net"].kind is PlacementKind.CPU
+    pipeline_level = placement.plan({"Net": model}, strategy="cpu")
+    assert pipeline_level.components == model_plan(model, "cpu").components
 
 
 @pytest.mark.skipif(accelerators_present() > 0, reason="needs a machine without accelerators")
 def test_without_accelerators_and_budgets_everything_goes_to_the_cpu():
-    with pytest.warns(UserWarning, match="no accelerator found"):
-        assert model_device_map(_meta(), "auto") == {"": "cpu"}
+    with pytest.warns(UserWarning, match="No accelerator to plan for"):
+        plan = model_plan(_meta(), "auto")
+    assert plan.components["Net"].device_map == {"": "cpu"}
+    assert plan.strategy == "cpu"
 
 
 @pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
@@ -125,7 +146,6 @@ def test_cpu_budget_of_40_percent_gives_a_cpu_and_disk_map():
     assert set(device_map.values()) == {"cpu", "disk"}
     assert _used(model, device_map)["cpu"] <= budgets["cpu"]
     _devices_of_blocks(device_map, 6)
-    assert model_device_map(model, "auto", max_memory=budgets, disk_ok=True) == device_map
     with pytest.raises(OffloadFolderRequiredError, match="offload_folder"):
         model_device_map(model, "auto", max_memory=budgets)
 
@@ -174,8 +194,8 @@ def test_single_device_over_its_budget_is_an_error():
 @pytest.mark.parametrize(
     ("device_map", "error", "message"),
     [
-        ("balance", StrategyError, "expected one of auto, balanced, balanced_low_0, sequential"),
-        ("disk", StrategyError, "cannot run them"),
+        ("balance", StrategyError, "Unknown placement strategy 'balance'. Supported: 'balanced', 'auto'"),
+        ("disk", StrategyError, "device_map='disk': 'disk' holds weights but cannot execute"),
         ({"blokcs": 0, "": 1}, StrategyError, r"'blokcs' is not a submodule or tensor of Net\. Did you mean 'blocks'"),
         ({"embed": 0}, StrategyError, r"gives no device to \d+ tensor\(s\) \(blocks\.0\.attn\.weight"),
         ({"": "gpu"}, InvalidDeviceError, r"device_map\[''\]: Invalid device 'gpu'"),
@@ -191,7 +211,7 @@ def test_explicit_dict_is_validated_and_normalised():
     model = _meta()
     given = {"embed": "cuda:0", "blocks.0.attn.weight": torch.device("cuda", 1), "blocks": 1, "": "cpu"}
     assert model_device_map(model, given) == {"embed": 0, "blocks.0.attn.weight": 1, "blocks": 1, "": "cpu"}
-    assert model_device_map(model, {"blocks": "disk", "": 0}, disk_ok=True) == {"blocks": "disk", "": 0}
+    assert model_device_map(model, {"blocks": "disk", "": 0}, offload_folder="x") == {"blocks": "disk", "": 0}
     with pytest.raises(DoesNotFitError, match=r"puts .* on GPU 1, whose max_memory is 1000 B"):
         model_device_map(model, given, max_memory={0: "1GiB", 1: 1000})
 
@@ -201,3 +221,72 @@ def test_no_warnings_about_absent_devices():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model_device_map(model, "balanced", max_memory={0: 10**6, 7: 10**6})
+
+
+def test_the_plan_names_the_kind_the_devices_and_the_reason():
+    model = _meta()
+    total = size_module(model).total
+    whole = model_plan(model, "sequential", max_memory={0: total, 1: total})
+    assert whole.components["Net"].kind is PlacementKind.WHOLE and whole.fallbacks == []
+    split = model_plan(model, "balanced", max_memory={0: total, 1: total})
+    component = split.components["Net"]
+    assert component.kind is PlacementKind.SPLIT and component.devices == [0, 1]
+    assert component.execution_device == 0 and sum(component.placed_bytes.values()) == total
+    (fallback,) = split.fallbacks
+    assert fallback.kind is PlacementKind.SPLIT and "Model-level 'balanced'" in fallback.reason
+    assert "GPU 0" in fallback.reason and "GPU 1" in fallback.reason
+    text = split.explain()
+    assert "Net" in text and "split" in text
+    assert placement.Plan.from_json(split.to_json()) == split
+
+
+def test_weights_in_cpu_ram_executed_on_a_gpu_are_offloaded_and_disk_parts_make_it_disk():
+    model = _meta()
+    total = size_module(model).total
+    offloaded = model_plan(model, "sequential", max_memory={0: total // 2, "cpu": total})
+    component = offloaded.components["Net"]
+    assert component.kind is PlacementKind.OFFLOADED, component.device_map
+    assert component.execution_device == 0 and set(component.devices) == {0, "cpu"}
+    assert component.streamed_unit_bytes > 0
+    on_disk = model_plan(model, "sequential", max_memory={0: total // 2, "cpu": total // 4}, offload_folder="x")
+    assert on_disk.components["Net"].kind is PlacementKind.DISK
+    assert {0, "disk"} <= set(on_disk.components["Net"].devices)
+    assert on_disk.components["Net"].execution_device == 0
+    host_only = model_plan(model, "auto", max_memory={"cpu": total // 2}, offload_folder="x")
+    assert host_only.components["Net"].kind is PlacementKind.DISK
+    assert host_only.components["Net"].execution_device == "cpu"
+
+
+def test_the_ledger_records_what_the_model_level_strategy_placed():
+    model = _meta()
+    total = size_module(model).total
+    plan = model_plan(model, "balanced", max_memory={0: total, 1: total, "cpu": total})
+    placed = plan.components["Net"].placed_bytes
+    for device in (0, 1):
+        assert plan.device(device).weight_bytes == placed[device]
+
+
+def test_model_scope_places_exactly_one_model():
+    with pytest.raises(ComponentError, match="scope='model' places one model; got 2"):
+        placement.plan({"a": _meta(), "b": _meta()}, strategy="auto", max_memory={0: "1GiB"}, scope="model")
+
+
+def test_a_dict_at_model_scope_is_exact_and_pinned():
+    model = _meta()
+    plan = model_plan(model, {"": "cpu", "blocks.1": "disk"}, offload_folder="x")
+    component = plan.components["Net"]
+    assert component.device_map == {"": "cpu", "blocks.1": "disk"}
+    assert component.kind is PlacementKind.DISK and component.pinned
+    assert plan.fallbacks == []
+
+
+@pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
+def test_predicted_peaks_keep_every_budget_given(strategy):
+    # The streamed block charged to the execution device is the room accelerate's map keeps free for it.
+    model = _meta(Net, (1000, 3000, 500, 2500, 1500, 800, 2000))
+    total = size_module(model).total
+    for fraction in (0.3, 0.45, 0.6, 1.0):
+        budgets = {0: int(total * fraction), 1: int(total * fraction), "cpu": int(total * 0.3)}
+        plan = model_plan(model, strategy, max_memory=budgets, offload_folder="offload")
+        over = [(d.device, d.predicted_peak, d.budget) for d in plan.devices if d.left is not None and d.left < 0]
+        assert over == [], (strategy, fraction, plan.components["Net"].device_map)
