@@ -27,7 +27,14 @@ from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
 from .budgets import Budgets, resolve_budgets
-from .devices import HOST_DEVICES, Device, device_label, is_accelerator, normalize_device
+from .devices import (  # accelerators_present: re-exported for callers of this module, lives in devices
+    HOST_DEVICES,
+    Device,
+    accelerators_present,
+    device_label,
+    is_accelerator,
+    normalize_device,
+)
 from .errors import InvalidDeviceError
 from .planning_errors import DoesNotFitError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_bytes
@@ -66,15 +73,6 @@ def model_device_map(
     if isinstance(device_map, str) and device_map.strip().lower() in STRATEGIES:
         return _strategy_map(module, device_map.strip().lower(), max_memory, dtype, disk_allowed)
     return _single_device_map(module, device_map, max_memory, dtype)
-
-
-def accelerators_present() -> int:
-    """How many accelerators this machine has (CUDA, else XPU)."""
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.device_count()
-    return 0
 
 
 def _single_device_map(module, spec, max_memory, dtype) -> dict[str, Device]:

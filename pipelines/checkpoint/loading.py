@@ -25,9 +25,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
-from placement.devices import Device, is_accelerator, normalize_device, torch_device
+from placement.devices import Device, accelerators_present, is_accelerator, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
-from placement.model_map import accelerators_present
 from placement.splitting import owning_key
 
 from .errors import CheckpointError, CorruptCheckpointError

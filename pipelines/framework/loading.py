@@ -20,9 +20,8 @@ from torch import nn
 
 from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
-from placement.devices import is_accelerator, torch_device
+from placement.devices import accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
-from placement.model_map import accelerators_present
 from placement.plan import Plan
 from placement.sizing import dtype_for
 

@@ -1,0 +1,95 @@
+"""Move a module's inputs to the device it executes on without copying what is already there.
+
+accelerate's `send_to_device` rebuilds every list, tuple and dict it walks, so a module that writes into a
+list argument (Wan's VAE keeps its causal cache as `feat_cache[idx] = x`) writes into a copy, and the caller
+never sees the write. `move_to_device` keeps the caller's containers:
+- a tensor already on the device is returned as it is (no copy, no new object);
+- a list or dict is updated in place, only at the entries that had to move, and returned itself: a write
+  the module makes into it is the caller's write, whatever devices the entries were on;
+- a tuple (named or not) is rebuilt only when an entry moved (tuples cannot be updated in place);
+- any other object with a `.to` (model outputs, distributions) goes through accelerate's `send_to_device`.
+
+`MoveInputsHook` is the one hook a component placed whole gets (at its top), and the hook at the top of each
+device-map entry of a split component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate.hooks import ModelHook
+from accelerate.utils import send_to_device
+from torch import nn
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """`data` with every tensor on `device`, the caller's lists and dicts kept (see the module docstring)."""
+    if isinstance(data, torch.Tensor):
+        return data if is_on(data, device) else data.to(device)
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            moved = move_to_device(item, device)
+            if moved is not item:
+                data[index] = moved
+        return data
+    if isinstance(data, dict):
+        for key, item in list(data.items()):
+            moved = move_to_device(item, device)
+            if moved is not item:
+                data[key] = moved
+        return data
+    if isinstance(data, tuple):
+        moved = [move_to_device(item, device) for item in data]
+        if all(new is old for new, old in zip(moved, data)):
+            return data
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    if hasattr(data, "to") and not isinstance(data, (nn.Module, str, bytes)):
+        return send_to_device(data, device)
+    return data
+
+
+def is_on(tensor: torch.Tensor, device: torch.device) -> bool:
+    """`tensor` is on `device` ("mps" and "mps:0" are one device: an index-less device matches any index)."""
+    here = tensor.device
+    return here.type == device.type and (device.index is None or here.index == device.index)
+
+
+def first_tensor_device(data: Any) -> torch.device | None:
+    """The device of the first tensor in `data` (positional arguments first), as accelerate's `find_device`."""
+    if isinstance(data, torch.Tensor):
+        return data.device
+    if isinstance(data, dict):
+        data = list(data.values())
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            found = first_tensor_device(item)
+            if found is not None:
+                return found
+    return None
+
+
+class MoveInputsHook(ModelHook):
+    """Move the forward's inputs to `execution_device`; with `io_same_device`, its outputs back to where the
+    inputs came from. Weights are not touched: they already live on `execution_device`."""
+
+    def __init__(self, execution_device: torch.device, *, io_same_device: bool = False) -> None:
+        self.execution_device = torch.device(execution_device)
+        self.io_same_device = io_same_device
+        self.input_device: torch.device | None = None
+
+    def __repr__(self) -> str:
+        return f"MoveInputsHook(execution_device={self.execution_device}, io_same_device={self.io_same_device})"
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        if self.io_same_device:
+            self.input_device = first_tensor_device([args, kwargs])
+        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
+
+    def post_forward(self, module: nn.Module, output):
+        if self.io_same_device and self.input_device is not None:
+            return move_to_device(output, self.input_device)
+        return output
+
+
+__all__ = ["MoveInputsHook", "first_tensor_device", "is_on", "move_to_device"]
