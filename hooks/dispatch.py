@@ -127,8 +127,9 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
 
 
 def _serve_weights(entry: nn.Module, key: str, device: torch.device, weights_map, tied_params_map) -> None:
-    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, and inputs moved at its top."""
-    if not any(True for _ in named_module_tensors(entry, recurse=False)):
+    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, and inputs moved at its top (the
+    root's own hook does that for the entry "")."""
+    if key and not any(True for _ in named_module_tensors(entry, recurse=False)):
         _add_hook(entry, MoveInputsHook(device))
     for name, submodule in entry.named_modules():
         if not any(True for _ in named_module_tensors(submodule, recurse=False)):

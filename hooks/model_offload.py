@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook, UserCpuOffloadHook
-from accelerate.utils import send_to_device
 from torch import nn
 
+from .input_moving import move_to_device  # keeps the caller's lists: writes into them stay visible
 from .hook_utils import add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
 from .memory_errors import OffloadConflictError
 from .offload_devices import resolve_execution_device
@@ -46,7 +46,7 @@ class ComponentEntryHook(ModelHook):
     def pre_forward(self, module, *args, **kwargs):
         if _weights_device(self.component) != self.execution_device:
             self.offload.hook.pre_forward(self.component)  # offloads the predecessor, moves the component
-        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
 
 
 @dataclass(frozen=True, kw_only=True)

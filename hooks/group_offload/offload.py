@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.hooks import ModelHook
-from accelerate.utils import send_to_device
 from torch import nn
 
 from placement.devices import normalize_device, torch_device
@@ -35,6 +34,7 @@ from placement.errors import InvalidDeviceError
 from .planning import GroupSpec, OffloadType, plan_groups
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
+from ..input_moving import move_to_device  # keeps the caller's lists: writes into them stay visible
 from ..hook_utils import ACCELERATE_PLACEMENT_HOOKS, add_hook_first, find_hooks, has_hook, hooks_of, remove_hooks_of_type
 from ..memory_errors import OffloadConfigError, OffloadConflictError
 from .module_group import ModuleGroup
@@ -175,7 +175,7 @@ class GroupOffloadHook(ModelHook):
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
         device = self.session.onload_device
-        return send_to_device(args, device), send_to_device(kwargs, device)
+        return move_to_device(args, device), move_to_device(kwargs, device)
 
     def post_forward(self, module, output):
         if self.group is not None:
