@@ -10,6 +10,7 @@ from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
 from .planning_errors import ComponentError, DoesNotFitError, GraphError, OffloadFolderRequiredError, StrategyError
 from .sizes import format_size, parse_size
+from .unit_order import trace_module_order
 
 __all__ = [
     "ACCELERATOR_RUNTIME_OVERHEAD",
@@ -36,4 +37,5 @@ __all__ = [
     "parse_size",
     "plan",
     "resolve_budgets",
+    "trace_module_order",
 ]

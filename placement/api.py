@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from torch import nn
 
@@ -16,6 +17,7 @@ from .planning_errors import ComponentError, StrategyError
 from .sizes import parse_size
 from .sizing import dtype_for, size_module
 from .streaming import streaming_working_set
+from .unit_order import order_units
 from .strategies import (
     ComponentRequest,
     Context,
@@ -41,6 +43,7 @@ def plan(
     offload_folder=None,
     activations: Optional[Mapping[str, int]] = None,
     pinned: Optional[Mapping[str, Pin]] = None,
+    module_order: Optional[Mapping[str, Sequence[str]]] = None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -55,6 +58,9 @@ def plan(
     activations: {component: peak activation bytes} for the call the user will make; None plans weights
         only (the plan says so).
     pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
+    module_order: {component: its submodule paths in the order a call runs them} (`placement.trace_module_order`,
+        or recorded during an activation estimate): splits are cut in that order. None: the structural order
+        (registration order, a U-Net's middle block before its up path).
     """
     modules = _module_components(components)
     spec = parse_strategy(strategy)
@@ -63,7 +69,8 @@ def plan(
     order = execution_order(model_graph, list(modules))
     activation_bytes = _activations(activations, modules)
     requests = {
-        name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position)
+        name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
+                       (module_order or {}).get(name))
         for position, name in enumerate(order)
     }
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
@@ -90,8 +97,11 @@ def plan(
     )
 
 
-def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int) -> ComponentRequest:
+def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int,
+             traced_order: Optional[Sequence[str]]) -> ComponentRequest:
     size = size_module(module, dtype)
+    if traced_order:
+        size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
         streamed=streaming_working_set(module, size),
