@@ -22,15 +22,15 @@ from .sizing import SplitUnit
 
 
 @contextlib.contextmanager
-def record_module_order(module: nn.Module) -> Iterator[list[str]]:
+def record_module_order(module: nn.Module, *, every_call: bool = False) -> Iterator[list[str]]:
     """Within the block, the paths of `module`'s submodules are appended to the yielded list the first time
-    each one is called (its own path "" included when its forward runs)."""
+    each one is called (its own path "" included when its forward runs); with `every_call`, at every call."""
     order: list[str] = []
     seen: set[str] = set()
 
     def recorder(path: str):
         def record(_module, _args):
-            if path not in seen:
+            if every_call or path not in seen:
                 seen.add(path)
                 order.append(path)
         return record
@@ -67,11 +67,12 @@ def order_units(units: Sequence[SplitUnit], module_order: Sequence[str]) -> tupl
     return tuple(ordered)
 
 
-def device_crossings(module_order: Sequence[str], device_map: Mapping[str, Any]) -> int:
-    """How many times a forward that runs submodules in `module_order` moves to another device under
-    `device_map` (each path's device is its longest mapped prefix; unmapped paths are skipped)."""
+def device_crossings(calls: Sequence[str], device_map: Mapping[str, Any]) -> int:
+    """How many times a forward that calls submodules in the sequence `calls` (`record_module_order(...,
+    every_call=True)`) moves to another device under `device_map` (each path's device is its longest mapped
+    prefix; unmapped paths, such as the containers of a split, are skipped)."""
     crossings, current = 0, None
-    for path in module_order:
+    for path in calls:
         device = _device_of(path, device_map)
         if device is None:
             continue
