@@ -106,8 +106,12 @@ def detect_budgets() -> Budgets:
 
 
 def _mps_recommended_bytes(available: int) -> int:
+    """Metal's recommended working-set size (what the MPS allocator may use of the shared RAM)."""
     recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
-    return int(recommended()) if recommended is not None else available
+    try:
+        return int(recommended()) if recommended is not None else available
+    except RuntimeError:  # an MPS backend reported available that cannot answer: share RAM as the CPU does
+        return available
 
 
 def apply_accelerator_margin(free: int) -> int:

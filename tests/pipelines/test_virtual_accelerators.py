@@ -14,7 +14,7 @@ from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook
 from pipelines import TextToImagePipeline
-from placement.budgets import detect_budgets
+from placement.budgets import apply_accelerator_margin, detect_budgets
 from placement.devices import accelerators_present, detect_accelerators, torch_device
 from placement.errors import InvalidDeviceError
 
@@ -115,3 +115,16 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
     pipe.reset_device_map()
     assert not has_hooks(pipe)
     torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_apple_mps_counts_as_one_accelerator_dispatched_as_mps(monkeypatch):
+    monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 8 * 1024**3)
+    assert accelerators_present() == 1 and detect_accelerators().kind == "mps"
+    assert torch_device(0) == torch.device("mps")
+    budgets = detect_budgets()  # planned onto it, not silently onto the CPU
+    assert budgets.accelerators == (0,) and budgets.limit(0) == apply_accelerator_margin(8 * 1024**3)
