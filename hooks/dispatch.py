@@ -40,7 +40,7 @@ from placement.errors import PlacementError
 from placement.splitting import owning_key
 
 from .hook_utils import add_hook_last, find_hooks
-from .input_moving import MoveInputsHook, move_to_device
+from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
 
 DiskWeights = Mapping[str, Mapping[str, str]]
 
@@ -83,6 +83,7 @@ def dispatch(
         _attach_hooks(module, normalized, main, disk_index)
     except BaseException:
         remove_hook_from_module(module, recurse=True)
+        restore_entry_methods(module)
         raise
     module.hf_device_map = dict(normalized)
     return module
@@ -104,6 +105,8 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
     main_device = torch_device(main)
     if "" not in keys or "" in streamed:
         add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True))
+    if "" in keys:  # no hook below the top catches a call entering through encode/decode
+        move_inputs_of_entry_methods(module, main_device)
     for key in keys:
         if key in streamed:
             _serve_weights(modules[key], key, main_device, weights_map, tied_params_map)
@@ -163,6 +166,7 @@ def undispatch(module: nn.Module) -> None:
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)
+    restore_entry_methods(module)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
 

@@ -10,12 +10,16 @@ never sees the write. `move_to_device` keeps the caller's containers:
 - any other object with a `.to` (model outputs, distributions) goes through accelerate's `send_to_device`.
 
 `MoveInputsHook` is the one hook a component placed whole gets (at its top), and the hook at the top of each
-device-map entry of a split component.
+device-map entry of a split component. A hook wraps `forward` only, and pipelines call a VAE through `encode` /
+`decode`, which reach its submodules without passing the top's forward (accelerate's hook on every submodule
+catches that); `move_inputs_of_entry_methods` makes those methods move their inputs too.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import functools
 
 import torch
 from accelerate.hooks import ModelHook
@@ -92,4 +96,46 @@ class MoveInputsHook(ModelHook):
         return output
 
 
-__all__ = ["MoveInputsHook", "first_tensor_device", "is_on", "move_to_device"]
+# Methods other than forward through which callers enter a module (diffusers' and our VAEs: encode, decode).
+ENTRY_METHODS = ("encode", "decode")
+_WRAPPED = "_placement_entry_methods"
+
+
+def move_inputs_of_entry_methods(module: nn.Module, device: torch.device) -> None:
+    """Make `module.encode(...)` / `module.decode(...)` (those it has) move their inputs to `device` first,
+    as the top hook does for `forward`. `restore_entry_methods` undoes it."""
+    wrapped = []
+    for name in ENTRY_METHODS:
+        method = getattr(module, name, None)
+        if not callable(method) or name in module.__dict__:
+            continue
+        setattr(module, name, _moving(method, torch.device(device)))  # an instance attribute: the class is untouched
+        wrapped.append(name)
+    if wrapped:
+        setattr(module, _WRAPPED, tuple(wrapped))
+
+
+def restore_entry_methods(module: nn.Module) -> None:
+    """Drop the wrappers `move_inputs_of_entry_methods` installed on `module` and its submodules."""
+    for submodule in module.modules():
+        for name in submodule.__dict__.pop(_WRAPPED, ()):
+            submodule.__dict__.pop(name, None)
+
+
+def _moving(method, device: torch.device):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        return method(*move_to_device(args, device), **move_to_device(kwargs, device))
+
+    return wrapper
+
+
+__all__ = [
+    "ENTRY_METHODS",
+    "MoveInputsHook",
+    "first_tensor_device",
+    "is_on",
+    "move_inputs_of_entry_methods",
+    "move_to_device",
+    "restore_entry_methods",
+]

@@ -15,7 +15,7 @@ from torch import nn
 from hooks.dispatch import ServeWeightsHook, dispatch, undispatch
 from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import hooks_of
-from hooks.input_moving import MoveInputsHook, move_to_device
+from hooks.input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
 from hooks.plan_dispatch import apply_component_plan
 from placement.plan import ComponentPlan, PlacementKind
 
@@ -190,3 +190,67 @@ def test_group_offload_hooks_on_an_offloaded_component_onload_to_the_virtual_acc
     roots = [hook for hook in hooks_of(model) if isinstance(hook, GroupOffloadHook)]
     assert roots and roots[0].execution_device == torch.device("cpu")  # virtual GPU 1 is backed by the CPU
     undispatch(model)
+
+
+def tiny_wan_vae():
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                                      temperal_downsample=[True], attn_scales=[]).eval()
+
+
+WAN_PLACEMENTS = {
+    "whole": (PlacementKind.WHOLE, {"": 1}, 1),
+    "split": (PlacementKind.SPLIT, {"encoder": 0, "quant_conv": 0, "post_quant_conv": 0, "decoder.conv_in": 0,
+                                    "decoder.mid_block": 0, "decoder.up_blocks": 1, "decoder.norm_out": 1,
+                                    "decoder.nonlinearity": 1, "decoder.conv_out": 1}, 0),
+    "offloaded": (PlacementKind.OFFLOADED, {"": "cpu"}, 0),
+}
+
+
+@pytest.mark.parametrize("placement", list(WAN_PLACEMENTS))
+def test_wan_vae_decodes_every_frame_under_our_dispatch(placement):
+    """Wan's VAE writes its causal cache into a list argument: under accelerate's dispatch the writes go to
+    copies and 2 latent frames decode to 2 frames instead of 3. Ours decodes what the plain module does."""
+    vae = tiny_wan_vae()
+    latents = torch.randn(1, 4, 2, 8, 8)
+    with torch.no_grad():
+        expected = vae.decode(latents).sample
+    kind, device_map, execution = WAN_PLACEMENTS[placement]
+    apply_component_plan(vae, plan_of(kind, device_map, execution))
+    with torch.no_grad():
+        decoded = vae.decode(latents).sample
+    assert decoded.shape[2] == 3
+    torch.testing.assert_close(decoded, expected, atol=1e-6, rtol=0)
+    undispatch(vae)
+    assert hooks_by_type(vae) == {} and "decode" not in vae.__dict__
+
+
+def test_wan_vae_under_accelerates_dispatch_loses_frames():
+    vae = tiny_wan_vae()
+    dispatch_model(vae, device_map={"": "cpu"}, force_hooks=True)
+    with torch.no_grad():
+        assert vae.decode(torch.randn(1, 4, 2, 8, 8)).sample.shape[2] == 2  # the bug ours fixes
+    remove_hook_from_module(vae, recurse=True)
+
+
+def test_a_whole_component_entered_through_decode_moves_its_inputs():
+    """The top hook wraps forward; a VAE is called through decode, which must move its inputs as well."""
+
+    class Decoder(nn.Module):
+        def decode(self, latents, cache):
+            return latents.device, cache
+
+    module = Decoder()
+    move_inputs_of_entry_methods(module, torch.device("meta"))  # meta stands in for a GPU on a CPU machine
+    cache = [torch.ones(1)]
+    device, seen = module.decode(torch.ones(2), cache)
+    assert device.type == "meta" and seen is cache and cache[0].device.type == "meta"
+    restore_entry_methods(module)
+    assert module.decode(torch.ones(2), [])[0].type == "cpu"
+
+    vae = tiny_wan_vae()
+    dispatch(vae, {"": 0})
+    assert "decode" in vae.__dict__ and "encode" in vae.__dict__
+    undispatch(vae)
+    assert "decode" not in vae.__dict__ and "encode" not in vae.__dict__
