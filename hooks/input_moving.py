@@ -22,7 +22,7 @@ from typing import Any
 import functools
 
 import torch
-from accelerate.hooks import ModelHook
+from accelerate.hooks import AlignDevicesHook
 from accelerate.utils import send_to_device
 from torch import nn
 
@@ -73,17 +73,22 @@ def first_tensor_device(data: Any) -> torch.device | None:
     return None
 
 
-class MoveInputsHook(ModelHook):
+class MoveInputsHook(AlignDevicesHook):
     """Move the forward's inputs to `execution_device`; with `io_same_device`, its outputs back to where the
-    inputs came from. Weights are not touched: they already live on `execution_device`."""
+    inputs came from. Weights are not touched: they already live on `execution_device`.
+
+    An `AlignDevicesHook` without offloading, as accelerate's dispatch puts on a mapped module, so the other
+    techniques recognise a dispatched module by it and refuse to fight over its weights; it only moves its
+    inputs differently (`move_to_device`) and leaves the module's tensors alone when attached."""
 
     def __init__(self, execution_device: torch.device, *, io_same_device: bool = False) -> None:
-        self.execution_device = torch.device(execution_device)
-        self.io_same_device = io_same_device
-        self.input_device: torch.device | None = None
+        super().__init__(execution_device=torch.device(execution_device), io_same_device=io_same_device)
 
     def __repr__(self) -> str:
         return f"MoveInputsHook(execution_device={self.execution_device}, io_same_device={self.io_same_device})"
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module  # the loader already put the weights on the execution device
 
     def pre_forward(self, module: nn.Module, *args, **kwargs):
         if self.io_same_device:

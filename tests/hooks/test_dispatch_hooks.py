@@ -254,3 +254,16 @@ def test_a_whole_component_entered_through_decode_moves_its_inputs():
     assert "decode" in vae.__dict__ and "encode" in vae.__dict__
     undispatch(vae)
     assert "decode" not in vae.__dict__ and "encode" not in vae.__dict__
+
+
+def test_a_dispatched_whole_component_refuses_other_offloading_until_undispatched():
+    from hooks.group_offload.offload import GroupOffloadingConfig, apply_group_offloading
+    from hooks.memory_errors import OffloadConflictError
+
+    _, model = twin_models()
+    dispatch(model, {"": 0})
+    with pytest.raises(OffloadConflictError, match="already places"):
+        apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    undispatch(model)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
+    undispatch(model)
