@@ -102,3 +102,17 @@ def test_sd15_unet_split_over_two_devices_crosses_once_without_example_inputs():
     assert set(device_map.values()) == {0, 1}
     assert device_crossings(calls, device_map) == 1
     assert [key for key in device_map if key.startswith("mid_block")] and device_map["mid_block"] == 0
+
+
+def test_the_pipeline_planner_records_each_components_call_order_during_its_activation_estimate():
+    from pipelines import TextToImagePipeline
+    from pipelines.framework.planning import call_activations
+
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    modules = pipe.module_components
+    module_order: dict[str, list[str]] = {}
+    peaks = call_activations(pipe, modules, {"height": 64, "width": 64}, module_order=module_order)
+    assert set(module_order) == set(peaks) == set(modules)
+    blocks = [path for path in module_order["denoiser"] if path.count(".") == 1 and "blocks" in path]
+    assert blocks and all(not hasattr(m, "_forward_pre_hooks") or not m._forward_pre_hooks
+                          for m in modules["denoiser"].modules())  # the recording hooks are gone
