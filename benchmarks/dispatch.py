@@ -12,7 +12,7 @@ The device is virtual accelerator 0 (`PLACEMENT_VIRTUAL_ACCELERATORS=1`, backed 
 alternating rounds; per-forward time is the median of the fastest round's forwards, on one torch thread
 (CPU time of the computing thread, which other jobs on a shared machine inflate less than wall time).
 
-    python benchmarks/dispatch.py                # ~1 min on 2 cores
+    python benchmarks/dispatch.py                # ~2 min on 2 cores
     python benchmarks/dispatch.py --rounds 5 --forwards 20
 """
 
@@ -131,9 +131,39 @@ def full_size_hooks(build) -> tuple[int, int]:
     return 1, sum(1 for module in model.modules() if len(module.state_dict()) > 0)
 
 
+def split_crossings() -> list[tuple[str, int]]:
+    """SD1.5's full UNet (on meta) split over two equal GPUs: device changes per forward between the entries of
+    the split map, with units in registration order (as before), structural order, and traced order."""
+    import dataclasses
+
+    import placement
+    from placement.sizing import size_module
+    from placement.splitting import split_device_map
+    from placement.unit_order import device_crossings, order_units, record_module_order
+
+    with init_empty_weights():
+        unet, _ = sd15_unet(full=True)
+    inputs = (torch.empty(2, 4, 64, 64, device="meta"), torch.tensor(1.0, device="meta"),
+              torch.empty(2, 77, 768, device="meta"))
+    with record_module_order(unet, every_call=True) as calls:
+        placement.estimate_activations(unet, inputs, dtype=torch.bfloat16)
+    size = size_module(unet, torch.bfloat16)
+    rooms = {0: size.total // 2 + size.largest_unit, 1: size.total // 2 + size.largest_unit}
+    registration = [path for path, _ in unet.named_modules()]
+    first_calls = list(dict.fromkeys(calls))
+    rows = []
+    for label, order in (("registration order (before)", registration), ("structural order", None),
+                         ("traced order (call=)", first_calls)):
+        units = size.split_units if order is None else order_units(size.split_units, order)
+        device_map = split_device_map(unet, rooms, size=dataclasses.replace(size, split_units=units),
+                                      dtype=torch.bfloat16)
+        rows.append((label, device_crossings([c for c in calls if c in device_map], device_map)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--forwards", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -150,6 +180,9 @@ def main() -> None:
               f"{f'{ours_full} vs {theirs_full}':>17}{plain:>10.2f}{ours:>9.2f}{theirs:>9.2f}"
               f"{ours / plain:>12.2f}{theirs / plain:>12.2f}{theirs / ours:>11.2f}")
     print("\nms: median CPU time of one forward on one torch thread (best of the rounds); whole on one device.")
+    print("\nSD1.5 UNet (full size, bf16, on meta) split over two equal GPUs: device changes per forward")
+    for label, crossings in split_crossings():
+        print(f"  {label:<30}{crossings:>3}")
 
 
 if __name__ == "__main__":
