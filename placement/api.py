@@ -58,9 +58,8 @@ def plan(
     activations: {component: peak activation bytes} for the call the user will make; None plans weights
         only (the plan says so).
     pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
-    module_order: {component: its submodule paths in the order a call runs them} (`placement.trace_module_order`,
-        or recorded during an activation estimate): splits are cut in that order. None: the structural order
-        (registration order, a U-Net's middle block before its up path).
+    module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
+        cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
     """
     modules = _module_components(components)
     spec = parse_strategy(strategy)
@@ -68,11 +67,9 @@ def plan(
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
     activation_bytes = _activations(activations, modules)
-    requests = {
-        name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
-                       (module_order or {}).get(name))
-        for position, name in enumerate(order)
-    }
+    traced = module_order or {}
+    requests = {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
+                               traced.get(name)) for position, name in enumerate(order)}
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
     asked = normalize_pins(spec.pins, requests, source="device_map") if spec.kind is StrategyKind.DICT else {}
     notes: list[str] = []
