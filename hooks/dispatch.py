@@ -1,37 +1,61 @@
-"""Apply a relative device map to a loaded module with accelerate hooks, and take the hooks off again.
+"""Apply a relative device map to a loaded module with input-moving hooks, and take the hooks off again.
 
-`dispatch` is `accelerate.dispatch_model(force_hooks=True)` with our device spelling and three fixes:
-- modules mapped to "cpu" or "disk" execute on the execution device (an accelerator when there is one),
-  their weights streamed in per forward;
+`dispatch` runs a module as `{submodule path: device}` places it, with as few hooks as that needs:
+- a module placed whole on one device (`{"": 0}`) gets ONE `MoveInputsHook` at its top (inputs to its
+  device, outputs back to the caller's) and nothing on its submodules;
+- a map over several devices gets that hook at the top (on the execution device) and one at the top of each
+  entry that executes where its weights are (an accelerator, or "cpu" when the CPU executes): the modules
+  where the device can change. accelerate's `dispatch_model(force_hooks=True)` puts a hook on every submodule
+  (987 on FLUX's transformer), at 15-20 us per firing, and copies list arguments (see `input_moving`);
+- entries whose weights live elsewhere ("cpu" while an accelerator executes, "disk") stream them: every
+  submodule holding tensors gets a `ServeWeightsHook` (accelerate's `AlignDevicesHook` with offload, moving
+  inputs as `input_moving` does), which loads its weights onto the execution device for its forward only;
 - "disk" weights are served from the checkpoint's own safetensors files through an offload index
   (`{name: {"safetensors_file", "weight_name", "dtype"}}`): nothing is copied to an offload folder;
-- buffers are never offloaded (`offload_buffers=False`), so the caller loads persistent buffers of disk
-  modules to the CPU (the checkpoint loader does) instead of losing them as accelerate's default does.
+- buffers are never offloaded, so the caller loads persistent buffers of disk modules to the CPU (the
+  checkpoint loader does) instead of losing them as accelerate's default does.
+Accelerators become torch devices through `placement.devices.torch_device` only (virtual ones run on the CPU).
 A dispatch that fails removes every hook it attached before re-raising.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Mapping
 
 import torch
-from accelerate import dispatch_model
-from accelerate.hooks import AlignDevicesHook, remove_hook_from_module
-from accelerate.utils import OffloadedWeightsLoader, set_module_tensor_to_device
+from accelerate.hooks import AlignDevicesHook, ModelHook, add_hook_to_module, remove_hook_from_module
+from accelerate.utils import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    find_tied_parameters,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.devices import Device, is_accelerator, normalize_device, torch_device
+from placement.devices import Device, check_can_execute, is_accelerator, normalize_device, torch_device
 from placement.errors import PlacementError
 from placement.device_maps import flatten_device_map, owning_key
 
-from .hook_utils import find_hooks
+from .hook_utils import add_hook_last, find_hooks
+from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
 
 DiskWeights = Mapping[str, Mapping[str, str]]
 
 
 class DispatchError(PlacementError, ValueError):
     """A device map that cannot be applied: incomplete, disk entries without weights to serve, bad devices."""
+
+
+class ServeWeightsHook(AlignDevicesHook):
+    """accelerate's offloading `AlignDevicesHook` for one module's own tensors, moving inputs without copying
+    the caller's lists (`input_moving.move_to_device`)."""
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        super().pre_forward(module)  # loads this module's weights onto the execution device
+        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
 
 
 def dispatch(
@@ -44,34 +68,92 @@ def dispatch(
     """Attach hooks so `module` runs as `device_map` ({submodule path: device}, "" = whole) places it.
 
     Weights of accelerator and plain-CPU entries must already be on their device (the loader puts them
-    there); "cpu" entries are offloaded when an accelerator executes; "disk" parameters are on meta and
+    there); "cpu" entries are streamed when an accelerator executes; "disk" parameters are on meta and
     served by `disk_weights`. Nested keys (`{"": "cpu", "blocks.0": "disk"}`) mean "the longest prefix wins";
-    they are flattened first, because accelerate hooks a mapped module whole. `execution_device` (default:
-    the first accelerator in the map, else "cpu") runs the offloaded parts and receives the inputs. Sets
+    they are flattened first, because a mapped module is hooked whole. `execution_device` (default:
+    the first accelerator in the map, else "cpu") runs the streamed parts and receives the inputs. Sets
     `module.hf_device_map` to the flattened map.
     """
     normalized = flatten_device_map(module, {name: normalize_device(device) for name, device in device_map.items()})
+    _check_complete(module, normalized)
     main = _execution_device(normalized, execution_device)
     disk_index = _disk_index(module, normalized, disk_weights)
     normalized = _place_direct_tensors(module, normalized, main, disk_index)
     try:
-        with warnings.catch_warnings():
-            # accelerate's check_device_map warns about keys naming a tensor (which its own
-            # infer_auto_device_map emits); _place_direct_tensors has placed those already.
-            warnings.filterwarnings("ignore", message="The following device_map keys do not match any submodules")
-            dispatch_model(
-                module,
-                device_map=normalized,
-                main_device=main,
-                offload_index=disk_index,
-                offload_buffers=False,
-                force_hooks=True,
-            )
+        _attach_hooks(module, normalized, main, disk_index)
     except BaseException:
         remove_hook_from_module(module, recurse=True)
+        restore_entry_methods(module)
         raise
     module.hf_device_map = dict(normalized)
     return module
+
+
+def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Device, disk_index) -> None:
+    """One input-moving hook at the top (on `main`), one per resident entry, weight-serving hooks in streamed ones."""
+    modules = dict(module.named_modules())
+    keys = [key for key in device_map if key in modules]
+    streamed = [key for key in keys if _is_streamed(device_map[key], main)]
+    weights_map = _weights_map(module, [key for key in streamed if device_map[key] == "cpu"], disk_index, main)
+    tied_params = find_tied_parameters(module)
+    tied_params_map = {
+        tensor.data_ptr(): {}
+        for group in tied_params
+        for name in group
+        if (tensor := module.get_parameter(name)).device.type != "meta"
+    }
+    main_device = torch_device(main)
+    if "" not in keys or "" in streamed:
+        add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True))
+    if "" in keys:  # no hook below the top catches a call entering through encode/decode
+        move_inputs_of_entry_methods(module, main_device)
+    for key in keys:
+        if key in streamed:
+            _serve_weights(modules[key], key, main_device, weights_map, tied_params_map)
+        else:
+            _add_hook(modules[key], MoveInputsHook(torch_device(device_map[key]), io_same_device=key == ""))
+    retie_parameters(module, tied_params)  # offloading tied weights to meta unties them
+
+
+def _is_streamed(device: Device, main: Device) -> bool:
+    """The entry's weights live somewhere that does not execute: the disk, or RAM while an accelerator runs."""
+    return device == "disk" or (device == "cpu" and main != "cpu")
+
+
+def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Device):
+    """Where streamed weights are read from: the CPU entries' own tensors, the disk entries' checkpoint files."""
+    if not cpu_keys and not disk_index:
+        return None
+    state_dict = extract_submodules_state_dict(module.state_dict(), cpu_keys) if cpu_keys else None
+    # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
+    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=str(torch_device(main)))
+
+
+def _serve_weights(entry: nn.Module, key: str, device: torch.device, weights_map, tied_params_map) -> None:
+    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, and inputs moved at its top (the
+    root's own hook does that for the entry "")."""
+    if key and not any(True for _ in named_module_tensors(entry, recurse=False)):
+        _add_hook(entry, MoveInputsHook(device))
+    for name, submodule in entry.named_modules():
+        if not any(True for _ in named_module_tensors(submodule, recurse=False)):
+            continue
+        prefix = ".".join(part for part in (key, name) if part)
+        hook = ServeWeightsHook(
+            execution_device=device,
+            offload=True,
+            weights_map=PrefixedDataset(weights_map, f"{prefix}.") if weights_map is not None else None,
+            offload_buffers=False,
+            tied_params_map=tied_params_map,
+        )
+        _add_hook(submodule, hook)
+
+
+def _add_hook(module: nn.Module, hook: ModelHook) -> None:
+    """Install `hook` on `module`, after the hook already there (the root's input-moving one) if any."""
+    if getattr(module, "_hf_hook", None) is None:
+        add_hook_to_module(module, hook)
+    else:
+        add_hook_last(module, hook)
 
 
 def undispatch(module: nn.Module) -> None:
@@ -84,15 +166,26 @@ def undispatch(module: nn.Module) -> None:
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)
+    restore_entry_methods(module)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
+
+
+def _check_complete(module: nn.Module, device_map: Mapping[str, Device]) -> None:
+    """Every parameter and buffer must be placed by some key (its longest prefix), before any hook goes on."""
+    unplaced = [name for name, _ in named_module_tensors(module, include_buffers=True, recurse=True)
+                if owning_key(name, device_map) is None]
+    if unplaced:
+        raise DispatchError(
+            f"The device map for {type(module).__name__} places no device for {len(unplaced)} tensor(s), e.g. "
+            f"{unplaced[:3]}. Add keys covering them (the key \"\" covers everything not otherwise mapped)."
+        )
 
 
 def _execution_device(device_map: Mapping[str, Device], requested: Device | None) -> Device:
     if requested is not None:
         device = normalize_device(requested)
-        if device == "disk":
-            raise DispatchError("execution_device cannot be 'disk': pick an accelerator index or 'cpu'.")
+        check_can_execute(device, what="dispatch(execution_device=...)")
         return device
     accelerators = sorted(d for d in set(device_map.values()) if is_accelerator(d))
     return accelerators[0] if accelerators else "cpu"
@@ -162,4 +255,4 @@ def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> N
         set_module_tensor_to_device(submodule, name, "cpu", value=value, dtype=value.dtype)
 
 
-__all__ = ["DispatchError", "dispatch", "undispatch"]
+__all__ = ["DispatchError", "ServeWeightsHook", "dispatch", "undispatch"]

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 from accelerate.hooks import CpuOffload, ModelHook, UserCpuOffloadHook
-from accelerate.utils import send_to_device
 from torch import nn
 
 from .hook_utils import add_hook_last, hooks_of, remove_hooks_of_type
+from .input_moving import move_to_device  # keeps the caller's lists: writes into them stay visible
 from .offload_devices import resolve_execution_device
 from .techniques import Technique, check_compatible
 
@@ -49,7 +49,7 @@ class ComponentEntryHook(ModelHook):
     def pre_forward(self, module, *args, **kwargs):
         if _weights_device(self.component) != self.execution_device:
             self.offload.hook.pre_forward(self.component)  # offloads the predecessor, moves the component
-        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
 
 
 @dataclass(frozen=True, kw_only=True)

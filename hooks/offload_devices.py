@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from placement.devices import normalize_device, torch_device
+from placement.devices import accelerators_present, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 
 from .memory_errors import OffloadConfigError
@@ -17,7 +17,7 @@ def resolve_execution_device(device=None) -> torch.device:
     that is how CPU-only machines (CI) exercise the code path.
     """
     if device is None:
-        return torch_device(0) if torch.cuda.is_available() else torch.device("cpu")
+        return torch_device(0) if accelerators_present() else torch.device("cpu")
     try:
         resolved = torch_device(normalize_device(device))  # "disk" is refused there: it cannot execute
     except InvalidDeviceError as error:

@@ -2,17 +2,15 @@
 
 The loader has already put every weight where the plan says (accelerator, CPU RAM, or left on meta for
 disk). This attaches the runtime that makes the module run there:
-- whole / split / cpu: accelerate hooks (`dispatch`, `force_hooks=True`) move inputs to each block's device
-  and the outputs back to the caller's device;
+- whole / split / cpu: input-moving hooks (`dispatch`): one at the top of a component placed whole, one per
+  device-map entry of a split one; the outputs go back to the caller's device;
 - offloaded on an accelerator: block-level group offloading (a whole block moved per transfer, prefetched on
   a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
-- disk: accelerate hooks serving the weights from the checkpoint's own safetensors files.
+- disk: weight-serving hooks reading the checkpoint's own safetensors files.
+Accelerator indices become torch devices through `placement.devices.torch_device` (virtual accelerators: CPU).
 """
 
 from __future__ import annotations
-
-import logging
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -35,8 +33,7 @@ def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
         _apply_group_offload(module, torch_device(execution))
         module.hf_device_map = dict(component.device_map)
         return module
-    with _quiet_offload_notice():
-        return dispatch(module, component.device_map, execution_device=execution, disk_weights=disk_weights)
+    return dispatch(module, component.device_map, execution_device=execution, disk_weights=disk_weights)
 
 
 def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None:
@@ -47,21 +44,3 @@ def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None
     except BaseException:
         undispatch(module)
         raise
-
-
-class _DropOffloadNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "parameters are on the meta device because they were offloaded" not in record.getMessage()
-
-
-@contextmanager
-def _quiet_offload_notice():
-    """accelerate logs that offloaded parameters sit on meta even when a "cpu" entry runs on the CPU and nothing
-    is offloaded; the plan already says where every weight is, so the notice is noise here."""
-    logger = logging.getLogger("accelerate.big_modeling")
-    notice = _DropOffloadNotice()
-    logger.addFilter(notice)
-    try:
-        yield
-    finally:
-        logger.removeFilter(notice)

@@ -58,7 +58,7 @@ _WHY: dict[tuple[Technique, Technique], str] = {
 }
 
 _REMOVE: dict[Technique, str] = {
-    Technique.DEVICE_MAP: "accelerate.hooks.remove_hook_from_module(module, recurse=True)",
+    Technique.DEVICE_MAP: "hooks.dispatch.undispatch(module)",
     Technique.MODEL_OFFLOAD: "hooks.remove_model_cpu_offload(module)",
     Technique.SEQUENTIAL_OFFLOAD: "hooks.remove_sequential_cpu_offload(module)",
     Technique.GROUP_OFFLOAD: "hooks.remove_group_offloading(module)",

@@ -20,6 +20,7 @@ from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
 from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
 from .replicas import plan_replicas
 from .sizes import format_size, parse_size
+from .unit_order import trace_module_order
 
 __all__ = [
     "ACCELERATOR_RUNTIME_OVERHEAD",
@@ -51,4 +52,5 @@ __all__ = [
     "plan",
     "plan_replicas",
     "resolve_budgets",
+    "trace_module_order",
 ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from torch import nn
 
@@ -16,6 +17,7 @@ from .errors import ComponentError, StrategyError
 from .sizes import parse_size
 from .sizing import dtype_for, size_module
 from .streaming import streaming_working_set
+from .unit_order import order_units
 from .strategies import (
     ComponentRequest,
     Context,
@@ -44,6 +46,7 @@ def plan(
     activations: Optional[Mapping[str, int]] = None,
     pinned: Optional[Mapping[str, Pin]] = None,
     scope: str = "pipeline",
+    module_order: Optional[Mapping[str, Sequence[str]]] = None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -60,6 +63,8 @@ def plan(
     pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
     scope: "pipeline", or "model" for one model (`ModelMixin`): the strategy names then keep accelerate's
         model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
+    module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
+        cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
     """
     modules = _module_components(components)
     spec = _parse_strategy(strategy, scope, modules)
@@ -67,10 +72,9 @@ def plan(
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
     activation_bytes = _activations(activations, modules)
-    requests = {
-        name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position)
-        for position, name in enumerate(order)
-    }
+    traced = module_order or {}
+    requests = {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
+                               traced.get(name)) for position, name in enumerate(order)}
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
     asked = _component_pins(spec, requests)
     notes: list[str] = []
@@ -121,8 +125,11 @@ def _component_pins(spec: StrategySpec, requests) -> dict:
     return normalize_pins(spec.pins, requests, source="device_map")
 
 
-def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int) -> ComponentRequest:
+def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int,
+             traced_order: Optional[Sequence[str]]) -> ComponentRequest:
     size = size_module(module, dtype)
+    if traced_order:
+        size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
         streamed=streaming_working_set(module, size),

@@ -5,8 +5,9 @@ the plan may use (present or not: planning for a machine you do not have is a ma
 the host budgets. A missing "cpu" key means the host's available RAM (detected, with the margin below); a
 missing "disk" key means the disk is unlimited (it is still only used when an `offload_folder` is given).
 
-Detected budgets (`max_memory=None`) come from accelerate's `get_max_memory()` (free memory of each visible
-accelerator, available RAM), minus a safety margin:
+Detected budgets (`max_memory=None`) come from the accelerators `devices.detect_accelerators()` sees (free memory
+of each, through accelerate's `get_max_memory()` for CUDA/XPU; a share of RAM for MPS and for the virtual
+accelerators of `PLACEMENT_VIRTUAL_ACCELERATORS`) and available RAM, minus a safety margin:
 - accelerators keep back ACCELERATOR_MARGIN (10%) of their free memory, at least MIN_ACCELERATOR_MARGIN
   (256 MiB): the caching allocator's fragmentation and the small temporaries of a forward that a
   weights-only plan does not see;
@@ -19,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from .devices import Device, device_sort_key, is_accelerator, normalize_device
+import torch
+
+from .devices import Device, detect_accelerators, device_sort_key, is_accelerator, normalize_device
 from .errors import InvalidDeviceError, InvalidSizeError
 from .sizes import format_size, parse_size
 
@@ -76,16 +79,39 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
 
 
 def detect_budgets() -> Budgets:
-    """Free accelerator memory and available RAM (accelerate's `get_max_memory`) minus the margins."""
-    from accelerate.utils import get_max_memory
+    """Free memory of each accelerator `devices.detect_accelerators()` sees and available RAM, minus the margins.
 
-    found = get_max_memory()
-    limits: dict[Device, Optional[int]] = {
-        key: apply_accelerator_margin(free) for key, free in found.items() if is_accelerator(key)
-    }
-    limits["cpu"] = apply_cpu_margin(found["cpu"]) if "cpu" in found else _detected_cpu_budget()
+    CUDA/XPU: accelerate's `get_max_memory`. MPS shares RAM with the CPU: torch's recommended working-set size
+    for it. Virtual accelerators (test mode): each gets an equal share of available RAM, as does the CPU, so
+    that together they never promise more RAM than there is."""
+    accelerators = detect_accelerators()
+    available = _available_ram()
+    if accelerators.virtual:
+        share = available // (accelerators.count + 1)
+        free = {index: share for index in range(accelerators.count)}
+        cpu = share
+    elif accelerators.kind == "mps":
+        free = {0: _mps_recommended_bytes(available)}
+        cpu = available
+    else:
+        from accelerate.utils import get_max_memory
+
+        found = get_max_memory()
+        free = {key: value for key, value in found.items() if is_accelerator(key)}
+        cpu = found.get("cpu", available)
+    limits: dict[Device, Optional[int]] = {key: apply_accelerator_margin(value) for key, value in free.items()}
+    limits["cpu"] = apply_cpu_margin(cpu)
     limits["disk"] = None
     return Budgets(limits=_ordered(limits), detected=frozenset(d for d in limits if d != "disk"))
+
+
+def _mps_recommended_bytes(available: int) -> int:
+    """Metal's recommended working-set size (what the MPS allocator may use of the shared RAM)."""
+    recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
+    try:
+        return int(recommended()) if recommended is not None else available
+    except RuntimeError:  # an MPS backend reported available that cannot answer: share RAM as the CPU does
+        return available
 
 
 def apply_accelerator_margin(free: int) -> int:
@@ -97,9 +123,13 @@ def apply_cpu_margin(available: int) -> int:
 
 
 def _detected_cpu_budget() -> int:
+    return apply_cpu_margin(_available_ram())
+
+
+def _available_ram() -> int:
     import psutil  # a dependency of accelerate
 
-    return apply_cpu_margin(psutil.virtual_memory().available)
+    return int(psutil.virtual_memory().available)
 
 
 def _device_key(key) -> Device:

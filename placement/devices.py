@@ -2,15 +2,24 @@
 
 This is the spelling of accelerate, diffusers and transformers `hf_device_map`s; `torch.device("cuda:1")`,
 "cuda:1" and 1 all normalise to 1 so that maps compare equal whatever the user typed.
+
+`detect_accelerators()` is the one place that says which accelerators this machine has, and `torch_device()`
+the one seam where a planned accelerator index becomes a real torch device: CUDA, else XPU, else Apple MPS
+(one device, "mps"). The test mode `PLACEMENT_VIRTUAL_ACCELERATORS=N` (read at every call) makes the library
+see N accelerators backed by the CPU: plans, loads and hooks are those of an N-GPU machine, tensors live in RAM.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Union
 
 import torch
 
 from .errors import InvalidDeviceError
+
+VIRTUAL_ACCELERATORS_ENV = "PLACEMENT_VIRTUAL_ACCELERATORS"
 
 Device = Union[int, str]  # int accelerator index, "cpu" or "disk"
 HOST_DEVICES = ("cpu", "disk")
@@ -42,12 +51,66 @@ def is_accelerator(device: Device) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Accelerators:
+    """The accelerators this process sees: how many, their torch device type, and whether they are virtual."""
+
+    count: int
+    kind: str  # torch device type: "cuda", "xpu", "mps"; "cpu" for virtual ones; "cuda" when there are none
+    virtual: bool = False
+
+    def torch_device(self, index: int) -> torch.device:
+        if self.virtual:
+            return torch.device("cpu")
+        if self.kind == "mps":
+            return torch.device("mps")  # one device; torch spells it without an index
+        return torch.device(self.kind, index)
+
+
+def detect_accelerators() -> Accelerators:
+    """The accelerators present: `PLACEMENT_VIRTUAL_ACCELERATORS` if set, else CUDA, else XPU, else MPS."""
+    virtual = virtual_accelerator_count()
+    if virtual is not None:
+        return Accelerators(count=virtual, kind="cpu", virtual=True)
+    if torch.cuda.is_available():
+        return Accelerators(count=torch.cuda.device_count(), kind="cuda")
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return Accelerators(count=torch.xpu.device_count(), kind="xpu")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return Accelerators(count=1, kind="mps")
+    return Accelerators(count=0, kind="cuda")
+
+
+def accelerators_present() -> int:
+    """How many accelerators this process sees (virtual ones included): `detect_accelerators().count`."""
+    return detect_accelerators().count
+
+
+def virtual_accelerator_count() -> int | None:
+    """N from `PLACEMENT_VIRTUAL_ACCELERATORS=N` (unset or empty: None); anything but an int >= 0 is an error."""
+    text = os.environ.get(VIRTUAL_ACCELERATORS_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise InvalidDeviceError(
+            f"{VIRTUAL_ACCELERATORS_ENV}={text!r}: expected a number of virtual accelerators (e.g. 2), "
+            "or leave it unset to use the real ones."
+        )
+    return int(text)
+
+
 def torch_device(device: Device) -> torch.device:
-    """The torch.device that executes on `device` ("disk" executes nowhere: its weights stream to an accelerator)."""
+    """The torch.device that executes on `device` ("disk" executes nowhere: its weights stream to an accelerator).
+
+    An accelerator index maps to this machine's accelerator type ("cuda:1", "xpu:1", "mps"; a virtual one to
+    "cpu"); on a machine without accelerators it maps to "cuda:N", which fails where it is used, not here."""
     check_can_execute(device, what="execution device")
     if device == "cpu":
         return torch.device("cpu")
-    return torch.device(accelerator_type(), device)
+    if not is_accelerator(device):
+        return torch_device(normalize_device(device))
+    return detect_accelerators().torch_device(device)
 
 
 def check_can_execute(device: Device, *, what: str) -> None:
@@ -58,24 +121,6 @@ def check_can_execute(device: Device, *, what: str) -> None:
             f"{what}: 'disk' holds weights but cannot execute them. Run on an accelerator or 'cpu'; to keep "
             "weights on disk, use a strategy ('auto', 'balanced', ...) with an offload_folder."
         )
-
-
-def accelerators_present() -> int:
-    """How many accelerators this machine has (CUDA, else XPU)."""
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.device_count()
-    return 0
-
-
-def accelerator_type() -> str:
-    """The torch device type of this machine's accelerators ("cuda" when there are none, for planning)."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
-    return "cuda"
 
 
 def device_sort_key(device: Device) -> tuple[int, int]:

@@ -40,7 +40,7 @@ class SplitUnit:
 class ComponentSize:
     total: int  # bytes at the requested dtype, as loaded
     module_sizes: dict[str, int]  # accelerate-style, corrected; keys are module and tensor paths
-    split_units: tuple[SplitUnit, ...]  # in module order (accelerate's traversal order)
+    split_units: tuple[SplitUnit, ...]  # in the order a split fills devices: execution order (see split_units)
     no_split_classes: tuple[str, ...]  # the module's `_no_split_modules`
 
     @property
@@ -95,12 +95,17 @@ def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str,
 
 
 def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tuple[str, ...]) -> tuple[SplitUnit, ...]:
-    """The module's split units in accelerate's order: own parameters, children, own buffers."""
+    """The module's split units in structural execution order: accelerate's traversal (own parameters,
+    children, own buffers), with a U-Net's middle block moved before its decoder path (`execution_children`).
+
+    A split fills devices in this order, so the closer it is to the order the units run in, the fewer times a
+    forward crosses devices. `placement.unit_order.order_units` replaces it by a traced order when the caller
+    has example inputs."""
     units: list[SplitUnit] = []
     protected = set(no_split)
 
     def visit(path: str, mod: nn.Module) -> None:
-        children = list(mod.named_children())
+        children = execution_children(mod)
         if not children or type(mod).__name__ in protected:
             units.append(SplitUnit(path=path, bytes=module_sizes.get(path, 0)))
             return
@@ -113,6 +118,26 @@ def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tu
 
     visit("", module)
     return tuple(units)
+
+
+# U-Nets (diffusers' UNet2DConditionModel, its VAE decoder) register the middle block after the up path
+# (conv_in, down_blocks, up_blocks, mid_block, ...) but run it between down and up: cut in registration order,
+# a UNet split over two GPUs crosses devices 5 times per step instead of once.
+_MIDDLE_NAMES = ("mid_block", "mid", "middle_block", "bottleneck")
+_UP_PREFIXES = ("up", "output_blocks", "decoder_blocks")
+
+
+def execution_children(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`module`'s children in the order a forward is expected to run them, without tracing: registration
+    order, except that a middle block registered after the up path is moved just before it."""
+    children = list(module.named_children())
+    names = [name for name, _ in children]
+    middle = next((idx for idx, name in enumerate(names) if name in _MIDDLE_NAMES), None)
+    up = next((idx for idx, name in enumerate(names) if name.startswith(_UP_PREFIXES)), None)
+    if middle is None or up is None or middle < up:
+        return children
+    children.insert(up, children.pop(middle))
+    return children
 
 
 def dtype_for(dtype_spec, component: str) -> torch.dtype | None:

@@ -1,12 +1,17 @@
 """Split one module over several devices along its split units, never cutting a `_no_split_modules` block.
 
+Units are cut in the order of `size.split_units`, which is their execution order (structural, or traced from
+example inputs: `placement.unit_order`), so a split over k devices crosses devices k-1 times per forward where
+the module's structure allows it: every device holds one run of consecutive units.
+
 accelerate's `infer_auto_device_map` is asked first. It reserves room for the largest layer on the first
 device (for a layer offloaded later, which a split never has) and counts bools at 1/8 byte, so it can refuse
 a split that fits, or (rarely) overfill a device. Its answer is therefore checked against our corrected sizes
 and, when it is not a valid split, replaced by an exact contiguous packing of the split units: fill each
 device in the given order with as many consecutive units as fit. For units in a fixed order that greedy
 packing is optimal (if any contiguous assignment fits, the greedy one does), so a feasible split is never
-left on the table.
+left on the table. accelerate's answer follows registration order; it is kept only when it is such a
+contiguous run in execution order too (a U-Net's down/up/mid registration would otherwise cost 5 crossings).
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ def split_device_map(
     tied_groups = _tied_unit_groups(module, units)
     for attempt in (_accelerate_assignment, _greedy_assignment):
         assignment = attempt(module, devices, room, size, dtype, units)
-        if assignment is not None and _is_valid(assignment, units, room, tied_groups):
+        if assignment is not None and _is_valid(assignment, units, room, tied_groups) and _is_contiguous(
+            assignment, units
+        ):
             return merge_to_prefixes(assignment)
     return None
 
@@ -113,6 +120,21 @@ def _is_valid(assignment, units, room, tied_groups) -> bool:
     if any(used[device] > room[device] for device in room):
         return False
     return all(len({assignment[path] for path in group}) == 1 for group in tied_groups)
+
+
+def _is_contiguous(assignment: Mapping[str, Device], units: Sequence[SplitUnit]) -> bool:
+    """Each device holds one run of consecutive units: a forward in unit order enters each device once."""
+    finished: set = set()
+    current = None
+    for unit in units:
+        device = assignment[unit.path]
+        if device != current:
+            if device in finished:
+                return False
+            if current is not None:
+                finished.add(current)
+            current = device
+    return True
 
 
 def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set[str]]:

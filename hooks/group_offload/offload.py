@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.hooks import ModelHook
-from accelerate.utils import send_to_device
 from torch import nn
 
 from placement.devices import normalize_device, torch_device
@@ -36,6 +35,7 @@ from .planning import GroupSpec, OffloadType, plan_groups
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
 from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type
+from ..input_moving import move_to_device  # keeps the caller's lists: writes into them stay visible
 from ..memory_errors import OffloadConfigError
 from ..techniques import Technique, check_compatible
 from .module_group import ModuleGroup
@@ -175,7 +175,7 @@ class GroupOffloadHook(ModelHook):
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
         device = self.session.onload_device
-        return send_to_device(args, device), send_to_device(kwargs, device)
+        return move_to_device(args, device), move_to_device(kwargs, device)
 
     def post_forward(self, module, output):
         if self.group is not None:

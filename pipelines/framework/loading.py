@@ -170,7 +170,8 @@ def _check_devices_exist(plan: Plan) -> None:
         raise PipelineLoadError(
             f"The plan puts components on accelerator(s) {absent}, but this machine has {present}. "
             "To see where a pipeline would go on other hardware, call plan_placement(...) instead; to load here, "
-            "give max_memory only for the accelerators present."
+            "give max_memory only for the accelerators present; to run this plan's code paths on CPU-backed "
+            "accelerators, set PLACEMENT_VIRTUAL_ACCELERATORS=N (a test mode)."
         )
 
 

@@ -13,6 +13,7 @@ from torch import nn
 import placement
 from placement.errors import PlacementError
 from placement.sizing import dtype_for
+from placement.unit_order import record_module_order
 
 from .components import PipelineComponentError, PipelineComponents
 
@@ -28,14 +29,14 @@ def plan_pipeline(pipe: PipelineComponents, *, device_map, max_memory, torch_dty
                   pinned: Mapping[str, Any]) -> placement.Plan:
     """`placement.plan` over `pipe.module_components` with its model graph (and activations when `call` is given)."""
     modules = pipe.module_components
-    activations = None
+    activations, module_order = None, {}
     if call is not None:
-        activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype)
+        activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype, module_order=module_order)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
                               dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None)
+                              pinned=dict(pinned) or None, module_order=module_order or None)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
     return plan
@@ -50,9 +51,10 @@ def _caller_stacklevel() -> int:
 
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
-                     torch_dtype=None) -> dict[str, int]:
+                     torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
     """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs
-    (`activation_inputs(**call)` gives a `ComponentCall` per component)."""
+    (`activation_inputs(**call)` gives a `ComponentCall` per component). When `module_order` is a dict, each
+    component's submodule paths are recorded into it in the order that call runs them (splits are cut in it)."""
     pipeline_class = type(pipe)
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
@@ -67,8 +69,15 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
             f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "
             "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
         ) from error
-    return {name: spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
-            for name, spec in inputs.items() if name in modules}
+    peaks = {}
+    for name, spec in inputs.items():
+        if name not in modules:
+            continue
+        with record_module_order(modules[name]) as order:
+            peaks[name] = spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
+        if module_order is not None:
+            module_order[name] = order
+    return peaks
 
 
 def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:

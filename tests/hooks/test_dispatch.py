@@ -10,6 +10,7 @@ from accelerate.utils import set_module_tensor_to_device
 from safetensors.torch import save_file
 from torch import nn
 
+from placement.errors import InvalidDeviceError
 from hooks.dispatch import DispatchError, dispatch, undispatch
 
 
@@ -103,7 +104,8 @@ def test_failed_dispatch_leaves_no_hook():
 
 
 def test_execution_device_cannot_be_disk():
-    with pytest.raises(DispatchError, match="execution_device"):
+    # The one "disk cannot execute" check (placement.devices.check_can_execute), naming the argument.
+    with pytest.raises(InvalidDeviceError, match=r"execution_device.*'disk' holds weights but cannot execute"):
         dispatch(Stack(), {"": "cpu"}, execution_device="disk")
 
 

@@ -1,0 +1,146 @@
+"""Move a module's inputs to the device it executes on without copying what is already there.
+
+accelerate's `send_to_device` rebuilds every list, tuple and dict it walks, so a module that writes into a
+list argument (Wan's VAE keeps its causal cache as `feat_cache[idx] = x`) writes into a copy, and the caller
+never sees the write. `move_to_device` keeps the caller's containers:
+- a tensor already on the device is returned as it is (no copy, no new object);
+- a list or dict is updated in place, only at the entries that had to move, and returned itself: a write
+  the module makes into it is the caller's write, whatever devices the entries were on;
+- a tuple (named or not) is rebuilt only when an entry moved (tuples cannot be updated in place);
+- any other object with a `.to` (model outputs, distributions) goes through accelerate's `send_to_device`.
+
+`MoveInputsHook` is the one hook a component placed whole gets (at its top), and the hook at the top of each
+device-map entry of a split component. A hook wraps `forward` only, and pipelines call a VAE through `encode` /
+`decode`, which reach its submodules without passing the top's forward (accelerate's hook on every submodule
+catches that); `move_inputs_of_entry_methods` makes those methods move their inputs too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import functools
+
+import torch
+from accelerate.hooks import AlignDevicesHook
+from accelerate.utils import send_to_device
+from torch import nn
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """`data` with every tensor on `device`, the caller's lists and dicts kept (see the module docstring)."""
+    if isinstance(data, torch.Tensor):
+        return data if is_on(data, device) else data.to(device)
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            moved = move_to_device(item, device)
+            if moved is not item:
+                data[index] = moved
+        return data
+    if isinstance(data, dict):
+        for key, item in list(data.items()):
+            moved = move_to_device(item, device)
+            if moved is not item:
+                data[key] = moved
+        return data
+    if isinstance(data, tuple):
+        moved = [move_to_device(item, device) for item in data]
+        if all(new is old for new, old in zip(moved, data)):
+            return data
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    if hasattr(data, "to") and not isinstance(data, (nn.Module, str, bytes)):
+        return send_to_device(data, device)
+    return data
+
+
+def is_on(tensor: torch.Tensor, device: torch.device) -> bool:
+    """`tensor` is on `device` ("mps" and "mps:0" are one device: an index-less device matches any index)."""
+    here = tensor.device
+    return here.type == device.type and (device.index is None or here.index == device.index)
+
+
+def first_tensor_device(data: Any) -> torch.device | None:
+    """The device of the first tensor in `data` (positional arguments first), as accelerate's `find_device`."""
+    if isinstance(data, torch.Tensor):
+        return data.device
+    if isinstance(data, dict):
+        data = list(data.values())
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            found = first_tensor_device(item)
+            if found is not None:
+                return found
+    return None
+
+
+class MoveInputsHook(AlignDevicesHook):
+    """Move the forward's inputs to `execution_device`; with `io_same_device`, its outputs back to where the
+    inputs came from. Weights are not touched: they already live on `execution_device`.
+
+    An `AlignDevicesHook` without offloading, as accelerate's dispatch puts on a mapped module, so the other
+    techniques recognise a dispatched module by it and refuse to fight over its weights; it only moves its
+    inputs differently (`move_to_device`) and leaves the module's tensors alone when attached."""
+
+    def __init__(self, execution_device: torch.device, *, io_same_device: bool = False) -> None:
+        super().__init__(execution_device=torch.device(execution_device), io_same_device=io_same_device)
+
+    def __repr__(self) -> str:
+        return f"MoveInputsHook(execution_device={self.execution_device}, io_same_device={self.io_same_device})"
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module  # the loader already put the weights on the execution device
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        if self.io_same_device:
+            self.input_device = first_tensor_device([args, kwargs])
+        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
+
+    def post_forward(self, module: nn.Module, output):
+        if self.io_same_device and self.input_device is not None:
+            return move_to_device(output, self.input_device)
+        return output
+
+
+# Methods other than forward through which callers enter a module (diffusers' and our VAEs: encode, decode).
+ENTRY_METHODS = ("encode", "decode")
+_WRAPPED = "_placement_entry_methods"
+
+
+def move_inputs_of_entry_methods(module: nn.Module, device: torch.device) -> None:
+    """Make `module.encode(...)` / `module.decode(...)` (those it has) move their inputs to `device` first,
+    as the top hook does for `forward`. `restore_entry_methods` undoes it."""
+    wrapped = []
+    for name in ENTRY_METHODS:
+        method = getattr(module, name, None)
+        if not callable(method) or name in module.__dict__:
+            continue
+        setattr(module, name, _moving(method, torch.device(device)))  # an instance attribute: the class is untouched
+        wrapped.append(name)
+    if wrapped:
+        setattr(module, _WRAPPED, tuple(wrapped))
+
+
+def restore_entry_methods(module: nn.Module) -> None:
+    """Drop the wrappers `move_inputs_of_entry_methods` installed on `module` and its submodules."""
+    for submodule in module.modules():
+        for name in submodule.__dict__.pop(_WRAPPED, ()):
+            submodule.__dict__.pop(name, None)
+
+
+def _moving(method, device: torch.device):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        return method(*move_to_device(args, device), **move_to_device(kwargs, device))
+
+    return wrapper
+
+
+__all__ = [
+    "ENTRY_METHODS",
+    "MoveInputsHook",
+    "first_tensor_device",
+    "is_on",
+    "move_inputs_of_entry_methods",
+    "move_to_device",
+    "restore_entry_methods",
+]

@@ -1,0 +1,91 @@
+"""The order a module's split units run in, traced from one forward on fake tensors, so splits are cut in it.
+
+A split fills devices with consecutive units, so a forward crosses devices once per boundary only if the
+units are in the order the forward runs them. Without example inputs the order is structural
+(`sizing.split_units`: registration order, a U-Net's middle block before its up path). With them, one forward
+runs on fake tensors (`estimate_activations`: no memory, modules on meta are fine) while forward pre-hooks
+record which submodule runs first; the pipeline planner records it during its activation estimate, so a
+call-aware plan costs no extra forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .activations.estimate import estimate_activations
+from .sizing import SplitUnit
+
+
+@contextlib.contextmanager
+def record_module_order(module: nn.Module, *, every_call: bool = False) -> Iterator[list[str]]:
+    """Within the block, the paths of `module`'s submodules are appended to the yielded list the first time
+    each one is called (its own path "" included when its forward runs); with `every_call`, at every call."""
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def recorder(path: str):
+        def record(_module, _args):
+            if every_call or path not in seen:
+                seen.add(path)
+                order.append(path)
+        return record
+
+    handles = [sub.register_forward_pre_hook(recorder(path)) for path, sub in module.named_modules()]
+    try:
+        yield order
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def trace_module_order(module: nn.Module, args: Any, kwargs: Mapping[str, Any] | None = None, *,
+                       method: str = "forward", dtype: torch.dtype | None = None) -> list[str]:
+    """Submodule paths in first-call order for `module.<method>(*args, **kwargs)`, run on fake tensors."""
+    with record_module_order(module) as order:
+        estimate_activations(module, args, kwargs, method=method, dtype=dtype)
+    return order
+
+
+def order_units(units: Sequence[SplitUnit], module_order: Sequence[str]) -> tuple[SplitUnit, ...]:
+    """`units` (in structural order) sorted by the first call of their module in `module_order`; a unit the
+    trace never saw (a tensor held by a parent module, a submodule this call skips) stays right after the
+    unit it follows structurally."""
+    rank = {path: index for index, path in enumerate(module_order)}
+    ordered = sorted((unit for unit in units if unit.path in rank), key=lambda unit: rank[unit.path])
+    if not ordered:
+        return tuple(units)
+    for index, unit in enumerate(units):
+        if unit.path in rank:
+            continue
+        before = next((units[j] for j in range(index - 1, -1, -1) if units[j] in ordered), None)
+        ordered.insert(ordered.index(before) + 1 if before is not None else 0, unit)
+    return tuple(ordered)
+
+
+def device_crossings(calls: Sequence[str], device_map: Mapping[str, Any]) -> int:
+    """How many times a forward that calls submodules in the sequence `calls` (`record_module_order(...,
+    every_call=True)`) moves to another device under `device_map` (each path's device is its longest mapped
+    prefix; unmapped paths, such as the containers of a split, are skipped)."""
+    crossings, current = 0, None
+    for path in calls:
+        device = _device_of(path, device_map)
+        if device is None:
+            continue
+        if current is not None and device != current:
+            crossings += 1
+        current = device
+    return crossings
+
+
+def _device_of(path: str, device_map: Mapping[str, Any]):
+    parts = path.split(".") if path else []
+    for length in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:length])
+        if prefix in device_map:
+            return device_map[prefix]
+    return None

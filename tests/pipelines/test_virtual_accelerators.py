@@ -1,0 +1,130 @@
+"""PLACEMENT_VIRTUAL_ACCELERATORS=N: the library sees N accelerators backed by the CPU, so a multi-GPU plan loads
+and dispatches on a CPU machine exactly as on N GPUs (integer devices, splits and offloaded components hooked
+as on a GPU) while the tensors live in RAM."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from hooks.dispatch import ServeWeightsHook
+from hooks.group_offload.offload import GroupOffloadHook
+from hooks.hook_utils import hooks_of
+from hooks.input_moving import MoveInputsHook
+from pipelines import TextToImagePipeline
+from placement.budgets import apply_accelerator_margin, detect_budgets
+from placement.devices import accelerators_present, detect_accelerators, torch_device
+from placement.errors import InvalidDeviceError
+
+from pipeline_fixtures import generate, has_hooks, save_preset
+
+KiB = 1024
+# Budgets under which tiny-dit's balanced plan uses every placement kind at once (found by a grid search over
+# the plan, weights only): the denoiser (332 KiB) fits neither GPU whole and is split over both, the VAE goes
+# whole, text_encoder_2 is offloaded (RAM, run on a GPU), and text_encoder no longer fits RAM: disk.
+EVERY_KIND = {0: 320 * KiB, 1: 320 * KiB, "cpu": 180 * KiB}
+
+
+@pytest.fixture
+def virtual(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """tiny-dit saved once, with the images the plain in-memory CPU pipeline makes."""
+    folder, pipe = save_preset(tmp_path_factory.mktemp("virtual") / "tiny-dit")
+    return folder, generate(pipe)
+
+
+def load(folder, **kwargs) -> TextToImagePipeline:
+    return TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False, **kwargs)
+
+
+def hook_counts(module) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, submodule in module.named_modules():
+        for hook in hooks_of(submodule):
+            counts[type(hook).__name__] = counts.get(type(hook).__name__, 0) + 1
+    return counts
+
+
+def test_the_library_sees_n_cpu_backed_accelerators(virtual, monkeypatch):
+    assert accelerators_present() == 2 and detect_accelerators().virtual
+    assert torch_device(1) == torch.device("cpu") and torch_device("cuda:0") == torch.device("cpu")
+    budgets = detect_budgets()
+    assert budgets.accelerators == (0, 1) and all(budgets.limit(d) > 0 for d in (0, 1, "cpu"))
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "two")
+    with pytest.raises(InvalidDeviceError, match="PLACEMENT_VIRTUAL_ACCELERATORS='two'"):
+        accelerators_present()
+
+
+def test_balanced_over_two_virtual_gpus_is_device_mapped_with_ints_and_matches(virtual, saved):
+    folder, expected = saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "No accelerator" degrade: the accelerators are there
+        pipe = load(folder, max_memory={0: "1GiB", 1: "1GiB"})
+    assert set(pipe.hf_device_map.values()) == {0, 1}
+    assert all(isinstance(device, int) for device in pipe.hf_device_map.values())
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    for name, module in pipe.module_components.items():
+        assert hook_counts(module) == {"MoveInputsHook": 1}, name  # whole: one hook at its top, none below
+        assert isinstance(module._hf_hook, MoveInputsHook)
+        assert module._hf_hook.execution_device == torch.device("cpu")
+    pipe.reset_device_map()
+    assert not has_hooks(pipe)
+
+
+def test_detected_budgets_plan_onto_the_virtual_gpus(virtual, saved):
+    folder, _ = saved
+    plan = TextToImagePipeline.plan_placement(folder)
+    assert plan.accelerators == [0, 1]
+    assert all(component.kind.value == "whole" for component in plan.components.values())
+
+
+def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual, saved, tmp_path):
+    folder, expected = saved
+    pipe = load(folder, max_memory=EVERY_KIND, offload_folder=tmp_path / "offload")
+    plan = pipe.placement_plan
+    kinds = {name: component.kind.value for name, component in plan.components.items()}
+    assert sorted(kinds.values()) == ["disk", "offloaded", "split", "whole"]
+    by_kind = {kind: name for name, kind in kinds.items()}
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+    split = pipe.components[by_kind["split"]]
+    assert set(split.hf_device_map.values()) == {0, 1}
+    split_keys = [key for key in split.hf_device_map if key in dict(split.named_modules())]
+    assert hook_counts(split) == {"MoveInputsHook": 1 + len(split_keys)}  # the top, then one per entry
+    assert {f"{by_kind['split']}.{key}" for key in split.hf_device_map} <= set(pipe.hf_device_map)
+    assert all(isinstance(device, int) for device in split.hf_device_map.values())
+
+    assert hook_counts(pipe.components[by_kind["whole"]]) == {"MoveInputsHook": 1}
+    offloaded = pipe.components[by_kind["offloaded"]]
+    assert set(hook_counts(offloaded)) == {"GroupOffloadHook"}
+    assert next(h for h in hooks_of(offloaded) if isinstance(h, GroupOffloadHook)).execution_device == \
+        torch.device("cpu")  # its virtual GPU's torch device
+    disk = pipe.components[by_kind["disk"]]
+    holders = [m for m in disk.modules() if any(True for _ in m.parameters(recurse=False))]
+    assert hook_counts(disk) == {"MoveInputsHook": 1, "ServeWeightsHook": len(holders)}
+    assert all(p.device.type == "meta" for p in disk.parameters())  # served from the checkpoint per forward
+    assert isinstance(next(iter(holders))._hf_hook, ServeWeightsHook)
+    assert not any((tmp_path / "offload").rglob("*.safetensors"))
+
+    pipe.reset_device_map()
+    assert not has_hooks(pipe)
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_apple_mps_counts_as_one_accelerator_dispatched_as_mps(monkeypatch):
+    monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 8 * 1024**3)
+    assert accelerators_present() == 1 and detect_accelerators().kind == "mps"
+    assert torch_device(0) == torch.device("mps")
+    budgets = detect_budgets()  # planned onto it, not silently onto the CPU
+    assert budgets.accelerators == (0,) and budgets.limit(0) == apply_accelerator_margin(8 * 1024**3)
