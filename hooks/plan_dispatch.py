@@ -4,8 +4,11 @@ The loader has already put every weight where the plan says (accelerator, CPU RA
 disk). This attaches the runtime that makes the module run there:
 - whole / split / cpu: input-moving hooks (`dispatch`): one at the top of a component placed whole, one per
   device-map entry of a split one; the outputs go back to the caller's device;
-- offloaded on an accelerator: block-level group offloading (a whole block moved per transfer, prefetched on
-  a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
+- offloaded on an accelerator, all weights in CPU RAM: block-level group offloading (a whole block moved per
+  transfer, prefetched on a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
+- offloaded with part of its weights resident on accelerators (a model-level map, as accelerate's "auto"
+  makes): `dispatch`, which keeps the resident part where the plan put it and streams only the "cpu" part
+  (group offloading would take every weight into its CPU store, beyond what the plan gave the CPU);
 - disk: weight-serving hooks reading the checkpoint's own safetensors files.
 Accelerator indices become torch devices through `placement.devices.torch_device` (virtual accelerators: CPU).
 """
@@ -29,11 +32,15 @@ def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
     `hooks.dispatch.undispatch(module)` removes them all again (group offloading included).
     """
     execution = component.execution_device
-    if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution):
+    if component.kind is PlacementKind.OFFLOADED and is_accelerator(execution) and _all_on_host(component):
         _apply_group_offload(module, torch_device(execution))
         module.hf_device_map = dict(component.device_map)
         return module
     return dispatch(module, component.device_map, execution_device=execution, disk_weights=disk_weights)
+
+
+def _all_on_host(component: ComponentPlan) -> bool:
+    return not any(is_accelerator(device) for device in component.device_map.values())
 
 
 def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None:
