@@ -137,7 +137,8 @@ def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | 
             raise
         return module
     ties = tied_weights_for(module, weights.tensors)
-    cast_meta(module, weights, dtype=dtype_for(torch_dtype, source.name), keep_in_fp32=keep_in_fp32_modules(module))
+    dtype = dtype_for(torch_dtype, source.name)
+    cast_meta(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32_modules(module, dtype))
     tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
     return module
 
@@ -208,7 +209,7 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     """Load the component's tensors straight to the plan's devices; the offload index for its disk part."""
     weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=options.variant)
     dtype = dtype_for(options.torch_dtype, source.name)
-    keep = keep_in_fp32_modules(module)
+    keep = keep_in_fp32_modules(module, dtype)
     tied = tied_weights_for(module, weights.tensors)
     load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
                  tied_weights=tied, progress=options.progress)

@@ -10,6 +10,8 @@ import torch
 from accelerate import init_empty_weights
 from torch import nn
 
+from placement.sizing import dtype_for, kept_fp32_module_names
+
 from ..checkpoint import (
     DIFFUSERS_WEIGHTS_NAME,
     WeightsNaming,
@@ -113,7 +115,7 @@ class ModelMixin(nn.Module):
         with init_empty_weights():
             model = cls(config)
         validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
-        keep = tuple(cls._keep_in_fp32_modules or ())
+        keep = tuple(sorted(kept_fp32_module_names(model, dtype_for(torch_dtype, ''))))  # sizing's own rule
         cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=keep)
         resolved = _plan(model, device_map, max_memory=max_memory, offload_folder=offload_folder)
         load_and_dispatch(
