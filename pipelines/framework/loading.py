@@ -42,8 +42,15 @@ from .hf_interop import (
     weights_name_for,
 )
 from .model_index import ModelIndex
-from .components import PipelineComponents
-from .planning import is_single_device, passed_pins, plan_pipeline
+from .components import PipelineComponentError, PipelineComponents, is_generic
+from .diffusers_pipeline import (
+    attach_reset,
+    build_diffusers_pipeline,
+    check_diffusers_components,
+    diffusers_pipeline_class,
+    is_diffusers_folder,
+)
+from .planning import is_single_device, label_dtypes, modules_and_edges, passed_pins, plan_pipeline
 from .sources import (
     ComponentSource,
     check_constructor,
@@ -71,56 +78,107 @@ class LoadOptions:
     progress: bool = True
 
 
-def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> PipelineComponents:
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=True)
+def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
+                  generic: bool = False):
+    """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
+    `generic`), each module streamed to the plan's devices."""
+    folder, index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                                  weights=True, generic=generic)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
         for name, source in modules.items():
             dtype = dtype_for(options.torch_dtype, name)
             components[name] = load_without_device_map(source.cls, source.folder, dtype=dtype, variant=options.variant)
-        return construct_pipeline(cls, index, {**components, **passed})
+        return _construct(target, index, {**components, **passed}, pretrained)
 
     components.update({name: build_sized_on_meta(source, torch_dtype=options.torch_dtype, variant=options.variant,
                                                  weights_required=True)
                        for name, source in modules.items()})
-    pipe = construct_pipeline(cls, index, {**components, **passed})
-    plan = _plan(pipe, passed, options)
+    pipe = _construct(target, index, {**components, **passed}, pretrained)
+    plan = _plan(pipe, passed, options, sources)
     _check_devices_exist(plan)
     _materialize(pipe, plan, modules, passed, options)
+    if not isinstance(pipe, PipelineComponents):
+        attach_reset(pipe)
     return pipe
 
 
-def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
+                generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=False)
+    folder, index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                                  weights=False, generic=generic)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
         for name, s in sources.items()
     }
-    pipe = construct_pipeline(cls, index, {**components, **passed})
-    return _plan(pipe, passed, options)
+    pipe = _construct(target, index, {**components, **passed}, pretrained)
+    return _plan(pipe, passed, options, sources)
 
 
-def _plan(pipe: PipelineComponents, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+def _plan(pipe, passed: Mapping[str, Any], options: LoadOptions, sources: Mapping[str, ComponentSource]) -> Plan:
     """`plan_pipeline` for a pipeline built from a folder: components passed in keep their own dtype, and those
-    already dispatched are pinned where they are."""
-    return plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
-                         torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
-                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
+    already dispatched are pinned where they are; each component's plan says which dtype it assumed."""
+    modules, edges = modules_and_edges(pipe)
+    plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
+                         torch_dtype=_dtype_spec(modules, options.torch_dtype, passed),
+                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed),
+                         modules=modules, edges=edges)
+    dtypes = _dtype_spec(modules, options.torch_dtype, passed)
+    return label_dtypes(plan, modules, dtypes, {name: _dtype_origin(name, dtypes, sources, options.variant)
+                                                for name in plan.components})
 
 
-def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
-                 weights: bool) -> tuple[ModelIndex, dict[str, ComponentSource]]:
-    """The folder's index and the sources of the components not passed in, after every check that needs no
-    module built (constructor arguments, passed replacements, torch_dtype keys)."""
+def _dtype_origin(name: str, dtypes: Mapping[str, Any], sources: Mapping[str, ComponentSource],
+                  variant: str | None) -> str:
+    """Where the dtype a component was sized at comes from, for the plan to state."""
+    if name not in sources:
+        return "passed in, as it is"
+    if dtypes.get(name) is not None:
+        return "torch_dtype"
+    try:
+        find_weights(sources[name].folder, weights_name=weights_name_for(sources[name].cls), variant=variant)
+    except WeightsNotFoundError:
+        return "config.json only, no weights read: give torch_dtype to plan for the checkpoint's dtype"
+    return "checkpoint"
+
+
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype, weights: bool,
+                 generic: bool) -> tuple[Path, ModelIndex, type, dict[str, ComponentSource]]:
+    """The folder, its index, the class to build (`cls`, or the diffusers class a diffusers folder names) and
+    the sources of the components not passed in, after every check that needs no module built."""
     folder = resolve_pipeline_folder(pretrained, weights=weights)
     index = ModelIndex.read(folder)
-    check_constructor(cls, index, passed)
+    target = _target_class(cls, index, generic)
+    if target is cls:
+        check_constructor(cls, index, passed)
+    else:
+        check_diffusers_components(target, index, passed)
     sources = component_sources(index, folder, skip=passed)
     check_dtype_keys(torch_dtype, sources, passed)
-    return index, sources
+    return folder, index, target, sources
+
+
+def _target_class(cls: type, index: ModelIndex, generic: bool) -> type:
+    """`Pipeline.from_pretrained` of a diffusers folder builds the diffusers class (unless `generic`)."""
+    if not is_generic(cls):
+        if generic:
+            raise PipelineComponentError(
+                f"generic=True loads a folder as the generic pipelines.Pipeline; {cls.__name__} is a pipeline "
+                "class of its own: call pipelines.Pipeline.from_pretrained(folder, generic=True) instead."
+            )
+        return cls
+    if generic or not is_diffusers_folder(index):
+        return cls
+    return diffusers_pipeline_class(index)
+
+
+def _construct(target: type, index: ModelIndex, components: Mapping[str, Any], pretrained):
+    if is_generic(target) or issubclass(target, PipelineComponents):
+        return construct_pipeline(target, index, components)
+    return build_diffusers_pipeline(target, index, components, name_or_path=str(pretrained))
 
 
 def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | None,
@@ -158,9 +216,10 @@ def check_dtype_keys(torch_dtype, sources: Mapping[str, ComponentSource], passed
         )
 
 
-def _dtype_spec(pipe: PipelineComponents, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:
+def _dtype_spec(modules: Mapping[str, nn.Module], torch_dtype,
+                passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:
     """Per module component: the requested dtype for what we load; passed components keep their own."""
-    return {name: None if name in passed else dtype_for(torch_dtype, name) for name in pipe.execution_order}
+    return {name: None if name in passed else dtype_for(torch_dtype, name) for name in modules}
 
 
 def _check_devices_exist(plan: Plan) -> None:
