@@ -97,8 +97,8 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
                        for name, source in modules.items()})
     pipe = _construct(target, index, {**components, **passed}, pretrained)
     plan = _plan(pipe, passed, options, sources)
-    _check_devices_exist(plan)
-    _materialize(pipe, plan, modules, passed, options)
+    check_devices_exist(plan)
+    materialize(pipe, plan, modules, passed, options)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
     return pipe
@@ -222,7 +222,7 @@ def _dtype_spec(modules: Mapping[str, nn.Module], torch_dtype,
     return {name: None if name in passed else dtype_for(torch_dtype, name) for name in modules}
 
 
-def _check_devices_exist(plan: Plan) -> None:
+def check_devices_exist(plan: Plan) -> None:
     present = accelerators_present()
     wanted = sorted({d for c in plan.components.values() for d in [*c.devices, c.execution_device]
                      if is_accelerator(d)})
@@ -235,7 +235,7 @@ def _check_devices_exist(plan: Plan) -> None:
         )
 
 
-def _materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, ComponentSource],
+def materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, ComponentSource],
                  passed: Mapping[str, Any], options: LoadOptions) -> None:
     """Stream, move and dispatch every component; on any failure undo all of it before re-raising."""
     single_device = is_single_device(options.device_map)
@@ -244,7 +244,7 @@ def _materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, Com
     try:
         for name in plan.execution_order:
             component = plan.components[name]
-            if component.pinned and name in passed:
+            if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
                 continue  # already dispatched by its owner: shown in the map, never moved
             module = pipe.components[name]
             touched.append(name)
