@@ -70,14 +70,11 @@ def flow_vae(latent_channels):
 
 def build_sd(root):
     return diffusers.StableDiffusionPipeline(
-        vae=diffusers.AutoencoderKL(
-            block_out_channels=(32,), in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
-            up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=32, sample_size=16),
-        text_encoder=transformers.CLIPTextModel(clip_config()), tokenizer=clip_tokenizer(root / "vocab"),
+        vae=flow_vae(4), text_encoder=transformers.CLIPTextModel(clip_config()), tokenizer=clip_tokenizer(root / "vocab"),
         unet=diffusers.UNet2DConditionModel(
-            block_out_channels=(32, 64), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+            block_out_channels=(4, 8), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
             down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-            cross_attention_dim=32, norm_num_groups=32, attention_head_dim=8),
+            cross_attention_dim=32, norm_num_groups=1, attention_head_dim=4),
         scheduler=diffusers.EulerDiscreteScheduler(steps_offset=1), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False)
 
@@ -131,7 +128,7 @@ def build_wan(root):
 
 
 CALLS = {  # (builder, call arguments)
-    "sd": (build_sd, {"height": 16, "width": 16}),
+    "sd": (build_sd, {"height": 8, "width": 8}),
     "sdxl": (build_sdxl, {"height": 16, "width": 16}),
     "flux": (build_flux, {"height": 8, "width": 8, "max_sequence_length": 8}),
     "sd3": (build_sd3, {"height": 8, "width": 8, "max_sequence_length": 8}),
