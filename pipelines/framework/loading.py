@@ -101,6 +101,8 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
     materialize(pipe, plan, modules, passed, options)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
+        if is_single_device(options.device_map):  # as diffusers: device_map="cuda" keeps .to() allowed
+            pipe.hf_device_map = str(torch_device(next(iter(plan.components.values())).execution_device))
     return pipe
 
 
@@ -235,9 +237,10 @@ def check_devices_exist(plan: Plan) -> None:
         )
 
 
-def materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, ComponentSource],
+def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
                  passed: Mapping[str, Any], options: LoadOptions) -> None:
-    """Stream, move and dispatch every component; on any failure undo all of it before re-raising."""
+    """Stream, move and dispatch every component of `pipe` (ours or a diffusers pipeline); on any failure undo
+    all of it before re-raising."""
     single_device = is_single_device(options.device_map)
     touched: list[str] = []
     passed_origin = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
@@ -294,7 +297,7 @@ def _origin_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _undo(pipe: PipelineComponents, touched: list[str], sources, passed_origin) -> None:
+def _undo(pipe: Any, touched: list[str], sources, passed_origin) -> None:
     for name in touched:
         module = pipe.components[name]
         try:
