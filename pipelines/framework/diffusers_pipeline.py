@@ -20,7 +20,7 @@ from torch import nn
 from hooks.dispatch import undispatch
 from placement.errors import PlacementError
 
-from .model_index import HF_LIBRARIES, ModelIndex
+from .model_index import ModelIndex
 from .registry import find_library_class
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
@@ -31,12 +31,18 @@ class DiffusersPipelineError(PlacementError, ValueError):
 
 
 def is_diffusers_folder(index: ModelIndex) -> bool:
-    """Written by diffusers (its version stamp) or made of diffusers/transformers components, and not naming
-    one of this library's pipeline classes."""
+    """Written by diffusers (its version stamp), or naming a class the installed diffusers has; never a folder
+    naming one of this library's pipeline classes. (A folder of a user's own pipeline class, unstamped, stays
+    a generic load.)"""
     if find_library_class(index.class_name) is not None:
         return False
-    stamped = "_diffusers_version" in index.metadata
-    return stamped or any(spec.library in HF_LIBRARIES for spec in index.components.values())
+    if "_diffusers_version" in index.metadata:
+        return True
+    try:
+        import diffusers
+    except ImportError:
+        return False
+    return isinstance(getattr(diffusers, index.class_name, None), type)
 
 
 def diffusers_pipeline_class(index: ModelIndex) -> type:
