@@ -303,3 +303,21 @@ def test_place_a_pipeline_the_user_built_without_reloading(folders):
     assert torch.equal(generate(built, "flux"), generate(reference, "flux"))
     built.reset_device_map()
     assert built.hf_device_map is None and not has_hooks(built)
+
+
+def test_a_component_passed_in_is_placed_with_the_rest_not_reloaded(folders):
+    vae = diffusers.AutoencoderKL.from_pretrained(folders["flux"] / "vae")
+    pipe = Pipeline.from_pretrained(folders["flux"], device_map="balanced", vae=vae, progress=False)
+    assert type(pipe) is diffusers.FluxPipeline and pipe.vae is vae
+    assert pipe.placement_plan.components["vae"].dtype == "float32 (passed in, as it is)"
+    assert torch.equal(generate(pipe, "flux"), generate(diffusers.FluxPipeline.from_pretrained(folders["flux"]), "flux"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_on_the_gpu_the_placed_class_generates_what_diffusers_does_on_it(folders, family):
+    pipe = Pipeline.from_pretrained(folders[family], device_map="balanced", torch_dtype=torch.float32,
+                                    progress=False)
+    assert {c.execution_device for c in pipe.placement_plan.components.values()} == {0}
+    reference = getattr(diffusers, type(pipe).__name__).from_pretrained(folders[family]).to("cuda")
+    torch.testing.assert_close(generate(pipe, family).cpu(), generate(reference, family).cpu(), atol=1e-5, rtol=0)
