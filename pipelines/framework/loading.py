@@ -1,6 +1,8 @@
 """Pipeline.from_pretrained / plan_placement: build on meta, plan, stream each tensor to its device, dispatch.
 
     folder -> model_index.json -> classes -> modules built on meta (+ components passed in)
+           -> the pipeline object: `cls` through its constructor, or for `Pipeline` itself and a folder naming a
+              diffusers pipeline class, that class (`diffusers_pipeline`; generic=True keeps the generic Pipeline)
            -> placement.plan (graph = the pipeline's model graph; passed dispatched components pinned)
            -> per component: weights streamed from safetensors to the planned devices -> hooks for its kind
            -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
@@ -82,8 +84,8 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
                   generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
     `generic`), each module streamed to the plan's devices."""
-    folder, index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
-                                                  weights=True, generic=generic)
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                          weights=True, generic=generic)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
@@ -109,8 +111,8 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
 def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
                 generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    folder, index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
-                                                  weights=False, generic=generic)
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                          weights=False, generic=generic)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
@@ -124,11 +126,10 @@ def _plan(pipe, passed: Mapping[str, Any], options: LoadOptions, sources: Mappin
     """`plan_pipeline` for a pipeline built from a folder: components passed in keep their own dtype, and those
     already dispatched are pinned where they are; each component's plan says which dtype it assumed."""
     modules, edges = modules_and_edges(pipe)
-    plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
-                         torch_dtype=_dtype_spec(modules, options.torch_dtype, passed),
+    dtypes = _dtype_spec(modules, options.torch_dtype, passed)
+    plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory, torch_dtype=dtypes,
                          offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed),
                          modules=modules, edges=edges)
-    dtypes = _dtype_spec(modules, options.torch_dtype, passed)
     return label_dtypes(plan, modules, dtypes, {name: _dtype_origin(name, dtypes, sources, options.variant)
                                                 for name in plan.components})
 
@@ -148,8 +149,8 @@ def _dtype_origin(name: str, dtypes: Mapping[str, Any], sources: Mapping[str, Co
 
 
 def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype, weights: bool,
-                 generic: bool) -> tuple[Path, ModelIndex, type, dict[str, ComponentSource]]:
-    """The folder, its index, the class to build (`cls`, or the diffusers class a diffusers folder names) and
+                 generic: bool) -> tuple[ModelIndex, type, dict[str, ComponentSource]]:
+    """The folder's index, the class to build (`cls`, or the diffusers class a diffusers folder names) and
     the sources of the components not passed in, after every check that needs no module built."""
     folder = resolve_pipeline_folder(pretrained, weights=weights)
     index = ModelIndex.read(folder)
@@ -160,7 +161,7 @@ def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtyp
         check_diffusers_components(target, index, passed)
     sources = component_sources(index, folder, skip=passed)
     check_dtype_keys(torch_dtype, sources, passed)
-    return folder, index, target, sources
+    return index, target, sources
 
 
 def _target_class(cls: type, index: ModelIndex, generic: bool) -> type:
