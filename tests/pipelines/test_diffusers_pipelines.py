@@ -193,10 +193,13 @@ def test_diffusers_guards_hold_until_our_reset_then_to_and_offload_work(folders)
         pipe.enable_model_cpu_offload()
     pipe.reset_device_map()
     assert pipe.hf_device_map is None and pipe.placement_plan is None and not has_hooks(pipe)
-    pipe.to("cpu")  # diffusers' own .to() is allowed again
+    pipe.to("cpu")  # diffusers' own .to() is allowed again, and so are its offload methods
+    expected = generate(diffusers.StableDiffusionPipeline.from_pretrained(folders["sd"]), "sd")
+    pipe.enable_model_cpu_offload(device="cpu")  # without device= it asks for an accelerator
+    assert torch.equal(generate(pipe, "sd"), expected)
+    pipe.remove_all_hooks()
     pipe.enable_group_offload(onload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
-    assert torch.equal(generate(pipe, "sd"), generate(diffusers.StableDiffusionPipeline.from_pretrained(folders["sd"]),
-                                                      "sd"))
+    assert torch.equal(generate(pipe, "sd"), expected)
 
 
 def test_plan_placement_accepts_diffusers_folders_and_states_dtypes(folders):
