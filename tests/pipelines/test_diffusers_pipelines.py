@@ -244,6 +244,8 @@ def test_transformers_t5_keeps_wo_in_fp32_only_at_fp16_in_plan_and_load(tmp_path
     assert encoder.encoder.block[0].layer[1].DenseReluDense.wi.weight.dtype == dtype
     loaded = sum(p.numel() * p.element_size() for p in encoder.parameters())
     assert plan.components["text_encoder"].bytes == pipe.placement_plan.components["text_encoder"].bytes == loaded
+    kept = "; float32 kept: wo" if wo_dtype == torch.float32 else ""
+    assert plan.components["text_encoder"].dtype == f"{str(dtype).removeprefix('torch.')} (torch_dtype{kept})"
 
 
 # --------------------------------------------------------------------------------------- errors and generic
