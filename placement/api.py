@@ -12,10 +12,10 @@ from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
-from .plan import Plan
 from .errors import ComponentError, StrategyError
+from .plan import ComponentPlan, Plan
 from .sizes import parse_size
-from .sizing import dtype_for, size_module
+from .sizing import dtype_for, dtype_label, size_module
 from .streaming import streaming_working_set
 from .unit_order import order_units
 from .strategies import (
@@ -90,16 +90,16 @@ def plan(
             costs=CostModel.build(model_graph, free),
         )
     )
-    return _assemble(spec, order, model_graph, state, notes + list(state.warnings), budgets,
+    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets,
                      activations_accounted=activations is not None)
 
 
-def _assemble(spec, order, model_graph, state, notes, budgets, *, activations_accounted: bool) -> Plan:
+def _assemble(spec, order, model_graph, state, requests, notes, budgets, *, activations_accounted: bool) -> Plan:
     """The Plan from the strategy's final state, components in execution order."""
     by_name = state.by_name
     return Plan(
         strategy=spec.label,
-        components={name: by_name[name].plan for name in order},
+        components={name: _with_dtype(by_name[name].plan, requests[name]) for name in order},
         devices=state.ledger.device_plans(),
         crossing_edges=crossing_edges(model_graph, {name: by_name[name].plan.execution_device for name in order}),
         fallbacks=[by_name[name].fallback for name in order if by_name[name].fallback is not None],
@@ -134,6 +134,11 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
         streamed=streaming_working_set(module, size),
     )
+
+
+def _with_dtype(component: ComponentPlan, request: ComponentRequest) -> ComponentPlan:
+    """Every component states the dtype its bytes assume (requested, or its tensors' own)."""
+    return component.model_copy(update={"dtype": dtype_label(request.module, request.dtype)})
 
 
 def _module_components(components) -> dict[str, nn.Module]:

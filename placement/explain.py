@@ -1,8 +1,8 @@
 """`Plan.explain()`: an aligned table a person reads at a glance, then the reasons.
 
-    component     kind   runs on  GPU 0  GPU 1   CPU
-    text_encoder  whole  GPU 1        .   9.00     .
-    denoiser      split  GPU 0    20.00   4.00     .
+    component     kind   dtype                 runs on  GPU 0  GPU 1   CPU
+    text_encoder  whole  bfloat16 (requested)  GPU 1        .   9.00     .
+    denoiser      split  bfloat16 (requested)  GPU 0    20.00   4.00     .
     ...
     device  budget  weights  activations  overhead  peak   left
 """
@@ -50,16 +50,17 @@ def _component_table(plan: Plan) -> list[str]:
     devices = [entry.device for entry in plan.devices]
     # With a call spec, each component's own activation peak: which one sets a device's "activations" below.
     activations = ["activations"] if plan.activations_accounted else []
-    header = ["component", "kind", "runs on", *activations, *[device_label(d) for d in devices]]
+    header = ["component", "kind", "dtype", "runs on", *activations, *[device_label(d) for d in devices]]
     rows = []
     for name, component in plan.components.items():
         cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
         own = [EMPTY if component.activation_bytes is None else format_bytes(component.activation_bytes)]
-        rows.append([name, kind, device_label(component.execution_device), *own[: len(activations)], *cells])
+        dtype = component.dtype or "as built"  # plans saved before every component stated its dtype
+        rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
-    rows.append(["total weights", "", "", *[""] * len(activations), *totals])
-    return _aligned(header, rows, left=3)
+    rows.append(["total weights", "", "", "", *[""] * len(activations), *totals])
+    return _aligned(header, rows, left=4)
 
 
 def _device_table(plan: Plan) -> list[str]:

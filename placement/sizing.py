@@ -178,6 +178,37 @@ def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[
     return keep
 
 
+def dtype_label(module: nn.Module, dtype: torch.dtype | None, *, origin: str | None = None) -> str:
+    """The dtype a plan states it assumed for a component: "bfloat16 (requested; float32 kept: wo)" when a dtype
+    is requested, else the tensors' own by bytes, e.g. "float32 (as built)". `origin` says where the dtype came
+    from ("torch_dtype", "checkpoint", "config.json only: no weights read", ...)."""
+    if dtype is not None:
+        kept = sorted(kept_fp32_module_names(module, dtype) & _tensor_name_parts(module))
+        detail = origin or "requested"
+        if kept:
+            detail += f"; float32 kept: {', '.join(kept)}"
+        return f"{_dtype_name(dtype)} ({detail})"
+    return f"{tensor_dtypes(module)} ({origin or 'as built'})"
+
+
+def tensor_dtypes(module: nn.Module) -> str:
+    """The floating dtypes of a module's tensors, most bytes first: "bfloat16", "bfloat16+float32"."""
+    by_dtype: dict[torch.dtype, int] = {}
+    for _, tensor in named_module_tensors(module, recurse=True):
+        if tensor.is_floating_point():
+            by_dtype[tensor.dtype] = by_dtype.get(tensor.dtype, 0) + tensor.numel() * tensor.element_size()
+    ordered = sorted(by_dtype, key=lambda d: (-by_dtype[d], str(d)))
+    return "+".join(_dtype_name(d) for d in ordered) or "no floating tensors"
+
+
+def _tensor_name_parts(module: nn.Module) -> set[str]:
+    return {part for name, _ in named_module_tensors(module, recurse=True) for part in name.split(".")}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _corrections(module: nn.Module, dtype: torch.dtype | None, kept_fp32: Mapping[str, torch.dtype]):
     """(tensor path, bytes to add) wherever accelerate's per-tensor size differs from the loaded size."""
     for name, tensor in named_module_tensors(module, recurse=True):

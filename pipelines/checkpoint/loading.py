@@ -101,12 +101,13 @@ def check_accelerators_exist(what: str, devices) -> None:
 
 
 def target_dtype(entry: TensorEntry, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
-    """The dtype `entry` is loaded as: integer/bool tensors never change; fp32-pinned modules stay float32."""
-    if not entry.dtype.is_floating_point:
-        return entry.dtype
+    """The dtype `entry` is loaded as: integer/bool tensors never change; with a `dtype`, tensors of the modules
+    in `keep_in_fp32` (`placement.sizing.kept_fp32_module_names`, the rule sizing uses) become float32."""
+    if dtype is None or not entry.dtype.is_floating_point:
+        return entry.dtype  # no torch_dtype: every tensor as saved, fp32-kept modules included (as diffusers)
     if keep_in_fp32 and any(part in keep_in_fp32 for part in entry.name.split(".")):
         return torch.float32
-    return entry.dtype if dtype is None else dtype
+    return dtype
 
 
 def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> None:

@@ -18,6 +18,7 @@ from accelerate import init_empty_weights
 from torch import nn
 
 from placement.errors import PlacementError
+from placement.sizing import kept_fp32_module_names
 
 from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, tie_weights
 from ..checkpoint.config_file import read_config
@@ -110,8 +111,11 @@ def load_without_device_map(cls: type, folder: Path, *, dtype: torch.dtype | Non
     return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant).eval()
 
 
-def keep_in_fp32_modules(module: nn.Module) -> tuple[str, ...]:
-    return tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+def keep_in_fp32_modules(module: nn.Module, dtype: torch.dtype | None) -> tuple[str, ...]:
+    """The submodule names loading at `dtype` keeps in float32: the very rule sizing uses
+    (`placement.sizing.kept_fp32_module_names`: diffusers and ours at any dtype, transformers only at fp16 plus
+    its strict list), so a plan never assumes bf16 for weights the loader then reads as fp32."""
+    return tuple(sorted(kept_fp32_module_names(module, dtype)))
 
 
 def known_execution_order(class_name: str) -> list[str] | None:

@@ -1,6 +1,8 @@
 """Pipeline.from_pretrained / plan_placement: build on meta, plan, stream each tensor to its device, dispatch.
 
     folder -> model_index.json -> classes -> modules built on meta (+ components passed in)
+           -> the pipeline object: `cls` through its constructor, or for `Pipeline` itself and a folder naming a
+              diffusers pipeline class, that class (`diffusers_pipeline`; generic=True keeps the generic Pipeline)
            -> placement.plan (graph = the pipeline's model graph; passed dispatched components pinned)
            -> per component: weights streamed from safetensors to the planned devices -> hooks for its kind
            -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
@@ -20,7 +22,6 @@ from torch import nn
 
 from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
-from placement.device_maps import is_single_device
 from placement.devices import accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
 from placement.plan import Plan
@@ -41,8 +42,15 @@ from .hf_interop import (
     weights_name_for,
 )
 from .model_index import ModelIndex
-from .components import PipelineComponents
-from .planning import passed_pins, plan_pipeline
+from .components import PipelineComponentError, PipelineComponents, is_generic
+from .diffusers_pipeline import (
+    attach_reset,
+    build_diffusers_pipeline,
+    check_diffusers_components,
+    diffusers_pipeline_class,
+    is_diffusers_folder,
+)
+from .planning import is_single_device, label_dtypes, modules_and_edges, passed_pins, plan_pipeline
 from .sources import (
     ComponentSource,
     check_constructor,
@@ -70,56 +78,108 @@ class LoadOptions:
     progress: bool = True
 
 
-def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> PipelineComponents:
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=True)
+def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
+                  generic: bool = False):
+    """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
+    `generic`), each module streamed to the plan's devices."""
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                          weights=True, generic=generic)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
         for name, source in modules.items():
             dtype = dtype_for(options.torch_dtype, name)
             components[name] = load_without_device_map(source.cls, source.folder, dtype=dtype, variant=options.variant)
-        return construct_pipeline(cls, index, {**components, **passed})
+        return _construct(target, index, {**components, **passed}, pretrained)
 
     components.update({name: build_sized_on_meta(source, torch_dtype=options.torch_dtype, variant=options.variant,
                                                  weights_required=True)
                        for name, source in modules.items()})
-    pipe = construct_pipeline(cls, index, {**components, **passed})
-    plan = _plan(pipe, passed, options)
-    _check_devices_exist(plan)
-    _materialize(pipe, plan, modules, passed, options)
+    pipe = _construct(target, index, {**components, **passed}, pretrained)
+    plan = _plan(pipe, passed, options, sources)
+    check_devices_exist(plan)
+    materialize(pipe, plan, modules, passed, options)
+    if not isinstance(pipe, PipelineComponents):
+        attach_reset(pipe)
+        if is_single_device(options.device_map):  # as diffusers: device_map="cuda" keeps .to() allowed
+            pipe.hf_device_map = str(torch_device(next(iter(plan.components.values())).execution_device))
     return pipe
 
 
-def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
+                generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=False)
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
+                                          weights=False, generic=generic)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
         for name, s in sources.items()
     }
-    pipe = construct_pipeline(cls, index, {**components, **passed})
-    return _plan(pipe, passed, options)
+    pipe = _construct(target, index, {**components, **passed}, pretrained)
+    return _plan(pipe, passed, options, sources)
 
 
-def _plan(pipe: PipelineComponents, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+def _plan(pipe, passed: Mapping[str, Any], options: LoadOptions, sources: Mapping[str, ComponentSource]) -> Plan:
     """`plan_pipeline` for a pipeline built from a folder: components passed in keep their own dtype, and those
-    already dispatched are pinned where they are."""
-    return plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory,
-                         torch_dtype=_dtype_spec(pipe, options.torch_dtype, passed),
-                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
+    already dispatched are pinned where they are; each component's plan says which dtype it assumed."""
+    modules, edges = modules_and_edges(pipe)
+    dtypes = _dtype_spec(modules, options.torch_dtype, passed)
+    plan = plan_pipeline(pipe, device_map=options.device_map, max_memory=options.max_memory, torch_dtype=dtypes,
+                         offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed),
+                         modules=modules, edges=edges)
+    return label_dtypes(plan, modules, dtypes, {name: _dtype_origin(name, dtypes, sources, options.variant)
+                                                for name in plan.components})
 
 
-def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
-                 weights: bool) -> tuple[ModelIndex, dict[str, ComponentSource]]:
-    """The folder's index and the sources of the components not passed in, after every check that needs no
-    module built (constructor arguments, passed replacements, torch_dtype keys)."""
+def _dtype_origin(name: str, dtypes: Mapping[str, Any], sources: Mapping[str, ComponentSource],
+                  variant: str | None) -> str:
+    """Where the dtype a component was sized at comes from, for the plan to state."""
+    if name not in sources:
+        return "passed in, as it is"
+    if dtypes.get(name) is not None:
+        return "torch_dtype"
+    try:
+        find_weights(sources[name].folder, weights_name=weights_name_for(sources[name].cls), variant=variant)
+    except WeightsNotFoundError:
+        return "config.json only, no weights read: give torch_dtype to plan for the checkpoint's dtype"
+    return "checkpoint"
+
+
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype, weights: bool,
+                 generic: bool) -> tuple[ModelIndex, type, dict[str, ComponentSource]]:
+    """The folder's index, the class to build (`cls`, or the diffusers class a diffusers folder names) and
+    the sources of the components not passed in, after every check that needs no module built."""
     folder = resolve_pipeline_folder(pretrained, weights=weights)
     index = ModelIndex.read(folder)
-    check_constructor(cls, index, passed)
+    target = _target_class(cls, index, generic)
+    if target is cls:
+        check_constructor(cls, index, passed)
+    else:
+        check_diffusers_components(target, index, passed)
     sources = component_sources(index, folder, skip=passed)
     check_dtype_keys(torch_dtype, sources, passed)
-    return index, sources
+    return index, target, sources
+
+
+def _target_class(cls: type, index: ModelIndex, generic: bool) -> type:
+    """`Pipeline.from_pretrained` of a diffusers folder builds the diffusers class (unless `generic`)."""
+    if not is_generic(cls):
+        if generic:
+            raise PipelineComponentError(
+                f"generic=True loads a folder as the generic pipelines.Pipeline; {cls.__name__} is a pipeline "
+                "class of its own: call pipelines.Pipeline.from_pretrained(folder, generic=True) instead."
+            )
+        return cls
+    if generic or not is_diffusers_folder(index):
+        return cls
+    return diffusers_pipeline_class(index)
+
+
+def _construct(target: type, index: ModelIndex, components: Mapping[str, Any], pretrained):
+    if is_generic(target) or issubclass(target, PipelineComponents):
+        return construct_pipeline(target, index, components)
+    return build_diffusers_pipeline(target, index, components, name_or_path=str(pretrained))
 
 
 def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | None,
@@ -136,7 +196,8 @@ def build_sized_on_meta(source: ComponentSource, *, torch_dtype, variant: str | 
             raise
         return module
     ties = tied_weights_for(module, weights.tensors)
-    cast_meta(module, weights, dtype=dtype_for(torch_dtype, source.name), keep_in_fp32=keep_in_fp32_modules(module))
+    dtype = dtype_for(torch_dtype, source.name)
+    cast_meta(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32_modules(module, dtype))
     tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
     return module
 
@@ -156,12 +217,13 @@ def check_dtype_keys(torch_dtype, sources: Mapping[str, ComponentSource], passed
         )
 
 
-def _dtype_spec(pipe: PipelineComponents, torch_dtype, passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:
+def _dtype_spec(modules: Mapping[str, nn.Module], torch_dtype,
+                passed: Mapping[str, Any]) -> dict[str, torch.dtype | None]:
     """Per module component: the requested dtype for what we load; passed components keep their own."""
-    return {name: None if name in passed else dtype_for(torch_dtype, name) for name in pipe.execution_order}
+    return {name: None if name in passed else dtype_for(torch_dtype, name) for name in modules}
 
 
-def _check_devices_exist(plan: Plan) -> None:
+def check_devices_exist(plan: Plan) -> None:
     present = accelerators_present()
     wanted = sorted({d for c in plan.components.values() for d in [*c.devices, c.execution_device]
                      if is_accelerator(d)})
@@ -175,16 +237,17 @@ def _check_devices_exist(plan: Plan) -> None:
         )
 
 
-def _materialize(pipe: PipelineComponents, plan: Plan, sources: Mapping[str, ComponentSource],
+def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
                  passed: Mapping[str, Any], options: LoadOptions) -> None:
-    """Stream, move and dispatch every component; on any failure undo all of it before re-raising."""
+    """Stream, move and dispatch every component of `pipe` (ours or a diffusers pipeline); on any failure undo
+    all of it before re-raising."""
     single_device = is_single_device(options.device_map)
     touched: list[str] = []
     passed_origin = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
     try:
         for name in plan.execution_order:
             component = plan.components[name]
-            if component.pinned and name in passed:
+            if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
                 continue  # already dispatched by its owner: shown in the map, never moved
             module = pipe.components[name]
             touched.append(name)
@@ -208,7 +271,7 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     """Load the component's tensors straight to the plan's devices; the offload index for its disk part."""
     weights = find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=options.variant)
     dtype = dtype_for(options.torch_dtype, source.name)
-    keep = keep_in_fp32_modules(module)
+    keep = keep_in_fp32_modules(module, dtype)
     tied = tied_weights_for(module, weights.tensors)
     # The checkpoint's own files serve the disk part; a tied parameter is served under its tied name too.
     return stream_component(module, weights, component, dtype=dtype, keep_in_fp32=keep, tied_weights=tied,
@@ -232,7 +295,7 @@ def _origin_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _undo(pipe: PipelineComponents, touched: list[str], sources, passed_origin) -> None:
+def _undo(pipe: Any, touched: list[str], sources, passed_origin) -> None:
     for name in touched:
         module = pipe.components[name]
         try:

@@ -13,6 +13,7 @@ from torch import nn
 import placement
 from placement.device_maps import is_single_device
 from placement.plan import Plan
+from placement.sizing import dtype_for, kept_fp32_module_names
 
 from ..checkpoint import (
     DIFFUSERS_WEIGHTS_NAME,
@@ -145,7 +146,7 @@ class ModelMixin(nn.Module):
         folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
         model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
                                               weights_required=True)
-        keep = tuple(cls._keep_in_fp32_modules or ())
+        keep = _kept_fp32(model, torch_dtype)
         if device_map is None:
             load_weights(model, weights, dtype=torch_dtype, keep_in_fp32=keep, tied_weights=cls._tied_weights_keys,
                          progress=progress)
@@ -177,11 +178,17 @@ def _build_sized_on_meta(cls: type, folder: Path, *, torch_dtype, variant, weigh
         weights = None
     if weights is not None:
         validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
-        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=tuple(cls._keep_in_fp32_modules or ()))
+        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=_kept_fp32(model, torch_dtype))
     # Ties made in __init__ do not survive init_empty_weights() or the re-typing above; re-tie so the plan
     # counts a tied weight once, as the loaded model holds it.
     tie_weights(model, cls._tied_weights_keys)
     return model, weights
+
+
+def _kept_fp32(model: nn.Module, torch_dtype) -> tuple[str, ...]:
+    """The modules that stay float32 at `torch_dtype`: sizing's own rule (`kept_fp32_module_names`), so the
+    plan's bytes and the loaded bytes agree (none without a torch_dtype: tensors load as saved)."""
+    return tuple(sorted(kept_fp32_module_names(model, dtype_for(torch_dtype, ""))))
 
 
 def _plan(model: nn.Module, weights: WeightsIndex | None, device_map, *, max_memory, torch_dtype,

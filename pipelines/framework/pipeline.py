@@ -29,7 +29,8 @@ class Pipeline(PipelineComponents):
     @classmethod
     def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
                         variant: str | None = None, offload_folder: str | Path | None = None,
-                        call: Mapping[str, Any] | None = None, progress: bool = True, **components: Any):
+                        call: Mapping[str, Any] | None = None, progress: bool = True, generic: bool = False,
+                        **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -39,19 +40,25 @@ class Pipeline(PipelineComponents):
         saved components by name: a plain one is sized and placed with the rest (never cast), one that already
         carries a device map is pinned where it is. `call` (e.g. `{"height": 1024, "width": 1024}`) makes the
         plan account for activation memory where the pipeline knows its inputs (`activation_inputs`).
+
+        `device_map` may also be a saved plan: a `placement.Plan`, the path of its JSON, or a flat
+        `hf_device_map` with dotted keys; the placement it describes is reproduced.
+        A folder whose model_index.json names a diffusers pipeline class (written by diffusers) loads, through
+        `Pipeline` itself, as an instance of that class (e.g. a callable `diffusers.FluxPipeline`), placed by
+        this library; `generic=True` loads it as a generic `Pipeline` instead (each component an attribute).
         """
         options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
                               offload_folder=offload_folder, call=call, progress=progress)
-        return load_pipeline(cls, pretrained, passed=components, options=options)
+        return load_pipeline(cls, pretrained, passed=components, options=options, generic=generic)
 
     @classmethod
     def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
                        variant: str | None = None, offload_folder: str | Path | None = None,
-                       call: Mapping[str, Any] | None = None, **components: Any):
+                       call: Mapping[str, Any] | None = None, generic: bool = False, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights."""
         options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
                               offload_folder=offload_folder, call=call)
-        return plan_folder(cls, pretrained, passed=components, options=options)
+        return plan_folder(cls, pretrained, passed=components, options=options, generic=generic)
 
 
 __all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]

@@ -12,10 +12,14 @@ from torch import nn
 
 import placement
 from placement.errors import PlacementError
-from placement.sizing import dtype_for
+from placement.device_maps import is_single_device as _names_one_device
+from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from .components import PipelineComponentError, PipelineComponents
+from .diffusers_pipeline import graph_edges as diffusers_graph_edges
+from .diffusers_pipeline import module_components as diffusers_module_components
+from .saved_plans import check_saved_plan, is_plan_path as _is_plan_path, nest_flat_device_map, saved_plan
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
@@ -25,16 +29,23 @@ class CallSpecError(PlacementError, ValueError):
     """A `call=` spec the pipeline cannot turn into example inputs."""
 
 
-def plan_pipeline(pipe: PipelineComponents, *, device_map, max_memory, torch_dtype, offload_folder, call,
-                  pinned: Mapping[str, Any]) -> placement.Plan:
-    """`placement.plan` over `pipe.module_components` with its model graph (and activations when `call` is given)."""
-    modules = pipe.module_components
+def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
+                  modules: Mapping[str, nn.Module] | None = None, edges=None) -> placement.Plan:
+    """`placement.plan` over the pipeline's module components with its model graph (and activations when
+    `call` is given). `device_map` may also be a saved plan (a `Plan` or the path of its JSON: used as it is,
+    after checking it fits these components) or a flat `hf_device_map` with dotted keys."""
+    if modules is None:
+        modules, edges = modules_and_edges(pipe)
+    saved = saved_plan(device_map)
+    if saved is not None:
+        return check_saved_plan(saved, modules, torch_dtype)
+    device_map = nest_flat_device_map(device_map, modules)
     activations, module_order = None, {}
     if call is not None:
         activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype, module_order=module_order)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=pipe.graph_edges,
+        plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=edges,
                               dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
                               pinned=dict(pinned) or None, module_order=module_order or None)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
@@ -80,6 +91,13 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     return peaks
 
 
+def is_single_device(device_map) -> bool:
+    """A device_map naming one device ("cuda", "cuda:1", 0, "cpu", torch.device): everything there, no hooks."""
+    if isinstance(device_map, (placement.Plan, Path)) or _is_plan_path(device_map):
+        return False
+    return _names_one_device(device_map)
+
+
 def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
     """Components passed in that already carry a device map: pinned where they are (their own hf_device_map)."""
     pins = {}
@@ -97,3 +115,23 @@ def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
                 "it with its own device_map."
             )
     return pins
+
+
+def modules_and_edges(pipe) -> tuple[dict[str, nn.Module], list[tuple[str, str]]]:
+    """Module components in execution order and the model graph, of ours or of a diffusers pipeline."""
+    if isinstance(pipe, PipelineComponents):
+        return pipe.module_components, pipe.graph_edges
+    modules = diffusers_module_components(pipe)
+    return modules, diffusers_graph_edges(type(pipe), modules)
+
+
+def label_dtypes(plan: placement.Plan, modules: Mapping[str, nn.Module], torch_dtype,
+                 origins: Mapping[str, str]) -> placement.Plan:
+    """The plan with each component's dtype stated with its origin, e.g. "bfloat16 (torch_dtype)",
+    "float16 (checkpoint)", "float32 (config.json only: ...)"."""
+    components = {
+        name: component.model_copy(update={"dtype": dtype_label(
+            modules[name], dtype_for(torch_dtype, name), origin=origins.get(name))})
+        for name, component in plan.components.items()
+    }
+    return plan.model_copy(update={"components": components})

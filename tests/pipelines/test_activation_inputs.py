@@ -251,10 +251,11 @@ def test_a_plan_for_a_call_shows_each_components_activations_and_each_devices_pe
 
     lines = plan.explain().splitlines()
     header = next(line for line in lines if line.startswith("component"))
-    assert header.split()[:5] == ["component", "kind", "runs", "on", "activations"]
+    assert header.split()[:6] == ["component", "kind", "dtype", "runs", "on", "activations"]
     for name, component in plan.components.items():
         row = next(line for line in lines if line.startswith(f"{name} "))
-        assert row.split()[4:6] == format_bytes(component.activation_bytes).split(), row
+        assert component.dtype in row, row  # e.g. "float32 (checkpoint)": several words, read apart
+        assert row.replace(component.dtype, "", 1).split()[4:6] == format_bytes(component.activation_bytes).split()
     for device in plan.accelerators:
         row = next(line for line in lines if line.startswith(f"GPU {device} "))  # the device table's row
         assert format_bytes(plan.device(device).predicted_peak) in row, row

@@ -1,5 +1,6 @@
 """A diffusers-format folder written by diffusers and transformers themselves (tiny random configs): planned for
-two fictitious GPUs and loaded on the CPU as a generic Pipeline, with outputs equal to the originals."""
+two fictitious GPUs and loaded on the CPU as a generic Pipeline (generic=True; without it the diffusers class is
+built, see test_diffusers_pipelines.py), with outputs equal to the originals."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_plan_for_two_fictitious_gpus_spans_both(sd_folder):
 
 def test_generic_load_on_cpu_gives_the_originals_outputs(sd_folder):
     folder, originals = sd_folder
-    pipe = Pipeline.from_pretrained(folder, device_map="balanced", progress=False)
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", progress=False, generic=True)
     assert type(pipe) is Pipeline
     assert set(pipe.hf_device_map) == {"text_encoder", "unet", "vae"}
     assert isinstance(pipe.tokenizer, transformers.CLIPTokenizer)
@@ -111,7 +112,7 @@ def test_tied_transformers_weights_load_from_the_one_saved_copy(tmp_path):
     t5.save_pretrained(tmp_path / "pipe" / "text_encoder_2")
     (tmp_path / "pipe" / "model_index.json").write_text(json.dumps(
         {"_class_name": "FluxPipeline", "text_encoder_2": ["transformers", "T5EncoderModel"]}))
-    pipe = Pipeline.from_pretrained(tmp_path / "pipe", device_map="balanced", progress=False)
+    pipe = Pipeline.from_pretrained(tmp_path / "pipe", device_map="balanced", progress=False, generic=True)
     loaded = pipe.text_encoder_2
     assert loaded.shared.weight is loaded.encoder.embed_tokens.weight
     ids = torch.tensor([[1, 2, 3, 4]])

@@ -133,7 +133,8 @@ def test_plan_json_round_trips_and_sizes_follow_torch_dtype(saved):
     _, folder = saved
     plan = TinyModel.plan_placement(folder, device_map="auto", max_memory={0: "1GiB"}, torch_dtype=torch.float16)
     again = Plan.from_json(plan.to_json())
-    assert again == plan and json.loads(plan.to_json())["components"]["TinyModel"]["dtype"] == "float16"
+    # The plan states the dtype it assumed, and why: "float16 (requested; float32 kept: norm_out)".
+    assert again == plan and json.loads(plan.to_json())["components"]["TinyModel"]["dtype"].startswith("float16 ")
     fp32 = TinyModel.plan_placement(folder, device_map="auto", max_memory={0: "1GiB"})
     assert plan.components["TinyModel"].bytes < fp32.components["TinyModel"].bytes
     with torch.device("meta"):
