@@ -11,7 +11,7 @@ Importing this package imports every library class a saved folder may name (`fra
 from .framework.config import ModelConfig
 from .framework.modeling import ModelMixin
 from .framework.pipeline import Pipeline
-from .framework.registry import library_class
+from .framework.registry import library_class, register_class
 from .text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 from .text_to_image.pipeline import TextToImagePipeline
 from .text_to_image.schedulers import FlowMatchEulerScheduler
@@ -29,4 +29,5 @@ __all__ = [
     "TextToImagePipeline",
     "UNet",
     "library_class",
+    "register_class",
 ]

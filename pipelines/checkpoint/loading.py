@@ -30,7 +30,7 @@ from placement.errors import InvalidDeviceError
 from placement.model_map import accelerators_present
 from placement.splitting import owning_key
 
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CheckpointError, CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
 from .validation import validate_weights
 
@@ -172,4 +172,9 @@ def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor
                     on_tensor(1)
     except SafetensorError as error:
         raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
+    except OSError as error:  # an I/O error, a file removed or unreadable mid-load
+        raise CheckpointReadError(
+            f"Reading {str(path)!r} failed: {error.strerror or error}. Nothing was kept loaded; check the disk and "
+            "the file's permissions, then load again."
+        ) from error
 

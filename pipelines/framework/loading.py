@@ -44,6 +44,7 @@ from .hf_interop import (
 from .model_index import ModelIndex
 from .components import PipelineComponents
 from .planning import is_single_device, passed_pins, plan_pipeline
+from .snapshot import read_snapshot
 from .sources import (
     ComponentSource,
     check_constructor,
@@ -69,10 +70,18 @@ class LoadOptions:
     offload_folder: str | Path | None
     call: Mapping[str, Any] | None
     progress: bool = True
+    trust_remote_code: bool = False
 
 
 def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> PipelineComponents:
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=True)
+    """The pipeline of one save (see `snapshot`): reloaded if the folder was saved over while it loaded."""
+    folder = resolve_pipeline_folder(pretrained, weights=True)
+    return read_snapshot(folder, lambda: _load_once(cls, folder, passed=passed, options=options),
+                         discard=lambda pipe: _discard(pipe, passed))
+
+
+def _load_once(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> PipelineComponents:
+    index, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=True)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
@@ -93,7 +102,12 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
 
 def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    index, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype, weights=False)
+    folder = resolve_pipeline_folder(pretrained, weights=False)
+    return read_snapshot(folder, lambda: _plan_once(cls, folder, passed=passed, options=options))
+
+
+def _plan_once(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions) -> Plan:
+    index, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=False)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
@@ -111,15 +125,15 @@ def _plan(pipe: PipelineComponents, passed: Mapping[str, Any], options: LoadOpti
                          offload_folder=options.offload_folder, call=options.call, pinned=passed_pins(passed))
 
 
-def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype,
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
                  weights: bool) -> tuple[ModelIndex, dict[str, ComponentSource]]:
     """The folder's index and the sources of the components not passed in, after every check that needs no
     module built (constructor arguments, passed replacements, torch_dtype keys)."""
     folder = resolve_pipeline_folder(pretrained, weights=weights)
     index = ModelIndex.read(folder)
-    check_constructor(cls, index, passed)
-    sources = component_sources(index, folder, skip=passed)
-    check_dtype_keys(torch_dtype, sources, passed)
+    check_constructor(cls, index, passed, trust_remote_code=options.trust_remote_code)
+    sources = component_sources(index, folder, skip=passed, trust_remote_code=options.trust_remote_code)
+    check_dtype_keys(options.torch_dtype, sources, passed)
     return index, sources
 
 
@@ -232,6 +246,12 @@ def _origin_device(module: nn.Module) -> torch.device:
     for tensor in module.parameters():
         return tensor.device
     return torch.device("cpu")
+
+
+def _discard(pipe: PipelineComponents, passed: Mapping[str, Any]) -> None:
+    """Free a pipeline loaded from a save that was replaced meanwhile (the components passed in are kept)."""
+    loaded = [name for name in pipe.module_components if name not in passed]
+    _undo(pipe, loaded, set(loaded), {})
 
 
 def _undo(pipe: PipelineComponents, touched: list[str], sources, passed_origin) -> None:

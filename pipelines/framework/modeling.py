@@ -21,6 +21,8 @@ from ..checkpoint import (
 from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_dict, write_config
 from ..checkpoint.naming import CONFIG_NAME
 from ..checkpoint.placing import cast_meta, load_and_dispatch
+from placement.sizing import dtype_for
+
 from .config import ModelConfig
 from .hub import resolve_folder
 
@@ -105,6 +107,7 @@ class ModelMixin(nn.Module):
         Disk-offloaded weights are read from the checkpoint files themselves, so `offload_folder` only
         permits planning onto "disk". Every failure raises before a half-loaded model can escape.
         """
+        torch_dtype = dtype_for(torch_dtype, "default")  # a dtype or its name; anything else is a typed error
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
         folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
         config = read_config(folder, cls.config_class)
