@@ -65,6 +65,8 @@ def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Pa
 def check_target(target: str | Path) -> Path:
     """The absolute target, after refusing a regular file and the working folder (or one of its parents)."""
     target = Path(target).absolute()
+    if target.is_symlink():  # save into the folder it points to; replacing the link would orphan that folder
+        target = target.resolve()
     if target.exists() and not target.is_dir():
         raise CheckpointSaveError(
             f"Cannot save into {str(target)!r}: it exists and is not a folder. Choose another path, or remove "
