@@ -22,4 +22,6 @@ def test_bad_input_gets_a_clear_outcome(case, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outcome = grade(case, tmp_path)
+    if case.known_gap and outcome.grade is not Grade.CLEAR:
+        pytest.xfail(f"known gap: {case.known_gap} ({outcome.grade.value}: {outcome.detail})")
     assert outcome.grade is Grade.CLEAR, outcome.detail
