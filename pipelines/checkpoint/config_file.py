@@ -30,12 +30,12 @@ def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file
     return write_json(folder / file_name, content)
 
 
-def write_json(path: Path, content: Any) -> Path:
+def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
     """Write to a temporary sibling, then rename: a reader never sees half a file, and a file hard-linked from
     an earlier save (see `atomic`) is never modified."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        temporary.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        temporary.write_text(json.dumps(content, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -118,7 +118,7 @@ class ModelIndex(BaseModel):
         return data
 
     def write(self, folder: str | Path) -> None:
-        write_json(Path(folder) / MODEL_INDEX_NAME, self.to_dict())
+        write_json(Path(folder) / MODEL_INDEX_NAME, self.to_dict(), sort_keys=False)  # the order is the load order
 
 
 def _component_spec(name: str, value: list | tuple, source: str) -> "ComponentSpec":
@@ -183,7 +183,7 @@ def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: boo
                 "check model_index.json, or register your class with pipelines.register_class."
             )
         return found
-    if library in HF_LIBRARIES:
+    if library.split(".")[0] in HF_LIBRARIES:  # their own (sub)modules: installed code the user already trusts
         return _class_in(_import_library(library, component), library, class_name, component)
     found = find_registered_class(library, class_name) or next(
         (cls for cls in known if (cls.__module__, cls.__name__) == (library, class_name)), None)
