@@ -260,6 +260,12 @@ def io_error_during_load(tmp: Path):
         loading.safe_open = original
 
 
+def model_to_disk_without_offload_folder(tmp: Path):
+    folder = tmp / "enc"
+    CatalogueEncoder(CatalogueEncoderConfig()).save_pretrained(folder)
+    return CatalogueEncoder.from_pretrained(folder, device_map="auto", max_memory={0: 100, "cpu": 100})
+
+
 CASES = [
     Case(name="save: pipeline into a folder holding README.md, train.py, data/", run=save_over_user_files,
          error=None, harm=user_files_lost),
@@ -339,12 +345,6 @@ CASES = [
     Case(name="weights: I/O error while reading a tensor", run=io_error_during_load,
          error=f"{CHECKPOINT}.CheckpointReadError", words=("Input/output error",)),
 ]
-
-
-def model_to_disk_without_offload_folder(tmp: Path):
-    folder = tmp / "enc"
-    CatalogueEncoder(CatalogueEncoderConfig()).save_pretrained(folder)
-    return CatalogueEncoder.from_pretrained(folder, device_map="auto", max_memory={0: 100, "cpu": 100})
 
 
 def _rename_component(tmp: Path, new_name: str):

