@@ -12,7 +12,7 @@ from .framework.config import ModelConfig
 from .framework.modeling import ModelMixin
 from .framework.pipeline import Pipeline
 from .framework.place import place
-from .framework.registry import library_class
+from .framework.registry import library_class, register_class
 from .text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 from .text_to_image.pipeline import TextToImagePipeline
 from .text_to_image.schedulers import FlowMatchEulerScheduler
@@ -31,4 +31,5 @@ __all__ = [
     "UNet",
     "library_class",
     "place",
+    "register_class",
 ]

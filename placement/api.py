@@ -12,7 +12,7 @@ from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
-from .errors import ComponentError, StrategyError
+from .errors import ComponentError, InvalidDtypeError, StrategyError
 from .plan import ComponentPlan, Plan
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -67,6 +67,7 @@ def plan(
         cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
     """
     modules = _module_components(components)
+    _check_dtype_keys(dtype, modules)
     spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
@@ -152,7 +153,26 @@ def _module_components(components) -> dict[str, nn.Module]:
             f"Only nn.Module components are placed; these are not modules: {others}. "
             "Leave tokenizers, schedulers and other non-module components out of plan()."
         )
-    return {str(name): module for name, module in components.items()}
+    named = {str(name): module for name, module in components.items()}
+    if len(named) != len(components):
+        clashes = sorted({str(n) for n in components if sum(str(m) == str(n) for m in components) > 1})
+        raise ComponentError(
+            f"Component names {clashes} collide once written as strings ({[repr(n) for n in components]}); "
+            "a plan names components by string, so one would be dropped. Give every component a distinct name."
+        )
+    return named
+
+
+def _check_dtype_keys(dtype, modules: Mapping[str, nn.Module]) -> None:
+    """A dict dtype names components or "default": a misspelt key would be ignored without a word."""
+    if not isinstance(dtype, Mapping):
+        return
+    unknown = sorted(str(key) for key in dtype if key != "default" and str(key) not in modules)
+    if unknown:
+        raise InvalidDtypeError(
+            f"dtype names {unknown}, which are not components of this plan; its components are {sorted(modules)}. "
+            "Fix the key(s), or use 'default' for every other component."
+        )
 
 
 def _activations(activations, modules: Mapping[str, nn.Module]) -> dict[str, int]:

@@ -1,13 +1,17 @@
-"""config.json: a model's `ModelConfig` fields plus `_class_name`, as diffusers writes it.
+"""The JSON config files of a saved folder, one writer and one reader for all of them.
 
-Keys starting with "_" (`_class_name`, `_diffusers_version`, ...) are bookkeeping, not config fields.
+`config.json` of a model and `scheduler_config.json` / `tokenizer_config.json` of a non-module component hold
+the pydantic config's fields plus `_class_name`, as diffusers writes them. Keys starting with "_" (`_class_name`,
+`_diffusers_version`, ...) are bookkeeping, not config fields. Every failure names the file and the field.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -15,45 +19,71 @@ from .errors import CorruptCheckpointError, InvalidConfigError, WeightsNotFoundE
 from .naming import CONFIG_NAME
 
 CLASS_NAME_KEY = "_class_name"
+Config = TypeVar("Config", bound=BaseModel)
 
 
-def write_config(folder: str | Path, config: BaseModel, *, class_name: str) -> Path:
-    path = Path(folder) / CONFIG_NAME
+def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file_name: str = CONFIG_NAME) -> Path:
+    """Write `file_name` in `folder` (created if needed). The file is replaced, never rewritten in place."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     content = {CLASS_NAME_KEY: class_name, **config.model_dump(mode="json")}
-    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return write_json(folder / file_name, content)
+
+
+def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
+    """Write to a temporary sibling, then rename: a reader never sees half a file, and a file hard-linked from
+    an earlier save (see `atomic`) is never modified."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        temporary.write_text(json.dumps(content, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return path
 
 
-def read_config_dict(folder: str | Path) -> dict[str, Any]:
-    """The raw config.json of `folder` (errors name the file)."""
-    path = Path(folder) / CONFIG_NAME
+def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[str, Any]:
+    """The raw JSON object of `folder/file_name` (errors name the file)."""
+    path = Path(folder) / file_name
     if not path.is_file():
-        raise WeightsNotFoundError(f"No {CONFIG_NAME} in {str(Path(folder))!r}: this is not a saved model folder.")
+        raise WeightsNotFoundError(
+            f"No {file_name} in {str(Path(folder))!r}: this is not a saved folder of that kind; save it there with "
+            "save_pretrained(folder) first."
+        )
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(f"{str(path)!r} is not valid JSON ({error}).") from error
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
     if not isinstance(content, dict):
         raise CorruptCheckpointError(f"{str(path)!r} must hold a JSON object, got {type(content).__name__}.")
     return content
 
 
-def read_config(folder: str | Path, config_class: type[BaseModel]) -> BaseModel:
-    """Validate config.json against `config_class`; an unknown, missing or ill-typed field is named."""
-    content = read_config_dict(folder)
+def read_config(
+    folder: str | Path, config_class: type[Config], *, file_name: str = CONFIG_NAME, subfolder: str | None = None
+) -> Config:
+    """Validate the config file against `config_class`; an unknown, missing or ill-typed field is named."""
+    folder = Path(folder) / subfolder if subfolder else Path(folder)
+    content = read_config_dict(folder, file_name)
     fields = {key: value for key, value in content.items() if not key.startswith("_")}
     try:
         return config_class.model_validate(fields)
     except ValidationError as error:
-        problems = "; ".join(_describe(problem) for problem in error.errors())
         raise InvalidConfigError(
-            f"{str(Path(folder) / CONFIG_NAME)!r} does not validate as {config_class.__name__}: {problems}. "
-            "Fix or remove these fields."
+            f"{str(folder / file_name)!r} does not validate as {config_class.__name__}: "
+            f"{describe_validation_error(error)}. Fix or remove these fields."
         ) from error
 
 
-def _describe(problem: dict) -> str:
-    field = ".".join(str(part) for part in problem.get("loc", ())) or "<root>"
-    if problem.get("type") == "extra_forbidden":
-        return f"unknown field {field!r}"
-    return f"field {field!r}: {problem.get('msg')} (got {problem.get('input')!r})"
+def describe_validation_error(error: ValidationError) -> str:
+    """"field 'shift': Input should be greater than 0 (got -1)" for each problem, joined by "; "."""
+    problems = []
+    for problem in error.errors():
+        field = ".".join(str(part) for part in problem.get("loc", ())) or "<root>"
+        if problem.get("type") == "extra_forbidden":
+            problems.append(f"unknown field {field!r}")
+        else:
+            problems.append(f"field {field!r}: {problem.get('msg')} (got {problem.get('input')!r})")
+    return "; ".join(problems)

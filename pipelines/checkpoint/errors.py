@@ -37,6 +37,19 @@ class CheckpointShapeError(CheckpointError):
     """A tensor whose shape in the checkpoint differs from the model's."""
 
 
+class CheckpointReadError(CheckpointError, OSError):
+    """An I/O error while reading weights (the disk, a file removed or made unreadable during the load)."""
+
+
+class CheckpointDtypeError(CheckpointError):
+    """A checkpoint tensor whose dtype the model cannot take as is (an int32 for an int64 buffer, or one
+    float16 tensor among float32 ones with no `torch_dtype` asking for a cast)."""
+
+
+class UnsafeCheckpointPathError(CheckpointError):
+    """An index names a file outside its component folder (a path with separators, '..' or absolute)."""
+
+
 class InvalidConfigError(CheckpointError):
     """A config.json that does not validate against the model's config class (names the field)."""
 

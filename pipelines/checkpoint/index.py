@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from .errors import (
     CheckpointKeysError,
     CorruptCheckpointError,
+    UnsafeCheckpointPathError,
     VariantNotFoundError,
     WeightsNotFoundError,
     list_names,
@@ -160,7 +161,20 @@ def _read_index(index_path: Path) -> dict[str, str]:
         raise CorruptCheckpointError(
             f"Index file {str(index_path)!r} has no 'weight_map' object of tensor name -> shard file name."
         )
+    outside = sorted({file for file in weight_map.values() if not is_plain_file_name(file)})
+    if outside:
+        raise UnsafeCheckpointPathError(
+            f"Index file {str(index_path)!r} names shard file(s) {list_names(outside)}, which are not plain file "
+            "names in its folder (no '/', '\\', '..' or absolute paths allowed); nothing was read from them. "
+            "Fix the index's weight_map to name files next to it."
+        )
     return weight_map
+
+
+def is_plain_file_name(name: str) -> bool:
+    """A file directly in the component folder: a symlink there (as in the HF cache) is fine, a path is not."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name \
+        and not Path(name).is_absolute()
 
 
 def _tensors_from_index(folder: Path, index_path: Path, weight_map: dict[str, str]) -> dict[str, TensorEntry]:

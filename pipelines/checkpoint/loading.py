@@ -29,7 +29,7 @@ from placement.device_maps import tensor_devices
 from placement.devices import Device, accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDeviceError
 
-from .errors import CorruptCheckpointError
+from .errors import CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
 from .validation import validate_weights
 
@@ -155,4 +155,9 @@ def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor
                     on_tensor(1)
     except SafetensorError as error:
         raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
+    except OSError as error:  # an I/O error, a file removed or unreadable mid-load
+        raise CheckpointReadError(
+            f"Reading {str(path)!r} failed: {error.strerror or error}. Nothing was kept loaded; check the disk and "
+            "the file's permissions, then load again."
+        ) from error
 

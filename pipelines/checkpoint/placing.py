@@ -20,6 +20,7 @@ from placement.device_maps import owning_key
 from placement.devices import Device, normalize_device
 from placement.plan import ComponentPlan
 
+from .dtypes import check_dtypes
 from .index import WeightsIndex
 from .loading import load_weights, target_dtype
 
@@ -30,9 +31,11 @@ def cast_meta(
     """Give every meta tensor the dtype it will be loaded as, so that sizing (`compute_module_sizes`) is exact.
 
     Costs nothing: meta tensors hold no memory. Tensors that already hold data are left alone.
+    Raises `CheckpointDtypeError` first for a checkpoint tensor the model cannot take (see `check_dtypes`).
     """
     keep = tuple(keep_in_fp32 or ())
     names = dict(module.state_dict(keep_vars=True))
+    check_dtypes(module, weights, dtype=dtype, keep_in_fp32=keep)
     for name, entry in weights.tensors.items():
         tensor = names.get(name)
         if tensor is None or tensor.device.type != "meta":

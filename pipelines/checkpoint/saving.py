@@ -1,20 +1,15 @@
 """Write weights as safetensors (sharded with an index json past `max_shard_size`), atomically.
 
-`atomic_folder` writes into a temporary folder next to the target and renames it into place, so a save
-that fails half-way (full disk, a crash, an exception) leaves an existing checkpoint exactly as it was.
-Files of the target that the save does not rewrite (other variants, a README) are carried over as hard
-links: no copy of other weights is made.
+Callers write into `atomic.atomic_folder` (re-exported here), the one atomic save of models and pipelines:
+a save that fails half-way (full disk, a crash, an exception) leaves an existing checkpoint exactly as it was,
+and what the save does not rewrite (other variants, a README) is carried over.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Mapping
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
@@ -22,6 +17,7 @@ from safetensors.torch import save_file
 
 from placement.sizes import parse_size
 
+from .atomic import atomic_folder
 from .errors import CheckpointSaveError, list_names
 from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming
 
@@ -86,55 +82,4 @@ def _checked_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return {name: tensor.detach().contiguous() for name, tensor in state_dict.items()}
 
 
-@contextmanager
-def atomic_folder(target: str | Path, *, rewrites: Callable[[str], bool]) -> Iterator[Path]:
-    """Yield a temporary folder next to `target`; on success it replaces `target`, on failure it vanishes.
-
-    Top-level entries of an existing `target` for which `rewrites(name)` is False are hard-linked into the
-    new folder first, so they survive the swap. The swap is two renames on the same filesystem.
-    """
-    target = Path(target).absolute()
-    if target.exists() and not target.is_dir():
-        raise CheckpointSaveError(f"Cannot save into {str(target)!r}: it exists and is not a folder.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    staging = target.parent / f".{target.name}.saving-{tag}"
-    staging.mkdir()
-    try:
-        if target.is_dir():
-            _carry_over(target, staging, rewrites)
-        yield staging
-        _swap(staging, target, target.parent / f".{target.name}.replaced-{tag}")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _carry_over(source: Path, staging: Path, rewrites: Callable[[str], bool]) -> None:
-    for entry in source.iterdir():
-        if rewrites(entry.name):
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, staging / entry.name, copy_function=_link_or_copy, symlinks=True)
-        else:
-            _link_or_copy(entry, staging / entry.name)
-
-
-def _link_or_copy(source, destination) -> None:
-    try:
-        os.link(source, destination)
-    except OSError:  # a filesystem without hard links: copy instead
-        shutil.copy2(source, destination)
-
-
-def _swap(staging: Path, target: Path, backup: Path) -> None:
-    if not target.exists():
-        os.rename(staging, target)
-        return
-    os.rename(target, backup)
-    try:
-        os.rename(staging, target)
-    except BaseException:
-        os.rename(backup, target)  # put the old checkpoint back before reporting the failure
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
+__all__ = ["DEFAULT_MAX_SHARD_SIZE", "atomic_folder", "save_weights"]

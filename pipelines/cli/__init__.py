@@ -1,9 +1,16 @@
-"""The `placement` console script. Each subcommand lives in its own module and registers itself here."""
+"""The `placement` console script. Each subcommand lives in its own module and registers itself here.
+
+Exit codes: 0 success, 2 bad input (a typed `PlacementError`, a path that cannot be read or written, or bad
+arguments), 1 an internal error. Errors print one line, never a traceback; `--debug` (anywhere on the command
+line) or PLACEMENT_DEBUG=1 re-raises them with their traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from placement.errors import PlacementError
 
@@ -21,17 +28,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL_ERROR = 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("PLACEMENT_DEBUG", "") not in ("", "0")
+    argv = [arg for arg in argv if arg != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "run", None) is None:
         parser.print_help()
-        return 0 if args.command is None else 2
+        return 0 if args.command is None else EXIT_BAD_INPUT
     try:
         return int(args.run(args) or 0)
-    except PlacementError as error:  # a typed, explained error: the message is the whole story
-        print(f"placement {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:  # noqa: BLE001 - the one place that turns any failure into an exit code
+        if debug:
+            traceback.print_exc()
+        code, line = describe_failure(error)
+        print(f"placement {args.command}: error: {line}", file=sys.stderr)
+        return code
+
+
+def describe_failure(error: Exception) -> tuple[int, str]:
+    """(exit code, one line) for an error escaping a subcommand."""
+    message = " ".join(str(error).split())
+    if isinstance(error, PlacementError):  # a typed, explained error: the message is the whole story
+        return EXIT_BAD_INPUT, message
+    if isinstance(error, OSError):  # a path that cannot be read or written: the user can fix it
+        where = f" {error.filename!r}" if error.filename else ""
+        return EXIT_BAD_INPUT, f"cannot access{where}: {error.strerror or message}. Check the path and permissions."
+    return EXIT_INTERNAL_ERROR, (
+        f"internal error ({type(error).__name__}: {message}). Run again with --debug for the traceback, and report "
+        "it if the input looks right."
+    )
 
 
 if __name__ == "__main__":

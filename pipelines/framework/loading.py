@@ -51,6 +51,7 @@ from .diffusers_pipeline import (
     is_diffusers_folder,
 )
 from .planning import is_single_device, label_dtypes, modules_and_edges, passed_pins, plan_pipeline
+from .snapshot import read_snapshot
 from .sources import (
     ComponentSource,
     check_constructor,
@@ -76,14 +77,22 @@ class LoadOptions:
     offload_folder: str | Path | None
     call: Mapping[str, Any] | None
     progress: bool = True
+    trust_remote_code: bool = False
 
 
 def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
                   generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
-    `generic`), each module streamed to the plan's devices."""
-    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
-                                          weights=True, generic=generic)
+    `generic`), each module streamed to the plan's devices; from one save (see `snapshot`): reloaded if the
+    folder was saved over while it loaded."""
+    folder = resolve_pipeline_folder(pretrained, weights=True)
+    return read_snapshot(folder, lambda: _load_once(cls, folder, passed=passed, options=options, generic=generic),
+                         discard=lambda pipe: _discard(pipe, passed))
+
+
+def _load_once(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions, generic: bool):
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=True,
+                                          generic=generic)
     components: dict[str, Any] = {name: load_non_module(s) for name, s in sources.items() if not s.is_module}
     modules = {name: s for name, s in sources.items() if s.is_module}
     if options.device_map is None:
@@ -109,8 +118,13 @@ def load_pipeline(cls: type, pretrained, *, passed: Mapping[str, Any], options: 
 def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions,
                 generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    index, target, sources = _open_folder(cls, pretrained, passed=passed, torch_dtype=options.torch_dtype,
-                                          weights=False, generic=generic)
+    folder = resolve_pipeline_folder(pretrained, weights=False)
+    return read_snapshot(folder, lambda: _plan_once(cls, folder, passed=passed, options=options, generic=generic))
+
+
+def _plan_once(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions, generic: bool) -> Plan:
+    index, target, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=False,
+                                          generic=generic)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)
@@ -146,7 +160,7 @@ def _dtype_origin(name: str, dtypes: Mapping[str, Any], sources: Mapping[str, Co
     return "checkpoint"
 
 
-def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtype, weights: bool,
+def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions, weights: bool,
                  generic: bool) -> tuple[ModelIndex, type, dict[str, ComponentSource]]:
     """The folder's index, the class to build (`cls`, or the diffusers class a diffusers folder names) and
     the sources of the components not passed in, after every check that needs no module built."""
@@ -154,11 +168,11 @@ def _open_folder(cls: type, pretrained, *, passed: Mapping[str, Any], torch_dtyp
     index = ModelIndex.read(folder)
     target = _target_class(cls, index, generic)
     if target is cls:
-        check_constructor(cls, index, passed)
+        check_constructor(cls, index, passed, trust_remote_code=options.trust_remote_code)
     else:
         check_diffusers_components(target, index, passed)
-    sources = component_sources(index, folder, skip=passed)
-    check_dtype_keys(torch_dtype, sources, passed)
+    sources = component_sources(index, folder, skip=passed, trust_remote_code=options.trust_remote_code)
+    check_dtype_keys(options.torch_dtype, sources, passed)
     return index, target, sources
 
 
@@ -293,6 +307,12 @@ def _origin_device(module: nn.Module) -> torch.device:
     for tensor in module.parameters():
         return tensor.device
     return torch.device("cpu")
+
+
+def _discard(pipe: Any, passed: Mapping[str, Any]) -> None:
+    """Free a pipeline loaded from a save that was replaced meanwhile (the components passed in are kept)."""
+    loaded = [name for name, obj in pipe.components.items() if isinstance(obj, nn.Module) and name not in passed]
+    _undo(pipe, loaded, set(loaded), {})
 
 
 def _undo(pipe: Any, touched: list[str], sources, passed_origin) -> None:

@@ -142,6 +142,7 @@ class ModelMixin(nn.Module):
         files themselves, so no offload folder is written. Every failure raises before a half-loaded model
         (or one with hooks) can escape.
         """
+        torch_dtype = dtype_for(torch_dtype, "default")  # a dtype or its name; anything else is a typed error
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
         folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
         model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,

@@ -30,7 +30,7 @@ class Pipeline(PipelineComponents):
     def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
                         variant: str | None = None, offload_folder: str | Path | None = None,
                         call: Mapping[str, Any] | None = None, progress: bool = True, generic: bool = False,
-                        **components: Any):
+                        trust_remote_code: bool = False, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -46,18 +46,24 @@ class Pipeline(PipelineComponents):
         A folder whose model_index.json names a diffusers pipeline class (written by diffusers) loads, through
         `Pipeline` itself, as an instance of that class (e.g. a callable `diffusers.FluxPipeline`), placed by
         this library; `generic=True` loads it as a generic `Pipeline` instead (each component an attribute).
+        `trust_remote_code`: a folder's model_index.json may name classes by module path; only this library's,
+        diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
+        module is imported, unless this is True (then the named modules are imported: their code runs).
         """
         options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
-                              offload_folder=offload_folder, call=call, progress=progress)
+                              offload_folder=offload_folder, call=call, progress=progress,
+                              trust_remote_code=trust_remote_code)
         return load_pipeline(cls, pretrained, passed=components, options=options, generic=generic)
 
     @classmethod
     def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
                        variant: str | None = None, offload_folder: str | Path | None = None,
-                       call: Mapping[str, Any] | None = None, generic: bool = False, **components: Any):
-        """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights."""
+                       call: Mapping[str, Any] | None = None, generic: bool = False, trust_remote_code: bool = False,
+                       **components: Any):
+        """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
+        a folder's code: `trust_remote_code` as in `from_pretrained`)."""
         options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
-                              offload_folder=offload_folder, call=call)
+                              offload_folder=offload_folder, call=call, trust_remote_code=trust_remote_code)
         return plan_folder(cls, pretrained, passed=components, options=options, generic=generic)
 
 

@@ -1,9 +1,15 @@
-"""The classes a saved folder may name as `["pipelines", "ClassName"]`, by name.
+"""The classes a saved folder may name, and the only places a class named by a folder is looked up.
 
-A folder records the class of each component; for this library's own classes it records the library
+A folder records the class of each component. For this library's own classes it records the library
 ("pipelines") and the class name, never a module path, so classes can move between modules without breaking
-folders saved earlier. Each such class registers itself with `@library_class` where it is defined, and
-importing `pipelines` imports every module that defines one.
+folders saved earlier: each registers itself with `@library_class` where it is defined, and importing
+`pipelines` imports every module that defines one.
+
+A user's own class is recorded under its module path (`["my_models.vae", "MyVAE"]`). Resolving such a name never
+imports anything: the class must be registered with `pipelines.register_class(MyVAE)` (saving an instance
+registers its class in the saving process), or passed to `from_pretrained`, because importing a module named by
+a folder runs that module's code. `trust_remote_code=True` is the explicit opt-in that imports it anyway (see
+`model_index.resolve_class`).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import importlib
 
 LIBRARY = "pipelines"
 _CLASSES: dict[str, type] = {}
+_USER_CLASSES: dict[tuple[str, str], type] = {}
 
 
 def library_class(cls: type) -> type:
@@ -23,10 +30,28 @@ def library_class(cls: type) -> type:
     return cls
 
 
+def register_class(cls: type) -> type:
+    """Allow folders to name `cls` as `[cls.__module__, cls.__name__]` (usable as a decorator).
+
+    Loading a folder resolves such names only through this registry: a folder can never make the library
+    import a module. Register your own model, scheduler or tokenizer classes before loading folders that use
+    them (saving an instance registers its class too).
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register_class takes a class, got {type(cls).__name__} {cls!r}.")
+    _USER_CLASSES[(cls.__module__, cls.__name__)] = cls
+    return cls
+
+
 def find_library_class(class_name: str | None) -> type | None:
     """The library class registered as `class_name` (None when there is none)."""
     importlib.import_module(LIBRARY)  # importing the package registers every library class
     return _CLASSES.get(class_name or "")
+
+
+def find_registered_class(module: str, class_name: str) -> type | None:
+    """The user class registered under `module`.`class_name` (None when there is none)."""
+    return _USER_CLASSES.get((module, class_name))
 
 
 def is_library_class(cls: type) -> bool:

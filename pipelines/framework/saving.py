@@ -1,23 +1,27 @@
-"""Pipeline.save_pretrained: model_index.json plus one subfolder per component, written atomically.
+"""Pipeline.save_pretrained: model_index.json plus one subfolder per component, in one atomic save.
 
-Everything is written into a temporary folder next to the target and renamed into place only when every
-component saved; a failure removes the temporary folder and leaves an existing checkpoint untouched.
+Components are written into the staging folder of `checkpoint.atomic.atomic_folder` (the same atomic save a
+model uses); model_index.json is written last, with a fresh `_save_id` that a load checks to be sure all the
+components it read come from one save (see `snapshot`). Entries of an existing folder the save does not write
+(a README, other variants' weights, a component now absent) are carried over; an existing component's weights of
+the variant being saved are replaced wholesale, so no stale shard or index survives.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
 from placement.errors import PlacementError
 from placement.sizes import parse_size
 
-from .model_index import ModelIndex, spec_for
+from ..checkpoint.atomic import atomic_folder
+from ..checkpoint.naming import CONFIG_NAME, WeightsNaming
+from .hf_interop import weights_name_for
+from .model_index import MODEL_INDEX_NAME, SAVE_ID_KEY, ModelIndex, spec_for
 
 if TYPE_CHECKING:
     from .components import PipelineComponents
@@ -36,20 +40,37 @@ def save_pipeline(pipe: "PipelineComponents", target: Path, *, max_shard_size: i
         class_name=type(pipe).__name__,
         components={name: spec_for(obj) for name, obj in components.items()},
         model_graph=[tuple(edge) for edge in pipe.model_graph],
-        metadata={"_pipeline_placement_format": FORMAT_VERSION},
+        metadata={"_pipeline_placement_format": FORMAT_VERSION, SAVE_ID_KEY: uuid.uuid4().hex},
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.saving-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
+    rewrites = _rewritten_entries(components, variant)
+    with atomic_folder(target, rewrites=rewrites) as staging:
         for name, obj in components.items():
             if obj is not None:
                 _save_component(name, obj, staging / name, shard_bytes=shard_bytes, variant=variant)
         index.write(staging)
-        _replace_atomically(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+
+def _rewritten_entries(components: dict[str, Any], variant: str | None) -> Callable[[str], bool]:
+    """Old entries this save replaces even where it writes no file of that name: model_index.json, and per
+    module component its config and every weight file of the saved variant (old shards of a now single file)."""
+    namings = {name: WeightsNaming(weights_name=_weights_name(obj), variant=variant)
+               for name, obj in components.items() if isinstance(obj, nn.Module)}
+
+    def rewrites(path: str) -> bool:
+        if path == MODEL_INDEX_NAME:
+            return True
+        component, _, file_name = path.partition("/")
+        naming = namings.get(component)
+        return naming is not None and "/" not in file_name and (file_name == CONFIG_NAME or naming.owns(file_name))
+
+    return rewrites
+
+
+def _weights_name(module: nn.Module) -> str:
+    try:
+        return weights_name_for(type(module))
+    except PlacementError:  # a module class we cannot build: its own save_pretrained names its files
+        return getattr(module, "weights_name", "")
 
 
 def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, variant: str | None) -> None:
@@ -69,18 +90,3 @@ def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, vari
         save(folder, max_shard_size=shard_bytes, variant=variant)
     else:
         save(folder)
-
-
-def _replace_atomically(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`; an existing `target` is moved aside first and deleted only afterwards."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    retired = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:8]}"
-    os.replace(target, retired)
-    try:
-        os.replace(staging, target)
-    except BaseException:
-        os.replace(retired, target)
-        raise
-    shutil.rmtree(retired, ignore_errors=True)

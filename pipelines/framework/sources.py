@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from .hf_interop import Family, family_of, known_execution_order
-from .model_index import ModelIndex, resolve_class
+from .model_index import ComponentSpec, ModelIndex, UntrustedClassError, resolve_class
 from .components import PipelineComponentError, PipelineComponents, is_generic
 
 # What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
@@ -42,13 +42,17 @@ def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool) -> Path:
     return resolve_folder(pretrained, allow_patterns=LOAD_PATTERNS if weights else PLAN_PATTERNS)
 
 
-def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any]) -> dict[str, ComponentSource]:
-    """Every present component the folder provides (those in `skip`, passed by the caller, excluded)."""
+def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any],
+                      trust_remote_code: bool = False) -> dict[str, ComponentSource]:
+    """Every present component the folder provides (those in `skip`, passed by the caller, excluded).
+    Every class is resolved before any is built: a folder naming an untrusted class fails before any work."""
+    known = tuple({type(value) for value in skip.values() if value is not None})
     sources = {}
     for name, spec in index.components.items():
         if spec.is_absent or name in skip:
             continue
-        cls = resolve_class(spec, component=name)
+        _check_subfolder_name(name)
+        cls = resolve_class(spec, component=name, trust_remote_code=trust_remote_code, known=known)
         subfolder = folder / name
         if not subfolder.is_dir():
             raise PipelineComponentError(
@@ -59,8 +63,23 @@ def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any
     return sources
 
 
+def _check_subfolder_name(name: str) -> None:
+    """A component name is a subfolder of the pipeline folder: never a path that leaves it."""
+    if name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
+        raise PipelineComponentError(
+            f"model_index.json names component {name!r}, which is not a plain folder name; component names may "
+            "not contain '/', '\\' or be '..'. Fix model_index.json."
+        )
+
+
 def load_non_module(source: ComponentSource) -> Any:
     """A tokenizer/scheduler/...: ours must load; a diffusers/transformers one that fails is reported and skipped."""
+    if not callable(getattr(source.cls, "from_pretrained", None)):
+        raise PipelineComponentError(
+            f"Component {source.name!r}: class {source.cls.__module__}.{source.cls.__name__} has no "
+            "from_pretrained(folder) method, so it cannot be loaded from the folder; give the class one, or pass "
+            f"{source.name}=... to from_pretrained."
+        )
     try:
         return source.cls.from_pretrained(source.folder)
     except Exception as error:
@@ -74,7 +93,8 @@ def load_non_module(source: ComponentSource) -> Any:
         return None
 
 
-def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -> None:
+def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *,
+                      trust_remote_code: bool = False) -> None:
     """Before anything is built: every required constructor argument is available, every passed name is known."""
     if is_generic(cls):
         unknown = [name for name in passed if name not in index.components]
@@ -83,7 +103,7 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
                 f"{unknown} are not components of this folder (model_index.json lists {sorted(index.components)}); "
                 "check the spelling of from_pretrained's keyword arguments."
             )
-        _check_passed_modules(index, passed)
+        _check_passed_modules(index, passed, trust_remote_code)
         return
     parameters = _constructor_parameters(cls)
     available = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
@@ -99,23 +119,30 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any]) -
         raise PipelineComponentError(
             f"{cls.__name__} has no component(s) {unknown}; its components are {sorted(parameters)}."
         )
-    _check_passed_modules(index, passed)
+    _check_passed_modules(index, passed, trust_remote_code)
 
 
-def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any]) -> None:
+def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any], trust_remote_code: bool) -> None:
     """Where the folder holds a model, a passed replacement must be a module (any class: a wrapped or
     quantized model is fine) or None; anything else would only fail at the first call, far from the cause."""
     for name, value in passed.items():
         spec = index.components.get(name)
         if value is None or isinstance(value, nn.Module) or spec is None or spec.is_absent:
             continue
-        saved = resolve_class(spec, component=name)
+        saved = _saved_class(spec, name, trust_remote_code)
         if isinstance(saved, type) and family_of(saved) is not Family.NON_MODULE:
             raise PipelineComponentError(
                 f"from_pretrained({name}=...) got a {type(value).__name__}, but {name!r} is a model in this folder "
                 f"({spec.library}.{spec.class_name}); pass an nn.Module (e.g. {spec.class_name}.from_pretrained"
                 f"(...)), or None to leave it out."
             )
+
+
+def _saved_class(spec: ComponentSpec, name: str, trust_remote_code: bool) -> type | None:
+    try:
+        return resolve_class(spec, component=name, trust_remote_code=trust_remote_code)
+    except UntrustedClassError:
+        return None  # the passed value replaces it: the saved class is never needed, so never imported
 
 
 def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, Any]) -> PipelineComponents:

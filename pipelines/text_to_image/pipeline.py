@@ -8,6 +8,8 @@ of the VAE ("pt").
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -89,7 +91,11 @@ class TextToImagePipeline(Pipeline):
                  latents: torch.Tensor | None = None, output_type: OutputType | str = "pil") -> TextToImageOutput:
         """Generate images; guidance_scale > 1 runs classifier-free guidance (the denoiser sees a doubled batch)."""
         output_type = _output_type(output_type)
+        if not isinstance(prompt, (str, list, tuple)):
+            raise PipelineCallError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}.")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        _check_numbers(height=height, width=width, num_inference_steps=num_inference_steps,
+                       num_images_per_prompt=num_images_per_prompt, guidance_scale=guidance_scale)
         self._check_call(prompts, height, width, num_inference_steps, num_images_per_prompt)
         guided = guidance_scale > 1.0
         negatives = _negative_prompts(negative_prompt, len(prompts)) if guided else []
@@ -173,6 +179,19 @@ class TextToImagePipeline(Pipeline):
             raise PipelineCallError(
                 f"num_inference_steps ({steps}) and num_images_per_prompt ({per_prompt}) must be at least 1."
             )
+
+
+def _check_numbers(*, guidance_scale, **integers) -> None:
+    """Integers must be ints (not bools or floats) and guidance_scale a finite number: a NaN or infinite scale
+    would only show as black images, a string only as a TypeError deep in the denoising loop."""
+    for name, value in integers.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PipelineCallError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+    if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) \
+            or not math.isfinite(guidance_scale):
+        raise PipelineCallError(
+            f"guidance_scale must be a finite number (e.g. 4.0; 1.0 or less turns guidance off), got {guidance_scale!r}."
+        )
 
 
 def _output_type(value: OutputType | str) -> OutputType:

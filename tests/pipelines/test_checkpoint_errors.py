@@ -158,7 +158,7 @@ def test_failed_save_leaves_the_existing_checkpoint_loadable(saved, monkeypatch)
         save_file(tensors, path, metadata=metadata)
 
     monkeypatch.setattr(saving_module, "save_file", failing_save_file)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(CheckpointSaveError, match="injected"):
         tiny_model(seed=5).save_pretrained(saved, max_shard_size=3000)
     assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
     assert [p.name for p in saved.parent.iterdir()] == ["m"]  # no temporary folder left behind
