@@ -11,7 +11,7 @@ from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
-from .plan import Plan
+from .plan import Plan, PlanInputs
 from .planning_errors import ComponentError, StrategyError
 from .sizes import parse_size
 from .sizing import dtype_for, size_module
@@ -87,6 +87,8 @@ def plan(
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
+        inputs=PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder, max_memory=(
+            None if max_memory is None else {d: b for d, b in budgets.limits.items() if d not in budgets.detected and b is not None})),
     )
 
 

@@ -4,7 +4,10 @@
     text_encoder  whole  GPU 1        .   9.00     .
     denoiser      split  GPU 0    20.00   4.00     .
     ...
-    device  budget  weights  activations  overhead  peak   left
+    device  budget  weights  activations  streaming working set  runtime overhead  predicted peak  left
+
+It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
+table is one word of the plan's memory vocabulary (see `placement.plan`), and the reasons use the same words.
 """
 
 from __future__ import annotations
@@ -21,12 +24,11 @@ EMPTY = "."
 
 
 def explain_plan(plan: Plan) -> str:
-    lines = [f"Placement plan (strategy {plan.strategy!r})", ""]
+    lines = [*verdict_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
     lines += ["", _activation_note(plan)]
-    if plan.budget_margin:
-        lines.append(f"Budgets: {plan.budget_margin}.")
+    lines += budget_source_lines(plan)
     if plan.crossing_edges:
         lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
     else:
@@ -47,28 +49,34 @@ def _component_table(plan: Plan) -> list[str]:
     devices = [entry.device for entry in plan.devices]
     # With a call spec, each component's own activation peak: which one sets a device's "activations" below.
     activations = ["activations"] if plan.activations_accounted else []
-    header = ["component", "kind", "runs on", *activations, *[device_label(d) for d in devices]]
+    header = ["component", "kind", "dtype", "runs on", *activations, *[device_label(d) for d in devices]]
     rows = []
     for name, component in plan.components.items():
         cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
         own = [EMPTY if component.activation_bytes is None else format_bytes(component.activation_bytes)]
-        rows.append([name, kind, device_label(component.execution_device), *own[: len(activations)], *cells])
+        dtype = component.dtype or "as saved"
+        rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
-    rows.append(["total weights", "", "", *[""] * len(activations), *totals])
-    return _aligned(header, rows, left=3)
+    rows.append(["total weights", "", "", "", *[""] * len(activations), *totals])
+    return _aligned(header, rows, left=4)
 
 
 def _device_table(plan: Plan) -> list[str]:
-    header = ["device", "budget", "weights", "activations", "overhead", "predicted peak", "left"]
+    # "activations" only when a call was planned for: otherwise the transient is the streaming working set alone.
+    activations = ["activations"] if plan.activations_accounted else []
+    header = ["device", "budget", "weights", *activations, "streaming working set", "runtime overhead",
+              "predicted peak", "left"]
     rows = []
     for entry in plan.devices:
         budget = "unlimited" if entry.budget is None else format_bytes(entry.budget) + (" (detected)" if entry.detected else "")
+        own = [format_bytes(entry.activations or 0)][: len(activations)]
         rows.append([
             device_label(entry.device),
             budget,
             format_bytes(entry.weight_bytes),
-            format_bytes(entry.activation_peak),
+            *own,
+            format_bytes(entry.streaming_working_set),
             format_bytes(entry.overhead),
             format_bytes(entry.predicted_peak),
             EMPTY if entry.left is None else format_bytes(entry.left),
@@ -76,15 +84,30 @@ def _device_table(plan: Plan) -> list[str]:
     return _aligned(header, rows, left=1)
 
 
+def verdict_lines(plan: Plan) -> list[str]:
+    """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
+    verdict = plan.verdict
+    return [verdict.headline, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def budget_source_lines(plan: Plan) -> list[str]:
+    """Where each budget came from: given in max_memory, detected (with the margin), or unlimited."""
+    sources = ", ".join(f"{device_label(d.device)} {d.budget_source}" for d in plan.devices)
+    lines = [f"Budgets: {sources}."]
+    if plan.budget_margin:
+        lines.append(f"Detected budgets: {plan.budget_margin}.")
+    return lines
+
+
 def _activation_note(plan: Plan) -> str:
     if plan.activations_accounted:
         return (
-            "Activations accounted for: peak = weights + the largest transient among the components executing "
-            "there (activations, plus an offloaded one's streaming working set) + runtime overhead on accelerators."
+            "Activations accounted for: predicted peak = weights + activations + streaming working set (of the "
+            "component with the largest transient executing there) + runtime overhead (accelerators in use)."
         )
     return (
-        "Activations NOT accounted for (no call spec given): peaks are weights (and streamed blocks) only; a "
-        "large input can still run out of memory. Pass activations= (or call=) to plan for the call."
+        "Activations NOT accounted for (no call spec given): predicted peak = weights + streaming working set "
+        "only; a large input can still run out of memory. Pass activations= (or call=) to plan for the call."
     )
 
 
