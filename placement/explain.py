@@ -93,10 +93,8 @@ def verdict_lines(plan: Plan) -> list[str]:
 def budget_source_lines(plan: Plan) -> list[str]:
     """Where each budget came from: given in max_memory, detected (with the margin), or unlimited."""
     sources = ", ".join(f"{device_label(d.device)} {d.budget_source}" for d in plan.devices)
-    lines = [f"Budgets: {sources}."]
-    if plan.budget_margin:
-        lines.append(f"Detected budgets: {plan.budget_margin}.")
-    return lines
+    margin = f" The {plan.budget_margin}." if plan.budget_margin else ""
+    return [f"Budgets: {sources}.{margin}"]
 
 
 def _activation_note(plan: Plan) -> str:

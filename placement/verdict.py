@@ -51,22 +51,24 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan])
             notes.append(f"{label} is tight: {format_bytes(device.left)} left of {format_bytes(device.budget)} "
                          f"({device.left / device.budget:.1%}, under {TIGHT_SHARE:.0%}); the activation estimate's "
                          "error can exceed that. Give it a larger budget or plan with a smaller call.")
-    notes += [note for component in components if (note := _slow_component(component))]
-    return notes
+    slow = [note for component in components if (note := _slow_component(component))]
+    if slow:
+        slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")
+    return notes + slow
 
 
 def _slow_component(component: ComponentPlan) -> Optional[str]:
     size = format_bytes(component.bytes)
     runs_on = device_label(component.execution_device)
     if component.execution_device == "cpu":
-        return (f"{component.name} executes on the CPU: {size} of weights computed at CPU speed on every run "
-                "(each step, for a denoiser), typically 10-100x slower than on a GPU.")
+        return (f"{component.name} executes on the CPU: {size} of weights computed at CPU speed on every run, "
+                "typically 10-100x slower than on a GPU.")
     if component.kind.value == "offloaded":
         seconds = component.bytes / PCIE_BYTES_PER_S
-        return (f"{component.name} is offloaded: {size} move from CPU RAM to {runs_on} on every run (each step, "
-                f"for a denoiser), about {seconds * 1000:.0f} ms at {PCIE_BYTES_PER_S / 1e9:.0f} GB/s.")
+        return (f"{component.name} is offloaded: {size} move from CPU RAM to {runs_on} on every run, "
+                f"about {seconds * 1000:.0f} ms at {PCIE_BYTES_PER_S / 1e9:.0f} GB/s.")
     if component.kind.value == "disk":
         seconds = component.bytes / DISK_BYTES_PER_S
-        return (f"{component.name} is served from disk: {size} read and moved to {runs_on} on every run (each "
-                f"step, for a denoiser), about {seconds * 1000:.0f} ms at {DISK_BYTES_PER_S / 1e9:.0f} GB/s.")
+        return (f"{component.name} is served from disk: {size} read and moved to {runs_on} on every run, "
+                f"about {seconds * 1000:.0f} ms at {DISK_BYTES_PER_S / 1e9:.0f} GB/s.")
     return None

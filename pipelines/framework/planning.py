@@ -40,7 +40,7 @@ def plan_pipeline(pipe: PipelineComponents, *, device_map, max_memory, torch_dty
                               pinned=dict(pinned) or None)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
-    return plan
+    return plan if call is None else plan.with_inputs(call=dict(call))
 
 
 def _caller_stacklevel() -> int:

@@ -3,7 +3,7 @@
 A folder records the class of each component; for this library's own classes it records the library
 ("pipelines") and the class name, never a module path, so classes can move between modules without breaking
 folders saved earlier. Each such class registers itself with `@library_class` where it is defined, and
-importing `pipelines` imports every module that defines one.
+`pipelines.import_library_classes()` imports every module that defines one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def library_class(cls: type) -> type:
 
 def find_library_class(class_name: str | None) -> type | None:
     """The library class registered as `class_name` (None when there is none)."""
-    importlib.import_module(LIBRARY)  # importing the package registers every library class
+    importlib.import_module(LIBRARY).import_library_classes()  # registers every library class
     return _CLASSES.get(class_name or "")
 
 
