@@ -34,11 +34,7 @@ def explain_plan(plan: Plan) -> str:
     else:
         lines.append("Edges crossing devices: none")
     if plan.fallbacks:
-        lines += ["", "Fallbacks:"]
-        lines += [
-            f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
-            for fb in plan.fallbacks
-        ]
+        lines += ["", *fallback_lines(plan)]
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  {warning}" for warning in plan.warnings]
@@ -88,6 +84,16 @@ def verdict_lines(plan: Plan) -> list[str]:
     """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
     verdict = plan.verdict
     return [verdict.headline, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def fallback_lines(plan: Plan) -> list[str]:
+    """The fallbacks in the order the strategy placed the components: a reason's "left" is what the device had
+    when that component was placed, so only components placed later can have changed it since."""
+    order = {name: i for i, name in enumerate(plan.placement_order or plan.components)}
+    fallbacks = sorted(plan.fallbacks, key=lambda fb: order.get(fb.component, len(order)))
+    lines = ["Fallbacks (in placement order; 'left' as it was when the component was placed):"]
+    lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}" for fb in fallbacks]
+    return lines
 
 
 def budget_source_lines(plan: Plan) -> list[str]:

@@ -29,10 +29,11 @@ DISK_BYTES_PER_S = 3e9
 
 
 def fullest_device(devices: list[DevicePlan]) -> Optional[DevicePlan]:
-    """The device whose predicted peak is the largest share of its budget: accelerators first (that is the
-    question asked), the host only when no accelerator is planned for."""
+    """The device whose predicted peak is the largest share of its budget: the accelerators in use first (that
+    is the question asked), the host only when no accelerator holds or runs anything."""
     budgeted = [d for d in devices if d.budget]
-    candidates = [d for d in budgeted if is_accelerator(d.device)] or [d for d in budgeted if d.device == "cpu"]
+    candidates = [d for d in budgeted if is_accelerator(d.device) and d.predicted_peak] or [
+        d for d in budgeted if d.device == "cpu"]
     return max(candidates, key=lambda d: d.predicted_peak / d.budget, default=None)
 
 
