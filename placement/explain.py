@@ -55,7 +55,7 @@ def _component_table(plan: Plan) -> list[str]:
         rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
     rows.append(["total weights", "", "", "", *[""] * len(activations), *totals])
-    return _aligned(header, rows, left=4)
+    return aligned_columns(header, rows, left=4)
 
 
 def _device_table(plan: Plan) -> list[str]:
@@ -77,7 +77,7 @@ def _device_table(plan: Plan) -> list[str]:
             format_bytes(entry.predicted_peak),
             EMPTY if entry.left is None else format_bytes(entry.left),
         ])
-    return _aligned(header, rows, left=1)
+    return aligned_columns(header, rows, left=1)
 
 
 def verdict_lines(plan: Plan) -> list[str]:
@@ -115,7 +115,7 @@ def _activation_note(plan: Plan) -> str:
     )
 
 
-def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
+def aligned_columns(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
     """Columns padded to their widest cell; the first `left` columns left-aligned, numbers right-aligned."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
 

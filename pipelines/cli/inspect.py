@@ -43,6 +43,7 @@ class ComponentFacts:
 def run(args: argparse.Namespace) -> int:
     from placement.budgets import resolve_budgets
     from placement.devices import device_label
+    from placement.explain import aligned_columns  # the table layout of Plan.explain()
     from placement.sizes import format_bytes
 
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
@@ -52,22 +53,24 @@ def run(args: argparse.Namespace) -> int:
         modules, others = meta_components(args.target)
     facts = [component_facts(name, module, budgets, torch_dtype(args.dtype)) for name, module in modules.items()]
     dtypes = ["as saved", "bfloat16", "float32"]
-    header = ["component", "class", *[f"{d}" for d in dtypes], "largest block", "could run on"]
+    at = args.dtype or "as saved"
+    header = ["component", "class", *dtypes, f"largest block ({at})", "offloaded, on the GPU at once",
+              f"could run on ({at})"]
     rows = [[f.name, f.class_name, f"{format_bytes(f.sizes['as saved'])} ({f.as_saved})",
              format_bytes(f.sizes["bfloat16"]), format_bytes(f.sizes["float32"]), format_bytes(f.largest_block),
-             f.runs_on] for f in facts]
-    total = ["total", "", *[format_bytes(sum(f.sizes[d] for f in facts)) for d in dtypes], "", ""]
-    from placement.explain import _aligned  # the same table layout as Plan.explain()
-
+             format_bytes(f.streamed), f.runs_on] for f in facts]
+    total = ["total", "", *[format_bytes(sum(f.sizes[d] for f in facts)) for d in dtypes], "", "", ""]
     print(f"{args.target}: {len(modules)} module components" + (f", and {', '.join(others)}" if others else ""))
-    print("\n".join(_aligned(header, [*rows, total], left=2)))
+    print("\n".join(aligned_columns(header, [*rows, total], left=2)))
     shown = ", ".join(f"{device_label(d)} {'unlimited' if b is None else format_bytes(b)}"
+                      f"{' (detected)' if d in budgets.detected else ''}"
                       for d, b in budgets.limits.items() if d != "disk" or b is not None)
-    source = "given" if args.max_memory is not None else "detected"
-    print(in_flag_names(f"\n'could run on' judged against the {source} budgets ({shown}), at "
-                        f"{args.dtype or 'the saved dtype'}, weights only (plan with --height/--width for "
-                        "activations). bfloat16 sizes hold for float16 too. Next: placement plan "
-                        f"{args.target} --max-memory ..."))
+    budgets_text = args.max_memory.text if args.max_memory is not None else "0=24GiB,..."
+    print(in_flag_names(
+        f"\n'largest block': the largest piece a split cannot cut (the smallest room a split can use). 'offloaded, on the GPU at once': the streaming working set. 'could run "
+        f"on': judged against the budgets {shown}, weights only (runtime overhead and activations need a plan: "
+        f"placement plan {args.target} --max-memory {budgets_text} --height H --width W). bfloat16 sizes hold "
+        "for float16 too."))
     return 0
 
 
