@@ -87,8 +87,8 @@ def plan(
         warnings=notes,
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
-        inputs=PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder, max_memory=(
-            None if max_memory is None else {d: b for d, b in budgets.limits.items() if d not in budgets.detected and b is not None})),
+        inputs=PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
+                                 max_memory=None if max_memory is None else budgets.given()),
     )
 
 

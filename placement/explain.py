@@ -65,7 +65,8 @@ def _device_table(plan: Plan) -> list[str]:
               "predicted peak", "left"]
     rows = []
     for entry in plan.devices:
-        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget) + (" (detected)" if entry.detected else "")
+        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
+        budget += " (detected)" if entry.detected else ""
         own = [format_bytes(entry.activations or 0)][: len(activations)]
         rows.append([
             device_label(entry.device),
@@ -92,7 +93,8 @@ def fallback_lines(plan: Plan) -> list[str]:
     order = {name: i for i, name in enumerate(plan.placement_order or plan.components)}
     fallbacks = sorted(plan.fallbacks, key=lambda fb: order.get(fb.component, len(order)))
     lines = ["Fallbacks (in placement order; 'left' as it was when the component was placed):"]
-    lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}" for fb in fallbacks]
+    lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
+              for fb in fallbacks]
     return lines
 
 

@@ -221,7 +221,9 @@ class Plan(_Frozen):
 
     def with_inputs(self, **changes: Any) -> "Plan":
         """A copy whose `inputs` record `changes` (e.g. `call=`) on top of what was recorded."""
-        base = self.inputs.model_dump() if self.inputs else {"strategy": self.strategy, "max_memory": None, "dtype": None}
+        base = {"strategy": self.strategy, "max_memory": None, "dtype": None}
+        if self.inputs is not None:
+            base = self.inputs.model_dump()
         return self.model_copy(update={"inputs": PlanInputs(**{**base, **changes})})
 
     @property
@@ -291,7 +293,8 @@ def _with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
     for component in plan.components.values():
         activation = component.activation_bytes or 0
         if component.execution_device == device.device:
-            streamed = component.streamed_unit_bytes if component.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK) else 0
+            is_streamed = component.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK)
+            streamed = component.streamed_unit_bytes if is_streamed else 0
             transients.append((activation + streamed, activation, streamed))
         elif component.kind is PlacementKind.SPLIT and device.device in component.placed_bytes:
             transients.append((activation, activation, 0))

@@ -40,8 +40,8 @@ def plan_svg(plan: Plan) -> str:
         parts.append(_text(MARGIN, y + 12, "! " + warning, size=11, fill="#A00000", clip=WIDTH - 2 * MARGIN))
         y += 16
     y += 10
-    parts.append(_text(MARGIN, y + 12, f"Memory per device (strategy {plan.strategy!r}); each bar is the device's budget",
-                       size=13, weight="bold"))
+    title = f"Memory per device (strategy {plan.strategy!r}); each bar is the device's budget"
+    parts.append(_text(MARGIN, y + 12, title, size=13, weight="bold"))
     y += 20
     parts += _key(y)
     y += 26
@@ -90,7 +90,8 @@ def _device_row(device, plan: Plan, colours, y: int) -> list[str]:
         width = bar_width * size / scale_bytes
         parts.append(f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{BAR_HEIGHT}" fill="{colour}" '
                      f'stroke="#555" stroke-width="0.5"><title>{escape(name)}: {format_bytes(size)}</title></rect>')
-        label = next((text for text in (f"{name} {format_bytes(size)}", name) if _text_width(text, 10) < width - 8), None)
+        fitting = (text for text in (f"{name} {format_bytes(size)}", name) if _text_width(text, 10) < width - 8)
+        label = next(fitting, None)
         if label:  # too narrow for even the name: the line under the bar and the tooltip carry it
             parts.append(_text(x + 4, y + 18, label, size=10))
         x += width
@@ -110,7 +111,8 @@ def _key(y: int) -> list[str]:
     """Swatches for the parts of a bar that are not a component's weights."""
     parts, x = [_text(MARGIN, y + 11, "key:", size=11)], MARGIN + 40
     for name, colour in [*KIND_COLOURS.items(), ("left", LEFT_COLOUR)]:
-        parts.append(f'<rect x="{x}" y="{y + 1}" width="12" height="12" fill="{colour}" stroke="#555" stroke-width="0.5"/>')
+        parts.append(f'<rect x="{x}" y="{y + 1}" width="12" height="12" fill="{colour}" stroke="#555" '
+                     'stroke-width="0.5"/>')
         parts.append(_text(x + 16, y + 11, name, size=11))
         x += 24 + int(len(name) * 6.5)
     parts.append(_text(x, y + 11, "(component weights: the component's colour, as in the boxes below)", size=11))
@@ -151,6 +153,7 @@ def _text_width(content: str, size: int) -> float:
 
 def _text(x: float, y: float, content: str, *, size: int, weight: str = "normal", fill: str = "#111",
           clip: float | None = None) -> str:
-    length = f' textLength="{clip:.0f}" lengthAdjust="spacingAndGlyphs"' if clip and _text_width(content, size) > clip else ""
+    too_long = clip and _text_width(content, size) > clip  # squeezed to fit rather than overlap its neighbour
+    length = f' textLength="{clip:.0f}" lengthAdjust="spacingAndGlyphs"' if too_long else ""
     return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" font-weight="{weight}" fill="{fill}"{length}>'
             f"{escape(content)}</text>")

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                       for d, b in budgets.limits.items() if d != "disk" or b is not None)
     budgets_text = args.max_memory.text if args.max_memory is not None else "0=24GiB,..."
     print(in_flag_names(
-        f"\n'largest block': the largest piece a split cannot cut (the smallest room a split can use). 'offloaded, on the GPU at once': the streaming working set. 'could run "
+        f"\n'largest block': the largest piece a split cannot cut (the smallest room a split can use). "
+        "'offloaded, on the GPU at once': the streaming working set. 'could run "
         f"on': judged against the budgets {shown}, weights only (runtime overhead and activations need a plan: "
         f"placement plan {args.target} --max-memory {budgets_text} --height H --width W). bfloat16 sizes hold "
         "for float16 too."))

@@ -22,12 +22,14 @@ from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_di
 from ..checkpoint.naming import CONFIG_NAME
 from ..checkpoint.placing import cast_meta, load_and_dispatch
 from .config import ModelConfig
-from .hub import resolve_folder
+from .hf_spellings import chosen_dtype, download_options
+from .hub import hub_options, resolve_folder
+from .model_memory import ModelMemoryMethods
 
 logger = logging.getLogger(__name__)
 
 
-class ModelMixin(nn.Module):
+class ModelMixin(ModelMemoryMethods, nn.Module):
     """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
 
     Subclasses set `config_class` and take the config as the only constructor argument.
@@ -36,6 +38,7 @@ class ModelMixin(nn.Module):
     `_tied_weights_keys` maps each tied parameter to its source (`{"head.weight": "embed.weight"}`): the
     tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
     `init_empty_weights()`, which builds the model on meta).
+    `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (`model_memory`).
     """
 
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
@@ -96,6 +99,12 @@ class ModelMixin(nn.Module):
         variant: str | None = None,
         subfolder: str | None = None,
         progress: bool = True,
+        dtype: torch.dtype | None = None,
+        use_safetensors: bool | None = None,
+        local_files_only: bool = False,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
     ):
         """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
 
@@ -103,10 +112,16 @@ class ModelMixin(nn.Module):
         device ("cpu", "cuda", "cuda:1", 1, a torch.device), "auto" / "balanced" / "balanced_low_0" /
         "sequential", or a dict {submodule path: device}. `torch_dtype` None keeps the checkpoint's dtypes.
         Disk-offloaded weights are read from the checkpoint files themselves, so `offload_folder` only
-        permits planning onto "disk". Every failure raises before a half-loaded model can escape.
+        permits planning onto "disk". Every failure raises before a half-loaded model can escape. diffusers'
+        spellings work too: `dtype=` for `torch_dtype=`; `use_safetensors`, `local_files_only`, `revision`,
+        `token`, `cache_dir` for the Hub download (`hf_spellings`).
         """
+        torch_dtype = chosen_dtype(torch_dtype, dtype)
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
-        folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
+        hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
+                               cache_dir=cache_dir, local_files_only=local_files_only)
+        with hub_options(hub):
+            folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
         config = read_config(folder, cls.config_class)
         _warn_on_other_class(cls, folder)
         weights = find_weights(folder, weights_name=cls.weights_name, variant=variant)

@@ -29,7 +29,7 @@ def test_demo_writes_the_image_and_prints_both_plans(tmp_path, monkeypatch, caps
     assert out.count("Placement plan") == 2
     assert "GPU 0: 24 GiB, GPU 1: 24 GiB" in out and "wrote demo.png" in out
     assert "weights are random, so the image is noise" in out
-    assert f"That plan's picture: plan.svg" in out and (tmp_path / "plan.svg").read_text().startswith("<svg")
+    assert "That plan's picture: plan.svg" in out and (tmp_path / "plan.svg").read_text().startswith("<svg")
 
 
 def test_plan_of_a_preset_prints_the_table_and_writes_json(tmp_path, capsys):
