@@ -92,10 +92,10 @@ def fallback_lines(plan: Plan) -> list[str]:
     when that component was placed, so only components placed later can have changed it since."""
     order = {name: i for i, name in enumerate(plan.placement_order or plan.components)}
     fallbacks = sorted(plan.fallbacks, key=lambda fb: order.get(fb.component, len(order)))
-    lines = ["Fallbacks (in placement order; 'left' as it was when the component was placed):"]
+    lines = ["Fallbacks:"]
     lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
               for fb in fallbacks]
-    return lines
+    return lines + ["  (in placement order; a reason's 'left' is the device's left when that component was placed)"]
 
 
 def budget_source_lines(plan: Plan) -> list[str]:

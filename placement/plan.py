@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, computed_
 
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import PlacementError
+from .sizes import format_bytes
 from .verdict import fullest_device, verdict_warnings
 
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
@@ -128,6 +129,8 @@ class Verdict(_Frozen):
     kind: VerdictKind
     fullest_device: Optional[PlanDevice]
     fullest_share: Optional[float]  # its predicted peak / its budget
+    fullest_peak: Optional[int] = None
+    fullest_budget: Optional[int] = None
     warnings: list[str]
 
     @property
@@ -135,6 +138,8 @@ class Verdict(_Frozen):
         text = f"Verdict: {self.kind.value}"
         if self.fullest_device is not None and self.fullest_share is not None:
             text += f"; fullest device {device_label(self.fullest_device)} at {self.fullest_share:.1%} of its budget"
+            if self.fullest_peak is not None and self.fullest_budget is not None:
+                text += f" (predicted peak {format_bytes(self.fullest_peak)} of {format_bytes(self.fullest_budget)})"
         return text + "."
 
 
@@ -216,6 +221,8 @@ class Plan(_Frozen):
             kind=kind,
             fullest_device=None if fullest is None else fullest.device,
             fullest_share=None if fullest is None else fullest.predicted_peak / fullest.budget,
+            fullest_peak=None if fullest is None else fullest.predicted_peak,
+            fullest_budget=None if fullest is None else fullest.budget,
             warnings=verdict_warnings(components, devices),
         )
 

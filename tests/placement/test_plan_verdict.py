@@ -89,7 +89,7 @@ def test_the_left_in_a_reason_is_the_tables_left_when_nothing_was_placed_after_i
     (fallback,) = plan.fallbacks
     assert "GPU 0 has 256.00 MiB left." in fallback.reason and plan.device(0).left == GiB // 4
     assert "256.00 MiB" in next(line for line in plan.explain().splitlines() if line.startswith("GPU 0"))
-    assert "Fallbacks (in placement order; 'left' as it was when the component was placed):" in plan.explain()
+    assert "(in placement order; a reason's 'left' is the device's left when that component was placed)" in plan.explain()
 
 
 def test_an_unused_gpu_reads_as_its_whole_budget_left_and_says_the_overhead_takes_it():
