@@ -82,12 +82,12 @@ def meta_components(target: str):
     from ..framework.sources import component_sources
     from ..text_to_image.pipeline import TextToImagePipeline
     from ..text_to_image.presets import PRESETS
-    from .plan import _folder
+    from .plan import target_folder
 
     if target in PRESETS:
         pipe = TextToImagePipeline.from_preset(target, device="meta")
         return pipe.module_components, [n for n in pipe.components if n not in pipe.module_components]
-    folder = _folder(target)
+    folder = target_folder(target)
     sources = component_sources(ModelIndex.read(folder), folder, skip={})
     modules = {name: build_sized_on_meta(source, torch_dtype=None, variant=None, weights_required=False)
                for name, source in sources.items() if source.is_module}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import difflib
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from .args import add_call_arguments, budgets_arg, call_spec, dtype_arg, strategy_arg, torch_dtype, write_text
@@ -67,10 +66,9 @@ def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_fol
 
     if target in PRESETS:
         pipe = TextToImagePipeline.from_preset(target, device="meta")
-        plan = plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+        return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                              offload_folder=offload_folder, call=call, pinned={})
-        return plan
-    folder = _folder(target)
+    folder = target_folder(target)
     return pipeline_class_of(folder).plan_placement(folder, device_map=device_map, max_memory=max_memory,
                                                     torch_dtype=torch_dtype, offload_folder=offload_folder,
                                                     call=call)
@@ -87,10 +85,11 @@ def pipeline_class_of(folder: Path) -> type:
     return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
 
 
-def _folder(target: str) -> Path:
+def target_folder(target: str) -> Path:
+    """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
     from ..framework.sources import resolve_pipeline_folder
-    from .resolve import PlanTargetError
     from ..text_to_image.presets import PRESETS
+    from .resolve import PlanTargetError
 
     if Path(target).exists():
         return resolve_pipeline_folder(target, weights=False)

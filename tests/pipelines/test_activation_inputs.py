@@ -251,10 +251,10 @@ def test_a_plan_for_a_call_shows_each_components_activations_and_each_devices_pe
 
     lines = plan.explain().splitlines()
     header = next(line for line in lines if line.startswith("component"))
-    assert header.split()[:5] == ["component", "kind", "runs", "on", "activations"]
+    assert header.split()[:6] == ["component", "kind", "dtype", "runs", "on", "activations"]
     for name, component in plan.components.items():
         row = next(line for line in lines if line.startswith(f"{name} "))
-        assert row.split()[4:6] == format_bytes(component.activation_bytes).split(), row
+        assert row.split()[5:7] == format_bytes(component.activation_bytes).split(), row
     for device in plan.accelerators:
         row = next(line for line in lines if line.startswith(f"GPU {device} "))  # the device table's row
         assert format_bytes(plan.device(device).predicted_peak) in row, row
