@@ -136,6 +136,8 @@ class Verdict(_Frozen):
     @property
     def headline(self) -> str:
         text = f"Verdict: {self.kind.value}"
+        if self.kind is VerdictKind.PARTLY_CPU and self.fullest_device == "cpu":  # no accelerator in use at all
+            text = "Verdict: runs on the CPU only (no accelerator holds or runs anything)"
         if self.fullest_device is not None and self.fullest_share is not None:
             text += f"; fullest device {device_label(self.fullest_device)} at {self.fullest_share:.1%} of its budget"
             if self.fullest_peak is not None and self.fullest_budget is not None:

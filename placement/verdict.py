@@ -52,6 +52,10 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan])
             notes.append(f"{label} is tight: {format_bytes(device.left)} left of {format_bytes(device.budget)} "
                          f"({device.left / device.budget:.1%}, under {TIGHT_SHARE:.0%}); the activation estimate's "
                          "error can exceed that. Give it a larger budget or plan with a smaller call.")
+    if components and all(c.execution_device == "cpu" for c in components):
+        total = format_bytes(sum(c.bytes for c in components))
+        return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
+                        "slower than on a GPU)."]
     slow = [note for component in components if (note := _slow_component(component))]
     if slow:
         slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")

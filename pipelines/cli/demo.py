@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore")  # listed in the plan below
             simulated = TextToImagePipeline.plan_placement(folder, max_memory=simulate,
                                                            call={"height": args.size, "width": args.size})
-        print(in_flag_names(simulated.explain()))
+        print(in_flag_names(simulated.explain()).replace("given (--max-memory)", "given (--simulate)"))
     picture = args.output.with_name("plan.svg")
     picture.write_text(simulated.to_svg())
     print(f"\nThat plan's picture: {picture} (open it in a browser).")

@@ -144,3 +144,13 @@ def test_the_json_schema_describes_what_to_json_writes():
     schema = Plan.model_json_schema(mode="serialization")
     assert {"schema_version", "inputs", "verdict", "devices", "components"} <= set(schema["properties"])
     assert "streaming_working_set" in schema["$defs"]["DevicePlan"]["properties"]
+
+
+def test_a_plan_without_accelerators_says_so_once():
+    with pytest.warns(UserWarning, match="No accelerator to plan for"):
+        plan = placement.plan({"a": whole(1), "b": whole(2)}, max_memory={"cpu": "8GiB"})
+    verdict = plan.verdict
+    assert verdict.kind is VerdictKind.PARTLY_CPU and verdict.fullest_device == "cpu"
+    assert verdict.headline.startswith("Verdict: runs on the CPU only (no accelerator holds or runs anything)")
+    assert verdict.warnings == ["Every component executes on the CPU (3.00 GiB of weights at CPU speed, typically "
+                                "10-100x slower than on a GPU)."]
