@@ -34,8 +34,13 @@ def plan_svg(plan: Plan) -> str:
     colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(plan.components)}
     parts: list[str] = []
     y = MARGIN
-    parts.append(_text(MARGIN, y + 14, plan.verdict.headline, size=16, weight="bold"))
-    y += 24
+    headline = plan.verdict.headline
+    # Too wide for one line: the outcome, then the fullest device under it.
+    lines = [headline] if _text_width(headline, 16) < WIDTH - 2 * MARGIN else headline.split("; ", 1)
+    for line in lines:
+        parts.append(_text(MARGIN, y + 14, line, size=16, weight="bold", clip=WIDTH - 2 * MARGIN))
+        y += 22
+    y += 2
     for warning in plan.verdict.warnings:
         parts.append(_text(MARGIN, y + 12, "! " + warning, size=11, fill="#A00000", clip=WIDTH - 2 * MARGIN))
         y += 16
