@@ -13,7 +13,7 @@ from .devices import Device
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .errors import ComponentError, InvalidDtypeError, StrategyError
-from .plan import ComponentPlan, Plan
+from .plan import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
 from .streaming import streaming_working_set
@@ -85,17 +85,17 @@ def plan(
     placements = Placements()
     _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
     free = [request for name, request in requests.items() if name not in placements.by_name]
-    state = place_free_components(
-        StrategyRequest.build(
-            spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context,
-            costs=CostModel.build(model_graph, free),
-        )
-    )
-    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets,
+    state = place_free_components(StrategyRequest.build(
+        spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context,
+        costs=CostModel.build(model_graph, free)))
+    inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
+                               max_memory=None if max_memory is None else budgets.given())
+    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
                      activations_accounted=activations is not None)
 
 
-def _assemble(spec, order, model_graph, state, requests, notes, budgets, *, activations_accounted: bool) -> Plan:
+def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
+              activations_accounted: bool) -> Plan:
     """The Plan from the strategy's final state, components in execution order."""
     by_name = state.by_name
     return Plan(
@@ -109,6 +109,7 @@ def _assemble(spec, order, model_graph, state, requests, notes, budgets, *, acti
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
         map_reasons=list(state.map_reasons),
+        inputs=inputs,
     )
 
 

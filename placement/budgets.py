@@ -53,6 +53,10 @@ class Budgets:
     def has(self, device: Device) -> bool:
         return device in self.limits
 
+    def given(self) -> dict[Device, int]:
+        """The budgets the caller gave (not detected, not unlimited), for the plan's record of its inputs."""
+        return {d: b for d, b in self.limits.items() if d not in self.detected and b is not None}
+
 
 def resolve_budgets(max_memory: Mapping | None) -> Budgets:
     """The budgets for `max_memory` (see the module docstring); a bad key or size is a typed error."""

@@ -4,7 +4,10 @@
     text_encoder  whole  bfloat16 (requested)  GPU 1        .   9.00     .
     denoiser      split  bfloat16 (requested)  GPU 0    20.00   4.00     .
     ...
-    device  budget  weights  activations  overhead  peak   left
+    device  budget  weights  activations  streaming working set  runtime overhead  predicted peak  left
+
+It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
+table is one word of the plan's memory vocabulary (see `placement.plan`), and the reasons use the same words.
 """
 
 from __future__ import annotations
@@ -21,12 +24,11 @@ EMPTY = "."
 
 
 def explain_plan(plan: Plan) -> str:
-    lines = [f"Placement plan (strategy {plan.strategy!r})", ""]
+    lines = [*verdict_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
     lines += ["", _activation_note(plan)]
-    if plan.budget_margin:
-        lines.append(f"Budgets: {plan.budget_margin}.")
+    lines += budget_source_lines(plan)
     if plan.crossing_edges:
         lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
     else:
@@ -35,11 +37,7 @@ def explain_plan(plan: Plan) -> str:
         lines += ["", "Why this map:"]
         lines += [f"  {reason}" for reason in plan.map_reasons]
     if plan.fallbacks:
-        lines += ["", "Fallbacks:"]
-        lines += [
-            f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
-            for fb in plan.fallbacks
-        ]
+        lines += ["", *fallback_lines(plan)]
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  {warning}" for warning in plan.warnings]
@@ -60,39 +58,69 @@ def _component_table(plan: Plan) -> list[str]:
         rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
     rows.append(["total weights", "", "", "", *[""] * len(activations), *totals])
-    return _aligned(header, rows, left=4)
+    return aligned_columns(header, rows, left=4)
 
 
 def _device_table(plan: Plan) -> list[str]:
-    header = ["device", "budget", "weights", "activations", "overhead", "predicted peak", "left"]
+    # "activations" only when a call was planned for: otherwise the transient is the streaming working set alone.
+    activations = ["activations"] if plan.activations_accounted else []
+    header = ["device", "budget", "weights", *activations, "streaming working set", "runtime overhead",
+              "predicted peak", "left"]
     rows = []
     for entry in plan.devices:
-        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget) + (" (detected)" if entry.detected else "")
+        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
+        budget += " (detected)" if entry.detected else ""
+        own = [format_bytes(entry.activations or 0)][: len(activations)]
         rows.append([
             device_label(entry.device),
             budget,
             format_bytes(entry.weight_bytes),
-            format_bytes(entry.activation_peak),
+            *own,
+            format_bytes(entry.streaming_working_set),
             format_bytes(entry.overhead),
             format_bytes(entry.predicted_peak),
             EMPTY if entry.left is None else format_bytes(entry.left),
         ])
-    return _aligned(header, rows, left=1)
+    return aligned_columns(header, rows, left=1)
+
+
+def verdict_lines(plan: Plan) -> list[str]:
+    """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
+    verdict = plan.verdict
+    return [verdict.headline, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def fallback_lines(plan: Plan) -> list[str]:
+    """The fallbacks in the order the strategy placed the components: a reason's "left" is what the device had
+    when that component was placed, so only components placed later can have changed it since."""
+    order = {name: i for i, name in enumerate(plan.placement_order or plan.components)}
+    fallbacks = sorted(plan.fallbacks, key=lambda fb: order.get(fb.component, len(order)))
+    lines = ["Fallbacks:"]
+    lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
+              for fb in fallbacks]
+    return lines + ["  (in placement order; a reason's 'left' is the device's left when that component was placed)"]
+
+
+def budget_source_lines(plan: Plan) -> list[str]:
+    """Where each budget came from: given in max_memory, detected (with the margin), or unlimited."""
+    sources = ", ".join(f"{device_label(d.device)} {d.budget_source}" for d in plan.devices)
+    margin = f" The {plan.budget_margin}." if plan.budget_margin else ""
+    return [f"Budgets: {sources}.{margin}"]
 
 
 def _activation_note(plan: Plan) -> str:
     if plan.activations_accounted:
         return (
-            "Activations accounted for: peak = weights + the largest transient among the components executing "
-            "there (activations, plus an offloaded one's streaming working set) + runtime overhead on accelerators."
+            "Activations accounted for: predicted peak = weights + activations + streaming working set (of the "
+            "component with the largest transient executing there) + runtime overhead (accelerators in use)."
         )
     return (
-        "Activations NOT accounted for (no call spec given): peaks are weights (and streamed blocks) only; a "
-        "large input can still run out of memory. Pass activations= (or call=) to plan for the call."
+        "Activations NOT accounted for (no call spec given): predicted peak = weights + streaming working set "
+        "only; a large input can still run out of memory. Pass activations= (or call=) to plan for the call."
     )
 
 
-def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
+def aligned_columns(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
     """Columns padded to their widest cell; the first `left` columns left-aligned, numbers right-aligned."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
 

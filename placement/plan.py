@@ -2,18 +2,38 @@
 
 Devices are spelled as in every device map: ints for accelerators, "cpu", "disk". The JSON round trip gives
 the ints back as ints (pydantic's smart union keeps `0` an int and `"cpu"` a string).
+
+The JSON (`plan.to_json()`) carries `schema_version` (SCHEMA_VERSION; files written before it existed are
+version 1 and still load), the `inputs` the plan was made for, and the derived `verdict`. Its JSON Schema is
+`Plan.model_json_schema(mode="serialization")`.
+
+One memory vocabulary, shared by `explain()`, `to_svg()` and the JSON, per device: weights, activations (only
+when a call was planned for), streaming working set (the blocks an offloaded component keeps on its execution
+device at once), runtime overhead, predicted peak (the sum), left (budget minus predicted peak).
 """
 
 from __future__ import annotations
 
+import json
 from enum import Enum
-from typing import Annotated, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, computed_field, model_validator
 
-from .devices import Device, is_accelerator, normalize_device
+from .devices import Device, device_label, is_accelerator, normalize_device
+from .errors import PlacementError
+from .sizes import format_bytes
+from .verdict import fullest_device, verdict_warnings
 
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
+
+# 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
+# 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
+SCHEMA_VERSION = 2
+
+
+class PlanSchemaError(PlacementError, ValueError):
+    """A plan JSON file written by a newer version of this library, or not a plan at all."""
 
 
 class PlacementKind(str, Enum):
@@ -66,6 +86,17 @@ class DevicePlan(_Frozen):
     overhead: int
     predicted_peak: int
     left: Optional[int]
+    # activation_peak split in the plan's vocabulary (filled by Plan from its components): the activations
+    # (None when no call was planned for) and the streaming working set of an offloaded component.
+    activations: Optional[int] = None
+    streaming_working_set: int = 0
+
+    @property
+    def budget_source(self) -> str:
+        """Where the budget came from, in words."""
+        if self.budget is None:
+            return "unlimited (no budget given)"
+        return "detected (free memory minus a margin)" if self.detected else "given (max_memory)"
 
 
 class Fallback(_Frozen):
@@ -82,7 +113,65 @@ class Fallback(_Frozen):
     demoted: bool = False
 
 
+class VerdictKind(str, Enum):
+    """The plan's one-line answer, from best to worst."""
+
+    FITS = "fits on accelerators"
+    OFFLOADED = "fits with offloading"
+    PARTLY_CPU = "runs partly on the CPU"
+    NO_FIT = "does not fit"
+
+
+class Verdict(_Frozen):
+    """What a user reads first: the outcome, the fullest device's share of its budget, and the warnings that
+    matter (a device with under 5% left; a component streamed or on the CPU, with its cost per run)."""
+
+    kind: VerdictKind
+    fullest_device: Optional[PlanDevice]
+    fullest_share: Optional[float]  # its predicted peak / its budget
+    fullest_peak: Optional[int] = None
+    fullest_budget: Optional[int] = None
+    warnings: list[str]
+
+    @property
+    def headline(self) -> str:
+        text = f"Verdict: {self.kind.value}"
+        if self.kind is VerdictKind.PARTLY_CPU and self.fullest_device == "cpu":  # no accelerator in use at all
+            text = "Verdict: runs on the CPU only (no accelerator holds or runs anything)"
+        if self.fullest_device is not None and self.fullest_share is not None:
+            text += f"; fullest device {device_label(self.fullest_device)} at {self.fullest_share:.1%} of its budget"
+            if self.fullest_peak is not None and self.fullest_budget is not None:
+                text += f" (predicted peak {format_bytes(self.fullest_peak)} of {format_bytes(self.fullest_budget)})"
+        return text + "."
+
+
+class PlanInputs(_Frozen):
+    """What the plan was asked for, so that a JSON file says what it answers."""
+
+    strategy: Any  # as given: a name, a device, or {component: device | {submodule: device}}
+    max_memory: Optional[dict[PlanDevice, int]]  # in bytes; None: detected on the planning machine
+    dtype: Union[None, str, dict[str, Optional[str]]]  # None: each tensor's own dtype
+    call: Optional[dict[str, Any]] = None  # the call planned for (None: weights only)
+    offload_folder: Optional[str] = None
+
+    @classmethod
+    def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None) -> "PlanInputs":
+        """The inputs as JSON can hold them: devices and dtypes as strings, budgets in bytes."""
+        return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
+                   offload_folder=None if offload_folder is None else str(offload_folder), call=call)
+
+
+def _plain(value: Any) -> Any:
+    """torch.device / torch.dtype -> "cuda:1" / "bfloat16"; dicts recursively; ints, strings and None as they are."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (int, str)):
+        return value
+    return str(value).removeprefix("torch.")
+
+
 class Plan(_Frozen):
+    schema_version: int = SCHEMA_VERSION
     strategy: str
     components: dict[str, ComponentPlan]  # in execution order
     devices: list[DevicePlan]
@@ -95,6 +184,58 @@ class Plan(_Frozen):
     placement_order: list[str] = []
     # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not).
     map_reasons: list[str] = []
+    inputs: Optional[PlanInputs] = None  # None in version-1 files
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_version(cls, data: Any) -> Any:
+        """Old files (no schema_version) load as version 1; the derived verdict is recomputed, not read."""
+        if isinstance(data, dict):
+            data = {key: value for key, value in data.items() if key != "verdict"}
+            version = data.get("schema_version", 1)
+            if not isinstance(version, int) or version > SCHEMA_VERSION:
+                raise PlanSchemaError(
+                    f"This plan has schema_version {version!r}; this library reads versions 1 to {SCHEMA_VERSION}. "
+                    "Upgrade pipeline-placement or re-plan with this version."
+                )
+            data["schema_version"] = SCHEMA_VERSION
+        return data
+
+    @model_validator(mode="after")
+    def _split_transients(self) -> "Plan":
+        # Derived from the components, so version-1 files get it too; frozen, hence object.__setattr__.
+        object.__setattr__(self, "devices", [_with_breakdown(d, self) for d in self.devices])
+        return self
+
+    @computed_field
+    @property
+    def verdict(self) -> Verdict:
+        devices, components = self.devices, list(self.components.values())
+        over = any(d.left is not None and d.left < 0 for d in devices)
+        if over:
+            kind = VerdictKind.NO_FIT
+        elif any(c.execution_device == "cpu" for c in components):
+            kind = VerdictKind.PARTLY_CPU
+        elif any(c.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK) for c in components):
+            kind = VerdictKind.OFFLOADED
+        else:
+            kind = VerdictKind.FITS
+        fullest = fullest_device(devices)
+        return Verdict(
+            kind=kind,
+            fullest_device=None if fullest is None else fullest.device,
+            fullest_share=None if fullest is None else fullest.predicted_peak / fullest.budget,
+            fullest_peak=None if fullest is None else fullest.predicted_peak,
+            fullest_budget=None if fullest is None else fullest.budget,
+            warnings=verdict_warnings(components, devices),
+        )
+
+    def with_inputs(self, **changes: Any) -> "Plan":
+        """A copy whose `inputs` record `changes` (e.g. `call=`) on top of what was recorded."""
+        base = {"strategy": self.strategy, "max_memory": None, "dtype": None}
+        if self.inputs is not None:
+            base = self.inputs.model_dump()
+        return self.model_copy(update={"inputs": PlanInputs(**{**base, **changes})})
 
     @property
     def device_map(self) -> dict[str, Device]:
@@ -131,10 +272,48 @@ class Plan(_Frozen):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Plan":
-        return cls.model_validate_json(text)
+        """A plan from `to_json()` output, of this version or an older one (files without schema_version)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise PlanSchemaError(f"Not a plan JSON file: {error}.") from error
+        if not isinstance(data, dict):
+            raise PlanSchemaError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
+        if not isinstance(data.get("schema_version", 1), int) or data.get("schema_version", 1) > SCHEMA_VERSION:
+            cls._read_version(data)  # raises the PlanSchemaError itself, outside pydantic's wrapping
+        return cls.model_validate(data)
+
+    def to_svg(self) -> str:
+        """The plan as a picture: a bar per device against its budget, and the components with the edges that
+        cross devices. Plain SVG (opens in a browser)."""
+        from .svg import plan_svg  # svg imports this module's types only for reading; import here
+
+        return plan_svg(self)
 
     def explain(self) -> str:
         """A table a person reads at a glance: components x devices in GiB, per-device peaks, then reasons."""
         from .explain import explain_plan  # explain imports this module; import here to avoid a cycle
 
         return explain_plan(self)
+
+
+def _with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
+    """`activation_peak` split into activations and streaming working set: the component with the largest
+    transient executing there (a split one charges its activations to every accelerator it spans) sets it."""
+    transients = []
+    for component in plan.components.values():
+        activation = component.activation_bytes or 0
+        if component.execution_device == device.device:
+            is_streamed = component.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK)
+            streamed = component.streamed_unit_bytes if is_streamed else 0
+            transients.append((activation + streamed, activation, streamed))
+        elif component.kind is PlacementKind.SPLIT and device.device in component.placed_bytes:
+            transients.append((activation, activation, 0))
+    total, activation, streamed = max(transients, default=(0, 0, 0))
+    if total != device.activation_peak:  # pinned or hand-made plans: keep the sum exact, streaming first
+        streamed = min(streamed, device.activation_peak)
+        activation = device.activation_peak - streamed
+    return device.model_copy(update={
+        "activations": activation if plan.activations_accounted else None,
+        "streaming_working_set": streamed,
+    })

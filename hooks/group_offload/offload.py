@@ -31,6 +31,7 @@ from torch import nn
 from placement.devices import normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 
+from .keywords import config_fields
 from .planning import GroupSpec, OffloadType, plan_groups
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
@@ -192,8 +193,18 @@ class GroupOffloadHook(ModelHook):
         return module
 
 
-def apply_group_offloading(module: nn.Module, config: GroupOffloadingConfig) -> None:
-    """Group-offload `module` in place. Applying again replaces the previous group offloading."""
+def apply_group_offloading(
+    module: nn.Module, config: GroupOffloadingConfig | None = None, /, **diffusers_keywords
+) -> None:
+    """Group-offload `module` in place. Applying again replaces the previous group offloading.
+
+    `config` is a `GroupOffloadingConfig`; diffusers' spelling works too:
+    `apply_group_offloading(module, onload_device=..., offload_type=..., num_blocks_per_group=...)`
+    (see `keywords` for what each of its keywords becomes)."""
+    if not isinstance(config, GroupOffloadingConfig) or diffusers_keywords:
+        if isinstance(config, GroupOffloadingConfig):
+            raise OffloadConfigError("Pass a GroupOffloadingConfig or diffusers' keywords, not both.")
+        config = GroupOffloadingConfig(**config_fields(config, diffusers_keywords))
     check_compatible(module, Technique.GROUP_OFFLOAD)
     remove_group_offloading(module)
     _refuse_unmaterialized_weights(module)

@@ -23,7 +23,6 @@ import torch
 from accelerate.utils import set_module_tensor_to_device
 from safetensors import SafetensorError, safe_open
 from torch import nn
-from tqdm.auto import tqdm
 
 from placement.device_maps import tensor_devices
 from placement.devices import Device, accelerators_present, is_accelerator, torch_device
@@ -31,6 +30,7 @@ from placement.errors import InvalidDeviceError
 
 from .errors import CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
+from .progress import reading
 from .validation import validate_weights
 
 _REMAP_BYTES = 256 * 1024**2
@@ -55,6 +55,7 @@ def load_weights(
     tied_weights: Mapping[str, str] | None = None,
     ignore_unexpected: Iterable[str] = (),
     progress: bool = True,
+    label: str | None = None,
 ) -> None:
     """Fill `module` (built under `init_empty_weights()`) with the tensors of `weights`, in place.
 
@@ -66,6 +67,7 @@ def load_weights(
     after loading. `ignore_unexpected`: regexes of checkpoint keys the model may lack (left unread), as
     transformers' `_keys_to_ignore_on_load_unexpected`. Validation (keys, shapes, devices) runs before anything
     moves; on any failure every tensor loaded so far goes back to meta: no half-loaded model holds memory.
+    `progress`: a bar in bytes, labelled `label` (default: the class name), or the pipeline's overall bar.
     """
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     devices = tensor_devices(module, device_map)
@@ -82,7 +84,7 @@ def load_weights(
         if name in devices and (devices[name] != "disk" or name in buffer_names)
     ]
     try:
-        _stream(module, plan, progress=progress)
+        _stream(module, plan, progress=progress, label=label or type(module).__name__)
         tie_weights(module, tied_weights)
     except BaseException:
         module.to("meta")
@@ -124,17 +126,18 @@ def _host_if_disk(device: Device, is_buffer: bool) -> Device:
     return "cpu" if device == "disk" and is_buffer else device
 
 
-def _stream(module: nn.Module, plan: list[_Read], *, progress: bool) -> None:
+def _stream(module: nn.Module, plan: list[_Read], *, progress: bool, label: str) -> None:
     by_file: dict[Path, list[_Read]] = defaultdict(list)
     for read in plan:
         by_file[read.entry.file].append(read)
-    # disable=None: tqdm shows the bar on terminals and notebooks only (quiet in CI logs and tests).
-    bar = tqdm(
-        total=len(plan), desc=f"Loading {type(module).__name__}", unit="tensor", disable=None if progress else True
-    )
-    with bar:
+    with reading(label, sum(loaded_bytes(read) for read in plan), enabled=progress) as bar:
         for path, items in by_file.items():
             _stream_file(module, path, items, on_tensor=bar.update)
+
+
+def loaded_bytes(read: _Read) -> int:
+    """The bytes a tensor occupies once loaded (after its cast): what the progress bars count."""
+    return torch.Size(read.entry.shape).numel() * read.dtype.itemsize
 
 
 def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor: Callable[[int], object]) -> None:
@@ -152,7 +155,7 @@ def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor
                         module, entry.name, torch_device(item.device), value=value, dtype=item.dtype, clear_cache=False
                     )
                     mapped += entry.nbytes
-                    on_tensor(1)
+                    on_tensor(loaded_bytes(item))
     except SafetensorError as error:
         raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
     except OSError as error:  # an I/O error, a file removed or unreadable mid-load

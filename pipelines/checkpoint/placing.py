@@ -52,6 +52,7 @@ def stream_component(
     keep_in_fp32: Iterable[str] = (),
     tied_weights: Mapping[str, str] | None = None,
     progress: bool = True,
+    label: str | None = None,
 ) -> DiskWeights | None:
     """Stream `weights` into `module` (built on meta) to the devices `component` plans; returns the offload
     index serving its disk part from the checkpoint's own files (None when nothing is on disk).
@@ -60,7 +61,7 @@ def stream_component(
     On failure every tensor loaded so far goes back to meta (`load_weights`)."""
     keep = tuple(keep_in_fp32 or ())
     load_weights(module, weights, device_map=component.device_map, dtype=dtype, keep_in_fp32=keep,
-                 tied_weights=tied_weights, progress=progress)
+                 tied_weights=tied_weights, progress=progress, label=label)
     return disk_offload_index(module, weights, component.device_map, dtype=dtype, keep_in_fp32=keep,
                               tied_weights=tied_weights)
 

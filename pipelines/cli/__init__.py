@@ -1,8 +1,11 @@
 """The `placement` console script. Each subcommand lives in its own module and registers itself here.
 
+Nothing is imported at module level beyond argparse and the subcommands' parsers (which import neither torch
+nor `placement`): `placement --help` and argument errors answer at once; a command imports what it runs.
+
 Exit codes: 0 success, 2 bad input (a typed `PlacementError`, a path that cannot be read or written, or bad
-arguments), 1 an internal error. Errors print one line, never a traceback; `--debug` (anywhere on the command
-line) or PLACEMENT_DEBUG=1 re-raises them with their traceback.
+arguments), 1 an internal error. Errors print one line, in flag names, never a traceback; `--debug` (anywhere
+on the command line) or PLACEMENT_DEBUG=1 prints the traceback too.
 """
 
 from __future__ import annotations
@@ -12,9 +15,7 @@ import os
 import sys
 import traceback
 
-from placement.errors import PlacementError
-
-from . import demo, plan, run
+from . import demo, inspect, plan, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place the models of a multi-model PyTorch pipeline across GPUs, the CPU and the disk.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, plan, run):
+    for module in (demo, plan, inspect, run):
         module.register(subparsers)
     return parser
 
@@ -53,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def describe_failure(error: Exception) -> tuple[int, str]:
     """(exit code, one line) for an error escaping a subcommand."""
+    from placement.errors import PlacementError  # imports torch: only once a command has run
+
+    from .resolve import in_flag_names
+
     message = " ".join(str(error).split())
     if isinstance(error, PlacementError):  # a typed, explained error: the message is the whole story
-        return EXIT_BAD_INPUT, message
+        return EXIT_BAD_INPUT, in_flag_names(message)
     if isinstance(error, OSError):  # a path that cannot be read or written: the user can fix it
         where = f" {error.filename!r}" if error.filename else ""
         return EXIT_BAD_INPUT, f"cannot access{where}: {error.strerror or message}. Check the path and permissions."

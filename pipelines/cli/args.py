@@ -1,57 +1,64 @@
-"""Argument parsing shared by the CLI subcommands: budgets, dtypes, call specs, plan targets."""
+"""Argument parsing shared by the CLI subcommands: budgets, dtypes, call specs, plan targets.
+
+Nothing here imports torch (nor `placement`, whose package imports it): `placement --help` and argparse's
+own errors answer at once. Argument types check the syntax; the values (sizes, devices) are parsed by
+`placement` when the command runs (`resolve.resolve_budgets_arg`), in the one place sizes are parsed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from placement.devices import normalize_device
-from placement.errors import PlacementError
-from placement.sizes import parse_size
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+BUDGET_EXAMPLE = "0=24GiB,1=24GiB,cpu=64GiB or 2x24GiB,cpu=64GiB"
+_REPEAT = re.compile(r"^(\d+)\s*x\s*(\S.*)$", re.IGNORECASE)
 
 
-def max_memory_arg(text: str) -> dict:
-    """"0=24GiB,1=24GiB,cpu=64GiB" -> {0: bytes, 1: bytes, "cpu": bytes} (devices and sizes validated)."""
-    budgets = {}
+@dataclass(frozen=True, kw_only=True)
+class BudgetsArg:
+    """A budget string as typed: (device spelling, size spelling) pairs, `NxSIZE` expanded to N accelerators
+    numbered after those already named."""
+
+    text: str
+    items: tuple[tuple[str, str], ...]
+
+
+def budgets_arg(text: str) -> BudgetsArg:
+    """"0=24GiB,1=24GiB,cpu=64GiB", "2x24GiB" or both ("2x24GiB,cpu=64GiB"): one syntax for every flag."""
+    items: list[tuple[str, str]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         device, separator, size = item.partition("=")
-        if not separator:
-            raise argparse.ArgumentTypeError(
-                f"{item!r} is not DEVICE=SIZE; write e.g. --max-memory 0=24GiB,1=24GiB,cpu=64GiB."
-            )
-        try:
-            budgets[normalize_device(device.strip())] = parse_size(size.strip())
-        except PlacementError as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-    if not budgets:
-        raise argparse.ArgumentTypeError("--max-memory is empty; write e.g. 0=24GiB,1=24GiB.")
-    return budgets
+        repeat = _REPEAT.match(item)
+        if separator and device.strip() and size.strip():
+            items.append((device.strip(), size.strip()))
+        elif repeat and not separator:
+            taken = [int(d) for d, _ in items if d.isdigit()]
+            first = max(taken, default=-1) + 1
+            items += [(str(first + i), repeat.group(2).strip()) for i in range(int(repeat.group(1)))]
+        else:
+            raise argparse.ArgumentTypeError(f"{item!r} is not DEVICE=SIZE nor NxSIZE; write e.g. {BUDGET_EXAMPLE}.")
+    if not items:
+        raise argparse.ArgumentTypeError(f"no budget given; write e.g. {BUDGET_EXAMPLE}.")
+    return BudgetsArg(text=text, items=tuple(items))
 
 
-def simulate_arg(text: str) -> dict:
-    """"2x24GiB" (N GPUs of one size), "24GiB,12GiB" (one per GPU) or the --max-memory form."""
-    if "=" in text:
-        return max_memory_arg(text)
-    count, separator, size = text.partition("x")
-    try:
-        if separator and count.strip().isdigit():
-            return {index: parse_size(size.strip()) for index in range(int(count))}
-        return {index: parse_size(part.strip()) for index, part in enumerate(text.split(","))}
-    except PlacementError as error:
-        raise argparse.ArgumentTypeError(f"{error} Write e.g. --simulate 2x24GiB or 24GiB,12GiB.") from error
-
-
-def dtype_arg(text: str) -> torch.dtype:
+def dtype_arg(text: str) -> str:
+    """A dtype name ("bfloat16"); `torch_dtype()` turns it into the torch dtype when the command runs."""
     try:
         return DTYPES[text.lower()]
     except KeyError:
-        raise argparse.ArgumentTypeError(f"Unknown dtype {text!r}; use one of {', '.join(DTYPES)}.") from None
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}.") from None
+
+
+def torch_dtype(name: str | None):
+    import torch
+
+    return None if name is None else getattr(torch, name)
 
 
 def strategy_arg(text: str):
@@ -61,11 +68,21 @@ def strategy_arg(text: str):
         try:
             return json.loads(stripped)
         except json.JSONDecodeError as error:
-            raise argparse.ArgumentTypeError(f"--strategy {text!r} is not valid JSON: {error}") from error
+            raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {error}") from error
     return int(stripped) if stripped.isdigit() else stripped
 
 
-def call_spec(args: argparse.Namespace) -> dict | None:
+def add_call_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--height", type=int, default=None, help="plan for a call at this image height")
+    parser.add_argument("--width", type=int, default=None, help="plan for a call at this image width")
+    parser.add_argument("--batch-size", type=int, default=None, help="prompts per call (with --height/--width)")
+    parser.add_argument("--num-images-per-prompt", type=int, default=None,
+                        help="images per prompt (with --height/--width; default 1)")
+    parser.add_argument("--guidance-scale", type=float, default=None,
+                        help="above 1 (the default, 4.0), classifier-free guidance doubles the denoiser's batch")
+
+
+def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> dict | None:
     """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale
     (None when none is given)."""
     given = {"height": args.height, "width": args.width, "batch_size": args.batch_size,
@@ -73,10 +90,14 @@ def call_spec(args: argparse.Namespace) -> dict | None:
     if all(value is None for value in given.values()):
         return None
     if args.height is None or args.width is None:
-        raise SystemExit("placement plan: give both --height and --width to plan for a call.")
+        message = "give both --height and --width to plan for a call."
+        if parser is not None:
+            parser.error(message)
+        raise SystemExit(f"placement {args.command}: error: {message}")
     return {key: value for key, value in given.items() if value is not None}
 
 
-def write_json(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    path.write_text(text if text.endswith("\n") else text + "\n")
+

@@ -3,7 +3,9 @@
 Builds the "tiny-dit" preset with a fixed seed, saves it to a temporary folder, loads it back with
 device_map="balanced" over the accelerators present (the CPU when there are none), generates one image,
 prints the plan and hf_device_map, writes demo.png in the current folder, then prints the plan the same
-pipeline would get on the --simulate budgets (default: two 24 GiB GPUs).
+pipeline would get on the --simulate budgets (default: two 24 GiB GPUs) and draws it in plan.svg beside
+demo.png. The preset's weights are random (seeded), so the image is noise: the demo shows the workflow, not
+a trained model.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-
-from .args import simulate_arg
+from .args import budgets_arg
 
 PROMPT = "a lighthouse on a cliff at sunset"
 
@@ -26,18 +26,24 @@ def register(subparsers) -> None:
         "demo", help="save, plan, load and run a tiny pipeline; write demo.png",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--simulate", type=simulate_arg, default=simulate_arg("2x24GiB"), metavar="BUDGETS",
-                        help="budgets to show a plan for, e.g. 2x24GiB (default), 24GiB,12GiB or 0=24GiB,1=12GiB")
+    parser.add_argument("--simulate", type=budgets_arg, default=budgets_arg("2x24GiB"), metavar="BUDGETS",
+                        help="budgets to show a plan for, as --max-memory takes them: 2x24GiB (default) or "
+                             "0=24GiB,1=12GiB")
     parser.add_argument("--size", type=int, default=128, help="image height and width in pixels (default 128)")
     parser.add_argument("--steps", type=int, default=8, help="denoising steps (default 8)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("demo.png"), help="where to write the image")
+    parser.add_argument("--output", type=Path, default=Path("demo.png"),
+                        help="where to write the image (plan.svg goes beside it)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..text_to_image.pipeline import TextToImagePipeline
+    import torch
 
+    from ..text_to_image.pipeline import TextToImagePipeline
+    from .resolve import in_flag_names, resolve_budgets_arg
+
+    simulate = resolve_budgets_arg(args.simulate, "--simulate")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="placement-demo-") as scratch:
         folder = Path(scratch) / "tiny-dit"
@@ -47,22 +53,28 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the plan lists its warnings (e.g. no accelerator: CPU) below
             pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False)
-        print(pipe.placement_plan.explain())
+        print(in_flag_names(pipe.placement_plan.explain()))
         print(f"\npipe.hf_device_map = {pipe.hf_device_map}\n")
 
         generator = torch.Generator().manual_seed(args.seed)
         image = pipe(PROMPT, height=args.size, width=args.size, num_inference_steps=args.steps,
                      generator=generator, output_type="pil").images[0]
         image.save(args.output)
-        print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}")
+        print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}. "
+              "The preset's weights are random, so the image is noise: it shows the pipeline ran, not a picture.")
 
         budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {size / 2**30:.0f} GiB"
-                            for device, size in args.simulate.items())
+                            for device, size in simulate.items())
         print(f"\nThe same pipeline planned for {budgets} and this {args.size}x{args.size} call "
               "(planning only, nothing loaded):\n")
-        simulated = TextToImagePipeline.plan_placement(folder, max_memory=args.simulate,
-                                                       call={"height": args.size, "width": args.size})
-        print(simulated.explain())
-    print(f"\nDone in {time.perf_counter() - started:.1f} s. Next: placement plan flux-like "
-          "--max-memory 0=24GiB,1=24GiB --dtype bf16 --height 1024 --width 1024")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # listed in the plan below
+            simulated = TextToImagePipeline.plan_placement(folder, max_memory=simulate,
+                                                           call={"height": args.size, "width": args.size})
+        print(in_flag_names(simulated.explain()).replace("given (--max-memory)", "given (--simulate)"))
+    picture = args.output.with_name("plan.svg")
+    picture.write_text(simulated.to_svg())
+    print(f"\nThat plan's picture: {picture} (open it in a browser).")
+    print(f"Done in {time.perf_counter() - started:.1f} s. Next: placement plan flux-like "
+          "--max-memory 2x24GiB --dtype bf16 --height 1024 --width 1024 --svg flux.svg")
     return 0

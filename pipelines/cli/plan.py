@@ -3,6 +3,8 @@
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
 are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`) plan
 for that call: each component's activation peak, and per device weights + activations + overhead.
+Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. The plan opens with its
+verdict; --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import argparse
 import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from placement import Plan
-from placement.errors import PlacementError
+from .args import add_call_arguments, budgets_arg, call_spec, dtype_arg, strategy_arg, torch_dtype, write_text
 
-from .args import call_spec, dtype_arg, max_memory_arg, strategy_arg, write_json
+if TYPE_CHECKING:  # imported when the command runs: `placement --help` must not import torch
+    from placement import Plan
 
 
 def register(subparsers) -> None:
@@ -23,33 +26,36 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", help="a preset (tiny-unet, tiny-dit, sdxl-like, flux-like), a folder or a Hub id")
-    parser.add_argument("--max-memory", type=max_memory_arg, default=None,
-                        help="budgets, e.g. 0=24GiB,1=24GiB,cpu=64GiB (default: detect this machine's)")
+    parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
+                        help="budgets, e.g. 0=24GiB,1=24GiB,cpu=64GiB or 2x24GiB (default: detect this machine's)")
     parser.add_argument("--strategy", type=strategy_arg, default="balanced",
                         help="balanced (default), sequential, balanced_low_0, auto, a device, or a JSON dict")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
-    parser.add_argument("--height", type=int, default=None, help="plan for a call at this image height")
-    parser.add_argument("--width", type=int, default=None, help="plan for a call at this image width")
-    parser.add_argument("--batch-size", type=int, default=None, help="prompts per call (with --height/--width)")
-    parser.add_argument("--num-images-per-prompt", type=int, default=None,
-                        help="images per prompt (with --height/--width; default 1)")
-    parser.add_argument("--guidance-scale", type=float, default=None,
-                        help="above 1 (the default, 4.0), classifier-free guidance doubles the denoiser's batch")
+    add_call_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the plan as JSON")
-    parser.set_defaults(run=run)
+    parser.add_argument("--svg", type=Path, default=None, metavar="FILE", help="also draw the plan as an SVG picture")
+    parser.set_defaults(run=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    call = call_spec(args)
-    plan = plan_target(args.target, device_map=args.strategy, max_memory=args.max_memory, torch_dtype=args.dtype,
-                       offload_folder=args.offload_folder, call=call)
+    from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
+
+    call = call_spec(args, args.parser)
+    max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
+    with warnings_once() as printed_anyway:
+        plan = plan_target(args.target, device_map=args.strategy, max_memory=max_memory,
+                           torch_dtype=torch_dtype(args.dtype), offload_folder=args.offload_folder, call=call)
+        printed_anyway += plan.warnings  # explain() lists them: do not print them twice
     if call is not None:  # what the activation peaks below are for
         print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n")
-    print(plan.explain())
+    print(in_flag_names(plan.explain()))
     if args.json is not None:
-        write_json(args.json, plan.to_json())
-        print(f"\nPlan written to {args.json}")
+        write_text(args.json, plan.to_json())
+        print(f"\nPlan written to {args.json} (schema_version {plan.schema_version}; Plan.from_json reads it)")
+    if args.svg is not None:
+        write_text(args.svg, plan.to_svg())
+        print(f"Plan picture written to {args.svg} (open it in a browser)")
     return 0
 
 
@@ -62,7 +68,7 @@ def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_fol
         pipe = TextToImagePipeline.from_preset(target, device="meta")
         return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                              offload_folder=offload_folder, call=call, pinned={})
-    folder = _folder(target)
+    folder = target_folder(target)
     return pipeline_class_of(folder).plan_placement(folder, device_map=device_map, max_memory=max_memory,
                                                     torch_dtype=torch_dtype, offload_folder=offload_folder,
                                                     call=call)
@@ -79,9 +85,11 @@ def pipeline_class_of(folder: Path) -> type:
     return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
 
 
-def _folder(target: str) -> Path:
+def target_folder(target: str) -> Path:
+    """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
     from ..framework.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
+    from .resolve import PlanTargetError
 
     if Path(target).exists():
         return resolve_pipeline_folder(target, weights=False)
@@ -93,7 +101,3 @@ def _folder(target: str) -> Path:
         raise PlanTargetError(
             f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}). {type(error).__name__}: {error}"
         ) from error
-
-
-class PlanTargetError(PlacementError, ValueError):
-    """A `placement plan` target that is neither a preset, a folder nor a reachable Hub id."""

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from .args import dtype_arg, max_memory_arg
+from .args import budgets_arg, dtype_arg, torch_dtype
 
 
 def register(subparsers) -> None:
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=20, help="denoising steps (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i is generated with seed SEED + i (default 0)")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
-    parser.add_argument("--max-memory", type=max_memory_arg, default=None,
+    parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
                         help="one node's budgets, e.g. 0=80GiB,1=80GiB,cpu=512GiB (default: detected)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="GPUs per replica under torchrun (default: the size that gives the most replicas)")
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ..distributed import load_replica
     from ..distributed.images import generate_share, read_prompts, write_run
     from ..distributed.planning import folder_pipeline_class
+    from .resolve import resolve_budgets_arg
 
     prompts = read_prompts(args.prompts)
     call = {"height": args.height, "width": args.width, "num_inference_steps": args.steps}
@@ -53,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     with _pipeline_folder(args.target) as folder:
         cls = folder_pipeline_class(folder)
         plan_call = {"height": args.height, "width": args.width} if hasattr(cls, "activation_inputs") else None
-        replica = load_replica(folder, prompts, pipeline_class=cls, torch_dtype=args.dtype,
-                               max_memory=args.max_memory, call=plan_call, group_size=args.group_size,
+        replica = load_replica(folder, prompts, pipeline_class=cls, torch_dtype=torch_dtype(args.dtype),
+                               max_memory=resolve_budgets_arg(args.max_memory, "--max-memory"), call=plan_call, group_size=args.group_size,
                                timeout=timedelta(seconds=args.timeout))
         with replica:
             gathered = replica.gather(generate_share(replica, call, args.seed))

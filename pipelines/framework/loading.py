@@ -34,6 +34,7 @@ from ..checkpoint import (
     stream_component,
     tie_weights,
 )
+from ..checkpoint.progress import load_progress
 from .hf_interop import (
     build_on_meta,
     keep_in_fp32_modules,
@@ -258,22 +259,25 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
     single_device = is_single_device(options.device_map)
     touched: list[str] = []
     passed_origin = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
+    # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
+    read_bytes = sum(b for name in sources for d, b in plan.components[name].placed_bytes.items() if d != "disk")
     try:
-        for name in plan.execution_order:
-            component = plan.components[name]
-            if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
-                continue  # already dispatched by its owner: shown in the map, never moved
-            module = pipe.components[name]
-            touched.append(name)
-            disk_weights = None
-            if name in sources:
-                disk_weights = _stream_weights(module, sources[name], component, options)
-            else:
-                _move_passed(name, module, component)
-            if single_device:
-                module.hf_device_map = dict(component.device_map)
-            else:
-                apply_component_plan(module, component, disk_weights=disk_weights)
+        with load_progress(read_bytes, enabled=options.progress):
+            for name in plan.execution_order:
+                component = plan.components[name]
+                if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
+                    continue  # already dispatched by its owner: shown in the map, never moved
+                module = pipe.components[name]
+                touched.append(name)
+                disk_weights = None
+                if name in sources:
+                    disk_weights = _stream_weights(module, sources[name], component, options)
+                else:
+                    _move_passed(name, module, component)
+                if single_device:
+                    module.hf_device_map = dict(component.device_map)
+                else:
+                    apply_component_plan(module, component, disk_weights=disk_weights)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
     except BaseException:
@@ -289,7 +293,7 @@ def _stream_weights(module: nn.Module, source: ComponentSource, component, optio
     tied = tied_weights_for(module, weights.tensors)
     # The checkpoint's own files serve the disk part; a tied parameter is served under its tied name too.
     return stream_component(module, weights, component, dtype=dtype, keep_in_fp32=keep, tied_weights=tied,
-                            progress=options.progress)
+                            progress=options.progress, label=source.name)
 
 
 def _move_passed(name: str, module: nn.Module, component) -> None:

@@ -32,12 +32,14 @@ from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_di
 from ..checkpoint.naming import CONFIG_NAME
 from ..checkpoint.placing import cast_meta, load_component
 from .config import ModelConfig
-from .hub import resolve_folder
+from .hf_spellings import chosen_dtype, download_options
+from .hub import hub_options, resolve_folder
+from .model_memory import ModelMemoryMethods
 
 logger = logging.getLogger(__name__)
 
 
-class ModelMixin(nn.Module):
+class ModelMixin(ModelMemoryMethods, nn.Module):
     """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
 
     Subclasses set `config_class` and take the config as the only constructor argument.
@@ -46,6 +48,7 @@ class ModelMixin(nn.Module):
     `_tied_weights_keys` maps each tied parameter to its source (`{"head.weight": "embed.weight"}`): the
     tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
     `init_empty_weights()`, which builds the model on meta).
+    `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (`model_memory`).
     """
 
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
@@ -130,6 +133,12 @@ class ModelMixin(nn.Module):
         variant: str | None = None,
         subfolder: str | None = None,
         progress: bool = True,
+        dtype: torch.dtype | None = None,
+        use_safetensors: bool | None = None,
+        local_files_only: bool = False,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
     ):
         """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
 
@@ -142,9 +151,14 @@ class ModelMixin(nn.Module):
         files themselves, so no offload folder is written. Every failure raises before a half-loaded model
         (or one with hooks) can escape.
         """
-        torch_dtype = dtype_for(torch_dtype, "default")  # a dtype or its name; anything else is a typed error
+        # diffusers' spellings too: `dtype=` for `torch_dtype=`; use_safetensors, local_files_only, revision,
+        # token, cache_dir for the Hub download (`hf_spellings`). A dtype or its name; else a typed error.
+        torch_dtype = dtype_for(chosen_dtype(torch_dtype, dtype), "default")
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
-        folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
+        hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
+                               cache_dir=cache_dir, local_files_only=local_files_only)
+        with hub_options(hub):
+            folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
         model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
                                               weights_required=True)
         keep = _kept_fp32(model, torch_dtype)

@@ -9,7 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from tqdm.auto import tqdm
+
 from .components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
+from .hf_spellings import chosen_dtype, download_options
+from .hub import hub_options
 from .loading import LoadOptions, load_pipeline, plan_folder
 from .registry import library_class
 from .saving import save_pipeline
@@ -21,6 +25,18 @@ class Pipeline(PipelineComponents):
     arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
     any folder as a generic pipeline."""
 
+    def set_progress_bar_config(self, **config: Any) -> None:
+        """diffusers' switch for the step bar of a call: tqdm keywords, e.g. `disable=True` to hide it,
+        `desc="Sampling"`, `leave=False`. Replaces the previous config."""
+        self._progress_bar_config = dict(config)
+
+    def progress_bar(self, iterable=None, *, total: int | None = None) -> tqdm:
+        """The bar a pipeline's `__call__` wraps its steps in. By default it shows on terminals and notebooks
+        only (tqdm's `disable=None`), like the load bar."""
+        config = {"desc": "Denoising", "unit": "step", "disable": None,
+                  **getattr(self, "_progress_bar_config", {})}
+        return tqdm(iterable, total=total, **config)
+
     def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
                         variant: str | None = None) -> None:
         """Write model_index.json and one subfolder per component, atomically (see `saving`)."""
@@ -30,7 +46,9 @@ class Pipeline(PipelineComponents):
     def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
                         variant: str | None = None, offload_folder: str | Path | None = None,
                         call: Mapping[str, Any] | None = None, progress: bool = True, generic: bool = False,
-                        trust_remote_code: bool = False, **components: Any):
+                        trust_remote_code: bool = False, dtype=None, use_safetensors: bool | None = None,
+                        local_files_only: bool = False, revision: str | None = None, token: str | bool | None = None,
+                        cache_dir: str | Path | None = None, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -49,22 +67,33 @@ class Pipeline(PipelineComponents):
         `trust_remote_code`: a folder's model_index.json may name classes by module path; only this library's,
         diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
         module is imported, unless this is True (then the named modules are imported: their code runs).
+        diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
+        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download.
         """
-        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+        hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
+                               cache_dir=cache_dir, local_files_only=local_files_only)
+        options = LoadOptions(device_map=device_map, max_memory=max_memory,
+                              torch_dtype=chosen_dtype(torch_dtype, dtype), variant=variant,
                               offload_folder=offload_folder, call=call, progress=progress,
                               trust_remote_code=trust_remote_code)
-        return load_pipeline(cls, pretrained, passed=components, options=options, generic=generic)
+        with hub_options(hub):
+            return load_pipeline(cls, pretrained, passed=components, options=options, generic=generic)
 
     @classmethod
     def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
                        variant: str | None = None, offload_folder: str | Path | None = None,
                        call: Mapping[str, Any] | None = None, generic: bool = False, trust_remote_code: bool = False,
-                       **components: Any):
+                       dtype=None, local_files_only: bool = False, revision: str | None = None,
+                       token: str | bool | None = None, cache_dir: str | Path | None = None, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
         a folder's code: `trust_remote_code` as in `from_pretrained`)."""
-        options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype, variant=variant,
+        hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
+                               local_files_only=local_files_only)
+        options = LoadOptions(device_map=device_map, max_memory=max_memory,
+                              torch_dtype=chosen_dtype(torch_dtype, dtype), variant=variant,
                               offload_folder=offload_folder, call=call, trust_remote_code=trust_remote_code)
-        return plan_folder(cls, pretrained, passed=components, options=options, generic=generic)
+        with hub_options(hub):
+            return plan_folder(cls, pretrained, passed=components, options=options, generic=generic)
 
 
 __all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]

@@ -50,7 +50,7 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
                               pinned=dict(pinned) or None, module_order=module_order or None)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
-    return plan
+    return plan if call is None else plan.with_inputs(call=dict(call))
 
 
 def _caller_stacklevel() -> int:

@@ -2,8 +2,8 @@
 
 A folder records the class of each component. For this library's own classes it records the library
 ("pipelines") and the class name, never a module path, so classes can move between modules without breaking
-folders saved earlier: each registers itself with `@library_class` where it is defined, and importing
-`pipelines` imports every module that defines one.
+folders saved earlier: each registers itself with `@library_class` where it is defined, and
+`pipelines.import_library_classes()` imports every module that defines one.
 
 A user's own class is recorded under its module path (`["my_models.vae", "MyVAE"]`). Resolving such a name never
 imports anything: the class must be registered with `pipelines.register_class(MyVAE)` (saving an instance
@@ -45,7 +45,7 @@ def register_class(cls: type) -> type:
 
 def find_library_class(class_name: str | None) -> type | None:
     """The library class registered as `class_name` (None when there is none)."""
-    importlib.import_module(LIBRARY)  # importing the package registers every library class
+    importlib.import_module(LIBRARY).import_library_classes()  # registers every library class
     return _CLASSES.get(class_name or "")
 
 

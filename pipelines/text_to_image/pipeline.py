@@ -142,7 +142,7 @@ class TextToImagePipeline(Pipeline):
         sequence = sequence.to(dtype)
         pooled = pooled.to(dtype) if pooled is not None else None
         extra = {} if pooled is None else {"pooled": pooled}
-        for timestep in self.scheduler.timesteps:
+        for timestep in self.progress_bar(self.scheduler.timesteps):  # set_progress_bar_config(disable=True) hides it
             model_input = torch.cat([latents, latents]) if guidance_scale is not None else latents
             prediction = self.denoiser(model_input, timestep, sequence, **extra)
             if guidance_scale is not None:

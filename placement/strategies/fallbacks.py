@@ -161,17 +161,28 @@ def place_streamed(
 
 
 def streamed_text(host: str, execution_device: Device, unit: int) -> str:
-    where = "CPU RAM" if host == "cpu" else "the offload folder"
+    where = "CPU RAM" if host == "cpu" else "on disk (served from the checkpoint files, or the offload folder)"
     return (
-        f"Weights in {where}, streamed to {device_label(execution_device)} block by block "
+        f"Weights {'in ' if host == 'cpu' else ''}{where}, streamed to {device_label(execution_device)} block by block "
         f"({format_bytes(unit)} on the device at once)."
     )
 
 
 def rooms_text(ledger: Ledger, request: ComponentRequest) -> str:
-    """"GPU 0 has 2.00 GiB left, GPU 1 has 0.50 GiB left" (room for weights next to its activations)."""
+    """"GPU 0 has 2.00 GiB left, GPU 1 has 1.00 GiB left (0 B for weights after the 1.00 GiB runtime overhead)".
+
+    "left" is the plan's word (budget minus predicted peak, as in explain()'s table); the room for this
+    component's weights is smaller when its activations or a first use's runtime overhead must fit too."""
     parts = []
     for device in ledger.accelerators:
-        room = ledger.room(device, transient=request.transient)
-        parts.append(f"{device_label(device)} has {format_bytes(max(room, 0))} left")
+        left = ledger.loads[device].budget - ledger.peak(device)
+        room = max(ledger.room(device, transient=request.transient), 0)
+        text = f"{device_label(device)} has {format_bytes(max(left, 0))} left"
+        if room < max(left, 0):
+            extra = [] if ledger.loads[device].used or not ledger.overhead(device) else [
+                f"the {format_bytes(ledger.overhead(device))} runtime overhead"]
+            if request.transient > ledger.loads[device].transient:
+                extra.insert(0, "its activations")
+            text += f" ({format_bytes(room)} for weights after {' and '.join(extra) or 'its activations'})"
+        parts.append(text)
     return ", ".join(parts) if parts else "there is no accelerator"

@@ -36,7 +36,12 @@ class ComponentRequest:
 
     @property
     def dtype_name(self) -> Optional[str]:
-        return None if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        """The requested dtype, else the module's own (its first floating tensor's), so plans always say it."""
+        dtype = self.dtype
+        if dtype is None:
+            floating = (t.dtype for t in [*self.module.parameters(), *self.module.buffers()] if t.is_floating_point())
+            dtype = next(floating, None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
 
     def needs(self) -> str:
         """"vae needs 1.21 GiB (bfloat16) + 0.30 GiB of activations" for error and fallback messages."""

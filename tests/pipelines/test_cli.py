@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from pipelines.cli import main
-from pipelines.cli.args import max_memory_arg, simulate_arg
+from pipelines.cli.args import budgets_arg
+from pipelines.cli.resolve import resolve_budgets_arg
 from placement import Plan
 from placement.sizes import GiB
 
@@ -27,6 +28,8 @@ def test_demo_writes_the_image_and_prints_both_plans(tmp_path, monkeypatch, caps
     assert "pipe.hf_device_map = {'text_encoder': " in out
     assert out.count("Placement plan") == 2
     assert "GPU 0: 24 GiB, GPU 1: 24 GiB" in out and "wrote demo.png" in out
+    assert "weights are random, so the image is noise" in out
+    assert "That plan's picture: plan.svg" in out and (tmp_path / "plan.svg").read_text().startswith("<svg")
 
 
 def test_plan_of_a_preset_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -54,9 +57,9 @@ def test_plan_of_a_folder_with_a_call_accounts_for_activations(tmp_path, capsys)
 
 
 def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["plan", "tiny-dit", "--max-memory", "0=24Gx"])
-    assert exit_info.value.code == 2 and "Invalid memory size '24Gx'" in capsys.readouterr().err
+    assert main(["plan", "tiny-dit", "--max-memory", "0=24Gx"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-memory 0=24Gx: Invalid memory size '24Gx'" in err and "Traceback" not in err
     assert main(["plan", "tiny-dit", "--strategy", "fastest", "--max-memory", "0=1GiB"]) == 2
     assert "Unknown placement strategy 'fastest'" in capsys.readouterr().err
 
@@ -71,11 +74,16 @@ def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, c
     assert "did you mean 'tiny-dit'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
 
 
+def budgets(text):
+    return resolve_budgets_arg(budgets_arg(text), "--max-memory")
+
+
 def test_budget_arguments_parse_sizes_the_one_way():
-    assert max_memory_arg("0=24GiB,1=10GB,cpu=64GiB") == {0: 24 * GiB, 1: 10 * 1000**3, "cpu": 64 * GiB}
-    assert simulate_arg("2x24GiB") == {0: 24 * GiB, 1: 24 * GiB}
-    assert simulate_arg("24GiB,12GiB") == {0: 24 * GiB, 1: 12 * GiB}
-    assert json.dumps(simulate_arg("0=1GiB")) == json.dumps({0: GiB})
+    assert budgets("0=24GiB,1=10GB,cpu=64GiB") == {0: 24 * GiB, 1: 10 * 1000**3, "cpu": 64 * GiB}
+    assert budgets("2x24GiB") == {0: 24 * GiB, 1: 24 * GiB}
+    assert budgets("2x24GiB,cpu=64GiB") == {0: 24 * GiB, 1: 24 * GiB, "cpu": 64 * GiB}
+    assert budgets("0=12GiB,2x24GiB") == {0: 12 * GiB, 1: 24 * GiB, 2: 24 * GiB}
+    assert json.dumps(budgets("0=1GiB")) == json.dumps({0: GiB})
 
 
 def test_help_works_and_the_console_script_is_this_main(capsys):
@@ -83,7 +91,7 @@ def test_help_works_and_the_console_script_is_this_main(capsys):
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "placement"]
     assert script.value == "pipelines.cli:main"
-    for argv, expected in ((["--help"], ("demo", "plan")), (["plan", "--help"], ("--max-memory", "--strategy"))):
+    for argv, expected in ((["--help"], ("demo", "plan", "inspect")), (["plan", "--help"], ("--max-memory", "--strategy"))):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         out = capsys.readouterr().out

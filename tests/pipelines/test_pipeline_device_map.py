@@ -274,32 +274,38 @@ def test_from_pretrained_with_a_call_plans_for_its_activations(saved):
         load(folder, call={"resolution": 16})
 
 
-def test_loading_shows_a_progress_bar_per_component_that_reaches_its_tensor_count(saved, monkeypatch):
-    """tqdm is created per component with disable=None (shown on terminals, quiet in logs); progress=False
-    turns it off."""
-    import pipelines.checkpoint.loading as loading
+def test_loading_shows_one_progress_bar_in_bytes_labelled_by_component(saved, monkeypatch):
+    """One tqdm bar for the whole load, created with disable=None (shown on terminals, quiet in logs), counting
+    the bytes loaded and relabelled with each component as it is read; progress=False turns it off."""
+    import pipelines.checkpoint.progress as progress
 
     bars = []
 
-    class Recorder(loading.tqdm):
+    class Recorder(progress.tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.steps = 0  # tqdm stops counting once it finds no terminal; count the updates here
-            bars.append((kwargs["desc"], kwargs["disable"], self))
+            self.steps, self.labels = 0, []  # tqdm stops counting once it finds no terminal; count here
+            bars.append((kwargs["disable"], self))
 
         def update(self, n=1):
             self.steps += n
             return super().update(n)
 
-    monkeypatch.setattr(loading, "tqdm", Recorder)
+        def set_description(self, desc=None, refresh=True):
+            self.labels.append(desc)
+            return super().set_description(desc, refresh)
+
+    monkeypatch.setattr(progress, "tqdm", Recorder)
     folder, _ = saved
     pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced")
-    expected = [(f"Loading {type(m).__name__}", len(m.state_dict())) for m in pipe.module_components.values()]
-    assert sorted((desc, bar.steps) for desc, _, bar in bars) == sorted(expected)
-    assert all(disable is None and bar.total == bar.steps for _, disable, bar in bars)
+    ((disable, bar),) = bars
+    loaded = sum(t.numel() * t.element_size()
+                 for m in pipe.module_components.values() for t in m.state_dict().values())
+    assert disable is None and bar.total == bar.steps == loaded
+    assert bar.labels == [f"Loading {name}" for name in pipe.placement_plan.components]
     bars.clear()
     load(folder)
-    assert bars and all(disable is True for _, disable, _ in bars)
+    assert bars and all(disable is True for disable, _ in bars)
 
 
 def ram_that_sends_one_component_to_disk(folder) -> int:

@@ -1,0 +1,164 @@
+"""`Plan.to_svg()`: the plan as a picture, in plain SVG (no plotting dependency; opens in any browser).
+
+Top: the verdict. Then one bar per device, the full width being its budget: each component's weights on it
+(one colour per component), the activations, the streaming working set, the runtime overhead and what is
+left, each labelled with its size (in the bar when it is wide enough, always in the line under it). Bottom:
+the components in execution order, coloured as in the bars, with the edges that cross devices drawn as arrows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from xml.sax.saxutils import escape
+
+from .devices import device_label
+from .sizes import format_bytes
+
+if TYPE_CHECKING:  # plan.py calls plan_svg from Plan.to_svg(); the type is for readers only
+    from .plan import Plan
+
+WIDTH = 960
+MARGIN = 20
+LABEL_WIDTH = 150  # device names and budgets, left of the bars
+BAR_HEIGHT = 28
+ROW_HEIGHT = 70  # bar + its legend line + spacing
+BOX_WIDTH, BOX_HEIGHT, BOX_GAP = 150, 44, 30
+# Colour-blind-safe palette (Okabe-Ito) for components; fixed colours for the memory kinds.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999"]
+KIND_COLOURS = {"activations": "#F4A6A6", "streaming working set": "#F9D08B", "runtime overhead": "#B8B8B8"}
+LEFT_COLOUR = "#FFFFFF"
+OVER_COLOUR = "#D00000"
+
+
+def plan_svg(plan: Plan) -> str:
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(plan.components)}
+    parts: list[str] = []
+    y = MARGIN
+    headline = plan.verdict.headline
+    # Too wide for one line: the outcome, then the fullest device under it.
+    lines = [headline] if _text_width(headline, 16) < WIDTH - 2 * MARGIN else headline.split("; ", 1)
+    for line in lines:
+        parts.append(_text(MARGIN, y + 14, line, size=16, weight="bold", clip=WIDTH - 2 * MARGIN))
+        y += 22
+    y += 2
+    for warning in plan.verdict.warnings:
+        parts.append(_text(MARGIN, y + 12, "! " + warning, size=11, fill="#A00000", clip=WIDTH - 2 * MARGIN))
+        y += 16
+    y += 10
+    title = f"Memory per device (strategy {plan.strategy!r}); each bar is the device's budget"
+    parts.append(_text(MARGIN, y + 12, title, size=13, weight="bold"))
+    y += 20
+    parts += _key(y)
+    y += 26
+    for device in plan.devices:
+        parts += _device_row(device, plan, colours, y)
+        y += ROW_HEIGHT
+    parts += _component_row(plan, colours, y)
+    height = y + BOX_HEIGHT + 110
+    body = "\n".join(parts)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">\n'
+        f"<title>Placement plan: {escape(plan.verdict.kind.value)}</title>\n"
+        f'<rect width="{WIDTH}" height="{height}" fill="#FAFAFA"/>\n{body}\n</svg>\n'
+    )
+
+
+def _segments(device, plan: Plan, colours) -> list[tuple[str, int, str]]:
+    """(label, bytes, colour) in bar order: weights per component, then the transient, overhead, left."""
+    segments = [(name, component.placed_bytes[device.device], colours[name])
+                for name, component in plan.components.items() if component.placed_bytes.get(device.device)]
+    if device.activations:
+        segments.append(("activations", device.activations, KIND_COLOURS["activations"]))
+    if device.streaming_working_set:
+        segments.append(("streaming working set", device.streaming_working_set, KIND_COLOURS["streaming working set"]))
+    if device.overhead:
+        segments.append(("runtime overhead", device.overhead, KIND_COLOURS["runtime overhead"]))
+    if device.left is not None and device.left > 0:
+        segments.append(("left", device.left, LEFT_COLOUR))
+    return segments
+
+
+def _device_row(device, plan: Plan, colours, y: int) -> list[str]:
+    label = device_label(device.device)
+    budget = "unlimited" if device.budget is None else format_bytes(device.budget)
+    parts = [
+        _text(MARGIN, y + 12, label, size=13, weight="bold"),
+        _text(MARGIN, y + 27, f"budget {budget}", size=11),
+    ]
+    segments = _segments(device, plan, colours)
+    scale_bytes = max(device.budget or 0, device.predicted_peak, sum(b for _, b, _ in segments), 1)
+    bar_width = WIDTH - LABEL_WIDTH - 2 * MARGIN
+    x0 = LABEL_WIDTH + MARGIN
+    x = float(x0)
+    for name, size, colour in segments:
+        width = bar_width * size / scale_bytes
+        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{BAR_HEIGHT}" fill="{colour}" '
+                     f'stroke="#555" stroke-width="0.5"><title>{escape(name)}: {format_bytes(size)}</title></rect>')
+        fitting = (text for text in (f"{name} {format_bytes(size)}", name) if _text_width(text, 10) < width - 8)
+        label = next(fitting, None)
+        if label:  # too narrow for even the name: the line under the bar and the tooltip carry it
+            parts.append(_text(x + 4, y + 18, label, size=10))
+        x += width
+    if device.budget is not None:
+        parts.append(f'<rect x="{x0}" y="{y}" width="{bar_width * device.budget / scale_bytes:.1f}" '
+                     f'height="{BAR_HEIGHT}" fill="none" stroke="#000" stroke-width="1.2"/>')
+    if device.left is not None and device.left < 0:
+        parts.append(_text(x0, y + BAR_HEIGHT + 30, f"over budget by {format_bytes(-device.left)}", size=11,
+                           fill=OVER_COLOUR))
+    legend = " · ".join(f"{name} {format_bytes(size)}" for name, size, _ in segments)
+    legend += f" · predicted peak {format_bytes(device.predicted_peak)}"
+    parts.append(_text(x0, y + BAR_HEIGHT + 15, legend, size=10, clip=bar_width))
+    return parts
+
+
+def _key(y: int) -> list[str]:
+    """Swatches for the parts of a bar that are not a component's weights."""
+    parts, x = [_text(MARGIN, y + 11, "key:", size=11)], MARGIN + 40
+    for name, colour in [*KIND_COLOURS.items(), ("left", LEFT_COLOUR)]:
+        parts.append(f'<rect x="{x}" y="{y + 1}" width="12" height="12" fill="{colour}" stroke="#555" '
+                     'stroke-width="0.5"/>')
+        parts.append(_text(x + 16, y + 11, name, size=11))
+        x += 24 + int(len(name) * 6.5)
+    parts.append(_text(x, y + 11, "(component weights: the component's colour, as in the boxes below)", size=11))
+    return parts
+
+
+def _component_row(plan: Plan, colours, y: int) -> list[str]:
+    parts = [_text(MARGIN, y + 12, "Components in execution order (arrows: edges that cross devices)", size=13,
+                   weight="bold")]
+    y += 24
+    centres = {}
+    per_row = max(1, (WIDTH - 2 * MARGIN + BOX_GAP) // (BOX_WIDTH + BOX_GAP))
+    for index, (name, component) in enumerate(plan.components.items()):
+        x = MARGIN + (index % per_row) * (BOX_WIDTH + BOX_GAP)
+        top = y + (index // per_row) * (BOX_HEIGHT + BOX_GAP + 20)
+        centres[name] = (x + BOX_WIDTH / 2, top)
+        parts.append(f'<rect x="{x}" y="{top}" width="{BOX_WIDTH}" height="{BOX_HEIGHT}" rx="6" '
+                     f'fill="{colours[name]}" fill-opacity="0.25" stroke="{colours[name]}" stroke-width="2"/>')
+        parts.append(_text(x + 8, top + 18, name, size=12, weight="bold", clip=BOX_WIDTH - 12))
+        where = f"{component.kind.value}, runs on {device_label(component.execution_device)}"
+        parts.append(_text(x + 8, top + 35, where, size=10, clip=BOX_WIDTH - 12))
+    parts.append('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+                 'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#333"/></marker></defs>')
+    for producer, consumer in plan.crossing_edges:
+        (x1, top1), (x2, top2) = centres[producer], centres[consumer]
+        bottom1, bottom2 = top1 + BOX_HEIGHT, top2 + BOX_HEIGHT
+        dip = max(bottom1, bottom2) + 14 + 6 * (abs(x2 - x1) // (BOX_WIDTH + BOX_GAP))
+        parts.append(f'<path d="M{x1:.0f},{bottom1} C{x1:.0f},{dip} {x2:.0f},{dip} {x2:.0f},{bottom2}" fill="none" '
+                     f'stroke="#333" stroke-width="1.5" marker-end="url(#arrow)">'
+                     f'<title>{escape(producer)} -&gt; {escape(consumer)}</title></path>')
+    return parts
+
+
+def _text_width(content: str, size: int) -> float:
+    """A generous estimate of rendered width in a sans-serif font (about 0.62 em per character)."""
+    return len(content) * size * 0.62
+
+
+def _text(x: float, y: float, content: str, *, size: int, weight: str = "normal", fill: str = "#111",
+          clip: float | None = None) -> str:
+    too_long = clip and _text_width(content, size) > clip  # squeezed to fit rather than overlap its neighbour
+    length = f' textLength="{clip:.0f}" lengthAdjust="spacingAndGlyphs"' if too_long else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" font-weight="{weight}" fill="{fill}"{length}>'
+            f"{escape(content)}</text>")
