@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Sequence
 from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
-from .devices import Device
+from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .errors import ComponentError, InvalidDtypeError, StrategyError
@@ -77,7 +77,7 @@ def plan(
     requests = {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
                                traced.get(name)) for position, name in enumerate(order)}
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
-    asked = _component_pins(spec, requests)
+    asked = _component_pins(spec, requests, budgets, given=max_memory is not None)
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
@@ -120,11 +120,24 @@ def _parse_strategy(strategy, scope: str, modules: Mapping[str, nn.Module]) -> S
     return spec
 
 
-def _component_pins(spec: StrategySpec, requests) -> dict:
-    """A pipeline-level dict strategy's `{component: device map}` (at model scope a dict maps submodules)."""
+def _component_pins(spec: StrategySpec, requests, budgets: Budgets, *, given: bool) -> dict:
+    """A pipeline-level dict strategy's `{component: device map}` (at model scope a dict maps submodules).
+
+    A pin to an accelerator when an explicit `max_memory` lists none is an error: degrading it to the CPU would
+    silently drop what the user asked for. (Without max_memory, a machine with no GPU degrades with a warning.)"""
     if spec.kind is not StrategyKind.DICT or spec.model_level:
         return {}
-    return normalize_pins(spec.pins, requests, source="device_map")
+    pins = normalize_pins(spec.pins, requests, source="device_map")
+    absent = {name: device for name, device_map in pins.items() for device in device_map.values()
+              if is_accelerator(device) and device not in budgets.accelerators}
+    if given and absent and not budgets.accelerators:  # with some GPUs, pinned.check_budgets_exist says it
+        raise StrategyError(
+            f"device_map pins {', '.join(f'{name!r} to GPU {device}' for name, device in absent.items())}, but "
+            f"max_memory gives no budget for {'it' if len(set(absent.values())) == 1 else 'them'} (its devices: "
+            f"{list(budgets.limits)}). Add the GPU to max_memory (e.g. {{{next(iter(absent.values()))}: '24GiB'}}) "
+            "or pin to a device it lists."
+        )
+    return pins
 
 
 def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int,

@@ -14,12 +14,15 @@ from torch import nn
 
 from hooks.dispatch import undispatch
 from hooks.group_offload.offload import group_offloading_session
+from hooks.techniques import Technique, techniques_on
 from placement.devices import torch_device
 from placement.errors import GraphError, PlacementError
 from placement.graph import build_graph, execution_order
 
 from ..errors import DeviceMappedError
 from .memory import PipelineMemoryMixin
+
+OFFLOAD_TECHNIQUES = (Technique.MODEL_OFFLOAD, Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD)
 
 
 class PipelineComponentError(PlacementError, ValueError):
@@ -108,6 +111,7 @@ class PipelineComponents(PipelineMemoryMixin):
     def to(self, *args, **kwargs) -> "PipelineComponents":
         """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
         self._refuse_if_device_mapped(".to()")
+        self._refuse_if_offloaded(".to()")
         # The argument parser nn.Module.to itself uses: .to accepts exactly what a module's .to accepts.
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         for module in self.module_components.values():
@@ -129,6 +133,20 @@ class PipelineComponents(PipelineMemoryMixin):
             raise DeviceMappedError(
                 f"{operation} on a device-mapped {type(self).__name__} (hf_device_map={self.hf_device_map}) "
                 "would break its placement; call pipe.reset_device_map() first."
+            )
+
+    def _refuse_if_offloaded(self, operation: str) -> None:
+        """Offload hooks keep their own copies of the weights (a CPU state dict, group stores): moving or casting
+        the module under them would leave the two disagreeing, and the next call would fail or run stale."""
+        on = {name: sorted(t.value for t in techniques_on(module) if t in OFFLOAD_TECHNIQUES)
+              for name, module in self.module_components.items()}
+        on = {name: found for name, found in on.items() if found}
+        if on:
+            listed = ", ".join(f"{name} ({', '.join(found)})" for name, found in on.items())
+            raise DeviceMappedError(
+                f"{operation} on {type(self).__name__} while offloading is on: {listed}. The offload hooks hold "
+                "their own copies of the weights; call pipe.reset_device_map() to remove them, then .to(...), "
+                "then enable offloading again."
             )
 
     def __repr__(self) -> str:

@@ -209,10 +209,10 @@ def _kept_fp32(model: nn.Module, torch_dtype) -> tuple[str, ...]:
 def _plan(model: nn.Module, weights: WeightsIndex | None, device_map, *, max_memory, torch_dtype,
           offload_folder) -> Plan:
     """`placement.plan` for one model at model scope (accelerate's meaning of the strategy names)."""
-    # A safetensors checkpoint serves disk-offloaded weights itself: planning onto "disk" needs no folder.
-    disk_source = offload_folder if offload_folder is not None else (weights.folder if weights else None)
+    # As for a pipeline (and accelerate), `offload_folder` is what permits planning onto "disk"; nothing is
+    # written there: the checkpoint's own safetensors files serve the disk-offloaded weights.
     return placement.plan({_component_name(model): model}, max_memory=max_memory, strategy=device_map,
-                          dtype=torch_dtype, offload_folder=disk_source, scope="model")
+                          dtype=torch_dtype, offload_folder=offload_folder, scope="model")
 
 
 def _component_name(model: nn.Module) -> str:

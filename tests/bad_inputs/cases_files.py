@@ -340,8 +340,7 @@ CASES = [
          run=with_tensor("proj.weight", lambda t: t, torch_dtype="float61"),
          error="placement.errors.InvalidDtypeError", words=("float61",)),
     Case(name="load: a model planned to disk without offload_folder", run=model_to_disk_without_offload_folder,
-         error="placement.errors.PlacementError", words=("offload_folder",),
-         known_gap="model-level planning is being moved onto placement.plan by the model-planning helper (m)"),
+         error="placement.errors.PlacementError", words=("offload_folder",)),
     Case(name="weights: I/O error while reading a tensor", run=io_error_during_load,
          error=f"{CHECKPOINT}.CheckpointReadError", words=("Input/output error",)),
 ]

@@ -151,6 +151,7 @@ def test_offload_index_serves_tied_weights_from_their_source(tmp_path):
 def test_dict_map_with_tied_weight_on_disk_and_source_on_cpu(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path / "m")
-    loaded = TinyModel.from_pretrained(tmp_path / "m", device_map={"": "cpu", "head": "disk"}, progress=False)
+    loaded = TinyModel.from_pretrained(tmp_path / "m", device_map={"": "cpu", "head": "disk"}, offload_folder=tmp_path,
+                                       progress=False)
     assert loaded.hf_device_map["head"] == "disk"
     assert torch.allclose(loaded(tiny_ids(model.config)), model(tiny_ids(model.config)), atol=1e-6)

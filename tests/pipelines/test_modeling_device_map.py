@@ -61,11 +61,13 @@ def test_single_device_places_everything_without_hooks(saved, spec):
     assert loaded.head.weight is loaded.embed.weight
 
 
-def test_dict_map_with_disk_needs_no_offload_folder(saved):
+def test_dict_map_with_disk_writes_nothing_to_the_offload_folder(saved, tmp_path):
     model, folder = saved
     device_map = {"embed": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks": "disk", "norm_out": "cpu",
                   "head": "cpu", "steps": "cpu"}
-    loaded = TinyModel.from_pretrained(folder, device_map=device_map, progress=False)
+    # offload_folder permits the disk (as in accelerate); nothing is written there: the checkpoint serves it.
+    loaded = TinyModel.from_pretrained(folder, device_map=device_map, offload_folder=tmp_path / "off", progress=False)
+    assert not (tmp_path / "off").exists()
     flat = {**device_map, **{f"blocks.{i}": "disk" for i in range(2, 6)}}
     del flat["blocks"]  # nested keys are flattened: the longest prefix wins
     assert loaded.hf_device_map == flat
@@ -134,7 +136,8 @@ def test_saving_a_disk_offloaded_model_asks_to_undispatch_first(saved, tmp_path)
     from pipelines.checkpoint import CheckpointSaveError
 
     model, folder = saved
-    loaded = TinyModel.from_pretrained(folder, device_map={"": "cpu", "blocks.1": "disk"}, progress=False)
+    loaded = TinyModel.from_pretrained(folder, device_map={"": "cpu", "blocks.1": "disk"}, offload_folder=tmp_path,
+                                       progress=False)
     with pytest.raises(CheckpointSaveError, match=r"blocks\.1\.fc1\.weight.*[Uu]ndispatch"):
         loaded.save_pretrained(tmp_path / "copy")
     assert not (tmp_path / "copy").exists()

@@ -82,10 +82,11 @@ def test_single_device_loads_without_hooks_and_strategies_with_the_component_run
     assert "" in hooked(strategy)  # the hooks `apply_component_plan` gives a pipeline component of this kind
 
 
-def test_cpu_and_disk_budget_is_a_disk_component_served_from_the_checkpoint(saved):
+def test_cpu_and_disk_budget_is_a_disk_component_served_from_the_checkpoint(saved, tmp_path):
     model, folder = saved
     budget = int(0.4 * saved_bytes(model))
-    loaded = TinyModel.from_pretrained(folder, device_map="sequential", max_memory={"cpu": budget}, progress=False)
+    loaded = TinyModel.from_pretrained(folder, device_map="sequential", max_memory={"cpu": budget},
+                                       offload_folder=tmp_path, progress=False)
     component = loaded.placement_plan.components["TinyModel"]
     assert component.kind is PlacementKind.DISK and set(component.devices) == {"cpu", "disk"}
     assert component.placed_bytes["cpu"] <= budget
@@ -99,17 +100,18 @@ def test_cpu_and_disk_budget_is_a_disk_component_served_from_the_checkpoint(save
     [("balanced", 1.0, PlacementKind.SPLIT), ("sequential", 0.5, PlacementKind.OFFLOADED),
      ({"": 0, "blocks.3": "disk"}, 1.0, PlacementKind.DISK), (1, 2.0, PlacementKind.WHOLE)],
 )
-def test_plans_for_absent_gpus_are_made_and_their_loads_refused(saved, device_map, fraction, kind):
+def test_plans_for_absent_gpus_are_made_and_their_loads_refused(saved, device_map, fraction, kind, tmp_path):
     model, folder = saved
     size = saved_bytes(model)
     budgets = {0: int(fraction * size), 1: int(fraction * size), "cpu": size}
-    plan = TinyModel.plan_placement(folder, device_map=device_map, max_memory=budgets)
+    plan = TinyModel.plan_placement(folder, device_map=device_map, max_memory=budgets, offload_folder=tmp_path)
     assert plan.components["TinyModel"].kind is kind
     with pytest.raises(InvalidDeviceError, match=r"on accelerator\(s\) \[\d.*this machine has 0"):
-        TinyModel.from_pretrained(folder, device_map=device_map, max_memory=budgets, progress=False)
+        TinyModel.from_pretrained(folder, device_map=device_map, max_memory=budgets, offload_folder=tmp_path,
+                                  progress=False)
 
 
-def test_a_failed_load_leaves_no_hooks_and_nothing_loaded(saved, monkeypatch):
+def test_a_failed_load_leaves_no_hooks_and_nothing_loaded(saved, monkeypatch, tmp_path):
     _, folder = saved
     seen = []
     real = placing.apply_component_plan
@@ -122,7 +124,8 @@ def test_a_failed_load_leaves_no_hooks_and_nothing_loaded(saved, monkeypatch):
 
     monkeypatch.setattr(placing, "apply_component_plan", apply_then_fail)
     with pytest.raises(RuntimeError, match="simulated failure"):
-        TinyModel.from_pretrained(folder, device_map={"": "cpu", "blocks.2": "disk"}, progress=False)
+        TinyModel.from_pretrained(folder, device_map={"": "cpu", "blocks.2": "disk"}, offload_folder=tmp_path,
+                                  progress=False)
     (module,) = seen
     assert hooked(module) == []
     assert {t.device.type for t in module.state_dict().values()} == {"meta"}

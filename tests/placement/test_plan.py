@@ -103,13 +103,25 @@ def test_single_device_without_budget_is_an_error():
         placement.plan(pipeline(), max_memory=TWO_GPUS, strategy="cuda:3")
 
 
-@pytest.mark.parametrize("strategy", ["balanced", "sequential", "auto", "balanced_low_0", "cuda", {"vae": 0}])
+@pytest.mark.parametrize("strategy", ["balanced", "sequential", "auto", "balanced_low_0", "cuda"])
 def test_no_accelerator_degrades_to_cpu_with_one_warning(strategy):
     with pytest.warns(UserWarning) as caught:
         plan = placement.plan(pipeline(), max_memory={"cpu": "64GiB"}, strategy=strategy)
     assert len(caught) == 1 and "degrades to 'cpu'" in str(caught[0].message)
     assert plan.warnings == [str(caught[0].message)]
     assert plan.strategy == "cpu"
+    assert set(plan.device_map.values()) == {"cpu"}
+
+
+def test_a_pin_to_a_gpu_when_max_memory_lists_none_is_an_error_not_a_silent_cpu():
+    with pytest.raises(placement.StrategyError, match=r"pins 'vae' to GPU 0, but max_memory gives no budget"):
+        placement.plan(pipeline(), max_memory={"cpu": "64GiB"}, strategy={"vae": 0})
+
+
+def test_a_pin_to_a_gpu_on_a_machine_without_one_degrades_when_budgets_are_detected(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "0")
+    with pytest.warns(UserWarning, match="degrades to 'cpu'"):
+        plan = placement.plan(pipeline(), strategy={"vae": 0})
     assert set(plan.device_map.values()) == {"cpu"}
 
 
