@@ -1,5 +1,6 @@
 """The Python snippets of README.md and docs/memory.md run as written (each document's blocks in order, in one
-fresh process, in an empty folder), so the docs cannot drift from the code."""
+fresh process, in an empty folder), so the docs cannot drift from the code. A block fenced ```python no-run
+(it needs the Hub, a GPU or torchrun) is left out."""
 
 from __future__ import annotations
 
