@@ -11,7 +11,6 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.errors import PlacementError
 from placement.planning_errors import StrategyError
 from placement.sizing import dtype_for
 from placement.strategies import StrategyKind, parse_strategy
@@ -20,10 +19,6 @@ from .components import PipelineComponentError, PipelineComponents
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
-
-
-class CallSpecError(PlacementError, ValueError):
-    """A `call=` spec the pipeline cannot turn into example inputs."""
 
 
 def plan_pipeline(pipe: PipelineComponents, *, device_map, max_memory, torch_dtype, offload_folder, call,
@@ -53,24 +48,28 @@ def _caller_stacklevel() -> int:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs
-    (`activation_inputs(**call)` gives a `ComponentCall` per component)."""
-    pipeline_class = type(pipe)
+    """Peak activation bytes per component for one call, estimated on meta from example inputs: the
+    pipeline's own (`activation_inputs(**call)` gives a call per component), else those of its diffusers
+    family, looked up by class name (`calls.family_calls`; a component run several times counts its largest)."""
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        raise CallSpecError(
-            f"{pipeline_class.__name__} does not describe its call's inputs (no activation_inputs method), so "
-            "call= cannot be used with it; plan without call= (weights only)."
-        )
+        calls = family_calls(pipeline_class_name(pipe), modules, call)
+        return {name: max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name)) for example in runs)
+                for name, runs in calls.items() if name in modules}
     try:
         inputs = describe(**dict(call))
     except TypeError as error:
         raise CallSpecError(
-            f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "
+            f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
             "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
         ) from error
     return {name: spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
             for name, spec in inputs.items() if name in modules}
+
+
+def pipeline_class_name(pipe: PipelineComponents) -> str:
+    """The pipeline class the folder names (a generic pipeline keeps model_index.json's `_class_name`)."""
+    return getattr(pipe, "folder_class_name", None) or type(pipe).__name__
 
 
 def is_single_device(device_map) -> bool:
