@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
 from .hooks import accelerate_hooks_bypassed
-from .stand_ins import MetaConstants, worst_case_routing
+from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlacementError
 from ..sizing import kept_fp32_module_names
@@ -83,7 +83,7 @@ def estimate_activations(
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with accelerate_hooks_bypassed(module), worst_case_routing(module), torch.inference_mode(), fake_mode:
+        with accelerate_hooks_bypassed(module), shape_only_stand_ins(module), torch.inference_mode(), fake_mode:
             with _reparametrize_module(module, weights), FusedAttentionAccounting(), MetaConstants(), tracker:
                 # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                 getattr(module, method)(*fake_args, **fake_kwargs)

@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 from accelerate import init_empty_weights
 
-REAL_PIPELINES = json.loads(
-    (Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "real_pipelines.json").read_text()
-)["pipelines"]
+_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+REAL_PIPELINES = json.loads((_DATA / "real_pipelines.json").read_text())["pipelines"]
+EXTRA_FAMILIES = json.loads((_DATA / "extra_pipelines.json").read_text())["pipelines"]
 
 # Config keys that count repeated blocks, and the depth each keeps: the widths stay real.
 _DEPTH_KEYS = {"num_layers": 1, "num_single_layers": 1, "num_hidden_layers": 1, "num_decoder_layers": 1,
-               "num_refiner_layers": 1, "layers_per_block": 1}
+               "num_refiner_layers": 1, "layers_per_block": 1, "depth": 1}
 
 
 def shallow(config: dict) -> dict:
@@ -30,8 +30,13 @@ def shallow(config: dict) -> dict:
             reduced[key] = depth
     if isinstance(reduced.get("transformer_layers_per_block"), list):
         reduced["transformer_layers_per_block"] = [1] * len(reduced["transformer_layers_per_block"])
-    if "llama_layers" in reduced:  # HiDream reads these Llama layers' states
-        reduced["llama_layers"] = [0] * len(reduced["llama_layers"])
+    if "llama_layers" in reduced:  # HiDream: one Llama layer's states per block, from the (one-layer) encoder
+        reduced["llama_layers"] = [0] * (reduced["num_layers"] + reduced["num_single_layers"])
+    if "fullatt_block_indexes" in reduced:  # Qwen2.5-VL's vision tower: indexes of its (now one) blocks
+        reduced["fullatt_block_indexes"] = [0]
+    for key in ("text_config", "vision_config"):  # composite configs (Qwen2.5-VL)
+        if isinstance(reduced.get(key), dict):
+            reduced[key] = shallow(reduced[key])
     return reduced
 
 
@@ -81,5 +86,3 @@ def _build(cls, library: str, config: dict):
         return cls.from_config(config)
     return cls._from_config(cls.config_class(**config))
 
-
-EXTRA_FAMILIES: dict = {}
