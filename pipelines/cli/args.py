@@ -66,10 +66,12 @@ def strategy_arg(text: str):
 
 
 def call_spec(args: argparse.Namespace) -> dict | None:
-    """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale
-    (None when none is given)."""
+    """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
+    --num-frames/--max-sequence-length (None when none is given)."""
     given = {"height": args.height, "width": args.width, "batch_size": args.batch_size,
-             "num_images_per_prompt": args.num_images_per_prompt, "guidance_scale": args.guidance_scale}
+             "num_images_per_prompt": args.num_images_per_prompt, "guidance_scale": args.guidance_scale,
+             "num_frames": getattr(args, "num_frames", None),
+             "max_sequence_length": getattr(args, "max_sequence_length", None)}
     if all(value is None for value in given.values()):
         return None
     if args.height is None or args.width is None:

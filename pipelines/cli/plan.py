@@ -1,8 +1,8 @@
 """`placement plan TARGET --max-memory 0=24GiB,1=24GiB`: where a pipeline would go, without loading weights.
 
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
-are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`) plan
-for that call: each component's activation peak, and per device weights + activations + overhead.
+are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and
+for diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation peak, and per device weights + activations + overhead.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def register(subparsers) -> None:
     parser.add_argument("--num-images-per-prompt", type=int, default=None,
                         help="images per prompt (with --height/--width; default 1)")
     parser.add_argument("--guidance-scale", type=float, default=None,
-                        help="above 1 (the default, 4.0), classifier-free guidance doubles the denoiser's batch")
+                        help="above 1, classifier-free guidance doubles the denoiser's batch where the pipeline "
+                             "batches negatives (default: the pipeline's own)")
+    parser.add_argument("--num-frames", type=int, default=None, help="video pipelines: frames per video")
+    parser.add_argument("--max-sequence-length", type=int, default=None,
+                        help="text tokens per prompt (diffusers pipelines; default: the pipeline's own)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the plan as JSON")
     parser.set_defaults(run=run)
 

@@ -15,6 +15,7 @@ from placement.planning_errors import StrategyError
 from placement.sizing import dtype_for
 from placement.strategies import StrategyKind, parse_strategy
 
+from .calls import CallSpecError, family_calls
 from .components import PipelineComponentError, PipelineComponents
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.

@@ -24,6 +24,11 @@ def patch_pixel_step(modules: Mapping[str, nn.Module]) -> int:
     return spatial_factor(modules["vae"]) * config_value(modules["transformer"], "patch_size", default=1)
 
 
+def packed_pixel_step(modules: Mapping[str, nn.Module]) -> int:
+    """FLUX packs 2x2 latent cells into one token in the pipeline (its transformer's patch_size is 1)."""
+    return spatial_factor(modules["vae"]) * 2
+
+
 def _latent_grid(modules, spec: CallSpec) -> tuple[int, int]:
     factor = spatial_factor(modules["vae"])
     return spec.height // factor, spec.width // factor
