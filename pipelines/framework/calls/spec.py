@@ -88,7 +88,7 @@ class CallSpec:
                 nearest = max(multiple, round(value / multiple) * multiple)
                 raise CallSpecError(
                     f"call= for {pipeline}: {key}={value} is not a multiple of {multiple} (its VAE's downsampling "
-                    f"times its denoiser's patch size); the pipeline would reject it. Try {nearest}."
+                    f"times its denoiser's patch size); the pipeline would resize or reject it. Try {nearest}."
                 )
         return self
 
