@@ -75,8 +75,8 @@ def build_modules(key: str, *, device: str = "meta") -> tuple[str, dict[str, tor
         if device == "meta":
             with init_empty_weights():
                 modules[name] = _build(cls, library, config)
-        else:
-            modules[name] = _build(cls, library, config)
+        else:  # no gradients: MemTracker would hook parameters that a module passes to a submodule (Sana)
+            modules[name] = _build(cls, library, config).requires_grad_(False)
         modules[name].eval()
     return pipeline_class, modules
 
