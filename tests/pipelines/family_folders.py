@@ -75,10 +75,23 @@ def build_modules(key: str, *, device: str = "meta") -> tuple[str, dict[str, tor
         if device == "meta":
             with init_empty_weights():
                 modules[name] = _build(cls, library, config)
-        else:  # no gradients: MemTracker would hook parameters that a module passes to a submodule (Sana)
-            modules[name] = _build(cls, library, config).requires_grad_(False)
+        else:
+            modules[name] = _as_measurable(_build(cls, library, config))
         modules[name].eval()
     return pipeline_class, modules
+
+
+def _as_measurable(module: torch.nn.Module) -> torch.nn.Module:
+    """Parameters a model passes as an argument to a submodule (Sana's `scale_shift_table`) turned into buffers
+    of the same bytes: MemTracker hooks the gradient of every argument that requires one, which fails under
+    inference mode. Buffers and parameters are both left out of the activation peak, so nothing changes."""
+    for name, parameter in list(module.named_parameters()):
+        if name.endswith("scale_shift_table"):
+            owner_name, _, attribute = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            delattr(owner, attribute)
+            owner.register_buffer(attribute, parameter.detach())
+    return module
 
 
 def _build(cls, library: str, config: dict):
