@@ -69,7 +69,7 @@ def load_families(only: tuple[str, ...]) -> list[Family]:
         specs = {c: spec for c, spec in entry["components"].items() if not spec["optional"]}
         declared = entry.get("execution_order", "").split("->")
         order = [c for c in declared if c in specs] + [c for c in specs if c not in declared]
-        modules = {c: build_component(specs[c])[0] for c in order}
+        modules = {c: build_component(specs[c])[0].eval() for c in order}  # as pipelines run them
         video = any(word in entry["pipeline_class"] for word in ("Video", "Wan", "LTX"))
         started = time.perf_counter()
         calls = family_calls(entry["pipeline_class"], modules, VIDEO_CALL if video else IMAGE_CALL)
