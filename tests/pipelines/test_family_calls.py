@@ -22,7 +22,7 @@ IMAGE_FAMILIES = ["sd15", "sd21", "sdxl-base-1.0", "sd3-medium", "sd35-large", "
 VIDEO_FAMILIES = ["cogvideox-5b", "hunyuanvideo", "wan2.1-t2v-1.3b", "wan2.1-i2v-14b-480p", "ltx-video-0.9"]
 # Planned in the default suite: one family per code path that is cheap to build; the rest (same paths, bigger
 # text encoders or VAEs) run with --run-slow.
-FAST_PLANS = {"sd15", "sdxl-base-1.0", "flux1-dev", "pixart-sigma-1024", "wan2.1-t2v-1.3b", "ltx-video-0.9"}
+FAST_PLANS = {"sd15", "sdxl-base-1.0", "flux1-dev", "pixart-sigma-1024", "wan2.1-t2v-1.3b"}
 
 
 def small_call(key: str) -> dict:
