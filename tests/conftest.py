@@ -2,9 +2,19 @@ import pytest
 import torch
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run the tests marked slow")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need CUDA, tests marked `multi_gpu` two CUDA devices; skip them (with a reason) on
-    machines without (CI). Virtual accelerators (PLACEMENT_VIRTUAL_ACCELERATORS) do not count: they are CPUs."""
+    """Tests marked `slow` run only with --run-slow; tests marked `gpu` need CUDA, tests marked `multi_gpu` two
+    CUDA devices: all skipped (with a reason) otherwise, so the default suite stays fast and CPU-only. Virtual
+    accelerators (PLACEMENT_VIRTUAL_ACCELERATORS) do not count: they are CPUs."""
+    if not config.getoption("--run-slow"):
+        slow = pytest.mark.skip(reason="slow: run with --run-slow")
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(slow)
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     needs = {"gpu": (1, "needs a CUDA device"), "multi_gpu": (2, "needs two CUDA devices")}
     for item in items:

@@ -79,14 +79,20 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-images-per-prompt", type=int, default=None,
                         help="images per prompt (with --height/--width; default 1)")
     parser.add_argument("--guidance-scale", type=float, default=None,
-                        help="above 1 (the default, 4.0), classifier-free guidance doubles the denoiser's batch")
+                        help="above 1, classifier-free guidance doubles the denoiser's batch where the pipeline "
+                             "batches negatives (default: the pipeline's own)")
+    parser.add_argument("--num-frames", type=int, default=None, help="video pipelines: frames per video")
+    parser.add_argument("--max-sequence-length", type=int, default=None,
+                        help="text tokens per prompt (diffusers pipelines; default: the pipeline's own)")
 
 
 def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> dict | None:
-    """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale
-    (None when none is given)."""
+    """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
+    --num-frames/--max-sequence-length (None when none is given)."""
     given = {"height": args.height, "width": args.width, "batch_size": args.batch_size,
-             "num_images_per_prompt": args.num_images_per_prompt, "guidance_scale": args.guidance_scale}
+             "num_images_per_prompt": args.num_images_per_prompt, "guidance_scale": args.guidance_scale,
+             "num_frames": getattr(args, "num_frames", None),
+             "max_sequence_length": getattr(args, "max_sequence_length", None)}
     if all(value is None for value in given.values()):
         return None
     if args.height is None or args.width is None:

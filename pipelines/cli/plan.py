@@ -1,8 +1,8 @@
 """`placement plan TARGET --max-memory 0=24GiB,1=24GiB`: where a pipeline would go, without loading weights.
 
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
-are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`) plan
-for that call: each component's activation peak, and per device weights + activations + overhead.
+are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and for
+diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation peak, and per device weights + activations + overhead.
 Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. The plan opens with its
 verdict; --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back).
 """

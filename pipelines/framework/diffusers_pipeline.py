@@ -45,6 +45,15 @@ def is_diffusers_folder(index: ModelIndex) -> bool:
     return isinstance(getattr(diffusers, index.class_name, None), type)
 
 
+class MissingComponentsError(DiffusersPipelineError):
+    """The folder lacks components its diffusers class requires (`missing`); planning, which needs only the
+    models, can go ahead without them."""
+
+    def __init__(self, message: str, *, missing: list[str]):
+        super().__init__(message)
+        self.missing = missing
+
+
 def diffusers_pipeline_class(index: ModelIndex) -> type:
     """The diffusers class `_class_name` names; an error naming it when the installed diffusers lacks it."""
     try:
@@ -72,10 +81,11 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
     missing = [name for name in expected if name not in present and name not in optional]
     if missing:
         listed = {name: spec.to_json_value() for name, spec in index.components.items() if name in missing}
-        raise DiffusersPipelineError(
+        raise MissingComponentsError(
             f"{pipeline_class.__name__} needs component(s) {missing}, which the folder does not provide "
             f"(model_index.json: {listed or 'not listed'}); restore the subfolder(s), pass them to "
-            f"from_pretrained (e.g. {missing[0]}=...), or {GENERIC_HINT}."
+            f"from_pretrained (e.g. {missing[0]}=...), or {GENERIC_HINT}.",
+            missing=missing,
         )
     unknown = [name for name in passed if name not in expected]
     if unknown:

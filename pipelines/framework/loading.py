@@ -13,6 +13,7 @@ to meta (memory freed), components passed in returned to where they were.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,6 +46,7 @@ from .hf_interop import (
 from .model_index import ModelIndex
 from .components import PipelineComponentError, PipelineComponents, is_generic
 from .diffusers_pipeline import (
+    MissingComponentsError,
     attach_reset,
     build_diffusers_pipeline,
     check_diffusers_components,
@@ -124,8 +126,15 @@ def plan_folder(cls: type, pretrained, *, passed: Mapping[str, Any], options: Lo
 
 
 def _plan_once(cls: type, pretrained, *, passed: Mapping[str, Any], options: LoadOptions, generic: bool) -> Plan:
-    index, target, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=False,
-                                          generic=generic)
+    try:
+        index, target, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=False,
+                                              generic=generic)
+    except MissingComponentsError as error:
+        # Planning needs the models only: a folder without, say, its tokenizer (configs-only planning) cannot be
+        # built as its diffusers class, but plans the same as the generic pipeline of its components.
+        warnings.warn(f"Planning without {error.missing} (not in the folder): {error}", UserWarning, stacklevel=4)
+        index, target, sources = _open_folder(cls, pretrained, passed=passed, options=options, weights=False,
+                                              generic=True)
     components = {
         name: build_sized_on_meta(s, torch_dtype=options.torch_dtype, variant=options.variant, weights_required=False)
         if s.is_module else load_non_module(s)

@@ -11,11 +11,11 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.errors import PlacementError
 from placement.device_maps import is_single_device as _names_one_device
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
+from .calls import CallSpecError, family_calls
 from .components import PipelineComponentError, PipelineComponents
 from .diffusers_pipeline import graph_edges as diffusers_graph_edges
 from .diffusers_pipeline import module_components as diffusers_module_components
@@ -23,10 +23,6 @@ from .saved_plans import check_saved_plan, is_plan_path as _is_plan_path, nest_f
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
-
-
-class CallSpecError(PlacementError, ValueError):
-    """A `call=` spec the pipeline cannot turn into example inputs."""
 
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
@@ -63,32 +59,36 @@ def _caller_stacklevel() -> int:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from the pipeline's example inputs
-    (`activation_inputs(**call)` gives a `ComponentCall` per component). When `module_order` is a dict, each
-    component's submodule paths are recorded into it in the order that call runs them (splits are cut in it)."""
-    pipeline_class = type(pipe)
+    """Peak activation bytes per component for one call, estimated on meta from example inputs: the
+    pipeline's own (`activation_inputs(**call)` gives a call per component), else those of its diffusers
+    family, looked up by class name (`calls.family_calls`; a component run several times counts its largest).
+    When `module_order` is a dict, each component's submodule paths are recorded into it in the order that
+    call runs them (splits are cut in it)."""
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        raise CallSpecError(
-            f"{pipeline_class.__name__} does not describe its call's inputs (no activation_inputs method), so "
-            "call= cannot be used with it; plan without call= (weights only)."
-        )
-    try:
-        inputs = describe(**dict(call))
-    except TypeError as error:
-        raise CallSpecError(
-            f"call={dict(call)!r} does not fit {pipeline_class.__name__}.activation_inputs: {error}. "
-            "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
-        ) from error
+        runs = family_calls(pipeline_class_name(pipe), modules, call)
+    else:
+        try:
+            runs = {name: [spec] for name, spec in describe(**dict(call)).items()}
+        except TypeError as error:
+            raise CallSpecError(
+                f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
+                "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
+            ) from error
     peaks = {}
-    for name, spec in inputs.items():
+    for name, examples in runs.items():
         if name not in modules:
             continue
         with record_module_order(modules[name]) as order:
-            peaks[name] = spec.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
+            peaks[name] = max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name)) for example in examples)
         if module_order is not None:
             module_order[name] = order
     return peaks
+
+
+def pipeline_class_name(pipe: PipelineComponents) -> str:
+    """The pipeline class the folder names (a generic pipeline keeps model_index.json's `_class_name`)."""
+    return getattr(pipe, "folder_class_name", None) or type(pipe).__name__
 
 
 def is_single_device(device_map) -> bool:

@@ -152,6 +152,7 @@ def construct_pipeline(cls: type, index: ModelIndex, components: Mapping[str, An
         pipe = cls()
         pipe.register_components(**{name: components.get(name) for name in _ordered_names(index, components)})
         pipe.model_graph = generic_graph(index, pipe)
+        pipe.folder_class_name = index.class_name  # what call= planning looks its inputs up by
         return pipe
     parameters = _constructor_parameters(cls)
     ignored = [name for name in components if name not in parameters]

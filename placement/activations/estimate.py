@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
 from .hooks import accelerate_hooks_bypassed
+from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlacementError
 from ..sizing import kept_fp32_module_names
@@ -34,7 +35,8 @@ from ..sizing import kept_fp32_module_names
 # Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
 # meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
 # values, could not run. Attention is accounted for by FusedAttentionAccounting, so meta's math path for
-# scaled_dot_product_attention never runs.
+# scaled_dot_product_attention never runs. What fake tensors cannot run at all (constants made on meta,
+# MoE routing by values) gets a documented shape-only stand-in (`stand_ins`).
 _FAKE_DEVICE = torch.device("meta")
 
 # Methods named in the error when the requested one does not exist.
@@ -81,8 +83,8 @@ def estimate_activations(
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with accelerate_hooks_bypassed(module), torch.inference_mode(), fake_mode:
-            with _reparametrize_module(module, weights), FusedAttentionAccounting(), tracker:
+        with accelerate_hooks_bypassed(module), shape_only_stand_ins(module), torch.inference_mode(), fake_mode:
+            with _reparametrize_module(module, weights), FusedAttentionAccounting(), MetaConstants(), tracker:
                 # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                 getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
