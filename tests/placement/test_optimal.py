@@ -172,15 +172,12 @@ def test_pinned_components_count_and_their_edges_are_crossings_too():
     assert fullest(plan) <= 7 / 10 * 1.05
 
 
-def test_eight_gpus_by_eight_components_plans_fast_and_well():
-    import time
-
+def test_eight_gpus_by_eight_components_plans_well():
+    # Its speed is measured in benchmarks/placement_quality.py (plan time), not asserted here.
     rng = random.Random(8)
     comps = {f"c{i}": whole(rng.randint(1, 12)) for i in range(8)}
     budgets = {i: "16GiB" for i in range(8)} | {"cpu": "1GiB"}
-    start = time.perf_counter()
     plan = placement.plan(comps, max_memory=budgets)
-    assert time.perf_counter() - start < 5  # generous for a shared CI machine; typically a few tenths
     assert all(c.kind is PlacementKind.WHOLE for c in plan.components.values())
     weights = [c.bytes / GiB for c in plan.components.values()]
     assert fullest(plan) <= max(max(weights), sum(weights) / 8) / 16 * 1.05 + 1e-9 or fullest(plan) <= 1
