@@ -15,7 +15,6 @@ unless the caller passes `trust_remote_code=True`.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from placement.errors import PlacementError
 
-from ..checkpoint.config_file import write_json
+from ..checkpoint.config_file import read_config_dict, write_json
+from ..checkpoint.errors import CorruptCheckpointError
 from .registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
 
 MODEL_INDEX_NAME = "model_index.json"
@@ -103,11 +103,9 @@ class ModelIndex(BaseModel):
                 "pipe.save_pretrained(folder)); for a single model use ModelMixin.from_pretrained."
             )
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ModelIndexError(f"{path} is not valid JSON: {error}") from error
-        except OSError as error:
-            raise ModelIndexError(f"Cannot read {path}: {error}.") from error
+            data = read_config_dict(folder, MODEL_INDEX_NAME)  # the one JSON reader of the folder format
+        except CorruptCheckpointError as error:
+            raise ModelIndexError(str(error)) from error
         return cls.from_dict(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
