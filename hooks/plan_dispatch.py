@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from placement.devices import is_accelerator, torch_device
-from placement.plan import ComponentPlan, PlacementKind
+from placement.plan_schema import ComponentPlan, PlacementKind
 
 from .dispatch import DiskWeights, dispatch, undispatch
 from .group_offload.offload import GroupOffloadingConfig, apply_group_offloading

@@ -1,7 +1,7 @@
 """Pure planning: sizes, devices, the model graph, strategies and the Plan. Never loads weights."""
 
 from .activations.estimate import estimate_activations
-from .api import plan
+from .planner import plan
 from .budgets import Budgets, resolve_budgets
 from .devices import Device, normalize_device
 from .errors import (
@@ -16,7 +16,7 @@ from .errors import (
 )
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
-from .plan import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
+from .plan_schema import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
 from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
 from .replicas import plan_replicas
 from .sizes import format_size, parse_size

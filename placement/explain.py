@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Sequence
 from .devices import device_label
 from .sizes import format_bytes
 
-if TYPE_CHECKING:  # plan.py imports this module from Plan.explain(); the type is for readers only
-    from .plan import Plan
+if TYPE_CHECKING:  # plan_schema.py imports this module from Plan.explain(); the type is for readers only
+    from .plan_schema import Plan
 
 EMPTY = "."
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 from .budgets import Budgets
 from .devices import Device, is_accelerator
-from .plan import DevicePlan
+from .plan_schema import DevicePlan
 
 # What an accelerator needs beyond tensors the plan sees: the CUDA context with the cuBLAS/cuDNN workspaces
 # (300-600 MiB on current GPUs, allocated outside PyTorch's caching allocator, so no weight or activation

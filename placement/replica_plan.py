@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .devices import Device, is_accelerator
 from .errors import PlacementError
-from .plan import PlacementKind, Plan
+from .plan_schema import PlacementKind, Plan
 from .sizes import format_bytes
 
 

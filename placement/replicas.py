@@ -33,9 +33,9 @@ from typing import Callable, Mapping, Optional
 
 from torch import nn
 
-from .api import plan as plan_placement
+from .planner import plan as plan_placement
 from .budgets import resolve_budgets
-from .plan import Plan
+from .plan_schema import Plan
 from .errors import DoesNotFitError, OffloadFolderRequiredError
 from .replica_plan import GroupSizeOption, ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
 from .strategies.spec import NAMED_STRATEGIES, parse_strategy

@@ -14,8 +14,8 @@ from xml.sax.saxutils import escape
 from .devices import device_label
 from .sizes import format_bytes
 
-if TYPE_CHECKING:  # plan.py calls plan_svg from Plan.to_svg(); the type is for readers only
-    from .plan import Plan
+if TYPE_CHECKING:  # plan_schema.py calls plan_svg from Plan.to_svg(); the type is for readers only
+    from .plan_schema import Plan
 
 WIDTH = 960
 MARGIN = 20

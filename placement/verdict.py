@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Optional
 from .devices import device_label, is_accelerator
 from .sizes import format_bytes
 
-if TYPE_CHECKING:  # plan.py builds the verdict from its own records; the types are for readers only
-    from .plan import ComponentPlan, DevicePlan
+if TYPE_CHECKING:  # plan_schema.py builds the verdict from its own records; the types are for readers only
+    from .plan_schema import ComponentPlan, DevicePlan
 
 # A device with less than this share of its budget left gets a warning: the activation estimates are
 # measured to within a few percent, and the caching allocator's rounding is of the same order, so a plan with

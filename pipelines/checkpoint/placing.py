@@ -18,7 +18,7 @@ from hooks.dispatch import DiskWeights, undispatch
 from hooks.plan_dispatch import apply_component_plan
 from placement.device_maps import owning_key
 from placement.devices import Device, normalize_device
-from placement.plan import ComponentPlan
+from placement.plan_schema import ComponentPlan
 
 from .dtypes import check_dtypes
 from .index import WeightsIndex

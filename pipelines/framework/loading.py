@@ -25,7 +25,7 @@ from hooks.dispatch import undispatch
 from hooks.plan_dispatch import apply_component_plan
 from placement.devices import accelerators_present, is_accelerator, torch_device
 from placement.errors import InvalidDtypeError, PlacementError
-from placement.plan import Plan
+from placement.plan_schema import Plan
 from placement.sizing import dtype_for
 
 from ..checkpoint import (

@@ -12,7 +12,7 @@ from torch import nn
 
 import placement
 from placement.device_maps import is_single_device
-from placement.plan import Plan
+from placement.plan_schema import Plan
 from placement.sizing import dtype_for, kept_fp32_module_names
 
 from ..checkpoint import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from placement.plan import Plan
+from placement.plan_schema import Plan
 
 from ..errors import DeviceMappedError
 from .components import PipelineComponents

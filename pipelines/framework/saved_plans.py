@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from placement.errors import PlacementError
-from placement.plan import Plan
+from placement.plan_schema import Plan
 from placement.sizes import format_bytes
 from placement.sizing import dtype_for, size_module
 

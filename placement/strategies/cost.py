@@ -24,7 +24,7 @@ import networkx as nx
 
 from ..devices import is_accelerator
 from ..graph import crossing_edges
-from ..plan import ComponentPlan, PlacementKind
+from ..plan_schema import ComponentPlan, PlacementKind
 from ..errors import GraphError
 from .request import ComponentRequest, Placed
 

@@ -35,7 +35,7 @@ from typing import Iterator, Optional, Sequence
 from ..devices import device_label
 from ..errors import PlacementError
 from ..memory_model import Ledger
-from ..plan import ComponentPlan, Fallback, PlacementKind
+from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from .cost import CostModel, PlanCost
 from .fallbacks import Context, place_streamed, streamed_text, streaming_device

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from ..devices import Device, device_label
 from ..memory_model import Ledger
-from ..plan import Fallback, PlacementKind
+from ..plan_schema import Fallback, PlacementKind
 from ..errors import DoesNotFitError, OffloadFolderRequiredError
 from ..sizes import format_bytes
 from ..splitting import split_device_map

@@ -36,7 +36,7 @@ from ..device_maps import merge_to_prefixes, owning_key
 from ..devices import HOST_DEVICES, Device, device_label, is_accelerator, normalize_device
 from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from ..memory_model import Ledger
-from ..plan import Fallback, PlacementKind
+from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize, SplitUnit, fp32_kept_tensors
 from ..splitting import accelerate_device_map, assign_units, quiet_accelerate, split_device_map

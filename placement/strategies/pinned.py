@@ -13,7 +13,7 @@ from typing import Mapping
 from ..devices import Device, device_label, is_accelerator, normalize_device
 from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from ..memory_model import Ledger
-from ..plan import PlacementKind
+from ..plan_schema import PlacementKind
 from ..sizes import format_bytes
 from ..device_maps import owning_key
 from .request import ComponentRequest, Placed, component_plan

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..devices import Device, device_sort_key
-from ..plan import ComponentPlan, Fallback, PlacementKind
+from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize
 

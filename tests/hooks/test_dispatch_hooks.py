@@ -17,7 +17,7 @@ from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
 from hooks.plan_dispatch import apply_component_plan
-from placement.plan import ComponentPlan, PlacementKind
+from placement.plan_schema import ComponentPlan, PlacementKind
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import find_hooks
 from hooks.plan_dispatch import apply_component_plan
 from hooks.techniques import Technique, techniques_on
-from placement.plan import ComponentPlan, PlacementKind
+from placement.plan_schema import ComponentPlan, PlacementKind
 
 
 @pytest.fixture

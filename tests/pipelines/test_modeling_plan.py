@@ -13,7 +13,7 @@ from checkpoint_models import TinyModel, saved_bytes, tiny_ids, tiny_model
 from placement import Plan
 from placement.devices import accelerators_present
 from placement.errors import InvalidDeviceError
-from placement.plan import PlacementKind
+from placement.plan_schema import PlacementKind
 from placement.sizing import size_module
 
 no_gpu = pytest.mark.skipif(accelerators_present() > 0, reason="checks the refusal on a machine without GPUs")

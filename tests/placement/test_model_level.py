@@ -13,7 +13,7 @@ from accelerate.utils import get_balanced_memory
 from torch import nn
 
 from placement.devices import accelerators_present
-from placement.plan import PlacementKind
+from placement.plan_schema import PlacementKind
 from placement.errors import ComponentError, DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from placement.sizing import size_module
 

@@ -7,7 +7,7 @@ import pytest
 
 import placement
 from placement import Plan
-from placement.plan import SCHEMA_VERSION, PlanSchemaError, VerdictKind
+from placement.plan_schema import SCHEMA_VERSION, PlanSchemaError, VerdictKind
 from placement.sizes import GiB
 
 from synthetic import component, whole

@@ -13,7 +13,7 @@ from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .errors import ComponentError, InvalidDtypeError, StrategyError
-from .plan import ComponentPlan, Plan, PlanInputs
+from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
 from .streaming import streaming_working_set
