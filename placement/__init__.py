@@ -16,7 +16,7 @@ from .errors import (
 )
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
-from .plan_schema import ComponentPlan, DevicePlan, Fallback, PlacementKind, Plan
+from .plan_schema import ComponentPlan, ComponentTransfer, DevicePlan, Fallback, PlacementKind, Plan
 from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
 from .replicas import plan_replicas
 from .sizes import format_size, parse_size
@@ -27,6 +27,7 @@ __all__ = [
     "Budgets",
     "ComponentError",
     "ComponentPlan",
+    "ComponentTransfer",
     "Device",
     "DevicePlan",
     "DoesNotFitError",

@@ -50,6 +50,32 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ComponentTransfer(_Frozen):
+    """What crosses the host -> accelerator bus for one component, per call, in steady state (the pipeline is
+    called again and again): DESIGN.md "When it does not fit: what moves per call".
+
+    Three residency levels, at module granularity (keys relative to the component, like `device_map`):
+    - resident: on its accelerator across calls (the `device_map` entries that name an accelerator);
+    - per call (`per_call_modules`): homed on the host (`device_map` says "cpu"/"disk"), brought to the execution
+      device when the component's phase starts, kept through its `runs_per_call` runs, released when another
+      component's phase on that device needs the room (diffusers' model offload, at block granularity);
+    - streamed (`streamed_modules`): homed on the host, moved block by block at every run, next block prefetched.
+    Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists.
+    """
+
+    runs_per_call: int = 1
+    resident_bytes: int = 0
+    loaded_per_call_bytes: int = 0
+    streamed_per_run_bytes: int = 0
+    per_call_modules: list[str] = []
+    streamed_modules: list[str] = []
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Host -> accelerator bytes one call moves for this component: loaded once, streamed at every run."""
+        return self.loaded_per_call_bytes + self.runs_per_call * self.streamed_per_run_bytes
+
+
 class ComponentPlan(_Frozen):
     """Where one component lives and where it runs.
 
@@ -68,6 +94,7 @@ class ComponentPlan(_Frozen):
     activation_bytes: Optional[int] = None
     streamed_unit_bytes: int = 0  # offloaded/disk: the largest block moved to the execution device at once
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy
+    transfer: Optional[ComponentTransfer] = None  # None in files written before the transfer model existed
 
 
 class DevicePlan(_Frozen):
