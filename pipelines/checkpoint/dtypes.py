@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from .errors import CheckpointDtypeError, list_names
+from .checkpoint_errors import CheckpointDtypeError, list_names
 from .index import TensorEntry, WeightsIndex
 
 

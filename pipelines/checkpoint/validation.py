@@ -7,7 +7,7 @@ from typing import Iterable, Mapping
 
 from torch import nn
 
-from .errors import CheckpointKeysError, CheckpointShapeError, list_names
+from .checkpoint_errors import CheckpointKeysError, CheckpointShapeError, list_names
 from .index import WeightsIndex
 
 

@@ -9,7 +9,7 @@ import torch
 from accelerate import init_empty_weights
 from safetensors.torch import load_file, save_file
 
-import pipelines.checkpoint.loading as loading_module
+import pipelines.checkpoint.streaming as loading_module
 import pipelines.checkpoint.saving as saving_module
 from pipelines.checkpoint import (
     CheckpointKeysError,

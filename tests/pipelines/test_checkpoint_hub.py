@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-import pipelines.framework.hub as hub
+import pipelines.folder.hub as hub
 from pipelines.checkpoint import WeightsNotFoundError
 
 from checkpoint_models import TinyModel, tiny_model

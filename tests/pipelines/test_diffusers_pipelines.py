@@ -13,8 +13,8 @@ import torch
 import pipelines
 from pipelines import Pipeline
 from pipelines.errors import DeviceMappedError
-from pipelines.framework.diffusers_pipeline import DiffusersPipelineError
-from pipelines.framework.saved_plans import SavedPlanError
+from pipelines.hf.diffusers_pipeline import DiffusersPipelineError
+from pipelines.loading.saved_plans import SavedPlanError
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")

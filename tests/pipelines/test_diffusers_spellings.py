@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import pipelines.checkpoint.progress as progress_module
-import pipelines.framework.hub as hub
+import pipelines.folder.hub as hub
 from hooks.group_offload import GroupOffloadingConfig, apply_group_offloading, remove_group_offloading
 from hooks.memory_errors import OffloadConfigError
 from pipelines import TextToImagePipeline
-from pipelines.framework.hf_spellings import LoadArgumentError
+from pipelines.hf.hf_spellings import LoadArgumentError
 
 from checkpoint_models import PlainConfig, PlainModel, TinyModel, tiny_ids, tiny_model
 from pipeline_fixtures import save_preset

@@ -1,4 +1,4 @@
-"""call= for the real diffusers families (pipelines/framework/calls): configs-only folders of every family plan
+"""call= for the real diffusers families (pipelines/hf/calls): configs-only folders of every family plan
 with activations; the calls have the shapes each pipeline really passes (guidance doubling only where it
 batches); LLM encoders and HiDream's MoE run on fake tensors; and (slow) the estimate of every component of
 every family, at reduced depth and real widths, is within 10% of torch's MemTracker on a real CPU run at
@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_map_with_path
 
 from family_folders import build_modules, write_configs_folder
 from pipelines import Pipeline
-from pipelines.framework.calls import CallSpecError, UnknownPipelineCallError, family_calls
+from pipelines.hf.calls import CallSpecError, UnknownPipelineCallError, family_calls
 from placement.activations.measure import measure_activations
 
 IMAGE_FAMILIES = ["sd15", "sd21", "sdxl-base-1.0", "sd3-medium", "sd35-large", "flux1-dev", "pixart-sigma-1024",
@@ -140,7 +140,7 @@ def _tiny_llm(kind: str):
 
 @pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen2.5-vl"])
 def test_llm_encoders_are_estimated_with_their_kv_cache_as_pipelines_call_them(kind):
-    from pipelines.framework.calls.text_encoders import text_call
+    from pipelines.hf.calls.text_encoders import text_call
 
     torch.manual_seed(0)
     encoder = _tiny_llm(kind).eval()
@@ -155,7 +155,7 @@ def test_llm_encoders_are_estimated_with_their_kv_cache_as_pipelines_call_them(k
 def test_hidream_moe_is_estimated_by_its_worst_case_routing():
     from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
 
-    from pipelines.framework.calls.spec import ExampleCall
+    from pipelines.hf.calls.spec import ExampleCall
 
     torch.manual_seed(0)
     moe = MOEFeedForwardSwiGLU(dim=64, hidden_dim=256, num_routed_experts=4, num_activated_experts=2).eval()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-import pipelines.checkpoint.placing as placing
+import pipelines.loading.placing as placing
 from checkpoint_models import TinyModel, saved_bytes, tiny_ids, tiny_model
 from placement import Plan
 from placement.devices import accelerators_present

@@ -11,7 +11,7 @@ from torch import nn
 from pipelines import Pipeline
 from pipelines.errors import DeviceMappedError
 from pipelines.checkpoint import CheckpointSaveError
-from pipelines.framework.model_index import ModelIndexError
+from pipelines.folder.model_index import ModelIndexError
 from pipelines.framework.pipeline import PipelineComponentError
 from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler
 

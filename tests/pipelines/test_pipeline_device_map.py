@@ -10,13 +10,13 @@ import warnings
 import pytest
 import torch
 
-import pipelines.checkpoint.placing as placing
-import pipelines.framework.loading as pipeline_loading
+import pipelines.loading.placing as placing
+import pipelines.loading.pipeline_loader as pipeline_loading
 from pipelines import DiT, Pipeline, TextToImagePipeline
 from pipelines.checkpoint import CorruptCheckpointError
 from pipelines.errors import DeviceMappedError
-from pipelines.framework.loading import PipelineLoadError
-from pipelines.framework.planning import CallSpecError
+from pipelines.loading.placing import PipelineLoadError
+from pipelines.loading.planning import CallSpecError
 from placement.errors import StrategyError
 from placement.sizing import size_module
 from placement.streaming import streaming_working_set
@@ -207,7 +207,7 @@ def test_a_corrupt_weights_file_fails_before_anything_is_loaded(saved, tmp_path,
     vae_weights = broken / "vae" / "diffusion_pytorch_model.safetensors"
     vae_weights.write_bytes(vae_weights.read_bytes()[:-64])  # the last component's file is truncated
     streamed = []
-    monkeypatch.setattr(placing, "load_weights", lambda module, *a, **k: streamed.append(module))
+    monkeypatch.setattr(placing, "stream_weights", lambda module, *a, **k: streamed.append(module))
     with pytest.raises(CorruptCheckpointError, match="vae"):
         load(broken)
     assert streamed == []  # headers are checked while sizing, before the first tensor moves
@@ -215,8 +215,8 @@ def test_a_corrupt_weights_file_fails_before_anything_is_loaded(saved, tmp_path,
 
 def test_failed_load_leaves_nothing_behind(saved, monkeypatch):
     folder, _ = saved
-    built, stream = {}, placing.load_weights  # the one loader of planned weights (stream_component)
-    construct = pipeline_loading.construct_pipeline
+    built, stream = {}, placing.stream_weights  # the one loader of planned weights (place_component)
+    construct = pipeline_loading.construct
 
     def spy(*args, **kwargs):
         built["pipe"] = construct(*args, **kwargs)
@@ -227,8 +227,8 @@ def test_failed_load_leaves_nothing_behind(saved, monkeypatch):
             raise RuntimeError("injected failure while streaming the vae")
         return stream(module, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline_loading, "construct_pipeline", spy)
-    monkeypatch.setattr(placing, "load_weights", fail_on_the_vae)
+    monkeypatch.setattr(pipeline_loading, "construct", spy)
+    monkeypatch.setattr(placing, "stream_weights", fail_on_the_vae)
     passed_encoder = TextToImagePipeline.from_preset("tiny-dit").text_encoder
     weights_before = {k: v.clone() for k, v in passed_encoder.state_dict().items()}
     with pytest.raises(RuntimeError, match="injected"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from pipeline_fixtures import TinyUserPipeline, tiny_user_pipeline
 
-from pipelines.framework import snapshot
-from pipelines.framework.snapshot import FolderChangedError
+from pipelines.folder import snapshot
+from pipelines.folder.snapshot import FolderChangedError
 
 LOAD_SECONDS = 8.0  # at most, per test; it stops after LOADS loads
 LOADS = 3

@@ -13,8 +13,8 @@ from pipeline_fixtures import Encoder, EncoderConfig, TinyUserPipeline, tiny_use
 import pipelines
 from pipelines import Pipeline
 from pipelines.checkpoint import UnsafeCheckpointPathError, find_weights
-from pipelines.framework import registry
-from pipelines.framework.model_index import UntrustedClassError
+from pipelines.folder import class_registry as registry
+from pipelines.folder.model_index import UntrustedClassError
 
 
 @pytest.fixture
@@ -116,5 +116,5 @@ def test_component_names_that_are_paths_are_refused(tmp_path):
     index = json.loads((folder / "model_index.json").read_text())
     index["../encoder"] = index.pop("encoder")
     (folder / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(pipelines.framework.components.PipelineComponentError, match="not a plain folder name"):
+    with pytest.raises(pipelines.folder.components.PipelineComponentError, match="not a plain folder name"):
         Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipelines.framework.component_config import ComponentConfigError
+from pipelines.checkpoint import CheckpointError
 from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler, SchedulerError
 
 
@@ -102,14 +102,14 @@ def test_bad_settings_name_the_field(fields, name):
 
 
 def test_bad_config_files_name_the_file_and_the_field(tmp_path):
-    with pytest.raises(ComponentConfigError, match="No scheduler_config.json"):
+    with pytest.raises(CheckpointError, match="No scheduler_config.json"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text("{not json")
-    with pytest.raises(ComponentConfigError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="not valid JSON"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text(json.dumps({"shift": -2}))
-    with pytest.raises(ComponentConfigError, match="'shift'"):
+    with pytest.raises(CheckpointError, match="'shift'"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text(json.dumps({"use_karras": True}))
-    with pytest.raises(ComponentConfigError, match="unknown field 'use_karras'"):
+    with pytest.raises(CheckpointError, match="unknown field 'use_karras'"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)

@@ -108,7 +108,7 @@ def test_encoders_that_do_not_fit_the_denoiser_are_reported(tiny_unet):
 
 
 def test_call_spec_plans_activations_that_grow_with_resolution(tmp_path):
-    from pipelines.framework.planning import plan_pipeline
+    from pipelines.loading.planning import plan_pipeline
 
     pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
     budgets = {0: "4GiB", 1: "4GiB"}

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.framework.component_config import ComponentConfigError
+from pipelines.checkpoint import CheckpointError
 from pipelines.text_to_image.tokenizers import ByteTokenizer, TokenizerError
 
 BOS, EOS, PAD = ByteTokenizer.bos_token_id, ByteTokenizer.eos_token_id, ByteTokenizer.pad_token_id
@@ -83,8 +83,8 @@ def test_bad_calls_raise_a_typed_error(texts, kwargs, message):
 def test_bad_settings_and_files(tmp_path):
     with pytest.raises(TokenizerError, match="model_max_length"):
         ByteTokenizer(model_max_length=0)
-    with pytest.raises(ComponentConfigError, match="No tokenizer_config.json"):
+    with pytest.raises(CheckpointError, match="No tokenizer_config.json"):
         ByteTokenizer.from_pretrained(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"vocab_file": "x.txt"}))
-    with pytest.raises(ComponentConfigError, match="unknown field 'vocab_file'"):
+    with pytest.raises(CheckpointError, match="unknown field 'vocab_file'"):
         ByteTokenizer.from_pretrained(tmp_path)

@@ -1,96 +1,58 @@
-"""From a pipeline folder to its components: which class each one is, where its files are, and the pipeline
-object that holds them (a subclass built through its constructor, or a generic `Pipeline`).
+"""The pipeline object a load builds around its components: `cls` through its constructor, a generic
+`Pipeline` (every component of the folder an attribute), or, for `Pipeline.from_pretrained` of a folder naming a
+diffusers pipeline class, that class (`hf.diffusers_pipeline`); and the checks made before any module is built.
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from torch import nn
 
-from .hf_interop import Family, family_of, known_execution_order
-from .model_index import ComponentSpec, ModelIndex, UntrustedClassError, resolve_class
-from .components import PipelineComponentError, PipelineComponents, is_generic
-
-# What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
-PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]
-LOAD_PATTERNS = PLAN_PATTERNS + ["*/*.safetensors"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ComponentSource:
-    """One saved component: its name, class, family (how it is built) and subfolder."""
-
-    name: str
-    cls: type
-    family: Family
-    folder: Path
-
-    @property
-    def is_module(self) -> bool:
-        return self.family is not Family.NON_MODULE
+from ..folder.component_classes import Family, family_of
+from ..folder.components import PipelineComponentError, PipelineComponents, is_generic
+from ..folder.model_index import ComponentSpec, ModelIndex, UntrustedClassError, resolve_class
+from ..hf.diffusers_pipeline import (
+    build_diffusers_pipeline,
+    check_diffusers_components,
+    diffusers_pipeline_class,
+    is_diffusers_folder,
+    known_execution_order,
+)
 
 
-def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool) -> Path:
-    """A local folder as it is, or a hub id downloaded with only the files needed (configs; weights if asked)."""
-    from .hub import resolve_folder
-
-    return resolve_folder(pretrained, allow_patterns=LOAD_PATTERNS if weights else PLAN_PATTERNS)
-
-
-def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any],
-                      trust_remote_code: bool = False) -> dict[str, ComponentSource]:
-    """Every present component the folder provides (those in `skip`, passed by the caller, excluded).
-    Every class is resolved before any is built: a folder naming an untrusted class fails before any work."""
-    known = tuple({type(value) for value in skip.values() if value is not None})
-    sources = {}
-    for name, spec in index.components.items():
-        if spec.is_absent or name in skip:
-            continue
-        _check_subfolder_name(name)
-        cls = resolve_class(spec, component=name, trust_remote_code=trust_remote_code, known=known)
-        subfolder = folder / name
-        if not subfolder.is_dir():
+def target_class(cls: type, index: ModelIndex, generic: bool) -> type:
+    """`Pipeline.from_pretrained` of a diffusers folder builds the diffusers class (unless `generic`)."""
+    if not is_generic(cls):
+        if generic:
             raise PipelineComponentError(
-                f"model_index.json lists component {name!r} ({spec.library}.{spec.class_name}) but the folder "
-                f"{str(subfolder)!r} is missing; restore it, or pass {name}=... to from_pretrained."
+                f"generic=True loads a folder as the generic pipelines.Pipeline; {cls.__name__} is a pipeline "
+                "class of its own: call pipelines.Pipeline.from_pretrained(folder, generic=True) instead."
             )
-        sources[name] = ComponentSource(name=name, cls=cls, family=family_of(cls), folder=subfolder)
-    return sources
+        return cls
+    if generic or not is_diffusers_folder(index):
+        return cls
+    return diffusers_pipeline_class(index)
 
 
-def _check_subfolder_name(name: str) -> None:
-    """A component name is a subfolder of the pipeline folder: never a path that leaves it."""
-    if name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
-        raise PipelineComponentError(
-            f"model_index.json names component {name!r}, which is not a plain folder name; component names may "
-            "not contain '/', '\\' or be '..'. Fix model_index.json."
-        )
+def check_components(target: type, cls: type, index: ModelIndex, passed: Mapping[str, Any], *,
+                     trust_remote_code: bool) -> None:
+    """Before anything is built: the folder and the passed components give `target` what it needs."""
+    if target is cls:
+        check_constructor(cls, index, passed, trust_remote_code=trust_remote_code)
+    else:
+        check_diffusers_components(target, index, passed)
 
 
-def load_non_module(source: ComponentSource) -> Any:
-    """A tokenizer/scheduler/...: ours must load; a diffusers/transformers one that fails is reported and skipped."""
-    if not callable(getattr(source.cls, "from_pretrained", None)):
-        raise PipelineComponentError(
-            f"Component {source.name!r}: class {source.cls.__module__}.{source.cls.__name__} has no "
-            "from_pretrained(folder) method, so it cannot be loaded from the folder; give the class one, or pass "
-            f"{source.name}=... to from_pretrained."
-        )
-    try:
-        return source.cls.from_pretrained(source.folder)
-    except Exception as error:
-        if source.cls.__module__.split(".")[0] not in ("diffusers", "transformers"):
-            raise
-        warnings.warn(
-            f"Component {source.name!r} ({source.cls.__name__}) could not be loaded from {source.folder} and is "
-            f"skipped (set to None): {type(error).__name__}: {error}",
-            stacklevel=3,
-        )
-        return None
+def construct(target: type, index: ModelIndex, components: Mapping[str, Any], folder: Path | str) -> Any:
+    """The pipeline object holding `components`: ours through `construct_pipeline`, a diffusers class through
+    its own constructor."""
+    if is_generic(target) or issubclass(target, PipelineComponents):
+        return construct_pipeline(target, index, components)
+    return build_diffusers_pipeline(target, index, components, name_or_path=str(folder))
 
 
 def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *,

@@ -1,8 +1,9 @@
 """PipelineComponents: named components (models and non-models), the model graph and the placement state.
 
-This is the state that loading (`loading`), saving (`saving`) and the offload techniques (`memory`) act on;
-`pipeline.Pipeline` adds the folder entry points (`from_pretrained`, `plan_placement`, `save_pretrained`) on
-top, so those modules import this one and never the class that calls them.
+This is the state that loading (`pipelines.loading`), saving (`pipeline_saving`) and the offload techniques
+(`framework.memory`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
+`plan_placement`, `save_pretrained`) and the memory methods on top, so those modules import this one and never
+the class that calls them.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from hooks.dispatch import undispatch
 from hooks.group_offload.offload import group_offloading_session
 from hooks.techniques import Technique, techniques_on
 from placement.devices import torch_device
-from placement.errors import GraphError, PlacementError
+from placement.errors import GraphError
 from placement.graph import build_graph, execution_order
 
-from ..errors import DeviceMappedError
-from .memory import PipelineMemoryMixin
+from ..errors import DeviceMappedError, FolderError
 
 OFFLOAD_TECHNIQUES = (Technique.MODEL_OFFLOAD, Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD)
 
 
-class PipelineComponentError(PlacementError, ValueError):
+class PipelineComponentError(FolderError, ValueError):
     """A component or model-graph edge that a pipeline cannot accept."""
 
 
-class PipelineComponents(PipelineMemoryMixin):
+class PipelineComponents:
     """The state of every pipeline: components, model graph, hf_device_map and the plan it was loaded with.
 
     `model_graph` lists edges `(producer, consumer)` between module components; its topological order is the

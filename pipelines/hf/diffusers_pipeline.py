@@ -1,7 +1,7 @@
 """A folder whose model_index.json names a diffusers pipeline class loads as THAT class (e.g. a callable
 `diffusers.FluxPipeline`), every module placed by our planner.
 
-The components are built, planned and streamed by `loading` exactly as for our own pipelines; this module knows
+The components are built, planned and streamed by `pipelines.loading` exactly as for our own pipelines; this module knows
 what differs for a diffusers pipeline object: which folders are diffusers pipelines, how the class is
 constructed from the components (diffusers' own constructor, as `DiffusionPipeline.from_pretrained` does), its
 model graph (`model_cpu_offload_seq`), and the placement state diffusers' guards read (`hf_device_map`).
@@ -18,15 +18,14 @@ from typing import Any, Mapping
 from torch import nn
 
 from hooks.dispatch import undispatch
-from placement.errors import PlacementError
-
-from .model_index import ModelIndex
-from .registry import find_library_class
+from ..errors import LoadError
+from ..folder.class_registry import find_library_class
+from ..folder.model_index import ModelIndex
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
 
 
-class DiffusersPipelineError(PlacementError, ValueError):
+class DiffusersPipelineError(LoadError, ValueError):
     """A diffusers pipeline folder that cannot be built as its diffusers class."""
 
 
@@ -118,6 +117,16 @@ def execution_order(pipeline_class: type, modules: Mapping[str, Any]) -> list[st
     sequence = getattr(pipeline_class, "model_cpu_offload_seq", None) or ""
     known = [name for name in sequence.split("->") if name in modules]
     return known + [name for name in modules if name not in known]
+
+
+def known_execution_order(class_name: str) -> list[str] | None:
+    """The execution order of a known diffusers pipeline class (`model_cpu_offload_seq`), if importable."""
+    try:
+        import diffusers
+    except ImportError:
+        return None
+    sequence = getattr(getattr(diffusers, class_name, None), "model_cpu_offload_seq", None)
+    return sequence.split("->") if isinstance(sequence, str) else None
 
 
 def graph_edges(pipeline_class: type, modules: Mapping[str, Any]) -> list[tuple[str, str]]:

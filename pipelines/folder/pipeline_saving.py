@@ -20,7 +20,8 @@ from placement.sizes import parse_size
 
 from ..checkpoint.atomic import atomic_folder
 from ..checkpoint.naming import CONFIG_NAME, WeightsNaming
-from .hf_interop import weights_name_for
+from ..errors import FolderError
+from .component_classes import weights_name_for
 from .model_index import MODEL_INDEX_NAME, SAVE_ID_KEY, ModelIndex, spec_for
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 FORMAT_VERSION = "1"
 
 
-class PipelineSaveError(PlacementError, RuntimeError):
+class PipelineSaveError(FolderError, RuntimeError):
     """A component that cannot be saved (no save_pretrained, or weights not materialised)."""
 
 

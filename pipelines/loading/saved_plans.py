@@ -15,13 +15,14 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 from torch import nn
 
-from placement.errors import PlacementError
 from placement.plan_schema import Plan
 from placement.sizes import format_bytes
 from placement.sizing import dtype_for, size_module
 
+from ..errors import LoadError
 
-class SavedPlanError(PlacementError, ValueError):
+
+class SavedPlanError(LoadError, ValueError):
     """A plan given as `device_map=` that cannot be read or does not fit the components being placed."""
 
 

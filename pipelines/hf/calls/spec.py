@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from placement import estimate_activations
-from placement.errors import PlacementError
+from ...errors import LoadError
 
 CALL_KEYS = ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "guidance_scale",
              "max_sequence_length")
 
 
-class CallSpecError(PlacementError, ValueError):
+class CallSpecError(LoadError, ValueError):
     """A `call=` spec the pipeline cannot turn into example inputs."""
 
 

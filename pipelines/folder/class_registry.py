@@ -2,8 +2,10 @@
 
 A folder records the class of each component. For this library's own classes it records the library
 ("pipelines") and the class name, never a module path, so classes can move between modules without breaking
-folders saved earlier: each registers itself with `@library_class` where it is defined, and
-`pipelines.import_library_classes()` imports every module that defines one.
+folders saved earlier: each registers itself with `@library_class` where it is defined. The modules that define
+them sit above this one, so this registry never imports them: the package face (`pipelines/__init__.py`, which
+runs before any `pipelines.x.y` can be imported) hands over, with `set_library_importer`, the function that
+imports them all, and the first lookup of a library class calls it.
 
 A user's own class is recorded under its module path (`["my_models.vae", "MyVAE"]`). Resolving such a name never
 imports anything: the class must be registered with `pipelines.register_class(MyVAE)` (saving an instance
@@ -14,11 +16,17 @@ a folder runs that module's code. `trust_remote_code=True` is the explicit opt-i
 
 from __future__ import annotations
 
-import importlib
+from typing import Callable
 
 LIBRARY = "pipelines"
 _CLASSES: dict[str, type] = {}
 _USER_CLASSES: dict[tuple[str, str], type] = {}
+_IMPORTERS: list[Callable[[], None]] = []  # what registers every library class (set by the package face)
+
+
+def set_library_importer(import_all: Callable[[], None]) -> None:
+    """Register the function that imports every module defining a library class (run once, on first lookup)."""
+    _IMPORTERS.append(import_all)
 
 
 def library_class(cls: type) -> type:
@@ -45,7 +53,9 @@ def register_class(cls: type) -> type:
 
 def find_library_class(class_name: str | None) -> type | None:
     """The library class registered as `class_name` (None when there is none)."""
-    importlib.import_module(LIBRARY).import_library_classes()  # registers every library class
+    while _IMPORTERS:  # registers every library class; later lookups find them in the table
+        _IMPORTERS[0]()
+        _IMPORTERS.pop(0)  # after it ran: an import that failed is tried again by the next lookup
     return _CLASSES.get(class_name or "")
 
 

@@ -14,10 +14,12 @@ from typing import Any, Mapping
 from placement.plan_schema import Plan
 
 from ..errors import DeviceMappedError
-from .components import PipelineComponents
-from .diffusers_pipeline import attach_reset
-from .loading import LoadOptions, check_devices_exist, materialize
-from .planning import label_dtypes, modules_and_edges, passed_pins, plan_pipeline
+from ..folder.components import PipelineComponents
+from ..hf.diffusers_pipeline import attach_reset
+from .pipeline_loader import place_pipeline
+from .placing import check_plan_devices
+from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .request import Scope, resolve_request
 
 
 def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
@@ -30,15 +32,14 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
             "pipe.reset_device_map() before placing it again."
         )
+    request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
+                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False)
     modules, edges = modules_and_edges(pipe)
-    options = LoadOptions(device_map=device_map, max_memory=max_memory, torch_dtype=None, variant=None,
-                          offload_folder=offload_folder, call=call, progress=False)
-    plan = plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=None,
-                         offload_folder=offload_folder, call=call, pinned=passed_pins(modules), modules=modules,
-                         edges=edges)
+    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
+                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=passed_pins(modules))
     plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
-    check_devices_exist(plan)
-    materialize(pipe, plan, {}, modules, options)
+    check_plan_devices(plan, request.accelerators)
+    place_pipeline(pipe, plan, {}, modules, request)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
     return plan

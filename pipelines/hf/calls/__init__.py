@@ -1,7 +1,7 @@
 """Call-aware example inputs for the real diffusers pipeline families, by pipeline class name.
 
 `family_calls(class_name, modules, call)` gives, per module component, the meta-tensor calls one
-`pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.framework.planning.call_activations` uses
+`pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.loading.planning.call_activations` uses
 it for pipelines that do not describe their inputs themselves (no `activation_inputs` method).
 
 spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCall (one method call on meta)
@@ -10,7 +10,7 @@ text_encoders.py   CLIP / T5 / UMT5 / LLM (Llama, Gemma2, Qwen2.5-VL) encoder ca
 unet_families.py   Stable Diffusion 1.x/2.x, SDXL
 dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1
 video_families.py  CogVideoX, HunyuanVideo, Wan 2.1 T2V/I2V, LTX-Video
-registry.py        the table: class name -> Family (how it calls its components, its call defaults)
+family_table.py    the table: class name -> Family (how it calls its components, its call defaults)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from .registry import FAMILIES
+from .family_table import FAMILIES
 from .spec import CALL_KEYS, CallSpec, CallSpecError, ExampleCall
 
 
@@ -36,7 +36,7 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
             f"call= is not known for {class_name}: this library describes the inputs of "
             f"{', '.join(sorted(FAMILIES))}. For another pipeline, give its class an `activation_inputs(self, "
             "**call)` method returning {component: ExampleCall(args=..., kwargs=..., method=...)} with meta "
-            "tensors of the shapes its __call__ passes (see pipelines/framework/calls/), or plan without call= "
+            "tensors of the shapes its __call__ passes (see pipelines/hf/calls/), or plan without call= "
             "(weights only)."
         )
     spec = CallSpec.parse(call, pipeline=class_name, defaults=family.defaults)

@@ -25,10 +25,9 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from placement.device_maps import tensor_devices
-from placement.devices import Device, accelerators_present, is_accelerator, torch_device
-from placement.errors import InvalidDeviceError
+from placement.devices import Accelerators, Device, detect_accelerators, torch_device
 
-from .errors import CheckpointReadError, CorruptCheckpointError
+from .checkpoint_errors import CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
 from .progress import reading
 from .validation import validate_weights
@@ -56,6 +55,7 @@ def load_weights(
     ignore_unexpected: Iterable[str] = (),
     progress: bool = True,
     label: str | None = None,
+    accelerators: Accelerators | None = None,
 ) -> None:
     """Fill `module` (built under `init_empty_weights()`) with the tensors of `weights`, in place.
 
@@ -65,41 +65,53 @@ def load_weights(
     `dtype`: floating tensors are cast to it, except in submodules named in `keep_in_fp32` (kept float32);
     None keeps each tensor's dtype from the checkpoint. `tied_weights` ({tied name: source name}) are tied
     after loading. `ignore_unexpected`: regexes of checkpoint keys the model may lack (left unread), as
-    transformers' `_keys_to_ignore_on_load_unexpected`. Validation (keys, shapes, devices) runs before anything
-    moves; on any failure every tensor loaded so far goes back to meta: no half-loaded model holds memory.
-    `progress`: a bar in bytes, labelled `label` (default: the class name), or the pipeline's overall bar.
+    transformers' `_keys_to_ignore_on_load_unexpected`. Keys and shapes are validated before anything moves
+    (then `stream_weights`); on any failure every tensor loaded so far goes back to meta: no half-loaded model
+    holds memory. `progress`: a bar in bytes, labelled `label` (default: the class name), or the pipeline's
+    overall bar. `accelerators`: the accelerators the device map's indices name (detected when None).
     """
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
+    stream_weights(module, weights, device_map=device_map, load_dtypes=load_dtypes(weights, dtype, keep_in_fp32),
+                   tied_weights=tied_weights, progress=progress, label=label, accelerators=accelerators)
+
+
+def stream_weights(
+    module: nn.Module,
+    weights: WeightsIndex,
+    *,
+    device_map: Mapping[str, Device] | None,
+    load_dtypes: Mapping[str, torch.dtype],
+    tied_weights: Mapping[str, str] | None = None,
+    progress: bool = True,
+    label: str | None = None,
+    accelerators: Accelerators | None = None,
+) -> None:
+    """`load_weights` for a caller that validated `weights` against `module` already and worked out each
+    tensor's dtype once (`load_dtypes`, {checkpoint name: dtype}): one pass over the files, nothing checked twice.
+    Accelerator indices become torch devices through `accelerators` (one detection per load, not per tensor);
+    that they exist is the caller's check (the loader makes it once, for the whole plan)."""
     devices = tensor_devices(module, device_map)
-    check_accelerators_exist(type(module).__name__, set(devices.values()))
     buffer_names = {name for name, _ in module.named_buffers()}
-    keep = tuple(keep_in_fp32 or ())
     plan = [
-        _Read(
-            entry=entry,
-            device=_host_if_disk(devices[name], name in buffer_names),
-            dtype=target_dtype(entry, dtype, keep),
-        )
+        _Read(entry=entry, device=_host_if_disk(devices[name], name in buffer_names), dtype=load_dtypes[name])
         for name, entry in weights.tensors.items()
         if name in devices and (devices[name] != "disk" or name in buffer_names)
     ]
+    accelerators = accelerators or detect_accelerators()
+    targets = {device: torch_device(device, accelerators) for device in {read.device for read in plan}}
     try:
-        _stream(module, plan, progress=progress, label=label or type(module).__name__)
+        _stream(module, plan, targets, progress=progress, label=label or type(module).__name__)
         tie_weights(module, tied_weights)
     except BaseException:
         module.to("meta")
         raise
 
 
-def check_accelerators_exist(what: str, devices) -> None:
-    """Loading onto accelerators this machine lacks is refused (planning for them is fine)."""
-    count = accelerators_present()
-    absent = sorted(d for d in set(devices) if is_accelerator(d) and d >= count)
-    if absent:
-        raise InvalidDeviceError(
-            f"The device map puts weights of {what} on accelerator(s) {absent}, but this machine "
-            f"has {count} accelerator(s). Load with device_map='cpu', or plan for the accelerators present."
-        )
+def load_dtypes(weights: WeightsIndex, dtype: torch.dtype | None, keep_in_fp32: Iterable[str] = ()
+                ) -> dict[str, torch.dtype]:
+    """{checkpoint tensor: the dtype it loads as} (`target_dtype` of each), worked out once per load."""
+    keep = tuple(keep_in_fp32 or ())
+    return {name: target_dtype(entry, dtype, keep) for name, entry in weights.tensors.items()}
 
 
 def target_dtype(entry: TensorEntry, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
@@ -126,13 +138,14 @@ def _host_if_disk(device: Device, is_buffer: bool) -> Device:
     return "cpu" if device == "disk" and is_buffer else device
 
 
-def _stream(module: nn.Module, plan: list[_Read], *, progress: bool, label: str) -> None:
+def _stream(module: nn.Module, plan: list[_Read], targets: Mapping[Device, torch.device], *, progress: bool,
+            label: str) -> None:
     by_file: dict[Path, list[_Read]] = defaultdict(list)
     for read in plan:
         by_file[read.entry.file].append(read)
     with reading(label, sum(loaded_bytes(read) for read in plan), enabled=progress) as bar:
         for path, items in by_file.items():
-            _stream_file(module, path, items, on_tensor=bar.update)
+            _stream_file(module, path, items, targets, on_tensor=bar.update)
 
 
 def loaded_bytes(read: _Read) -> int:
@@ -140,7 +153,8 @@ def loaded_bytes(read: _Read) -> int:
     return torch.Size(read.entry.shape).numel() * read.dtype.itemsize
 
 
-def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor: Callable[[int], object]) -> None:
+def _stream_file(module: nn.Module, path: Path, items: list[_Read], targets: Mapping[Device, torch.device], *,
+                 on_tensor: Callable[[int], object]) -> None:
     pending = deque(items)
     try:
         while pending:
@@ -152,7 +166,7 @@ def _stream_file(module: nn.Module, path: Path, items: list[_Read], *, on_tensor
                     value = handle.get_tensor(entry.name)
                     # clear_cache=False: accelerate would empty the CUDA cache after every single tensor.
                     set_module_tensor_to_device(
-                        module, entry.name, torch_device(item.device), value=value, dtype=item.dtype, clear_cache=False
+                        module, entry.name, targets[item.device], value=value, dtype=item.dtype, clear_cache=False
                     )
                     mapped += entry.nbytes
                     on_tensor(loaded_bytes(item))

@@ -7,22 +7,21 @@ variant of one component never downloads the fp32 weights of the whole repositor
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import huggingface_hub
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from ..checkpoint.errors import WeightsNotFoundError
+from ..checkpoint import WeightsNotFoundError
 
 
 @dataclass(frozen=True, kw_only=True)
 class HubOptions:
-    """diffusers' download keywords, passed to `snapshot_download` as they are."""
+    """diffusers' download keywords, passed to `snapshot_download` as they are; part of every load request
+    (`loading.request.LoadRequest.hub`), never carried implicitly."""
 
     revision: str | None = None
     token: str | bool | None = None
@@ -30,33 +29,18 @@ class HubOptions:
     local_files_only: bool = False
 
 
-# The options of the load in progress: `from_pretrained` sets them, `resolve_folder` reads them. A context
-# variable, so that the loading layers in between need not thread four download keywords through.
-_CURRENT: ContextVar[HubOptions] = ContextVar("hub_options", default=HubOptions())
-
-
-@contextmanager
-def hub_options(options: HubOptions) -> Iterator[None]:
-    token = _CURRENT.set(options)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
-
-
 def resolve_folder(
     name_or_path: str | Path,
     *,
     allow_patterns: Sequence[str] | None = None,
     subfolder: str | None = None,
-    revision: str | None = None,
+    hub: HubOptions = HubOptions(),
 ) -> Path:
     """The local folder of `name_or_path` (joined with `subfolder`).
 
     An existing local path passes through untouched (never any network). Anything else must be a Hub id
     ("org/name"); it is fetched with `huggingface_hub.snapshot_download`, limited to `allow_patterns`
-    (paths relative to the repository root, so they include `subfolder`), with the current `hub_options`
-    (`revision` here wins over theirs).
+    (paths relative to the repository root, so they include `subfolder`), with the download options `hub`.
     """
     local = Path(name_or_path).expanduser()
     if local.exists():
@@ -68,12 +52,11 @@ def resolve_folder(
         raise WeightsNotFoundError(
             f"{repo_id!r} is neither an existing folder nor a valid Hugging Face Hub id ('org/name'): {error}"
         ) from error
-    options = _CURRENT.get()
-    given = {"token": options.token, "cache_dir": options.cache_dir, "local_files_only": options.local_files_only}
+    given = {"token": hub.token, "cache_dir": hub.cache_dir, "local_files_only": hub.local_files_only}
     try:
         snapshot = huggingface_hub.snapshot_download(
             repo_id, allow_patterns=list(allow_patterns) if allow_patterns is not None else None,
-            revision=revision or options.revision, **{key: value for key, value in given.items() if value},
+            revision=hub.revision, **{key: value for key, value in given.items() if value},
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
         # huggingface_hub's own message talks of snapshots and connections only; a mistyped local path lands

@@ -20,18 +20,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.errors import PlacementError
-
 from ..checkpoint.config_file import read_config_dict, write_json
-from ..checkpoint.errors import CorruptCheckpointError
-from .registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
+from ..checkpoint.checkpoint_errors import CorruptCheckpointError
+from ..errors import FolderError
+from .class_registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
 
 MODEL_INDEX_NAME = "model_index.json"
 SAVE_ID_KEY = "_save_id"
 HF_LIBRARIES = ("diffusers", "transformers")
 
 
-class ModelIndexError(PlacementError, ValueError):
+class ModelIndexError(FolderError, ValueError):
     """A model_index.json that is missing, malformed, or names a class that cannot be imported."""
 
 

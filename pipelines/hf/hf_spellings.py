@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from placement.errors import PlacementError
+from ..errors import LoadError
+from ..folder.hub import HubOptions
 
-from .hub import HubOptions
 
-
-class LoadArgumentError(PlacementError, ValueError):
+class LoadArgumentError(LoadError, ValueError):
     """A from_pretrained argument that contradicts another or asks for something this library refuses."""
 
 

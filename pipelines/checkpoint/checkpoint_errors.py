@@ -1,19 +1,20 @@
 """Typed errors of the checkpoint folder format.
 
 Each one names the file, the keys and the numbers involved, and says what to do. They subclass
-`PlacementError` (the library's base) and `ValueError`, because a bad checkpoint is bad input.
+`pipelines.errors.FolderError` (a folder's files) and `ValueError`, because a bad checkpoint is bad input;
+a failed save is a `RuntimeError`.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from placement.errors import PlacementError
+from ..errors import FolderError
 
 _LISTED = 10  # how many names a message spells out before it says "and N more"
 
 
-class CheckpointError(PlacementError, ValueError):
+class CheckpointError(FolderError, ValueError):
     """Base of every error about a checkpoint folder or its files."""
 
 
@@ -54,7 +55,7 @@ class InvalidConfigError(CheckpointError):
     """A config.json that does not validate against the model's config class (names the field)."""
 
 
-class CheckpointSaveError(PlacementError, RuntimeError):
+class CheckpointSaveError(FolderError, RuntimeError):
     """Saving failed; the existing checkpoint (if any) is left untouched."""
 
 

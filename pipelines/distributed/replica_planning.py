@@ -8,16 +8,12 @@ from typing import Any, Mapping, Optional
 
 import placement
 
-from ..framework.loading import build_sized_on_meta, check_dtype_keys
-from ..framework.model_index import ModelIndex
-from ..framework.planning import call_activations
-from ..framework.sources import (
-    check_constructor,
-    component_sources,
-    construct_pipeline,
-    load_non_module,
-    resolve_pipeline_folder,
-)
+from ..folder.model_index import ModelIndex
+from ..folder.sources import component_sources, load_non_module, resolve_pipeline_folder
+from ..loading.assembly import check_constructor, construct_pipeline
+from ..loading.meta import build_from_source
+from ..loading.planning import call_activations
+from ..loading.request import DtypeRequest
 
 
 def plan_pipeline_replicas(pipeline_class: type, pretrained: str | Path, *, max_memory: Optional[Mapping] = None,
@@ -28,9 +24,10 @@ def plan_pipeline_replicas(pipeline_class: type, pretrained: str | Path, *, max_
     index = ModelIndex.read(folder)
     check_constructor(pipeline_class, index, {})
     sources = component_sources(index, folder, skip={})
-    check_dtype_keys(torch_dtype, sources, {})
+    dtypes = DtypeRequest.parse(torch_dtype)
+    dtypes.check_names([name for name, source in sources.items() if source.is_module], of="pipeline")
     components = {
-        name: build_sized_on_meta(source, torch_dtype=torch_dtype, variant=None, weights_required=False)
+        name: build_from_source(source, dtype=dtypes.for_component(name), variant=None, weights_required=False).module
         if source.is_module else load_non_module(source)
         for name, source in sources.items()
     }

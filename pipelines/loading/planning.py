@@ -1,5 +1,5 @@
-"""Plan a pipeline's module components with `placement.plan`: its graph, its dtypes, pins for components passed
-in already dispatched, and (with `call=`) the activation peak of each component for that call."""
+"""Plan module components with `placement.plan`: a pipeline's (its graph, its dtypes, pins for components passed
+in already dispatched, and with `call=` the activation peak of each component for that call) or one model's."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.device_maps import is_single_device as _names_one_device
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
-from .calls import CallSpecError, family_calls
-from .components import PipelineComponentError, PipelineComponents
-from .diffusers_pipeline import graph_edges as diffusers_graph_edges
-from .diffusers_pipeline import module_components as diffusers_module_components
-from .saved_plans import check_saved_plan, is_plan_path as _is_plan_path, nest_flat_device_map, saved_plan
+from ..folder.components import PipelineComponentError, PipelineComponents
+from ..hf.calls import CallSpecError, family_calls
+from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
+from ..hf.diffusers_pipeline import module_components as diffusers_module_components
+from .request import DeviceMapKind, DeviceMapRequest, Scope
+from .saved_plans import check_saved_plan, nest_flat_device_map
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
@@ -27,29 +27,44 @@ _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("p
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
                   modules: Mapping[str, nn.Module] | None = None, edges=None) -> placement.Plan:
-    """`placement.plan` over the pipeline's module components with its model graph (and activations when
-    `call` is given). `device_map` may also be a saved plan (a `Plan` or the path of its JSON: used as it is,
-    after checking it fits these components) or a flat `hf_device_map` with dotted keys."""
+    """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta):
+    its model graph, and activations when `call` is given. `device_map` is interpreted here (it may also be a
+    saved plan: a `Plan` or the path of its JSON, used as it is after checking it fits these components, or a
+    flat `hf_device_map` with dotted keys)."""
     if modules is None:
         modules, edges = modules_and_edges(pipe)
-    saved = saved_plan(device_map)
-    if saved is not None:
-        return check_saved_plan(saved, modules, torch_dtype)
-    device_map = nest_flat_device_map(device_map, modules)
+    return plan_modules(pipe, modules, edges=edges, device_map=DeviceMapRequest.interpret(device_map),
+                        dtypes=torch_dtype, max_memory=max_memory, offload_folder=offload_folder, call=call,
+                        pinned=pinned)
+
+
+def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
+                 max_memory, offload_folder, call, pinned: Mapping[str, Any],
+                 scope: Scope = Scope.PIPELINE) -> placement.Plan:
+    """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
+    interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
+    `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once."""
+    if device_map.kind is DeviceMapKind.SAVED_PLAN:
+        return check_saved_plan(device_map.value, modules, dtypes)
+    strategy = device_map.value
+    if device_map.kind is DeviceMapKind.PINS and scope is Scope.PIPELINE:
+        strategy = nest_flat_device_map(strategy, modules)
+    elif device_map.kind is DeviceMapKind.PINS:
+        strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
     activations, module_order = None, {}
     if call is not None:
-        activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype, module_order=module_order)
+        activations = call_activations(pipe, modules, call, torch_dtype=dtypes, module_order=module_order)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=edges,
-                              dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None, module_order=module_order or None)
+        plan = placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
+                              offload_folder=offload_folder, activations=activations,
+                              pinned=dict(pinned) or None, module_order=module_order or None, scope=scope.value)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
-        warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
+        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
     return plan if call is None else plan.with_inputs(call=dict(call))
 
 
-def _caller_stacklevel() -> int:
+def caller_stacklevel() -> int:
     """The `stacklevel` of the first frame outside this library (its three packages), for warnings."""
     frame, level = sys._getframe(1), 1
     while frame is not None and any(Path(frame.f_code.co_filename).resolve().is_relative_to(d) for d in _LIBRARY_DIRS):
@@ -89,13 +104,6 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
 def pipeline_class_name(pipe: PipelineComponents) -> str:
     """The pipeline class the folder names (a generic pipeline keeps model_index.json's `_class_name`)."""
     return getattr(pipe, "folder_class_name", None) or type(pipe).__name__
-
-
-def is_single_device(device_map) -> bool:
-    """A device_map naming one device ("cuda", "cuda:1", 0, "cpu", torch.device): everything there, no hooks."""
-    if isinstance(device_map, (placement.Plan, Path)) or _is_plan_path(device_map):
-        return False
-    return _names_one_device(device_map)
 
 
 def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
