@@ -17,7 +17,7 @@ from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.distributed import Launch, load_replica
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CALL = ["--height", "64", "--width", "64", "--steps", "2"]
 PROMPTS = ["a red fox", "a lighthouse at dusk", "a bowl of fruit"]
 

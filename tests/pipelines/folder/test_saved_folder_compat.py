@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from pipelines import Pipeline, TextToImagePipeline
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 FOLDER = FIXTURES / "saved_v0_1_tiny_unet"
 
 
