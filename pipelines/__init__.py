@@ -11,21 +11,18 @@ checkpoint/     the file format only: safetensors shards and index, config files
 errors.py       the middle of the error tree (FolderError, LoadError); every error is exported here by name
 
 Names are imported on first use (PEP 562), so that `placement --help` (the console script lives in
-`pipelines.cli`) does not import torch. The class registry (`folder.class_registry`) is told here how to import
-every library class a saved folder may name, so that it never names this package itself.
+`pipelines.cli`) does not import torch. The class registry (`folder.class_registry`) is told here which library
+classes a saved folder may name and how to import each, so that it never names this package itself.
 """
 
+import functools
 import importlib
 
 from .folder import class_registry as _class_registry
 
-_EXPORTS = {
-    "ModelConfig": ".framework.config",
-    "ModelMixin": ".framework.modeling",
+# The classes a saved folder may name as ["pipelines", ClassName] (each is a `@library_class`), by module.
+_LIBRARY_CLASSES = {
     "Pipeline": ".framework.pipeline",
-    "library_class": ".folder.class_registry",
-    "register_class": ".folder.class_registry",
-    "place": ".loading.place",
     "AutoencoderKL": ".text_to_image.models",
     "DiT": ".text_to_image.models",
     "TextEncoder": ".text_to_image.models",
@@ -33,6 +30,14 @@ _EXPORTS = {
     "TextToImagePipeline": ".text_to_image.pipeline",
     "FlowMatchEulerScheduler": ".text_to_image.schedulers",
     "ByteTokenizer": ".text_to_image.tokenizers",
+}
+_EXPORTS = {
+    **_LIBRARY_CLASSES,
+    "ModelConfig": ".framework.config",
+    "ModelMixin": ".framework.modeling",
+    "library_class": ".folder.class_registry",
+    "register_class": ".folder.class_registry",
+    "place": ".loading.place",
 }
 
 # Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
@@ -82,11 +87,12 @@ def __dir__() -> list[str]:
 
 def import_library_classes() -> None:
     """Import every module that defines a library class, so that each is registered by name."""
-    for name, module in _EXPORTS.items():
-        if not name.endswith("Error"):
-            importlib.import_module(module, __name__)
+    for module in sorted(set(_LIBRARY_CLASSES.values())):
+        importlib.import_module(module, __name__)
 
 
-_class_registry.set_library_importer(import_library_classes)
+_class_registry.declare_library_classes(
+    {name: functools.partial(importlib.import_module, module, __name__) for name, module in _LIBRARY_CLASSES.items()}
+)
 
 __all__ = sorted(_EXPORTS)

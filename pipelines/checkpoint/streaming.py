@@ -3,8 +3,8 @@
 Host memory: `safe_open(...).get_tensor` (safetensors >= 0.6) returns a tensor backed by a private memory
 map of the file, so a CPU load that keeps the checkpoint's dtype copies nothing: the weights are the page
 cache's pages, mapped copy-on-write, and a CPU load peaks at one model size. A cast or a move to an
-accelerator makes the one real copy, handed to `accelerate.utils.set_module_tensor_to_device`; the mapped
-source is dropped right after, and the file is reopened every `_REMAP_BYTES` so the pages already read stop
+accelerator makes the one real copy (cast first, on the host: half the bytes cross the bus for a bf16 load, as
+accelerate's `set_module_tensor_to_device` does); the mapped source is dropped right after, and the file is reopened every `_REMAP_BYTES` so the pages already read stop
 counting against the process (one 20 GB file would otherwise add its whole size to the peak).
 Files are replaced, never rewritten in place, by our saves (`atomic_folder`) and by safetensors' `save_file`,
 so a mapped model stays valid when its folder is saved over. Truncating a loaded file in place (not replacing
@@ -14,6 +14,7 @@ cast to get tensors that own their memory.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from accelerate.utils import set_module_tensor_to_device
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from placement.device_maps import tensor_devices
-from placement.devices import Accelerators, Device, detect_accelerators, torch_device
+from placement.device_maps import IncompleteDeviceMapError, owning_key
+from placement.devices import Accelerators, Device, detect_accelerators, normalize_device, torch_device
 
 from .checkpoint_errors import CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
@@ -37,11 +38,20 @@ _REMAP_BYTES = 256 * 1024**2
 
 @dataclass(frozen=True, kw_only=True)
 class _Read:
-    """One tensor to read: where it is in the checkpoint, the device and dtype it is loaded as."""
+    """One tensor to read, everything about it worked out before the first byte moves: where it is in the
+    checkpoint, the device and dtype it is loaded as, and the submodule attribute it goes into."""
 
     entry: TensorEntry
     device: Device
+    target: torch.device
     dtype: torch.dtype
+    owner: nn.Module
+    attribute: str
+
+    @property
+    def loaded_bytes(self) -> int:
+        """The bytes the tensor occupies once loaded (after its cast): what the progress bars count."""
+        return math.prod(self.entry.shape) * self.dtype.itemsize
 
 
 def load_weights(
@@ -90,17 +100,9 @@ def stream_weights(
     tensor's dtype once (`load_dtypes`, {checkpoint name: dtype}): one pass over the files, nothing checked twice.
     Accelerator indices become torch devices through `accelerators` (one detection per load, not per tensor);
     that they exist is the caller's check (the loader makes it once, for the whole plan)."""
-    devices = tensor_devices(module, device_map)
-    buffer_names = {name for name, _ in module.named_buffers()}
-    plan = [
-        _Read(entry=entry, device=_host_if_disk(devices[name], name in buffer_names), dtype=load_dtypes[name])
-        for name, entry in weights.tensors.items()
-        if name in devices and (devices[name] != "disk" or name in buffer_names)
-    ]
-    accelerators = accelerators or detect_accelerators()
-    targets = {device: torch_device(device, accelerators) for device in {read.device for read in plan}}
+    plan = _reads(module, weights, device_map, load_dtypes, accelerators or detect_accelerators())
     try:
-        _stream(module, plan, targets, progress=progress, label=label or type(module).__name__)
+        _stream(plan, progress=progress, label=label or type(module).__name__)
         tie_weights(module, tied_weights)
     except BaseException:
         module.to("meta")
@@ -133,43 +135,65 @@ def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> No
         setattr(owner, attribute, source_value)
 
 
-def _host_if_disk(device: Device, is_buffer: bool) -> Device:
-    # Buffers of disk-offloaded modules are loaded: accelerate's hooks do not offload them by default.
-    return "cpu" if device == "disk" and is_buffer else device
+def _reads(module: nn.Module, weights: WeightsIndex, device_map: Mapping[str, Device] | None,
+           load_dtypes: Mapping[str, torch.dtype], accelerators: Accelerators) -> list[_Read]:
+    """Every tensor of `weights` the module takes (checkpoint keys it lacks are left unread), with its device:
+    the longest `device_map` key that contains it (None: everything on the CPU); parameters on "disk" stay on
+    meta (the dispatch step serves them). Torch devices are looked up once per distinct device."""
+    mapped = {"": "cpu"} if device_map is None else {key: normalize_device(d) for key, d in device_map.items()}
+    submodules = dict(module.named_modules(remove_duplicate=False))
+    targets: dict[Device, torch.device] = {}
+    reads, unmapped = [], []
+    for name, entry in weights.tensors.items():
+        owner_path, _, attribute = name.rpartition(".")
+        owner = submodules.get(owner_path)
+        is_buffer = owner is not None and attribute in owner._buffers
+        if owner is None or not (is_buffer or attribute in owner._parameters):
+            continue
+        key = owning_key(name, mapped)
+        if key is None:
+            unmapped.append(name)
+            continue
+        if mapped[key] == "disk" and not is_buffer:
+            continue
+        # Buffers of disk-offloaded modules are loaded: accelerate's hooks do not offload them by default.
+        device = "cpu" if mapped[key] == "disk" else mapped[key]
+        if device not in targets:
+            targets[device] = torch_device(device, accelerators)
+        reads.append(_Read(entry=entry, device=device, target=targets[device], dtype=load_dtypes[name],
+                           owner=owner, attribute=attribute))
+    if unmapped:
+        raise IncompleteDeviceMapError(
+            f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
+            f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
+        )
+    return reads
 
 
-def _stream(module: nn.Module, plan: list[_Read], targets: Mapping[Device, torch.device], *, progress: bool,
-            label: str) -> None:
+def _stream(plan: list[_Read], *, progress: bool, label: str) -> None:
     by_file: dict[Path, list[_Read]] = defaultdict(list)
     for read in plan:
         by_file[read.entry.file].append(read)
-    with reading(label, sum(loaded_bytes(read) for read in plan), enabled=progress) as bar:
+    with reading(label, sum(read.loaded_bytes for read in plan), enabled=progress) as bar:
         for path, items in by_file.items():
-            _stream_file(module, path, items, targets, on_tensor=bar.update)
+            _stream_file(path, items, on_tensor=bar.update)
 
 
-def loaded_bytes(read: _Read) -> int:
-    """The bytes a tensor occupies once loaded (after its cast): what the progress bars count."""
-    return torch.Size(read.entry.shape).numel() * read.dtype.itemsize
-
-
-def _stream_file(module: nn.Module, path: Path, items: list[_Read], targets: Mapping[Device, torch.device], *,
-                 on_tensor: Callable[[int], object]) -> None:
+def _stream_file(path: Path, items: list[_Read], *, on_tensor: Callable[[int], object]) -> None:
     pending = deque(items)
+    # Reopening only helps when the mapped source of each tensor is dropped (cast or moved off the CPU); tensors
+    # that keep their dtype on the CPU are the mapping itself, so the file is opened once.
+    copies = any(item.dtype != item.entry.dtype or item.target.type != "cpu" for item in items)
+    remap_bytes = _REMAP_BYTES if copies else math.inf
     try:
         while pending:
             mapped = 0
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                while pending and mapped < _REMAP_BYTES:
+                while pending and mapped < remap_bytes:
                     item = pending.popleft()
-                    entry = item.entry
-                    value = handle.get_tensor(entry.name)
-                    # clear_cache=False: accelerate would empty the CUDA cache after every single tensor.
-                    set_module_tensor_to_device(
-                        module, entry.name, targets[item.device], value=value, dtype=item.dtype, clear_cache=False
-                    )
-                    mapped += entry.nbytes
-                    on_tensor(loaded_bytes(item))
+                    set_tensor(item, handle.get_tensor(item.entry.name))
+                    mapped += item.entry.nbytes
+                    on_tensor(item.loaded_bytes)
     except SafetensorError as error:
         raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
     except OSError as error:  # an I/O error, a file removed or unreadable mid-load
@@ -178,3 +202,20 @@ def _stream_file(module: nn.Module, path: Path, items: list[_Read], targets: Map
             "the file's permissions, then load again."
         ) from error
 
+
+def set_tensor(read: _Read, value: torch.Tensor) -> None:
+    """Put `value` (cast, then moved) into the module in place of its meta tensor, as a parameter of the class it
+    had or as a buffer. What `accelerate.utils.set_module_tensor_to_device` does for a plain tensor, without the
+    per-call lookups and checks that cost it a third of a load's time (every fact is in `read` already); other
+    parameter classes (quantized ones) go through accelerate."""
+    if value.dtype != read.dtype:
+        value = value.to(read.dtype)
+    value = value.to(read.target)  # the same tensor when it is there already (a CPU load keeps the mapping)
+    parameters = read.owner._parameters
+    if read.attribute not in parameters:
+        read.owner._buffers[read.attribute] = value
+    elif type(old := parameters[read.attribute]) is nn.Parameter:
+        parameters[read.attribute] = nn.Parameter(value, requires_grad=old.requires_grad)
+    else:  # clear_cache=False: accelerate would empty the CUDA cache after every single tensor
+        set_module_tensor_to_device(read.owner, read.attribute, read.target, value=value, dtype=read.dtype,
+                                    clear_cache=False)

@@ -3,9 +3,10 @@
 A folder records the class of each component. For this library's own classes it records the library
 ("pipelines") and the class name, never a module path, so classes can move between modules without breaking
 folders saved earlier: each registers itself with `@library_class` where it is defined. The modules that define
-them sit above this one, so this registry never imports them: the package face (`pipelines/__init__.py`, which
-runs before any `pipelines.x.y` can be imported) hands over, with `set_library_importer`, the function that
-imports them all, and the first lookup of a library class calls it.
+them sit above this one, so this registry never imports them by name: the package face (`pipelines/__init__.py`,
+which runs before any `pipelines.x.y` can be imported) declares each library class's name with the function that
+imports its module (`declare_library_classes`), and the first lookup of that name calls it. A name that is not
+declared (a diffusers pipeline class, say) imports nothing.
 
 A user's own class is recorded under its module path (`["my_models.vae", "MyVAE"]`). Resolving such a name never
 imports anything: the class must be registered with `pipelines.register_class(MyVAE)` (saving an instance
@@ -16,17 +17,18 @@ a folder runs that module's code. `trust_remote_code=True` is the explicit opt-i
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 LIBRARY = "pipelines"
 _CLASSES: dict[str, type] = {}
 _USER_CLASSES: dict[tuple[str, str], type] = {}
-_IMPORTERS: list[Callable[[], None]] = []  # what registers every library class (set by the package face)
+_DECLARED: dict[str, Callable[[], object]] = {}  # library class name -> imports its module (the package face's)
 
 
-def set_library_importer(import_all: Callable[[], None]) -> None:
-    """Register the function that imports every module defining a library class (run once, on first lookup)."""
-    _IMPORTERS.append(import_all)
+def declare_library_classes(importers: Mapping[str, Callable[[], object]]) -> None:
+    """Declare library classes by name, each with the function that imports the module defining it (whose
+    `@library_class` then registers it): looked up lazily, so finding one class imports one module."""
+    _DECLARED.update(importers)
 
 
 def library_class(cls: type) -> type:
@@ -53,10 +55,10 @@ def register_class(cls: type) -> type:
 
 def find_library_class(class_name: str | None) -> type | None:
     """The library class registered as `class_name` (None when there is none)."""
-    while _IMPORTERS:  # registers every library class; later lookups find them in the table
-        _IMPORTERS[0]()
-        _IMPORTERS.pop(0)  # after it ran: an import that failed is tried again by the next lookup
-    return _CLASSES.get(class_name or "")
+    name = class_name or ""
+    if name not in _CLASSES and name in _DECLARED:
+        _DECLARED[name]()  # importing its module registers it
+    return _CLASSES.get(name)
 
 
 def find_registered_class(module: str, class_name: str) -> type | None:

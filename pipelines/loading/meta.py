@@ -10,10 +10,11 @@ Used for our `ModelMixin`s (a model load is a one-component load), diffusers and
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 from accelerate import init_empty_weights
@@ -85,7 +86,7 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
     safetensors headers only. Without weight files (a configs-only folder, when not `weights_required`) the
     config's dtypes are kept. Keys and shapes are checked for every component about to be loaded, and for our
     own models always (their checkpoints must match exactly)."""
-    with init_empty_weights():
+    with init_empty_weights(), _no_init_of_meta_tensors():
         module = construct(cls, folder, family)
     retie(module, family)  # init_empty_weights() breaks the constructor's ties
     module.eval()
@@ -94,11 +95,12 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
     ties: dict[str, str] = {}
     dtypes: dict[str, torch.dtype] = {}
     if weights is not None:
-        ties = _tied_weights(module, family, weights)
+        tensors = dict(module.state_dict(keep_vars=True))  # one walk of the module for every check below
+        ties = _tied_weights(module, family, weights, tensors)
         if weights_required or family is Family.OWN:
-            validate_weights(module, weights, tied_weights=ties)
+            validate_weights(module, weights, tied_weights=ties, model_tensors=tensors)
         dtypes = load_dtypes(weights, dtype, keep)
-        _cast_meta(module, weights, dtypes, dtype=dtype, keep_in_fp32=keep)
+        _cast_meta(module, weights, dtypes, tensors, dtype=dtype, keep_in_fp32=keep)
         tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
     # Every format read today is safetensors in our folder layout, read by our loader; the owner-library
     # formats will choose their reader here, from the family and the folder's files.
@@ -113,6 +115,33 @@ def build_from_source(source: ComponentSource, *, dtype: torch.dtype | None, var
                            variant=variant, weights_required=weights_required)
 
 
+# The torch.nn.init functions modules call from their constructors (`reset_parameters`).
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                   "sparse_")
+
+
+@contextmanager
+def _no_init_of_meta_tensors() -> Iterator[None]:
+    """`torch.nn.init` functions return a meta tensor untouched: initialising it computes nothing but still costs
+    a third of building a large model (diffusers and transformers skip init the same way when they build on
+    meta). Tensors with data (buffers, which `init_empty_weights` leaves on the CPU) are initialised as usual."""
+    originals = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+
+    def skipping(original: Callable) -> Callable:
+        def init(tensor, *args, **kwargs):
+            return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
+        return init
+
+    for name, original in originals.items():
+        setattr(torch.nn.init, name, skipping(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.nn.init, name, original)
+
+
 def _find_weights(cls: type, folder: Path, *, variant: str | None, required: bool) -> WeightsIndex | None:
     try:
         return find_weights(folder, weights_name=weights_name_for(cls), variant=variant)
@@ -122,14 +151,16 @@ def _find_weights(cls: type, folder: Path, *, variant: str | None, required: boo
         return None
 
 
-def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex) -> dict[str, str]:
+def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
+                  tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """{tied name: source name} for every parameter shared under several names whose checkpoint stores only one
     of them (transformers' T5 `encoder.embed_tokens.weight` -> `shared.weight`), found from the module itself so
     it holds for every family; our models' declared `_tied_weights_keys` as well (re-tied even when a checkpoint
     stores both names)."""
     names_of: dict[int, list[str]] = {}
-    for name, parameter in module.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(parameter), []).append(name)
+    for name, tensor in tensors.items():  # the state dict names a shared parameter under each of its names
+        if isinstance(tensor, nn.Parameter):
+            names_of.setdefault(id(tensor), []).append(name)
     ties = {}
     for names in names_of.values():
         sources = [name for name in names if name in weights.tensors]
@@ -139,13 +170,12 @@ def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex) -> d
     return ties
 
 
-def _cast_meta(module: nn.Module, weights: WeightsIndex, dtypes: Mapping[str, torch.dtype], *,
-               dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> None:
+def _cast_meta(module: nn.Module, weights: WeightsIndex, dtypes: Mapping[str, torch.dtype],
+               tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> None:
     """Give every meta tensor the dtype it will be loaded as, so that sizing (`compute_module_sizes`) is exact.
     Costs nothing (meta tensors hold no memory). `CheckpointDtypeError` first for a checkpoint tensor the model
     cannot take (`check_dtypes`)."""
-    check_dtypes(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32)
-    tensors = dict(module.state_dict(keep_vars=True))
+    check_dtypes(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32, model_tensors=tensors)
     for name, target in dtypes.items():
         tensor = tensors.get(name)
         if tensor is not None and tensor.device.type == "meta" and tensor.dtype != target:

@@ -177,16 +177,16 @@ def test_failure_while_streaming_leaves_no_loaded_tensor(saved, monkeypatch):
     weights = find_weights(saved)
     with init_empty_weights():
         model = TinyModel(tiny_model().config)
-    real = loading_module.set_module_tensor_to_device
+    real = loading_module.set_tensor
     count = []
 
-    def failing(module, name, device, **kwargs):
-        count.append(name)
+    def failing(read, value):
+        count.append(read.entry.name)
         if len(count) == 5:
             raise RuntimeError("out of memory (injected)")
-        return real(module, name, device, **kwargs)
+        return real(read, value)
 
-    monkeypatch.setattr(loading_module, "set_module_tensor_to_device", failing)
+    monkeypatch.setattr(loading_module, "set_tensor", failing)
     with pytest.raises(RuntimeError, match="injected"):
         load_weights(model, weights, tied_weights=TinyModel._tied_weights_keys, progress=False)
     assert all(t.device.type == "meta" for t in model.state_dict().values())

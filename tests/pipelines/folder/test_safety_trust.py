@@ -118,3 +118,11 @@ def test_component_names_that_are_paths_are_refused(tmp_path):
     (folder / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(pipelines.folder.components.PipelineComponentError, match="not a plain folder name"):
         Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})
+
+
+def test_every_library_class_is_declared_to_the_registry_by_the_package_face():
+    """The registry finds a library class by importing only the module the face declares for it; a class
+    decorated with @library_class but not declared could not be found from a folder in a fresh process."""
+    pipelines.import_library_classes()
+    declared = set(registry._DECLARED)
+    assert declared == set(registry._CLASSES) and "TextToImagePipeline" in declared
