@@ -10,8 +10,9 @@ the page cache: the comparison is of the loaders, not of the disk.
 Each variant loads in a fresh subprocess that imports torch, diffusers and pipelines first (imports are not
 timed), then times the load and a touch of one element per memory page of every tensor (safetensors maps tensors
 lazily: a load is finished only once its pages are resident), and reports the seconds and its peak RSS above the
-RSS before loading. Variants alternate within each repeat; the table shows the median and best seconds and the
-ratio of medians to diffusers'. Without an accelerator, "balanced" degrades to the CPU (one warning) but still
+RSS before loading; also its CPU seconds (user + system, all threads), steadier than wall time on a shared machine.
+Variants alternate within each repeat; the table shows the median and best wall seconds, the median CPU seconds,
+and the ratios of medians to diffusers'. Without an accelerator, "balanced" degrades to the CPU (one warning) but still
 plans and dispatches: the device-mapped code path; device_map="cpu" is the single-device path (no hooks).
 
     python benchmarks/load.py                                   # temp folder, 3 repeats
@@ -63,6 +64,7 @@ def run_child(loader: str, dtype_name: str, folder: Path) -> dict:
     dtype = None if dtype_name == "float32" else getattr(torch, dtype_name)  # float32: as saved, no cast
     warnings.filterwarnings("ignore", message="No accelerator")
     baseline = current_rss()
+    cpu_start = cpu_seconds()
     start = time.perf_counter()
     if loader.startswith("diffusers"):
         model = UNet2DConditionModel.from_pretrained(folder / "unet", torch_dtype=dtype)
@@ -71,9 +73,15 @@ def run_child(loader: str, dtype_name: str, folder: Path) -> dict:
         model = Pipeline.from_pretrained(folder, device_map=device_map, torch_dtype=dtype, progress=False).unet
     touch(model.state_dict().values())
     seconds = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu_start
     dtypes = sorted({str(t.dtype) for t in model.parameters()})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return {"seconds": seconds, "peak_over_baseline": peak - baseline, "dtypes": dtypes}
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_over_baseline": peak - baseline, "dtypes": dtypes}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def touch(tensors) -> None:
@@ -100,18 +108,22 @@ def warm_page_cache(folder: Path) -> None:
 def print_table(results: dict[tuple[str, str], list[dict]], size: int, repeats: int) -> None:
     print(f"\nSD1.5 UNet2DConditionModel, {size / 1e9:.2f} GB float32 on disk, warm page cache, "
           f"{repeats} repeat(s) per variant\n")
-    header = f"{'dtype':<10}{'loader':<30}{'median s':>10}{'best s':>9}{'x diffusers':>13}{'peak RSS GB':>13}"
+    header = (f"{'dtype':<10}{'loader':<29}{'median s':>9}{'best s':>8}{'x diffusers':>12}{'CPU s':>7}"
+              f"{'x diffusers':>12}{'peak RSS GB':>12}")
     print(header)
     print("-" * len(header))
     for dtype in DTYPES:
-        anchor = statistics.median(r["seconds"] for r in results[(dtype, LOADERS[0])])
+        anchor = {key: statistics.median(r[key] for r in results[(dtype, LOADERS[0])])
+                  for key in ("seconds", "cpu_seconds")}
         for loader in LOADERS:
             runs = results[(dtype, loader)]
-            median = statistics.median(r["seconds"] for r in runs)
+            wall, cpu = (statistics.median(r[key] for r in runs) for key in ("seconds", "cpu_seconds"))
             best = min(r["seconds"] for r in runs)
             peak = min(r["peak_over_baseline"] for r in runs)
-            print(f"{dtype:<10}{loader:<30}{median:>10.2f}{best:>9.2f}{median / anchor:>13.2f}{peak / 1e9:>13.2f}")
-    print("\nx diffusers: our median time over diffusers' median time for the same dtype (<= 1.00: no slower).")
+            print(f"{dtype:<10}{loader:<29}{wall:>9.2f}{best:>8.2f}{wall / anchor['seconds']:>12.2f}{cpu:>7.2f}"
+                  f"{cpu / anchor['cpu_seconds']:>12.2f}{peak / 1e9:>12.2f}")
+    print("\nx diffusers: our median over diffusers' median for the same dtype (<= 1.00: no slower); wall time, then "
+          "CPU time.")
 
 
 def main() -> None:

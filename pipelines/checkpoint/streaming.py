@@ -141,6 +141,7 @@ def _reads(module: nn.Module, weights: WeightsIndex, device_map: Mapping[str, De
     the longest `device_map` key that contains it (None: everything on the CPU); parameters on "disk" stay on
     meta (the dispatch step serves them). Torch devices are looked up once per distinct device."""
     mapped = {"": "cpu"} if device_map is None else {key: normalize_device(d) for key, d in device_map.items()}
+    whole = list(mapped) == [""]  # one device for everything: no prefix to look up per tensor
     submodules = dict(module.named_modules(remove_duplicate=False))
     targets: dict[Device, torch.device] = {}
     reads, unmapped = [], []
@@ -150,7 +151,7 @@ def _reads(module: nn.Module, weights: WeightsIndex, device_map: Mapping[str, De
         is_buffer = owner is not None and attribute in owner._buffers
         if owner is None or not (is_buffer or attribute in owner._parameters):
             continue
-        key = owning_key(name, mapped)
+        key = "" if whole else owning_key(name, mapped)
         if key is None:
             unmapped.append(name)
             continue

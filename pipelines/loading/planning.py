@@ -3,6 +3,7 @@ in already dispatched, and with `call=` the activation peak of each component fo
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -67,9 +68,14 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
 def caller_stacklevel() -> int:
     """The `stacklevel` of the first frame outside this library (its three packages), for warnings."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and any(Path(frame.f_code.co_filename).resolve().is_relative_to(d) for d in _LIBRARY_DIRS):
+    while frame is not None and _in_library(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
+
+
+@functools.lru_cache(maxsize=None)
+def _in_library(filename: str) -> bool:
+    return any(Path(filename).resolve().is_relative_to(directory) for directory in _LIBRARY_DIRS)
 
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
