@@ -193,6 +193,37 @@ def move_inputs_of_entry_methods(module: nn.Module, device: torch.device, *, pla
         setattr(module, _WRAPPED, tuple(wrapped))
 
 
+def run_entry_methods_through(module: nn.Module, hook, *, nested) -> None:
+    """Make `module.encode(...)` / `module.decode(...)` run through `hook` as `forward` does (its
+    `pre_forward`, the method, its `post_forward`, also when the method raised), unless `nested()` says a run
+    of the module is already going on (a forward calling its own encode). `restore_entry_methods` undoes it."""
+    wrapped = []
+    for name in ENTRY_METHODS:
+        method = getattr(module, name, None)
+        if not callable(method) or name in module.__dict__:
+            continue
+        setattr(module, name, _through(module, method, hook, nested))
+        wrapped.append(name)
+    if wrapped:
+        setattr(module, _WRAPPED, tuple(wrapped))
+
+
+def _through(module: nn.Module, method, hook, nested):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        if nested():
+            return method(*args, **kwargs)
+        args, kwargs = hook.pre_forward(module, *args, **kwargs)
+        try:
+            output = method(*args, **kwargs)
+        except BaseException:
+            hook.post_forward(module, None)
+            raise
+        return hook.post_forward(module, output)
+
+    return wrapper
+
+
 def restore_entry_methods(module: nn.Module) -> None:
     """Drop the wrappers `move_inputs_of_entry_methods` installed on `module` and its submodules."""
     for submodule in module.modules():
@@ -231,4 +262,5 @@ __all__ = [
     "move_to_device",
     "restore_entry_methods",
     "return_to_caller",
+    "run_entry_methods_through",
 ]

@@ -13,10 +13,11 @@ The three residency levels of `placement.ComponentTransfer`, at module granulari
   diffusers' model offload, at block granularity and within the budget. No hook sits on these modules: the
   component's top hook loads them all;
 - streamed: homed on the host, moved block by block at every run with the next block prefetched on a side
-  stream where CUDA is (group offloading's groups and hooks, on the streamed modules only).
+  stream where CUDA is (group offloading's groups and hooks, on the streamed blocks only).
 A listed module holding block lists (a `ModuleList`/`Sequential` at any depth, as `placement.streaming`
 finds them) is cut into its blocks and the rest, so per-call releases and streaming go block by block; a
-listed block is one unit.
+listed block is one unit. The rest of a streamed module is needed through the whole run: the top hook
+brings it at the start of each run and sends it back at the end (no hook on the modules holding it).
 
 One hook per component boundary: `ResidencyHook` at the top (inputs to the execution device, outputs back
 to the caller's; its phase starts there, and for `encode`/`decode` calls in their wrappers), input-moving
@@ -87,11 +88,12 @@ class DeviceCoordinator:
 class ComponentPhase:
     """One component's per-call units and streamed session, entered at each run (`enter`/`exit` nest)."""
 
-    def __init__(self, *, name: str, place: Device, per_call: list[ModuleGroup], session: GroupOffloadSession | None,
-                 coordinator: DeviceCoordinator, transient_bytes: int) -> None:
+    def __init__(self, *, name: str, place: Device, per_call: list[ModuleGroup], per_run: list[ModuleGroup],
+                 session: GroupOffloadSession | None, coordinator: DeviceCoordinator, transient_bytes: int) -> None:
         self.name = name
         self.place = place
         self.per_call = per_call
+        self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
         self.session = session
         self.coordinator = coordinator
         self.transient_bytes = transient_bytes
@@ -112,6 +114,7 @@ class ComponentPhase:
         self.depth += 1
         if self.depth == 1:
             self.coordinator.enter(self)
+            _onload(self.per_run)
             if self.session is not None:
                 self.session.begin_call()
 
@@ -119,13 +122,14 @@ class ComponentPhase:
         if self.depth == 0:
             return
         self.depth -= 1
-        if self.depth == 0 and self.session is not None:
-            self.session.end_call()
+        if self.depth == 0:
+            if self.session is not None:
+                self.session.end_call()
+            for group in self.per_run:
+                group.offload()
 
     def load(self) -> None:
-        started = [group for group in self.per_call if group.onload()]
-        for group in started:
-            group.wait_until_ready()
+        _onload(self.per_call)
 
     def release(self, needed: int) -> int:
         """Offload per-call units, last first, until `needed` bytes are free; returns the bytes freed."""
@@ -145,10 +149,16 @@ class ComponentPhase:
             self.exit_hook = None
         if self in self.coordinator.phases:
             self.coordinator.phases.remove(self)
-        for group in self.per_call:
+        for group in [*self.per_call, *self.per_run]:
             group.restore()
         if self.session is not None:
             self.session.close()
+
+
+def _onload(groups: list[ModuleGroup]) -> None:
+    started = [group for group in groups if group.onload()]
+    for group in started:
+        group.wait_until_ready()
 
 
 class ResidencyHook(MoveInputsHook):
@@ -205,17 +215,20 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     use_stream = device.type == "cuda" if config.use_stream is None else config.use_stream
     transfer = StreamTransfer(device) if use_stream else BlockingTransfer()
     per_call, streamed = _build_units(module, config, place, transfer)
+    per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
+    blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
     session = None
-    if streamed:
+    if blocks:
         session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=use_stream),
-                                      groups=streamed, prefetches=transfer.prefetches, disk_folder=None)
+                                      groups=blocks, prefetches=transfer.prefetches, disk_folder=None)
     coordinator = config.coordinator or DeviceCoordinator(place=place, room=None)
-    phase = ComponentPhase(name=type(module).__name__, place=place, per_call=per_call, session=session,
-                           coordinator=coordinator, transient_bytes=config.activation_bytes + _stream_buffers(streamed))
+    phase = ComponentPhase(name=type(module).__name__, place=place, per_call=per_call, per_run=per_run,
+                           session=session, coordinator=coordinator,
+                           transient_bytes=config.activation_bytes + _stream_buffers(per_run, blocks))
     try:
         for group in [*per_call, *streamed]:
             group.take_weights()
-        _install(module, phase, device_map, streamed)
+        _install(module, phase, device_map, blocks)
     except BaseException:
         remove_residency(module)
         phase.close()
@@ -295,16 +308,15 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights, pin:
                        onload_device=torch_device(place), onload_place=place, store=store, transfer=transfer)
 
 
-def _stream_buffers(streamed: list[ModuleGroup]) -> int:
-    """What streaming keeps on the device at once: units onloaded for the whole run, plus the largest blocks
-    (the running one and the prefetched one), as the planner counts it."""
-    whole_run = [g.num_bytes for g in streamed if g.release is ReleaseRule.WHEN_IDLE]
-    blocks = sorted((g.num_bytes for g in streamed if g.release is ReleaseRule.AFTER_LAST_MODULE), reverse=True)
-    return sum(whole_run) + sum(blocks[:RESIDENT_BLOCKS])
+def _stream_buffers(per_run: list[ModuleGroup], blocks: list[ModuleGroup]) -> int:
+    """What streaming keeps on the device at once: the units onloaded for the whole run, plus the largest
+    blocks (the running one and the prefetched one), as the planner counts it."""
+    largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
+    return sum(group.num_bytes for group in per_run) + sum(largest)
 
 
-def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], streamed) -> None:
-    for group in streamed:
+def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], blocks) -> None:
+    for group in blocks:
         for member in group.modules:
             add_hook_first(member, StreamedBlockHook(group=group, session=phase.session, is_root=False))
     if any(is_accelerator(d) and d != phase.place for d in device_map.values()):  # resident parts elsewhere

@@ -40,7 +40,7 @@ from .. import transfer_meter as meter
 from ..diffusers_compat import group_offloading_fields
 from ..errors import OffloadConfigError
 from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type
-from ..input_moving import move_to_device, return_to_caller  # keeps the caller's lists: writes stay visible
+from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
 from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
 from ..techniques import streams_everything
 
@@ -127,6 +127,7 @@ class GroupOffloadSession:
         self._trace: list[ModuleGroup] | None = None
         self._next_group: dict[int, ModuleGroup] = {}
         self._traced = False
+        self.in_call = False  # between the root's begin_call and end_call
         if disk_folder is not None:
             # Files of a module that is garbage-collected without removing the hooks do not outlive it.
             weakref.finalize(self, shutil.rmtree, disk_folder, True)
@@ -145,6 +146,7 @@ class GroupOffloadSession:
 
     def begin_call(self) -> None:
         # Offload whatever a previous call that raised mid-forward left behind, then maybe start tracing.
+        self.in_call = True
         for group in self.groups:
             group.reset()
         if self._prefetches and not self._traced:
@@ -158,6 +160,7 @@ class GroupOffloadSession:
             upcoming.onload()  # queued on the side stream; waited for when its module runs
 
     def end_call(self) -> None:
+        self.in_call = False
         for group in self.groups:
             group.reset()
         if self._trace is not None:
@@ -267,7 +270,8 @@ def apply_group_offloading(
 
 def remove_group_offloading(module: nn.Module) -> None:
     """Remove only the group offloading hooks of `module`'s tree; weights go back where they were."""
-    remove_hooks_of_type(module, GroupOffloadHook)
+    if remove_hooks_of_type(module, GroupOffloadHook):
+        restore_entry_methods(module)
 
 
 def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
@@ -280,14 +284,18 @@ def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
 
 def _install_hooks(root: nn.Module, groups: list[ModuleGroup], session: GroupOffloadSession) -> None:
     # First in each chain: a layerwise-casting hook on the same module must see the onloaded weights.
-    root_hooked = False
+    root_hook = None
     for group in groups:
         for member in group.modules:
-            is_root = member is root
-            root_hooked = root_hooked or is_root
-            add_hook_first(member, GroupOffloadHook(group=group, session=session, is_root=is_root))
-    if not root_hooked:
-        add_hook_first(root, GroupOffloadHook(group=None, session=session, is_root=True))
+            hook = GroupOffloadHook(group=group, session=session, is_root=member is root)
+            root_hook = hook if member is root else root_hook
+            add_hook_first(member, hook)
+    if root_hook is None:
+        root_hook = GroupOffloadHook(group=None, session=session, is_root=True)
+        add_hook_first(root, root_hook)
+    # A VAE is entered through encode/decode, never its forward: those calls are runs of the root too, so the
+    # rest group stays onloaded for the whole call instead of once per module that holds part of it.
+    run_entry_methods_through(root, root_hook, nested=lambda: session.in_call)
 
 
 def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, transfer, disk_folder):
