@@ -21,6 +21,7 @@ Given the `place` it moves to (the plan's spelling of the device), a move is cou
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -92,14 +93,11 @@ def return_to_caller(output: Any, device: torch.device | None, *, source: Device
 def _tensors(data: Any):
     if isinstance(data, torch.Tensor):
         yield data
-    elif isinstance(data, dict):
+    elif isinstance(data, Mapping):  # dicts, and model outputs (ordered dicts of tensors)
         for item in data.values():
             yield from _tensors(item)
     elif isinstance(data, (list, tuple)):
         for item in data:
-            yield from _tensors(item)
-    elif hasattr(data, "items") and callable(data.items):  # model outputs (ordered dicts of tensors)
-        for _, item in data.items():
             yield from _tensors(item)
 
 

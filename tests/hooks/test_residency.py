@@ -196,3 +196,26 @@ def test_a_transfer_plan_that_does_not_cover_the_host_homed_modules_is_refused_a
     with pytest.raises(TransferPlanError, match="resident"):
         apply_plan(modules, plan(resident, {0: 10**6}))
     assert all(techniques_on(module) == {} for module in modules.values())
+
+
+@pytest.mark.gpu
+def test_on_cuda_per_call_blocks_come_from_pinned_memory_and_the_meter_agrees(monkeypatch):
+    monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
+    modules = make()
+    expected = run(modules)
+    placement = one_gpu_plan(modules)
+    for name, planned in placement.components.items():  # the loader's part: resident entries on the GPU
+        for key, device in planned.device_map.items():
+            if device == 0:
+                modules[name].get_submodule(key).to("cuda:0")
+    placed = apply_plan(modules, placement)
+    output, meter = second_call(modules)
+    torch.testing.assert_close(output.cpu(), expected, atol=1e-5, rtol=0)
+    assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980
+    denoiser, decoder = modules["denoiser"], modules["decoder"]
+    assert decoder.post.weight.device.type == "cuda"  # the decoder's per-call blocks stay until room is needed
+    assert denoiser.blocks[2].attn.weight.device.type == "cpu" and denoiser.blocks[2].attn.weight.is_pinned()
+    assert denoiser.blocks[4].attn.weight.is_pinned()  # streamed: back in pinned host memory after each run
+    assert denoiser.proj_in.weight.device.type == "cuda"
+    placed.remove()
+    assert not denoiser.blocks[2].attn.weight.is_pinned()

@@ -1,6 +1,9 @@
 """The technique table: one row per technique, one calling shape, one conflict check, every pair covered."""
 
+import importlib
+import inspect
 import itertools
+import pkgutil
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from hooks import (
     techniques_on,
 )
 from hooks.layerwise_casting import DEFAULT_SKIP_MODULES_CLASSES
+from placement.errors import PlacementError
 
 
 @pytest.fixture(autouse=True)
@@ -95,3 +99,13 @@ def test_the_table_decides_every_pair(present, applying):
         assert {present, applying} <= set(techniques_on(model))
         with torch.no_grad():
             assert model[0](torch.ones(1, 8)).shape == (1, 8)
+
+
+def test_the_face_exports_its_entry_points_and_every_error_under_one_runtime_base():
+    assert all(hasattr(hooks, name) for name in hooks.__all__)
+    errors = {cls for info in pkgutil.walk_packages(hooks.__path__, "hooks.")
+              for _, cls in inspect.getmembers(importlib.import_module(info.name), inspect.isclass)
+              if issubclass(cls, PlacementError) and cls.__module__.startswith("hooks")}
+    assert errors and all(issubclass(cls, hooks.PlacementRuntimeError) for cls in errors)
+    assert {cls.__name__ for cls in errors} <= set(hooks.__all__)
+    assert issubclass(hooks.OffloadConfigError, ValueError) and issubclass(hooks.OffloadConflictError, RuntimeError)
