@@ -234,7 +234,6 @@ SPEC = TechniqueSpec(
             "apply layerwise casting first, then group offloading (remove_group_offloading(module), "
             "apply_layerwise_casting(...), apply_group_offloading(...))"
         ),
-        Technique.PER_CALL_RESIDENCY: "apply layerwise casting first, then the placement's per-call residency",
     },
     offloads_weights=False,
 )

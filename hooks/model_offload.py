@@ -195,7 +195,6 @@ SPEC = TechniqueSpec(
     config_class=ModelOffloadConfig,
     apply=apply_model_cpu_offload,
     remove=remove_model_cpu_offload,
-    refuses={Technique.DEVICE_MAP: "", Technique.SEQUENTIAL_OFFLOAD: "", Technique.GROUP_OFFLOAD: "",
-             Technique.PER_CALL_RESIDENCY: ""},
+    refuses={Technique.DEVICE_MAP: "", Technique.SEQUENTIAL_OFFLOAD: "", Technique.GROUP_OFFLOAD: ""},
     offloads_weights=True,
 )

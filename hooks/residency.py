@@ -359,6 +359,8 @@ SPEC = TechniqueSpec(
     remove=remove_residency,
     refuses={Technique.DEVICE_MAP: "", Technique.MODEL_OFFLOAD: "", Technique.SEQUENTIAL_OFFLOAD: "",
              Technique.GROUP_OFFLOAD: "", Technique.PER_CALL_RESIDENCY: "a placement is applied once"},
+    refused_after={Technique.MODEL_OFFLOAD: "", Technique.SEQUENTIAL_OFFLOAD: "", Technique.GROUP_OFFLOAD: "",
+                   Technique.LAYERWISE_CASTING: "apply layerwise casting first, then the placement"},
     offloads_weights=True,
     plan_kinds=frozenset({PlacementKind.WHOLE, PlacementKind.SPLIT, PlacementKind.OFFLOADED, PlacementKind.DISK}),
     serves=follows_transfer_plan,

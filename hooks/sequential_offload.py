@@ -85,7 +85,6 @@ SPEC = TechniqueSpec(
         Technique.DEVICE_MAP: "",
         Technique.MODEL_OFFLOAD: "",
         Technique.GROUP_OFFLOAD: "",
-        Technique.PER_CALL_RESIDENCY: "",
         Technique.LAYERWISE_CASTING: (
             "sequential offload restores each layer from its own full-precision state dict before the cast hook "
             "runs, so the casting would be bypassed. Use group offloading with offload_type='leaf_level' instead "

@@ -3,9 +3,10 @@
 Read by the conflict check (each row's `refuses`), the pipeline/model `enable_*` methods (`apply_to_each`,
 `OFFLOADING`), and the plan dispatcher (`technique_for`: the row that runs a component's placement).
 
-Adding a technique: its file (config, hooks, `apply_x(module, config) -> handle`, `remove_x`, `SPEC`), its
-member of `techniques.Technique`, and its row below. A row with `plan_kinds`/`serves`/`plan_config` is picked
-by the plan dispatcher with nothing else to change.
+Adding a technique: its file (config, hooks, `apply_x(module, config) -> handle`, `remove_x`, and its row
+`SPEC`, which says what it refuses on a tree and what it refuses on top of it), its member of
+`techniques.Technique`, and its line below. A row with `plan_kinds`/`serves`/`plan_config` is picked by the
+plan dispatcher; no other row changes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .layerwise_casting import SPEC as LAYERWISE_CASTING
 from .model_offload import SPEC as MODEL_OFFLOAD
 from .residency import SPEC as PER_CALL_RESIDENCY
 from .sequential_offload import SPEC as SEQUENTIAL_OFFLOAD
-from .techniques import PlanContext, Technique, TechniqueSpec
+from .techniques import PlanContext, Technique, TechniqueSpec, use_table
 
 TECHNIQUES: Mapping[Technique, TechniqueSpec] = MappingProxyType({spec.technique: spec for spec in (
     DEVICE_MAP,          # whole / split / cpu / disk placements: input-moving hooks, served cpu/disk parts
@@ -35,6 +36,8 @@ TECHNIQUES: Mapping[Technique, TechniqueSpec] = MappingProxyType({spec.technique
     LAYERWISE_CASTING,   # fp8 storage, upcast per layer (enable_layerwise_casting)
     PER_CALL_RESIDENCY,  # resident / per-call / streamed modules of a plan's transfer model
 )})
+
+use_table(TECHNIQUES)  # the conflict check reads the rows of the techniques it finds on a tree
 
 # The techniques whose hooks keep their own copies of the weights: a module under them cannot be .to()-ed.
 OFFLOADING = frozenset(technique for technique, spec in TECHNIQUES.items() if spec.offloads_weights)

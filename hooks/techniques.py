@@ -60,8 +60,10 @@ class TechniqueSpec:
     config_class: type
     apply: Callable[..., Any]  # apply(module, config) -> a handle with .remove()
     remove: Callable[[nn.Module], None]  # removes the technique from a module's tree, whoever applied it
-    # The techniques already on a tree that applying this one refuses -> why ("" = they would fight over weights).
+    # The techniques already on a tree that applying this one refuses -> why ("" = they would fight over weights),
+    # and those refused when applied after this one (so a new technique declares both sides in its own row).
     refuses: Mapping[Technique, str] = field(default_factory=dict)
+    refused_after: Mapping[Technique, str] = field(default_factory=dict)
     offloads_weights: bool = False  # weights live off the execution device between uses (not .to()-able)
     plan_kinds: frozenset[PlacementKind] = frozenset()  # placements of a plan it may run
     # Among those, whether it runs this one (None: every one of `plan_kinds`).
@@ -140,17 +142,34 @@ def techniques_on(root: nn.Module) -> dict[Technique, str]:
     return found
 
 
+class _Table:
+    """The rows of the technique table, handed over by `technique_table` when the package is imported (the
+    table imports every technique, so the techniques cannot import it): the conflict check reads the rows of
+    the techniques already on a tree through it."""
+
+    rows: Mapping[Technique, TechniqueSpec] = {}
+
+
+def use_table(rows: Mapping[Technique, TechniqueSpec]) -> None:
+    _Table.rows = rows
+
+
 def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
-    """Raise `OffloadConflictError` if `module`'s tree carries a technique that `applying`'s row refuses."""
+    """Raise `OffloadConflictError` if `module`'s tree carries a technique that `applying`'s row refuses, or
+    whose row refuses `applying` after it."""
     present = techniques_on(module)
-    for other in sorted(applying.refuses.keys() & present.keys(), key=list(Technique).index):
-        why = applying.refuses[other] or "the two would fight over its weights"
+    for other in sorted(present, key=list(Technique).index):
+        row = _Table.rows.get(other)
+        after = row.refused_after if row is not None else {}
+        if other not in applying.refuses and applying.technique not in after:
+            continue
+        why = applying.refuses.get(other) or after.get(applying.technique) or "the two would fight over its weights"
+        remove = f"hooks.{row.remove.__name__}(module)" if row is not None else "hooks.remove_technique(module, ...)"
         raise OffloadConflictError(
             f"Cannot apply {applying.technique.value} to {type(module).__name__}: it already has {other.value} "
-            f"(hooks at {present[other]!r}); {why}. Remove it first (hooks.remove_technique(module, "
-            f"Technique.{other.name}); on a pipeline: reset_device_map())."
+            f"(hooks at {present[other]!r}); {why}. Remove it first ({remove}; on a pipeline: reset_device_map())."
         )
 
 
 __all__ = ["Handle", "PlanContext", "Technique", "TechniqueSpec", "check_compatible", "follows_transfer_plan",
-           "streams_everything", "technique_of", "techniques_on"]
+           "streams_everything", "technique_of", "techniques_on", "use_table"]
