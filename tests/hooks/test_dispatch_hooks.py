@@ -258,7 +258,7 @@ def test_a_whole_component_entered_through_decode_moves_its_inputs():
 
 def test_a_dispatched_whole_component_refuses_other_offloading_until_undispatched():
     from hooks.group_offload.offload import GroupOffloadingConfig, apply_group_offloading
-    from hooks.memory_errors import OffloadConflictError
+    from hooks import OffloadConflictError
 
     _, model = twin_models()
     dispatch(model, {"": 0})
