@@ -22,7 +22,7 @@ from typing import Any
 import functools
 
 import torch
-from accelerate.hooks import AlignDevicesHook
+from accelerate.hooks import AlignDevicesHook, ModelHook
 from accelerate.utils import send_to_device
 from torch import nn
 
@@ -101,6 +101,21 @@ class MoveInputsHook(AlignDevicesHook):
         return output
 
 
+class DeliverOutputsHook(ModelHook):
+    """Hand a module's outputs over on `device`, where its caller joins them with another module's outputs (the
+    caller's lists kept, as `move_to_device` keeps them). Of no technique: a device map's companion."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+
+    def __repr__(self) -> str:
+        return f"DeliverOutputsHook(device={self.device})"
+
+    def post_forward(self, module: nn.Module, output):
+        return move_to_device(output, self.device)
+
+
 # Methods other than forward through which callers enter a module (diffusers' and our VAEs: encode, decode).
 ENTRY_METHODS = ("encode", "decode")
 _WRAPPED = "_placement_entry_methods"
@@ -136,6 +151,7 @@ def _moving(method, device: torch.device):
 
 
 __all__ = [
+    "DeliverOutputsHook",
     "ENTRY_METHODS",
     "MoveInputsHook",
     "first_tensor_device",

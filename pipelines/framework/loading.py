@@ -43,6 +43,7 @@ from .hf_interop import (
     tied_weights_for,
     weights_name_for,
 )
+from .joined_outputs import deliver_joined_outputs
 from .model_index import ModelIndex
 from .components import PipelineComponentError, PipelineComponents, is_generic
 from .diffusers_pipeline import (
@@ -287,6 +288,7 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
                     module.hf_device_map = dict(component.device_map)
                 else:
                     apply_component_plan(module, component, disk_weights=disk_weights)
+            deliver_joined_outputs(pipe, plan)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
     except BaseException:
