@@ -19,6 +19,7 @@ import types
 import torch
 
 from ..errors import InvalidDeviceError
+from .tensor import run_on_cpu
 
 BACKEND_NAME = "vgpu"
 _LOCK = threading.Lock()
@@ -88,6 +89,4 @@ def _direct_kernel(op):
 
 
 def _backend_kernel(op, *args, **kwargs):
-    from .tensor import run_on_cpu  # tensor.py imports nothing from here: no cycle at import time
-
     return run_on_cpu(op, args, kwargs)

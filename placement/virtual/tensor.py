@@ -7,6 +7,20 @@ CPU and wraps the results onto that device (`dispatch.run_on_cpu`). The numbers 
 CPU run; only the device bookkeeping is added. A few Python-level calls are answered before dispatch
 (`functions.py`: `.data =`, `.tolist()`, `.numpy()`, attention). Factories (`torch.randn(..., device="vgpu:1")`)
 and copies from the CPU reach the backend's kernel (`backend.py`), which runs the same `run_on_cpu`.
+
+aten ops (`run_on_cpu`): ops that move bytes (`copy_`, `_copy_from`) cross devices by design; pinning is refused
+as CUDA refuses it for device tensors; composite ops that reach Python dispatch whole (under `inference_mode`)
+are decomposed as autograd mode would have, except those whose decomposition picks a kernel by device type.
+
+Python-level calls (`handle_function`), answered before aten dispatch:
+- `target.data = value`: torch's setter copies the wrapper's metadata only, so the CPU tensor behind it is
+  replaced too (between the CPU and a virtual device the tensor types differ: the object is swapped);
+- `.tolist()` (torch refuses it for subclasses; CUDA tensors answer it) and `.numpy()` (CUDA's refusal);
+- attention (`F.scaled_dot_product_attention`) without autograd runs whole on the CPU tensors: its composite
+  kernel picks the fused CPU kernel for CPU tensors and the math one for any other device type, so decomposing
+  it on the virtual device would change the numbers;
+- everything else runs as torch's default would, without torch's conversion of results to this class (which
+  would turn the CPU result of `.cpu()` into a VirtualTensor).
 """
 
 from __future__ import annotations
@@ -14,7 +28,11 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from .rules import CPU_INDICES_ALLOWED, check_generator, common_device
 
 
 class VirtualTensor(torch.Tensor):
@@ -113,6 +131,122 @@ def wrap_result(out, device: torch.device):
     return out
 
 
-# The handlers use the class above; imported last so that each module can name the other.
-from .dispatch import run_on_cpu  # noqa: E402
-from .functions import handle_function  # noqa: E402
+# ------------------------------------------------------------------------------------------- aten ops
+aten = torch.ops.aten
+# Composite ops run whole on the CPU tensors, never decomposed: their decomposition depends on the device type.
+RUN_WHOLE = frozenset({aten.scaled_dot_product_attention})
+
+
+def run_on_cpu(func, args: tuple, kwargs: dict):
+    """Run aten op `func` on the CPU tensors behind `args`, and put its results on the arguments' device."""
+    packet = func.overloadpacket
+    special = _SPECIAL.get(packet)
+    if special is not None:
+        return special(func, args, kwargs)
+    if packet not in RUN_WHOLE and _is_composite(func):
+        # Under inference_mode composite ops (`to.device`, `linear`) reach Python dispatch whole; decompose them
+        # as autograd mode would have, so the device logic sees only the ops they are made of.
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    tensors: list[torch.Tensor] = []
+    inner_args = tuple(unwrap_argument(value, tensors) for value in args)
+    inner_kwargs = {key: unwrap_argument(value, tensors) for key, value in kwargs.items()}
+    cpu_indices = args[1] if packet in CPU_INDICES_ALLOWED and len(args) > 1 else ()
+    device = common_device(func, tensors, cpu_indices=[index for index in cpu_indices if index is not None])
+    requested = kwargs.get("device")
+    target = torch.device(requested) if requested is not None else device
+    if "generator" in kwargs:
+        check_generator(func, kwargs["generator"], target)
+    if requested is not None and is_virtual(target):
+        inner_kwargs["device"] = torch.device("cpu")
+    out = func(*inner_args, **inner_kwargs)
+    if is_virtual(target):
+        out = wrap_result(out, target)
+    return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def _is_composite(func) -> bool:
+    known = _COMPOSITE.get(func)
+    if known is None:
+        known = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+    return known
+
+
+_COMPOSITE: dict = {}
+
+
+def _copy(func, args, kwargs):
+    """copy_ crosses devices by design: it is how bytes move (the destination keeps its device)."""
+    destination, source = args[0], args[1]
+    unwrap(destination).copy_(unwrap(source), *args[2:], **kwargs)
+    return destination
+
+
+def _copy_from(func, args, kwargs):
+    """_copy_from(src, dst): what copy_ becomes when it reaches the backend's kernel directly."""
+    source, destination = args[0], args[1]
+    unwrap(destination).copy_(unwrap(source))
+    return destination
+
+
+def _pin_memory(func, args, kwargs):
+    raise RuntimeError(f"cannot pin a {args[0].device} tensor: only dense CPU tensors can be pinned")
+
+
+_SPECIAL = {
+    aten.copy_: _copy,
+    aten._copy_from: _copy_from,
+    aten._copy_from_and_resize: _copy_from,
+    aten.is_pinned: lambda func, args, kwargs: False,
+    aten._pin_memory: _pin_memory,
+}
+
+
+# ------------------------------------------------------------------------------- Python-level calls
+_DATA = torch._C.TensorBase.__dict__["data"]  # the `tensor.data` descriptor
+RUN_WHOLE_WITHOUT_AUTOGRAD = frozenset({F.scaled_dot_product_attention})
+
+
+def handle_function(func, args: tuple, kwargs: dict):
+    if getattr(func, "__self__", None) is _DATA and func.__name__ == "__set__":
+        return set_data(*args)
+    if func is torch.Tensor.tolist:
+        return args[0]._inner.tolist()
+    if func is torch.Tensor.numpy:
+        raise TypeError(f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() to copy "
+                        "the tensor to host memory first.")
+    if func in RUN_WHOLE_WITHOUT_AUTOGRAD:
+        tensors: list[torch.Tensor] = []
+        inner_args = tuple(unwrap_argument(value, tensors) for value in args)
+        inner_kwargs = {key: unwrap_argument(value, tensors) for key, value in kwargs.items()}
+        if not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)):
+            device = common_device(func, tensors)
+            out = func(*inner_args, **inner_kwargs)
+            return wrap_result(out, device) if is_virtual(device) else out
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def set_data(target: torch.Tensor, value: torch.Tensor) -> None:
+    """`target.data = value` with a virtual tensor on either side, as it works on a GPU: the tensor object stays
+    the same (a parameter keeps its identity and requires_grad), its contents and device become `value`'s."""
+    if isinstance(target, VirtualTensor) and isinstance(value, VirtualTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            _DATA.__set__(target, value)  # sizes, strides, dtype and device of the wrapper
+        target._inner = value._inner
+        return
+    if not isinstance(target, VirtualTensor) and not isinstance(value, VirtualTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            _DATA.__set__(target, value)
+        return
+    # Between the CPU and a virtual device the two tensor types differ: swap the new contents into the object.
+    replacement = value.detach()
+    if isinstance(target, nn.Parameter):
+        replacement = nn.Parameter(replacement, requires_grad=target.requires_grad)
+    else:
+        replacement.requires_grad_(target.requires_grad)
+    extra = {key: item for key, item in target.__dict__.items() if key not in ("_inner", "_is_param")}
+    replacement.__dict__.update(extra)
+    torch.utils.swap_tensors(target, replacement)
