@@ -6,11 +6,12 @@ disk). This attaches the runtime that makes the module run there:
   device-map entry of a split one; the outputs go back to the caller's device;
 - offloaded on an accelerator, all weights in CPU RAM: block-level group offloading (a whole block moved per
   transfer, prefetched on a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
+  its outputs go back to the caller's device too (`ReturnOutputsHook`);
 - offloaded with part of its weights resident on accelerators (a model-level map, as accelerate's "auto"
   makes): `dispatch`, which keeps the resident part where the plan put it and streams only the "cpu" part
   (group offloading would take every weight into its CPU store, beyond what the plan gave the CPU);
 - disk: weight-serving hooks reading the checkpoint's own safetensors files.
-Accelerator indices become torch devices through `placement.devices.torch_device` (virtual accelerators: CPU).
+Accelerator indices become torch devices through `placement.devices.torch_device` (virtual ones: `vgpu:k`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from placement.plan_schema import ComponentPlan, PlacementKind
 
 from .dispatch import DiskWeights, dispatch, undispatch
 from .group_offload.offload import GroupOffloadingConfig, apply_group_offloading
+from .hook_utils import add_hook_first
+from .input_moving import ReturnOutputsHook
 
 
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
@@ -48,6 +51,9 @@ def _apply_group_offload(module: nn.Module, onload_device: torch.device) -> None
                                    use_stream=onload_device.type == "cuda")
     try:
         apply_group_offloading(module, config)
+        # Outputs back where the inputs came from, as for the other placement kinds: a pipeline that joins an
+        # offloaded encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
+        add_hook_first(module, ReturnOutputsHook())
     except BaseException:
         undispatch(module)
         raise

@@ -32,8 +32,6 @@ def deliver_joined_outputs(pipe: Any, plan: Plan) -> None:
     components = getattr(pipe, "components", {})
     if not all(isinstance(components.get(name), nn.Module) and name in plan.components for name in (source, target)):
         return
-    if plan.components[source].pinned:
-        return  # dispatched by its owner (passed in with its own device map): not ours to hook
     source_device = plan.components[source].execution_device
     target_device = plan.components[target].execution_device
     if source_device != target_device:

@@ -136,7 +136,8 @@ def test_hooks_per_placement_kind(tmp_path):
         counts[placement] = hooks_by_type(model)
     assert counts["whole"] == {"MoveInputsHook": 1} and counts["cpu"] == {"MoveInputsHook": 1}
     assert counts["split"] == {"MoveInputsHook": 1 + 4}  # the top, then one per entry of the split map
-    assert set(counts["offloaded"]) == {"GroupOffloadHook"}
+    # group offloading, and at the top the hook that returns outputs to the caller's device as the others do
+    assert set(counts["offloaded"]) == {"GroupOffloadHook", "ReturnOutputsHook"}
     # disk: inputs moved at the top; each module holding weights (3 convs' linears + head) serves its own
     assert counts["disk"] == {"MoveInputsHook": 1, "ServeWeightsHook": 4}
 

@@ -53,11 +53,15 @@ def hook_counts(module) -> dict[str, int]:
 
 
 def test_the_library_sees_n_cpu_backed_accelerators(virtual, monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
     assert accelerators_present() == 2 and detect_accelerators().virtual
     assert torch_device(1) == torch.device("vgpu", 1) and torch_device("cuda:0") == torch.device("vgpu", 0)
     monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")  # the escape hatch: every virtual accelerator is the CPU
     assert torch_device(1) == torch.device("cpu") and accelerators_present() == 2
-    monkeypatch.delenv("PLACEMENT_VIRTUAL_STRICT")
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "maybe")
+    with pytest.raises(InvalidDeviceError, match="PLACEMENT_VIRTUAL_STRICT='maybe'"):
+        torch_device(1)
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
     budgets = detect_budgets()
     assert budgets.accelerators == (0, 1) and all(budgets.limit(d) > 0 for d in (0, 1, "cpu"))
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "two")
@@ -111,7 +115,7 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
 
     assert hook_counts(pipe.components[by_kind["whole"]]) == {"MoveInputsHook": 1}
     offloaded = pipe.components[by_kind["offloaded"]]
-    assert set(hook_counts(offloaded)) == {"GroupOffloadHook"}
+    assert set(hook_counts(offloaded)) == {"GroupOffloadHook", "ReturnOutputsHook"}
     assert next(h for h in hooks_of(offloaded) if isinstance(h, GroupOffloadHook)).execution_device == \
         torch_device(plan.components[by_kind["offloaded"]].execution_device)
     disk = pipe.components[by_kind["disk"]]
