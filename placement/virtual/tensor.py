@@ -229,19 +229,19 @@ def handle_function(func, args: tuple, kwargs: dict):
         return func(*args, **kwargs)
 
 
-def set_data(target: torch.Tensor, value: torch.Tensor) -> None:
-    """`target.data = value` with a virtual tensor on either side, as it works on a GPU: the tensor object stays
-    the same (a parameter keeps its identity and requires_grad), its contents and device become `value`'s."""
-    if isinstance(target, VirtualTensor) and isinstance(value, VirtualTensor):
+def set_data(target: VirtualTensor, value: torch.Tensor) -> None:
+    """`target.data = value` on a virtual tensor, as it works on a GPU: the tensor object stays the same (a
+    parameter keeps its identity and requires_grad), its contents and device become `value`'s.
+
+    Only a virtual target comes here: torch asks the target alone, so a CPU tensor given a virtual value
+    (`cpu_param.data = x.to("vgpu:0")`) gets torch's "incompatible tensor type" (see
+    `placement.devices.strict_virtual_accelerators`)."""
+    if isinstance(value, VirtualTensor):
         with torch._C.DisableTorchFunctionSubclass():
             _DATA.__set__(target, value)  # sizes, strides, dtype and device of the wrapper
         target._inner = value._inner
         return
-    if not isinstance(target, VirtualTensor) and not isinstance(value, VirtualTensor):
-        with torch._C.DisableTorchFunctionSubclass():
-            _DATA.__set__(target, value)
-        return
-    # Between the CPU and a virtual device the two tensor types differ: swap the new contents into the object.
+    # To the CPU the two tensor types differ: swap the new contents into the object.
     replacement = value.detach()
     if isinstance(target, nn.Parameter):
         replacement = nn.Parameter(replacement, requires_grad=target.requires_grad)
