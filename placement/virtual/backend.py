@@ -23,7 +23,7 @@ from .tensor import run_on_cpu
 
 BACKEND_NAME = "vgpu"
 _LOCK = threading.Lock()
-_STATE: dict[str, object] = {}  # "library": the torch.library.Library holding the fallback (kept alive)
+_STATE: dict[str, object] = {}  # "library": the torch.library.Library objects holding the kernels (kept alive)
 
 
 def ensure_backend() -> None:

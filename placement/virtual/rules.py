@@ -12,7 +12,7 @@ cuda:0 and cuda:1!"), with the virtual devices' names and the operation appended
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -54,7 +54,3 @@ def check_generator(func, generator, device: torch.device) -> None:
             f"Expected a '{device.type}' device type for generator but found '{generator.device.type}' (in {func}, "
             "on virtual accelerators: draw on the generator's device and move the result)"
         )
-
-
-def tensors_in(values: Iterable) -> list[torch.Tensor]:
-    return [value for value in values if isinstance(value, torch.Tensor)]

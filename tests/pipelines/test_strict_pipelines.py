@@ -24,7 +24,7 @@ from placement.devices import torch_device
 from placement.plan_schema import ComponentPlan, PlacementKind
 
 from pipeline_fixtures import generate as generate_ours, save_preset
-from test_diffusers_pipelines import CALLS, build_sd, build_sdxl, generate
+from test_diffusers_pipelines import build_sd, build_sdxl, generate
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
