@@ -40,7 +40,9 @@ from accelerate.utils import (
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.devices import Device, check_can_execute, is_accelerator, normalize_device, torch_device
+from placement.devices import (
+    Device, check_can_execute, is_accelerator, normalize_device, safetensors_device, torch_device,
+)
 from placement.device_maps import flatten_device_map, owning_key
 from placement.plan_schema import ComponentPlan, PlacementKind
 
@@ -137,8 +139,18 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
             serve_weights(modules[key], key, main, weights_map, tied_params_map)
         else:
             device = device_map[key]
-            _add_hook(modules[key], MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
+            for entry in _called_modules(modules[key]):
+                _add_hook(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
     retie_parameters(module, tied_params)  # offloading tied weights to meta unties them
+
+
+def _called_modules(entry: nn.Module) -> list[nn.Module]:
+    """Where an entry's inputs arrive: the entry itself, or, for a container that is never called (a ModuleList
+    of blocks the parent loops over), each child that is: a hook on the container would never fire, and the
+    first block would receive its inputs on the previous entry's device."""
+    if type(entry).forward is not nn.Module.forward:
+        return [entry]
+    return [called for child in entry.children() for called in _called_modules(child)]
 
 
 def _is_streamed(device: Device, main: Device) -> bool:
@@ -152,7 +164,8 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
         return None
     state_dict = extract_submodules_state_dict(module.state_dict(), cpu_keys) if cpu_keys else None
     # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
-    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=str(torch_device(main)))
+    device = safetensors_device(torch_device(main))
+    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=device)
 
 
 def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_params_map) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from accelerate.hooks import AlignDevicesHook
+from accelerate.hooks import AlignDevicesHook, ModelHook
 from accelerate.utils import send_to_device
 from torch import nn
 
@@ -168,6 +168,42 @@ def first_tensor(data: Any) -> torch.Tensor | None:
     return next(_tensors(data), None)
 
 
+class ReturnOutputsHook(ModelHook):
+    """Send a module's outputs back to the device its first input came from (accelerate's `io_same_device`),
+    for a runtime whose own top hook leaves them where the module ran (group offloading): every placement kind
+    then hands its caller the outputs where the inputs were. Install it first (`add_hook_first`), so that it
+    sees the inputs before the next hook moves them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_device: torch.device | None = None
+
+    def __repr__(self) -> str:
+        return "ReturnOutputsHook()"
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        self.input_device = first_tensor_device([args, kwargs])
+        return args, kwargs
+
+    def post_forward(self, module: nn.Module, output):
+        return output if self.input_device is None else move_to_device(output, self.input_device)
+
+
+class DeliverOutputsHook(ModelHook):
+    """Hand a module's outputs over on `device`, where its caller joins them with another module's outputs (the
+    caller's lists kept, as `move_to_device` keeps them). Of no technique: a device map's companion."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+
+    def __repr__(self) -> str:
+        return f"DeliverOutputsHook(device={self.device})"
+
+    def post_forward(self, module: nn.Module, output):
+        return move_to_device(output, self.device)
+
+
 # Methods other than forward through which callers enter a module (diffusers' and our VAEs: encode, decode).
 ENTRY_METHODS = ("encode", "decode")
 _WRAPPED = "_placement_entry_methods"
@@ -251,8 +287,10 @@ def _moving(method, device: torch.device, place: Device, phase):
 
 
 __all__ = [
+    "DeliverOutputsHook",
     "ENTRY_METHODS",
     "MoveInputsHook",
+    "ReturnOutputsHook",
     "first_tensor",
     "first_tensor_device",
     "is_on",

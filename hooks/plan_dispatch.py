@@ -8,12 +8,13 @@ says (`technique_table.technique_for`):
   whole, one per device-map entry of a split one, weight-serving hooks on the "cpu"/"disk" parts;
 - offloaded on an accelerator with all weights in CPU RAM: block-level group offloading (a whole block per
   transfer, prefetched on a side CUDA stream from pinned memory) rather than accelerate's per-leaf streaming;
+  its outputs go back to the caller's device too (`ReturnOutputsHook`), as for every other kind;
 - a component with a transfer plan (`ComponentPlan.transfer` listing per-call or streamed modules, or one that
   runs where another loads modules per call): per-call residency, with one coordinator per accelerator shared
   by the components of the pipeline (`apply_plan`).
 A plan whose components have no transfer plan (older plans, or everything resident) runs exactly as before
 transfer plans existed. Accelerator indices become torch devices through `placement.devices.torch_device`
-(virtual accelerators: CPU).
+(virtual ones: `vgpu:k`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from placement.plan_schema import ComponentPlan, Plan
 
 from .dispatch import DiskWeights
 from .errors import PlacementRuntimeError
+from .hook_utils import add_hook_first
+from .input_moving import ReturnOutputsHook
 from .technique_table import technique_for
-from .techniques import PlanContext
+from .techniques import PlanContext, Technique
 
 
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *, disk_weights: DiskWeights | None = None,
@@ -43,6 +46,10 @@ def apply_component_plan(module: nn.Module, component: ComponentPlan, *, disk_we
     spec = technique_for(component, context)
     try:
         handle = spec.apply(module, spec.plan_config(component, context))
+        if spec.technique is Technique.GROUP_OFFLOAD:
+            # Outputs back where the inputs came from, as for the other placement kinds: a pipeline that joins
+            # an offloaded encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
+            add_hook_first(module, ReturnOutputsHook())
     except BaseException:
         spec.remove(module)
         raise

@@ -17,6 +17,8 @@ import torch
 from accelerate.utils import OffloadedWeightsLoader
 from safetensors import safe_open
 
+from placement.devices import safetensors_device
+
 from ..errors import OffloadConfigError
 from ..tensor_slots import ModelTensor
 
@@ -85,7 +87,7 @@ class DiskStore:
         self.release(entries)
 
     def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
-        target = "cpu" if pinned or device is None else str(device)
+        target = "cpu" if pinned or device is None else safetensors_device(device)
         with safe_open(self.path, framework="pt", device=target) as file:
             tensors = {key: file.get_tensor(key) for key in file.keys()}
         if pinned:

@@ -24,8 +24,8 @@ from accelerate.utils import set_module_tensor_to_device
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from placement.device_maps import tensor_devices
-from placement.devices import Device, accelerators_present, is_accelerator, torch_device
+from placement.device_maps import owning_key, tensor_devices
+from placement.devices import Device, accelerators_present, is_accelerator, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 
 from .errors import CheckpointReadError, CorruptCheckpointError
@@ -86,6 +86,7 @@ def load_weights(
     try:
         _stream(module, plan, progress=progress, label=label or type(module).__name__)
         tie_weights(module, tied_weights)
+        _place_unsaved_buffers(module, device_map)
     except BaseException:
         module.to("meta")
         raise
@@ -119,6 +120,22 @@ def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> No
         owner = module.get_submodule(owner_path)
         source_value = module.get_parameter(source)
         setattr(owner, attribute, source_value)
+
+
+def _place_unsaved_buffers(module: nn.Module, device_map: Mapping[str, Device] | None) -> None:
+    """Buffers no checkpoint holds (non-persistent ones: CLIP's `position_ids`, rotary `inv_freq`) were made on
+    the CPU by the model's constructor: each goes to the accelerator its module is planned on, as the saved
+    tensors did (on a GPU, a CPU `position_ids` indexing a GPU embedding fails). Streamed modules' hooks move
+    their own buffers."""
+    if device_map is None:
+        return
+    normalized = {key: normalize_device(device) for key, device in device_map.items()}
+    saved = set(module.state_dict(keep_vars=True))
+    for name, buffer in list(module.named_buffers()):
+        owner = owning_key(name, normalized)
+        if name in saved or owner is None or buffer.device.type == "meta" or not is_accelerator(normalized[owner]):
+            continue
+        set_module_tensor_to_device(module, name, torch_device(normalized[owner]), value=buffer, clear_cache=False)
 
 
 def _host_if_disk(device: Device, is_buffer: bool) -> Device:

@@ -43,6 +43,8 @@ from .hf_interop import (
     tied_weights_for,
     weights_name_for,
 )
+from .joined_outputs import deliver_joined_outputs
+from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .model_index import ModelIndex
 from .components import PipelineComponentError, PipelineComponents, is_generic
 from .diffusers_pipeline import (
@@ -267,6 +269,7 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
     all of it before re-raising."""
     single_device = is_single_device(options.device_map)
     touched: list[str] = []
+    hooked_pinned: list[nn.Module] = []
     passed_origin = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
     # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
     read_bytes = sum(b for name in sources for d, b in plan.components[name].placed_bytes.items() if d != "disk")
@@ -275,7 +278,9 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
             for name in plan.execution_order:
                 component = plan.components[name]
                 if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
-                    continue  # already dispatched by its owner: shown in the map, never moved
+                    if hook_inputs_of_pinned(passed[name], component):  # placed by its owner: never moved
+                        hooked_pinned.append(passed[name])
+                    continue
                 module = pipe.components[name]
                 touched.append(name)
                 disk_weights = None
@@ -287,10 +292,13 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
                     module.hf_device_map = dict(component.device_map)
                 else:
                     apply_component_plan(module, component, disk_weights=disk_weights)
+            deliver_joined_outputs(pipe, plan)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
     except BaseException:
         _undo(pipe, touched, sources, passed_origin)
+        for module in hooked_pinned:
+            unhook_pinned(module)
         raise
 
 
