@@ -1,5 +1,22 @@
-"""Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting)."""
+"""Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting,
+per-call residency) and meters what it moves. Every technique has one calling shape,
+`apply_x(module, config) -> handle` with `handle.remove()`, and one row in `TECHNIQUES`.
 
+    placed = hooks.apply_plan({"text_encoder": te, "transformer": dit, "vae": vae}, plan)
+    with hooks.measure_transfers() as meter:
+        pipe(...)
+    meter.host_to_accelerator_bytes, meter.weights, meter.inputs
+"""
+
+from .diffusers_compat import group_offloading_fields, layerwise_casting_fields
+from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
+from .errors import (
+    DispatchError,
+    OffloadConfigError,
+    OffloadConflictError,
+    PlacementRuntimeError,
+    TransferPlanError,
+)
 from .group_offload.offload import (
     GroupOffloadHook,
     GroupOffloadingConfig,
@@ -9,9 +26,34 @@ from .group_offload.offload import (
     group_offloading_session,
     remove_group_offloading,
 )
-from .memory_errors import OffloadConfigError, OffloadConflictError
 from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, remove_layerwise_casting
 from .model_offload import ModelOffloadChain, ModelOffloadConfig, apply_model_cpu_offload, remove_model_cpu_offload
-from .offload_devices import resolve_execution_device
-from .techniques import Technique, check_compatible
+from .places import execution_place, resolve_execution_device
+from .plan_dispatch import PlacedModules, apply_component_plan, apply_plan
+from .residency import DeviceCoordinator, ResidencyConfig, apply_residency, remove_residency
 from .sequential_offload import SequentialOffloadConfig, apply_sequential_cpu_offload, remove_sequential_cpu_offload
+from .technique_table import OFFLOADING, TECHNIQUES, apply_to_each, remove_technique, technique_for
+from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, techniques_on
+from .transfer_meter import Traffic, TransferMeter, measure_transfers
+
+__all__ = [
+    # placing a plan
+    "PlacedModules", "apply_component_plan", "apply_plan", "DeviceMapConfig", "DiskWeights", "apply_device_map",
+    "dispatch", "undispatch",
+    # the technique table
+    "OFFLOADING", "TECHNIQUES", "Handle", "PlanContext", "Technique", "TechniqueSpec", "apply_to_each",
+    "check_compatible", "remove_technique", "technique_for", "techniques_on",
+    # the techniques: config, apply, remove
+    "GroupOffloadHook", "GroupOffloadingConfig", "GroupOffloadSession", "OffloadType", "apply_group_offloading",
+    "group_offloading_session", "remove_group_offloading",
+    "LayerwiseCastingConfig", "apply_layerwise_casting", "remove_layerwise_casting",
+    "ModelOffloadChain", "ModelOffloadConfig", "apply_model_cpu_offload", "remove_model_cpu_offload",
+    "SequentialOffloadConfig", "apply_sequential_cpu_offload", "remove_sequential_cpu_offload",
+    "DeviceCoordinator", "ResidencyConfig", "apply_residency", "remove_residency",
+    # diffusers' keyword spellings, devices
+    "group_offloading_fields", "layerwise_casting_fields", "execution_place", "resolve_execution_device",
+    # the transfer meter
+    "Traffic", "TransferMeter", "measure_transfers",
+    # errors
+    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError", "TransferPlanError",
+]

@@ -16,10 +16,15 @@
   checkpoint loader does) instead of losing them as accelerate's default does.
 Accelerators become torch devices through `placement.devices.torch_device` only (virtual ones run on the CPU).
 A dispatch that fails removes every hook it attached before re-raising.
+
+This is the "device map" technique of the technique table: `apply_device_map(module, DeviceMapConfig(...))`
+returns a handle; `dispatch(module, device_map, ...)` is the same with the config's fields as arguments.
+Served weights are counted by the transfer meter (host -> the execution device, per forward).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -35,27 +40,49 @@ from accelerate.utils import (
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.devices import Device, check_can_execute, is_accelerator, normalize_device, torch_device
-from placement.errors import PlacementError
+from placement.devices import (
+    Device, check_can_execute, is_accelerator, normalize_device, safetensors_device, torch_device,
+)
 from placement.device_maps import flatten_device_map, owning_key
+from placement.plan_schema import ComponentPlan, PlacementKind
 
+from . import transfer_meter as meter
+from .errors import DispatchError
 from .hook_utils import add_hook_last, find_hooks
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
+from .techniques import Handle, PlanContext, Technique, TechniqueSpec, follows_transfer_plan, streams_everything
 
 DiskWeights = Mapping[str, Mapping[str, str]]
 
 
-class DispatchError(PlacementError, ValueError):
-    """A device map that cannot be applied: incomplete, disk entries without weights to serve, bad devices."""
+@dataclass(frozen=True, kw_only=True)
+class DeviceMapConfig:
+    """A relative device map ({submodule path: device}, "" = whole), where streamed parts execute (None: the
+    first accelerator in the map, else "cpu"), and the checkpoint files serving its "disk" entries."""
+
+    device_map: Mapping[str, Device]
+    execution_device: Device | None = None
+    disk_weights: DiskWeights | None = None
 
 
 class ServeWeightsHook(AlignDevicesHook):
     """accelerate's offloading `AlignDevicesHook` for one module's own tensors, moving inputs without copying
-    the caller's lists (`input_moving.move_to_device`)."""
+    the caller's lists (`input_moving.move_to_device`); what it serves is counted by the transfer meter as
+    weights moved from the host to `place` (the plan's spelling of the execution device)."""
+
+    def __init__(self, *, place: Device, **accelerate_arguments) -> None:
+        super().__init__(**accelerate_arguments)
+        self.place = place
 
     def pre_forward(self, module: nn.Module, *args, **kwargs):
         super().pre_forward(module)  # loads this module's weights onto the execution device
-        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
+        if meter.metering():
+            served = named_module_tensors(module, include_buffers=self.offload_buffers,
+                                          recurse=self.place_submodules, remove_non_persistent=True)
+            meter.record(meter.Payload.WEIGHTS, sum(meter.tensor_bytes(tensor) for _, tensor in served),
+                         source="cpu", target=self.place)
+        return (move_to_device(args, self.execution_device, self.place),
+                move_to_device(kwargs, self.execution_device, self.place))
 
 
 def dispatch(
@@ -104,15 +131,26 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
     }
     main_device = torch_device(main)
     if "" not in keys or "" in streamed:
-        add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True))
+        add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True, place=main))
     if "" in keys:  # no hook below the top catches a call entering through encode/decode
-        move_inputs_of_entry_methods(module, main_device)
+        move_inputs_of_entry_methods(module, main_device, place=main)
     for key in keys:
         if key in streamed:
-            _serve_weights(modules[key], key, main_device, weights_map, tied_params_map)
+            serve_weights(modules[key], key, main, weights_map, tied_params_map)
         else:
-            _add_hook(modules[key], MoveInputsHook(torch_device(device_map[key]), io_same_device=key == ""))
+            device = device_map[key]
+            for entry in _called_modules(modules[key]):
+                _add_hook(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
     retie_parameters(module, tied_params)  # offloading tied weights to meta unties them
+
+
+def _called_modules(entry: nn.Module) -> list[nn.Module]:
+    """Where an entry's inputs arrive: the entry itself, or, for a container that is never called (a ModuleList
+    of blocks the parent loops over), each child that is: a hook on the container would never fire, and the
+    first block would receive its inputs on the previous entry's device."""
+    if type(entry).forward is not nn.Module.forward:
+        return [entry]
+    return [called for child in entry.children() for called in _called_modules(child)]
 
 
 def _is_streamed(device: Device, main: Device) -> bool:
@@ -126,19 +164,22 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
         return None
     state_dict = extract_submodules_state_dict(module.state_dict(), cpu_keys) if cpu_keys else None
     # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
-    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=str(torch_device(main)))
+    device = safetensors_device(torch_device(main))
+    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=device)
 
 
-def _serve_weights(entry: nn.Module, key: str, device: torch.device, weights_map, tied_params_map) -> None:
-    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, and inputs moved at its top (the
-    root's own hook does that for the entry "")."""
+def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_params_map) -> None:
+    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, loading them onto `place` for its
+    forward, and inputs moved at its top (the root's own hook does that for the entry "")."""
+    device = torch_device(place)
     if key and not any(True for _ in named_module_tensors(entry, recurse=False)):
-        _add_hook(entry, MoveInputsHook(device))
+        _add_hook(entry, MoveInputsHook(device, place=place))
     for name, submodule in entry.named_modules():
         if not any(True for _ in named_module_tensors(submodule, recurse=False)):
             continue
         prefix = ".".join(part for part in (key, name) if part)
         hook = ServeWeightsHook(
+            place=place,
             execution_device=device,
             offload=True,
             weights_map=PrefixedDataset(weights_map, f"{prefix}.") if weights_map is not None else None,
@@ -255,4 +296,32 @@ def _materialize_disk_weights(submodule: nn.Module, hook: AlignDevicesHook) -> N
         set_module_tensor_to_device(submodule, name, "cpu", value=value, dtype=value.dtype)
 
 
-__all__ = ["DispatchError", "ServeWeightsHook", "dispatch", "undispatch"]
+def apply_device_map(module: nn.Module, config: DeviceMapConfig) -> Handle:
+    """`dispatch` with the config's fields; the handle's `remove()` is `undispatch`."""
+    dispatch(module, config.device_map, execution_device=config.execution_device, disk_weights=config.disk_weights)
+    return Handle(technique=Technique.DEVICE_MAP, module=module, config=config, remover=undispatch)
+
+
+def _serves(component: ComponentPlan, context: PlanContext) -> bool:
+    return not follows_transfer_plan(component, context) and not streams_everything(component)
+
+
+def _plan_config(component: ComponentPlan, context: PlanContext) -> DeviceMapConfig:
+    return DeviceMapConfig(device_map=component.device_map, execution_device=component.execution_device,
+                           disk_weights=context.disk_weights)
+
+
+SPEC = TechniqueSpec(
+    technique=Technique.DEVICE_MAP,
+    config_class=DeviceMapConfig,
+    apply=apply_device_map,
+    remove=undispatch,
+    refuses={},  # the loader applies a placement to fresh modules; it replaces nothing
+    offloads_weights=False,  # streamed entries aside, weights are where the map says; pipelines refuse .to()
+    plan_kinds=frozenset(PlacementKind),
+    serves=_serves,
+    plan_config=_plan_config,
+)
+
+__all__ = ["SPEC", "DeviceMapConfig", "DispatchError", "ServeWeightsHook", "apply_device_map", "dispatch",
+           "serve_weights", "undispatch"]

@@ -13,44 +13,92 @@ never sees the write. `move_to_device` keeps the caller's containers:
 device-map entry of a split component. A hook wraps `forward` only, and pipelines call a VAE through `encode` /
 `decode`, which reach its submodules without passing the top's forward (accelerate's hook on every submodule
 catches that); `move_inputs_of_entry_methods` makes those methods move their inputs too.
+
+Given the `place` it moves to (the plan's spelling of the device), a move is counted by the transfer meter
+(`transfer_meter`) as inputs, also under virtual accelerators where no byte moves.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
-import functools
-
 import torch
-from accelerate.hooks import AlignDevicesHook
+from accelerate.hooks import AlignDevicesHook, ModelHook
 from accelerate.utils import send_to_device
 from torch import nn
 
+from placement.devices import Device
 
-def move_to_device(data: Any, device: torch.device) -> Any:
-    """`data` with every tensor on `device`, the caller's lists and dicts kept (see the module docstring)."""
+from . import transfer_meter as meter
+from .places import place_of_device
+
+
+def move_to_device(data: Any, device: torch.device, place: Device | None = None) -> Any:
+    """`data` with every tensor on `device`, the caller's lists and dicts kept (see the module docstring).
+
+    With `place` (where `device` is, as the plan spells it) each tensor not there yet is counted as an input
+    moved there, when a transfer meter is on."""
     if isinstance(data, torch.Tensor):
+        if place is not None and meter.metering():
+            data = _count_input(data, place)
         return data if is_on(data, device) else data.to(device)
     if isinstance(data, list):
         for index, item in enumerate(data):
-            moved = move_to_device(item, device)
+            moved = move_to_device(item, device, place)
             if moved is not item:
                 data[index] = moved
         return data
     if isinstance(data, dict):
         for key, item in list(data.items()):
-            moved = move_to_device(item, device)
+            moved = move_to_device(item, device, place)
             if moved is not item:
                 data[key] = moved
         return data
     if isinstance(data, tuple):
-        moved = [move_to_device(item, device) for item in data]
+        moved = [move_to_device(item, device, place) for item in data]
         if all(new is old for new, old in zip(moved, data)):
             return data
         return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
     if hasattr(data, "to") and not isinstance(data, (nn.Module, str, bytes)):
         return send_to_device(data, device)
     return data
+
+
+def _count_input(tensor: torch.Tensor, place: Device) -> torch.Tensor:
+    source = meter.place_of(tensor)
+    if source == place:
+        return tensor
+    meter.record(meter.Payload.INPUTS, meter.tensor_bytes(tensor), source=source, target=place)
+    # Virtual accelerators: the caller keeps its tensor where its tag says; the module gets an untagged alias,
+    # which is where the module runs (no byte is copied: the alias shares the storage).
+    return tensor.view_as(tensor) if meter.is_tagged(tensor) else tensor
+
+
+def return_to_caller(output: Any, device: torch.device | None, *, source: Device, target: Device | None) -> Any:
+    """Outputs computed on `source`, moved to the caller's `device` (None: left where they are); counted as
+    inputs moved from `source` to `target` (the caller's place), and tagged there for the next hook."""
+    if meter.metering() and target is not None:
+        for tensor in _tensors(output):
+            meter.record(meter.Payload.INPUTS, meter.tensor_bytes(tensor), source=source, target=target)
+    if device is not None:
+        output = move_to_device(output, device)
+    if meter.metering():
+        for tensor in _tensors(output):
+            meter.tag(tensor, source if target is None else target)
+    return output
+
+
+def _tensors(data: Any):
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, Mapping):  # dicts, and model outputs (ordered dicts of tensors)
+        for item in data.values():
+            yield from _tensors(item)
+    elif isinstance(data, (list, tuple)):
+        for item in data:
+            yield from _tensors(item)
 
 
 def is_on(tensor: torch.Tensor, device: torch.device) -> bool:
@@ -79,26 +127,81 @@ class MoveInputsHook(AlignDevicesHook):
 
     An `AlignDevicesHook` without offloading, as accelerate's dispatch puts on a mapped module, so the other
     techniques recognise a dispatched module by it and refuse to fight over its weights; it only moves its
-    inputs differently (`move_to_device`) and leaves the module's tensors alone when attached."""
+    inputs differently (`move_to_device`) and leaves the module's tensors alone when attached. `place` is the
+    plan's spelling of `execution_device` (default: derived from it; give it for a virtual accelerator)."""
 
-    def __init__(self, execution_device: torch.device, *, io_same_device: bool = False) -> None:
+    def __init__(self, execution_device: torch.device, *, io_same_device: bool = False,
+                 place: Device | None = None) -> None:
         super().__init__(execution_device=torch.device(execution_device), io_same_device=io_same_device)
+        self.place = place_of_device(self.execution_device) if place is None else place
+        self.input_place: Device | None = None
+        self._entered = False
 
     def __repr__(self) -> str:
-        return f"MoveInputsHook(execution_device={self.execution_device}, io_same_device={self.io_same_device})"
+        return (f"{type(self).__name__}(execution_device={self.execution_device}, place={self.place!r}, "
+                f"io_same_device={self.io_same_device})")
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module  # the loader already put the weights on the execution device
 
     def pre_forward(self, module: nn.Module, *args, **kwargs):
         if self.io_same_device:
-            self.input_device = first_tensor_device([args, kwargs])
-        return move_to_device(args, self.execution_device), move_to_device(kwargs, self.execution_device)
+            first = first_tensor([args, kwargs])
+            self.input_device = None if first is None else first.device
+            self.input_place = None if first is None or not meter.metering() else meter.place_of(first)
+        moved = move_to_device(args, self.execution_device, self.place), move_to_device(kwargs, self.execution_device,
+                                                                                         self.place)
+        self._entered = meter.enter_place(self.place)
+        return moved
 
     def post_forward(self, module: nn.Module, output):
+        if self._entered:
+            meter.leave_place(self.place)
+            self._entered = False
         if self.io_same_device and self.input_device is not None:
-            return move_to_device(output, self.input_device)
-        return output
+            return return_to_caller(output, self.input_device, source=self.place, target=self.input_place)
+        return return_to_caller(output, None, source=self.place, target=None)
+
+
+def first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor in `data` (positional arguments first), as accelerate's `find_device` looks."""
+    return next(_tensors(data), None)
+
+
+class ReturnOutputsHook(ModelHook):
+    """Send a module's outputs back to the device its first input came from (accelerate's `io_same_device`),
+    for a runtime whose own top hook leaves them where the module ran (group offloading): every placement kind
+    then hands its caller the outputs where the inputs were. Install it first (`add_hook_first`), so that it
+    sees the inputs before the next hook moves them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_device: torch.device | None = None
+
+    def __repr__(self) -> str:
+        return "ReturnOutputsHook()"
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        self.input_device = first_tensor_device([args, kwargs])
+        return args, kwargs
+
+    def post_forward(self, module: nn.Module, output):
+        return output if self.input_device is None else move_to_device(output, self.input_device)
+
+
+class DeliverOutputsHook(ModelHook):
+    """Hand a module's outputs over on `device`, where its caller joins them with another module's outputs (the
+    caller's lists kept, as `move_to_device` keeps them). Of no technique: a device map's companion."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+
+    def __repr__(self) -> str:
+        return f"DeliverOutputsHook(device={self.device})"
+
+    def post_forward(self, module: nn.Module, output):
+        return move_to_device(output, self.device)
 
 
 # Methods other than forward through which callers enter a module (diffusers' and our VAEs: encode, decode).
@@ -106,18 +209,53 @@ ENTRY_METHODS = ("encode", "decode")
 _WRAPPED = "_placement_entry_methods"
 
 
-def move_inputs_of_entry_methods(module: nn.Module, device: torch.device) -> None:
+def move_inputs_of_entry_methods(module: nn.Module, device: torch.device, *, place: Device | None = None,
+                                 phase=None) -> None:
     """Make `module.encode(...)` / `module.decode(...)` (those it has) move their inputs to `device` first,
-    as the top hook does for `forward`. `restore_entry_methods` undoes it."""
+    as the top hook does for `forward`; with `phase` (an object with `enter()` / `exit()`, the per-call
+    residency of the component) the call is also one of the component's runs. `restore_entry_methods` undoes it."""
+    wrapped = []
+    device = torch.device(device)
+    place = place_of_device(device) if place is None else place
+    for name in ENTRY_METHODS:
+        method = getattr(module, name, None)
+        if not callable(method) or name in module.__dict__:
+            continue
+        setattr(module, name, _moving(method, device, place, phase))  # an instance attribute: the class is untouched
+        wrapped.append(name)
+    if wrapped:
+        setattr(module, _WRAPPED, tuple(wrapped))
+
+
+def run_entry_methods_through(module: nn.Module, hook, *, nested) -> None:
+    """Make `module.encode(...)` / `module.decode(...)` run through `hook` as `forward` does (its
+    `pre_forward`, the method, its `post_forward`, also when the method raised), unless `nested()` says a run
+    of the module is already going on (a forward calling its own encode). `restore_entry_methods` undoes it."""
     wrapped = []
     for name in ENTRY_METHODS:
         method = getattr(module, name, None)
         if not callable(method) or name in module.__dict__:
             continue
-        setattr(module, name, _moving(method, torch.device(device)))  # an instance attribute: the class is untouched
+        setattr(module, name, _through(module, method, hook, nested))
         wrapped.append(name)
     if wrapped:
         setattr(module, _WRAPPED, tuple(wrapped))
+
+
+def _through(module: nn.Module, method, hook, nested):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        if nested():
+            return method(*args, **kwargs)
+        args, kwargs = hook.pre_forward(module, *args, **kwargs)
+        try:
+            output = method(*args, **kwargs)
+        except BaseException:
+            hook.post_forward(module, None)
+            raise
+        return hook.post_forward(module, output)
+
+    return wrapper
 
 
 def restore_entry_methods(module: nn.Module) -> None:
@@ -127,20 +265,38 @@ def restore_entry_methods(module: nn.Module) -> None:
             submodule.__dict__.pop(name, None)
 
 
-def _moving(method, device: torch.device):
+def _moving(method, device: torch.device, place: Device, phase):
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        return method(*move_to_device(args, device), **move_to_device(kwargs, device))
+        if phase is not None:
+            phase.enter()
+        try:
+            args, kwargs = move_to_device(args, device, place), move_to_device(kwargs, device, place)
+            entered = meter.enter_place(place)
+            try:
+                output = method(*args, **kwargs)
+            finally:
+                if entered:
+                    meter.leave_place(place)
+            return return_to_caller(output, None, source=place, target=None)
+        finally:
+            if phase is not None:
+                phase.exit()
 
     return wrapper
 
 
 __all__ = [
+    "DeliverOutputsHook",
     "ENTRY_METHODS",
     "MoveInputsHook",
+    "ReturnOutputsHook",
+    "first_tensor",
     "first_tensor_device",
     "is_on",
     "move_inputs_of_entry_methods",
     "move_to_device",
     "restore_entry_methods",
+    "return_to_caller",
+    "run_entry_methods_through",
 ]

@@ -8,10 +8,11 @@ weights exist in the compute dtype at a time. Normalisation layers and embedding
 (by class, and by the name patterns in `DEFAULT_SKIP_MODULES_PATTERN`): they are small and precision
 sensitive. The rest of the module must already be in `compute_dtype` (load it with that `torch_dtype`).
 
-Combining: apply layerwise casting first, then group offloading (the offloaded groups then hold the small
-dtype too) or model offload. Sequential offload is refused both ways (it restores full-precision weights
-from its own state dict on every call). `remove_layerwise_casting` (or accelerate's `remove_hook_from_module(recurse=True)`) puts the
-weights back in `compute_dtype`; the rounding to `storage_dtype` is not undone.
+Combining: apply layerwise casting first, then group offloading or per-call residency (the offloaded groups
+then hold the small dtype too) or model offload. Sequential offload is refused both ways (it restores
+full-precision weights from its own state dict on every call). `handle.remove()` / `remove_layerwise_casting`
+(or accelerate's `remove_hook_from_module(recurse=True)`) puts the weights back in `compute_dtype`; the
+rounding to `storage_dtype` is not undone.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import torch
 from accelerate.hooks import ModelHook
 from torch import nn
 
+from .diffusers_compat import layerwise_casting_fields
+from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, remove_hooks_of_type
-from .memory_errors import OffloadConfigError
-from .techniques import Technique, check_compatible
+from .techniques import Handle, Technique, TechniqueSpec, check_compatible
 from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = [
+    "SPEC",
     "DEFAULT_SKIP_MODULES_CLASSES",
     "DEFAULT_SKIP_MODULES_PATTERN",
     "LayerwiseCastingConfig",
@@ -51,10 +54,22 @@ DEFAULT_SKIP_MODULES_PATTERN = ("norm", "emb")
 
 @dataclass(frozen=True, kw_only=True)
 class LayerwiseCastingConfig:
-    storage_dtype: torch.dtype
-    compute_dtype: torch.dtype
-    skip_modules_pattern: tuple[str, ...]
-    skip_modules_classes: tuple[type[nn.Module], ...]
+    """Dtypes may be given as strings ("float8_e4m3fn"); `skip_modules_pattern`: regexes searched in qualified
+    module names (None: `DEFAULT_SKIP_MODULES_PATTERN`; `()` skips by class only); `skip_modules_classes`
+    (None: `DEFAULT_SKIP_MODULES_CLASSES`). Normalised and checked on construction."""
+
+    storage_dtype: torch.dtype | str = torch.float8_e4m3fn
+    compute_dtype: torch.dtype | str = torch.bfloat16
+    skip_modules_pattern: tuple[str, ...] | list[str] | str | None = None
+    skip_modules_classes: tuple[type[nn.Module], ...] | None = None
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__  # normalising a frozen dataclass's own fields
+        set_field(self, "storage_dtype", _dtype(self.storage_dtype, "storage_dtype"))
+        set_field(self, "compute_dtype", _dtype(self.compute_dtype, "compute_dtype"))
+        set_field(self, "skip_modules_pattern", _patterns(self.skip_modules_pattern))
+        classes = self.skip_modules_classes
+        set_field(self, "skip_modules_classes", DEFAULT_SKIP_MODULES_CLASSES if classes is None else tuple(classes))
 
     def skips(self, name: str, module: nn.Module) -> bool:
         return isinstance(module, self.skip_modules_classes) or any(
@@ -102,33 +117,30 @@ class LayerwiseCastingHook(ModelHook):
 
 def apply_layerwise_casting(
     module: nn.Module,
-    storage_dtype: LayerwiseCastingConfig | torch.dtype | str = torch.float8_e4m3fn,
-    compute_dtype: torch.dtype | str = torch.bfloat16,
+    storage_dtype: LayerwiseCastingConfig | torch.dtype | str | None = None,
+    compute_dtype: torch.dtype | str | None = None,
     skip_modules_pattern: tuple[str, ...] | list[str] | str | None = None,
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
-) -> LayerwiseCastingConfig:
+    non_blocking: bool = False,
+) -> Handle:
     """Store the weights of `module`'s Linear/Conv layers in `storage_dtype`, compute in `compute_dtype`.
 
-    `skip_modules_pattern`: regexes searched in qualified module names (None: `DEFAULT_SKIP_MODULES_PATTERN`;
-    `()` skips by class only). `skip_modules_classes`: None means `DEFAULT_SKIP_MODULES_CLASSES`.
-    Returns the resolved config. Applying again replaces the previous casting. A `LayerwiseCastingConfig` in
-    place of `storage_dtype` is used as it is (`apply_layerwise_casting(module, config)`).
+    `apply_layerwise_casting(module, LayerwiseCastingConfig(...))` is the one shape; diffusers' spelling
+    (the config's fields as arguments, see `diffusers_compat`) works too. Returns a handle whose `config` is
+    the resolved config. Applying again replaces the previous casting.
     """
     if isinstance(storage_dtype, LayerwiseCastingConfig):
-        return _apply(module, storage_dtype)
-    config = LayerwiseCastingConfig(
-        storage_dtype=_dtype(storage_dtype, "storage_dtype"),
-        compute_dtype=_dtype(compute_dtype, "compute_dtype"),
-        skip_modules_pattern=_patterns(skip_modules_pattern),
-        skip_modules_classes=(
-            DEFAULT_SKIP_MODULES_CLASSES if skip_modules_classes is None else tuple(skip_modules_classes)
-        ),
-    )
-    return _apply(module, config)
+        config = storage_dtype
+    else:
+        config = LayerwiseCastingConfig(**layerwise_casting_fields(
+            storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking))
+    _apply(module, config)
+    return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
+                  remover=remove_layerwise_casting)
 
 
-def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> LayerwiseCastingConfig:
-    check_compatible(module, Technique.LAYERWISE_CASTING)
+def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> None:
+    check_compatible(module, SPEC)
     remove_layerwise_casting(module)
     targets = _targets(module, config)
     _check_dtypes(module, config, targets)
@@ -141,7 +153,6 @@ def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> LayerwiseCastin
             if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
                 entry.set(entry.get().detach().to(config.storage_dtype))
         add_hook_last(layer, LayerwiseCastingHook(entries=layer_entries, config=config))
-    return config
 
 
 def remove_layerwise_casting(module: nn.Module) -> None:
@@ -207,3 +218,22 @@ def _check_dtypes(module: nn.Module, config: LayerwiseCastingConfig, targets) ->
             f"{wrong[:3]}{' ...' if len(wrong) > 3 else ''}. Load the model with torch_dtype={config.compute_dtype} "
             f"or call module.to({config.compute_dtype}) first."
         )
+
+
+SPEC = TechniqueSpec(
+    technique=Technique.LAYERWISE_CASTING,
+    config_class=LayerwiseCastingConfig,
+    apply=apply_layerwise_casting,
+    remove=remove_layerwise_casting,
+    refuses={
+        Technique.SEQUENTIAL_OFFLOAD: (
+            "its weights come back from a full-precision state dict on every call, so casting would save nothing. "
+            "Casting combines with group offloading (applied after casting) and model offload"
+        ),
+        Technique.GROUP_OFFLOAD: (
+            "apply layerwise casting first, then group offloading (remove_group_offloading(module), "
+            "apply_layerwise_casting(...), apply_group_offloading(...))"
+        ),
+    },
+    offloads_weights=False,
+)

@@ -1,10 +1,14 @@
-"""The runtime techniques, and which ones refuse to be mixed with which: one table, one `check_compatible`.
+"""The vocabulary of runtime techniques: what a row of the technique table says, and the conflict check.
 
-Each technique installs accelerate `ModelHook`s on a module tree. Two of them fighting over the same weights
-(group offloading on top of accelerate's own offloading, sequential offload over layerwise casting, ...) would
-silently waste memory or compute in the wrong dtype, so applying a technique first asks `check_compatible`,
-which finds the techniques already on the tree and raises `OffloadConflictError` for any pair the table
-refuses, saying where the other technique sits and how to remove it.
+Every technique is one file holding its config, its hooks, `apply_x(module, config) -> handle` (the handle's
+`.remove()` undoes it) and its row, a `TechniqueSpec`: config class, apply, remove, what it refuses and why,
+whether it offloads weights, and which placements of a plan it serves. `technique_table.TECHNIQUES` lists
+the rows; the conflict check, the pipeline/model `enable_*` methods and the plan dispatcher read them.
+
+Two techniques fighting over the same weights (group offloading on top of accelerate's own offloading,
+sequential offload over layerwise casting, ...) would silently waste memory or compute in the wrong dtype, so
+applying a technique first calls `check_compatible(module, ITS_ROW)`, which finds the techniques already on
+the tree and raises `OffloadConflictError` for any its row refuses, saying where the other one sits.
 
 Our hook classes name their technique in a `technique` class attribute; accelerate's own hooks are recognised
 by type (`CpuOffload`: model offload; `AlignDevicesHook` that offloads or only moves inputs: sequential offload;
@@ -13,13 +17,19 @@ one with an execution device: a device map). This file imports no technique, so 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook
 from torch import nn
 
+from placement.devices import is_accelerator
+from placement.plan_schema import ComponentPlan, Plan, PlacementKind
+
+from .errors import OffloadConflictError
 from .hook_utils import hooks_of
-from .memory_errors import OffloadConflictError
 
 
 class Technique(str, Enum):
@@ -28,42 +38,81 @@ class Technique(str, Enum):
     SEQUENTIAL_OFFLOAD = "sequential offload"
     GROUP_OFFLOAD = "group offloading"
     LAYERWISE_CASTING = "layerwise casting"
+    PER_CALL_RESIDENCY = "per-call residency"
 
 
-# applying -> the techniques already on the tree that it refuses (the others combine).
-REFUSES: dict[Technique, frozenset[Technique]] = {
-    Technique.MODEL_OFFLOAD: frozenset({Technique.DEVICE_MAP, Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD}),
-    Technique.SEQUENTIAL_OFFLOAD: frozenset(
-        {Technique.DEVICE_MAP, Technique.MODEL_OFFLOAD, Technique.GROUP_OFFLOAD, Technique.LAYERWISE_CASTING}
-    ),
-    Technique.GROUP_OFFLOAD: frozenset({Technique.DEVICE_MAP, Technique.MODEL_OFFLOAD, Technique.SEQUENTIAL_OFFLOAD}),
-    Technique.LAYERWISE_CASTING: frozenset({Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD}),
-}
+@dataclass(kw_only=True)
+class PlanContext:
+    """What the plan dispatcher hands a row besides the component: the whole plan (None for a component
+    applied alone), the checkpoint files serving its "disk" weights, and `shared`, where a row keeps state
+    that the components of one pipeline share (per-call residency's per-device coordinators)."""
 
-# Why a pair cannot mix, where the general "they would fight over its weights" says too little.
-_WHY: dict[tuple[Technique, Technique], str] = {
-    (Technique.SEQUENTIAL_OFFLOAD, Technique.LAYERWISE_CASTING): (
-        "sequential offload restores each layer from its own full-precision state dict before the cast hook runs, "
-        "so the casting would be bypassed. Use group offloading with offload_type='leaf_level' instead (it keeps "
-        "the stored dtype), or model offload"
-    ),
-    (Technique.LAYERWISE_CASTING, Technique.SEQUENTIAL_OFFLOAD): (
-        "its weights come back from a full-precision state dict on every call, so casting would save nothing. "
-        "Casting combines with group offloading (applied after casting) and model offload"
-    ),
-    (Technique.LAYERWISE_CASTING, Technique.GROUP_OFFLOAD): (
-        "apply layerwise casting first, then group offloading (remove_group_offloading(module), "
-        "apply_layerwise_casting(...), apply_group_offloading(...))"
-    ),
-}
+    plan: Plan | None = None
+    disk_weights: Mapping[str, Mapping[str, str]] | None = None
+    shared: dict[Any, Any] = field(default_factory=dict)
 
-_REMOVE: dict[Technique, str] = {
-    Technique.DEVICE_MAP: "hooks.dispatch.undispatch(module)",
-    Technique.MODEL_OFFLOAD: "hooks.remove_model_cpu_offload(module)",
-    Technique.SEQUENTIAL_OFFLOAD: "hooks.remove_sequential_cpu_offload(module)",
-    Technique.GROUP_OFFLOAD: "hooks.remove_group_offloading(module)",
-    Technique.LAYERWISE_CASTING: "hooks.remove_layerwise_casting(module)",
-}
+
+@dataclass(frozen=True, kw_only=True)
+class TechniqueSpec:
+    """One row of the technique table (see the module docstring)."""
+
+    technique: Technique
+    config_class: type
+    apply: Callable[..., Any]  # apply(module, config) -> a handle with .remove()
+    remove: Callable[[nn.Module], None]  # removes the technique from a module's tree, whoever applied it
+    # The techniques already on a tree that applying this one refuses -> why ("" = they would fight over weights),
+    # and those refused when applied after this one (so a new technique declares both sides in its own row).
+    refuses: Mapping[Technique, str] = field(default_factory=dict)
+    refused_after: Mapping[Technique, str] = field(default_factory=dict)
+    offloads_weights: bool = False  # weights live off the execution device between uses (not .to()-able)
+    plan_kinds: frozenset[PlacementKind] = frozenset()  # placements of a plan it may run
+    # Among those, whether it runs this one (None: every one of `plan_kinds`).
+    serves: Callable[[ComponentPlan, PlanContext], bool] | None = None
+    # The config that runs a component as the plan places it (None: not used by plans).
+    plan_config: Callable[[ComponentPlan, PlanContext], Any] | None = None
+
+    def runs(self, component: ComponentPlan, context: PlanContext) -> bool:
+        if component.kind not in self.plan_kinds or self.plan_config is None:
+            return False
+        return self.serves is None or self.serves(component, context)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Handle:
+    """What `apply_x(module, config)` returns: the module, the config as resolved, the runtime state the
+    technique keeps (a group offload session, a residency phase; None when it keeps none), and `remove()`."""
+
+    technique: Technique
+    module: nn.Module
+    config: Any
+    remover: Callable[[nn.Module], None] = field(repr=False)
+    state: Any = None
+
+    def remove(self) -> None:
+        self.remover(self.module)
+
+
+def follows_transfer_plan(component: ComponentPlan, context: PlanContext) -> bool:
+    """The component runs by its transfer plan (per-call residency): it executes on an accelerator and lists
+    per-call or streamed modules, or shares its execution device with a component that loads modules per
+    call (whose room it may need). Components without a transfer plan (older plans) never do."""
+    transfer = component.transfer
+    if transfer is None or not is_accelerator(component.execution_device):
+        return False
+    if transfer.per_call_modules or transfer.streamed_modules:
+        return True
+    plan = context.plan
+    return plan is not None and any(
+        other.transfer is not None and other.transfer.per_call_modules
+        and other.execution_device == component.execution_device
+        for other in plan.components.values()
+    )
+
+
+def streams_everything(component: ComponentPlan) -> bool:
+    """Offloaded to an accelerator with every weight homed on the host: streamed block by block."""
+    return (component.kind is PlacementKind.OFFLOADED and is_accelerator(component.execution_device)
+            and not any(is_accelerator(device) for device in component.device_map.values()))
 
 
 def technique_of(hook: ModelHook) -> Technique | None:
@@ -93,15 +142,34 @@ def techniques_on(root: nn.Module) -> dict[Technique, str]:
     return found
 
 
-def check_compatible(module: nn.Module, applying: Technique) -> None:
-    """Raise `OffloadConflictError` if `module`'s tree carries a technique that `applying` refuses."""
+class _Table:
+    """The rows of the technique table, handed over by `technique_table` when the package is imported (the
+    table imports every technique, so the techniques cannot import it): the conflict check reads the rows of
+    the techniques already on a tree through it."""
+
+    rows: Mapping[Technique, TechniqueSpec] = {}
+
+
+def use_table(rows: Mapping[Technique, TechniqueSpec]) -> None:
+    _Table.rows = rows
+
+
+def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
+    """Raise `OffloadConflictError` if `module`'s tree carries a technique that `applying`'s row refuses, or
+    whose row refuses `applying` after it."""
     present = techniques_on(module)
-    for other in sorted(REFUSES[applying] & present.keys(), key=list(Technique).index):
-        why = _WHY.get((applying, other), "the two would fight over its weights")
+    for other in sorted(present, key=list(Technique).index):
+        row = _Table.rows.get(other)
+        after = row.refused_after if row is not None else {}
+        if other not in applying.refuses and applying.technique not in after:
+            continue
+        why = applying.refuses.get(other) or after.get(applying.technique) or "the two would fight over its weights"
+        remove = f"hooks.{row.remove.__name__}(module)" if row is not None else "hooks.remove_technique(module, ...)"
         raise OffloadConflictError(
-            f"Cannot apply {applying.value} to {type(module).__name__}: it already has {other.value} (hooks at "
-            f"{present[other]!r}); {why}. Remove it first ({_REMOVE[other]}; on a pipeline: reset_device_map())."
+            f"Cannot apply {applying.technique.value} to {type(module).__name__}: it already has {other.value} "
+            f"(hooks at {present[other]!r}); {why}. Remove it first ({remove}; on a pipeline: reset_device_map())."
         )
 
 
-__all__ = ["REFUSES", "Technique", "check_compatible", "technique_of", "techniques_on"]
+__all__ = ["Handle", "PlanContext", "Technique", "TechniqueSpec", "check_compatible", "follows_transfer_plan",
+           "streams_everything", "technique_of", "techniques_on", "use_table"]

@@ -1,9 +1,25 @@
+import os
+
 import pytest
 import torch
+
+from placement.devices import VIRTUAL_STRICT_ENV
 
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run the tests marked slow")
+    parser.addoption(
+        "--virtual-not-strict", action="store_true",
+        help="run the virtual accelerators of PLACEMENT_VIRTUAL_ACCELERATORS as the plain CPU (PLACEMENT_VIRTUAL_STRICT=0)"
+        " instead of strict vgpu devices; for comparing, the suite's default is strict",
+    )
+
+
+def pytest_configure(config):
+    """Virtual accelerators are strict in the suite (each tensor on its vgpu device, mixing devices raises as on
+    CUDA), whatever the shell says, so a device mix-up fails here as it would on GPUs. Set in the environment so
+    that subprocess tests (the CLI) run strict too."""
+    os.environ[VIRTUAL_STRICT_ENV] = "0" if config.getoption("--virtual-not-strict") else "1"
 
 
 def pytest_collection_modifyitems(config, items):

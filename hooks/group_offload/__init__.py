@@ -1,12 +1,13 @@
 """Group offloading: weights kept in CPU RAM or on disk, moved to the execution device a group of modules (a
 block, or a leaf) at a time, with prefetch on a side CUDA stream.
 
-offload.py   the technique: config, session, hook, apply/remove
-planning.py  which modules form a group (block lists at any depth, or each leaf)
+offload.py   the technique: config, session, hooks, apply/remove, its technique-table row
+grouping.py  which modules form a group (block lists at any depth, or each leaf)
 module_group.py, storage.py, transfer.py   one group's tensors, where they rest, how they move
 """
 
 from .offload import (
+    GroupMemberHook,
     GroupOffloadHook,
     GroupOffloadingConfig,
     GroupOffloadSession,
@@ -17,6 +18,7 @@ from .offload import (
 )
 
 __all__ = [
+    "GroupMemberHook",
     "GroupOffloadHook",
     "GroupOffloadingConfig",
     "GroupOffloadSession",

@@ -1,4 +1,9 @@
-"""A group of modules whose weights are onloaded together before use and offloaded together after it."""
+"""A group of modules whose weights are onloaded together before use and offloaded together after it.
+
+Each onload is counted by the transfer meter: the group's bytes, from its store (host RAM or disk) to the
+place it onloads to (the plan's spelling of the onload device: under virtual accelerators the torch device
+is the CPU, the place says it is an accelerator).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,12 @@ from enum import Enum
 import torch
 from torch import nn
 
-from .storage import DiskStore, HostStore
+from placement.devices import Device
+
+from .storage import CheckpointStore, DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
+from .. import transfer_meter as meter
+from ..places import place_of_device
 from ..tensor_slots import ModelTensor
 
 
@@ -37,14 +46,16 @@ class ModuleGroup:
         entries: Sequence[ModelTensor],
         release: ReleaseRule,
         onload_device: torch.device,
-        store: HostStore | DiskStore,
+        store: HostStore | DiskStore | CheckpointStore,
         transfer: BlockingTransfer | StreamTransfer,
+        onload_place: Device | None = None,
     ) -> None:
         self.name = name
         self.modules = tuple(modules)
         self.entries = tuple(entries)
         self.release = release
         self.onload_device = onload_device
+        self.onload_place = place_of_device(onload_device) if onload_place is None else onload_place
         self.store = store
         self.transfer = transfer
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)
@@ -72,6 +83,7 @@ class ModuleGroup:
             return False
         sources = self.store.read(pinned=self.transfer.uses_pinned_memory, device=self.onload_device)
         self._pending = self.transfer.copy(sources, self.onload_device)
+        meter.record(meter.Payload.WEIGHTS, self.num_bytes, source=self.store.home, target=self.onload_place)
         for entry in self.entries:
             entry.set(self._pending.tensors[entry.key])
         self.state = GroupState.ONLOADED

@@ -1,12 +1,12 @@
 """Group offloading: weights live in CPU RAM (or on disk) and visit the accelerator one group at a time.
 
-    apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0))          # runs of blocks
+    handle = apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0))   # runs of blocks
     apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0, offload_type="leaf_level",
-                                                           use_stream=True))           # + prefetch
-    remove_group_offloading(denoiser)   # or accelerate.hooks.remove_hook_from_module(denoiser, recurse=True)
+                                                           use_stream=True))             # + prefetch
+    handle.remove()   # or remove_group_offloading(denoiser), or accelerate's remove_hook_from_module(recurse=True)
 
-A group is onloaded just before one of its modules runs and offloaded when it is done (see
-`group_planning` for what the groups are). With `use_stream` (CUDA only) the first call records the order
+A group is onloaded just before one of its modules runs and offloaded when it is done (see `grouping` for
+what the groups are). With `use_stream` (CUDA only) the first call records the order
 in which groups run; from the second call on, starting a group also queues the copy of the next one on a
 side stream from pinned memory, so the bus works while the GPU computes. With `offload_to_disk_path` each
 group is one safetensors file, and the module holds `meta` placeholders between calls.
@@ -22,26 +22,31 @@ import re
 import shutil
 import tempfile
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from accelerate.hooks import ModelHook
 from torch import nn
 
-from placement.devices import normalize_device, torch_device
+from placement.devices import Device, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
+from placement.plan_schema import ComponentPlan, PlacementKind
 
-from .keywords import config_fields
-from .planning import GroupSpec, OffloadType, plan_groups
+from .grouping import GroupSpec, OffloadType, plan_groups
+from .module_group import ModuleGroup
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
+from .. import transfer_meter as meter
+from ..diffusers_compat import group_offloading_fields
+from ..errors import OffloadConfigError
 from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type
-from ..input_moving import move_to_device  # keeps the caller's lists: writes into them stay visible
-from ..memory_errors import OffloadConfigError
-from ..techniques import Technique, check_compatible
-from .module_group import ModuleGroup
+from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
+from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
+from ..techniques import streams_everything
 
 __all__ = [
+    "SPEC",
+    "GroupMemberHook",
     "GroupOffloadHook",
     "GroupOffloadingConfig",
     "GroupOffloadSession",
@@ -62,9 +67,12 @@ class GroupOffloadingConfig:
     num_blocks_per_group: int = 1
     use_stream: bool = False  # CUDA only: prefetch the next group on a side stream from pinned memory
     offload_to_disk_path: str | os.PathLike | None = None  # groups saved to / read from safetensors files
+    # Derived: onload_device as the plan spells it (an accelerator index, also a virtual one, or "cpu").
+    onload_place: Device = field(init=False, default="cpu", compare=False)
 
     def __post_init__(self) -> None:
         set_field = object.__setattr__  # normalising a frozen dataclass's own fields
+        set_field(self, "onload_place", _place(self.onload_device, "onload_device"))
         set_field(self, "onload_device", _execution_device(self.onload_device, "onload_device"))
         set_field(self, "offload_device", _execution_device(self.offload_device, "offload_device"))
         set_field(self, "offload_type", _offload_type(self.offload_type))
@@ -80,12 +88,21 @@ class GroupOffloadingConfig:
             )
 
 
-def _execution_device(spec, field: str) -> torch.device:
+def _place(spec, name: str) -> Device:
+    if isinstance(spec, torch.device) and spec.type == "cpu":
+        return "cpu"
+    try:
+        return normalize_device(spec)
+    except InvalidDeviceError as error:
+        raise OffloadConfigError(f"GroupOffloadingConfig.{name}={spec!r} is not usable: {error}") from error
+
+
+def _execution_device(spec, name: str) -> torch.device:
     try:
         return torch_device(normalize_device(spec))  # "disk" is refused there: it cannot execute
     except InvalidDeviceError as error:
         raise OffloadConfigError(
-            f"GroupOffloadingConfig.{field}={spec!r} is not usable: {error} "
+            f"GroupOffloadingConfig.{name}={spec!r} is not usable: {error} "
             "Use an accelerator index / 'cuda:N' / 'cpu'; to keep weights on disk pass offload_to_disk_path."
         ) from error
 
@@ -110,6 +127,7 @@ class GroupOffloadSession:
         self._trace: list[ModuleGroup] | None = None
         self._next_group: dict[int, ModuleGroup] = {}
         self._traced = False
+        self.in_call = False  # between the root's begin_call and end_call
         if disk_folder is not None:
             # Files of a module that is garbage-collected without removing the hooks do not outlive it.
             weakref.finalize(self, shutil.rmtree, disk_folder, True)
@@ -119,11 +137,16 @@ class GroupOffloadSession:
         return self.config.onload_device
 
     @property
+    def onload_place(self) -> Device:
+        return self.config.onload_place
+
+    @property
     def resident_groups(self) -> list[ModuleGroup]:
         return [group for group in self.groups if group.is_onloaded]
 
     def begin_call(self) -> None:
         # Offload whatever a previous call that raised mid-forward left behind, then maybe start tracing.
+        self.in_call = True
         for group in self.groups:
             group.reset()
         if self._prefetches and not self._traced:
@@ -137,6 +160,7 @@ class GroupOffloadSession:
             upcoming.onload()  # queued on the side stream; waited for when its module runs
 
     def end_call(self) -> None:
+        self.in_call = False
         for group in self.groups:
             group.reset()
         if self._trace is not None:
@@ -150,15 +174,16 @@ class GroupOffloadSession:
             shutil.rmtree(self.disk_folder, ignore_errors=True)
 
 
-class GroupOffloadHook(ModelHook):
-    """Onloads the module's group before its forward, offloads it after; the root hook also runs the session."""
+class GroupMemberHook(ModelHook):
+    """Onloads the module's group before its forward, offloads it after; the root hook also runs the session.
 
-    technique = Technique.GROUP_OFFLOAD
+    Shared by group offloading (`GroupOffloadHook`) and the streamed blocks of per-call residency."""
 
     def __init__(self, *, group: ModuleGroup | None, session: GroupOffloadSession, is_root: bool) -> None:
         self.group = group
         self.session = session
         self.is_root = is_root
+        self._entered = False
 
     @property
     def execution_device(self) -> torch.device:
@@ -166,7 +191,7 @@ class GroupOffloadHook(ModelHook):
         return self.session.onload_device
 
     def __repr__(self) -> str:
-        return f"GroupOffloadHook(group={self.group!r}, is_root={self.is_root})"
+        return f"{type(self).__name__}(group={self.group!r}, is_root={self.is_root})"
 
     def pre_forward(self, module, *args, **kwargs):
         if self.is_root:
@@ -175,14 +200,20 @@ class GroupOffloadHook(ModelHook):
             if self.group.enter():
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
-        device = self.session.onload_device
-        return move_to_device(args, device), move_to_device(kwargs, device)
+        device, place = self.session.onload_device, self.session.onload_place
+        moved = move_to_device(args, device, place), move_to_device(kwargs, device, place)
+        self._entered = self.is_root and meter.enter_place(place)
+        return moved
 
     def post_forward(self, module, output):
         if self.group is not None:
             self.group.leave(module)
         if self.is_root:
             self.session.end_call()
+        if self._entered:
+            meter.leave_place(self.session.onload_place)
+            self._entered = False
+            output = return_to_caller(output, None, source=self.session.onload_place, target=None)
         return output
 
     def detach_hook(self, module):
@@ -193,19 +224,26 @@ class GroupOffloadHook(ModelHook):
         return module
 
 
+class GroupOffloadHook(GroupMemberHook):
+    """The hook of group offloading (`apply_group_offloading`)."""
+
+    technique = Technique.GROUP_OFFLOAD
+
+
 def apply_group_offloading(
     module: nn.Module, config: GroupOffloadingConfig | None = None, /, **diffusers_keywords
-) -> None:
-    """Group-offload `module` in place. Applying again replaces the previous group offloading.
+) -> Handle:
+    """Group-offload `module` in place; the handle's `remove()` undoes it and its `state` is the session.
+    Applying again replaces the previous group offloading.
 
     `config` is a `GroupOffloadingConfig`; diffusers' spelling works too:
     `apply_group_offloading(module, onload_device=..., offload_type=..., num_blocks_per_group=...)`
-    (see `keywords` for what each of its keywords becomes)."""
+    (see `diffusers_compat` for what each of its keywords becomes)."""
     if not isinstance(config, GroupOffloadingConfig) or diffusers_keywords:
         if isinstance(config, GroupOffloadingConfig):
             raise OffloadConfigError("Pass a GroupOffloadingConfig or diffusers' keywords, not both.")
-        config = GroupOffloadingConfig(**config_fields(config, diffusers_keywords))
-    check_compatible(module, Technique.GROUP_OFFLOAD)
+        config = GroupOffloadingConfig(**group_offloading_fields(config, diffusers_keywords))
+    check_compatible(module, SPEC)
     remove_group_offloading(module)
     _refuse_unmaterialized_weights(module)
     if config.onload_device.type == "cuda" and not torch.cuda.is_available():
@@ -226,11 +264,14 @@ def apply_group_offloading(
         session.close()  # groups that took their weights give them back; the disk folder goes
         raise
     _install_hooks(module, groups, session)
+    return Handle(technique=Technique.GROUP_OFFLOAD, module=module, config=config, remover=remove_group_offloading,
+                  state=session)
 
 
 def remove_group_offloading(module: nn.Module) -> None:
     """Remove only the group offloading hooks of `module`'s tree; weights go back where they were."""
-    remove_hooks_of_type(module, GroupOffloadHook)
+    if remove_hooks_of_type(module, GroupOffloadHook):
+        restore_entry_methods(module)
 
 
 def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
@@ -243,14 +284,18 @@ def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
 
 def _install_hooks(root: nn.Module, groups: list[ModuleGroup], session: GroupOffloadSession) -> None:
     # First in each chain: a layerwise-casting hook on the same module must see the onloaded weights.
-    root_hooked = False
+    root_hook = None
     for group in groups:
         for member in group.modules:
-            is_root = member is root
-            root_hooked = root_hooked or is_root
-            add_hook_first(member, GroupOffloadHook(group=group, session=session, is_root=is_root))
-    if not root_hooked:
-        add_hook_first(root, GroupOffloadHook(group=None, session=session, is_root=True))
+            hook = GroupOffloadHook(group=group, session=session, is_root=member is root)
+            root_hook = hook if member is root else root_hook
+            add_hook_first(member, hook)
+    if root_hook is None:
+        root_hook = GroupOffloadHook(group=None, session=session, is_root=True)
+        add_hook_first(root, root_hook)
+    # A VAE is entered through encode/decode, never its forward: those calls are runs of the root too, so the
+    # rest group stays onloaded for the whole call instead of once per module that holds part of it.
+    run_entry_methods_through(root, root_hook, nested=lambda: session.in_call)
 
 
 def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, transfer, disk_folder):
@@ -260,7 +305,8 @@ def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, tra
     else:
         store = HostStore(offload_device=config.offload_device, pin_memory=transfer.uses_pinned_memory)
     return ModuleGroup(name=spec.name, modules=spec.modules, entries=spec.entries, release=spec.release,
-                       onload_device=config.onload_device, store=store, transfer=transfer)
+                       onload_device=config.onload_device, onload_place=config.onload_place, store=store,
+                       transfer=transfer)
 
 
 def _make_transfer(config: GroupOffloadingConfig) -> BlockingTransfer | StreamTransfer:
@@ -288,3 +334,24 @@ def _refuse_unmaterialized_weights(module: nn.Module) -> None:
             f"Cannot group-offload {type(module).__name__}: {len(on_meta)} tensors have no data (meta device), "
             f"e.g. {on_meta[:3]}. Load the weights first (from_pretrained), then offload."
         )
+
+
+def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffloadingConfig:
+    # Block level: a whole block per transfer, prefetched on a side CUDA stream from pinned memory, rather
+    # than accelerate's per-leaf streaming.
+    place = component.execution_device
+    return GroupOffloadingConfig(onload_device=place, offload_type=OffloadType.BLOCK_LEVEL,
+                                 use_stream=torch_device(place).type == "cuda")
+
+
+SPEC = TechniqueSpec(
+    technique=Technique.GROUP_OFFLOAD,
+    config_class=GroupOffloadingConfig,
+    apply=apply_group_offloading,
+    remove=remove_group_offloading,
+    refuses={Technique.DEVICE_MAP: "", Technique.MODEL_OFFLOAD: "", Technique.SEQUENTIAL_OFFLOAD: ""},
+    offloads_weights=True,
+    plan_kinds=frozenset({PlacementKind.OFFLOADED}),
+    serves=lambda component, context: streams_everything(component) and not follows_transfer_plan(component, context),
+    plan_config=_plan_config,
+)

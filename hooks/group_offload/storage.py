@@ -1,8 +1,10 @@
-"""Where an offloaded group's weights live between calls: host memory, or a safetensors file on disk.
+"""Where an offloaded group's weights live between calls: host memory, or safetensors files on disk.
 
-Both stores put the "offloaded form" of each tensor back into the module when the group is released, so
+Every store puts the "offloaded form" of each tensor back into the module when the group is released, so
 the module always holds something valid between calls: a real host tensor (`HostStore`), or a `meta`
-placeholder of the right shape and dtype (`DiskStore`: the bytes are only in the file then).
+placeholder of the right shape and dtype (`DiskStore`, a file per group written when offloading; and
+`CheckpointStore`, which reads a placed component's "disk" weights from the checkpoint's own files).
+`home` is the store's place ("cpu" or "disk"), for the transfer meter.
 """
 
 from __future__ import annotations
@@ -12,14 +14,19 @@ from collections.abc import Mapping, Sequence
 
 import safetensors.torch
 import torch
+from accelerate.utils import OffloadedWeightsLoader
 from safetensors import safe_open
 
-from ..memory_errors import OffloadConfigError
+from placement.devices import safetensors_device
+
+from ..errors import OffloadConfigError
 from ..tensor_slots import ModelTensor
 
 
 class HostStore:
     """Weights kept on `offload_device` (normally the CPU); pinned when a side stream copies them."""
+
+    home = "cpu"
 
     def __init__(self, *, offload_device: torch.device, pin_memory: bool) -> None:
         self.offload_device = offload_device
@@ -54,6 +61,8 @@ class HostStore:
 class DiskStore:
     """Weights in one safetensors file per group; the module holds `meta` placeholders between calls."""
 
+    home = "disk"
+
     def __init__(self, *, path: str) -> None:
         self.path = path
         # Placeholders keep the stored shape and dtype even if the module held another form when released
@@ -78,7 +87,7 @@ class DiskStore:
         self.release(entries)
 
     def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
-        target = "cpu" if pinned or device is None else str(device)
+        target = "cpu" if pinned or device is None else safetensors_device(device)
         with safe_open(self.path, framework="pt", device=target) as file:
             tensors = {key: file.get_tensor(key) for key in file.keys()}
         if pinned:
@@ -94,6 +103,56 @@ class DiskStore:
         for entry in entries:
             entry.set(tensors[entry.key].to(devices[entry.key]))
         _remove_quietly(self.path)
+
+
+class CheckpointStore:
+    """A placed component's weights where the loader left them: "disk" parameters on `meta`, read from the
+    checkpoint's own safetensors files through its offload index (`{name: {"safetensors_file", "weight_name",
+    "dtype"}}`, keys relative to the component) at each onload; everything else (buffers, host-homed
+    parameters) in host memory, as `HostStore` keeps it."""
+
+    home = "disk"
+
+    def __init__(self, *, disk_weights: Mapping[str, Mapping[str, str]], pin_memory: bool) -> None:
+        self._loader = OffloadedWeightsLoader(index={key: dict(info) for key, info in disk_weights.items()})
+        self._host = HostStore(offload_device=torch.device("cpu"), pin_memory=pin_memory)
+        self._on_disk: dict[str, torch.Tensor] = {}  # key -> its meta placeholder
+        self.pin_memory = pin_memory
+
+    def take(self, entries: Sequence[ModelTensor]) -> None:
+        on_disk = [entry for entry in entries if entry.get().is_meta]
+        unserved = [entry.key for entry in on_disk if entry.key not in self._loader.index]
+        if unserved:
+            raise OffloadConfigError(
+                f"{len(unserved)} tensor(s) have no data (meta) and no checkpoint file serves them, e.g. "
+                f"{unserved[:3]}. Pass the checkpoint's offload index (WeightsIndex.offload_index) as disk_weights."
+            )
+        self._on_disk = {entry.key: entry.get() for entry in on_disk}
+        self._host.take([entry for entry in entries if entry.key not in self._on_disk])
+
+    def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
+        tensors = dict(self._host.read(pinned=pinned))
+        for key in self._on_disk:
+            tensor = self._loader[key]
+            tensors[key] = tensor.pin_memory() if pinned and self.pin_memory else tensor
+        return tensors
+
+    def release(self, entries: Sequence[ModelTensor]) -> None:
+        for entry in entries:
+            placeholder = self._on_disk.get(entry.key)
+            if placeholder is None:
+                self._host.release([entry])
+            else:
+                entry.set(placeholder)
+
+    def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
+        """Disk weights come back as CPU tensors (as `hooks.dispatch.undispatch` does), so `.to()` works."""
+        for entry in entries:
+            if entry.key in self._on_disk:
+                entry.set(self._loader[entry.key].to("cpu"))
+            else:
+                self._host.restore([entry], devices)
+        self._on_disk = {}
 
 
 def _remove_quietly(path: str) -> None:

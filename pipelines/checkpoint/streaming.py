@@ -26,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from placement.device_maps import IncompleteDeviceMapError, owning_key
-from placement.devices import Accelerators, Device, detect_accelerators, normalize_device, torch_device
+from placement.devices import Accelerators, Device, detect_accelerators, is_accelerator, normalize_device, torch_device
 
 from .checkpoint_errors import CheckpointReadError, CorruptCheckpointError
 from .index import TensorEntry, WeightsIndex
@@ -100,13 +100,33 @@ def stream_weights(
     tensor's dtype once (`load_dtypes`, {checkpoint name: dtype}): one pass over the files, nothing checked twice.
     Accelerator indices become torch devices through `accelerators` (one detection per load, not per tensor);
     that they exist is the caller's check (the loader makes it once, for the whole plan)."""
-    plan = _reads(module, weights, device_map, load_dtypes, accelerators or detect_accelerators())
+    accelerators = accelerators or detect_accelerators()
+    plan = _reads(module, weights, device_map, load_dtypes, accelerators)
     try:
         _stream(plan, progress=progress, label=label or type(module).__name__)
         tie_weights(module, tied_weights)
+        _place_unsaved_buffers(module, device_map, accelerators)
     except BaseException:
         module.to("meta")
         raise
+
+
+def _place_unsaved_buffers(module: nn.Module, device_map: Mapping[str, Device] | None,
+                           accelerators: Accelerators) -> None:
+    """Buffers no checkpoint holds (non-persistent ones: CLIP's `position_ids`, rotary `inv_freq`) were made on
+    the CPU by the model's constructor: each goes to the accelerator its module is planned on, as the saved
+    tensors did (on a GPU, a CPU `position_ids` indexing a GPU embedding fails). Streamed modules' hooks move
+    their own buffers."""
+    if device_map is None:
+        return
+    normalized = {key: normalize_device(device) for key, device in device_map.items()}
+    saved = set(module.state_dict(keep_vars=True))
+    for name, buffer in list(module.named_buffers()):
+        owner = owning_key(name, normalized)
+        if name in saved or owner is None or buffer.device.type == "meta" or not is_accelerator(normalized[owner]):
+            continue
+        set_module_tensor_to_device(module, name, torch_device(normalized[owner], accelerators), value=buffer,
+                                    clear_cache=False)
 
 
 def load_dtypes(weights: WeightsIndex, dtype: torch.dtype | None, keep_in_fp32: Iterable[str] = ()

@@ -13,16 +13,14 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from hooks.dispatch import undispatch
-from hooks.group_offload.offload import group_offloading_session
-from hooks.techniques import Technique, techniques_on
+from hooks import OFFLOADING, group_offloading_session, techniques_on, undispatch
 from placement.devices import torch_device
 from placement.errors import GraphError
 from placement.graph import build_graph, execution_order
 
 from ..errors import DeviceMappedError, FolderError
 
-OFFLOAD_TECHNIQUES = (Technique.MODEL_OFFLOAD, Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD)
+OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose hooks hold their own weights
 
 
 class PipelineComponentError(FolderError, ValueError):

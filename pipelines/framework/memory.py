@@ -1,10 +1,10 @@
 """Memory-saving methods of Pipeline (model/sequential/group offload, VAE slicing and tiling).
 
-The offload methods wrap the techniques of `hooks` for every module component. They are refused on a
-device-mapped pipeline (call `reset_device_map()` first), and two techniques that install hooks do not mix:
-undo one (`reset_device_map()` removes every hook) before enabling another. Enabling the same technique
-again replaces it. With `device=None` and no accelerator, offloading "executes" on the CPU: nothing moves,
-but every hook runs, so the code path is the same as on a GPU machine.
+The offload methods apply rows of the technique table (`hooks.TECHNIQUES`) to every module component. They
+are refused on a device-mapped pipeline (call `reset_device_map()` first), and two techniques that install
+hooks do not mix: undo one (`reset_device_map()` removes every hook) before enabling another. Enabling the
+same technique again replaces it. With `device=None` and no accelerator, offloading "executes" on the CPU:
+nothing moves, but every hook runs, so the code path is the same as on a GPU machine.
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ import os
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from hooks import (
+    TECHNIQUES,
     GroupOffloadingConfig,
     ModelOffloadChain,
-    apply_group_offloading,
-    apply_model_cpu_offload,
-    apply_sequential_cpu_offload,
-    remove_group_offloading,
-    remove_sequential_cpu_offload,
-    resolve_execution_device,
+    ModelOffloadConfig,
+    SequentialOffloadConfig,
+    Technique,
+    apply_to_each,
+    execution_place,
 )
 from placement.errors import PlacementError
 
@@ -52,14 +51,14 @@ class PipelineMemoryMixin:
         modules = self.module_components  # in execution order
         chain = [module for name, module in modules.items() if name in in_graph]
         standalone = [module for name, module in modules.items() if name not in in_graph]
-        self._model_offload = apply_model_cpu_offload(chain, standalone=standalone, execution_device=device)
+        apply = TECHNIQUES[Technique.MODEL_OFFLOAD].apply  # a chain: one handle for all (standalone ride along)
+        self._model_offload = apply(chain, ModelOffloadConfig(execution_device=device), standalone=standalone)
 
     def enable_sequential_cpu_offload(self, device: torch.device | int | str | None = None) -> None:
         """Every layer's weights stay in CPU RAM and visit `device` only while it runs (least memory, slowest)."""
         self._refuse_offload_when_device_mapped("enable_sequential_cpu_offload")
-        execution_device = resolve_execution_device(device)
-        self._apply_to_each(lambda name, module: apply_sequential_cpu_offload(module, execution_device=execution_device),
-                            undo=remove_sequential_cpu_offload)
+        config = SequentialOffloadConfig(execution_device=execution_place(device))
+        apply_to_each(Technique.SEQUENTIAL_OFFLOAD, self.module_components, lambda name: config)
 
     def enable_group_offload(
         self,
@@ -75,16 +74,15 @@ class PipelineMemoryMixin:
         component writes its groups under `<path>/<component name>/`.
         """
         self._refuse_offload_when_device_mapped("enable_group_offload")
-        onload = resolve_execution_device(onload_device)
+        onload = execution_place(onload_device)  # the place: a virtual accelerator stays an accelerator
 
-        def apply(name: str, module: nn.Module) -> None:
+        def config_for(name: str) -> GroupOffloadingConfig:
             folder = None if offload_to_disk_path is None else os.path.join(os.fspath(offload_to_disk_path), name)
-            config = GroupOffloadingConfig(onload_device=onload, offload_type=offload_type,
-                                           num_blocks_per_group=num_blocks_per_group, use_stream=use_stream,
-                                           offload_to_disk_path=folder)
-            apply_group_offloading(module, config)
+            return GroupOffloadingConfig(onload_device=onload, offload_type=offload_type,
+                                         num_blocks_per_group=num_blocks_per_group, use_stream=use_stream,
+                                         offload_to_disk_path=folder)
 
-        self._apply_to_each(apply, undo=remove_group_offloading)
+        apply_to_each(Technique.GROUP_OFFLOAD, self.module_components, config_for)
 
     def maybe_free_model_hooks(self) -> None:
         """After a call with model offload: send every component back to the CPU (no-op otherwise).
@@ -117,18 +115,6 @@ class PipelineMemoryMixin:
                 f"{type(self).__name__}.{method}() on a device-mapped pipeline (hf_device_map="
                 f"{self.hf_device_map}) would fight its placement hooks; call pipe.reset_device_map() first."
             )
-
-    def _apply_to_each(self, apply: Callable[[str, nn.Module], None], *, undo: Callable[[nn.Module], None]) -> None:
-        """Apply to every module component; if one fails, undo the ones done so nothing is left half-done."""
-        done = []
-        try:
-            for name, module in self.module_components.items():
-                apply(name, module)
-                done.append(module)
-        except BaseException:
-            for module in done:
-                undo(module)
-            raise
 
     def _vae_feature(self, method: str) -> Callable:
         vae = self.components.get("vae")

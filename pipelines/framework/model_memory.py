@@ -1,8 +1,9 @@
 """Memory techniques on one model, under diffusers' `ModelMixin` method names, so code written for diffusers
 (`transformer.enable_group_offload(...)`, `transformer.enable_layerwise_casting(...)`) runs unchanged.
 
-Both hand over to `hooks` (the same techniques the pipeline-level methods use); see docs/memory.md for what
-each saves and costs."""
+Both apply a row of the technique table (`hooks.TECHNIQUES`, the same techniques the pipeline-level methods
+use), with diffusers' arguments turned into its config by `hooks.diffusers_compat`; see docs/memory.md for
+what each saves and costs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import os
 import torch
 from torch import nn
 
-from hooks.group_offload import apply_group_offloading
-from hooks.layerwise_casting import apply_layerwise_casting
+from hooks import (
+    TECHNIQUES,
+    GroupOffloadingConfig,
+    LayerwiseCastingConfig,
+    Technique,
+    group_offloading_fields,
+    layerwise_casting_fields,
+)
 
 
 class ModelMemoryMethods(nn.Module):
@@ -35,13 +42,14 @@ class ModelMemoryMethods(nn.Module):
         block_modules=None,
         exclude_kwargs=None,
     ) -> None:
-        """Group-offload this model: diffusers' signature, `hooks.apply_group_offloading` underneath."""
-        apply_group_offloading(
-            self, onload_device=onload_device, offload_device=offload_device, offload_type=offload_type,
+        """Group-offload this model: diffusers' signature, the group offloading row underneath."""
+        fields = group_offloading_fields(None, dict(
+            onload_device=onload_device, offload_device=offload_device, offload_type=offload_type,
             num_blocks_per_group=num_blocks_per_group, non_blocking=non_blocking, use_stream=use_stream,
             record_stream=record_stream, low_cpu_mem_usage=low_cpu_mem_usage,
             offload_to_disk_path=offload_to_disk_path, block_modules=block_modules, exclude_kwargs=exclude_kwargs,
-        )
+        ))
+        TECHNIQUES[Technique.GROUP_OFFLOAD].apply(self, GroupOffloadingConfig(**fields))
 
     def enable_layerwise_casting(
         self,
@@ -57,5 +65,6 @@ class ModelMemoryMethods(nn.Module):
             compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
         if skip_modules_pattern is None:
             skip_modules_pattern = self._skip_layerwise_casting_patterns
-        apply_layerwise_casting(self, storage_dtype=storage_dtype, compute_dtype=compute_dtype,
-                                skip_modules_pattern=skip_modules_pattern, skip_modules_classes=skip_modules_classes)
+        fields = layerwise_casting_fields(storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes,
+                                          non_blocking)
+        TECHNIQUES[Technique.LAYERWISE_CASTING].apply(self, LayerwiseCastingConfig(**fields))

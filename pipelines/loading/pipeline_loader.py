@@ -30,8 +30,10 @@ from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from ..hf.hf_interop import load_without_device_map
 from .assembly import check_components, construct, target_class
+from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
 from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
+from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import caller_stacklevel, label_dtypes, modules_and_edges, passed_pins, plan_modules
 from .request import DeviceMapKind, LoadRequest
 
@@ -141,6 +143,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     """Place every component of `pipe` (ours or a diffusers pipeline) as `plan` says: the ones built here read
     from their checkpoints, the ones passed in moved; on any failure undo all of it before re-raising."""
     touched: list[str] = []
+    hooked_pinned: list[nn.Module] = []
     origins = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
     # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
     read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
@@ -150,7 +153,9 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
             for name in plan.execution_order:
                 component = plan.components[name]
                 if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
-                    continue  # already dispatched by its owner: shown in the map, never moved
+                    if hooks and hook_inputs_of_pinned(passed[name], component):  # placed by its owner: never moved
+                        hooked_pinned.append(passed[name])
+                    continue
                 touched.append(name)
                 if name in metas:
                     _check_registered(pipe, metas[name])
@@ -160,10 +165,14 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                     module = pipe.components[name]
                     _move_passed(name, module, component, request.accelerators)
                     attach_runtime(module, component, hooks=hooks)
+            if hooks:
+                deliver_joined_outputs(pipe, plan)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
     except BaseException:
         _undo(pipe, touched, metas, origins)
+        for module in hooked_pinned:
+            unhook_pinned(module)
         raise
 
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
+from placement.activations import ActivationEstimateError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
@@ -101,7 +102,11 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
         if name not in modules:
             continue
         with record_module_order(modules[name]) as order:
-            peaks[name] = max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name)) for example in examples)
+            try:
+                peaks[name] = max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
+                                  for example in examples)
+            except ActivationEstimateError as error:
+                raise error.for_component(name) from error
         if module_order is not None:
             module_order[name] = order
     return peaks

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
 from .hooks import accelerate_hooks_bypassed
+from .quiet import torch_silenced
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlacementError
@@ -44,7 +45,23 @@ _COMMON_CALLS = ("forward", "encode", "decode")
 
 
 class ActivationEstimateError(PlacementError, RuntimeError):
-    """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...)."""
+    """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...).
+
+    Its message is one line (torch's own, often multi-line, error shortened to its first line; the full error
+    is the `__cause__`). `for_component(name)` is the same error naming the pipeline component and what to
+    pass instead, as planners raise it."""
+
+    def __init__(self, message: str, *, call: str = "", cause: str = "") -> None:
+        super().__init__(message)
+        self.call, self.cause = call, cause
+
+    def for_component(self, name: str) -> "ActivationEstimateError":
+        return ActivationEstimateError(
+            f"Could not estimate the activations of component {name!r} ({self.call}): {self.cause}. To plan "
+            f"anyway, leave {name!r} out of the estimate: plan without call= (weights only), or give its peak "
+            f"yourself with placement.plan(activations={{{name!r}: <bytes>, ...}}).",
+            call=self.call, cause=self.cause,
+        )
 
 
 class InvalidActivationCallError(PlacementError, ValueError):
@@ -83,12 +100,13 @@ def estimate_activations(
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with accelerate_hooks_bypassed(module), shape_only_stand_ins(module), torch.inference_mode(), fake_mode:
-            with _reparametrize_module(module, weights), FusedAttentionAccounting(), MetaConstants(), tracker:
-                # Looked up here: with the hooks bypassed, `forward` is the module's own again.
-                getattr(module, method)(*fake_args, **fake_kwargs)
+        with torch_silenced(), accelerate_hooks_bypassed(module), shape_only_stand_ins(module):
+            with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
+                with FusedAttentionAccounting(), MetaConstants(), tracker:
+                    # Looked up here: with the hooks bypassed, `forward` is the module's own again.
+                    getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
-        raise ActivationEstimateError(_failure_message(module, method, args, kwargs, error)) from error
+        raise _failure(module, method, args, kwargs, error) from error
     return tracker.peak_bytes
 
 
@@ -152,12 +170,15 @@ def _check_call(module: nn.Module, method: str) -> None:
 
 
 
-def _failure_message(module: nn.Module, method: str, args: tuple, kwargs: dict, error: Exception) -> str:
-    return (
-        f"Could not estimate the activations of {type(module).__name__}.{method} on inputs "
-        f"{_describe(args)}{', ' + _describe(kwargs) if kwargs else ''}: {type(error).__name__}: {error}. "
-        "Check that the example inputs match the model's config; code that needs tensor values (e.g. "
-        "`if mask.any():`, `.item()`) cannot run without data and must branch on shapes instead."
+def _failure(module: nn.Module, method: str, args: tuple, kwargs: dict, error: Exception) -> ActivationEstimateError:
+    call = f"{type(module).__name__}.{method} on inputs {_describe(args)}{', ' + _describe(kwargs) if kwargs else ''}"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    cause = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(". ")
+    return ActivationEstimateError(
+        f"Could not estimate the activations of {call}: {cause}. Check that the example inputs match the model's "
+        "config; code that needs tensor values (e.g. `if mask.any():`, `.item()`) cannot run without data and "
+        "must branch on shapes instead.",
+        call=call, cause=cause,
     )
 
 

@@ -248,7 +248,8 @@ def test_applying_twice_replaces_and_accelerate_removal_undoes_everything(tmp_pa
 def test_accelerate_offload_hooks_are_a_conflict():
     model = make()
     cpu_offload(model, execution_device=torch.device("cpu"))
-    with pytest.raises(OffloadConflictError, match=r"already has sequential offload.*remove_sequential_cpu_offload.*reset_device_map"):
+    with pytest.raises(OffloadConflictError, match=r"already has sequential offload.*remove_sequential_cpu_offload"
+                                                   r".*reset_device_map"):
         apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
 
 

@@ -25,7 +25,7 @@ from hooks import (
     resolve_execution_device,
 )
 from hooks.hook_utils import hooks_of
-from hooks.model_offload import ComponentEntryHook
+from hooks.model_offload import ComponentEntryHook, ModelOffloadHook
 
 
 class Encoder(nn.Module):
@@ -97,7 +97,8 @@ def test_model_offload_chain_ring_outputs_twice_and_removal():
             assert {p.device.type for part in parts for p in part.parameters()} == {"cpu"}
     # Enabling twice replaces the hooks rather than stacking them.
     chain = apply_model_cpu_offload(parts, standalone=[standalone])
-    assert [type(h) for h in hooks_of(parts[1])] == [CpuOffload]
+    assert [type(h) for h in hooks_of(parts[1])] == [ModelOffloadHook]  # accelerate's CpuOffload, place-aware
+    assert isinstance(hooks_of(parts[1])[0], CpuOffload)
     chain.remove()
     assert hooked(*parts, standalone) == []
     with torch.no_grad():
@@ -111,12 +112,13 @@ def test_entering_a_component_through_a_method_runs_its_offload_hook_once():
     decoder.to("meta")  # "not on the execution device yet"
     calls = []
 
-    def bring_over(component, *args, **kwargs):
+    def bring_over(component):
         calls.append(component)
         component.to_empty(device="cpu").load_state_dict(weights)
-        return args, kwargs
+        hook.onloaded = True
 
-    offload = SimpleNamespace(hook=SimpleNamespace(execution_device=torch.device("cpu"), pre_forward=bring_over))
+    hook = SimpleNamespace(execution_device=torch.device("cpu"), place="cpu", onloaded=False, onload=bring_over)
+    offload = SimpleNamespace(hook=hook)
     for child in decoder.children():
         from accelerate.hooks import add_hook_to_module
 
@@ -131,7 +133,8 @@ def test_sequential_offload_keeps_weights_off_the_module_between_calls():
     with torch.no_grad():
         expected = run(*parts)
     for part in parts:
-        assert apply_sequential_cpu_offload(part) == resolve_execution_device(None)
+        handle = apply_sequential_cpu_offload(part)
+        assert handle.config.execution_device == "cpu" and handle.technique.value == "sequential offload"
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(run(*parts), expected, atol=1e-5, rtol=0)

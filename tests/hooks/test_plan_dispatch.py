@@ -10,6 +10,8 @@ from hooks.plan_dispatch import apply_component_plan
 from hooks.techniques import Technique, techniques_on
 from placement.plan_schema import ComponentPlan, PlacementKind
 
+from resident_weights import place_resident_weights
+
 
 @pytest.fixture
 def one_virtual_gpu(monkeypatch):
@@ -40,7 +42,8 @@ def test_an_offloaded_plan_with_a_resident_part_keeps_it_resident_and_streams_th
     module, expected_input = Chain(), torch.randn(2, 8)
     with torch.no_grad():
         expected = module(expected_input)
-    apply_component_plan(module, offloaded({"inner.0": 0, "inner.1": "cpu", "inner.2": "cpu"}))
+    device_map = {"inner.0": 0, "inner.1": "cpu", "inner.2": "cpu"}
+    apply_component_plan(place_resident_weights(module, device_map), offloaded(device_map))
     # Not group offloading: it would take the GPU-resident inner.0 into its CPU store too.
     assert list(find_hooks(module, GroupOffloadHook)) == []
     assert Technique.DEVICE_MAP in techniques_on(module)

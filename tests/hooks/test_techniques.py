@@ -1,30 +1,34 @@
-"""The technique table: each technique names what it refuses, one check enforces it, every pair is covered."""
+"""The technique table: one row per technique, one calling shape, one conflict check, every pair covered."""
 
+import importlib
+import inspect
 import itertools
+import pkgutil
 
 import pytest
 import torch
 from torch import nn
 
+import hooks
 from hooks import (
+    TECHNIQUES,
+    DeviceMapConfig,
     GroupOffloadingConfig,
     LayerwiseCastingConfig,
     ModelOffloadConfig,
     OffloadConflictError,
+    ResidencyConfig,
     SequentialOffloadConfig,
     Technique,
-    apply_group_offloading,
-    apply_layerwise_casting,
-    apply_model_cpu_offload,
-    apply_sequential_cpu_offload,
-    remove_group_offloading,
-    remove_layerwise_casting,
-    remove_model_cpu_offload,
-    remove_sequential_cpu_offload,
+    techniques_on,
 )
-from hooks.dispatch import dispatch, undispatch
 from hooks.layerwise_casting import DEFAULT_SKIP_MODULES_CLASSES
-from hooks.techniques import REFUSES, techniques_on
+from placement.errors import PlacementError
+
+
+@pytest.fixture(autouse=True)
+def one_virtual_gpu(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")  # per-call residency executes on an accelerator
 
 
 def make() -> nn.Module:
@@ -32,30 +36,56 @@ def make() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)]), nn.Linear(8, 4))
 
 
-CASTING = LayerwiseCastingConfig(storage_dtype=torch.bfloat16, compute_dtype=torch.float32,
-                                 skip_modules_pattern=(), skip_modules_classes=DEFAULT_SKIP_MODULES_CLASSES)
-APPLY = {
-    Technique.DEVICE_MAP: lambda m: dispatch(m, {"0": "cpu", "1": "cpu", "2": "cpu"}, execution_device="cpu"),
-    Technique.MODEL_OFFLOAD: lambda m: apply_model_cpu_offload([m], ModelOffloadConfig(execution_device="cpu")),
-    Technique.SEQUENTIAL_OFFLOAD: lambda m: apply_sequential_cpu_offload(m, SequentialOffloadConfig(execution_device="cpu")),
-    Technique.GROUP_OFFLOAD: lambda m: apply_group_offloading(m, GroupOffloadingConfig(onload_device="cpu")),
-    Technique.LAYERWISE_CASTING: lambda m: apply_layerwise_casting(m, CASTING),
+CONFIGS = {
+    Technique.DEVICE_MAP: DeviceMapConfig(device_map={"0": "cpu", "1": "cpu", "2": "cpu"}, execution_device="cpu"),
+    Technique.MODEL_OFFLOAD: ModelOffloadConfig(execution_device="cpu"),
+    Technique.SEQUENTIAL_OFFLOAD: SequentialOffloadConfig(execution_device="cpu"),
+    Technique.GROUP_OFFLOAD: GroupOffloadingConfig(onload_device="cpu"),
+    Technique.LAYERWISE_CASTING: LayerwiseCastingConfig(storage_dtype=torch.bfloat16, compute_dtype=torch.float32,
+                                                        skip_modules_pattern=(),
+                                                        skip_modules_classes=DEFAULT_SKIP_MODULES_CLASSES),
+    Technique.PER_CALL_RESIDENCY: ResidencyConfig(execution_device=0, device_map={"": "cpu"},
+                                                  per_call_modules=("0", "2"), streamed_modules=("1",)),
 }
-REMOVE = {
-    Technique.DEVICE_MAP: undispatch,
-    Technique.MODEL_OFFLOAD: remove_model_cpu_offload,
-    Technique.SEQUENTIAL_OFFLOAD: remove_sequential_cpu_offload,
-    Technique.GROUP_OFFLOAD: remove_group_offloading,
-    Technique.LAYERWISE_CASTING: remove_layerwise_casting,
-}
+
+
+def apply(technique: Technique, model: nn.Module):
+    return TECHNIQUES[technique].apply(model, CONFIGS[technique])
+
+
+def test_every_technique_has_a_row_whose_config_class_it_takes():
+    assert set(TECHNIQUES) == set(Technique)
+    for technique, spec in TECHNIQUES.items():
+        assert spec.technique is technique and isinstance(CONFIGS[technique], spec.config_class)
+        assert technique not in spec.refuses or technique is Technique.PER_CALL_RESIDENCY
+    # Per-call residency was added as one row: no other row names it, its own says both sides.
+    others = [spec for technique, spec in TECHNIQUES.items() if technique is not Technique.PER_CALL_RESIDENCY]
+    assert all(Technique.PER_CALL_RESIDENCY not in {*spec.refuses, *spec.refused_after} for spec in others)
+    assert hooks.OFFLOADING == {Technique.MODEL_OFFLOAD, Technique.SEQUENTIAL_OFFLOAD, Technique.GROUP_OFFLOAD,
+                                Technique.PER_CALL_RESIDENCY}
 
 
 @pytest.mark.parametrize("technique", list(Technique))
-def test_each_technique_is_recognised_on_the_tree_and_removed(technique):
+def test_one_calling_shape_returns_a_handle_that_removes_it(technique):
     model = make()
-    APPLY[technique](model)
-    assert technique in techniques_on(model)
-    REMOVE[technique](model)
+    with torch.no_grad():
+        expected = model[0](torch.ones(1, 8))
+    handle = apply(technique, model)
+    assert technique in techniques_on(model) and handle.technique is technique
+    with torch.no_grad():
+        torch.testing.assert_close(model[0](torch.ones(1, 8)).float(), expected, atol=2e-2, rtol=0)
+    handle.remove()
+    assert techniques_on(model) == {}
+
+
+@pytest.mark.parametrize("technique", list(Technique))
+def test_the_row_removes_it_and_so_does_remove_technique(technique):
+    model = make()
+    apply(technique, model)
+    TECHNIQUES[technique].remove(model)
+    assert techniques_on(model) == {}
+    apply(technique, model)
+    hooks.remove_technique(model, technique.value)
     assert techniques_on(model) == {}
 
 
@@ -63,12 +93,22 @@ def test_each_technique_is_recognised_on_the_tree_and_removed(technique):
                                                if pair[1] is not Technique.DEVICE_MAP])
 def test_the_table_decides_every_pair(present, applying):
     model = make()
-    APPLY[present](model)
-    if present in REFUSES[applying]:
+    apply(present, model)
+    if present in TECHNIQUES[applying].refuses or applying in TECHNIQUES[present].refused_after:
         with pytest.raises(OffloadConflictError, match=f"already has {present.value}.*Remove it first"):
-            APPLY[applying](model)
+            apply(applying, model)
     else:  # the pair combines: both are on the tree and the model still runs
-        APPLY[applying](model)
+        apply(applying, model)
         assert {present, applying} <= set(techniques_on(model))
         with torch.no_grad():
             assert model[0](torch.ones(1, 8)).shape == (1, 8)
+
+
+def test_the_face_exports_its_entry_points_and_every_error_under_one_runtime_base():
+    assert all(hasattr(hooks, name) for name in hooks.__all__)
+    errors = {cls for info in pkgutil.walk_packages(hooks.__path__, "hooks.")
+              for _, cls in inspect.getmembers(importlib.import_module(info.name), inspect.isclass)
+              if issubclass(cls, PlacementError) and cls.__module__.startswith("hooks")}
+    assert errors and all(issubclass(cls, hooks.PlacementRuntimeError) for cls in errors)
+    assert {cls.__name__ for cls in errors} <= set(hooks.__all__)
+    assert issubclass(hooks.OffloadConfigError, ValueError) and issubclass(hooks.OffloadConflictError, RuntimeError)

@@ -97,8 +97,8 @@ def test_disk_as_a_strategy_quotes_the_same_check_and_lists_the_strategies(scope
 
 
 def test_hooks_refuse_the_disk_as_execution_device_with_the_same_message():
-    from hooks.memory_errors import OffloadConfigError
-    from hooks.offload_devices import resolve_execution_device
+    from hooks import OffloadConfigError
+    from hooks import resolve_execution_device
 
     with pytest.raises(OffloadConfigError, match="'disk' holds weights but cannot execute them"):
         resolve_execution_device("disk")

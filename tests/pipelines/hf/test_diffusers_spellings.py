@@ -12,7 +12,7 @@ import torch
 import pipelines.checkpoint.progress as progress_module
 import pipelines.folder.hub as hub
 from hooks.group_offload import GroupOffloadingConfig, apply_group_offloading, remove_group_offloading
-from hooks.memory_errors import OffloadConfigError
+from hooks import OffloadConfigError
 from pipelines import TextToImagePipeline
 from pipelines.hf.hf_spellings import LoadArgumentError
 

@@ -1,6 +1,7 @@
 """PLACEMENT_VIRTUAL_ACCELERATORS=N: the library sees N accelerators backed by the CPU, so a multi-GPU plan loads
 and dispatches on a CPU machine exactly as on N GPUs (integer devices, splits and offloaded components hooked
-as on a GPU) while the tensors live in RAM."""
+as on a GPU) while the tensors live in RAM, each on its virtual device (`vgpu:k`, strict: see
+tests/placement/test_strict_virtual_accelerators.py)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,15 @@ def hook_counts(module) -> dict[str, int]:
 
 
 def test_the_library_sees_n_cpu_backed_accelerators(virtual, monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
     assert accelerators_present() == 2 and detect_accelerators().virtual
-    assert torch_device(1) == torch.device("cpu") and torch_device("cuda:0") == torch.device("cpu")
+    assert torch_device(1) == torch.device("vgpu", 1) and torch_device("cuda:0") == torch.device("vgpu", 0)
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")  # the escape hatch: every virtual accelerator is the CPU
+    assert torch_device(1) == torch.device("cpu") and accelerators_present() == 2
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "maybe")
+    with pytest.raises(InvalidDeviceError, match="PLACEMENT_VIRTUAL_STRICT='maybe'"):
+        torch_device(1)
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
     budgets = detect_budgets()
     assert budgets.accelerators == (0, 1) and all(budgets.limit(d) > 0 for d in (0, 1, "cpu"))
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "two")
@@ -72,7 +80,9 @@ def test_balanced_over_two_virtual_gpus_is_device_mapped_with_ints_and_matches(v
     for name, module in pipe.module_components.items():
         assert hook_counts(module) == {"MoveInputsHook": 1}, name  # whole: one hook at its top, none below
         assert isinstance(module._hf_hook, MoveInputsHook)
-        assert module._hf_hook.execution_device == torch.device("cpu")
+        assert module._hf_hook.execution_device == torch_device(pipe.hf_device_map[name])
+        assert {tensor.device for tensor in [*module.parameters(), *module.buffers()]} == {
+            torch_device(pipe.hf_device_map[name])}
     pipe.reset_device_map()
     assert not has_hooks(pipe)
 
@@ -95,16 +105,19 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
 
     split = pipe.components[by_kind["split"]]
     assert set(split.hf_device_map.values()) == {0, 1}
-    split_keys = [key for key in split.hf_device_map if key in dict(split.named_modules())]
-    assert hook_counts(split) == {"MoveInputsHook": 1 + len(split_keys)}  # the top, then one per entry
+    entries = [module for key, module in split.named_modules() if key in split.hf_device_map]
+    # The top, then one per entry, except a container entry (a ModuleList the parent loops over, never called
+    # itself): one on each of its blocks, where the inputs arrive.
+    called = sum(len(module) if isinstance(module, torch.nn.ModuleList) else 1 for module in entries)
+    assert hook_counts(split) == {"MoveInputsHook": 1 + called}
     assert {f"{by_kind['split']}.{key}" for key in split.hf_device_map} <= set(pipe.hf_device_map)
     assert all(isinstance(device, int) for device in split.hf_device_map.values())
 
     assert hook_counts(pipe.components[by_kind["whole"]]) == {"MoveInputsHook": 1}
     offloaded = pipe.components[by_kind["offloaded"]]
-    assert set(hook_counts(offloaded)) == {"GroupOffloadHook"}
+    assert set(hook_counts(offloaded)) == {"GroupOffloadHook", "ReturnOutputsHook"}
     assert next(h for h in hooks_of(offloaded) if isinstance(h, GroupOffloadHook)).execution_device == \
-        torch.device("cpu")  # its virtual GPU's torch device
+        torch_device(plan.components[by_kind["offloaded"]].execution_device)
     disk = pipe.components[by_kind["disk"]]
     holders = [m for m in disk.modules() if any(True for _ in m.parameters(recurse=False))]
     assert hook_counts(disk) == {"MoveInputsHook": 1, "ServeWeightsHook": len(holders)}

@@ -8,6 +8,8 @@ while the root or any of those modules runs.
 Leaf level: every module that holds tensors itself (each leaf layer, and any parent with direct parameters)
 is its own group.
 Groups that share a tensor (tied weights) are merged so a tensor is never offloaded while still in use.
+Per-call residency cuts parts of a component the same way: `under` names the part, tensors keep their names
+relative to the component (`entries`), and `whole_group` makes one group of a part that is itself a block.
 """
 
 from __future__ import annotations
@@ -46,22 +48,36 @@ class _Draft:
     release: ReleaseRule
 
 
-def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group: int) -> list[GroupSpec]:
+def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group: int, *, under: str = "",
+                entries: dict[int, ModelTensor] | None = None) -> list[GroupSpec]:
+    """The groups of `root` (of its submodule `under`, named from `root`; `entries`: `collect_entries(root)`)."""
+    part = root.get_submodule(under)
     if offload_type is OffloadType.BLOCK_LEVEL:
-        drafts = _block_drafts(root, num_blocks_per_group)
+        drafts = _block_drafts(part, num_blocks_per_group)
     else:
-        drafts = _leaf_drafts(root)
-    entries = collect_entries(root)
+        drafts = _leaf_drafts(part)
+    entries = collect_entries(root) if entries is None else entries
     drafts = _merge_tied(drafts, entries)
-    specs = []
-    for draft in drafts:
-        tensor_ids = dict.fromkeys(tid for module in draft.owned for tid in direct_tensor_ids(module))
-        group_entries = tuple(entries[tid] for tid in tensor_ids)
-        if group_entries:
-            specs.append(
-                GroupSpec(name=draft.name, modules=tuple(draft.modules), entries=group_entries, release=draft.release)
-            )
-    return specs
+    prefix = f"{under}." if under else ""
+    return [spec for draft in drafts if (spec := _spec(draft, entries, prefix)) is not None]
+
+
+def whole_group(root: nn.Module, under: str, entries: dict[int, ModelTensor]) -> GroupSpec | None:
+    """One group of every tensor of `root`'s submodule `under`, onloaded while it runs, released when it
+    returns (a block: never looked into; None: it holds no tensor)."""
+    part = root.get_submodule(under)
+    draft = _Draft(name=under or "root", modules=[part], owned=list(part.modules()),
+                   release=ReleaseRule.AFTER_LAST_MODULE)
+    return _spec(draft, entries, "")
+
+
+def _spec(draft: _Draft, entries: dict[int, ModelTensor], prefix: str) -> GroupSpec | None:
+    tensor_ids = dict.fromkeys(tid for module in draft.owned for tid in direct_tensor_ids(module))
+    group_entries = tuple(entries[tid] for tid in tensor_ids)
+    if not group_entries:
+        return None
+    return GroupSpec(name=prefix + draft.name, modules=tuple(draft.modules), entries=group_entries,
+                     release=draft.release)
 
 
 def _block_drafts(root: nn.Module, num_blocks_per_group: int) -> list[_Draft]:

@@ -1,0 +1,195 @@
+"""The transfer meter: bytes our hooks move between the host and the accelerators, while it is on.
+
+    with hooks.measure_transfers() as meter:
+        pipe(...)
+    meter.host_to_accelerator_bytes, meter.weights.host_to_accelerator_bytes, meter.inputs
+
+Counted where the hooks move things, by the *places* (plan spelling: accelerator index, "cpu", "disk") they
+move them between, never by sampling the device: weights (group offload onloads, per-call loads, model and
+sequential offload, weights served from CPU RAM or read from disk: the disk counts as host) and inputs (what
+the hooks at component and device boundaries move in, and outputs moved back to the caller). Under
+`PLACEMENT_VIRTUAL_ACCELERATORS` a copy to a virtual accelerator counts as it would on a GPU, though no byte
+moves. Nothing is counted, and no bookkeeping runs, while no meter is on.
+
+Inputs under virtual accelerators: every tensor is a CPU tensor, so the meter keeps the logical place of the
+tensors that matter: a tensor our hooks returned to an accelerator caller is tagged with it; a tensor made
+inside a component is where that component executes (a stack of the executing places); anything else the
+caller made is on the host. (With strict virtual devices, issue 19, the tensor will say so itself.)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from placement.devices import Device, is_accelerator, virtual_accelerator_count
+
+from .places import place_of_device
+
+
+class Payload(str, Enum):
+    WEIGHTS = "weights"
+    INPUTS = "inputs"  # tensors moved at component/device boundaries: inputs in, outputs back to the caller
+
+
+class Direction(str, Enum):
+    HOST_TO_ACCELERATOR = "host_to_accelerator"
+    ACCELERATOR_TO_ACCELERATOR = "accelerator_to_accelerator"
+    ACCELERATOR_TO_HOST = "accelerator_to_host"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """Bytes moved in each direction (the disk counts as host)."""
+
+    host_to_accelerator_bytes: int = 0
+    accelerator_to_accelerator_bytes: int = 0
+    accelerator_to_host_bytes: int = 0
+
+
+class TransferMeter:
+    """What `measure_transfers()` yields: bytes counted while it was on, weights and inputs apart."""
+
+    def __init__(self) -> None:
+        self._bytes: Counter[tuple[Payload, Direction]] = Counter()
+
+    def add(self, payload: Payload, direction: Direction, num_bytes: int) -> None:
+        self._bytes[(payload, direction)] += num_bytes
+
+    def traffic(self, *payloads: Payload) -> Traffic:
+        def total(direction: Direction) -> int:
+            return sum(self._bytes[(payload, direction)] for payload in payloads)
+
+        return Traffic(**{f"{direction.value}_bytes": total(direction) for direction in Direction})
+
+    @property
+    def weights(self) -> Traffic:
+        return self.traffic(Payload.WEIGHTS)
+
+    @property
+    def inputs(self) -> Traffic:
+        return self.traffic(Payload.INPUTS)
+
+    @property
+    def host_to_accelerator_bytes(self) -> int:
+        return self.traffic(*Payload).host_to_accelerator_bytes
+
+    @property
+    def accelerator_to_accelerator_bytes(self) -> int:
+        return self.traffic(*Payload).accelerator_to_accelerator_bytes
+
+    @property
+    def accelerator_to_host_bytes(self) -> int:
+        return self.traffic(*Payload).accelerator_to_host_bytes
+
+    def __repr__(self) -> str:
+        return f"TransferMeter(weights={self.weights}, inputs={self.inputs})"
+
+
+class _State:
+    """The meters on now, and (virtual accelerators only) where tensors and running components are."""
+
+    meters: list[TransferMeter] = []
+    virtual = False
+    executing: list[Device] = []  # places of the components running now, innermost last
+    tags: dict[int, tuple[weakref.ref, Device]] = {}
+
+
+@contextmanager
+def measure_transfers() -> Iterator[TransferMeter]:
+    """Count the bytes our hooks move while the block runs (meters may nest: each counts its own block)."""
+    meter = TransferMeter()
+    if not _State.meters:
+        _State.virtual = virtual_accelerator_count() is not None
+        _State.executing.clear()
+        _State.tags.clear()
+    _State.meters.append(meter)
+    try:
+        yield meter
+    finally:
+        _State.meters.remove(meter)
+        if not _State.meters:
+            _State.executing.clear()
+            _State.tags.clear()
+
+
+def metering() -> bool:
+    return bool(_State.meters)
+
+
+def direction(source: Device, target: Device) -> Direction | None:
+    """The direction of a copy from `source` to `target`; None when it crosses no bus (host to host, or a
+    device to itself)."""
+    if is_accelerator(target):
+        if not is_accelerator(source):
+            return Direction.HOST_TO_ACCELERATOR
+        return Direction.ACCELERATOR_TO_ACCELERATOR if source != target else None
+    return Direction.ACCELERATOR_TO_HOST if is_accelerator(source) else None
+
+
+def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) -> None:
+    """Count `num_bytes` moved from `source` to `target` on every meter that is on."""
+    if not _State.meters or num_bytes <= 0:
+        return
+    moved = direction(source, target)
+    if moved is not None:
+        for meter in _State.meters:
+            meter.add(payload, moved, num_bytes)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+# ------------------------------------------------------------------ logical places (virtual accelerators)
+def place_of(tensor: torch.Tensor) -> Device:
+    """Where `tensor` is, as a place: its device on real hardware; under virtual accelerators its tag, else the
+    place of the innermost running component, else the host (see the module docstring)."""
+    if tensor.device.type != "cpu" or not _State.virtual:
+        return place_of_device(tensor.device)
+    tagged = _State.tags.get(id(tensor))
+    if tagged is not None and tagged[0]() is tensor:
+        return tagged[1]
+    return _State.executing[-1] if _State.executing else "cpu"
+
+
+def is_tagged(tensor: torch.Tensor) -> bool:
+    return id(tensor) in _State.tags
+
+
+def tag(tensor: torch.Tensor, place: Device) -> None:
+    """Remember that the CPU tensor `tensor` now stands for a tensor on `place` (virtual accelerators only)."""
+    if not (_State.meters and _State.virtual) or tensor.device.type != "cpu":
+        return
+    key = id(tensor)
+    if not is_accelerator(place):
+        _State.tags.pop(key, None)
+        return
+    _State.tags[key] = (weakref.ref(tensor, lambda _ref, key=key: _State.tags.pop(key, None)), place)
+
+
+def enter_place(place: Device) -> bool:
+    """A component starts running on `place`; True when it was recorded (then call `leave_place`)."""
+    if not (_State.meters and _State.virtual):
+        return False
+    _State.executing.append(place)
+    return True
+
+
+def leave_place(place: Device) -> None:
+    """Undo the innermost `enter_place(place)` (a raise inside a component may have left others above it)."""
+    stack = _State.executing
+    for index in range(len(stack) - 1, -1, -1):
+        if stack[index] == place:
+            del stack[index:]
+            return
+
+
+__all__ = ["Direction", "Payload", "Traffic", "TransferMeter", "measure_transfers", "metering", "place_of",
+           "record", "tag", "tensor_bytes"]

@@ -1,0 +1,252 @@
+"""`VirtualTensor`: a tensor of a virtual accelerator. Its bytes are an ordinary CPU tensor (`_inner`); its
+`.device` is the virtual device (`vgpu:k`) it was moved to, in Python and in C++ alike.
+
+It is a wrapper subclass (`__torch_dispatch__`, as torch's FakeTensor is): every aten op on it unwraps the CPU
+tensors, checks that the arguments share one device (`rules.common_device`, CUDA's rule and message), runs on the
+CPU and wraps the results onto that device (`dispatch.run_on_cpu`). The numbers are therefore exactly those of a
+CPU run; only the device bookkeeping is added. A few Python-level calls are answered before dispatch
+(`functions.py`: `.data =`, `.tolist()`, `.numpy()`, attention). Factories (`torch.randn(..., device="vgpu:1")`)
+and copies from the CPU reach the backend's kernel (`backend.py`), which runs the same `run_on_cpu`.
+
+aten ops (`run_on_cpu`): ops that move bytes (`copy_`, `_copy_from`) cross devices by design; pinning is refused
+as CUDA refuses it for device tensors; composite ops that reach Python dispatch whole (under `inference_mode`)
+are decomposed as autograd mode would have, except those whose decomposition picks a kernel by device type.
+
+Python-level calls (`handle_function`), answered before aten dispatch:
+- `target.data = value`: torch's setter copies the wrapper's metadata only, so the CPU tensor behind it is
+  replaced too (between the CPU and a virtual device the tensor types differ: the object is swapped);
+- `.tolist()` (torch refuses it for subclasses; CUDA tensors answer it) and `.numpy()` (CUDA's refusal);
+- attention (`F.scaled_dot_product_attention`) without autograd runs whole on the CPU tensors: its composite
+  kernel picks the fused CPU kernel for CPU tensors and the math one for any other device type, so decomposing
+  it on the virtual device would change the numbers;
+- everything else runs as torch's default would, without torch's conversion of results to this class (which
+  would turn the CPU result of `.cpu()` into a VirtualTensor).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from .rules import CPU_INDICES_ALLOWED, check_generator, common_device
+
+
+class VirtualTensor(torch.Tensor):
+    """A CPU tensor that is, for everything that asks, on virtual accelerator `device.index`."""
+
+    _inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, requires_grad: bool = False):
+        # Only reached as `type(param)(value, requires_grad=...)`: accelerate's set_module_tensor_to_device
+        # rebuilds a parameter through its class, which for a parameter of a virtual device is this one.
+        # nn.Parameter keeps the value's device (a VirtualTensor flagged as a parameter, or a plain CPU one).
+        return nn.Parameter(data, requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return run_on_cpu(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return handle_function(func, args, kwargs or {})
+
+    # Python code that asks where the bytes are (safetensors' and accelerate's shared-tensor checks, tied weights)
+    # gets the CPU tensor's answer, as it would get the device memory's on a GPU.
+    def data_ptr(self) -> int:
+        return self._inner.data_ptr()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return self._inner.untyped_storage()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        # torch's printer formats 0-dim subclass tensors with object.__format__ and fails: print the CPU tensor.
+        text = repr(self._inner)
+        return f"{text[:-1]}, device='{self.device}')" if text.endswith(")") else f"{text} (device='{self.device}')"
+
+    def __format__(self, format_spec: str) -> str:
+        return self._inner.__format__(format_spec)
+
+    def __reduce_ex__(self, protocol):
+        # Pickled (torch.save) as torch pickles any device tensor: its CPU bytes, restored onto the device (or
+        # where `map_location` says), with a rebuild function torch.load(weights_only=True) accepts.
+        rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
+        return rebuild, (self._inner, self.dtype, str(self.device), self.requires_grad)
+
+    def __deepcopy__(self, memo: dict) -> "VirtualTensor":
+        # torch's default would copy the storage data_ptr() points at (a CPU one) into this wrapper, and refuse.
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copied = wrap(self._inner.clone(), self.device)
+        copied.requires_grad_(self.requires_grad)
+        for key, value in self.__dict__.items():
+            if key != "_inner":
+                setattr(copied, key, copy.deepcopy(value, memo))  # `_is_param` keeps a parameter a parameter
+        if self.grad is not None:
+            copied.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = copied
+        return copied
+
+
+def wrap(inner: torch.Tensor, device: torch.device) -> VirtualTensor:
+    """`inner` (a CPU tensor) as a tensor of virtual device `device`; they share bytes."""
+    wrapper = torch.Tensor._make_wrapper_subclass(
+        VirtualTensor, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
+        dtype=inner.dtype, layout=inner.layout, device=device, requires_grad=False,
+    )
+    wrapper._inner = inner
+    return wrapper
+
+
+def unwrap(value):
+    return value._inner if isinstance(value, VirtualTensor) else value
+
+
+def is_virtual(device: torch.device) -> bool:
+    return device.type == torch._C._get_privateuse1_backend_name()
+
+
+def unwrap_argument(value, tensors: list):
+    """`value` with VirtualTensors replaced by their CPU tensors; every tensor met is appended to `tensors`.
+    aten arguments nest one level at most (Tensor[], Tensor?[]), so no general tree walk is needed."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return value._inner if isinstance(value, VirtualTensor) else value
+    if isinstance(value, (list, tuple)) and any(isinstance(item, torch.Tensor) for item in value):
+        return type(value)(unwrap_argument(item, tensors) for item in value)
+    return value
+
+
+def wrap_result(out, device: torch.device):
+    """Every tensor in an op's result (a tensor, or a list/tuple of them) put on `device`."""
+    if isinstance(out, torch.Tensor):
+        return wrap(out, device)
+    if isinstance(out, (list, tuple)):
+        return type(out)(wrap_result(item, device) for item in out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- aten ops
+aten = torch.ops.aten
+# Composite ops run whole on the CPU tensors, never decomposed: their decomposition depends on the device type.
+RUN_WHOLE = frozenset({aten.scaled_dot_product_attention})
+
+
+def run_on_cpu(func, args: tuple, kwargs: dict):
+    """Run aten op `func` on the CPU tensors behind `args`, and put its results on the arguments' device."""
+    packet = func.overloadpacket
+    special = _SPECIAL.get(packet)
+    if special is not None:
+        return special(func, args, kwargs)
+    if packet not in RUN_WHOLE and _is_composite(func):
+        # Under inference_mode composite ops (`to.device`, `linear`) reach Python dispatch whole; decompose them
+        # as autograd mode would have, so the device logic sees only the ops they are made of.
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    tensors: list[torch.Tensor] = []
+    inner_args = tuple(unwrap_argument(value, tensors) for value in args)
+    inner_kwargs = {key: unwrap_argument(value, tensors) for key, value in kwargs.items()}
+    cpu_indices = args[1] if packet in CPU_INDICES_ALLOWED and len(args) > 1 else ()
+    device = common_device(func, tensors, cpu_indices=[index for index in cpu_indices if index is not None])
+    requested = kwargs.get("device")
+    target = torch.device(requested) if requested is not None else device
+    if "generator" in kwargs:
+        check_generator(func, kwargs["generator"], target)
+    if requested is not None and is_virtual(target):
+        inner_kwargs["device"] = torch.device("cpu")
+    out = func(*inner_args, **inner_kwargs)
+    if is_virtual(target):
+        out = wrap_result(out, target)
+    return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def _is_composite(func) -> bool:
+    known = _COMPOSITE.get(func)
+    if known is None:
+        known = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+    return known
+
+
+_COMPOSITE: dict = {}
+
+
+def _copy(func, args, kwargs):
+    """copy_ crosses devices by design: it is how bytes move (the destination keeps its device)."""
+    destination, source = args[0], args[1]
+    unwrap(destination).copy_(unwrap(source), *args[2:], **kwargs)
+    return destination
+
+
+def _copy_from(func, args, kwargs):
+    """_copy_from(src, dst): what copy_ becomes when it reaches the backend's kernel directly."""
+    source, destination = args[0], args[1]
+    unwrap(destination).copy_(unwrap(source))
+    return destination
+
+
+def _pin_memory(func, args, kwargs):
+    raise RuntimeError(f"cannot pin a {args[0].device} tensor: only dense CPU tensors can be pinned")
+
+
+_SPECIAL = {
+    aten.copy_: _copy,
+    aten._copy_from: _copy_from,
+    aten._copy_from_and_resize: _copy_from,
+    aten.is_pinned: lambda func, args, kwargs: False,
+    aten._pin_memory: _pin_memory,
+}
+
+
+# ------------------------------------------------------------------------------- Python-level calls
+_DATA = torch._C.TensorBase.__dict__["data"]  # the `tensor.data` descriptor
+RUN_WHOLE_WITHOUT_AUTOGRAD = frozenset({F.scaled_dot_product_attention})
+
+
+def handle_function(func, args: tuple, kwargs: dict):
+    if getattr(func, "__self__", None) is _DATA and func.__name__ == "__set__":
+        return set_data(*args)
+    if func is torch.Tensor.tolist:
+        return args[0]._inner.tolist()
+    if func is torch.Tensor.numpy:
+        raise TypeError(f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() to copy "
+                        "the tensor to host memory first.")
+    if func in RUN_WHOLE_WITHOUT_AUTOGRAD:
+        tensors: list[torch.Tensor] = []
+        inner_args = tuple(unwrap_argument(value, tensors) for value in args)
+        inner_kwargs = {key: unwrap_argument(value, tensors) for key, value in kwargs.items()}
+        if not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)):
+            device = common_device(func, tensors)
+            out = func(*inner_args, **inner_kwargs)
+            return wrap_result(out, device) if is_virtual(device) else out
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def set_data(target: VirtualTensor, value: torch.Tensor) -> None:
+    """`target.data = value` on a virtual tensor, as it works on a GPU: the tensor object stays the same (a
+    parameter keeps its identity and requires_grad), its contents and device become `value`'s.
+
+    Only a virtual target comes here: torch asks the target alone, so a CPU tensor given a virtual value
+    (`cpu_param.data = x.to("vgpu:0")`) gets torch's "incompatible tensor type" (see
+    `placement.devices.strict_virtual_accelerators`)."""
+    if isinstance(value, VirtualTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            _DATA.__set__(target, value)  # sizes, strides, dtype and device of the wrapper
+        target._inner = value._inner
+        return
+    # To the CPU the two tensor types differ: swap the new contents into the object.
+    replacement = value.detach()
+    if isinstance(target, nn.Parameter):
+        replacement = nn.Parameter(replacement, requires_grad=target.requires_grad)
+    else:
+        replacement.requires_grad_(target.requires_grad)
+    extra = {key: item for key, item in target.__dict__.items() if key not in ("_inner", "_is_param")}
+    replacement.__dict__.update(extra)
+    torch.utils.swap_tensors(target, replacement)

@@ -1,0 +1,117 @@
+"""The transfer meter counts what each technique's semantics say it moves per call, on virtual accelerators
+(CPU-backed: no byte moves, every copy to an accelerator is counted as on a GPU).
+
+Steady state (the second call) of encoder -> denoiser x STEPS -> decoder, weights host -> accelerator:
+model offload: every component once; group and sequential offload: every component at every run."""
+
+import pytest
+import safetensors.torch
+import torch
+
+from hooks import (
+    TECHNIQUES,
+    GroupOffloadingConfig,
+    ModelOffloadConfig,
+    SequentialOffloadConfig,
+    Technique,
+    apply_model_cpu_offload,
+    apply_to_each,
+    dispatch,
+    measure_transfers,
+    undispatch,
+)
+from hooks.transfer_meter import Direction, direction
+from transfer_pipeline import STEPS, make, nbytes, run
+
+
+@pytest.fixture(autouse=True)
+def one_virtual_gpu(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+
+
+def second_call(modules):
+    expected = run(make())
+    run(modules)
+    with measure_transfers() as meter:
+        output = run(modules)
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    return meter
+
+
+def runs_times_weights(modules) -> int:
+    return sum(nbytes(module) * (STEPS if name == "denoiser" else 1) for name, module in modules.items())
+
+
+def test_model_offload_moves_every_component_once_per_call():
+    modules = make()
+    chain = apply_model_cpu_offload(list(modules.values()), ModelOffloadConfig(execution_device=0))
+    meter = second_call(modules)
+    # 2752 + 15360 + 3468: the ring sends the decoder back when the encoder starts the next call
+    assert meter.weights.host_to_accelerator_bytes == sum(nbytes(m) for m in modules.values()) == 21580
+    chain.offload_all()
+    with measure_transfers() as meter:
+        run(modules)
+    assert meter.weights.host_to_accelerator_bytes == 21580
+    chain.remove()
+
+
+@pytest.mark.parametrize("technique, config", [  # made under the virtual accelerator, where 0 is the CPU
+    (Technique.GROUP_OFFLOAD, lambda: GroupOffloadingConfig(onload_device=0)),
+    (Technique.GROUP_OFFLOAD, lambda: GroupOffloadingConfig(onload_device=0, offload_type="leaf_level")),
+    (Technique.SEQUENTIAL_OFFLOAD, lambda: SequentialOffloadConfig(execution_device=0)),
+])
+def test_group_and_sequential_offload_move_every_component_at_every_run(technique, config):
+    modules = make()
+    handles = apply_to_each(technique, modules, lambda name: config())
+    meter = second_call(modules)
+    # 2752 + 4 x 15360 + 3468; the decoder, entered through decode, loads its rest group once per call
+    assert meter.weights.host_to_accelerator_bytes == runs_times_weights(modules) == 67660
+    assert meter.weights.accelerator_to_accelerator_bytes == 0
+    for handle in handles.values():
+        handle.remove()
+
+
+def test_a_device_map_streams_its_cpu_and_disk_entries_at_every_run(tmp_path):
+    modules = make()
+    denoiser, decoder = modules["denoiser"], modules["decoder"]
+    file = tmp_path / "decoder.safetensors"
+    safetensors.torch.save_file(decoder.state_dict(), file)
+    index = {name: {"safetensors_file": str(file), "weight_name": name, "dtype": "float32"}
+             for name in decoder.state_dict()}
+    decoder.to("meta")
+    dispatch(modules["encoder"], {"": 0})
+    dispatch(denoiser, {"proj_in": 0, "blocks": "cpu", "norm": 0, "proj_out": 0}, execution_device=0)
+    dispatch(decoder, {"": "disk"}, execution_device=0, disk_weights=index)
+    meter = second_call(modules)
+    assert meter.weights.host_to_accelerator_bytes == STEPS * nbytes(denoiser, ("blocks",)) + nbytes(decoder)
+    for module in modules.values():
+        undispatch(module)
+
+
+def test_nothing_is_counted_without_a_meter_and_meters_nest():
+    modules = make()
+    TECHNIQUES[Technique.GROUP_OFFLOAD].apply(modules["decoder"], GroupOffloadingConfig(onload_device=0))
+    with measure_transfers() as outer:
+        run(modules)
+        with measure_transfers() as inner:
+            run(modules)
+    assert inner.weights.host_to_accelerator_bytes == nbytes(modules["decoder"])
+    assert outer.weights.host_to_accelerator_bytes == 2 * nbytes(modules["decoder"])
+    weights, inputs = outer.weights, outer.inputs
+    assert outer.host_to_accelerator_bytes == weights.host_to_accelerator_bytes + inputs.host_to_accelerator_bytes
+
+
+def test_onload_to_the_cpu_crosses_no_bus():
+    modules = make()
+    handles = apply_to_each(Technique.GROUP_OFFLOAD, modules, lambda name: GroupOffloadingConfig(onload_device="cpu"))
+    with measure_transfers() as meter:
+        run(modules)
+    assert meter.host_to_accelerator_bytes == meter.accelerator_to_host_bytes == 0
+    for handle in handles.values():
+        handle.remove()
+
+
+def test_directions():
+    assert direction("cpu", 0) is direction("disk", 1) is Direction.HOST_TO_ACCELERATOR
+    assert direction(0, 1) is Direction.ACCELERATOR_TO_ACCELERATOR and direction(1, 1) is None
+    assert direction(0, "cpu") is Direction.ACCELERATOR_TO_HOST and direction("cpu", "cpu") is None

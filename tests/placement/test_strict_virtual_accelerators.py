@@ -1,0 +1,147 @@
+"""Strict virtual accelerators (PLACEMENT_VIRTUAL_ACCELERATORS=N): each tensor belongs to the virtual device it
+was moved to, and an op that mixes two devices raises the error CUDA raises, while every number equals a CPU
+run's. These tests pin the tensor-level behaviour; tests/pipelines/test_strict_pipelines.py the library's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate.utils import set_module_tensor_to_device
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from placement.devices import normalize_device, torch_device
+from placement.virtual import VirtualTensor
+
+MIXED = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+@pytest.fixture(autouse=True)
+def two_strict_virtual_gpus(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
+
+
+def gpu(index: int) -> torch.device:
+    return torch_device(index)
+
+
+def test_a_module_on_virtual_1_fed_an_input_on_virtual_0_raises_as_cuda_does():
+    linear = nn.Linear(4, 2).to(gpu(1))
+    with pytest.raises(RuntimeError, match=f"{MIXED}, vgpu:1 and vgpu:0!"):
+        linear(torch.randn(3, 4, device=gpu(0)))
+    with pytest.raises(RuntimeError, match=f"{MIXED}, vgpu:1 and cpu!"):
+        linear(torch.randn(3, 4))  # a CPU input left behind
+    assert linear(torch.randn(3, 4, device=gpu(1))).device == gpu(1)
+
+
+def test_cpu_scalars_and_cpu_indices_mix_as_cuda_allows():
+    x = torch.arange(6.0).reshape(2, 3).to(gpu(0))
+    assert (x * torch.tensor(2.0)).device == gpu(0)  # a 0-dim CPU tensor is a scalar
+    assert x[torch.tensor([1, 0])].device == gpu(0)  # indexing with CPU indices
+    with pytest.raises(RuntimeError, match=MIXED):
+        x + torch.ones(3)  # a 1-dim CPU tensor is not
+    with pytest.raises(RuntimeError, match=MIXED):
+        torch.cat([x, x.to(gpu(1))])
+
+
+def test_tensor_device_names_the_virtual_device_and_code_that_follows_it_works():
+    weight = torch.randn(4, 4).to(gpu(1))
+    assert isinstance(weight, VirtualTensor) and weight.device == torch.device("vgpu", 1)
+    assert normalize_device(weight.device) == 1
+    follower = torch.randn(2, 4).to(weight.device)  # what model code does: x.to(weight.device)
+    made_there = torch.zeros(2, 4, device=weight.device)  # and diffusers: randn(..., device=pipe.device)
+    assert (follower @ weight + made_there).device == gpu(1)
+    assert torch.randn(3, device=gpu(0)).device == gpu(0) and torch.tensor([1.0], device=gpu(1)).device == gpu(1)
+    back = weight.cpu()
+    assert type(back) is torch.Tensor and back.device.type == "cpu"
+
+
+def test_a_random_op_on_a_virtual_device_refuses_a_cpu_generator_as_cuda_does():
+    with pytest.raises(RuntimeError, match="Expected a 'vgpu' device type for generator but found 'cpu'"):
+        torch.randn(3, device=gpu(0), generator=torch.Generator().manual_seed(0))
+
+
+def test_devices_do_not_share_bytes():
+    x = torch.zeros(3).to(gpu(0))
+    y = x.to(gpu(1))
+    y.add_(1)
+    assert x.cpu().tolist() == [0.0, 0.0, 0.0] and y.tolist() == [1.0, 1.0, 1.0]
+    view = y[:2]
+    view.mul_(5)  # a view writes into its base, as on a device
+    assert y.tolist() == [5.0, 5.0, 1.0]
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = F.silu(self.norm(self.conv(x)))  # (B, 8, H, W)
+        tokens = h.flatten(2).transpose(1, 2)  # (B, HW, 8)
+        q = k = v = self.proj(tokens).unflatten(-1, (2, 4)).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_numbers_equal_a_cpu_run_bit_for_bit(mode):
+    torch.manual_seed(0)
+    block, x = Block().eval(), torch.randn(2, 4, 8, 8)
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with context():
+        expected = block(x)
+        # Attention too: its composite kernel would pick the unfused math kernel for a non-CPU device type.
+        got = copy.deepcopy(block).to(gpu(1))(x.to(gpu(1)))
+    assert got.device == gpu(1) and torch.equal(got.cpu(), expected)
+
+
+def test_parameters_keep_their_device_through_accelerate_module_to_and_data():
+    module = nn.Linear(4, 2, device="meta")
+    set_module_tensor_to_device(module, "weight", gpu(1), value=torch.ones(2, 4))  # param_cls(new_value)
+    assert isinstance(module.weight, nn.Parameter) and module.weight.device == gpu(1)
+    set_module_tensor_to_device(module, "weight", gpu(0))
+    assert module.weight.device == gpu(0) and module.weight.tolist() == [[1.0] * 4] * 2
+    set_module_tensor_to_device(module, "weight", "cpu", value=module.weight)
+    assert type(module.weight) is nn.Parameter and module.weight.device.type == "cpu"
+    module = nn.Linear(4, 2).to(gpu(0)).to(gpu(1)).to(torch.float16)
+    assert {p.device for p in module.parameters()} == {gpu(1)} and module.weight.dtype == torch.float16
+    weight = module.weight
+    weight.data = weight.data.to(gpu(0))  # group offloading's way: the same object, on another device
+    assert module.weight is weight and weight.device == gpu(0) and weight._inner.dtype == torch.float16
+    weight.data = weight.data.cpu()
+    assert module.weight is weight and weight.device.type == "cpu" and isinstance(weight, nn.Parameter)
+
+
+def test_state_dict_safetensors_pickle_and_deepcopy_keep_or_drop_the_device(tmp_path):
+    module = nn.Linear(4, 2).to(gpu(1))
+    save_file(module.state_dict(), tmp_path / "weights.safetensors")  # gathered to the CPU, as from a GPU
+    loaded = load_file(tmp_path / "weights.safetensors")
+    assert torch.equal(loaded["weight"], module.weight.cpu())
+    torch.save(module.state_dict(), tmp_path / "weights.pt")
+    assert torch.load(tmp_path / "weights.pt")["weight"].device == gpu(1)
+    assert torch.load(tmp_path / "weights.pt", map_location="cpu")["weight"].device.type == "cpu"
+    copied = copy.deepcopy(module)
+    assert copied.weight.device == gpu(1) and isinstance(copied.weight, nn.Parameter)
+    assert torch.equal(copied.weight.cpu(), module.weight.cpu())
+
+
+def test_what_cuda_refuses_is_refused():
+    x = torch.ones(2).to(gpu(0))
+    with pytest.raises(TypeError, match="can't convert vgpu:0 device type tensor to numpy"):
+        x.numpy()
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        x.pin_memory()
+    assert not x.is_pinned()
+
+
+def test_not_strict_every_virtual_accelerator_is_the_cpu(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")
+    linear = nn.Linear(4, 2).to(torch_device(1))
+    assert torch_device(1) == torch.device("cpu")
+    assert linear(torch.randn(3, 4).to(torch_device(0))).device.type == "cpu"  # the mix-up goes unseen
