@@ -1,25 +1,22 @@
-"""Load benchmark: our `ModelMixin.from_pretrained` to the CPU vs raw file reads vs `safetensors.torch.load_file`.
+"""Load benchmark (issue 17): our device-mapped load vs diffusers' own `from_pretrained`, on one diffusers folder.
 
-A model of >= 1 GB is saved in shards once; then each variant loads it in a fresh subprocess, which reports its
-wall time and its peak RSS (`resource.getrusage`) above the RSS it had before loading (imports excluded).
-The files are read once beforehand, so every variant reads from the page cache: the comparison is of the
-loaders, not of the disk. safetensors (>= 0.6) maps tensors lazily, so a load is only finished once every page
-is resident: each variant touches one element per memory page of what it loaded, inside the timing.
-The model is saved by a child process too: a child inherits its parent's peak RSS across fork, which would
-hide the loaders' own peaks. Each variant runs `--repeats` times, alternating; the best time and the lowest peak
-are kept. Targets (issue 2): >= 0.8x the raw-read throughput, peak RSS <= 1.35x the model.
+The folder holds an SD1.5-sized `UNet2DConditionModel` (diffusers' SD1.5 UNet config, random weights, 3.44 GB in
+float32) saved by diffusers itself in `unet/`, and a `model_index.json` naming it, so that
+`pipelines.Pipeline.from_pretrained(folder, device_map=...)` loads it through our loader as a generic pipeline of
+one component. It is saved once (by a child process: a child inherits its parent's peak RSS across fork), to a
+temp folder or to `--folder` (kept and reused). The files are read once before timing, so every load reads from
+the page cache: the comparison is of the loaders, not of the disk.
 
-The fp16 cast streams each tensor from its memory map through one `tensor.to(dtype)` (accelerate's
-`set_module_tensor_to_device`): one read of the source, one write of the half-size copy. Alternatives measured
-in process on 2 shared cores, two 270 MB shards from the page cache, best of 4: `.to(fp16)` 2.37 GB/s,
-`torch.empty(dtype)` + `copy_` 2.39, the same in 4M-element chunks 1.93, `readinto` a reused 16 MiB buffer then
-`copy_` 1.16, `readinto` a whole fp32 tensor then cast 0.87. None beats `.to()`, so the loader keeps it; the
-"load_file, cast to fp16" row is the same cast done the plain way, for comparison (in one process, best of 3 on
-the 1.07 GB model: ours 0.51 s, load_file + `.to` 0.70 s; across child processes the two swing 0.5-2 s on a
-shared CPU, so compare several runs).
+Each variant loads in a fresh subprocess that imports torch, diffusers and pipelines first (imports are not
+timed), then times the load and a touch of one element per memory page of every tensor (safetensors maps tensors
+lazily: a load is finished only once its pages are resident), and reports the seconds and its peak RSS above the
+RSS before loading; also its CPU seconds (user + system, all threads), steadier than wall time on a shared machine.
+Variants alternate within each repeat; the table shows the median and best wall seconds, the median CPU seconds,
+and the ratios of medians to diffusers'. Without an accelerator, "balanced" degrades to the CPU (one warning) but still
+plans and dispatches: the device-mapped code path; device_map="cpu" is the single-device path (no hooks).
 
-    python benchmarks/load.py                 # ~1.07 GB fp32 model, 4 shards, 2 repeats
-    python benchmarks/load.py --gib 2 --repeats 3 --folder /tmp/bench-model
+    python benchmarks/load.py                                   # temp folder, 3 repeats
+    python benchmarks/load.py --folder /tmp/sd15-unet --repeats 5
 """
 
 from __future__ import annotations
@@ -28,45 +25,28 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from pipelines import ModelConfig, ModelMixin
-
-VARIANTS = ("raw read", "safetensors load_file", "load_file, cast to fp16", "ours from_pretrained", "ours, cast to fp16")
+SD15_UNET = {"sample_size": 64, "cross_attention_dim": 768}  # with diffusers' defaults: SD1.5's UNet config
+LOADERS = ("diffusers from_pretrained", "ours device_map='balanced'", "ours device_map='cpu'")
+DTYPES = ("float32", "bfloat16")
 
 
-class BenchConfig(ModelConfig):
-    width: int = 4096
-    depth: int = 16
+def save_folder(folder: Path) -> None:
+    import torch
+    from diffusers import UNet2DConditionModel
 
-
-class BenchModel(ModelMixin):
-    """A stack of square linear layers: big tensors, as in real checkpoints (~64 MiB each at width 4096)."""
-
-    config_class = BenchConfig
-    _no_split_modules = ["Linear"]
-
-    def __init__(self, config: BenchConfig):
-        super().__init__(config)
-        self.layers = nn.ModuleList(nn.Linear(config.width, config.width) for _ in range(config.depth))
-
-
-def model_bytes(config: BenchConfig) -> int:
-    return config.depth * (config.width * config.width + config.width) * 4
-
-
-def save_model(folder: Path, config: BenchConfig, shards: int) -> None:
-    model = BenchModel(config)  # random init is slow for 1 GB: zeros are as good for IO
-    for parameter in model.parameters():
-        nn.init.zeros_(parameter)
-    model.save_pretrained(folder, max_shard_size=model_bytes(config) // shards + 1)
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(**SD15_UNET)
+    unet.save_pretrained(folder / "unet")  # one 3.44 GB file: below diffusers' default shard size
+    index = {"_class_name": "UNetFolder", "unet": ["diffusers", "UNet2DConditionModel"]}
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def current_rss() -> int:
@@ -74,109 +54,106 @@ def current_rss() -> int:
         return int(statm.read().split()[1]) * resource.getpagesize()
 
 
-def run_child(variant: str, folder: Path) -> dict:
-    """In a fresh process: load once, keep everything alive, report seconds and peak RSS above baseline."""
-    files = sorted(folder.glob("*.safetensors"))
+def run_child(loader: str, dtype_name: str, folder: Path) -> dict:
+    """In a fresh process: load once, touch every page, report seconds and peak RSS above the baseline."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from pipelines import Pipeline  # the package face imports lazily: import before timing, as for diffusers
+
+    dtype = None if dtype_name == "float32" else getattr(torch, dtype_name)  # float32: as saved, no cast
+    warnings.filterwarnings("ignore", message="No accelerator")
     baseline = current_rss()
+    cpu_start = cpu_seconds()
     start = time.perf_counter()
-    if variant == "raw read":
-        kept = [path.read_bytes() for path in files]
-    elif variant == "safetensors load_file":
-        from safetensors.torch import load_file
-
-        kept = [load_file(str(path)) for path in files]
-        touch(tensor for shard in kept for tensor in shard.values())
-    elif variant == "load_file, cast to fp16":  # the plain way to the same result: the floor for our cast
-        from safetensors.torch import load_file
-
-        kept = [{name: t.to(torch.float16) for name, t in load_file(str(path)).items()} for path in files]
+    if loader.startswith("diffusers"):
+        model = UNet2DConditionModel.from_pretrained(folder / "unet", torch_dtype=dtype)
     else:
-        dtype = torch.float16 if "fp16" in variant else None  # a cast makes a real copy of every tensor
-        kept = BenchModel.from_pretrained(folder, torch_dtype=dtype, progress=False)
-        touch(kept.state_dict().values())
+        device_map = loader.split("'")[1]
+        model = Pipeline.from_pretrained(folder, device_map=device_map, torch_dtype=dtype, progress=False).unet
+    touch(model.state_dict().values())
     seconds = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu_start
+    dtypes = sorted({str(t.dtype) for t in model.parameters()})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    del kept
-    return {"seconds": seconds, "peak_over_baseline": peak - baseline}
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_over_baseline": peak - baseline, "dtypes": dtypes}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def touch(tensors) -> None:
     """Read one element per 4 KiB page, so lazily mapped tensors are really in memory."""
     for tensor in tensors:
         flat = tensor.reshape(-1)
-        step = max(1, 4096 // tensor.element_size())
-        flat[::step].sum().item()
+        flat[:: max(1, 4096 // tensor.element_size())].float().sum().item()
 
 
-def measure(variant: str, folder: Path) -> dict:
-    command = [sys.executable, __file__, "--child", variant, "--folder", str(folder)]
+def measure(loader: str, dtype: str, folder: Path) -> dict:
+    command = [sys.executable, __file__, "--child", loader, "--dtype", dtype, "--folder", str(folder)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def warm_page_cache(folder: Path) -> None:
-    for path in folder.iterdir():
-        with open(path, "rb") as handle:
-            while handle.read(64 * 1024**2):
-                pass
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                while handle.read(64 * 1024**2):
+                    pass
 
 
-def print_table(results: dict[str, dict], size: int) -> None:
-    raw = results["raw read"]
-    print(f"\nmodel: {size / 1e9:.2f} GB in {results['_files']} shard(s)\n")
-    header = (
-        f"{'variant (bytes read/s)':<24}{'time s':>9}{'GB/s':>8}{'x raw speed':>13}"
-        f"{'peak RSS GB':>13}{'RSS / model':>13}"
-    )
+def print_table(results: dict[tuple[str, str], list[dict]], size: int, repeats: int) -> None:
+    print(f"\nSD1.5 UNet2DConditionModel, {size / 1e9:.2f} GB float32 on disk, warm page cache, "
+          f"{repeats} repeat(s) per variant\n")
+    header = (f"{'dtype':<10}{'loader':<29}{'median s':>9}{'best s':>8}{'x diffusers':>12}{'CPU s':>7}"
+              f"{'x diffusers':>12}{'peak RSS GB':>12}")
     print(header)
     print("-" * len(header))
-    for variant in VARIANTS:
-        r = results[variant]
-        print(
-            f"{variant:<24}{r['seconds']:>9.2f}{size / r['seconds'] / 1e9:>8.2f}"
-            f"{raw['seconds'] / r['seconds']:>13.2f}{r['peak_over_baseline'] / 1e9:>13.2f}"
-            f"{r['peak_over_baseline'] / size:>13.2f}"
-        )
-    ours = results["ours from_pretrained"]
-    speed, rss = raw["seconds"] / ours["seconds"], ours["peak_over_baseline"] / size
-    print(f"\ntargets: >= 0.80x raw speed ({'met' if speed >= 0.8 else 'MISSED'}: {speed:.2f}x), "
-          f"peak RSS <= 1.35x model ({'met' if rss <= 1.35 else 'MISSED'}: {rss:.2f}x)")
+    for dtype in DTYPES:
+        anchor = {key: statistics.median(r[key] for r in results[(dtype, LOADERS[0])])
+                  for key in ("seconds", "cpu_seconds")}
+        for loader in LOADERS:
+            runs = results[(dtype, loader)]
+            wall, cpu = (statistics.median(r[key] for r in runs) for key in ("seconds", "cpu_seconds"))
+            best = min(r["seconds"] for r in runs)
+            peak = min(r["peak_over_baseline"] for r in runs)
+            print(f"{dtype:<10}{loader:<29}{wall:>9.2f}{best:>8.2f}{wall / anchor['seconds']:>12.2f}{cpu:>7.2f}"
+                  f"{cpu / anchor['cpu_seconds']:>12.2f}{peak / 1e9:>12.2f}")
+    print("\nx diffusers: our median over diffusers' median for the same dtype (<= 1.00: no slower); wall time, then "
+          "CPU time.")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gib", type=float, default=1.0, help="model size in GiB (>= 1 for the issue's target)")
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--folder", type=Path, help="reuse/keep the saved model here (default: a temp folder)")
-    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--save-child", type=int, nargs=2, metavar=("DEPTH", "SHARDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--folder", type=Path, help="keep/reuse the saved folder here (default: a temp folder)")
+    parser.add_argument("--child", choices=LOADERS, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", choices=DTYPES, help=argparse.SUPPRESS)
+    parser.add_argument("--save-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(args.child, args.folder)))
+        print(json.dumps(run_child(args.child, args.dtype, args.folder)))
         return
     if args.save_child:
-        save_model(args.folder, BenchConfig(depth=args.save_child[0]), args.save_child[1])
+        save_folder(args.folder)
         return
-    width = 4096
-    depth = max(1, round(args.gib * 1024**3 / ((width * width + width) * 4)))
-    config = BenchConfig(width=width, depth=depth)
     scratch = None if args.folder else Path(tempfile.mkdtemp(prefix="load-bench-"))
-    folder = args.folder or scratch / "model"
+    folder = args.folder or scratch / "sd15-unet"
     try:
-        if not (folder / "config.json").is_file():
-            print(f"saving a {model_bytes(config) / 1e9:.2f} GB model in {args.shards} shards to {folder} ...")
-            command = [sys.executable, __file__, "--save-child", str(depth), str(args.shards), "--folder", str(folder)]
-            subprocess.run(command, check=True)
+        if not (folder / "model_index.json").is_file():
+            print(f"saving an SD1.5 UNet (random weights) to {folder} ...")
+            subprocess.run([sys.executable, __file__, "--save-child", "--folder", str(folder)], check=True)
         warm_page_cache(folder)
-        results: dict = {"_files": len(list(folder.glob("*.safetensors")))}
+        results: dict[tuple[str, str], list[dict]] = {}
         for _ in range(args.repeats):
-            for variant in VARIANTS:
-                r = measure(variant, folder)
-                best = results.setdefault(variant, r)
-                best["seconds"] = min(best["seconds"], r["seconds"])
-                best["peak_over_baseline"] = min(best["peak_over_baseline"], r["peak_over_baseline"])
-        print_table(results, model_bytes(config))
+            for dtype in DTYPES:
+                for loader in LOADERS:
+                    results.setdefault((dtype, loader), []).append(measure(loader, dtype, folder))
+        size = sum(path.stat().st_size for path in (folder / "unet").glob("*.safetensors"))
+        print_table(results, size, args.repeats)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -6,7 +6,7 @@
 Each family is built on meta, at full size, from its published configs (benchmarks/data/real_pipelines.json;
 families marked * from benchmarks/data/extra_pipelines.json, written without Hub access) in bf16. The call
 is the common one: 1024x1024 images, 480x832x49 video, batch 1, each pipeline's own default guidance and text
-length. Activation peaks come from `pipelines.framework.calls` (the per-family example calls) and
+length. Activation peaks come from `pipelines.hf.calls` (the per-family example calls) and
 `placement.estimate_activations`.
 
 For each GPU inventory, two placements and one memory model (ours: weights + the largest activation among
@@ -32,7 +32,7 @@ import placement
 from placement.devices import HOST_DEVICES
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
-from pipelines.framework.calls import family_calls
+from pipelines.hf.calls import family_calls
 from placement_quality import DTYPE, GiB, build_component, diffusers_assignment, gpu_budgets
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -68,7 +68,7 @@ def naive(pipeline: Pipeline, gibs: list[int], activations: dict[str, int] | Non
 def preset_pipelines() -> list[tuple[Pipeline, dict[str, int]]]:
     """The reference presets on meta with each component's activation peak at CALL."""
     from pipelines import TextToImagePipeline
-    from pipelines.framework.planning import call_activations
+    from pipelines.loading.planning import call_activations
     from placement.sizing import size_module
 
     found = []

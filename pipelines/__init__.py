@@ -1,24 +1,28 @@
-"""What users touch, by audience:
+"""What users touch, cut along the data flow (each subpackage imports only those below it; tests/test_layering.py):
 
-framework/      ModelMixin, Pipeline, the folder format, loading/planning/saving (for your own models and pipelines)
-checkpoint/     the weights half of the folder format: safetensors shards, index, streaming loader, atomic save
-text_to_image/  the reference text-to-image pipeline, its models, tokenizer, scheduler and presets
 cli/            the `placement` command
+distributed/    replicas under torchrun: load_replica, the `placement run` job
+text_to_image/  the reference text-to-image pipeline, its models, tokenizer, scheduler and presets
+framework/      the user base classes: ModelConfig, ModelMixin, Pipeline (and their memory methods)
+loading/        the one loader of models and pipelines: request, meta build, plan, place, undo
+hf/             the diffusers/transformers bridge, and the calls of diffusers' pipeline families
+folder/         what a folder is: model_index.json, component sources, the Hub, snapshots, class registry, saving
+checkpoint/     the file format only: safetensors shards and index, config files, atomic save, streaming
+errors.py       the middle of the error tree (FolderError, LoadError); every error is exported here by name
 
 Names are imported on first use (PEP 562), so that `placement --help` (the console script lives in
-`pipelines.cli`) does not import torch. `import_library_classes()` imports every library class a saved folder
-may name (`framework.registry` calls it).
+`pipelines.cli`) does not import torch. The class registry (`folder.class_registry`) is told here which library
+classes a saved folder may name and how to import each, so that it never names this package itself.
 """
 
+import functools
 import importlib
 
-_EXPORTS = {
-    "ModelConfig": ".framework.config",
-    "ModelMixin": ".framework.modeling",
+from .folder import class_registry as _class_registry
+
+# The classes a saved folder may name as ["pipelines", ClassName] (each is a `@library_class`), by module.
+_LIBRARY_CLASSES = {
     "Pipeline": ".framework.pipeline",
-    "library_class": ".framework.registry",
-    "register_class": ".framework.registry",
-    "place": ".framework.place",
     "AutoencoderKL": ".text_to_image.models",
     "DiT": ".text_to_image.models",
     "TextEncoder": ".text_to_image.models",
@@ -27,6 +31,46 @@ _EXPORTS = {
     "FlowMatchEulerScheduler": ".text_to_image.schedulers",
     "ByteTokenizer": ".text_to_image.tokenizers",
 }
+_EXPORTS = {
+    **_LIBRARY_CLASSES,
+    "ModelConfig": ".framework.config",
+    "ModelMixin": ".framework.modeling",
+    "library_class": ".folder.class_registry",
+    "register_class": ".folder.class_registry",
+    "place": ".loading.place",
+}
+
+# Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
+_ERRORS = {
+    ".errors": ("DeviceMappedError", "FolderError", "LoadError"),
+    ".checkpoint.checkpoint_errors": (
+        "CheckpointDtypeError", "CheckpointError", "CheckpointKeysError", "CheckpointReadError",
+        "CheckpointSaveError", "CheckpointShapeError", "CorruptCheckpointError", "InvalidConfigError",
+        "UnsafeCheckpointPathError", "VariantNotFoundError", "WeightsNotFoundError",
+    ),
+    ".folder.component_classes": ("ComponentBuildError", "MissingConfigError"),
+    ".folder.components": ("PipelineComponentError",),
+    ".folder.model_index": ("ModelIndexError", "UntrustedClassError"),
+    ".folder.pipeline_saving": ("PipelineSaveError",),
+    ".folder.snapshot": ("FolderChangedError",),
+    ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
+    ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
+    ".hf.hf_spellings": ("LoadArgumentError",),
+    ".loading.placing": ("AcceleratorsMissingError", "PipelineLoadError"),
+    ".loading.saved_plans": ("SavedPlanError",),
+    ".framework.memory": ("VaeFeatureError",),
+    ".text_to_image.conditioning": ("TextConditioningError",),
+    ".text_to_image.inputs": ("ActivationInputsError",),
+    ".text_to_image.models.inputs": ("ModelInputError",),
+    ".text_to_image.pipeline": ("PipelineCallError",),
+    ".text_to_image.presets": ("UnknownPresetError",),
+    ".text_to_image.schedulers": ("SchedulerError",),
+    ".text_to_image.tokenizers": ("TokenizerError",),
+    ".distributed.images": ("ImageRunError",),
+    ".distributed.replica": ("ReplicaLoadError",),
+    ".cli.resolve": ("CliArgumentError", "PlanTargetError"),
+}
+_EXPORTS.update({name: module for module, names in _ERRORS.items() for name in names})
 
 
 def __getattr__(name: str):
@@ -43,22 +87,12 @@ def __dir__() -> list[str]:
 
 def import_library_classes() -> None:
     """Import every module that defines a library class, so that each is registered by name."""
-    for module in sorted(set(_EXPORTS.values())):
+    for module in sorted(set(_LIBRARY_CLASSES.values())):
         importlib.import_module(module, __name__)
 
 
-__all__ = [
-    "AutoencoderKL",
-    "ByteTokenizer",
-    "DiT",
-    "FlowMatchEulerScheduler",
-    "ModelConfig",
-    "ModelMixin",
-    "Pipeline",
-    "TextEncoder",
-    "TextToImagePipeline",
-    "UNet",
-    "library_class",
-    "place",
-    "register_class",
-]
+_class_registry.declare_library_classes(
+    {name: functools.partial(importlib.import_module, module, __name__) for name, module in _LIBRARY_CLASSES.items()}
+)
+
+__all__ = sorted(_EXPORTS)

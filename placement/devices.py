@@ -128,18 +128,19 @@ def strict_virtual_accelerators() -> bool:
     raise InvalidDeviceError(f"{VIRTUAL_STRICT_ENV}={text!r}: expected 1 (strict, the default) or 0.")
 
 
-def torch_device(device: Device) -> torch.device:
+def torch_device(device: Device, accelerators: Accelerators | None = None) -> torch.device:
     """The torch.device that executes on `device` ("disk" executes nowhere: its weights stream to an accelerator).
 
     An accelerator index maps to this machine's accelerator type ("cuda:1", "xpu:1", "mps"; a virtual one to
     "vgpu:1", or "cpu" when not strict); on a machine without accelerators it maps to "cuda:N", which fails where
-    it is used, not here."""
+    it is used, not here. `accelerators`: what `detect_accelerators()` found, when the caller already asked (a load
+    asks once)."""
     check_can_execute(device, what="execution device")
     if device == "cpu":
         return torch.device("cpu")
     if not is_accelerator(device):
-        return torch_device(normalize_device(device))
-    return detect_accelerators().torch_device(device)
+        return torch_device(normalize_device(device), accelerators)
+    return (accelerators or detect_accelerators()).torch_device(device)
 
 
 def safetensors_device(device: torch.device) -> str:

@@ -1,4 +1,6 @@
-"""The checkpoint folder format: file names and variants, atomic sharded saving, streaming loads, errors.
+"""The checkpoint folder format: file names and variants, config files, atomic sharded saving, dtype and key
+validation, tensor streaming, errors. It imports neither `hooks` nor any other subpackage of `pipelines`: where
+tensors go is decided above it (`pipelines.loading`).
 
 Works for any `nn.Module` (ours, diffusers', transformers'):
 
@@ -8,7 +10,7 @@ Works for any `nn.Module` (ours, diffusers', transformers'):
     load_weights(module, weights, device_map={"": "cpu"}, dtype=torch.float16, keep_in_fp32=("norm",))
 """
 
-from .errors import (
+from .checkpoint_errors import (
     CheckpointError,
     CheckpointDtypeError,
     CheckpointKeysError,
@@ -22,9 +24,9 @@ from .errors import (
     WeightsNotFoundError,
 )
 from .index import TensorEntry, WeightsIndex, find_weights, read_header
-from .loading import check_accelerators_exist, load_weights, target_dtype, tie_weights
+from .dtypes import check_dtypes
+from .streaming import load_dtypes, load_weights, stream_weights, target_dtype, tie_weights
 from .naming import CONFIG_NAME, DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNaming, variants_in
-from .placing import cast_meta, disk_offload_index, load_component, stream_component
 from .saving import atomic_folder, save_weights
 from .validation import validate_weights
 
@@ -47,16 +49,14 @@ __all__ = [
     "WeightsNaming",
     "WeightsNotFoundError",
     "atomic_folder",
-    "cast_meta",
-    "check_accelerators_exist",
-    "disk_offload_index",
-    "load_component",
+    "check_dtypes",
     "find_weights",
+    "load_dtypes",
     "load_weights",
     "read_header",
     "save_weights",
+    "stream_weights",
     "target_dtype",
-    "stream_component",
     "tie_weights",
     "validate_weights",
     "variants_in",

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import CheckpointSaveError
+from .checkpoint_errors import CheckpointSaveError
 
 Owned = Callable[[str], bool]  # relative posix path of an entry -> True when the save replaces it wholesale
 

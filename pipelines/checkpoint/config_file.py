@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import CorruptCheckpointError, InvalidConfigError, WeightsNotFoundError
+from .checkpoint_errors import CorruptCheckpointError, InvalidConfigError, WeightsNotFoundError
 from .naming import CONFIG_NAME
 
 CLASS_NAME_KEY = "_class_name"

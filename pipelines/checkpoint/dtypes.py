@@ -9,19 +9,20 @@ bool tensors (token ids, counters, masks) are never cast, so they must match the
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn
 
-from .errors import CheckpointDtypeError, list_names
+from .checkpoint_errors import CheckpointDtypeError, list_names
 from .index import TensorEntry, WeightsIndex
 
 
 def check_dtypes(module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype | None,
-                 keep_in_fp32: Iterable[str] = ()) -> None:
-    """Raise `CheckpointDtypeError` for tensors of `weights` the model `module` (on meta) cannot take."""
-    model = dict(module.state_dict(keep_vars=True))
+                 keep_in_fp32: Iterable[str] = (), model_tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+    """Raise `CheckpointDtypeError` for tensors of `weights` the model `module` (on meta) cannot take.
+    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already."""
+    model = dict(module.state_dict(keep_vars=True)) if model_tensors is None else model_tensors
     matched = {name: entry for name, entry in weights.tensors.items() if name in model}
     kinds = [f"{name!r}: checkpoint {_short(entry.dtype)}, model {_short(model[name].dtype)}"
              for name, entry in sorted(matched.items()) if _kind_differs(entry.dtype, model[name].dtype)]
@@ -33,7 +34,7 @@ def check_dtypes(module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype
     if dtype is not None:
         return
     keep = tuple(keep_in_fp32)
-    parameters = {name for name, _ in module.named_parameters()}
+    parameters = {name for name, tensor in model.items() if isinstance(tensor, nn.Parameter)}
     floats = {name: entry for name, entry in matched.items()
               if name in parameters and entry.dtype.is_floating_point and not _kept(name, keep)}
     _check_one_float_dtype(floats, weights)

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import (
+from .checkpoint_errors import (
     CheckpointKeysError,
     CorruptCheckpointError,
     UnsafeCheckpointPathError,

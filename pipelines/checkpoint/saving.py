@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from placement.sizes import parse_size
 
 from .atomic import atomic_folder
-from .errors import CheckpointSaveError, list_names
+from .checkpoint_errors import CheckpointSaveError, list_names
 from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming
 
 DEFAULT_MAX_SHARD_SIZE = "10GB"  # diffusers' default

@@ -5,15 +5,18 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
+import torch
 from torch import nn
 
-from .errors import CheckpointKeysError, CheckpointShapeError, list_names
+from .checkpoint_errors import CheckpointKeysError, CheckpointShapeError, list_names
 from .index import WeightsIndex
 
 
-def expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+def expected_shapes(module: nn.Module, model_tensors: Mapping[str, torch.Tensor] | None = None
+                    ) -> dict[str, tuple[int, ...]]:
     """Every tensor the checkpoint must provide: parameters and persistent buffers (works on meta)."""
-    return {name: tuple(tensor.shape) for name, tensor in module.state_dict(keep_vars=True).items()}
+    tensors = module.state_dict(keep_vars=True) if model_tensors is None else model_tensors
+    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
 
 
 def validate_weights(
@@ -22,13 +25,15 @@ def validate_weights(
     *,
     tied_weights: Mapping[str, str] | None = None,
     ignore_unexpected: Iterable[str] = (),
+    model_tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """Raise if a key is missing or unexpected (all named) or a shape differs (named, both shapes).
 
     Tied weights (`{tied name: source name}`) may be absent: they are re-tied to their source after loading.
     Checkpoint keys matching a regex of `ignore_unexpected` may be present without the model having them.
+    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already.
     """
-    expected = expected_shapes(module)
+    expected = expected_shapes(module, model_tensors)
     tied = set(tied_weights or ())
     present = set(weights.tensors)
     ignored = [re.compile(pattern) for pattern in ignore_unexpected]

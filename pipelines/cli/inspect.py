@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 def meta_components(target: str):
     """{name: module on meta} for the module components, and the names of the others (tokenizers, ...)."""
-    from ..framework.loading import build_sized_on_meta
-    from ..framework.model_index import ModelIndex
-    from ..framework.sources import component_sources
+    from ..folder.model_index import ModelIndex
+    from ..folder.sources import component_sources
+    from ..loading.meta import build_from_source
     from ..text_to_image.pipeline import TextToImagePipeline
     from ..text_to_image.presets import PRESETS
     from .plan import target_folder
@@ -89,7 +89,7 @@ def meta_components(target: str):
         return pipe.module_components, [n for n in pipe.components if n not in pipe.module_components]
     folder = target_folder(target)
     sources = component_sources(ModelIndex.read(folder), folder, skip={})
-    modules = {name: build_sized_on_meta(source, torch_dtype=None, variant=None, weights_required=False)
+    modules = {name: build_from_source(source, dtype=None, variant=None, weights_required=False).module
                for name, source in sources.items() if source.is_module}
     return modules, [f"{name} ({source.cls.__name__})" for name, source in sources.items() if not source.is_module]
 

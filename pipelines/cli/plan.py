@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_folder, call) -> Plan:
-    from ..framework.planning import plan_pipeline
+    from ..loading.planning import plan_pipeline
     from ..text_to_image.pipeline import TextToImagePipeline
     from ..text_to_image.presets import PRESETS
 
@@ -78,7 +78,7 @@ def pipeline_class_of(folder: Path) -> type:
     """The folder's own pipeline class when it is one of ours (so call= works), else the generic Pipeline."""
     import pipelines
 
-    from ..framework.model_index import ModelIndex
+    from ..folder.model_index import ModelIndex
     from ..framework.pipeline import Pipeline
 
     found = getattr(pipelines, ModelIndex.read(folder).class_name, None)
@@ -87,7 +87,7 @@ def pipeline_class_of(folder: Path) -> type:
 
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..framework.sources import resolve_pipeline_folder
+    from ..folder.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
     from .resolve import PlanTargetError
 

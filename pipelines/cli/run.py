@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..distributed import load_replica
     from ..distributed.images import generate_share, read_prompts, write_run
-    from ..distributed.planning import folder_pipeline_class
+    from ..distributed.replica_planning import folder_pipeline_class
     from .resolve import resolve_budgets_arg
 
     prompts = read_prompts(args.prompts)

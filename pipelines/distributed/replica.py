@@ -26,14 +26,14 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 import placement
-from placement.errors import PlacementError
 
+from ..errors import LoadError
 from ..framework.pipeline import Pipeline
 from .launch import DEFAULT_TIMEOUT, Exchange, Launch
-from .planning import folder_pipeline_class, plan_pipeline_replicas
+from .replica_planning import folder_pipeline_class, plan_pipeline_replicas
 
 
-class ReplicaLoadError(PlacementError, RuntimeError):
+class ReplicaLoadError(LoadError, RuntimeError):
     """One or more ranks of a launch could not plan or load their replica; the message names each and why."""
 
 

@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 import torch
-from accelerate import init_empty_weights
-from torch import nn
 
-import placement
-from placement.device_maps import is_single_device
 from placement.plan_schema import Plan
-from placement.sizing import dtype_for, kept_fp32_module_names
 
-from ..checkpoint import (
-    DIFFUSERS_WEIGHTS_NAME,
-    WeightsIndex,
-    WeightsNaming,
-    WeightsNotFoundError,
-    atomic_folder,
-    check_accelerators_exist,
-    find_weights,
-    load_weights,
-    save_weights,
-    tie_weights,
-    validate_weights,
-)
-from ..checkpoint.config_file import CLASS_NAME_KEY, read_config, read_config_dict, write_config
+from ..checkpoint import WeightsNaming, atomic_folder, save_weights
+from ..checkpoint.config_file import write_config
 from ..checkpoint.naming import CONFIG_NAME
-from ..checkpoint.placing import cast_meta, load_component
+from ..folder.component_classes import OwnModel
+from ..hf.hf_spellings import chosen_dtype, download_options
+from ..loading.model_loader import load_model, plan_model
+from ..loading.request import Scope, resolve_request
 from .config import ModelConfig
-from .hf_spellings import chosen_dtype, download_options
-from .hub import hub_options, resolve_folder
 from .model_memory import ModelMemoryMethods
 
-logger = logging.getLogger(__name__)
 
-
-class ModelMixin(ModelMemoryMethods, nn.Module):
+class ModelMixin(ModelMemoryMethods, OwnModel):
     """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
 
     Subclasses set `config_class` and take the config as the only constructor argument.
@@ -49,13 +30,11 @@ class ModelMixin(ModelMemoryMethods, nn.Module):
     tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
     `init_empty_weights()`, which builds the model on meta).
     `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (`model_memory`).
+    These class attributes are declared (with `weights_name`) on `folder.component_classes.OwnModel`, the part of
+    this class that the folder format and the loader read.
     """
 
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
-    _no_split_modules: ClassVar[list[str] | None] = None
-    _keep_in_fp32_modules: ClassVar[list[str] | None] = None
-    _tied_weights_keys: ClassVar[dict[str, str] | None] = None
-    weights_name: ClassVar[str] = DIFFUSERS_WEIGHTS_NAME
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -114,12 +93,11 @@ class ModelMixin(ModelMemoryMethods, nn.Module):
         (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
         reads config.json and the safetensors headers only (from the Hub: config and index only)."""
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
-        patterns = [p for p in naming.allow_patterns(subfolder) if p.endswith(".json")]
-        folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=patterns)
-        model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
-                                              weights_required=False)
-        return _plan(model, weights, device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                     offload_folder=offload_folder)
+        request = resolve_request(
+            pretrained, allow_patterns=[p for p in naming.allow_patterns(subfolder) if p.endswith(".json")],
+            subfolder=subfolder, scope=Scope.MODEL, device_map=device_map, torch_dtype=torch_dtype,
+            max_memory=max_memory, offload_folder=offload_folder, variant=variant)
+        return plan_model(cls, request)
 
     @classmethod
     def from_pretrained(
@@ -153,76 +131,14 @@ class ModelMixin(ModelMemoryMethods, nn.Module):
         """
         # diffusers' spellings too: `dtype=` for `torch_dtype=`; use_safetensors, local_files_only, revision,
         # token, cache_dir for the Hub download (`hf_spellings`). A dtype or its name; else a typed error.
-        torch_dtype = dtype_for(chosen_dtype(torch_dtype, dtype), "default")
-        naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
                                cache_dir=cache_dir, local_files_only=local_files_only)
-        with hub_options(hub):
-            folder = resolve_folder(pretrained, subfolder=subfolder, allow_patterns=naming.allow_patterns(subfolder))
-        model, weights = _build_sized_on_meta(cls, folder, torch_dtype=torch_dtype, variant=variant,
-                                              weights_required=True)
-        keep = _kept_fp32(model, torch_dtype)
-        if device_map is None:
-            load_weights(model, weights, dtype=torch_dtype, keep_in_fp32=keep, tied_weights=cls._tied_weights_keys,
-                         progress=progress)
-            return model.eval()
-        plan = _plan(model, weights, device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                     offload_folder=offload_folder)
-        component = plan.components[_component_name(model)]
-        check_accelerators_exist(type(model).__name__, [*component.devices, component.execution_device])
-        load_component(
-            model, weights, component, hooks=not is_single_device(device_map), dtype=torch_dtype,
-            keep_in_fp32=keep, tied_weights=cls._tied_weights_keys, progress=progress,
-        )
-        model.placement_plan = plan
-        return model.eval()
-
-
-def _build_sized_on_meta(cls: type, folder: Path, *, torch_dtype, variant, weights_required: bool):
-    """The model on meta, each tensor in the dtype it will load as, and its checkpoint index (None when the
-    folder has no weights and they are not required: planning then sizes from the config's dtypes)."""
-    config = read_config(folder, cls.config_class)
-    _warn_on_other_class(cls, folder)
-    with init_empty_weights():
-        model = cls(config)
-    try:
-        weights = find_weights(folder, weights_name=cls.weights_name, variant=variant)
-    except WeightsNotFoundError:
-        if weights_required:
-            raise
-        weights = None
-    if weights is not None:
-        validate_weights(model, weights, tied_weights=cls._tied_weights_keys)
-        cast_meta(model, weights, dtype=torch_dtype, keep_in_fp32=_kept_fp32(model, torch_dtype))
-    # Ties made in __init__ do not survive init_empty_weights() or the re-typing above; re-tie so the plan
-    # counts a tied weight once, as the loaded model holds it.
-    tie_weights(model, cls._tied_weights_keys)
-    return model, weights
-
-
-def _kept_fp32(model: nn.Module, torch_dtype) -> tuple[str, ...]:
-    """The modules that stay float32 at `torch_dtype`: sizing's own rule (`kept_fp32_module_names`), so the
-    plan's bytes and the loaded bytes agree (none without a torch_dtype: tensors load as saved)."""
-    return tuple(sorted(kept_fp32_module_names(model, dtype_for(torch_dtype, ""))))
-
-
-def _plan(model: nn.Module, weights: WeightsIndex | None, device_map, *, max_memory, torch_dtype,
-          offload_folder) -> Plan:
-    """`placement.plan` for one model at model scope (accelerate's meaning of the strategy names)."""
-    # As for a pipeline (and accelerate), `offload_folder` is what permits planning onto "disk"; nothing is
-    # written there: the checkpoint's own safetensors files serve the disk-offloaded weights.
-    return placement.plan({_component_name(model): model}, max_memory=max_memory, strategy=device_map,
-                          dtype=torch_dtype, offload_folder=offload_folder, scope="model")
-
-
-def _component_name(model: nn.Module) -> str:
-    return type(model).__name__
-
-
-def _warn_on_other_class(cls: type, folder: Path) -> None:
-    saved = read_config_dict(folder).get(CLASS_NAME_KEY)
-    if saved is not None and saved != cls.__name__:
-        logger.warning("%s was saved by %s; loading it as %s.", folder / CONFIG_NAME, saved, cls.__name__)
+        naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
+        request = resolve_request(
+            pretrained, allow_patterns=naming.allow_patterns(subfolder), subfolder=subfolder, hub=hub,
+            scope=Scope.MODEL, device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
+            max_memory=max_memory, offload_folder=offload_folder, variant=variant, progress=progress)
+        return load_model(cls, request)
 
 
 __all__ = ["ModelMixin"]

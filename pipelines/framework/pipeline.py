@@ -1,7 +1,8 @@
 """Pipeline: the base class of every pipeline, and used directly, a generic pipeline loaded from any folder.
 
-Its state (components, model graph, placement) lives in `components.PipelineComponents`; this class adds the
-folder entry points, which hand over to `loading` and `saving`.
+Its state (components, model graph, placement) lives in `folder.components.PipelineComponents`; this class adds
+the memory methods (`memory`) and the folder entry points, which hand over to `pipelines.loading` (a request
+resolved once, then `load_pipeline` / `plan_folder`) and `folder.pipeline_saving`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from typing import Any, Mapping
 
 from tqdm.auto import tqdm
 
-from .components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
-from .hf_spellings import chosen_dtype, download_options
-from .hub import hub_options
-from .loading import LoadOptions, load_pipeline, plan_folder
-from .registry import library_class
-from .saving import save_pipeline
+from ..folder.class_registry import library_class
+from ..folder.components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
+from ..folder.pipeline_saving import save_pipeline
+from ..folder.sources import LOAD_PATTERNS, PLAN_PATTERNS
+from ..hf.hf_spellings import chosen_dtype, download_options
+from ..loading.pipeline_loader import load_pipeline, plan_folder
+from ..loading.request import Scope, resolve_request
+from .memory import PipelineMemoryMixin
 
 
 @library_class
-class Pipeline(PipelineComponents):
+class Pipeline(PipelineMemoryMixin, PipelineComponents):
     """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
     arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
     any folder as a generic pipeline."""
@@ -72,12 +75,11 @@ class Pipeline(PipelineComponents):
         """
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
                                cache_dir=cache_dir, local_files_only=local_files_only)
-        options = LoadOptions(device_map=device_map, max_memory=max_memory,
-                              torch_dtype=chosen_dtype(torch_dtype, dtype), variant=variant,
-                              offload_folder=offload_folder, call=call, progress=progress,
-                              trust_remote_code=trust_remote_code)
-        with hub_options(hub):
-            return load_pipeline(cls, pretrained, passed=components, options=options, generic=generic)
+        request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS, hub=hub, scope=Scope.PIPELINE,
+                                  device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
+                                  max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
+                                  progress=progress, trust_remote_code=trust_remote_code)
+        return load_pipeline(cls, request, passed=components, generic=generic)
 
     @classmethod
     def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
@@ -89,11 +91,11 @@ class Pipeline(PipelineComponents):
         a folder's code: `trust_remote_code` as in `from_pretrained`)."""
         hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
                                local_files_only=local_files_only)
-        options = LoadOptions(device_map=device_map, max_memory=max_memory,
-                              torch_dtype=chosen_dtype(torch_dtype, dtype), variant=variant,
-                              offload_folder=offload_folder, call=call, trust_remote_code=trust_remote_code)
-        with hub_options(hub):
-            return plan_folder(cls, pretrained, passed=components, options=options, generic=generic)
+        request = resolve_request(pretrained, allow_patterns=PLAN_PATTERNS, hub=hub, scope=Scope.PIPELINE,
+                                  device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
+                                  max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
+                                  trust_remote_code=trust_remote_code)
+        return plan_folder(cls, request, passed=components, generic=generic)
 
 
 __all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]

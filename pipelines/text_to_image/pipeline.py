@@ -22,7 +22,7 @@ from placement.errors import PlacementError
 from ..framework.pipeline import Pipeline, module_dtype
 from .conditioning import TextConditioning, text_conditioning_for
 from .inputs import text_to_image_activation_inputs
-from ..framework.registry import library_class
+from ..folder.class_registry import library_class
 
 
 class PipelineCallError(PlacementError, ValueError):

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, Validati
 
 from placement.errors import PlacementError
 
-from ..framework.component_config import describe_validation_error, read_component_config, write_component_config
-from ..framework.registry import library_class
+from ..checkpoint.config_file import describe_validation_error, read_config, write_config
+from ..folder.class_registry import library_class
 
 SCHEDULER_CONFIG_NAME = "scheduler_config.json"
 
@@ -110,13 +110,12 @@ class FlowMatchEulerScheduler:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write `scheduler_config.json` into `folder` (created if needed)."""
-        return write_component_config(folder, SCHEDULER_CONFIG_NAME, self._config, class_name=type(self).__name__)
+        return write_config(folder, self._config, class_name=type(self).__name__, file_name=SCHEDULER_CONFIG_NAME)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, *, subfolder: str | None = None) -> "FlowMatchEulerScheduler":
-        config = read_component_config(folder, SCHEDULER_CONFIG_NAME, FlowMatchEulerSchedulerConfig,
-                                       subfolder=subfolder)
-        return cls(config)
+        return cls(read_config(folder, FlowMatchEulerSchedulerConfig, file_name=SCHEDULER_CONFIG_NAME,
+                               subfolder=subfolder))
 
     def _require_schedule(self) -> torch.Tensor:
         if self._sigmas is None:

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from placement.errors import PlacementError
 
-from ..framework.component_config import describe_validation_error, read_component_config, write_component_config
-from ..framework.registry import library_class
+from ..checkpoint.config_file import describe_validation_error, read_config, write_config
+from ..folder.class_registry import library_class
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
@@ -111,11 +111,11 @@ class ByteTokenizer:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write `tokenizer_config.json` into `folder` (created if needed)."""
-        return write_component_config(folder, TOKENIZER_CONFIG_NAME, self._config, class_name=type(self).__name__)
+        return write_config(folder, self._config, class_name=type(self).__name__, file_name=TOKENIZER_CONFIG_NAME)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, *, subfolder: str | None = None) -> "ByteTokenizer":
-        return cls(read_component_config(folder, TOKENIZER_CONFIG_NAME, ByteTokenizerConfig, subfolder=subfolder))
+        return cls(read_config(folder, ByteTokenizerConfig, file_name=TOKENIZER_CONFIG_NAME, subfolder=subfolder))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._config!r})"

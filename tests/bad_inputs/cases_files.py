@@ -17,8 +17,8 @@ import pipelines
 from pipelines import Pipeline
 
 CHECKPOINT = "pipelines.checkpoint"
-INDEX_ERROR = "pipelines.framework.model_index.ModelIndexError"
-UNTRUSTED = "pipelines.framework.model_index.UntrustedClassError"
+INDEX_ERROR = "pipelines.folder.model_index.ModelIndexError"
+UNTRUSTED = "pipelines.folder.model_index.UntrustedClassError"
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
@@ -252,7 +252,7 @@ def io_error_during_load(tmp: Path):
         def __getattr__(self, name):
             return getattr(self._handle, name)
 
-    loading = __import__("pipelines.checkpoint.loading", fromlist=["_"])
+    loading = __import__("pipelines.checkpoint.streaming", fromlist=["_"])
     loading.safe_open = FailingHandle
     try:
         return CataloguePipeline.from_pretrained(folder, device_map="cpu")
@@ -292,7 +292,7 @@ CASES = [
     Case(name="trust: plan_placement of a folder naming evilpipe.vae", run=lambda tmp: evil_folder(tmp, "plan"),
          error=UNTRUSTED, words=("evilpipe_catalogue.vae", "trust_remote_code"), harm=code_ran),
     Case(name="trust: a non-module class without from_pretrained", run=no_loader_class,
-         error="pipelines.framework.components.PipelineComponentError", words=("noloader", "from_pretrained")),
+         error="pipelines.folder.components.PipelineComponentError", words=("noloader", "from_pretrained")),
     Case(name="paths: weight_map entry ../../../elsewhere/x.safetensors",
          run=sharded_with_weight_map("../../../elsewhere/x.safetensors"),
          error=f"{CHECKPOINT}.UnsafeCheckpointPathError", words=("not plain file names",), harm_if_accepted=True),
@@ -303,7 +303,7 @@ CASES = [
          error=f"{CHECKPOINT}.UnsafeCheckpointPathError", words=("not plain file names",), harm_if_accepted=True),
     Case(name="paths: component named ../encoder in model_index.json",
          run=lambda tmp: _rename_component(tmp, "../encoder"),
-         error="pipelines.framework.components.PipelineComponentError", words=("not a plain folder name",)),
+         error="pipelines.folder.components.PipelineComponentError", words=("not a plain folder name",)),
     Case(name="index: component entry with one element", run=with_index_entry("encoder", ["pipelines"]),
          error=INDEX_ERROR, words=("'encoder'", "[library, ClassName]")),
     Case(name="index: component entry of integers", run=with_index_entry("encoder", [1, 2]),

@@ -106,7 +106,7 @@ def test_sd15_unet_split_over_two_devices_crosses_once_without_example_inputs():
 
 def test_the_pipeline_planner_records_each_components_call_order_during_its_activation_estimate():
     from pipelines import TextToImagePipeline
-    from pipelines.framework.planning import call_activations
+    from pipelines.loading.planning import call_activations
 
     pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
     modules = pipe.module_components

@@ -5,7 +5,7 @@ Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_h
 
 from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
 from .dit import DiT, DiTConfig
-from .errors import ModelInputError
+from .inputs import ModelInputError
 from .layers import Activation, NormKind
 from .text_encoder import Pooling, TextEncoder, TextEncoderConfig, TextEncoderOutput
 from .unet import UNet, UNetConfig

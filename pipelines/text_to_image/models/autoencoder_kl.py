@@ -17,7 +17,8 @@ Memory savers (both off by default; neither changes weights):
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+import functools
+from typing import Callable, ClassVar, TypeVar
 
 import torch
 from pydantic import PositiveInt, model_validator
@@ -25,12 +26,32 @@ from torch import nn
 
 from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
-from .entry_points import hooked_entry_point
-from .errors import ModelInputError
-from .inputs import check_channels, check_rank, check_spatial_multiple
+from .inputs import ModelInputError, check_channels, check_rank, check_spatial_multiple
 from .tiling import blend_tiles
 from .vae_blocks import Decoder, DiagonalGaussian, Encoder
-from ...framework.registry import library_class
+from ...folder.class_registry import library_class
+
+Method = TypeVar("Method", bound=Callable)
+
+
+def hooked_entry_point(method: Method) -> Method:
+    """Make an extra entry point (`encode`/`decode`) go through the model's accelerate hook.
+
+    accelerate installs its hooks by replacing `module.forward`; a pipeline that calls `vae.decode(...)` would
+    bypass them, so an offloaded or dispatched VAE would run with its weights elsewhere and its inputs on the
+    wrong device. diffusers solves this with `apply_forward_hook` (pre-forward only); we run the whole hook:
+    the inputs move to the execution device, the weights are loaded, and the output comes back as from forward.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        hook = getattr(self, "_hf_hook", None)
+        if hook is None:
+            return method(self, *args, **kwargs)
+        args, kwargs = hook.pre_forward(self, *args, **kwargs)
+        return hook.post_forward(self, method(self, *args, **kwargs))
+
+    return wrapper  # type: ignore[return-value]
 
 
 class AutoencoderKLConfig(ModelConfig):

@@ -24,7 +24,7 @@ from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
 from .dit_blocks import DoubleStreamBlock, OutputLayer, SingleStreamBlock, TimeTextConditioning, sincos_position_embedding
 from .inputs import check_denoiser_inputs, timesteps_for_batch
-from ...framework.registry import library_class
+from ...folder.class_registry import library_class
 
 
 class DiTConfig(ModelConfig):

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ModelInputError
+from placement.errors import PlacementError
+
+
+class ModelInputError(PlacementError, ValueError):
+    """A call argument (an input tensor, a tiling setting) that does not match what the model can take.
+
+    The message names the model, the argument, what the config expects and what was given.
+    """
 
 
 def check_rank(model: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:

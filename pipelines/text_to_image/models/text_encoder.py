@@ -18,10 +18,9 @@ from torch import nn
 
 from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
-from .errors import ModelInputError
-from .inputs import check_rank
+from .inputs import ModelInputError, check_rank
 from .layers import Activation, Attention, FeedForward, NormKind, make_norm
-from ...framework.registry import library_class
+from ...folder.class_registry import library_class
 
 
 class Pooling(str, Enum):

@@ -23,7 +23,7 @@ from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
 from .inputs import check_denoiser_inputs, timesteps_for_batch
 from .unet_blocks import DownBlock, MidBlock, OutputHead, TimestepConditioning, UpBlock
-from ...framework.registry import library_class
+from ...folder.class_registry import library_class
 
 
 class UNetConfig(ModelConfig):

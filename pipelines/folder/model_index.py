@@ -1,0 +1,218 @@
+"""model_index.json: which class each component of a saved pipeline is, and how to import it again.
+
+The file is diffusers-compatible: `{"_class_name": "TextToImagePipeline", "vae": ["pipelines", "AutoencoderKL"],
+"text_encoder_2": [null, null], ...}`. Keys starting with "_" are metadata; every other key is a component
+whose value is `[library, ClassName]`. `library` is "pipelines" (this package), "diffusers"/"transformers"
+(the `[hf]` extra), or for a user's own class its importable module path (`cls.__module__`). `[null, null]`
+marks an optional component that is absent. We add `_model_graph` (the pipeline's edges) so that a generic
+`Pipeline.from_pretrained` can order any folder we wrote, and `_save_id` (a fresh id per save, written last)
+so that a load can tell that every file it read belongs to one save; diffusers ignores unknown "_" keys.
+
+Classes are resolved without importing anything a folder names (`resolve_class`): a folder never runs code
+unless the caller passes `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..checkpoint.config_file import read_config_dict, write_json
+from ..checkpoint.checkpoint_errors import CorruptCheckpointError
+from ..errors import FolderError
+from .class_registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
+
+MODEL_INDEX_NAME = "model_index.json"
+SAVE_ID_KEY = "_save_id"
+HF_LIBRARIES = ("diffusers", "transformers")
+
+
+class ModelIndexError(FolderError, ValueError):
+    """A model_index.json that is missing, malformed, or names a class that cannot be imported."""
+
+
+class UntrustedClassError(ModelIndexError):
+    """model_index.json names a class outside this library, diffusers, transformers and the registered classes."""
+
+
+class ComponentSpec(BaseModel):
+    """One component entry: the library it comes from and its class name (both None when absent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    library: str | None
+    class_name: str | None
+
+    @property
+    def is_absent(self) -> bool:
+        return self.library is None or self.class_name is None
+
+    def to_json_value(self) -> list[str | None]:
+        return [self.library, self.class_name]
+
+
+class ModelIndex(BaseModel):
+    """The parsed model_index.json. `components` keeps the file's order (it is the generic load order)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    class_name: str
+    components: dict[str, ComponentSpec]
+    model_graph: list[tuple[str, str]] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)  # "_" keys and non-component settings, kept as read
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = MODEL_INDEX_NAME) -> "ModelIndex":
+        if not isinstance(data, dict):
+            raise ModelIndexError(f"{source} must hold a JSON object, got {type(data).__name__}.")
+        class_name = data.get("_class_name")
+        if not isinstance(class_name, str) or not class_name:
+            raise ModelIndexError(
+                f"{source}: '_class_name' is {class_name!r}; a pipeline folder's index must name its class as a "
+                'string, e.g. "_class_name": "TextToImagePipeline".'
+            )
+        components, settings = {}, {}
+        for name, value in data.items():
+            if name.startswith("_"):
+                continue
+            if not isinstance(value, (list, tuple)):
+                settings[name] = value  # a pipeline setting diffusers keeps here (requires_safety_checker, ...)
+                continue
+            components[name] = _component_spec(name, value, source)
+        metadata = {k: v for k, v in data.items() if k.startswith("_") and k not in ("_class_name", "_model_graph")}
+        metadata.update(settings)
+        return cls(class_name=class_name, components=components,
+                   model_graph=_model_graph(data.get("_model_graph"), source), metadata=metadata)
+
+    @property
+    def save_id(self) -> str | None:
+        """The id of the save that wrote this index (None for folders written by other tools)."""
+        value = self.metadata.get(SAVE_ID_KEY)
+        return value if isinstance(value, str) else None
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "ModelIndex":
+        path = Path(folder) / MODEL_INDEX_NAME
+        if not path.is_file():
+            raise ModelIndexError(
+                f"{path} not found: a pipeline folder needs a {MODEL_INDEX_NAME} (write one with "
+                "pipe.save_pretrained(folder)); for a single model use ModelMixin.from_pretrained."
+            )
+        try:
+            data = read_config_dict(folder, MODEL_INDEX_NAME)  # the one JSON reader of the folder format
+        except CorruptCheckpointError as error:
+            raise ModelIndexError(str(error)) from error
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"_class_name": self.class_name, **self.metadata}
+        if self.model_graph is not None:
+            data["_model_graph"] = [list(edge) for edge in self.model_graph]
+        data.update({name: spec.to_json_value() for name, spec in self.components.items()})
+        return data
+
+    def write(self, folder: str | Path) -> None:
+        write_json(Path(folder) / MODEL_INDEX_NAME, self.to_dict(), sort_keys=False)  # the order is the load order
+
+
+def _component_spec(name: str, value: list | tuple, source: str) -> "ComponentSpec":
+    valid = len(value) == 2 and (
+        all(part is None for part in value) or all(isinstance(part, str) and part for part in value)
+    )
+    if not valid:
+        raise ModelIndexError(
+            f"{source}: component {name!r} is {list(value)!r}; expected [library, ClassName] as two strings "
+            '(e.g. ["pipelines", "AutoencoderKL"]), or [null, null] for an absent optional component.'
+        )
+    return ComponentSpec(library=value[0], class_name=value[1])
+
+
+def _model_graph(graph: Any, source: str) -> list[tuple[str, str]] | None:
+    if graph is None:
+        return None
+    edges = graph if isinstance(graph, list) else [graph]
+    bad = [edge for edge in edges if not (isinstance(edge, (list, tuple)) and len(edge) == 2
+                                          and all(isinstance(node, str) for node in edge))]
+    if bad or not isinstance(graph, list):
+        raise ModelIndexError(
+            f"{source}: '_model_graph' must be a list of [producer, consumer] component-name pairs, e.g. "
+            f'[["text_encoder", "denoiser"], ["denoiser", "vae"]]; got {(bad or [graph])[0]!r}. Fix or remove it.'
+        )
+    return [tuple(edge) for edge in graph]
+
+
+def spec_for(obj: Any) -> ComponentSpec:
+    """The `[library, ClassName]` entry that will import `obj`'s class again (None -> [null, null])."""
+    if obj is None:
+        return ComponentSpec(library=None, class_name=None)
+    cls = type(obj)
+    top_level = cls.__module__.split(".")[0]
+    if top_level in HF_LIBRARIES:
+        return ComponentSpec(library=top_level, class_name=cls.__name__)
+    if is_library_class(cls):
+        return ComponentSpec(library=LIBRARY, class_name=cls.__name__)
+    if cls.__module__ == "__main__":
+        raise ModelIndexError(
+            f"{cls.__name__} is defined in __main__, so a saved folder could not import it again; "
+            "move the class into an importable module."
+        )
+    register_class(cls)  # the saving process may load what it saved without further ado
+    return ComponentSpec(library=cls.__module__, class_name=cls.__name__)
+
+
+def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: bool = False,
+                  known: tuple[type, ...] = ()) -> type:
+    """The class of a component entry, looked up without importing anything the folder names.
+
+    Resolved from this library's registry, diffusers and transformers (the `[hf]` extra), the classes registered
+    with `pipelines.register_class` and `known` (classes the caller passed); any other module path is imported
+    only with `trust_remote_code=True`, because importing it runs its code.
+    """
+    library, class_name = spec.library, spec.class_name
+    if library == LIBRARY:
+        found = find_library_class(class_name)
+        if found is None:
+            raise ModelIndexError(
+                f"Component {component!r}: class {class_name!r} is not part of the 'pipelines' library; "
+                "check model_index.json, or register your class with pipelines.register_class."
+            )
+        return found
+    if library.split(".")[0] in HF_LIBRARIES:  # their own (sub)modules: installed code the user already trusts
+        return _class_in(_import_library(library, component), library, class_name, component)
+    found = find_registered_class(library, class_name) or next(
+        (cls for cls in known if (cls.__module__, cls.__name__) == (library, class_name)), None)
+    if found is not None:
+        return found
+    if not trust_remote_code:
+        raise UntrustedClassError(
+            f"Component {component!r}: model_index.json names class {class_name!r} in module {library!r}, which is "
+            "not this library's, diffusers', transformers' or a registered class; nothing was imported, because "
+            "importing a module a folder names runs its code. If it is your class, import it and call "
+            f"pipelines.register_class({class_name}) (or pass {component}=... to from_pretrained); if you trust "
+            "this folder's code, pass trust_remote_code=True."
+        )
+    return _class_in(_import_library(library, component), library, class_name, component)
+
+
+def _import_library(library: str, component: str):
+    try:
+        return importlib.import_module(library)
+    except ImportError as error:
+        hint = (
+            " Install the [hf] extra: pip install 'pipeline-placement[hf]'."
+            if library in HF_LIBRARIES
+            else f" Install the package that defines {library!r}, or add its folder to PYTHONPATH."
+        )
+        raise ModelIndexError(f"Component {component!r}: cannot import library {library!r} ({error}).{hint}") from error
+
+
+def _class_in(module, library: str, class_name: str, component: str) -> type:
+    found = getattr(module, class_name, None)
+    if not isinstance(found, type):
+        raise ModelIndexError(
+            f"Component {component!r}: {library!r} has no class {class_name!r}; check model_index.json."
+        )
+    return found

@@ -1,0 +1,87 @@
+"""From a pipeline folder to its components: which class each one is and where its files are."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .component_classes import Family, family_of
+from .components import PipelineComponentError
+from .hub import HubOptions, resolve_folder
+from .model_index import ModelIndex, resolve_class
+
+# What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
+PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]
+LOAD_PATTERNS = PLAN_PATTERNS + ["*/*.safetensors"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSource:
+    """One saved component: its name, class, family (how it is built) and subfolder."""
+
+    name: str
+    cls: type
+    family: Family
+    folder: Path
+
+    @property
+    def is_module(self) -> bool:
+        return self.family is not Family.NON_MODULE
+
+
+def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool, hub: HubOptions = HubOptions()) -> Path:
+    """A local folder as it is, or a hub id downloaded with only the files needed (configs; weights if asked)."""
+    return resolve_folder(pretrained, allow_patterns=LOAD_PATTERNS if weights else PLAN_PATTERNS, hub=hub)
+
+
+def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any],
+                      trust_remote_code: bool = False) -> dict[str, ComponentSource]:
+    """Every present component the folder provides (those in `skip`, passed by the caller, excluded).
+    Every class is resolved before any is built: a folder naming an untrusted class fails before any work."""
+    known = tuple({type(value) for value in skip.values() if value is not None})
+    sources = {}
+    for name, spec in index.components.items():
+        if spec.is_absent or name in skip:
+            continue
+        _check_subfolder_name(name)
+        cls = resolve_class(spec, component=name, trust_remote_code=trust_remote_code, known=known)
+        subfolder = folder / name
+        if not subfolder.is_dir():
+            raise PipelineComponentError(
+                f"model_index.json lists component {name!r} ({spec.library}.{spec.class_name}) but the folder "
+                f"{str(subfolder)!r} is missing; restore it, or pass {name}=... to from_pretrained."
+            )
+        sources[name] = ComponentSource(name=name, cls=cls, family=family_of(cls), folder=subfolder)
+    return sources
+
+
+def _check_subfolder_name(name: str) -> None:
+    """A component name is a subfolder of the pipeline folder: never a path that leaves it."""
+    if name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
+        raise PipelineComponentError(
+            f"model_index.json names component {name!r}, which is not a plain folder name; component names may "
+            "not contain '/', '\\' or be '..'. Fix model_index.json."
+        )
+
+
+def load_non_module(source: ComponentSource) -> Any:
+    """A tokenizer/scheduler/...: ours must load; a diffusers/transformers one that fails is reported and skipped."""
+    if not callable(getattr(source.cls, "from_pretrained", None)):
+        raise PipelineComponentError(
+            f"Component {source.name!r}: class {source.cls.__module__}.{source.cls.__name__} has no "
+            "from_pretrained(folder) method, so it cannot be loaded from the folder; give the class one, or pass "
+            f"{source.name}=... to from_pretrained."
+        )
+    try:
+        return source.cls.from_pretrained(source.folder)
+    except Exception as error:
+        if source.cls.__module__.split(".")[0] not in ("diffusers", "transformers"):
+            raise
+        warnings.warn(
+            f"Component {source.name!r} ({source.cls.__name__}) could not be loaded from {source.folder} and is "
+            f"skipped (set to None): {type(error).__name__}: {error}",
+            stacklevel=3,
+        )
+        return None

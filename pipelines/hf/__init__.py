@@ -1,0 +1,8 @@
+"""The bridge to diffusers and transformers: how their model classes are built and loaded, diffusers pipeline
+classes built around our placed components, their `from_pretrained` spellings, and the calls of their families.
+
+hf_interop.py          construct / retie / load_without_device_map per family of module class
+diffusers_pipeline.py  a folder naming a diffusers pipeline class loads as that class
+hf_spellings.py        diffusers' from_pretrained spellings (dtype=, use_safetensors, Hub keywords)
+calls/                 the inputs each diffusers pipeline family's call feeds its components (call= planning)
+"""

@@ -1,0 +1,55 @@
+"""Call-aware example inputs for the real diffusers pipeline families, by pipeline class name.
+
+`family_calls(class_name, modules, call)` gives, per module component, the meta-tensor calls one
+`pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.loading.planning.call_activations` uses
+it for pipelines that do not describe their inputs themselves (no `activation_inputs` method).
+
+spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCall (one method call on meta)
+shapes.py          meta tensors and the facts read from component configs (VAE factors, latent frames)
+text_encoders.py   CLIP / T5 / UMT5 / LLM (Llama, Gemma2, Qwen2.5-VL) encoder calls, CLIP vision
+unet_families.py   Stable Diffusion 1.x/2.x, SDXL
+dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1
+video_families.py  CogVideoX, HunyuanVideo, Wan 2.1 T2V/I2V, LTX-Video
+family_table.py    the table: class name -> Family (how it calls its components, its call defaults)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torch import nn
+
+from .family_table import FAMILIES
+from .spec import CALL_KEYS, CallSpec, CallSpecError, ExampleCall
+
+
+class UnknownPipelineCallError(CallSpecError):
+    """A pipeline class whose call's inputs this library does not know."""
+
+
+def family_calls(class_name: str, modules: Mapping[str, nn.Module],
+                 call: Mapping[str, Any]) -> dict[str, tuple[ExampleCall, ...]]:
+    """Per module component of a `class_name` pipeline, the example calls `call` makes of it (on meta)."""
+    family = FAMILIES.get(class_name)
+    if family is None:
+        raise UnknownPipelineCallError(
+            f"call= is not known for {class_name}: this library describes the inputs of "
+            f"{', '.join(sorted(FAMILIES))}. For another pipeline, give its class an `activation_inputs(self, "
+            "**call)` method returning {component: ExampleCall(args=..., kwargs=..., method=...)} with meta "
+            "tensors of the shapes its __call__ passes (see pipelines/hf/calls/), or plan without call= "
+            "(weights only)."
+        )
+    spec = CallSpec.parse(call, pipeline=class_name, defaults=family.defaults)
+    if not family.video and spec.num_frames not in (None, 1):
+        raise CallSpecError(f"call= for {class_name}: num_frames={spec.num_frames}, but it makes images; leave "
+                            "num_frames out.")
+    missing = [name for name in family.required if not isinstance(modules.get(name), nn.Module)]
+    if missing:
+        raise CallSpecError(f"call= for {class_name} needs component(s) {missing} to size its latents; the "
+                            f"pipeline has {sorted(modules)}.")
+    spec.checked_multiple(family.pixel_step(modules), pipeline=class_name)
+    return family.describe(modules, spec)
+
+
+__all__ = ["CALL_KEYS", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",
+           "family_calls"]

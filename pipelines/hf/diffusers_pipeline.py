@@ -1,0 +1,154 @@
+"""A folder whose model_index.json names a diffusers pipeline class loads as THAT class (e.g. a callable
+`diffusers.FluxPipeline`), every module placed by our planner.
+
+The components are built, planned and streamed by `pipelines.loading` exactly as for our own pipelines; this module knows
+what differs for a diffusers pipeline object: which folders are diffusers pipelines, how the class is
+constructed from the components (diffusers' own constructor, as `DiffusionPipeline.from_pretrained` does), its
+model graph (`model_cpu_offload_seq`), and the placement state diffusers' guards read (`hf_device_map`).
+`pipe.reset_device_map()` is replaced on the instance by ours: diffusers' only removes hooks from components
+hooked at their top and cannot bring disk-offloaded weights back, so `.to()` would then fail.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, Mapping
+
+from torch import nn
+
+from hooks.dispatch import undispatch
+from ..errors import LoadError
+from ..folder.class_registry import find_library_class
+from ..folder.model_index import ModelIndex
+
+GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
+
+
+class DiffusersPipelineError(LoadError, ValueError):
+    """A diffusers pipeline folder that cannot be built as its diffusers class."""
+
+
+def is_diffusers_folder(index: ModelIndex) -> bool:
+    """Written by diffusers (its version stamp), or naming a class the installed diffusers has; never a folder
+    naming one of this library's pipeline classes. (A folder of a user's own pipeline class, unstamped, stays
+    a generic load.)"""
+    if find_library_class(index.class_name) is not None:
+        return False
+    if "_diffusers_version" in index.metadata:
+        return True
+    try:
+        import diffusers
+    except ImportError:
+        return False
+    return isinstance(getattr(diffusers, index.class_name, None), type)
+
+
+class MissingComponentsError(DiffusersPipelineError):
+    """The folder lacks components its diffusers class requires (`missing`); planning, which needs only the
+    models, can go ahead without them."""
+
+    def __init__(self, message: str, *, missing: list[str]):
+        super().__init__(message)
+        self.missing = missing
+
+
+def diffusers_pipeline_class(index: ModelIndex) -> type:
+    """The diffusers class `_class_name` names; an error naming it when the installed diffusers lacks it."""
+    try:
+        import diffusers
+    except ImportError as error:
+        raise DiffusersPipelineError(
+            f"model_index.json names the diffusers pipeline {index.class_name!r}, but diffusers is not installed: "
+            f"pip install 'pipeline-placement[hf]', or {GENERIC_HINT}."
+        ) from error
+    found = getattr(diffusers, index.class_name, None)
+    if not (isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline)):
+        raise DiffusersPipelineError(
+            f"model_index.json names the pipeline class {index.class_name!r}, which diffusers "
+            f"{diffusers.__version__} does not have; upgrade diffusers, or {GENERIC_HINT}."
+        )
+    return found
+
+
+def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: Mapping[str, Any]) -> None:
+    """Before anything is built: every component the class requires is in the folder or passed, and every
+    passed name is one of its components."""
+    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
+    optional = set(pipeline_class._optional_components or ())
+    present = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
+    missing = [name for name in expected if name not in present and name not in optional]
+    if missing:
+        listed = {name: spec.to_json_value() for name, spec in index.components.items() if name in missing}
+        raise MissingComponentsError(
+            f"{pipeline_class.__name__} needs component(s) {missing}, which the folder does not provide "
+            f"(model_index.json: {listed or 'not listed'}); restore the subfolder(s), pass them to "
+            f"from_pretrained (e.g. {missing[0]}=...), or {GENERIC_HINT}.",
+            missing=missing,
+        )
+    unknown = [name for name in passed if name not in expected]
+    if unknown:
+        raise DiffusersPipelineError(
+            f"{pipeline_class.__name__} has no component(s) {unknown}; its components are {expected}."
+        )
+
+
+def build_diffusers_pipeline(pipeline_class: type, index: ModelIndex, components: Mapping[str, Any], *,
+                             name_or_path: str) -> Any:
+    """`pipeline_class(**components, **settings)` as `DiffusionPipeline.from_pretrained` calls it: absent
+    optional components None, pipeline settings (requires_safety_checker, ...) from model_index.json."""
+    expected, optional_parameters = pipeline_class._get_signature_keys(pipeline_class)
+    arguments = {name: components.get(name) for name in expected}
+    arguments.update({name: index.metadata[name] for name in optional_parameters if name in index.metadata})
+    accepted = inspect.signature(pipeline_class.__init__).parameters
+    pipe = pipeline_class(**{name: value for name, value in arguments.items() if name in accepted})
+    pipe.register_to_config(_name_or_path=name_or_path)
+    pipe.placement_plan = None
+    return pipe
+
+
+def module_components(pipe: Any) -> dict[str, nn.Module]:
+    """The pipeline's nn.Module components in execution order (`model_cpu_offload_seq`, then the rest)."""
+    modules = {name: obj for name, obj in pipe.components.items() if isinstance(obj, nn.Module)}
+    return {name: modules[name] for name in execution_order(type(pipe), modules)}
+
+
+def execution_order(pipeline_class: type, modules: Mapping[str, Any]) -> list[str]:
+    sequence = getattr(pipeline_class, "model_cpu_offload_seq", None) or ""
+    known = [name for name in sequence.split("->") if name in modules]
+    return known + [name for name in modules if name not in known]
+
+
+def known_execution_order(class_name: str) -> list[str] | None:
+    """The execution order of a known diffusers pipeline class (`model_cpu_offload_seq`), if importable."""
+    try:
+        import diffusers
+    except ImportError:
+        return None
+    sequence = getattr(getattr(diffusers, class_name, None), "model_cpu_offload_seq", None)
+    return sequence.split("->") if isinstance(sequence, str) else None
+
+
+def graph_edges(pipeline_class: type, modules: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A chain in execution order: what each diffusers pipeline's `model_cpu_offload_seq` says."""
+    order = execution_order(pipeline_class, modules)
+    return list(zip(order, order[1:]))
+
+
+def attach_reset(pipe: Any) -> None:
+    """Replace the instance's `reset_device_map` by `reset_placement` (see the module docstring)."""
+    pipe.reset_device_map = types.MethodType(reset_placement, pipe)
+
+
+def reset_placement(pipe: Any) -> None:
+    """What a diffusers user expects of `reset_device_map()`: every hook removed (group offload included),
+    every weight on the CPU (disk-offloaded ones read back), `hf_device_map` None; then `.to()`,
+    `enable_model_cpu_offload()` and `enable_group_offload()` work."""
+    for module in module_components(pipe).values():
+        undispatch(module)
+        module.to("cpu")
+        if getattr(module, "hf_device_map", None) is not None:
+            module.hf_device_map = None
+    pipe.hf_device_map = None
+    pipe.placement_plan = None
+    pipe._all_hooks = []

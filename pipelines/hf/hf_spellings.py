@@ -1,0 +1,43 @@
+"""diffusers' spellings of `from_pretrained` arguments, accepted beside ours.
+
+- `dtype=` (diffusers' current name) beside `torch_dtype=`: either one; both only when they agree.
+- `use_safetensors`: None or True (the default here: weights are only ever read from safetensors); False
+  asks for pickle weights, which this library never unpickles, so it is refused with the reason.
+- `revision`, `token`, `cache_dir`, `local_files_only`, `variant`: passed to the Hub download
+  (`hub.HubOptions`; `variant` picks the weight files as before).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import LoadError
+from ..folder.hub import HubOptions
+
+
+class LoadArgumentError(LoadError, ValueError):
+    """A from_pretrained argument that contradicts another or asks for something this library refuses."""
+
+
+def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:
+    """The dtype spec from `torch_dtype=` or diffusers' `dtype=` (both: they must agree)."""
+    if dtype is None:
+        return torch_dtype
+    if torch_dtype is not None and torch_dtype != dtype:
+        raise LoadArgumentError(
+            f"from_pretrained got torch_dtype={torch_dtype!r} and dtype={dtype!r}; they are two spellings of one "
+            "argument, pass one."
+        )
+    return dtype
+
+
+def download_options(*, use_safetensors: bool | None, revision: str | None, token: str | bool | None,
+                     cache_dir: str | os.PathLike | None, local_files_only: bool) -> HubOptions:
+    if use_safetensors is False:
+        raise LoadArgumentError(
+            "use_safetensors=False asks for pickle (.bin/.pt) weights; this library reads safetensors only and "
+            "never unpickles weights (pickle can run code). Convert the checkpoint to safetensors, or pass "
+            "use_safetensors=True / leave it out."
+        )
+    return HubOptions(revision=revision, token=token, cache_dir=cache_dir, local_files_only=bool(local_files_only))

@@ -1,0 +1,220 @@
+"""Pipeline.from_pretrained / plan_placement: build on meta, plan, place each component, dispatch.
+
+    request (resolved once) -> model_index.json -> classes -> each module built on meta (`build_component`)
+           -> the pipeline object (`assembly`: `cls`, the generic `Pipeline`, or the diffusers class it names)
+           -> one plan (graph = the pipeline's model graph; passed dispatched components pinned)
+           -> per component: `place_component` (weights read to the planned devices, then its kind's hooks)
+           -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
+
+A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
+to meta (memory freed), components passed in returned to where they were.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from placement.devices import Accelerators, torch_device
+from placement.plan_schema import Plan
+
+from ..checkpoint.progress import load_progress
+from ..folder.components import PipelineComponents
+from ..folder.model_index import ModelIndex
+from ..folder.snapshot import read_snapshot
+from ..folder.sources import ComponentSource, component_sources, load_non_module
+from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
+from ..hf.hf_interop import load_without_device_map
+from .assembly import check_components, construct, target_class
+from .joined_outputs import deliver_joined_outputs
+from .meta import MetaComponent, build_from_source
+from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
+from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
+from .planning import caller_stacklevel, label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .request import DeviceMapKind, LoadRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenedFolder:
+    """A pipeline folder after every check that needs no module built: its index, the class to build, the
+    sources of the components not passed in, and each module component's dtype (resolved once)."""
+
+    index: ModelIndex
+    target: type
+    sources: Mapping[str, ComponentSource]
+    dtypes: Mapping[str, torch.dtype | None]
+
+    @property
+    def modules(self) -> dict[str, ComponentSource]:
+        return {name: source for name, source in self.sources.items() if source.is_module}
+
+    def non_modules(self) -> dict[str, Any]:
+        """The tokenizers, schedulers, ... loaded by their own classes."""
+        return {name: load_non_module(source) for name, source in self.sources.items() if not source.is_module}
+
+
+def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, generic: bool) -> OpenedFolder:
+    index = ModelIndex.read(request.folder)
+    target = target_class(cls, index, generic)
+    check_components(target, cls, index, passed, trust_remote_code=request.trust_remote_code)
+    sources = component_sources(index, request.folder, skip=passed, trust_remote_code=request.trust_remote_code)
+    modules = [name for name, source in sources.items() if source.is_module]
+    request.dtypes.check_names(modules + [name for name, obj in passed.items() if isinstance(obj, nn.Module)],
+                               of="pipeline")
+    return OpenedFolder(index=index, target=target, sources=sources,
+                        dtypes={name: request.dtypes.for_component(name) for name in modules})
+
+
+def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_required: bool) -> dict[str, MetaComponent]:
+    return {name: build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
+                                    weights_required=weights_required)
+            for name, source in opened.modules.items()}
+
+
+def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
+    """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
+    `generic`), each module placed on the plan's devices; from one save (see `snapshot`): reloaded if the
+    folder was saved over while it loaded."""
+    return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
+                         discard=lambda pipe: _discard(pipe, passed))
+
+
+def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool):
+    opened = open_folder(cls, request, passed, generic=generic)
+    components = opened.non_modules()
+    if request.device_map.kind is DeviceMapKind.NONE:
+        for name, source in opened.modules.items():
+            components[name] = load_without_device_map(source.cls, source.folder, family=source.family,
+                                                       dtype=opened.dtypes[name], variant=request.variant)
+        return construct(opened.target, opened.index, {**components, **passed}, request.folder)
+    metas = build_components(opened, request, weights_required=True)
+    modules = {name: meta.module for name, meta in metas.items()}
+    pipe = construct(opened.target, opened.index, {**components, **modules, **passed}, request.folder)
+    plan = plan_folder_pipeline(pipe, request, metas, passed)
+    check_plan_devices(plan, request.accelerators)
+    place_pipeline(pipe, plan, metas, passed, request)
+    if not isinstance(pipe, PipelineComponents):
+        attach_reset(pipe)
+        if request.device_map.kind is DeviceMapKind.SINGLE_DEVICE:  # as diffusers: "cuda" keeps .to() allowed
+            execution = next(iter(plan.components.values())).execution_device
+            pipe.hf_device_map = str(torch_device(execution, request.accelerators))
+    return pipe
+
+
+def plan_folder(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False) -> Plan:
+    """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
+    return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
+
+
+def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool) -> Plan:
+    try:
+        opened = open_folder(cls, request, passed, generic=generic)
+    except MissingComponentsError as error:
+        # Planning needs the models only: a folder without, say, its tokenizer (configs-only planning) cannot be
+        # built as its diffusers class, but plans the same as the generic pipeline of its components.
+        warnings.warn(f"Planning without {error.missing} (not in the folder): {error}", UserWarning,
+                      stacklevel=caller_stacklevel())
+        opened = open_folder(cls, request, passed, generic=True)
+    metas = build_components(opened, request, weights_required=False)
+    modules = {name: meta.module for name, meta in metas.items()}
+    pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
+    return plan_folder_pipeline(pipe, request, metas, passed)
+
+
+def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],
+                         passed: Mapping[str, Any]) -> Plan:
+    """The plan of a pipeline built from a folder: components passed in keep their own dtype, and those already
+    dispatched are pinned where they are; each component's plan says which dtype it assumed, and why."""
+    modules, edges = modules_and_edges(pipe)
+    dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
+    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
+                        max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
+                        pinned=passed_pins(passed))
+    origins = {name: metas[name].dtype_origin if name in metas else "passed in, as it is" for name in modules}
+    return label_dtypes(plan, modules, dtypes, origins)
+
+
+def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],
+                   request: LoadRequest) -> None:
+    """Place every component of `pipe` (ours or a diffusers pipeline) as `plan` says: the ones built here read
+    from their checkpoints, the ones passed in moved; on any failure undo all of it before re-raising."""
+    touched: list[str] = []
+    hooked_pinned: list[nn.Module] = []
+    origins = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
+    # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
+    read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
+    hooks = request.device_map.hooks
+    try:
+        with load_progress(read_bytes, enabled=request.progress):
+            for name in plan.execution_order:
+                component = plan.components[name]
+                if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
+                    if hooks and hook_inputs_of_pinned(passed[name], component):  # placed by its owner: never moved
+                        hooked_pinned.append(passed[name])
+                    continue
+                touched.append(name)
+                if name in metas:
+                    _check_registered(pipe, metas[name])
+                    place_component(metas[name], component, accelerators=request.accelerators, hooks=hooks,
+                                    progress=request.progress)
+                else:
+                    module = pipe.components[name]
+                    _move_passed(name, module, component, request.accelerators)
+                    attach_runtime(module, component, hooks=hooks)
+            if hooks:
+                deliver_joined_outputs(pipe, plan)
+        pipe.placement_plan = plan
+        pipe.hf_device_map = plan.device_map
+    except BaseException:
+        _undo(pipe, touched, metas, origins)
+        for module in hooked_pinned:
+            unhook_pinned(module)
+        raise
+
+
+def _check_registered(pipe: Any, meta: MetaComponent) -> None:
+    if pipe.components.get(meta.name) is not meta.module:
+        raise PipelineLoadError(
+            f"{type(pipe).__name__}'s constructor did not register the {meta.name!r} module it was given (it holds "
+            f"{type(pipe.components.get(meta.name)).__name__}), so its weights cannot be loaded into it; register "
+            "the components as they are passed (self.register_components(...))."
+        )
+
+
+def _move_passed(name: str, module: nn.Module, component, accelerators: Accelerators) -> None:
+    """A plain component passed in: moved to the plan's devices (never cast: it is the caller's object)."""
+    for path, device in sorted(component.device_map.items(), key=lambda item: len(item[0])):
+        if device == "disk":
+            raise PipelineLoadError(
+                f"Component {name!r} was passed in and planned to 'disk', but its weights are not in a checkpoint "
+                "file that disk offload could read; give the CPU a larger max_memory, or save and load it instead."
+            )
+        module.get_submodule(path).to(torch_device(device, accelerators))
+
+
+def _origin_device(module: nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _discard(pipe: Any, passed: Mapping[str, Any]) -> None:
+    """Free a pipeline loaded from a save that was replaced meanwhile (the components passed in are kept)."""
+    loaded = [name for name, obj in pipe.components.items() if isinstance(obj, nn.Module) and name not in passed]
+    _undo(pipe, loaded, {name: None for name in loaded}, {})
+
+
+def _undo(pipe: Any, touched: list[str], loaded: Mapping[str, Any], origins: Mapping[str, torch.device]) -> None:
+    for name in touched:
+        try:  # what this load read goes back to meta (freed: the pipeline is discarded); a passed one back home
+            unplace(pipe.components[name], to="meta" if name in loaded else origins.get(name, torch.device("cpu")))
+        except Exception:  # best effort: the original error is what the caller needs to see
+            continue
+    pipe.hf_device_map = None
+    pipe.placement_plan = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,45 @@
+"""`pipelines.place(pipe, ...)`: the placement `from_pretrained` gives, for a pipeline the user already built
+(e.g. a diffusers pipeline with a quantized transformer), without reloading anything.
+
+The modules are planned as they are (their own dtypes, nothing cast), moved to the plan's devices and given the
+hooks of their placement kind; `pipe.hf_device_map` and `pipe.placement_plan` are set as a load would set them.
+Components that already carry their own `hf_device_map` (loaded with a device_map) are pinned where they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from placement.plan_schema import Plan
+
+from ..errors import DeviceMappedError
+from ..folder.components import PipelineComponents
+from ..hf.diffusers_pipeline import attach_reset
+from .pipeline_loader import place_pipeline
+from .placing import check_plan_devices
+from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .request import Scope, resolve_request
+
+
+def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
+          offload_folder: str | Path | None = None) -> Plan:
+    """Plan `pipe`'s module components as they are, move and dispatch them; returns the plan (also
+    `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes (a strategy, a dict, one device, a
+    saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first."""
+    if getattr(pipe, "hf_device_map", None) is not None:
+        raise DeviceMappedError(
+            f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
+            "pipe.reset_device_map() before placing it again."
+        )
+    request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
+                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False)
+    modules, edges = modules_and_edges(pipe)
+    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
+                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=passed_pins(modules))
+    plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
+    check_plan_devices(plan, request.accelerators)
+    place_pipeline(pipe, plan, {}, modules, request)
+    if not isinstance(pipe, PipelineComponents):
+        attach_reset(pipe)
+    return plan

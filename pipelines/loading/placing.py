@@ -1,0 +1,120 @@
+"""Placing a component built on meta: its weights read to the devices its plan gives, then the runtime of its
+placement kind; one undo when anything fails. Models and pipelines place every component through here.
+
+    meta = build_component(...)                          # meta.py: sized exactly, headers read once
+    plan = placement.plan({name: meta.module}, ...)       # one planner for models and pipelines
+    check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
+    place_component(meta, plan.components[name], ...)    # weights read (meta.reader), then the kind's hooks
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from hooks.dispatch import DiskWeights, undispatch
+from hooks.plan_dispatch import apply_component_plan
+from placement.device_maps import owning_key
+from placement.devices import Accelerators, Device, is_accelerator, normalize_device
+from placement.errors import InvalidDeviceError
+from placement.plan_schema import ComponentPlan, Plan
+
+from ..checkpoint import stream_weights
+from ..errors import LoadError
+from .meta import MetaComponent, WeightsReader
+
+
+class PipelineLoadError(LoadError, RuntimeError):
+    """A plan that cannot be carried out on this machine (e.g. it names an accelerator that is not here)."""
+
+
+class AcceleratorsMissingError(PipelineLoadError, InvalidDeviceError):
+    """A plan that puts weights on accelerators this machine lacks (planning for them is fine; loading is not).
+    Caught as either `PipelineLoadError` or placement's `InvalidDeviceError`."""
+
+
+def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
+    """Before anything is read: every accelerator the plan uses exists here."""
+    absent_by_component = {
+        name: sorted({d for d in [*c.devices, c.execution_device] if is_accelerator(d) and d >= accelerators.count})
+        for name, c in plan.components.items()
+    }
+    absent = sorted({d for devices in absent_by_component.values() for d in devices})
+    if absent:
+        names = ", ".join(name for name, devices in absent_by_component.items() if devices)
+        raise AcceleratorsMissingError(
+            f"The plan puts {names} on accelerator(s) {absent}, but this machine has {accelerators.count} "
+            "accelerator(s). To see where it would go on other hardware, call plan_placement(...) instead; to load "
+            "here, give max_memory only for the accelerators present (or device_map='cpu'); to run this plan's "
+            "code paths on CPU-backed accelerators, set PLACEMENT_VIRTUAL_ACCELERATORS=N (a test mode)."
+        )
+
+
+def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
+                    hooks: bool = True, progress: bool = True) -> nn.Module:
+    """Read `meta`'s weights to the devices `component` plans, then attach its runtime (`attach_runtime`).
+    `component=None` (no device_map): every tensor to the CPU, no runtime, no map.
+
+    A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
+    escapes."""
+    device_map = None if component is None else component.device_map
+    try:
+        disk_weights = _READERS[meta.reader](meta, device_map, accelerators=accelerators, progress=progress)
+        if component is not None:
+            attach_runtime(meta.module, component, hooks=hooks, disk_weights=disk_weights)
+    except BaseException:
+        unplace(meta.module)
+        raise
+    return meta.module
+
+
+def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
+                   disk_weights: DiskWeights | None = None) -> None:
+    """The runtime of the component's placement kind (`hooks.plan_dispatch.apply_component_plan`); `hooks=False`
+    (a single-device strategy: the weights already sit where they run) only records the map."""
+    if hooks:
+        apply_component_plan(module, component, disk_weights=disk_weights)
+    else:
+        module.hf_device_map = dict(component.device_map)
+
+
+def unplace(module: nn.Module, *, to: torch.device | str = "meta") -> None:
+    """The one undo of a placement: every hook removed (offload ones too), every tensor moved `to` ("meta"
+    frees what a load read; a module passed in goes back where it was), no device map."""
+    undispatch(module)
+    module.to(to)
+    if hasattr(module, "hf_device_map"):
+        module.hf_device_map = None
+
+
+def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, accelerators: Accelerators,
+            progress: bool) -> DiskWeights | None:
+    """Our reader: each tensor from its safetensors file straight to its device, in its load dtype; the disk
+    part served from the checkpoint's own files (the offload index returned)."""
+    if meta.weights is None:
+        raise PipelineLoadError(f"Component {meta.name!r} was built without weights (for planning); it cannot be "
+                                "loaded. Build it with its weights required.")
+    stream_weights(meta.module, meta.weights, device_map=device_map, load_dtypes=meta.load_dtypes,
+                   tied_weights=meta.tied_weights, progress=progress, label=meta.name, accelerators=accelerators)
+    return disk_offload_index(meta, device_map)
+
+
+_READERS: dict[WeightsReader, Callable[..., DiskWeights | None]] = {WeightsReader.STREAM: _stream}
+
+
+def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None) -> DiskWeights | None:
+    """The `disk_weights` for `hooks.dispatch.dispatch`: every parameter `device_map` puts on "disk", served
+    from its checkpoint file in its load dtype; a tied parameter by its source, even when the source itself is
+    not on disk (accelerate's hook asks for it by the tied name). None when nothing is on disk."""
+    disk = [name for name, device in (device_map or {}).items() if normalize_device(device) == "disk"]
+    if not disk:
+        return None
+    sources = {}
+    for name, _ in meta.module.named_parameters(remove_duplicate=False):
+        if owning_key(name, disk) is not None:
+            source = name if name in meta.weights.tensors else meta.tied_weights.get(name)
+            if source is not None:
+                sources[name] = source
+    return meta.weights.offload_index(sources, lambda entry: meta.load_dtypes[entry.name])

@@ -1,0 +1,130 @@
+"""One load, resolved once at its entry (`from_pretrained` / `plan_placement` of pipelines and models): every
+argument turned into what it is before any module is built, then handed down as one frozen `LoadRequest`.
+
+- the folder: local, after the Hub download (the download options are fields, never carried implicitly);
+- `device_map`: None, a saved plan, pins, a strategy or a single device (`DeviceMapRequest`), decided once;
+- `torch_dtype`: validated once (`DtypeRequest`); its keys are checked against the module components in one
+  place with one message, and each component's dtype is looked up once;
+- the accelerators: detected once per load (`placement.devices.detect_accelerators`), used by the device check
+  and by every tensor streamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from placement.device_maps import is_single_device
+from placement.devices import Accelerators, detect_accelerators
+from placement.errors import InvalidDtypeError
+from placement.sizing import dtype_for
+
+from ..folder.hub import HubOptions, resolve_folder
+from .saved_plans import saved_plan
+
+
+class Scope(str, Enum):
+    """What the strategy names mean (`placement.plan(scope=...)`): a pipeline's, or accelerate's for one model."""
+
+    PIPELINE = "pipeline"
+    MODEL = "model"
+
+
+class DeviceMapKind(Enum):
+    NONE = "none"  # no device_map: loaded to the CPU as each class loads itself, no plan, no hooks
+    SAVED_PLAN = "saved plan"  # a placement.Plan or the path of its JSON: followed as it is
+    PINS = "pins"  # a dict {component | dotted path: device}: pinned as given, the rest planned around it
+    STRATEGY = "strategy"  # "balanced", "auto", "sequential", "balanced_low_0" (placement checks the name)
+    SINGLE_DEVICE = "single device"  # "cuda", "cuda:1", 0, "cpu", a torch.device: everything there, no hooks
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceMapRequest:
+    """`device_map` as what it is. `value`: the Plan, the pins dict, the strategy name or the device."""
+
+    kind: DeviceMapKind
+    value: Any = None
+
+    @classmethod
+    def interpret(cls, device_map: Any) -> "DeviceMapRequest":
+        if device_map is None:
+            return cls(kind=DeviceMapKind.NONE)
+        plan = saved_plan(device_map)  # reads a plan file once; a missing or invalid one is an error here
+        if plan is not None:
+            return cls(kind=DeviceMapKind.SAVED_PLAN, value=plan)
+        if isinstance(device_map, Mapping):
+            return cls(kind=DeviceMapKind.PINS, value=MappingProxyType(dict(device_map)))
+        if is_single_device(device_map):
+            return cls(kind=DeviceMapKind.SINGLE_DEVICE, value=device_map)
+        return cls(kind=DeviceMapKind.STRATEGY, value=device_map)
+
+    @property
+    def hooks(self) -> bool:
+        """Whether placing attaches the runtime hooks: not for a single device (weights already where they run)."""
+        return self.kind is not DeviceMapKind.SINGLE_DEVICE
+
+
+@dataclass(frozen=True, kw_only=True)
+class DtypeRequest:
+    """`torch_dtype` validated once: one dtype (or None) for every component, or `{component: dtype}` with an
+    optional "default" for the others."""
+
+    default: torch.dtype | None = None
+    named: Mapping[str, torch.dtype | None] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def parse(cls, torch_dtype: Any) -> "DtypeRequest":
+        """Every value checked (a floating dtype, its name, or None), with placement's message for a bad one."""
+        if not isinstance(torch_dtype, Mapping):
+            return cls(default=dtype_for(torch_dtype, "default"))
+        named = {str(key): dtype_for(torch_dtype, key) for key in torch_dtype if key != "default"}
+        return cls(default=dtype_for(torch_dtype, "default"), named=MappingProxyType(named))
+
+    def check_names(self, modules: Iterable[str], *, of: str) -> None:
+        """A dict may name module components and "default" only: a misspelt key would otherwise be ignored
+        without a word, loading that component in the default dtype. `of` names what the components are of."""
+        modules = sorted(modules)
+        unknown = sorted(key for key in self.named if key not in modules)
+        if unknown:
+            raise InvalidDtypeError(
+                f"torch_dtype names {unknown}, which are not module components of this {of}; its module "
+                f"components are {modules}. Fix the key(s), or use 'default' for every other component."
+            )
+
+    def for_component(self, name: str) -> torch.dtype | None:
+        return self.named.get(name, self.default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadRequest:
+    """Everything one load or plan needs, resolved once. `folder` is None for `pipelines.place` (modules already
+    built: nothing is read)."""
+
+    folder: Path | None
+    hub: HubOptions
+    scope: Scope
+    device_map: DeviceMapRequest
+    dtypes: DtypeRequest
+    accelerators: Accelerators
+    max_memory: Mapping | None = None
+    variant: str | None = None
+    offload_folder: str | Path | None = None
+    call: Mapping[str, Any] | None = None
+    progress: bool = True
+    trust_remote_code: bool = False
+
+
+def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[str] | None = None,
+                    subfolder: str | None = None, hub: HubOptions = HubOptions(), scope: Scope,
+                    device_map: Any, torch_dtype: Any, **options: Any) -> LoadRequest:
+    """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only; None for
+    modules already built). `options`: the other `LoadRequest` fields, as given."""
+    folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
+                                                              subfolder=subfolder, hub=hub)
+    return LoadRequest(folder=folder, hub=hub, scope=scope, device_map=DeviceMapRequest.interpret(device_map),
+                       dtypes=DtypeRequest.parse(torch_dtype), accelerators=detect_accelerators(), **options)
