@@ -39,7 +39,7 @@ def register(subparsers) -> None:
                         help="GPUs per replica under torchrun (default: the size that gives the most replicas)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds a rank waits for the others before giving up (default 1800)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
