@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _reader_gone()
-    except KeyboardInterrupt:
-        print(f"placement {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # a command that stopped cleanly says how far it got
+        print(f"placement {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the one place that turns any failure into an exit code
         if debug:
