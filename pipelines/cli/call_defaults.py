@@ -34,6 +34,27 @@ def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
     return {key: defaults[key] for key in KEYS if key in defaults}
 
 
+def check_callable(folder: Path, pipeline_class: type) -> None:
+    """A folder loaded as a generic pipeline (its class is neither ours nor diffusers') has no `__call__`."""
+    from .targets import PlanTargetError
+
+    if _runtime_class(folder, pipeline_class) is None:
+        raise PlanTargetError(
+            f"{str(folder)!r} loads as a generic pipeline (its model_index.json names a class that is neither this "
+            "library's nor diffusers'), which cannot be called to make images. Load it in your own script with "
+            "its class, or register the class (pipelines.register_class)."
+        )
+
+
+def describes_its_call(folder: Path, pipeline_class: type) -> bool:
+    """Whether a plan can account for this pipeline's call: its class describes its inputs
+    (`activation_inputs`), or the folder names a diffusers family this library knows."""
+    from ..framework.calls.registry import FAMILIES
+    from ..framework.model_index import ModelIndex
+
+    return hasattr(pipeline_class, "activation_inputs") or ModelIndex.read(folder).class_name in FAMILIES
+
+
 def _runtime_class(folder: Path, pipeline_class: type) -> Optional[type]:
     """The class whose `__call__` runs: ours, or for a generic load of a diffusers folder, the diffusers class."""
     from ..framework.diffusers_pipeline import diffusers_pipeline_class, is_diffusers_folder

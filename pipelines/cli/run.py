@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..distributed import ReplicaLoadError
     from ..distributed.images import ImageRunError, read_prompts
     from ..distributed.launch import Launch
-    from .call_defaults import default_call
+    from .call_defaults import check_callable, default_call
     from .run_job import RunJob
     from .targets import pipeline_class_of
 
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     given = {key: value for key, value in given.items() if value is not None}
     with _pipeline_folder(args.target) as (source, configs, label):
         cls = pipeline_class_of(configs)
+        check_callable(configs, cls)
         call = {**default_call(configs, cls), **given}  # what the images are made with: for the plan and run.json
         job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,
                      cls=cls, given=given, call=call)

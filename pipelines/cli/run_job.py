@@ -23,7 +23,6 @@ from .args import torch_dtype
 from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
 from .targets import STEPS, TargetPlanner, hf_libraries
 
-PLAN_KEYS = ("height", "width", "guidance_scale", STEPS)  # what a plan for the call depends on
 EXIT_INTERRUPTED = 130
 
 
@@ -71,11 +70,9 @@ class RunJob:
         """The plan a plain run loads, made for its call; its verdict and advice printed first."""
         from .advice import plan_with_advice
 
-        plan_call = {key: self.call[key] for key in PLAN_KEYS if key in self.call}
-        if "height" not in plan_call or "width" not in plan_call:
-            print("The pipeline chooses its image size itself: planning for weights only (give --height and "
-                  "--width to plan for its activations too).")
-            plan_call = {key: value for key, value in plan_call.items() if key == STEPS}
+        plan_call = self._activation_call()
+        if plan_call and STEPS in self.call:
+            plan_call[STEPS] = self.call[STEPS]
         planner = TargetPlanner(target=str(self.configs), device_map=self.args.strategy, max_memory=max_memory,
                                 offload_folder=None, call=plan_call or None)
         example = self.args.max_memory.text if self.args.max_memory is not None else "0=24GiB"
@@ -87,15 +84,27 @@ class RunJob:
         print(flush=True)
         return plan
 
+    def _activation_call(self, *, announce: bool = True) -> Optional[dict[str, Any]]:
+        """The call's sizes to plan its activations for, or None (said why) when they cannot be known."""
+        from .call_defaults import describes_its_call
+
+        sizes = {key: self.call[key] for key in ("height", "width", "guidance_scale") if key in self.call}
+        why = None
+        if not describes_its_call(self.configs, self.cls):
+            why = f"{self.cls.__name__} does not describe the inputs of its call"
+        elif "height" not in sizes or "width" not in sizes:
+            why = "the pipeline chooses its image size itself (give --height and --width)"
+        if why is not None and announce and self.launch.rank == 0:
+            print(f"Planning for weights only: {why}.")
+        return None if why is not None else sizes
+
     def _load(self, strategy, max_memory):
         from ..distributed import load_replica
 
         # Replica planning weighs activations; num_inference_steps is left to the plain run's planner (above).
-        replica_call = {key: self.call[key] for key in ("height", "width", "guidance_scale") if key in self.call}
-        if "height" not in replica_call or "width" not in replica_call:
-            replica_call = {}
+        replica_call = self._activation_call(announce=False) if self.launch.distributed else None
         with quiet(preload=hf_libraries(self.configs)):
             return load_replica(self.source, self.prompts, pipeline_class=self.cls,
                                 torch_dtype=torch_dtype(self.args.dtype), max_memory=max_memory,
-                                call=replica_call or None, group_size=self.args.group_size, strategy=strategy,
+                                call=replica_call, group_size=self.args.group_size, strategy=strategy,
                                 timeout=timedelta(seconds=self.args.timeout))
