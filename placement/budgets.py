@@ -144,7 +144,7 @@ def _detected_cpu_budget() -> int:
 
 
 def _available_ram() -> int:
-    import psutil  # a dependency of accelerate
+    import psutil  # declared in pyproject.toml (accelerate needs it too)
 
     return int(psutil.virtual_memory().available)
 

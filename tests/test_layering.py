@@ -1,4 +1,4 @@
-"""Dependencies point one way: pipelines -> hooks -> placement (DESIGN.md, "Layers")."""
+"""Dependencies point one way: pipelines -> hooks -> placement (docs/design.md, "Layers")."""
 
 import ast
 from pathlib import Path
