@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from ..distributed.launch import Launch
     from .call_defaults import check_callable, default_call
     from .run_job import RunJob
-    from .targets import pipeline_class_of
+    from ..quiet import quiet
+    from .targets import hf_libraries, pipeline_class_of
 
     launch = Launch.from_env()
     if args.group_size is not None and not launch.distributed:
@@ -74,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
              "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt}
     given = {key: value for key, value in given.items() if value is not None}
     with _pipeline_folder(args.target) as (source, configs, label):
-        cls = pipeline_class_of(configs)
-        check_callable(configs, cls)
-        call = {**default_call(configs, cls), **given}  # what the images are made with: for the plan and run.json
+        with quiet(preload=hf_libraries(configs)):  # reading the class may import diffusers: quietly
+            cls = pipeline_class_of(configs)
+            check_callable(configs, cls)
+            call = {**default_call(configs, cls), **given}  # what the images are made with: plan and run.json
         job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,
                      cls=cls, given=given, call=call)
         try:
