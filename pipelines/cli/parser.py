@@ -16,7 +16,8 @@ import re
 import sys
 from typing import NoReturn, Sequence
 
-_INVALID_CHOICE = re.compile(r"argument (?P<argument>\S+): invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
+_INVALID_CHOICE = re.compile(
+    r"argument (?P<argument>\S+): invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
 
 
 class ForgivingArgumentParser(argparse.ArgumentParser):
@@ -36,8 +37,9 @@ class ForgivingArgumentParser(argparse.ArgumentParser):
         choice = _INVALID_CHOICE.search(message)
         if choice is not None:
             known = [name.strip(" '") for name in choice["choices"].split(",")]
-            message = f"unknown command {choice['given']!r}{suggestion(choice['given'], known)}; " \
-                      f"the commands are {', '.join(known)}"
+            what = "command" if choice["argument"] == "COMMAND" else f"value for {choice['argument']}"
+            message = f"unknown {what} {choice['given']!r}{suggestion(choice['given'], known)}; " \
+                      f"the choices are {', '.join(known)}"
         super().error(message)
 
     def _hyphenated(self, args: list[str]) -> list[str]:

@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from ..distributed import ReplicaLoadError
     from ..distributed.images import ImageRunError, read_prompts
     from ..distributed.launch import Launch
+    from ..quiet import quiet
     from .call_defaults import check_callable, default_call
     from .run_job import RunJob
-    from ..quiet import quiet
     from .targets import hf_libraries, pipeline_class_of
 
     launch = Launch.from_env()
@@ -87,12 +87,12 @@ def run(args: argparse.Namespace) -> int:
             if launch.rank == 0:
                 raise
             return EXIT_BAD_INPUT  # every rank has the same error: rank 0 prints it, once
-
-    if result is None or result.made + result.skipped == result.skipped == len(prompts):
+    if result is None or (result.made == 0 and result.skipped == len(prompts)):
         return 0  # not rank 0 (it reports through rank 0), or nothing was left to make (said so already)
     seconds = time.perf_counter() - start
-    print(f"{result.made} image(s) made by {launch.world_size} replica(s) in {seconds:.1f} s"
-          + (f", {result.skipped} already there" if result.skipped else "") + f": {args.out}; see {args.out / 'run.json'}")
+    already = f", {result.skipped} already there" if result.skipped else ""
+    print(f"{result.made} image(s) made by {launch.world_size} replica(s) in {seconds:.1f} s{already}: {args.out}; "
+          f"see {args.out / 'run.json'}")
     return 0
 
 

@@ -72,8 +72,6 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
 def test_python_dash_m_placement_is_the_command_and_placement_still_imports_no_pipelines():
     done = python("-m", "placement", "plan", "tiny-dit", "--max-memory", "cpu=2GiB")
     assert done.returncode == 0 and done.stdout.startswith("Verdict: "), done.stderr
-    mistyped = python("-m", "placement", "pln")
-    assert mistyped.returncode == 2 and "did you mean plan?" in mistyped.stderr
     probe = python("-c", "import placement, sys; print('pipelines' in sys.modules)")
     assert probe.stdout.strip() == "False"
 

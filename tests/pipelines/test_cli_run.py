@@ -46,7 +46,8 @@ def prompts_file(tmp_path: Path, count: int) -> Path:
 
 
 def env(**extra: str) -> dict:
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PLACEMENT_VIRTUAL_ACCELERATORS")}
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PLACEMENT_VIRTUAL_ACCELERATORS")
+    base = {key: value for key, value in os.environ.items() if key not in launcher}
     return {**base, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra}
 
 
