@@ -20,13 +20,14 @@ from typing import Any, Callable, Mapping, Optional
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN
 from placement.devices import device_label, is_accelerator
-from placement.errors import PlacementError
+from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
 from placement.verdict import TIGHT_SHARE
 
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
+FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)  # the errors of a pipeline too big for the budgets
 
 
 class AdvisedError(PlacementError, ValueError):
@@ -59,6 +60,8 @@ def plan_with_advice(make_plan: Callable[..., Plan], *, dtype: Optional[str], ma
 
 def advise(outcome: Outcome, *, make_plan: Callable[..., Plan], dtype: Optional[str], max_memory: Optional[Mapping],
            budgets_example: str) -> list[str]:
+    if outcome.error is not None and not isinstance(outcome.error, FIT_ERRORS):
+        return []  # a bad input (a path, a key): its message is the whole story
     lines = []
     if outcome.rank > 0 and dtype not in _REDUCED and _in_float32(outcome):
         lines += _bf16_line(outcome, _attempt(make_plan, "bfloat16"))

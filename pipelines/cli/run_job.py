@@ -59,6 +59,7 @@ class RunJob:
                 result = make_images(replica, self.prompts, folder=folder, call=self.given, seed=self.args.seed,
                                      steps=self.call.get(STEPS), progress=True)
             except ImagesInterrupted:
+                replica.close(wait_for_the_others=True)  # every rank stopped at the same round
                 if first:
                     raise
                 sys.exit(EXIT_INTERRUPTED)  # rank 0 says it, once

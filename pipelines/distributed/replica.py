@@ -60,15 +60,15 @@ class Replica:
     def all_gather(self, value: Any) -> list[Any]:
         return self.exchange.all_gather(value)
 
-    def close(self) -> None:
-        """Destroy the process group if `load_replica` created it."""
-        self.exchange.close()
+    def close(self, *, wait_for_the_others: bool = False) -> None:
+        """Destroy the process group if `load_replica` created it (see `Exchange.close`)."""
+        self.exchange.close(wait_for_the_others=wait_for_the_others)
 
     def __enter__(self) -> "Replica":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(wait_for_the_others=exc_type is None)
 
 
 def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_class: Optional[type] = None,
