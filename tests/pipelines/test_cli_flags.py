@@ -124,3 +124,9 @@ def test_steps_plan_the_call_num_inference_steps(tmp_path, capsys):
     call = json.loads(target.read_text())["inputs"]["call"]
     # Once the planner takes num_inference_steps the plan records it; until then the CLI says it was not used.
     assert call.get("num_inference_steps") == 28 or "--steps 28 is not used by this planner" in out
+
+
+def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys):
+    assert main(["plan", "./no-such-pipeline", "--max-memory", "2x24GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "No such folder: './no-such-pipeline'" in err and "CPU budget" not in err and "bfloat16" not in err
