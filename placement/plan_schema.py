@@ -37,7 +37,7 @@ class PlanSchemaError(PlacementError, ValueError):
 
 
 class PlacementKind(str, Enum):
-    """How a component's weights are placed (DESIGN.md, "placement kinds")."""
+    """How a component's weights are placed (docs/design.md, "placement kinds")."""
 
     WHOLE = "whole"  # on one accelerator
     SPLIT = "split"  # its submodules over several accelerators, cut only between no-split blocks
@@ -52,7 +52,7 @@ class _Frozen(BaseModel):
 
 class ComponentTransfer(_Frozen):
     """What crosses the host -> accelerator bus for one component, per call, in steady state (the pipeline is
-    called again and again): DESIGN.md "When it does not fit: what moves per call".
+    called again and again): docs/design.md "When it does not fit: what moves per call".
 
     Three residency levels, at module granularity (keys relative to the component, like `device_map`):
     - resident: on its accelerator across calls (the `device_map` entries that name an accelerator);
@@ -266,7 +266,7 @@ class Plan(_Frozen):
 
     @property
     def device_map(self) -> dict[str, Device]:
-        """The flat DESIGN.md map: `{"text_encoder": 1, "denoiser.blocks.0": 0, ...}`."""
+        """The flat map of docs/design.md: `{"text_encoder": 1, "denoiser.blocks.0": 0, ...}`."""
         flat: dict[str, Device] = {}
         for name, component in self.components.items():
             for path, device in component.device_map.items():

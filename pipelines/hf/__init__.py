@@ -5,4 +5,5 @@ hf_interop.py          construct / retie / load_without_device_map per family of
 diffusers_pipeline.py  a folder naming a diffusers pipeline class loads as that class
 hf_spellings.py        diffusers' from_pretrained spellings (dtype=, use_safetensors, Hub keywords)
 calls/                 the inputs each diffusers pipeline family's call feeds its components (call= planning)
+quiet.py               silences what other libraries print during our plans and loads (ours stays)
 """
