@@ -12,11 +12,13 @@ from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
+from .transfers.completion import complete_transfers
+from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .errors import ComponentError, InvalidDtypeError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
-from .streaming import streaming_working_set
+from .streaming import streaming_working_set, transfer_units
 from .unit_order import order_units
 from .strategies import (
     ComponentRequest,
@@ -47,6 +49,8 @@ def plan(
     pinned: Optional[Mapping[str, Pin]] = None,
     scope: str = "pipeline",
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
+    runs_per_call: Optional[Mapping[str, int]] = None,
+    link_bandwidth=None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -65,9 +69,17 @@ def plan(
         model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
     module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
         cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
+    runs_per_call: {component: how many times it runs per call}, e.g. {"transformer": 28} for 28 denoising
+        steps (56 where guidance runs as a second pass); components not named run once (or as their graph
+        node's `runs_per_call` says). When the pipeline does not fit resident, the plan moves the fewest bytes
+        per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
+    link_bandwidth: host -> accelerator bytes/s for the plan's transfer times (a number, or "25GB" meaning per
+        second); None assumes 25 GB/s (PCIe 4.0 x16). The plan states which.
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
+    runs = check_runs_per_call(runs_per_call, modules)
+    bandwidth = check_link_bandwidth(link_bandwidth)
     spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
@@ -85,13 +97,18 @@ def plan(
     placements = Placements()
     _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
     free = [request for name, request in requests.items() if name not in placements.by_name]
+    costs = CostModel.build(model_graph, list(requests.values()), runs)
     state = place_free_components(StrategyRequest.build(
-        spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context,
-        costs=CostModel.build(model_graph, free)))
+        spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
+    state = complete_transfers(state, requests, costs.runs)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
-                               max_memory=None if max_memory is None else budgets.given())
-    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
+                               max_memory=None if max_memory is None else budgets.given(),
+                               runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth)
+    plan = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
                      activations_accounted=activations is not None)
+    if link_bandwidth is None:
+        return plan
+    return plan.model_copy(update={"link_bandwidth": bandwidth, "link_bandwidth_source": "given"})
 
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
@@ -147,7 +164,7 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
         size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
-        streamed=streaming_working_set(module, size),
+        streamed=streaming_working_set(module, size), units=transfer_units(module, size),
     )
 
 
