@@ -15,7 +15,7 @@ from placement.device_maps import is_single_device as _names_one_device
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
-from .calls import CallSpecError, family_calls
+from .calls import CallSpecError, family_calls, family_runs
 from .components import PipelineComponentError, PipelineComponents
 from .diffusers_pipeline import graph_edges as diffusers_graph_edges
 from .diffusers_pipeline import module_components as diffusers_module_components
@@ -39,11 +39,12 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
     activations, module_order = None, {}
     if call is not None:
         activations = call_activations(pipe, modules, call, torch_dtype=torch_dtype, module_order=module_order)
+    runs = call_runs(pipe, modules, call)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = placement.plan(modules, max_memory=max_memory, strategy=device_map, graph=edges,
                               dtype=torch_dtype, offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None, module_order=module_order or None)
+                              pinned=dict(pinned) or None, module_order=module_order or None, runs_per_call=runs)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=_caller_stacklevel())
     return plan if call is None else plan.with_inputs(call=dict(call))
@@ -68,8 +69,9 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     if describe is None:
         runs = family_calls(pipeline_class_name(pipe), modules, call)
     else:
+        sizes = {key: value for key, value in call.items() if key != "num_inference_steps"}  # runs, not sizes
         try:
-            runs = {name: [spec] for name, spec in describe(**dict(call)).items()}
+            runs = {name: [spec] for name, spec in describe(**sizes).items()}
         except TypeError as error:
             raise CallSpecError(
                 f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
@@ -84,6 +86,28 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
         if module_order is not None:
             module_order[name] = order
     return peaks
+
+
+def call_runs(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """How many times each component runs per call (`placement.plan(runs_per_call=)`): the pipeline's own
+    `runs_per_call(**call)`, else its diffusers family's (`calls.family_runs`: steps x passes per step), with
+    the pipeline's defaults when `call` leaves them out (or is None); None when neither knows."""
+    call = dict(call or {})
+    describe = getattr(pipe, "runs_per_call", None)
+    if describe is not None:
+        try:
+            runs = describe(**call)
+        except TypeError as error:
+            raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
+    else:
+        runs = family_runs(pipeline_class_name(pipe), call)
+    if runs is None and "num_inference_steps" in call:
+        raise CallSpecError(
+            f"call= gives num_inference_steps, but {pipeline_class_name(pipe)} does not say which component runs "
+            "at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
+            "returning {component: runs}, or pass runs_per_call= to placement.plan."
+        )
+    return None if runs is None else {name: count for name, count in runs.items() if name in modules}
 
 
 def pipeline_class_name(pipe: PipelineComponents) -> str:
