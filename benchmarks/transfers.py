@@ -15,7 +15,8 @@ calls) are kept in data/transfer_activation_peaks.json. Every number is host -> 
 state (the pipeline is called again and again), and seconds at 25 GB/s (PCIe 4.0 x16). The memory model is
 the planner's for everyone: a phase holds the resident weights + what the running component brings + its
 activations + 1 GiB runtime overhead per GPU in use, within each GPU's budget; "-" where a technique does not
-fit (it would run out of memory).
+fit (it would run out of memory); "cpu" where our plan has to compute a component on the CPU (a video VAE
+decode larger than the GPU, untiled).
 
 What each anchor moves, from its semantics (diffusers 0.42):
 - model offload (`enable_model_cpu_offload`): every component is moved whole to the GPU when it runs and back
@@ -209,7 +210,8 @@ def load_pipelines(only, *, steps: int, estimate: bool) -> list[Pipeline]:
             peaks[key] = _estimate(entry["pipeline_class"], modules)
         runs = family_runs(entry["pipeline_class"], {"num_inference_steps": steps}) or {}
         runs = {c: r for c, r in runs.items() if c in modules}
-        parts = tuple(_part(c, modules[c], size, peaks[key].get(c, 0), runs.get(c, 1)) for c, (_, size) in built.items())
+        parts = tuple(_part(c, modules[c], size, peaks[key].get(c, 0), runs.get(c, 1))
+                      for c, (_, size) in built.items())
         found.append(Pipeline(name=name, modules=modules, edges=list(zip(order, order[1:])), activations=peaks[key],
                               runs=runs, parts=parts))
     if estimate or not PEAKS.exists() or any(p.name.rstrip("*") not in _saved() for p in found):
@@ -261,8 +263,8 @@ def scenario(pipeline: Pipeline, gibs) -> tuple[dict[str, int | None], float]:
     return row, seconds
 
 
-def _cell(moved: int | None) -> str:
-    return f"{'-':>15}" if moved is None else f"{moved / GiB:8.1f} {moved / LINK:5.1f}s"
+def _cell(moved: int | None, missing: str = "-") -> str:
+    return f"{missing:>15}" if moved is None else f"{moved / GiB:8.1f} {moved / LINK:5.1f}s"
 
 
 def run(only, inventories, *, steps: int, estimate: bool) -> None:
@@ -277,15 +279,18 @@ def run(only, inventories, *, steps: int, estimate: bool) -> None:
             row, seconds = scenario(pipeline, INVENTORIES[label])
             rows[(pipeline.name.rstrip("*"), label)] = row
             times.append(seconds)
-            print(f"{pipeline.name:<22}{label:>6}{runs:>5}  " + "".join(_cell(row[c]) for c in COLUMNS))
+            cells = [_cell(row[c], "cpu" if c == "ours" else "-") for c in COLUMNS]
+            print(f"{pipeline.name:<22}{label:>6}{runs:>5}  " + "".join(cells))
     summary(rows, times)
 
 
 def summary(rows, times) -> None:
     """Ratios ours / theirs where the pipeline does not fit resident (ours moves something, or could not)."""
     moving = {key: row for key, row in rows.items() if row["ours"] != 0}
-    print(f"\nOf {len(rows)} scenarios, {len(moving)} do not fit resident. Ours / theirs there "
-          "(< 1: we move less), where both fit:")
+    on_cpu = sum(row["ours"] is None for row in rows.values())
+    print(f"\nOf {len(rows)} scenarios, {len(moving)} do not fit resident ({on_cpu} of them only with a component "
+          "computing on the CPU: 'cpu', left out). Ours / theirs (< 1: we move "
+          "less) where both fit; against the bound, how far from the least possible (>= 1):")
     print(f"{'vs':<12}{'scenarios':>10}{'median':>10}{'worst':>10}{'ours more':>11}")
     for column in COLUMNS[1:]:
         ratios = [row["ours"] / row[column] for row in moving.values()
@@ -298,7 +303,7 @@ def summary(rows, times) -> None:
         if key in rows:
             print(f"  {key[0]:<20}{key[1]:>6}  " + "".join(f"{c}: {_cell(rows[key][c]).strip()}  " for c in COLUMNS))
     if times:
-        print(f"\nPlanning time (ours, sizing excluded): median {statistics.median(times) * 1000:.0f} ms, "
+        print(f"\nPlanning time (placement.plan, sizing included): median {statistics.median(times) * 1000:.0f} ms, "
               f"max {max(times) * 1000:.0f} ms over {len(times)} scenarios.")
 
 

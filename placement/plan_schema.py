@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Annotated, Any, Optional, Union
+from typing import Any, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
 from .device_breakdown import with_breakdown
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import PlacementError
 from .sizes import format_bytes
-from .plan_inputs import PlanInputs
+from .plan_inputs import PlanDevice, PlanInputs
 from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
-
-PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
 # 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.

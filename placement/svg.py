@@ -130,7 +130,8 @@ def _transfer_rows(plan: Plan, colours, y: int) -> tuple[list[str], int]:
     bar_width = WIDTH - LABEL_WIDTH - 2 * MARGIN
     for name, transfer in moving:
         width = max(bar_width * transfer.bytes_per_call / total, 1.0)
-        detail = (f"{format_bytes(transfer.bytes_per_call)} per call ({_time(transfer.bytes_per_call / plan.link_bandwidth)}):"
+        seconds = _time(transfer.bytes_per_call / plan.link_bandwidth)
+        detail = (f"{format_bytes(transfer.bytes_per_call)} per call ({seconds}):"
                   f" {format_bytes(transfer.loaded_per_call_bytes)} loaded once + {transfer.runs_per_call} x "
                   f"{format_bytes(transfer.streamed_per_run_bytes)} streamed; "
                   f"{format_bytes(transfer.resident_bytes)} resident")

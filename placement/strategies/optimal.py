@@ -4,8 +4,8 @@ The devices the search sees are the ledger's accelerators with what they already
 The preferred map is diffusers' zig-zag: components largest first (ties in execution order) over
 0, 1, ..., n-1, n-1, ..., 0 -- for "balanced_low_0" over the accelerators other than 0, and 0 is `reserved`
 (its weights minimised first). Interchangeable devices are then used from the lowest index up
-(`fill_from_first`): a map that leaves GPU 0 empty beside an identical, used GPU 1 is the same map on GPU 0. The search returns None when no whole assignment fits; the strategy then falls
-back (split, offload, ...).
+(`fill_from_first`): a map that leaves GPU 0 empty beside an identical, used GPU 1 is the same map on GPU 0.
+The search returns None when no whole assignment fits; the strategy then falls back (split, offload, ...).
 """
 
 from __future__ import annotations

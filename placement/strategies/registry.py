@@ -7,9 +7,9 @@ A strategy is any callable `StrategyRequest -> PlacementState` (see `state`). Re
 `with_demotions` wraps strategies that choose accelerators themselves, so that they never leave a component
 needlessly on the CPU (`demotion`); the balanced family is wrapped once more by `with_fewest_transfers`, so that
 a pipeline that does not fit resident moves the fewest bytes per call (`residency`). "sequential" keeps its
-meaning (fill in execution order); every strategy's plan gets its transfer numbers in `placement.plan`. With no accelerator to plan for, every strategy but a single device
-degrades to `place_cpu_only`. A model-level request (`StrategySpec.model_level`) is looked up in
-`MODEL_STRATEGIES` instead.
+meaning (fill in execution order); every strategy's plan gets its transfer numbers in `placement.plan`.
+With no accelerator to plan for, every strategy but a single device degrades to `place_cpu_only`. A
+model-level request (`StrategySpec.model_level`) is looked up in `MODEL_STRATEGIES` instead.
 """
 
 from __future__ import annotations

@@ -60,13 +60,14 @@ class _Search:
         self.device_order = kept + [d for d in accelerators if d not in kept]
         self.spread = {r.name: spreadable(r) for r in self.order}
         self.stages: dict = {}
+        self.splits: dict = {}  # STREAM components' host splits by room (`fill_and_split`)
 
     def evaluate(self, choice: Choice) -> Optional[Evaluated]:
         stage = self._stage(choice)
         if stage is None:
             return None
         ledger = stage.ledger.copy()
-        settled = fill_and_split(ledger, choice, self.order, self.runs, spread=self.spread)
+        settled = fill_and_split(ledger, choice, self.order, self.runs, spread=self.spread, cache=self.splits)
         if settled is None:
             return None
         filled, splits = settled
@@ -123,8 +124,9 @@ class _Search:
             placements.add(_placed(request, filled, best, self.runs.get(name, 1)))
         headline = (
             "The components do not all fit resident beside each other's phases: of the plans that execute "
-            f"everything on an accelerator, this one moves the fewest bytes per call ({format_bytes(best.cost.transfer_bytes)}"
-            ", host -> accelerator, steady state), what runs most keeping its room; the components with weights "
+            "everything on an accelerator, this one moves the fewest bytes per call "
+            f"({format_bytes(best.cost.transfer_bytes)}, host -> accelerator, steady state), what runs most keeping "
+            "its room; the components with weights "
             f"in host memory execute on {device_label(best.choice.home)}."
         )
         return PlacementState.of(best.ledger, placements, map_reasons=(headline,))

@@ -41,17 +41,15 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
     order = [home, *(d for d in devices if d != home)] if spreadable else [home]
     filled = Filled()
-    # The rest first, then the largest blocks: what stays on the host is then small blocks, so the two in
-    # flight take little room and every run streams fine-grained.
-    ranked = sorted(units, key=lambda u: (u.block, 0 if in_order or not u.block else -u.bytes))
-    for unit in ranked:
-        targets = order if unit.block else [home]  # the rest runs with the inputs: on the home accelerator
-        device = next((d for d in targets if state.fits(unit, d)), None)
-        if device is None:
-            filled.host.append(unit)
-            continue
-        state.take(unit, device)
-        filled.resident.setdefault(device, []).append(unit)
+    for unit in (u for u in units if not u.block):  # the rest runs with the inputs: on the home accelerator
+        _place_one(state, unit, [home], filled)
+    blocks = [u for u in units if u.block]
+    if in_order:
+        for unit in blocks:
+            _place_one(state, unit, order, filled)
+    else:  # the largest blocks first: what stays on the host is small, so two in flight take little room
+        for size in sorted({u.bytes for u in blocks}, reverse=True):
+            _place_size(state, [u for u in blocks if u.bytes == size], order, filled)
     for device, taken in filled.resident.items():
         spans = device != home  # its phase there: its activations
         ledger.add(device, weights=sum(u.bytes for u in taken), transient=activation if spans else 0, phase=name)
@@ -60,37 +58,78 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     return filled
 
 
+def _place_one(state: "_FillState", unit: TransferUnit, order: Sequence[int], filled: Filled) -> None:
+    device = next((d for d in order if state.count_fitting(unit.bytes, 1, d, block=unit.block)), None)
+    if device is None:
+        filled.host.append(unit)
+        return
+    state.take(unit.bytes, 1, device, block=unit.block)
+    filled.resident.setdefault(device, []).append(unit)
+
+
+def _place_size(state: "_FillState", members: list[TransferUnit], order: Sequence[int], filled: Filled) -> None:
+    """Blocks of one size: as many as fit on each device in turn (first fit, counted rather than tried)."""
+    for device in order:
+        if not members:
+            return
+        count = state.count_fitting(members[0].bytes, len(members), device, block=True)
+        if count:
+            state.take(members[0].bytes, count, device, block=True)
+            filled.resident.setdefault(device, []).extend(members[:count])
+            members = members[count:]
+    filled.host.extend(members)
+
+
 class _FillState:
-    """Per device: the room for resident weights and the largest other phase; the component's host part."""
+    """Per device: the room for resident weights and the largest other phase; the component's host part
+    (its rest's bytes and its blocks counted by size)."""
 
     def __init__(self, ledger: Ledger, *, name: str, units: Sequence[TransferUnit], activation: int, home: int):
         self.home, self.activation = home, activation
-        self.limit = {}
-        self.others = {}
-        self.weights = {}
+        self.limit, self.others, self.weights = {}, {}, {}
         for device in ledger.accelerators:
             load = ledger.loads[device]
             self.limit[device] = math.inf if load.budget is None else load.budget - ledger.overhead(device)
             self.others[device] = ledger.phase_bytes(device, excluding=name)
             self.weights[device] = load.weights
         self.host_rest = sum(u.bytes for u in units if not u.block)
-        self.host_blocks = sorted((u.bytes for u in units if u.block), reverse=True)
+        self.counts: dict[int, int] = {}
+        for unit in units:
+            if unit.block:
+                self.counts[unit.bytes] = self.counts.get(unit.bytes, 0) + 1
+        self.sizes = sorted(self.counts, reverse=True)
 
-    def _home_need(self, unit: TransferUnit) -> int:
-        """The component's phase on its home once `unit` is resident: activations, host rest, two blocks."""
-        rest = self.host_rest - (0 if unit.block else unit.bytes)
-        top = self.host_blocks[: STREAM_BUFFER_BLOCKS + 1]  # a copy: the largest three host blocks
-        if unit.block and unit.bytes in top:
-            top.remove(unit.bytes)
-        return self.activation + rest + sum(top[:STREAM_BUFFER_BLOCKS])
+    def _buffer(self, size: int, taken: int) -> int:
+        """The two largest host blocks once `taken` blocks of `size` are resident."""
+        buffer, left = 0, STREAM_BUFFER_BLOCKS
+        for each in self.sizes:
+            count = self.counts[each] - (taken if each == size else 0)
+            used = min(count, left)
+            buffer, left = buffer + used * each, left - used
+            if not left:
+                break
+        return buffer
 
-    def fits(self, unit: TransferUnit, device: int) -> bool:
-        own = self._home_need(unit) if device == self.home else self.activation
-        return self.weights[device] + unit.bytes + max(self.others[device], own) <= self.limit[device]
-
-    def take(self, unit: TransferUnit, device: int) -> None:
-        self.weights[device] += unit.bytes
-        if unit.block:
-            self.host_blocks.remove(unit.bytes)
+    def _fits(self, size: int, count: int, device: int, *, block: bool) -> bool:
+        if device == self.home:
+            rest = self.host_rest - (0 if block else size * count)
+            own = self.activation + rest + self._buffer(size, count if block else 0)
         else:
-            self.host_rest -= unit.bytes
+            own = self.activation
+        return self.weights[device] + size * count + max(self.others[device], own) <= self.limit[device]
+
+    def count_fitting(self, size: int, most: int, device: int, *, block: bool) -> int:
+        """How many of `most` units of `size` can go to `device` together (0 when none)."""
+        room = self.limit[device] - self.weights[device] - max(self.others[device], self.activation)
+        upper = min(most, int(room // size) if size and room != math.inf else most)
+        for count in range(upper, 0, -1):  # the home's own need shrinks as blocks leave the host: check each
+            if self._fits(size, count, device, block=block):
+                return count
+        return 0
+
+    def take(self, size: int, count: int, device: int, *, block: bool) -> None:
+        self.weights[device] += size * count
+        if block:
+            self.counts[size] -= count
+        else:
+            self.host_rest -= size * count

@@ -15,6 +15,7 @@ either way, so it streams every block (the lower peak).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Sequence
 
 from ..streaming import RESIDENT_BLOCKS, TransferUnit
@@ -30,20 +31,20 @@ class HostSplit:
     streamed: tuple[TransferUnit, ...]
     fits: bool = True  # False: even the minimum (rest + two blocks) exceeds the room given
 
-    @property
+    @cached_property
     def loaded_bytes(self) -> int:
         return sum(unit.bytes for unit in self.per_call)
 
-    @property
+    @cached_property
     def streamed_bytes(self) -> int:
         return sum(unit.bytes for unit in self.streamed)
 
-    @property
+    @cached_property
     def buffer_bytes(self) -> int:
         """The blocks in flight at once: the two largest streamed ones."""
         return stream_buffer(unit.bytes for unit in self.streamed)
 
-    @property
+    @cached_property
     def phase_weights(self) -> int:
         """Host-homed weights on the execution device at once in the phase: loaded per call + in flight."""
         return self.loaded_bytes + self.buffer_bytes

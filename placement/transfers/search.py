@@ -17,8 +17,9 @@ Every level x home combination is evaluated (3^n x accelerators; a denoiser pipe
 so at most a few thousand) unless a lower bound rules it out: the components at STREAM move all their bytes at
 least once. Past EXACT_LIMIT combinations the smallest components are only tried at FILL and STREAM, and past
 that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the issue's reference
-policy (`reference`) on that home; it is one of the candidates, so the search never does worse than it. Candidates compare by `cost.PlanCost` (bytes on the CPU, bytes per call,
-crossing edges, the fullest device); the strategy's own plan competes too (`strategies.registry`).
+policy (`reference`) on that home; it is one of the candidates, so the search never does worse than it.
+Candidates compare by `cost.PlanCost` (bytes on the CPU, bytes per call, crossing edges, the fullest device);
+the strategy's own plan competes too (`strategies.fewest_transfers`).
 """
 
 from __future__ import annotations
@@ -106,10 +107,12 @@ def spreadable(request) -> bool:
     return not any(type(module).__name__ in protected for module in [request.module, *holders])
 
 
-def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
-                   spread: dict[str, bool]) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
+def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *, spread: dict[str, bool],
+                   cache: Optional[dict] = None) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
     """FILL components' resident units (priority order), then every non-resident part's per-call / streamed
-    split in its phase on the home; None when a phase does not fit."""
+    split in its phase on the home; None when a phase does not fit. `cache` keeps the splits of STREAM
+    components (all of their units on the host) by room, across candidates."""
+    cache = {} if cache is None else cache
     filled: dict[str, Filled] = {}
     for request, level in zip(order, choice.levels):
         if level is Level.FILL:
@@ -126,7 +129,13 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
             continue
         room = None if home.budget is None else (
             home.budget - ledger.overhead(choice.home) - home.weights - request.transient)
-        split = split_host_part(filled[request.name].host, runs=runs.get(request.name, 1), room=room)
+        host = filled[request.name].host
+        key = (request.name, room) if len(host) == len(request.layout_units) else None
+        split = cache.get(key) if key else None
+        if split is None:
+            split = split_host_part(host, runs=runs.get(request.name, 1), room=room)
+            if key:
+                cache[key] = split
         if not split.fits:
             return None
         ledger.set_phase(choice.home, request.name, request.transient + split.phase_weights)
