@@ -119,6 +119,11 @@ def test_sequential_and_pinned_plans_get_transfer_numbers():
     assert denoiser.pinned and denoiser.execution_device == 0
     assert denoiser.transfer.resident_bytes == 1.5 * GiB
     assert denoiser.transfer.loaded_per_call_bytes + denoiser.transfer.streamed_per_run_bytes == 11 * GiB
+    model = placement.plan({"denoiser": comps["denoiser"]}, max_memory={0: "6GiB", "cpu": "64GiB"}, strategy="auto",
+                           scope="model", runs_per_call={"denoiser": 10})
+    transfer = model.components["denoiser"].transfer  # accelerate's map: part on GPU 0, the rest in RAM
+    assert transfer.resident_bytes == model.components["denoiser"].placed_bytes[0]
+    assert transfer.loaded_per_call_bytes + transfer.streamed_per_run_bytes == model.components["denoiser"].placed_bytes["cpu"]
     cpu = placement.plan(comps, max_memory={0: "24GiB", "cpu": "64GiB"}, strategy="cpu")
     assert cpu.transfer_bytes_per_call == 0 and all(c.transfer.resident_bytes == 0 for c in cpu.components.values())
 
