@@ -17,7 +17,7 @@ from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from ..folder.components import PipelineComponentError, PipelineComponents
-from ..hf.calls import CallSpecError, family_calls
+from ..hf.calls import CallSpecError, family_calls, family_runs
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
 from .request import DeviceMapKind, DeviceMapRequest, Scope
@@ -56,11 +56,13 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     activations, module_order = None, {}
     if call is not None:
         activations = call_activations(pipe, modules, call, torch_dtype=dtypes, module_order=module_order)
+    runs = None if pipe is None else call_runs(pipe, modules, call)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
                               offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None, module_order=module_order or None, scope=scope.value)
+                              pinned=dict(pinned) or None, module_order=module_order or None, scope=scope.value,
+                              runs_per_call=runs)
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
     return plan if call is None else plan.with_inputs(call=dict(call))
@@ -90,8 +92,9 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     if describe is None:
         runs = family_calls(pipeline_class_name(pipe), modules, call)
     else:
+        sizes = {key: value for key, value in call.items() if key != "num_inference_steps"}  # runs, not sizes
         try:
-            runs = {name: [spec] for name, spec in describe(**dict(call)).items()}
+            runs = {name: [spec] for name, spec in describe(**sizes).items()}
         except TypeError as error:
             raise CallSpecError(
                 f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
@@ -110,6 +113,28 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
         if module_order is not None:
             module_order[name] = order
     return peaks
+
+
+def call_runs(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """How many times each component runs per call (`placement.plan(runs_per_call=)`): the pipeline's own
+    `runs_per_call(**call)`, else its diffusers family's (`calls.family_runs`: steps x passes per step), with
+    the pipeline's defaults when `call` leaves them out (or is None); None when neither knows."""
+    call = dict(call or {})
+    describe = getattr(pipe, "runs_per_call", None)
+    if describe is not None:
+        try:
+            runs = describe(**call)
+        except TypeError as error:
+            raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
+    else:
+        runs = family_runs(pipeline_class_name(pipe), call)
+    if runs is None and "num_inference_steps" in call:
+        raise CallSpecError(
+            f"call= gives num_inference_steps, but {pipeline_class_name(pipe)} does not say which component runs "
+            "at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
+            "returning {component: runs}, or pass runs_per_call= to placement.plan."
+        )
+    return None if runs is None else {name: count for name, count in runs.items() if name in modules}
 
 
 def pipeline_class_name(pipe: PipelineComponents) -> str:

@@ -82,6 +82,14 @@ def text_to_image_activation_inputs(
     return calls
 
 
+def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, **sizes) -> dict[str, int]:
+    """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
+    step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
+    if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+        raise ActivationInputsError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
+    return {"denoiser": num_inference_steps}
+
+
 def _text_encoder_call(encoder, batch: int) -> ComponentCall:
     length = encoder.config.max_position_embeddings
     tokens = torch.empty((batch, length), dtype=torch.long, device=_META)

@@ -3,6 +3,7 @@
 `family_calls(class_name, modules, call)` gives, per module component, the meta-tensor calls one
 `pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.loading.planning.call_activations` uses
 it for pipelines that do not describe their inputs themselves (no `activation_inputs` method).
+`family_runs(class_name, call)` gives how many times each denoiser runs per call (steps x passes per step).
 
 spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCall (one method call on meta)
 shapes.py          meta tensors and the facts read from component configs (VAE factors, latent frames)
@@ -51,5 +52,17 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
     return family.describe(modules, spec)
 
 
+def family_runs(class_name: str, call: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Runs per call of each denoiser of a `class_name` pipeline (its steps, twice where guidance is a second
+    pass) for `call`, the family's defaults filling what it leaves out; None for a family this library does
+    not know."""
+    family = FAMILIES.get(class_name)
+    if family is None:
+        return None
+    sizes = {"height": 1, "width": 1}  # runs do not depend on the sizes; the call's own are checked if given
+    spec = CallSpec.parse({**sizes, **dict(call or {})}, pipeline=class_name, defaults=family.defaults)
+    return family.runs(spec)
+
+
 __all__ = ["CALL_KEYS", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",
-           "family_calls"]
+           "family_calls", "family_runs"]

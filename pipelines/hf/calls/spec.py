@@ -18,7 +18,7 @@ from placement import estimate_activations
 from ...errors import LoadError
 
 CALL_KEYS = ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "guidance_scale",
-             "max_sequence_length")
+             "max_sequence_length", "num_inference_steps")
 
 
 class CallSpecError(LoadError, ValueError):
@@ -49,6 +49,7 @@ class CallSpec:
     num_images_per_prompt: int = 1
     guidance_scale: float = 1.0
     max_sequence_length: int | None = None
+    num_inference_steps: int | None = None  # the denoising steps (runs of the denoiser per pass)
 
     @property
     def images(self) -> int:
@@ -71,7 +72,8 @@ class CallSpec:
         for key in ("height", "width"):
             if key not in values:
                 raise CallSpecError(f"call= for {pipeline} needs {key!r}, e.g. {{'height': 1024, 'width': 1024}}.")
-        for key in ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "max_sequence_length"):
+        for key in ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "max_sequence_length",
+                    "num_inference_steps"):
             value = values.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise CallSpecError(f"call= for {pipeline}: {key} must be a positive int, got {value!r}.")
