@@ -68,7 +68,6 @@ _ERRORS = {
     ".text_to_image.tokenizers": ("TokenizerError",),
     ".distributed.images": ("ImageRunError",),
     ".distributed.replica": ("ReplicaLoadError",),
-    ".cli.resolve": ("CliArgumentError", "PlanTargetError"),
 }
 _EXPORTS.update({name: module for module, names in _ERRORS.items() for name in names})
 

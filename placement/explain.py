@@ -96,6 +96,8 @@ def transfer_lines(plan: Plan) -> list[str]:
     """Per component and in total: what crosses host -> accelerator per call, and how long at the link speed."""
     if plan.transfer_bytes_per_call is None:
         return []  # a plan written before the transfer model
+    if plan.transfer_bytes_per_call == 0:  # a table of zeros says less than one line
+        return ["", "Moved per call: nothing (every weight the accelerators use stays resident across calls)."]
     speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
     title = f"Moved per call, host -> accelerator, steady state (time at {speed}):"
     header = ["component", "runs", "resident", "loaded per call", "streamed per run", "per call", "time"]

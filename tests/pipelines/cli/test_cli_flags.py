@@ -92,11 +92,11 @@ def test_a_budget_without_its_unit_is_refused_and_a_zero_gpu_warned_about(capsys
 
 
 def test_an_fp32_plan_that_fails_says_what_bf16_would_do_and_that_the_cpu_budget_was_detected(capsys):
-    assert main(["plan", "flux-like", "--max-memory", "2x24GiB"]) == 2
+    assert main(["plan", "flux-like", "--max-memory", "2x16GiB"]) == 2
     err = capsys.readouterr().err
     assert "must go to disk" in err  # the original error, then what would help, computed
     assert "This plan is in float32; in bfloat16 (--dtype bf16, half the bytes) it fits on accelerators" in err
-    assert "The CPU budget was detected on this machine" in err and "--max-memory 2x24GiB,cpu=64GiB" in err
+    assert "The CPU budget was detected on this machine" in err and "--max-memory 2x16GiB,cpu=64GiB" in err
 
 
 def test_an_offloaded_fp32_plan_says_what_bf16_would_do(capsys):
