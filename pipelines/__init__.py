@@ -42,7 +42,7 @@ _EXPORTS = {
 
 # Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
 _ERRORS = {
-    ".errors": ("DeviceMappedError", "FolderError", "LoadError"),
+    ".errors": ("CallError", "DeviceMappedError", "FolderError", "LoadError"),
     ".checkpoint.checkpoint_errors": (
         "CheckpointDtypeError", "CheckpointError", "CheckpointKeysError", "CheckpointReadError",
         "CheckpointSaveError", "CheckpointShapeError", "CorruptCheckpointError", "InvalidConfigError",

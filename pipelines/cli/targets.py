@@ -13,13 +13,15 @@ from typing import Any, Mapping, Optional
 from placement import Plan
 from placement.errors import PlacementError
 
+from ..errors import LoadError
+
 from ..hf.quiet import quiet
 
 STEPS = "num_inference_steps"
 HF_LIBRARIES = ("diffusers", "transformers")
 
 
-class PlanTargetError(PlacementError, ValueError):
+class PlanTargetError(LoadError, ValueError):
     """A `placement plan`/`inspect`/`run` target that is neither a preset, a folder nor a reachable Hub id."""
 
 
