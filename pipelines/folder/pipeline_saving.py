@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from torch import nn
 
 from hooks.gather import offloaded_weights, offloaded_weights_in_state_dict, unserved_placeholders
-
 from placement.errors import PlacementError
 from placement.sizes import parse_size
 
