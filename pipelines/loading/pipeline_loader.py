@@ -23,6 +23,7 @@ from placement.devices import Accelerators, torch_device
 from placement.plan_schema import Plan
 
 from ..checkpoint.progress import load_progress
+from ..folder.component_origins import record_origins, remember_origins
 from ..folder.components import PipelineComponents
 from ..folder.model_index import ModelIndex
 from ..folder.snapshot import read_snapshot
@@ -145,6 +146,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     touched: list[str] = []
     hooked_pinned: list[nn.Module] = []
     origins = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
+    as_it_was = record_origins(pipe.components, plan, passed)  # what reset_device_map() puts back
     # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
     read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
     hooks = request.device_map.hooks
@@ -169,6 +171,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                 deliver_joined_outputs(pipe, plan)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
+        remember_origins(pipe, as_it_was)
     except BaseException:
         _undo(pipe, touched, metas, origins)
         for module in hooked_pinned:
