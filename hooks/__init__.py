@@ -10,6 +10,7 @@ per-call residency) and meters what it moves. Every technique has one calling sh
 
 from .diffusers_compat import group_offloading_fields, layerwise_casting_fields
 from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
+from .editing import PlacedWeightsError, edit_placed_weights, refresh_placement, weight_homes
 from .errors import (
     DispatchError,
     OffloadConfigError,
@@ -40,6 +41,8 @@ __all__ = [
     # placing a plan
     "PlacedModules", "apply_component_plan", "apply_plan", "DeviceMapConfig", "DiskWeights", "apply_device_map",
     "dispatch", "undispatch",
+    # editing placed modules in place (adapters): new tensors follow their layer
+    "edit_placed_weights", "refresh_placement", "weight_homes",
     # the technique table
     "OFFLOADING", "TECHNIQUES", "Handle", "PlanContext", "Technique", "TechniqueSpec", "apply_to_each",
     "check_compatible", "remove_technique", "technique_for", "techniques_on",
@@ -55,5 +58,6 @@ __all__ = [
     # the transfer meter
     "Traffic", "TransferMeter", "measure_transfers",
     # errors
-    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError", "TransferPlanError",
+    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacedWeightsError", "PlacementRuntimeError",
+    "TransferPlanError",
 ]

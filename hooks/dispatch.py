@@ -176,6 +176,15 @@ def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_p
         _add_hook(submodule, hook)
 
 
+def serve_from_host(module: nn.Module, place: Device) -> None:
+    """Serve `module`'s own parameters (real tensors, e.g. an adapter's added to a streamed entry) from host
+    RAM to `place` for each forward, as a streamed entry's other layers are: accelerate's hook copies them to
+    the CPU as its weights map and leaves `meta` in the module between forwards."""
+    device = torch_device(place)
+    _add_hook(module, ServeWeightsHook(place=place, execution_device=device, offload=True, weights_map=None,
+                                       offload_buffers=False, tied_params_map=None))
+
+
 def _add_hook(module: nn.Module, hook: ModelHook) -> None:
     """Install `hook` on `module`, after the hook already there (the root's input-moving one) if any."""
     if getattr(module, "_hf_hook", None) is None:
@@ -311,4 +320,4 @@ SPEC = TechniqueSpec(
 )
 
 __all__ = ["SPEC", "DeviceMapConfig", "DispatchError", "ServeWeightsHook", "apply_device_map", "dispatch",
-           "serve_weights", "undispatch"]
+           "serve_from_host", "serve_weights", "undispatch"]

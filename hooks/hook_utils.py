@@ -66,6 +66,18 @@ def remove_hooks_of_type(root: nn.Module, hook_types: type | tuple[type, ...]) -
     return removed
 
 
+def remove_hooks_where(module: nn.Module, predicate) -> int:
+    """Detach the hooks of `module` itself for which `predicate(hook)` holds, keeping the others chained."""
+    hooks = hooks_of(module)
+    kept = [hook for hook in hooks if not predicate(hook)]
+    for hook in hooks:
+        if predicate(hook):
+            hook.detach_hook(module)
+    if len(kept) != len(hooks):
+        _reinstall(module, kept)
+    return len(hooks) - len(kept)
+
+
 def add_hook_first(module: nn.Module, hook: ModelHook) -> None:
     """Install `hook` so that it runs before the hooks already on `module` (whose state is kept)."""
     existing = hooks_of(module)

@@ -36,6 +36,7 @@ from ..checkpoint import (
     tie_weights,
 )
 from ..checkpoint.progress import load_progress
+from ..hf.adapters import follow_adapters
 from .hf_interop import (
     build_on_meta,
     keep_in_fp32_modules,
@@ -289,6 +290,7 @@ def materialize(pipe: Any, plan: Plan, sources: Mapping[str, ComponentSource],
                     apply_component_plan(module, component, disk_weights=disk_weights)
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
+        follow_adapters(pipe)  # adapters loaded later follow their layer's placement
     except BaseException:
         _undo(pipe, touched, sources, passed_origin)
         raise
