@@ -150,7 +150,10 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
     """Where streamed weights are read from: the CPU entries' own tensors, the disk entries' checkpoint files."""
     if not cpu_keys and not disk_index:
         return None
-    state_dict = extract_submodules_state_dict(module.state_dict(), cpu_keys) if cpu_keys else None
+    state_dict = None
+    if cpu_keys:  # accelerate's extraction matches "key." prefixes: the whole module ("") matches nothing
+        state_dict = module.state_dict() if "" in cpu_keys else extract_submodules_state_dict(module.state_dict(),
+                                                                                              cpu_keys)
     # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
     return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=str(torch_device(main)))
 

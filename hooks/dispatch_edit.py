@@ -41,7 +41,8 @@ class DeviceMapEdit:
         self.device_map = dict(device_map) if isinstance(device_map, dict) else {"": "cpu"}
         self.main = execution_place_of(module)
         self.stand_ins = StandIns()
-        self._homed: list[tuple[TensorSlot, Any, torch.Tensor]] = []  # (slot, hook's store key, tensor put in)
+        # (slot, (the hook's store, key there), the tensor put in, the data pointer of its home)
+        self._homed: list[tuple[TensorSlot, Any, torch.Tensor, int]] = []
 
     def open(self) -> None:
         for path, submodule, hook in find_hooks(self.module, ServeWeightsHook):
@@ -56,14 +57,14 @@ class DeviceMapEdit:
                 placeholder = slot.get()
                 value = nn.Parameter(home, requires_grad=placeholder.requires_grad) if slot.is_parameter else home
                 _slots(slot)[name] = value
-                self._homed.append((slot, (store, key), value))
+                self._homed.append((slot, (store, key), value, home.data_ptr()))
 
     def close(self) -> list[str]:
         problems = [f"{name} (its weights are on disk; the edit tried to change them)"
                     for name in self.stand_ins.put_back(self.module)]
-        for slot, (store, key), put in self._homed:
+        for slot, (store, key), put, home_pointer in self._homed:
             held = slot.get()
-            if held is not put or held.data_ptr() != put.data_ptr():
+            if held is not put or held.data_ptr() != home_pointer:
                 store[key] = held.detach().to("cpu")  # replaced (e.g. `weight.data = merged`): store the new one
             placeholder = torch.empty_like(held, device="meta")
             _slots(slot)[slot.name] = nn.Parameter(placeholder, requires_grad=held.requires_grad) \

@@ -16,14 +16,23 @@ from .input_moving import is_on
 from .stand_ins import StandIns
 
 
-def open_groups(groups: Iterable[ModuleGroup], stand_ins: StandIns) -> None:
-    """Every group offloaded, so the module holds each weight's stored form (host tensors in place: edits
-    write into the store itself), and disk-homed placeholders replaced by stand-ins."""
+def open_groups(root: nn.Module, groups: Iterable[ModuleGroup], stand_ins: StandIns) -> None:
+    """Every group offloaded, so `root` holds each weight's stored form (host tensors in place: edits write
+    into the store itself), and disk-homed placeholders replaced by stand-ins."""
+    groups = list(groups)
     for group in groups:
         group.reset()
+    names = {id(tensor): name for name, tensor in named_tensors(root)}
+    for group in groups:
         for entry in group.entries:
             if entry.get().is_meta:
-                stand_ins.put(entry.key, entry.slots)
+                stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
+
+
+def named_tensors(module: nn.Module):
+    """Every parameter and buffer with its qualified name, tied ones under each of their names."""
+    yield from module.named_parameters(remove_duplicate=False)
+    yield from module.named_buffers(remove_duplicate=False)
 
 
 def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, covered: set[int]) -> tuple[
@@ -72,4 +81,4 @@ def _direct_tensors(module: nn.Module) -> Sequence[tuple[str, object]]:
             *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
-__all__ = ["is_streamed", "open_groups", "runs_forward", "settle"]
+__all__ = ["is_streamed", "named_tensors", "open_groups", "runs_forward", "settle"]

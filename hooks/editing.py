@@ -32,7 +32,7 @@ from placement.devices import Device
 
 from .dispatch import ServeWeightsHook
 from .dispatch_edit import DeviceMapEdit
-from .edit_support import open_groups
+from .edit_support import named_tensors, open_groups
 from .errors import PlacementRuntimeError
 from .group_offload.offload import GroupOffloadSession, group_offloading_session
 from .hook_utils import add_hook_last, find_hooks, hooks_of
@@ -115,7 +115,7 @@ class GroupOffloadEdit:
         self.stand_ins = StandIns()
 
     def open(self) -> None:
-        open_groups(self.session.groups, self.stand_ins)
+        open_groups(self.module, self.session.groups, self.stand_ins)
 
     def close(self) -> list[str]:
         problems = [f"{name} (its weights are on disk; the edit tried to change them)"
@@ -123,10 +123,10 @@ class GroupOffloadEdit:
         self.session.refresh(self.module)
         grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
         return problems + [f"{name} (no data: created on meta, nothing serves it)"
-                           for name, tensor in _named_tensors(self.module) if id(tensor) not in grouped]
+                           for name, tensor in named_tensors(self.module) if id(tensor) not in grouped]
 
     def homes(self) -> dict[str, Device]:
-        names = {id(tensor): name for name, tensor in _named_tensors(self.module)}
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
         return {names.get(id(entry.get()), entry.key): "disk" if entry.get().is_meta else "cpu"
                 for group in self.session.groups for entry in group.entries}
 
@@ -156,11 +156,6 @@ class WrappedLayers:
 
     def homes(self) -> dict[str, Device]:
         return {}
-
-
-def _named_tensors(module: nn.Module):
-    yield from module.named_parameters(remove_duplicate=False)
-    yield from module.named_buffers(remove_duplicate=False)
 
 
 __all__ = ["PlacedWeightsError", "edit_placed_weights", "refresh_placement", "weight_homes"]

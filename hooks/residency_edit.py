@@ -16,7 +16,7 @@ from placement.device_maps import owning_key
 from placement.devices import Device
 from placement.streaming import block_groups
 
-from .edit_support import open_groups, settle
+from .edit_support import named_tensors, open_groups, settle
 from .group_offload.grouping import GroupSpec
 from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.regroup import regroup
@@ -40,7 +40,7 @@ class ResidencyEdit:
         return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
 
     def open(self) -> None:
-        open_groups(self.groups, self.stand_ins)
+        open_groups(self.module, self.groups, self.stand_ins)
 
     def close(self) -> list[str]:
         problems = [f"{name} (its weights are on disk; the edit tried to change them)"
@@ -99,7 +99,7 @@ class ResidencyEdit:
             phase.session.groups[:] = [group for group in phase.session.groups if group.entries]
 
     def homes(self) -> dict[str, Device]:
-        names = {id(tensor): name for name, tensor in _named_tensors(self.module)}
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
         found = {name: home for name, home in _resident_homes(self.module).items()}
         for group in self.groups:
             for entry in group.entries:
@@ -116,14 +116,9 @@ def residency_phase(module: nn.Module) -> ComponentPhase | None:
     return None
 
 
-def _named_tensors(module: nn.Module):
-    yield from module.named_parameters(remove_duplicate=False)
-    yield from module.named_buffers(remove_duplicate=False)
-
-
 def _resident_homes(module: nn.Module) -> dict[str, Device]:
     device_map = dict(module.hf_device_map)
-    return {name: device_map.get(owning_key(name, device_map), "cpu") for name, _ in _named_tensors(module)}
+    return {name: device_map.get(owning_key(name, device_map), "cpu") for name, _ in named_tensors(module)}
 
 
 __all__ = ["ResidencyEdit", "residency_phase"]

@@ -41,7 +41,8 @@ class StandIns:
         return len(self._swaps)
 
     def put(self, name: str, slots: Sequence[TensorSlot]) -> None:
-        """Replace the meta placeholder held in `slots` (one tensor, tied slots included) by a stand-in."""
+        """Replace the meta placeholder held in `slots` (one tensor, tied slots included; `name`: its qualified
+        name in the edited module now) by a stand-in."""
         placeholder = slots[0].get()
         value = torch.zeros((), dtype=placeholder.dtype).expand(placeholder.shape)
         stand_in = nn.Parameter(value, requires_grad=placeholder.requires_grad) if slots[0].is_parameter else value
@@ -51,12 +52,17 @@ class StandIns:
                                  data_ptr=stand_in.data_ptr()))
 
     def put_back(self, root: nn.Module) -> list[str]:
-        """Put every placeholder back; returns the names of the weights the edit replaced, re-pointed, or
-        whose layer it took out of `root` (a copy in its place would compute with the stand-in's zeros)."""
+        """Put every placeholder back; returns the names (in `root`, as given to `put`) of the weights the
+        edit re-pointed, or whose layer it replaced by another holding a weight of that name (a copy made from
+        the stand-in computes with its zeros). A weight removed with its layer (an adapter unloaded) is not a
+        change."""
         live = {id(module) for module in root.modules()}
+        current = dict(root.named_parameters(remove_duplicate=False))
+        current.update(root.named_buffers(remove_duplicate=False))
         changed = []
         for swap in self._swaps:
-            if any(id(slot.module) not in live or not _holds(slot, swap) for slot in swap.slots):
+            replaced = any(id(slot.module) not in live for slot in swap.slots) and swap.name in current
+            if replaced or any(id(slot.module) in live and not _holds(slot, swap) for slot in swap.slots):
                 changed.append(swap.name)
             for slot in swap.slots:
                 _store(slot)[slot.name] = swap.placeholder
