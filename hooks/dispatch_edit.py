@@ -25,8 +25,8 @@ from placement.device_maps import owning_key
 from placement.devices import Device, torch_device
 
 from .dispatch import ServeWeightsHook, serve_from_host
-from .edit_support import is_streamed, runs_forward, settle
-from .hook_utils import find_hooks, hooks_of
+from .edit_support import is_streamed, settle
+from .hook_utils import find_hooks, hooks_of, runs_forward
 from .input_moving import MoveInputsHook
 from .stand_ins import StandIns
 from .tensor_slots import TensorSlot
@@ -96,8 +96,9 @@ class DeviceMapEdit:
                 if hooks:
                     store, key = _store_of(hooks[0].weights_map, name)
                     found[prefix + name] = "cpu" if store is not None and key in store else "disk"
-                else:
-                    found[prefix + name] = _entry_device(prefix + name, self.device_map)
+                else:  # in a streamed entry without a hook: kept where it runs (see _serve_new)
+                    home = _entry_device(prefix + name, self.device_map)
+                    found[prefix + name] = self.main if is_streamed(home, self.main) else home
         return found
 
 
@@ -129,4 +130,4 @@ def _slots(slot: TensorSlot) -> dict:
     return slot.module._parameters if slot.is_parameter else slot.module._buffers
 
 
-__all__ = ["DeviceMapEdit", "execution_place_of", "is_streamed"]
+__all__ = ["DeviceMapEdit", "execution_place_of"]

@@ -65,12 +65,6 @@ def is_streamed(home: Device, main: Device) -> bool:
     return home == "disk" or (home == "cpu" and is_accelerator(main))
 
 
-def runs_forward(module: nn.Module) -> bool:
-    """The module computes in its own forward (a hook on it fires); containers (ModuleDict, ParameterDict)
-    never run."""
-    return type(module).forward is not nn.Module.forward
-
-
 def _home(name: str, device_map: Mapping[str, Device]) -> Device:
     key = owning_key(name, device_map)
     return device_map[key] if key is not None else device_map.get("", "cpu")
@@ -81,4 +75,4 @@ def _direct_tensors(module: nn.Module) -> Sequence[tuple[str, object]]:
             *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
-__all__ = ["is_streamed", "named_tensors", "open_groups", "runs_forward", "settle"]
+__all__ = ["is_streamed", "named_tensors", "open_groups", "settle"]

@@ -90,9 +90,9 @@ class ResidencyEdit:
 
     def _drop(self, emptied: list[ModuleGroup]) -> None:
         phase = self.phase
-        for group in emptied:
-            for member in group.modules:
-                remove_hooks_where(member, lambda hook, group=group: getattr(hook, "group", None) is group)
+        gone = {id(group) for group in emptied}
+        for member in self.module.modules():
+            remove_hooks_where(member, lambda hook: isinstance(hook, StreamedBlockHook) and id(hook.group) in gone)
         phase.per_call[:] = [group for group in phase.per_call if group.entries]
         phase.per_run[:] = [group for group in phase.per_run if group.entries]
         if phase.session is not None:

@@ -40,7 +40,7 @@ from .transfer import BlockingTransfer, StreamTransfer
 from .. import transfer_meter as meter
 from ..diffusers_compat import group_offloading_fields
 from ..errors import OffloadConfigError
-from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type, remove_hooks_where
+from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type, remove_hooks_where, running_ancestor
 from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
 from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
 from ..techniques import streams_everything
@@ -185,19 +185,19 @@ class GroupOffloadSession:
             self._made += 1
             group = _build_group(replace(spec, entries=entries), self._made, config, transfer, self.disk_folder)
             group.take_weights()
-            for member in spec.modules:
-                add_hook_first(member, GroupOffloadHook(group=group, session=self, is_root=False))
+            for member in spec.modules:  # a container never runs: its group goes with the layer using it
+                add_hook_first(running_ancestor(root, member), GroupOffloadHook(group=group, session=self,
+                                                                                is_root=False))
             return group
 
         result = regroup(root, self.groups, lambda entries: plan_groups(
             root, config.offload_type, config.num_blocks_per_group, entries=entries), new_group)
-        for group in result.emptied:
-            for member in group.modules:
-                for hook in hooks_of(member):
-                    if isinstance(hook, GroupMemberHook) and hook.group is group and hook.is_root:
-                        hook.group = None  # the root hook still runs the session
-                remove_hooks_where(member, lambda hook, group=group: isinstance(hook, GroupMemberHook)
-                                   and hook.group is group)
+        emptied = {id(group) for group in result.emptied}
+        for member in root.modules():
+            for hook in hooks_of(member):
+                if isinstance(hook, GroupMemberHook) and id(hook.group) in emptied and hook.is_root:
+                    hook.group = None  # the root hook still runs the session
+            remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
         self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
         self._trace, self._next_group, self._traced = None, {}, False
         return result
