@@ -6,6 +6,8 @@ per-call residency) and meters what it moves. Every technique has one calling sh
     with hooks.measure_transfers() as meter:
         pipe(...)
     meter.host_to_accelerator_bytes, meter.weights, meter.inputs
+    with hooks.edit_placed_weights(dit):      # in-place edits (adapters) follow each layer's placement
+        dit.load_lora_adapter(...)
 """
 
 from .diffusers_compat import group_offloading_fields, layerwise_casting_fields

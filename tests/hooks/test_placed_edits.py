@@ -315,6 +315,7 @@ def test_writing_into_disk_homed_weights_is_refused_and_the_disk_copy_serves(arr
     assert torch.equal(run(model), expected["lora"])
 
 
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
 def test_an_edit_made_outside_leaves_tensors_without_data_which_refresh_reports(gpus, tmp_path):
     model = served_from_disk(tmp_path)
     load_lora(model)  # peft creates the LoRA beside meta placeholders: its values are dropped
@@ -343,3 +344,17 @@ def test_adapters_kept_in_containers_follow_the_layer_that_uses_them(arrangement
         set_peft_model_state_dict(model, state, adapter_name="k")
     assert torch.equal(run(model), run(plain))
     assert torch.equal(run(model), run(plain))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
+def test_on_a_gpu_a_lora_joins_pinned_groups_prefetched_on_a_side_stream(offload_type, expected):
+    model = make()
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device=0, offload_type=offload_type, use_stream=True))
+    with edit_placed_weights(model):
+        load_lora(model)
+    lora = [tensor for name, tensor in model.named_parameters() if "lora" in name]
+    assert lora and all(tensor.is_pinned() for tensor in lora)  # in the store between calls, pinned for the stream
+    for _ in range(2):  # the first call traces the order, the second prefetches
+        with torch.no_grad():
+            torch.testing.assert_close(model(X.to("cuda:0")).cpu(), expected["lora"], atol=1e-5, rtol=0)

@@ -176,6 +176,18 @@ def test_the_lora_lives_beside_its_layer(placement, lora_home, flux, gpus):
     assert lora and set(lora.values()) == {lora_home}
 
 
+@pytest.mark.parametrize("placement", ["disk", "offloaded, group", "per-call residency, disk"])
+def test_low_memory_loading_and_hotswapping_follow_the_layer_too(placement, flux, gpus):
+    plain = diffusers.FluxPipeline.from_pretrained(flux / "flux")
+    pipe = load(flux, placement)
+    for target in (plain, pipe):  # peft assigns the loaded tensors, then copies the second LoRA into them
+        target.load_lora_weights(flux / "a", adapter_name="a", low_cpu_mem_usage=True)
+    assert torch.equal(denoise(pipe), denoise(plain))
+    for target in (plain, pipe):
+        target.load_lora_weights(flux / "b", adapter_name="a", hotswap=True)
+    assert torch.equal(denoise(pipe), denoise(plain))
+
+
 @pytest.mark.parametrize("placement", ["disk", "per-call residency, disk"])
 def test_fusing_into_weights_on_disk_is_refused_before_anything_changes(placement, flux, expected, gpus):
     pipe = load(flux, placement)
