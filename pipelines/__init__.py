@@ -53,6 +53,7 @@ _ERRORS = {
     ".folder.model_index": ("ModelIndexError", "UntrustedClassError"),
     ".folder.pipeline_saving": ("PipelineSaveError",),
     ".folder.snapshot": ("FolderChangedError",),
+    ".hf.adapters": ("AdapterPlacementError",),
     ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
     ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
     ".hf.hf_spellings": ("LoadArgumentError",),

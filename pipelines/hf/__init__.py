@@ -6,4 +6,5 @@ diffusers_pipeline.py  a folder naming a diffusers pipeline class loads as that 
 hf_spellings.py        diffusers' from_pretrained spellings (dtype=, use_safetensors, Hub keywords)
 calls/                 the inputs each diffusers pipeline family's call feeds its components (call= planning)
 quiet.py               silences what other libraries print during our plans and loads (ours stays)
+adapters.py            adapters (LoRA, ...) loaded on a placed pipeline follow their layer (hooks.edit_placed_weights)
 """

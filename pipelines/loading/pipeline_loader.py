@@ -28,6 +28,7 @@ from ..folder.components import PipelineComponents
 from ..folder.model_index import ModelIndex
 from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
+from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from ..hf.hf_interop import load_without_device_map
 from .assembly import check_components, construct, target_class
@@ -172,6 +173,8 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
         remember_origins(pipe, as_it_was)
+        if hooks:
+            follow_adapters(pipe)  # adapters loaded later follow their layer's placement
     except BaseException:
         _undo(pipe, touched, metas, origins)
         for module in hooked_pinned:
