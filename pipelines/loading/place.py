@@ -18,7 +18,7 @@ from ..folder.components import PipelineComponents
 from ..hf.diffusers_pipeline import attach_reset
 from .pipeline_loader import place_pipeline
 from .placing import check_plan_devices
-from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
 from .request import Scope, resolve_request
 
 
@@ -35,9 +35,11 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
     request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
                               max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False)
     modules, edges = modules_and_edges(pipe)
+    pins, notes = passed_pins(modules, pin=request.pin)
     plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
-                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=passed_pins(modules))
+                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=pins)
     plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
+    plan = with_notes(plan, notes)
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, {}, modules, request)
     if not isinstance(pipe, PipelineComponents):
