@@ -56,6 +56,13 @@ class MetaComponent:
         return None if self.owner is None else self.owner.quantization
 
     @property
+    def sizing_dtype(self) -> torch.dtype | None:
+        """The dtype `placement.plan` is told to size at: the requested one, except when layerwise casting stores
+        some weights smaller (its meta tensors already hold every load dtype; a requested dtype would count the
+        fp8 weights at the compute dtype)."""
+        return None if self.layerwise_casting is not None else self.dtype
+
+    @property
     def dtype_origin(self) -> str:
         """Where the dtype the component was sized at comes from, for the plan to state."""
         if self.dtype is not None:

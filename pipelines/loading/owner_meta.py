@@ -38,8 +38,7 @@ from .meta_records import MetaComponent, WeightsReader
 
 def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Path, family: Family,
                           dtype: torch.dtype | None, variant: str | None, weights: WeightsIndex | None,
-                          quantization: ComponentQuantization | None,
-                          single_file_config: Path | None = None) -> MetaComponent:
+                          quantization: ComponentQuantization | None) -> MetaComponent:
     """`module` (built on meta from `folder`'s config) prepared as its owner prepares it, each tensor in the
     dtype and form it will load in; the `OwnerLoad` that loads it so."""
     load_dtype = dtype if dtype is not None else checkpoint_float_dtype(weights)
@@ -55,9 +54,8 @@ def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Pa
     else:
         keep = sorted(kept_fp32_module_names(module, load_dtype))
         cast_floating_meta(module, load_dtype, keep_in_fp32=keep)
-    source = folder if single_file_config is None else single_file_config
-    owner = OwnerLoad(cls=cls, family=family, source=Path(source), dtype=load_dtype, quantization=quantization,
-                      variant=variant, single_file_config=folder if single_file_config is not None else None)
+    owner = OwnerLoad(cls=cls, family=family, source=Path(folder), dtype=load_dtype, quantization=quantization,
+                      variant=variant)
     return MetaComponent(name=name, module=module, family=family, weights=weights, dtype=dtype, load_dtypes={},
                          keep_in_fp32=tuple(keep), tied_weights={}, reader=WeightsReader.OWNER, owner=owner)
 

@@ -137,7 +137,8 @@ def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, Me
     pins, notes = passed_pins(passed, pin=request.pin)
     plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
                         max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
-                        pinned=pins, estimating=lambda: computing_on_meta(metas))
+                        pinned=pins, estimating=lambda: computing_on_meta(metas), advise=metas,
+                        sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None for name in modules})
     origins = {name: component_origin(metas[name]) if name in metas else "passed in, as it is" for name in modules}
     plan = with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
     check_plan_formats(plan, metas)

@@ -14,6 +14,7 @@ from torch import nn
 
 import placement
 from placement.activations import ActivationEstimateError
+from placement.errors import DoesNotFitError, OffloadFolderRequiredError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
@@ -23,6 +24,7 @@ from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
 from .request import DeviceMapKind, DeviceMapRequest, Scope
 from .saved_plans import check_saved_plan, nest_flat_device_map
+from .suggestions import Replanning, suggestions
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
@@ -43,11 +45,15 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
-                 scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext) -> placement.Plan:
+                 scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
+                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
     interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
     `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
-    `estimating`: a context the activation estimates run in (layerwise-cast layers computing in their dtype)."""
+    `estimating`: a context the activation estimates run in (layerwise-cast layers computing in their dtype).
+    `sizing_dtypes`: what placement sizes at when it differs from the dtypes the components compute in (a
+    layerwise-cast component: None, its meta tensors hold their load dtypes). `advise`: the `MetaComponent`s of the components built by this load: when the plan does not fit resident,
+    its warnings (or the error) say which single change to one of them would (`suggestions`)."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -59,13 +65,28 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     if call is not None:
         with estimating():
             activations = call_activations(pipe, modules, call, torch_dtype=dtypes, module_order=module_order)
+    sized = dtypes if sizing_dtypes is None else sizing_dtypes
+    arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges, dtype=sized, offload_folder=offload_folder,
+                     activations=activations, pinned=dict(pinned) or None, module_order=module_order or None,
+                     scope=scope.value)
+    replanning = Replanning(modules=dict(modules), arguments=arguments)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
-                              offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None, module_order=module_order or None, scope=scope.value)
+        try:
+            plan = placement.plan(modules, **arguments)
+        except (DoesNotFitError, OffloadFolderRequiredError) as error:
+            if advise and device_map.kind is DeviceMapKind.STRATEGY:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    lines = suggestions(None, advise, replanning)
+                error.args = (" ".join([str(error), *lines]),)
+            raise
     for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = with_notes(plan, suggestions(plan, advise, replanning))
     return plan if call is None else plan.with_inputs(call=dict(call))
 
 
@@ -164,7 +185,9 @@ def component_origin(meta) -> str:
     quantized or layerwise-cast one, that too."""
     origin = meta.dtype_origin
     quantization = meta.quantization
-    if quantization is not None:
+    if meta.owner is not None and meta.owner.single_file:
+        origin = f"single file {meta.owner.source.name}"
+    elif quantization is not None:
         origin = "pre-quantized folder" if quantization.pre_quantized else "quantization_config"
     if meta.layerwise_casting is not None:
         storage = str(meta.layerwise_casting).removeprefix("torch.")
