@@ -79,10 +79,12 @@ def checkpoint_float_dtype(weights: WeightsIndex | None) -> torch.dtype | None:
 
 def cast_floating_meta(module: nn.Module, dtype: torch.dtype | None, *, keep_in_fp32: list[str] | tuple[str, ...]
                        ) -> None:
-    """Every floating meta tensor that is not quantized to `dtype` (float32 in the kept modules). Free: meta."""
+    """Every floating meta tensor that is not quantized to `dtype` (float32 in the kept modules). Free: meta.
+    A parameter shared under several names (tied embeddings) stays one parameter."""
     if dtype is None:
         return
     keep = set(keep_in_fp32)
+    shared = _names_by_tensor(module)
     for tensor_name, tensor in list(named_module_tensors(module, include_buffers=True, recurse=True,
                                                          remove_non_persistent=True)):
         if tensor.device.type != "meta" or not tensor.is_floating_point() or is_quantized_tensor(tensor):
@@ -90,6 +92,16 @@ def cast_floating_meta(module: nn.Module, dtype: torch.dtype | None, *, keep_in_
         target = torch.float32 if keep and not keep.isdisjoint(tensor_name.split(".")) else dtype
         if tensor.dtype != target:
             set_module_tensor_to_device(module, tensor_name, "meta", dtype=target)
+            for other in shared.get(id(tensor), [])[1:]:  # the tied names take the re-typed parameter too
+                owner, _, attribute = other.rpartition(".")
+                setattr(module.get_submodule(owner), attribute, module.get_parameter(tensor_name))
+
+
+def _names_by_tensor(module: nn.Module) -> dict[int, list[str]]:
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return {key: value for key, value in names.items() if len(value) > 1}
 
 
 __all__ = ["build_owner_component", "cast_floating_meta", "checkpoint_float_dtype"]
