@@ -217,19 +217,20 @@ def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, 
 
 
 def format_label(quantization: ComponentQuantization) -> str:
-    """A short name of the format for messages: "bitsandbytes nf4", "torchao Int8WeightOnlyConfig", ..."""
+    """The format in a plan's words (as `placement.quantized_sizing` names loaded tensors): "nf4 (bitsandbytes)",
+    "Int8WeightOnlyConfig (torchao)", "int8 (quanto)", ..."""
     config = quantization.config
     as_dict = config if isinstance(config, Mapping) else config.to_dict()
     if quantization.method is QuantizationMethod.BITSANDBYTES_4BIT:
-        return f"bitsandbytes {as_dict.get('bnb_4bit_quant_type', 'fp4')}"
+        return f"{as_dict.get('bnb_4bit_quant_type', 'fp4')} (bitsandbytes)"
     if quantization.method is QuantizationMethod.BITSANDBYTES_8BIT:
-        return "bitsandbytes int8"
+        return "int8 (bitsandbytes)"
     if quantization.method is QuantizationMethod.TORCHAO:
         kind = getattr(config, "quant_type", None)
-        return f"torchao {type(kind).__name__ if kind is not None and not isinstance(kind, str) else kind}"
+        return f"{type(kind).__name__ if kind is not None and not isinstance(kind, str) else kind} (torchao)"
     if quantization.method is QuantizationMethod.QUANTO:
-        return f"quanto {as_dict.get('weights_dtype') or as_dict.get('weights')}"
-    return str(as_dict.get("quant_method"))
+        return f"{as_dict.get('weights_dtype') or as_dict.get('weights')} (quanto)"
+    return f"{quantization.method.value}"
 
 
 __all__ = ["ComponentQuantization", "QuantizationConfigError", "QuantizationMethod", "check_requested_names",

@@ -1,23 +1,27 @@
 """The load options of formats of their own (quantization, fp8 layerwise casting, pins), checked before anything
 is built, and what each quantized format can do once placed, checked when the plan is made.
 
-What a format can do in our runtime (tested in tests/pipelines/loading/test_quantized_offload.py):
+What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loading/test_quantized_offload.py):
 - bitsandbytes: a 4-/8-bit weight is a `Params4bit`/`Int8Params` whose quantization state lives beside its
   data; moved whole with its module it stays valid (whole, split, the CPU), but offloading swaps tensors one by
-  one and would keep the data without its state: offloaded or disk placements are refused at plan time;
+  one and would keep the data without its state: any offloaded or disk placement is refused at plan time;
 - torchao, quanto and GGUF tensors are tensor subclasses moved as they are (their inner int8/fp8 data and
-  scales): whole, split, CPU and offloaded (host RAM) placements work; "disk" would write them to safetensors
-  files, which hold plain tensors only, so it is refused at plan time.
+  scales): whole, split, CPU and group-offloaded placements work, torchao's per-module streaming too; quanto's
+  and GGUF's tensors cannot be rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu"), and
+  "disk" would write them to safetensors files, which hold plain tensors only: both refused at plan time.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Mapping
 
 from torch import nn
 
 from hooks.layerwise_casting import apply_layerwise_casting
-from placement.plan_schema import PlacementKind, Plan
+from placement.devices import is_accelerator
+from placement.plan_schema import ComponentPlan, PlacementKind, Plan
+from placement.quantized_sizing import tensor_format
 from placement.sizes import format_bytes
 
 from ..errors import LoadError
@@ -36,17 +40,39 @@ class FormatOptionError(LoadError, ValueError):
     """`quantization_config=`, `layerwise_casting=` or `pin=` naming what the load does not have."""
 
 
-# Placement kinds each quantized format cannot take in our runtime, with why (see the module docstring).
-_REFUSED: dict[QuantizationMethod, dict[PlacementKind, str]] = {
-    QuantizationMethod.BITSANDBYTES_4BIT: {
-        PlacementKind.OFFLOADED: "its packed weights and their quantization state cannot be streamed apart",
-        PlacementKind.DISK: "its packed weights and their quantization state cannot be streamed apart",
-    },
-    QuantizationMethod.TORCHAO: {PlacementKind.DISK: "safetensors offload files hold plain tensors only"},
-    QuantizationMethod.QUANTO: {PlacementKind.DISK: "safetensors offload files hold plain tensors only"},
-    QuantizationMethod.GGUF: {PlacementKind.DISK: "safetensors offload files hold plain tensors only"},
+class Runtime(str, Enum):
+    """How our runtime runs a placement, as far as formats care: whole modules moved (whole, split, cpu),
+    group offloading from host RAM (offloaded, all weights in RAM), per-module weight streaming (a model-level
+    map mixing accelerator and "cpu" entries: accelerate's weight-serving hooks), or weights on disk."""
+
+    MOVED = "kept on its devices"
+    GROUP_OFFLOADED = "offloaded"
+    STREAMED = "streamed module by module"
+    DISK = "on disk"
+
+
+_SAFETENSORS_ONLY = "our disk offload writes safetensors files, which hold plain tensors only"
+_REBUILT = ("per-module streaming (accelerate's weight hooks) rebuilds each served weight as a plain tensor of its "
+            "class, which these tensors cannot be; offload it whole to host RAM instead")
+_STATE_APART = "its packed weights and their quantization state cannot be offloaded apart"
+# What each quantized format cannot do in our runtime (tested in tests/pipelines/loading/test_quantized_offload.py).
+_REFUSED: dict[QuantizationMethod, dict[Runtime, str]] = {
+    QuantizationMethod.BITSANDBYTES_4BIT: {Runtime.GROUP_OFFLOADED: _STATE_APART, Runtime.STREAMED: _STATE_APART,
+                                           Runtime.DISK: _STATE_APART},
+    QuantizationMethod.TORCHAO: {Runtime.DISK: _SAFETENSORS_ONLY},
+    QuantizationMethod.QUANTO: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
+    QuantizationMethod.GGUF: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
 }
 _REFUSED[QuantizationMethod.BITSANDBYTES_8BIT] = _REFUSED[QuantizationMethod.BITSANDBYTES_4BIT]
+
+
+def runtime_of(component: ComponentPlan) -> Runtime:
+    if component.kind is PlacementKind.DISK:
+        return Runtime.DISK
+    if component.kind is PlacementKind.OFFLOADED:
+        resident = any(is_accelerator(device) for device in component.device_map.values())
+        return Runtime.STREAMED if resident else Runtime.GROUP_OFFLOADED
+    return Runtime.MOVED
 
 
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
@@ -106,19 +132,38 @@ def _floating_dtype(module: nn.Module):
 def check_plan_formats(plan: Plan, metas: Mapping[str, MetaComponent]) -> None:
     """A quantized component planned where its format cannot run is an error now, before any weight is read,
     with the numbers and what to do."""
-    for name, meta in metas.items():
-        quantization = meta.quantization
+    check_planned_formats(plan, {name: (meta.quantization.method, format_label(meta.quantization))
+                                 for name, meta in metas.items() if meta.quantization is not None})
+
+
+def check_modules_formats(plan: Plan, modules: Mapping[str, nn.Module]) -> None:
+    """`check_plan_formats` for modules quantized in memory (`pipelines.place`), their format read from their
+    tensors."""
+    formats = {}
+    for name, module in modules.items():
+        libraries = {found.library: found.label for t in module.parameters() if (found := tensor_format(t))}
+        if "bitsandbytes" in libraries:
+            formats[name] = (QuantizationMethod.BITSANDBYTES_4BIT, libraries["bitsandbytes"])
+        elif libraries:
+            library, label = next(iter(libraries.items()))
+            method = {"torchao": QuantizationMethod.TORCHAO, "quanto": QuantizationMethod.QUANTO,
+                      "gguf": QuantizationMethod.GGUF}.get(library, QuantizationMethod.OTHER)
+            formats[name] = (method, label)
+    check_planned_formats(plan, formats)
+
+
+def check_planned_formats(plan: Plan, formats: Mapping[str, tuple[QuantizationMethod, str]]) -> None:
+    for name, (method, label) in formats.items():
         component = plan.components.get(name)
-        if quantization is None or component is None:
-            continue
-        why = _REFUSED.get(quantization.method, {}).get(component.kind)
+        runtime = None if component is None else runtime_of(component)
+        why = None if component is None else _REFUSED.get(method, {}).get(runtime)
         if why is None:
             continue
         raise FormatPlacementError(
-            f"Component {name!r} ({format_label(quantization)}, {format_bytes(component.bytes)}) is planned "
-            f"{component.kind.value}, which its format cannot do here: {why}. Give its accelerator room for it "
-            f"whole (a larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that "
-            "offloads (torchao or quanto int8 / fp8 layerwise casting)."
+            f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {component.kind.value} "
+            f"({runtime.value}), which its format cannot do here: {why}. Give its accelerator room for it whole (a "
+            f"larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that offloads "
+            "(torchao int8 offloads every way; fp8 layerwise casting too)."
         )
 
 
@@ -129,5 +174,5 @@ def layerwise_label(meta: MetaComponent) -> str:
     return f"Linear/Conv weights stored {storage} by layerwise casting, computed in {compute}"
 
 
-__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options",
-           "check_plan_formats", "layerwise_label", "load_modules_without_device_map"]
+__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_modules_formats",
+           "check_plan_formats", "check_planned_formats", "layerwise_label", "load_modules_without_device_map"]

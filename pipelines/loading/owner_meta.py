@@ -41,7 +41,11 @@ def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Pa
                           quantization: ComponentQuantization | None) -> MetaComponent:
     """`module` (built on meta from `folder`'s config) prepared as its owner prepares it, each tensor in the
     dtype and form it will load in; the `OwnerLoad` that loads it so."""
-    load_dtype = dtype if dtype is not None else checkpoint_float_dtype(weights)
+    if dtype is None:  # the checkpoint's dtype, read from the tensors the dense module has (not quantized states)
+        load_dtype = (checkpoint_float_dtype(weights, names=set(module.state_dict(keep_vars=True)))
+                      or checkpoint_float_dtype(weights))  # a renamed checkpoint shares no name with its module
+    else:
+        load_dtype = dtype
     if quantization is not None:
         quantizer = owner_quantizer(quantization, family)
         load_dtype = compute_dtype(quantizer, family, load_dtype)
@@ -65,14 +69,15 @@ def _quantizer_keeps_fp32(quantizer, family: Family) -> bool:
     return family is not Family.DIFFUSERS or bool(getattr(quantizer, "use_keep_in_fp32_modules", False))
 
 
-def checkpoint_float_dtype(weights: WeightsIndex | None) -> torch.dtype | None:
+def checkpoint_float_dtype(weights: WeightsIndex | None, names: set[str] | None = None) -> torch.dtype | None:
     """The floating dtype holding most of the checkpoint's bytes (what the owner loads it in when no dtype is
-    asked for); None without weights (configs only: the config's dtypes are kept)."""
+    asked for), among `names` when given (a pre-quantized checkpoint's scales may be float32 while its biases and
+    norms are bfloat16); None without weights (configs only: the config's dtypes are kept)."""
     if weights is None:
         return None
     by_dtype: dict[torch.dtype, int] = {}
     for entry in weights.tensors.values():
-        if entry.dtype.is_floating_point:
+        if entry.dtype.is_floating_point and (names is None or entry.name in names):
             by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
     return max(by_dtype, key=by_dtype.get) if by_dtype else None
 
