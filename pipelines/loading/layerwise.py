@@ -4,8 +4,9 @@ The castable layers (Linear/Conv, outside diffusers' skip patterns: position/pat
 `proj_out`, and the model's own `_skip_layerwise_casting_patterns` and fp32-kept modules) store their weights in
 the small dtype; each is upcast to the compute dtype (the component's `torch_dtype`, else its checkpoint's) for
 its own forward only (`hooks.layerwise_casting`). Planning sizes the stored bytes: the meta tensors of those
-layers take the storage dtype, and our loader reads them straight into it (no full-precision copy); a
-component read by its owner is cast after its load. The load applies the casting hooks before the placement's
+layers take the storage dtype, and our loader reads them straight into it (no full-precision copy; from a
+checkpoint saved in another dtype than the compute one that is one rounding where diffusers, casting to
+torch_dtype first, makes two); a component read by its owner is cast after its load. The load applies the casting hooks before the placement's
 runtime (casting first, then offloading: the offloaded groups then hold the small dtype too).
 """
 
