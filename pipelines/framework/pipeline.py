@@ -53,7 +53,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                         local_files_only: bool = False, revision: str | None = None, token: str | bool | None = None,
                         cache_dir: str | Path | None = None, quantization_config: Any = None,
                         layerwise_casting: Mapping[str, Any] | None = None, pin: Sequence[str] = (),
-                        **components: Any):
+                        config: str | Path | None = None, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -80,7 +80,10 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         quantizer, planned at their quantized size (pre-quantized folders are read as such without it);
         `layerwise_casting={"transformer": torch.float8_e4m3fn}` stores Linear/Conv weights in fp8 and computes
         in `torch_dtype`, planned at the stored size; `pin=["transformer"]` keeps a passed-in component where it is
-        (one whose own map puts weights on an accelerator is kept there anyway).
+        (one whose own map puts weights on an accelerator is kept there anyway). A single-file checkpoint
+        (`.safetensors` of an original layout, or `.gguf`) as `pretrained`, with `config=` the folder or Hub id of
+        its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
+        (planned first, on meta), the other components from `config`.
         """
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
                                cache_dir=cache_dir, local_files_only=local_files_only)
@@ -88,7 +91,8 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                                   device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
                                   max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
                                   progress=progress, trust_remote_code=trust_remote_code,
-                                  quantization_config=quantization_config, layerwise_casting=layerwise_casting, pin=pin)
+                                  quantization_config=quantization_config, layerwise_casting=layerwise_casting, pin=pin,
+                                  config=config)
         return load_pipeline(cls, request, passed=components, generic=generic)
 
     @classmethod
@@ -98,7 +102,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                        dtype=None, local_files_only: bool = False, revision: str | None = None,
                        token: str | bool | None = None, cache_dir: str | Path | None = None,
                        quantization_config: Any = None, layerwise_casting: Mapping[str, Any] | None = None,
-                       pin: Sequence[str] = (), **components: Any):
+                       pin: Sequence[str] = (), config: str | Path | None = None, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
         a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized components are sized as their
         quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`)."""
@@ -108,7 +112,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                                   device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
                                   max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
                                   trust_remote_code=trust_remote_code, quantization_config=quantization_config,
-                                  layerwise_casting=layerwise_casting, pin=pin)
+                                  layerwise_casting=layerwise_casting, pin=pin, config=config)
         return plan_folder(cls, request, passed=components, generic=generic)
 
 

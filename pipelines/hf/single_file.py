@@ -94,6 +94,30 @@ def build_on_meta(cls: type, path: Path, config_folder: Path, *, dtype: torch.dt
     return module.eval()
 
 
+def holds_component(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path) -> bool:
+    """Whether a single file's tensors (`meta_checkpoint`) hold every weight of a `cls` built from
+    `config_folder`: its keys as they are, or once diffusers' mapping for the class converts them, on meta."""
+    from accelerate import init_empty_weights
+    from diffusers.loaders.single_file_model import (
+        SINGLE_FILE_LOADABLE_CLASSES, _get_single_file_loadable_mapping_class, _should_convert_state_dict_to_diffusers,
+    )
+
+    mapping = _get_single_file_loadable_mapping_class(cls)
+    if mapping is None:
+        return False
+    config = cls.load_config(config_folder)
+    with init_empty_weights():
+        expected = cls.from_config(config).state_dict()
+    converted = checkpoint
+    if _should_convert_state_dict_to_diffusers(expected, checkpoint):
+        try:
+            converted = SINGLE_FILE_LOADABLE_CLASSES[mapping]["checkpoint_mapping_fn"](
+                config=config, checkpoint=dict(checkpoint))
+        except (KeyError, ValueError, IndexError, RuntimeError, TypeError):
+            return False  # the mapping found the keys it converts missing: another model's file
+    return set(expected) <= set(converted or ())
+
+
 def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
     """The floating dtype holding most of a safetensors file's bytes (GGUF: None, its layers compute in bf16)."""
     if is_gguf(path):
@@ -106,4 +130,5 @@ def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
 
 
 __all__ = ["SINGLE_FILE_SUFFIXES", "SingleFileError", "build_on_meta", "check_single_file_class",
-           "checkpoint_float_dtype", "gguf_quantization", "is_gguf", "is_single_file", "meta_checkpoint"]
+           "checkpoint_float_dtype", "gguf_quantization", "holds_component", "is_gguf", "is_single_file",
+           "meta_checkpoint"]

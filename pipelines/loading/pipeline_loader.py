@@ -33,6 +33,7 @@ from .formats import check_format_options, check_plan_formats, load_modules_with
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
+from .single_files import build_single_file_component, single_file_sources
 from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
@@ -74,9 +75,16 @@ def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, g
 
 
 def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_required: bool) -> dict[str, MetaComponent]:
-    return {name: build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
-                                    weights_required=weights_required, quantization_config=request.quantization_config,
-                                    layerwise_casting=request.layerwise_casting.get(name))
+    """Each module component on meta: from the single file when the load reads one and it holds that component
+    (`single_files.single_file_sources`), else from its folder."""
+    from_file = single_file_sources(opened.modules, request.single_file)
+    return {name: build_single_file_component(name, source.cls, request.single_file, source.folder,
+                                              dtype=opened.dtypes[name], quantization_config=request.quantization_config,
+                                              layerwise_casting=request.layerwise_casting.get(name))
+            if name in from_file else
+            build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
+                              weights_required=weights_required, quantization_config=request.quantization_config,
+                              layerwise_casting=request.layerwise_casting.get(name))
             for name, source in opened.modules.items()}
 
 
@@ -92,7 +100,12 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     opened = open_folder(cls, request, passed, generic=generic)
     components = opened.non_modules()
     if request.device_map.kind is DeviceMapKind.NONE:
-        components.update(load_modules_without_device_map(opened, request))
+        if request.single_file is None:
+            components.update(load_modules_without_device_map(opened, request))
+        else:  # each component read to the CPU by its reader (the file's by from_single_file)
+            components.update({name: place_component(meta, None, accelerators=request.accelerators,
+                                                     progress=request.progress)
+                               for name, meta in build_components(opened, request, weights_required=True).items()})
         return construct(opened.target, opened.index, {**components, **passed}, request.folder)
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}

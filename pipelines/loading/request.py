@@ -25,6 +25,7 @@ from placement.errors import InvalidDtypeError
 from placement.sizing import dtype_for
 
 from ..folder.hub import HubOptions, resolve_folder
+from ..hf.single_file import SingleFileError, is_single_file
 from .layerwise import parse_layerwise_casting
 from .saved_plans import saved_plan
 
@@ -140,13 +141,25 @@ class LoadRequest:
     quantization_config: Any = None
     layerwise_casting: Mapping[str, torch.dtype] = field(default_factory=lambda: MappingProxyType({}))
     pin: tuple[str, ...] = ()
+    # A single-file checkpoint read for the components it holds; `folder` is then its pipeline's config folder.
+    single_file: Path | None = None
 
 
 def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[str] | None = None,
                     subfolder: str | None = None, hub: HubOptions = HubOptions(), scope: Scope,
-                    device_map: Any, torch_dtype: Any, **options: Any) -> LoadRequest:
+                    device_map: Any, torch_dtype: Any, config: str | Path | None = None,
+                    **options: Any) -> LoadRequest:
     """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only; None for
-    modules already built). `options`: the other `LoadRequest` fields, as given."""
+    modules already built; a single-file checkpoint, with `config` the folder or Hub id of its pipeline's
+    configs). `options`: the other `LoadRequest` fields, as given."""
+    if pretrained is not None and is_single_file(pretrained):
+        if config is None:
+            raise SingleFileError(
+                f"{Path(pretrained).name} is a single-file checkpoint: give config= the folder (or Hub id) of its "
+                "pipeline's configs (model_index.json and each component's config.json; components the file does "
+                "not hold need their weights there too), so that nothing is guessed or fetched unasked."
+            )
+        options["single_file"], pretrained = Path(pretrained), config
     folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
                                                               subfolder=subfolder, hub=hub)
     if "layerwise_casting" in options:

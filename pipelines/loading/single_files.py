@@ -4,14 +4,17 @@ path, read by its `from_single_file` (`WeightsReader.OWNER`) with the model's co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from ..folder.component_classes import Family, family_of
 from ..hf.owner_loading import OwnerLoad
 from ..hf.quantizers import ComponentQuantization, method_of, requested_quantization
-from ..hf.single_file import SingleFileError, build_on_meta, checkpoint_float_dtype, gguf_quantization, is_gguf
+from ..folder.sources import ComponentSource
+from ..hf.single_file import (
+    SingleFileError, build_on_meta, checkpoint_float_dtype, gguf_quantization, holds_component, is_gguf, meta_checkpoint,
+)
 from .layerwise import with_layerwise_casting
 from .meta_records import MetaComponent, WeightsReader
 
@@ -44,4 +47,22 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
     return with_layerwise_casting(meta, layerwise_casting)
 
 
-__all__ = ["build_single_file_component"]
+def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | None) -> set[str]:
+    """The module components a pipeline's single file holds: its diffusers models whose weights the file has
+    (as saved, or in the original layout diffusers converts), tested on meta; none without a file. A file
+    holding none of them is an error naming them."""
+    if path is None:
+        return set()
+    checkpoint = meta_checkpoint(path)
+    held = {name for name, source in sources.items()
+            if source.family is Family.DIFFUSERS and holds_component(source.cls, checkpoint, source.folder)}
+    if not held:
+        models = {name: source.cls.__name__ for name, source in sources.items()}
+        raise SingleFileError(
+            f"{path.name} holds the weights of none of this pipeline's diffusers models {models} (as saved, or in "
+            "an original layout diffusers converts); check that config= is the pipeline this file belongs to."
+        )
+    return held
+
+
+__all__ = ["build_single_file_component", "single_file_sources"]
