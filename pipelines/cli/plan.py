@@ -14,7 +14,9 @@ import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .args import add_call_arguments, budgets_arg, call_spec, dtype_arg, strategy_arg, torch_dtype, write_text
+from .args import (
+    add_call_arguments, budgets_arg, call_spec, dtype_arg, layerwise_casting_arg, strategy_arg, torch_dtype, write_text,
+)
 
 if TYPE_CHECKING:  # imported when the command runs: `placement --help` must not import torch
     from placement import Plan
@@ -32,6 +34,8 @@ def register(subparsers) -> None:
                         help="balanced (default), sequential, balanced_low_0, auto, a device, or a JSON dict")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
+    parser.add_argument("--layerwise-casting", type=layerwise_casting_arg, default=None, metavar="COMPONENT=DTYPE",
+                        help="store a component's Linear/Conv weights in fp8, e.g. transformer=fp8_e4m3fn (folders)")
     add_call_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the plan as JSON")
     parser.add_argument("--svg", type=Path, default=None, metavar="FILE", help="also draw the plan as an SVG picture")
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
     with warnings_once() as printed_anyway:
         plan = plan_target(args.target, device_map=args.strategy, max_memory=max_memory,
-                           torch_dtype=torch_dtype(args.dtype), offload_folder=args.offload_folder, call=call)
+                           torch_dtype=torch_dtype(args.dtype), offload_folder=args.offload_folder, call=call,
+                           layerwise_casting=args.layerwise_casting)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
     if call is not None:  # what the activation peaks below are for
         print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n")
@@ -59,19 +64,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_folder, call) -> Plan:
+def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_folder, call,
+                layerwise_casting=None) -> Plan:
     from ..loading.planning import plan_pipeline
     from ..text_to_image.pipeline import TextToImagePipeline
     from ..text_to_image.presets import PRESETS
 
     if target in PRESETS:
+        if layerwise_casting:
+            from .resolve import CliArgumentError
+            raise CliArgumentError(f"--layerwise-casting plans a saved folder; save the {target} preset first.")
         pipe = TextToImagePipeline.from_preset(target, device="meta")
         return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                              offload_folder=offload_folder, call=call, pinned={})
     folder = target_folder(target)
     return pipeline_class_of(folder).plan_placement(folder, device_map=device_map, max_memory=max_memory,
                                                     torch_dtype=torch_dtype, offload_folder=offload_folder,
-                                                    call=call)
+                                                    call=call, layerwise_casting=layerwise_casting)
 
 
 def pipeline_class_of(folder: Path) -> type:

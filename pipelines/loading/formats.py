@@ -27,7 +27,7 @@ from placement.sizes import format_bytes
 from ..errors import LoadError
 from ..hf.hf_interop import load_without_device_map
 from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
-from .layerwise import casting_config, compute_dtype
+from .layerwise import casting_config
 from .meta_records import MetaComponent
 from .request import LoadRequest
 
@@ -167,12 +167,5 @@ def check_planned_formats(plan: Plan, formats: Mapping[str, tuple[QuantizationMe
         )
 
 
-def layerwise_label(meta: MetaComponent) -> str:
-    """The words a plan adds to a component's dtype when it is stored small by layerwise casting."""
-    storage = str(meta.layerwise_casting).removeprefix("torch.")
-    compute = str(compute_dtype(meta)).removeprefix("torch.")
-    return f"Linear/Conv weights stored {storage} by layerwise casting, computed in {compute}"
-
-
 __all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_modules_formats",
-           "check_plan_formats", "check_planned_formats", "layerwise_label", "load_modules_without_device_map"]
+           "check_plan_formats", "check_planned_formats", "load_modules_without_device_map"]

@@ -191,7 +191,7 @@ def component_origin(meta) -> str:
         origin = "pre-quantized folder" if quantization.pre_quantized else "quantization_config"
     if meta.layerwise_casting is not None:
         storage = str(meta.layerwise_casting).removeprefix("torch.")
-        origin += f"; Linear/Conv weights stored {storage} by layerwise casting"
+        origin += f"; layerwise {storage}"  # Linear/Conv weights stored in it, upcast per layer
     return origin
 
 

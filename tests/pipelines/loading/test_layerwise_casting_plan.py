@@ -33,7 +33,7 @@ def test_a_model_is_planned_at_fp8_storage_and_runs_as_diffusers_casting(tmp_pat
     plan = pipelines.plan_model(folder, torch_dtype=BF16, layerwise_casting=FP8, max_memory={0: "1GiB"})
     component = next(iter(plan.components.values()))
     assert component.bytes == real_storage(reference) < 0.7 * dense
-    assert "stored float8_e4m3fn by layerwise casting" in component.dtype
+    assert component.dtype == "bfloat16 (torch_dtype; layerwise float8_e4m3fn)"
 
     model = pipelines.load_model(folder, torch_dtype=BF16, layerwise_casting=FP8, progress=False)
     assert model.transformer_blocks[0].attn.to_q.weight.dtype == FP8  # read into fp8, upcast per layer
@@ -69,3 +69,15 @@ def test_an_fp8_torch_dtype_is_refused_with_the_hint(tmp_path):
         TextToImagePipeline.from_pretrained(folder, device_map="balanced", torch_dtype={"denoiser": FP8})
     with pytest.raises(ValueError, match="layerwise_casting names \\['unet'\\]"):
         TextToImagePipeline.plan_placement(folder, layerwise_casting={"unet": FP8})
+
+
+def test_the_cli_plans_with_layerwise_casting(tmp_path, capsys):
+    from pipelines.cli import main
+
+    folder, _ = save_preset(tmp_path / "tiny-dit")
+    assert main(["plan", str(folder), "--max-memory", "0=1GiB", "--dtype", "bf16",
+                 "--layerwise-casting", "denoiser=fp8_e4m3fn"]) == 0
+    assert "bfloat16 (torch_dtype; layerwise float8_e4m3fn)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error: exit code 2, one line, no traceback
+        main(["plan", str(folder), "--layerwise-casting", "denoiser=int4"])
+    assert refused.value.code == 2 and "transformer=fp8_e4m3fn" in capsys.readouterr().err
