@@ -14,13 +14,14 @@ What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loadi
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
 from hooks.layerwise_casting import apply_layerwise_casting
-from placement.devices import is_accelerator
-from placement.plan_schema import ComponentPlan, PlacementKind, Plan
+from placement.devices import device_label, is_accelerator
+from placement.errors import PlacementError
+from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKind
 from placement.quantized_sizing import tensor_format
 from placement.sizes import format_bytes
 
@@ -29,7 +30,7 @@ from ..hf.hf_interop import load_without_device_map
 from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
 from .layerwise import casting_config
 from .meta_records import MetaComponent
-from .request import LoadRequest
+from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
 
 class FormatPlacementError(LoadError, ValueError):
@@ -129,16 +130,16 @@ def _floating_dtype(module: nn.Module):
     return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
 
 
-def check_plan_formats(plan: Plan, metas: Mapping[str, MetaComponent]) -> None:
-    """A quantized component planned where its format cannot run is an error now, before any weight is read,
-    with the numbers and what to do."""
-    check_planned_formats(plan, {name: (meta.quantization.method, format_label(meta.quantization))
-                                 for name, meta in metas.items() if meta.quantization is not None})
+Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its format, the format in words)
 
 
-def check_modules_formats(plan: Plan, modules: Mapping[str, nn.Module]) -> None:
-    """`check_plan_formats` for modules quantized in memory (`pipelines.place`), their format read from their
-    tensors."""
+def formats_of_metas(metas: Mapping[str, MetaComponent]) -> dict[str, tuple[QuantizationMethod, str]]:
+    return {name: (meta.quantization.method, format_label(meta.quantization))
+            for name, meta in metas.items() if meta.quantization is not None}
+
+
+def formats_of_modules(modules: Mapping[str, nn.Module]) -> dict[str, tuple[QuantizationMethod, str]]:
+    """The formats of modules quantized in memory (`pipelines.place`), read from their tensors."""
     formats = {}
     for name, module in modules.items():
         libraries = {found.library: found.label for t in module.parameters() if (found := tensor_format(t))}
@@ -149,23 +150,65 @@ def check_modules_formats(plan: Plan, modules: Mapping[str, nn.Module]) -> None:
             method = {"torchao": QuantizationMethod.TORCHAO, "quanto": QuantizationMethod.QUANTO,
                       "gguf": QuantizationMethod.GGUF}.get(library, QuantizationMethod.OTHER)
             formats[name] = (method, label)
-    check_planned_formats(plan, formats)
+    return formats
 
 
-def check_planned_formats(plan: Plan, formats: Mapping[str, tuple[QuantizationMethod, str]]) -> None:
+def refused_components(plan: Plan, formats: Formats) -> dict[str, str]:
+    """{component: why} for each quantized component planned where its format cannot run."""
+    refused = {}
     for name, (method, label) in formats.items():
         component = plan.components.get(name)
         runtime = None if component is None else runtime_of(component)
         why = None if component is None else _REFUSED.get(method, {}).get(runtime)
-        if why is None:
-            continue
-        raise FormatPlacementError(
-            f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {component.kind.value} "
-            f"({runtime.value}), which its format cannot do here: {why}. Give its accelerator room for it whole (a "
-            f"larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that offloads "
-            "(torchao int8 offloads every way; fp8 layerwise casting too)."
-        )
+        if why is not None:
+            refused[name] = (
+                f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {runtime.value}, which "
+                f"its format cannot do here: {why}. Give its accelerator room for it "
+                f"whole (a larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that "
+                "offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
+    return refused
 
 
-__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_modules_formats",
-           "check_plan_formats", "check_planned_formats", "load_modules_without_device_map"]
+def check_planned_formats(plan: Plan, formats: Formats) -> None:
+    """A quantized component planned where its format cannot run is an error now, before any weight is read,
+    with the numbers and what to do."""
+    refused = refused_components(plan, formats)
+    if refused:
+        raise FormatPlacementError(next(iter(refused.values())))
+
+
+def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
+    """`plan_around_formats` for a plan the strategy made; a plan the caller gave (a saved plan, pins, one
+    device) is followed as it is, so it is only checked."""
+    if device_map.kind is DeviceMapKind.STRATEGY:
+        return plan_around_formats(plan, formats, replan)
+    check_planned_formats(plan, formats)
+    return plan
+
+
+def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]) -> Plan:
+    """`plan`, or, when it offloads a component whose format cannot be offloaded, the plan made again with that
+    component kept whole on the accelerator with the largest budget and the others placed around it (a run-once
+    encoder offloaded instead of an nf4 transformer); the error of `check_planned_formats` when that cannot fit
+    either. `replan(pins)` plans with `{component: device map}` pinned."""
+    refused = refused_components(plan, formats)
+    accelerators = [device for device in plan.devices if is_accelerator(device.device) and device.budget]
+    if not refused or not accelerators:
+        check_planned_formats(plan, formats)
+        return plan
+    target = max(accelerators, key=lambda device: device.budget).device
+    try:
+        retried = replan({name: {"": target} for name in refused})
+    except PlacementError:
+        retried = None
+    if retried is None or refused_components(retried, formats) or retried.verdict.kind is VerdictKind.NO_FIT:
+        check_planned_formats(plan, formats)
+    kept = ", ".join(f"{name} ({formats[name][1]})" for name in refused)
+    note = (f"{kept} kept whole on {device_label(target)}: its format cannot be offloaded, so the other components "
+            "were planned around it.")
+    return retried.model_copy(update={"warnings": [*retried.warnings, note]})
+
+
+__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_planned_formats",
+           "formats_of_metas", "formats_of_modules", "load_modules_without_device_map", "plan_around_formats",
+           "refused_components", "respect_formats"]

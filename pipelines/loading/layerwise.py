@@ -25,7 +25,7 @@ from placement.errors import InvalidDtypeError
 from placement.sizing import dtype_for
 
 from .meta_records import MetaComponent
-from .owner_meta import checkpoint_float_dtype
+from .owner_meta import cast_floating_meta, checkpoint_float_dtype
 
 # diffusers' `hooks.layerwise_casting.DEFAULT_SKIP_MODULES_PATTERN` (what `enable_layerwise_casting` skips).
 DIFFUSERS_SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
@@ -77,6 +77,9 @@ def with_layerwise_casting(meta: MetaComponent, storage: torch.dtype | None) -> 
     if storage is None:
         return meta
     compute = compute_dtype(meta)
+    # Sized as its meta tensors are (`MetaComponent.sizing_dtype`): the layers not cast hold the compute dtype
+    # (already so when weights were read for planning; built from a config only they are still the config's).
+    cast_floating_meta(meta.module, meta.dtype, keep_in_fp32=meta.keep_in_fp32)
     names = cast_tensor_names(meta.module, casting_config(meta.module, storage, compute))
     for name in names:
         set_module_tensor_to_device(meta.module, name, "meta", dtype=storage)

@@ -29,7 +29,7 @@ from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from .assembly import check_components, construct, install_component, target_class
-from .formats import check_format_options, check_plan_formats, load_modules_without_device_map
+from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
@@ -148,14 +148,17 @@ def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, Me
     modules, edges = modules_and_edges(pipe)
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
     pins, notes = passed_pins(passed, pin=request.pin)
-    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
-                        max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
-                        pinned=pins, estimating=lambda: computing_on_meta(metas), advise=metas,
-                        sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None for name in modules})
     origins = {name: component_origin(metas[name]) if name in metas else "passed in, as it is" for name in modules}
-    plan = with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
-    check_plan_formats(plan, metas)
-    return plan
+
+    def plan_with(kept: Mapping[str, Any]) -> Plan:
+        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
+                            max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
+                            pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
+                            sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
+                                           for name in modules})
+        return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
+
+    return respect_formats(plan_with({}), formats_of_metas(metas), plan_with, request.device_map)
 
 
 def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],

@@ -17,7 +17,7 @@ from placement.plan_schema import Plan
 from ..errors import DeviceMappedError
 from ..folder.components import PipelineComponents, module_dtype
 from ..hf.diffusers_pipeline import attach_reset
-from .formats import check_format_options, check_modules_formats
+from .formats import check_format_options, formats_of_modules, respect_formats
 from .layerwise import casting_config
 from .pipeline_loader import place_pipeline
 from .placing import check_plan_devices
@@ -49,11 +49,14 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
         module = modules[name]
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
     pins, notes = passed_pins(modules, pin=request.pin)
-    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
-                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=pins)
-    plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
-    plan = with_notes(plan, notes)
-    check_modules_formats(plan, modules)
+
+    def plan_with(kept: Mapping[str, Any]) -> Plan:
+        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
+                            max_memory=max_memory, offload_folder=offload_folder, call=call, pinned={**pins, **kept})
+        plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
+        return with_notes(plan, notes)
+
+    plan = respect_formats(plan_with({}), formats_of_modules(modules), plan_with, request.device_map)
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, {}, modules, request)
     if not isinstance(pipe, PipelineComponents):

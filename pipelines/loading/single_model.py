@@ -23,7 +23,7 @@ from ..folder.component_classes import family_of
 from ..folder.hub import HubOptions
 from ..folder.sources import model_folder_class
 from ..hf.single_file import SingleFileError, is_single_file
-from .formats import check_plan_formats
+from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
@@ -123,7 +123,7 @@ def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
                         estimating=lambda: computing_on_meta({meta.name: meta}), advise={meta.name: meta},
                         sizing_dtypes={meta.name: meta.sizing_dtype})
     plan = label_dtypes(plan, {meta.name: meta.module}, {meta.name: meta.dtype}, {meta.name: component_origin(meta)})
-    check_plan_formats(plan, {meta.name: meta})
+    check_planned_formats(plan, formats_of_metas({meta.name: meta}))  # one model: nothing else to move aside
     return plan
 
 

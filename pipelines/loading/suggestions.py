@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
+from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
 import placement
@@ -34,6 +35,7 @@ from ..hf.quantizers import (
 )
 from .layerwise import casting_config, cast_tensor_names, compute_dtype
 from .meta_records import MetaComponent
+from .owner_meta import cast_floating_meta
 
 _RANK = {VerdictKind.FITS: 0, VerdictKind.OFFLOADED: 1, VerdictKind.PARTLY_CPU: 2, VerdictKind.NO_FIT: 3}
 MAX_COMPONENTS = 2  # the largest components are the ones whose storage changes the outcome
@@ -105,12 +107,13 @@ def _bytes(module: nn.Module) -> int:
 
 
 def _layerwise_copy(meta: MetaComponent) -> nn.Module:
-    module = copy.deepcopy(meta.module)
+    """A copy sized as `layerwise.with_layerwise_casting` sizes the component (the others in the compute dtype)."""
+    copied = copy.deepcopy(meta.module)
+    cast_floating_meta(copied, meta.dtype, keep_in_fp32=meta.keep_in_fp32)
     storage = torch.float8_e4m3fn
-    from accelerate.utils import set_module_tensor_to_device
-    for name in cast_tensor_names(module, casting_config(module, storage, compute_dtype(meta))):
-        set_module_tensor_to_device(module, name, "meta", dtype=storage)
-    return module
+    for name in cast_tensor_names(copied, casting_config(copied, storage, compute_dtype(meta))):
+        set_module_tensor_to_device(copied, name, "meta", dtype=storage)
+    return copied
 
 
 def _quantized_copy(meta: MetaComponent, quantization: ComponentQuantization) -> nn.Module:
