@@ -71,11 +71,9 @@ def method_of(config: Any) -> QuantizationMethod:
 
 def folder_quantization(folder: Path) -> dict | None:
     """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none)."""
-    try:
-        config = read_config_dict(folder)
-    except Exception:  # a folder without a readable config fails where it is built, with its own message
-        return None
-    found = config.get("quantization_config")
+    if not (folder / "config.json").is_file():
+        return None  # a folder without its config fails where it is built, with its own message
+    found = read_config_dict(folder).get("quantization_config")
     return dict(found) if isinstance(found, Mapping) else None
 
 
@@ -147,8 +145,8 @@ def _check_library(config: Any, name: str, family: Family) -> None:
     if isinstance(config, Mapping) or library == family.value:
         return
     raise QuantizationConfigError(
-        f"Component {name!r} is a {family.value} model but its quantization config is {library}'s "
-        f"{type(config).__name__}; use {family.value}'s own (e.g. {family.value}.BitsAndBytesConfig), as "
+        f"Component {name!r} is a {family.value} model but its quantization config is {library}' "
+        f"{type(config).__name__}; use {family.value}' own (e.g. {family.value}.BitsAndBytesConfig), as "
         "diffusers' PipelineQuantizationConfig(quant_mapping=...) requires."
     )
 
