@@ -77,7 +77,10 @@ def place_component(meta: MetaComponent, component: ComponentPlan | None, *, acc
         if component is not None:
             attach_runtime(module, component, hooks=hooks, disk_weights=disk_weights)
     except BaseException:
-        unplace(module)
+        try:
+            unplace(module)
+        except Exception:  # e.g. a quantized module that refuses .to("meta"): the original error matters
+            pass
         raise
     return module
 
