@@ -13,6 +13,7 @@ What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loadi
 
 from __future__ import annotations
 
+import warnings
 from enum import Enum
 from typing import Any, Callable, Mapping
 
@@ -30,6 +31,7 @@ from ..hf.hf_interop import load_without_device_map
 from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
 from .layerwise import casting_config
 from .meta_records import MetaComponent
+from .planning import caller_stacklevel
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
 
@@ -197,12 +199,16 @@ def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], P
         check_planned_formats(plan, formats)
         return plan
     target = max(accelerators, key=lambda device: device.budget).device
-    try:
-        retried = replan({name: {"": target} for name in refused})
-    except PlacementError:
-        retried = None
+    with warnings.catch_warnings(record=True) as caught:  # shown only if this plan is the one kept
+        warnings.simplefilter("always")
+        try:
+            retried = replan({name: {"": target} for name in refused})
+        except PlacementError:
+            retried = None
     if retried is None or refused_components(retried, formats) or retried.verdict.kind is VerdictKind.NO_FIT:
         check_planned_formats(plan, formats)
+    for warning in caught:
+        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
     kept = ", ".join(f"{name} ({formats[name][1]})" for name in refused)
     note = (f"{kept} kept whole on {device_label(target)}: its format cannot be offloaded, so the other components "
             "were planned around it.")

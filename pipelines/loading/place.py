@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hooks.layerwise_casting import apply_layerwise_casting
+from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
 from placement.plan_schema import Plan
 
 from ..errors import DeviceMappedError
@@ -45,10 +45,10 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
                               layerwise_casting=layerwise_casting, pin=pin)
     modules, edges = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
+    pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement
     for name, storage in request.layerwise_casting.items():
         module = modules[name]
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
-    pins, notes = passed_pins(modules, pin=request.pin)
 
     def plan_with(kept: Mapping[str, Any]) -> Plan:
         plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
@@ -56,9 +56,14 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
         plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
         return with_notes(plan, notes)
 
-    plan = respect_formats(plan_with({}), formats_of_modules(modules), plan_with, request.device_map)
-    check_plan_devices(plan, request.accelerators)
-    place_pipeline(pipe, plan, {}, modules, request)
+    try:
+        plan = respect_formats(plan_with({}), formats_of_modules(modules), plan_with, request.device_map)
+        check_plan_devices(plan, request.accelerators)
+        place_pipeline(pipe, plan, {}, modules, request)
+    except BaseException:
+        for name in request.layerwise_casting:  # nothing half-done: the casting this call applied comes off
+            remove_layerwise_casting(modules[name])
+        raise
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
     return plan

@@ -49,6 +49,12 @@ def _torchao(folder):
         folder, quantization_config=config, torch_dtype=BF16).eval()
 
 
+def _torchao_fp8(folder):
+    config = diffusers.TorchAoConfig(torchao.Float8WeightOnlyConfig())
+    return dict(quantization_config=config, torch_dtype=BF16), diffusers.FluxTransformer2DModel.from_pretrained(
+        folder, quantization_config=config, torch_dtype=BF16).eval()
+
+
 def _quanto(folder):
     pytest.importorskip("optimum.quanto")
     config = diffusers.QuantoConfig("int8")
@@ -67,7 +73,8 @@ def _gguf(folder):
     return dict(config=folder, torch_dtype=BF16, pretrained=path), reference
 
 
-FORMATS = {"torchao int8": (_torchao, "Int8Tensor"), "quanto int8": (_quanto, "WeightQBytesTensor"),
+FORMATS = {"torchao int8": (_torchao, "Int8Tensor"), "torchao fp8": (_torchao_fp8, "Float8Tensor"),
+           "quanto int8": (_quanto, "WeightQBytesTensor"),
            "gguf Q8_0": (_gguf, "GGUFParameter")}
 
 
@@ -85,6 +92,22 @@ def test_group_offloaded_moves_quantized_tensors_as_they_are(name, one_cpu_backe
     assert meter.weights.host_to_accelerator_bytes == real_storage(pipe.model)
     pipe.reset_device_map()
     assert quantized_classes(pipe.model) == {kind}
+
+
+def test_fp8_layerwise_cast_weights_are_offloaded_in_fp8(one_cpu_backed_gpu, tmp_path):
+    folder = save_flux(tmp_path, layers=4)
+    model = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
+    reference = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
+    reference.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=BF16)
+    pipe = pipelines.Pipeline()
+    pipe.register_components(model=model)
+    plan = pipelines.place(pipe, layerwise_casting={"model": torch.float8_e4m3fn},
+                           max_memory={0: real_storage(reference) * 6 // 10, "cpu": "1GiB"})
+    assert plan.components["model"].kind.value == "offloaded"
+    assert plan.components["model"].bytes == real_storage(reference)
+    with hooks.measure_transfers() as meter:
+        assert torch.equal(run(pipe.model), run(reference))
+    assert meter.weights.host_to_accelerator_bytes == real_storage(reference)  # fp8 bytes moved, not bf16
 
 
 def test_streamed_blocks_of_a_loaded_torchao_model_equal_diffusers(one_cpu_backed_gpu, tmp_path):
