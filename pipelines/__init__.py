@@ -38,6 +38,8 @@ _EXPORTS = {
     "library_class": ".folder.class_registry",
     "register_class": ".folder.class_registry",
     "place": ".loading.place",
+    "load_model": ".loading.single_model",
+    "plan_model": ".loading.single_model",
 }
 
 # Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
@@ -58,6 +60,13 @@ _ERRORS = {
     ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
     ".hf.hf_spellings": ("LoadArgumentError",),
     ".loading.placing": ("AcceleratorsMissingError", "PipelineLoadError"),
+    ".loading.formats": ("FormatOptionError", "FormatPlacementError"),
+    ".loading.model_loader": ("ForeignModelFolderError",),
+    ".loading.owner_reading": ("OwnerPlacementError",),
+    ".hf.owner_loading": ("OwnerLoadError",),
+    ".hf.quantizers": ("QuantizationConfigError",),
+    ".hf.single_file": ("SingleFileError",),
+    ".folder.sources": ("ModelFolderError",),
     ".loading.saved_plans": ("SavedPlanError",),
     ".framework.memory": ("VaeFeatureError",),
     ".text_to_image.conditioning": ("TextConditioningError",),

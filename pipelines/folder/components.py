@@ -176,8 +176,10 @@ def module_execution_device(module: Any) -> torch.device:
 
 
 def module_dtype(*modules: nn.Module) -> torch.dtype:
-    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none)."""
-    floats = (tensor.dtype for module in modules for tensor in module.parameters() if tensor.is_floating_point())
+    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none); fp8 ones
+    are storage only (layerwise casting upcasts them per layer), never what a module computes in."""
+    floats = (tensor.dtype for module in modules for tensor in module.parameters()
+              if tensor.is_floating_point() and tensor.dtype.itemsize > 1)
     return next(floats, torch.float32)
 
 
