@@ -160,8 +160,9 @@ def _describe(candidate: Candidate, other: Plan) -> str:
         outcome = f"everything fits on {', '.join(where)}"
     else:
         outcome = f"{other.verdict.kind.value}"
-    moved = getattr(other, "transfer_bytes_per_call", None)
-    moves = "" if moved is None else f", moves {format_bytes(moved)} per call"
+    moved = other.transfer_bytes_per_call
+    # "moves 0 B" says nothing: a plan that keeps everything resident just fits.
+    moves = f", moves {format_bytes(moved)} per call" if moved else ""
     return f"Suggestion: with {candidate.component} in {candidate.label} ({size}) {outcome}{moves}."
 
 
