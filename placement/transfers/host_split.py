@@ -1,7 +1,7 @@
 """Which host-homed weights of a component are loaded once per call and which stream at every run.
 
 A component whose weights are partly or wholly homed in CPU RAM (or on disk) and that executes on an
-accelerator brings them there in its phase. Two ways (DESIGN.md, "When it does not fit"):
+accelerator brings them there in its phase. Two ways (docs/design.md, "When it does not fit"):
 - loaded per call: moved when its phase starts, kept through its `runs` runs (a denoiser's steps), released
   after: one copy per call, but all of it on the device at once;
 - streamed: block by block at every run, the next block prefetched while one computes: `runs` copies per call,

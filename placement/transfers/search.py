@@ -1,5 +1,5 @@
 """The residency search: among plans that execute everything on accelerators, the one moving the fewest bytes
-per call, for pipelines that do not fit resident (DESIGN.md, "When it does not fit").
+per call, for pipelines that do not fit resident (docs/design.md, "When it does not fit").
 
 Each component gets one of three residency levels, and every component that is not resident executes on one
 `home` accelerator (their phases never overlap, so they share its room, and what one phase leaves free there
