@@ -41,6 +41,7 @@ class QuantizationMethod(str, Enum):
     QUANTO = "quanto"
     GGUF = "gguf"
     OTHER = "other"  # a method the owner knows and we size as its replaced layers declare
+    LAYERWISE_CASTING = "layerwise_casting"  # no quantizer: fp8 storage set by layerwise_casting= (plain tensors)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -68,6 +68,10 @@ _REFUSED: dict[QuantizationMethod, dict[Runtime, str]] = {
     QuantizationMethod.GGUF: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
 }
 _REFUSED[QuantizationMethod.BITSANDBYTES_8BIT] = _REFUSED[QuantizationMethod.BITSANDBYTES_4BIT]
+# The disk copy is written from the checkpoint as loaded, before the fp8 cast: served from it, the layers would
+# compute at full precision (other numbers than the same plan in RAM) and move twice the bytes planned.
+_REFUSED[QuantizationMethod.LAYERWISE_CASTING] = {
+    Runtime.DISK: "its disk copy would hold the weights before the fp8 cast, so they would compute at full precision"}
 
 
 def runtime_of(component: ComponentPlan) -> Runtime:
@@ -147,8 +151,11 @@ Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its form
 
 
 def formats_of_metas(metas: Mapping[str, MetaComponent]) -> dict[str, tuple[QuantizationMethod, str]]:
-    return {name: (meta.quantization.method, format_label(meta.quantization))
-            for name, meta in metas.items() if meta.quantization is not None}
+    formats = {name: (meta.quantization.method, format_label(meta.quantization))
+               for name, meta in metas.items() if meta.quantization is not None}
+    formats.update({name: (QuantizationMethod.LAYERWISE_CASTING, f"layerwise {str(meta.layerwise_casting)[6:]}")
+                    for name, meta in metas.items() if meta.layerwise_casting is not None})
+    return formats
 
 
 def formats_of_modules(modules: Mapping[str, nn.Module]) -> dict[str, tuple[QuantizationMethod, str]]:
@@ -176,10 +183,16 @@ def refused_components(plan: Plan, formats: Formats) -> dict[str, str]:
         if why is not None:
             refused[name] = (
                 f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {runtime.value}, which "
-                f"its format cannot do here: {why}. Give its accelerator room for it "
-                f"whole (a larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that "
-                "offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
+                f"its format cannot do here: {why}. {_advice(name, runtime)}")
     return refused
+
+
+def _advice(name: str, runtime: Runtime) -> str:
+    if runtime is Runtime.DISK:
+        return (f"Give it room in host RAM (a larger max_memory['cpu']) or on its accelerator, so that {name!r} "
+                "is not offloaded to disk.")
+    return (f"Give its accelerator room for it whole (a larger max_memory, or device_map pinning {name!r} to a GPU), "
+            "or choose a format that offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
 
 
 def check_planned_formats(plan: Plan, formats: Formats) -> None:

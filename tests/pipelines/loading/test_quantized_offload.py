@@ -172,3 +172,12 @@ def test_a_quantized_component_on_disk_is_refused_when_planned(one_cpu_backed_gp
     with pytest.raises(pipelines.FormatPlacementError, match="disk.*safetensors files, which hold plain tensors only"):
         pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, offload_folder=tmp_path / "off",
                              max_memory={0: "8KiB", "cpu": "8KiB"})
+
+
+def test_fp8_layerwise_casting_on_disk_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
+    """The disk copy would be written before the fp8 cast: served from it, the layers would compute at full
+    precision, so a plan putting a cast component on disk is refused before anything is read."""
+    folder = save_flux(tmp_path, layers=4)
+    with pytest.raises(pipelines.FormatPlacementError, match=r"layerwise float8_e4m3fn.*on disk.*max_memory\['cpu'\]"):
+        pipelines.plan_model(folder, torch_dtype=BF16, layerwise_casting=torch.float8_e4m3fn,
+                             offload_folder=tmp_path / "off", max_memory={0: "8KiB", "cpu": "8KiB"})
