@@ -41,6 +41,7 @@ from placement.devices import Device, is_accelerator, normalize_device, torch_de
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 from placement.streaming import RESIDENT_BLOCKS, block_groups
 
+from .dispatch import _called_modules as called_modules
 from .errors import TransferPlanError
 from .group_offload.grouping import GroupSpec, OffloadType, plan_groups, whole_group
 from .group_offload.module_group import ModuleGroup, ReleaseRule
@@ -324,7 +325,8 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
         for key, home in device_map.items():
             if key and key in modules:
                 target = home if is_accelerator(home) else phase.place
-                add_hook_last(modules[key], MoveInputsHook(torch_device(target), place=target))
+                for entry in called_modules(modules[key]):  # a block list is never called: its blocks are
+                    add_hook_last(entry, MoveInputsHook(torch_device(target), place=target))
     add_hook_first(module, ResidencyHook(phase))
     move_inputs_of_entry_methods(module, torch_device(phase.place), place=phase.place, phase=phase)
     phase.exit_hook = module.register_forward_hook(lambda *_: phase.exit(), always_call=True)

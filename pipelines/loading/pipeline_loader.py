@@ -3,7 +3,8 @@
     request (resolved once) -> model_index.json -> classes -> each module built on meta (`build_component`)
            -> the pipeline object (`assembly`: `cls`, the generic `Pipeline`, or the diffusers class it names)
            -> one plan (graph = the pipeline's model graph; passed dispatched components pinned)
-           -> per component: `place_component` (weights read to the planned devices, then its kind's hooks)
+           -> per component: `place_component` (weights read to the planned devices)
+           -> the whole plan's runtime at once (`attach_plan_runtime`: each kind's hooks, per-call coordinators)
            -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
 
 A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
@@ -32,7 +33,7 @@ from ..hf.hf_interop import load_without_device_map
 from .assembly import check_components, construct, target_class
 from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
-from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
+from .placing import PipelineLoadError, attach_plan_runtime, check_plan_devices, place_component, unplace
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import caller_stacklevel, label_dtypes, modules_and_edges, passed_pins, plan_modules
 from .request import DeviceMapKind, LoadRequest
@@ -157,14 +158,14 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                         hooked_pinned.append(passed[name])
                     continue
                 touched.append(name)
-                if name in metas:
+                if name in metas:  # its weights only (hooks=False records its map): the runtime comes below
                     _check_registered(pipe, metas[name])
-                    place_component(metas[name], component, accelerators=request.accelerators, hooks=hooks,
+                    place_component(metas[name], component, accelerators=request.accelerators, hooks=False,
                                     progress=request.progress)
                 else:
-                    module = pipe.components[name]
-                    _move_passed(name, module, component, request.accelerators)
-                    attach_runtime(module, component, hooks=hooks)
+                    _move_passed(name, pipe.components[name], component, request.accelerators)
+            # The whole plan's runtime at once: the components on one accelerator share its per-call coordinator.
+            attach_plan_runtime({name: pipe.components[name] for name in touched}, plan, hooks=hooks, metas=metas)
             if hooks:
                 deliver_joined_outputs(pipe, plan)
         pipe.placement_plan = plan

@@ -5,6 +5,7 @@ placement kind; one undo when anything fails. Models and pipelines place every c
     plan = placement.plan({name: meta.module}, ...)       # one planner for models and pipelines
     check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
     place_component(meta, plan.components[name], ...)    # weights read (meta.reader), then the kind's hooks
+    attach_plan_runtime(modules, plan, ...)               # a pipeline: the whole plan's runtime at once
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from hooks.dispatch import DiskWeights, undispatch
-from hooks.plan_dispatch import apply_component_plan
+from hooks.plan_dispatch import apply_component_plan, apply_plan
 from placement.device_maps import owning_key
 from placement.devices import Accelerators, Device, is_accelerator, normalize_device
 from placement.errors import InvalidDeviceError
@@ -78,6 +79,24 @@ def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
         apply_component_plan(module, component, disk_weights=disk_weights)
     else:
         module.hf_device_map = dict(component.device_map)
+
+
+def attach_plan_runtime(modules: Mapping[str, nn.Module], plan: Plan, *, hooks: bool,
+                        metas: Mapping[str, MetaComponent]) -> None:
+    """A pipeline's runtime, once every component's weights are where `plan` puts them: the whole plan at once
+    (`hooks.apply_plan`), so the components sharing an accelerator share one per-call coordinator there and the
+    modules one loads per call are released when another's phase needs the room. `modules`: the components
+    placed here (the plan's others are pinned where their owner placed them); `metas`: those read from a
+    checkpoint (their "disk" parts are served from its files). `hooks=False` only records the maps. On failure
+    nothing of it is left (the caller's undo then unplaces the weights)."""
+    if not hooks:
+        for name, module in modules.items():
+            module.hf_device_map = plan.component_device_map(name)
+        return
+    disk_weights = {name: disk_offload_index(metas[name], plan.component_device_map(name))
+                    for name in modules if name in metas}
+    apply_plan(modules, plan, disk_weights=disk_weights,
+               placed_by_owner=[name for name in plan.components if name not in modules])
 
 
 def unplace(module: nn.Module, *, to: torch.device | str = "meta") -> None:
