@@ -101,7 +101,11 @@ class ComponentPhase:
         self.per_call_bytes = sum(group.num_bytes for group in per_call)
         self.depth = 0
         self.last_entered = 0
-        self.exit_hook = None  # the torch forward hook that ends a run, also when the forward raised
+        # The torch hooks that start and end a run of `module(...)` (the end also when the forward raised). Torch
+        # hooks, not the accelerate hook's pre_forward: an entry method (diffusers' `apply_forward_hook`, our
+        # `hooked_entry_point`) runs that pre_forward by hand, with no end to pair it; its run is counted by
+        # its `move_inputs_of_entry_methods` wrapper instead.
+        self.run_hooks: list = []
 
     @property
     def active(self) -> bool:
@@ -145,9 +149,9 @@ class ComponentPhase:
 
     def close(self) -> None:
         """Undo: every unit back where the loader put it (disk weights: on the CPU), coordinator forgets it."""
-        if self.exit_hook is not None:
-            self.exit_hook.remove()
-            self.exit_hook = None
+        for handle in self.run_hooks:
+            handle.remove()
+        self.run_hooks = []
         if self in self.coordinator.phases:
             self.coordinator.phases.remove(self)
         for group in [*self.per_call, *self.per_run]:
@@ -163,17 +167,14 @@ def _onload(groups: list[ModuleGroup]) -> None:
 
 
 class ResidencyHook(MoveInputsHook):
-    """At the top of the component: a run starts its phase (per-call units loaded when it is the first)."""
+    """At the top of the component: inputs to its execution device, outputs back. Its runs (the phase's
+    `enter`/`exit`) are started and ended by torch hooks beside it (`ComponentPhase.run_hooks`)."""
 
     technique = Technique.PER_CALL_RESIDENCY
 
     def __init__(self, phase: ComponentPhase) -> None:
         super().__init__(torch_device(phase.place), io_same_device=True, place=phase.place)
         self.phase = phase
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.phase.enter()  # ended by the phase's exit hook, which torch runs even when the forward raises
-        return super().pre_forward(module, *args, **kwargs)
 
     def detach_hook(self, module):
         self.phase.close()
@@ -329,7 +330,8 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
                     add_hook_last(entry, MoveInputsHook(torch_device(target), place=target))
     add_hook_first(module, ResidencyHook(phase))
     move_inputs_of_entry_methods(module, torch_device(phase.place), place=phase.place, phase=phase)
-    phase.exit_hook = module.register_forward_hook(lambda *_: phase.exit(), always_call=True)
+    phase.run_hooks = [module.register_forward_pre_hook(lambda *_: phase.enter()),
+                       module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
 
 
 def room_on(plan: Plan, place: Device) -> int | None:

@@ -13,6 +13,7 @@ from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
+from .transfers.idle import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .errors import ComponentError, InvalidDtypeError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
@@ -165,9 +166,11 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
     size = size_module(module, dtype)
     if traced_order:
         size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
+    units = transfer_units(module, size)
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
-        streamed=streaming_working_set(module, size), units=transfer_units(module, size),
+        streamed=streaming_working_set(module, size), units=units,
+        idle=idle_units(module, units, traced_order) if traced_order else frozenset(),
     )
 
 

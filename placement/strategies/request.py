@@ -27,11 +27,20 @@ class ComponentRequest:
     position: int  # in execution order
     streamed: int  # bytes on the execution device at once when offloaded (streaming.streaming_working_set)
     units: tuple[TransferUnit, ...] = ()  # streaming.transfer_units (empty: computed when asked for)
+    # Paths of the units (modules) the planned call never runs (`idle_units`; empty without a traced call).
+    idle: frozenset[str] = frozenset()
 
     @property
     def layout_units(self) -> tuple[TransferUnit, ...]:
         """The pieces the transfer planner keeps resident, loads per call or streams (rest first, then blocks)."""
         return self.units or transfer_units(self.module, self.size)
+
+    @property
+    def active_units(self) -> tuple[TransferUnit, ...]:
+        """The layout units the planned call runs (all of them without a traced call)."""
+        if not self.idle:
+            return self.layout_units
+        return tuple(unit for unit in self.layout_units if unit.path not in self.idle)
 
     @property
     def bytes(self) -> int:

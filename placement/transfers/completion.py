@@ -80,11 +80,11 @@ def component_transfer(plan: ComponentPlan, request, runs: int,
     host = host_units(plan.device_map, request)
     if not host:
         return ComponentTransfer(runs_per_call=runs, resident_bytes=resident), None
-    split = split_host_part(host, runs=runs, room=room)
+    split = split_host_part(host, runs=runs, room=room, idle=request.idle)
     transfer = ComponentTransfer(
         runs_per_call=runs, resident_bytes=resident, loaded_per_call_bytes=split.loaded_bytes,
         streamed_per_run_bytes=split.streamed_bytes, per_call_modules=[u.path for u in split.per_call],
-        streamed_modules=[u.path for u in split.streamed], stream_buffer_bytes=split.buffer_bytes,
+        streamed_modules=split.streamed_paths, stream_buffer_bytes=split.buffer_bytes,
     )
     return transfer, split
 

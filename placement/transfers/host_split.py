@@ -9,7 +9,8 @@ accelerator brings them there in its phase. Two ways (DESIGN.md, "When it does n
 The rest (everything outside the blocks) is needed for the whole run, so it is never streamed: it is loaded
 per call. With `room` bytes free in the phase (after the resident weights, the activations and the overhead),
 the split that moves the fewest bytes per call is chosen; a component that runs once moves the same bytes
-either way, so it streams every block (the lower peak).
+either way, so it streams every block (the lower peak). Blocks the planned call never runs (`idle`) are
+streamed too: they move nothing and take no room in flight (`transfers.idle`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import cached_property
 from typing import Optional, Sequence
 
 from ..streaming import RESIDENT_BLOCKS, TransferUnit
+from .idle import is_idle
 
 STREAM_BUFFER_BLOCKS = RESIDENT_BLOCKS  # one block computing, the next one prefetched
 
@@ -30,6 +32,12 @@ class HostSplit:
     per_call: tuple[TransferUnit, ...]
     streamed: tuple[TransferUnit, ...]
     fits: bool = True  # False: even the minimum (rest + two blocks) exceeds the room given
+    idle: tuple[TransferUnit, ...] = ()  # streamed, but never run by the planned call: nothing moves
+
+    @property
+    def streamed_paths(self) -> list[str]:
+        """Every streamed unit's path, the idle ones' included (the runtime hooks them all)."""
+        return [unit.path for unit in (*self.streamed, *self.idle)]
 
     @cached_property
     def loaded_bytes(self) -> int:
@@ -62,24 +70,29 @@ def minimum_phase_weights(host: Sequence[TransferUnit]) -> int:
     return sum(u.bytes for u in host if not u.block) + stream_buffer(u.bytes for u in host if u.block)
 
 
-def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[int]) -> HostSplit:
+def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[int],
+                    idle: frozenset[str] = frozenset()) -> HostSplit:
     """The per-call / streamed split of `host` (in unit order) moving the fewest bytes per call within `room`
-    (None: unlimited). When even the minimum does not fit, the minimum, marked `fits=False`."""
+    (None: unlimited); the blocks in `idle` (paths) stream and move nothing. When even the minimum does not
+    fit, the minimum, marked `fits=False`."""
+    unused = tuple(u for u in host if u.block and is_idle(u.path, idle))
+    if unused:
+        host = [u for u in host if not (u.block and is_idle(u.path, idle))]
     rest = tuple(u for u in host if not u.block)
     blocks = tuple(u for u in host if u.block)
-    minimum = HostSplit(per_call=rest, streamed=blocks)
+    minimum = HostSplit(per_call=rest, streamed=blocks, idle=unused)
     if room is not None and minimum.phase_weights > room:
-        return HostSplit(per_call=rest, streamed=blocks, fits=False)
+        return HostSplit(per_call=rest, streamed=blocks, fits=False, idle=unused)
     if runs == 1 or not blocks:
         return minimum  # the same bytes per call either way: the lower peak
     if room is None or sum(u.bytes for u in host) <= room:
-        return HostSplit(per_call=tuple(host), streamed=())
+        return HostSplit(per_call=tuple(host), streamed=(), idle=unused)
     over = minimum.loaded_bytes + sum(b.bytes for b in blocks) - room
     candidates = [_fewest_streamed(blocks, over=over), _in_order(blocks, room=room - minimum.loaded_bytes)]
     streamed = min(candidates, key=lambda chosen: sum(u.bytes for u in chosen))
     chosen = {id(unit) for unit in streamed}
     return HostSplit(per_call=tuple(u for u in host if id(u) not in chosen),
-                     streamed=tuple(u for u in blocks if id(u) in chosen))
+                     streamed=tuple(u for u in blocks if id(u) in chosen), idle=unused)
 
 
 def _in_order(blocks: Sequence[TransferUnit], *, room: int) -> list[TransferUnit]:

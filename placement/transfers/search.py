@@ -115,11 +115,12 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *, spr
     cache = {} if cache is None else cache
     filled: dict[str, Filled] = {}
     for request, level in zip(order, choice.levels):
-        if level is Level.FILL:
+        if level is Level.FILL:  # resident room for the blocks the call runs; the idle ones stay on the host
             filled[request.name] = fill_resident(
-                ledger, name=request.name, units=request.layout_units, activation=request.transient,
+                ledger, name=request.name, units=request.active_units, activation=request.transient,
                 home=choice.home, devices=ledger.accelerators, spreadable=spread[request.name],
                 in_order=choice.in_order)
+            filled[request.name].host.extend(u for u in request.layout_units if u.path in request.idle)
         elif level is Level.STREAM:
             filled[request.name] = Filled(host=list(request.layout_units))
     splits = {}
@@ -133,7 +134,7 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *, spr
         key = (request.name, room) if len(host) == len(request.layout_units) else None
         split = cache.get(key) if key else None
         if split is None:
-            split = split_host_part(host, runs=runs.get(request.name, 1), room=room)
+            split = split_host_part(host, runs=runs.get(request.name, 1), room=room, idle=request.idle)
             if key:
                 cache[key] = split
         if not split.fits:
@@ -148,7 +149,7 @@ def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
     for request, level in zip(order, choice.levels):
         if level is Level.WHOLE:
             continue
-        need = request.transient + minimum_phase_weights(request.layout_units)
+        need = request.transient + minimum_phase_weights(request.active_units)
         if not ledger.fits(choice.home, weights=0, transient=need):
             return False
         ledger.add(choice.home, transient=need, phase=request.name)
