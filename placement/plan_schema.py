@@ -76,7 +76,8 @@ class ComponentTransfer(_Frozen):
     - streamed (`streamed_modules`): homed on the host, moved block by block at every run, next block prefetched.
     Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists,
     and `device_map` places it (the key itself, or a prefix of it as `device_maps.owning_key` finds it) on "cpu"
-    or "disk". Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
+    or "disk". Streamed blocks the planned call never runs (a text-to-image VAE's encoder) move nothing: they
+    count in neither the bytes nor the stream buffer. Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
     (`streaming.transfer_units`); only blocks stream, the rest is resident or loaded per call. A component whose
     map cuts finer (a pinned map) lists its host-homed keys instead.
 
@@ -93,6 +94,9 @@ class ComponentTransfer(_Frozen):
     # The blocks in flight at once while streaming (the two largest streamed blocks: one computing, the next
     # prefetched), on the execution device next to the per-call bytes; 0 when nothing streams.
     stream_buffer_bytes: int = 0
+    # Per-call modules brought to another accelerator than the execution device (a component whose blocks may
+    # run on several: its phase's room there), module -> accelerator; the others come to the execution device.
+    per_call_devices: dict[str, int] = {}
 
     @property
     def bytes_per_call(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping, Optional
 
 import torch
@@ -13,6 +14,7 @@ from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize
 from ..streaming import TransferUnit, transfer_units
+from ..transfers.rooms import spread_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +36,16 @@ class ComponentRequest:
     def layout_units(self) -> tuple[TransferUnit, ...]:
         """The pieces the transfer planner keeps resident, loads per call or streams (rest first, then blocks)."""
         return self.units or transfer_units(self.module, self.size)
+
+    @cached_property
+    def unit_rank(self) -> dict[str, int]:
+        """Each layout unit's index (its execution order among the blocks)."""
+        return {unit.path: index for index, unit in enumerate(self.layout_units)}
+
+    @cached_property
+    def spread_blocks(self) -> frozenset[str]:
+        """The blocks that may run on another accelerator than its execution device (`transfers.rooms`)."""
+        return spread_blocks(self)
 
     @property
     def active_units(self) -> tuple[TransferUnit, ...]:

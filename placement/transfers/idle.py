@@ -28,5 +28,10 @@ def idle_units(module: nn.Module, units: Sequence[TransferUnit], traced_order: S
 
 
 def is_idle(path: str, idle: frozenset[str]) -> bool:
-    """`path` is an idle block or lies inside one (a finer map's key)."""
-    return bool(idle) and any(path == block or path.startswith(f"{block}.") for block in idle)
+    """`path` is one of the blocks `idle` or lies inside one (a finer map's key)."""
+    if not idle:
+        return False
+    if path in idle:
+        return True
+    parts = path.split(".")
+    return any(".".join(parts[:end]) in idle for end in range(1, len(parts)))
