@@ -39,7 +39,7 @@ from torch import nn
 from placement.device_maps import flatten_device_map, owning_key, tensor_devices
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
-from placement.streaming import RESIDENT_BLOCKS, block_groups
+from placement.streaming import block_groups
 
 from .dispatch import _called_modules as called_modules
 from .errors import TransferPlanError
@@ -132,10 +132,10 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     if blocks:
         session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
                                       groups=blocks, prefetches=here.prefetches, disk_folder=None)
-    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session)
+    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session,
+                           activation_bytes=config.activation_bytes, config=config)
     for device in _devices_used(place, device_map, away):
-        extra = _stream_buffers(per_run, blocks) if device == place else 0
-        phase.share(config.coordinators, device, per_call.get(device, []), config.activation_bytes + extra)
+        phase.share(config.coordinators, device, per_call.get(device, []))
     try:
         for group in [*phase.per_call, *streamed]:
             group.take_weights()
@@ -250,13 +250,6 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> M
         store = HostStore(offload_device=torch.device("cpu"), pin_memory=pin)
     return ModuleGroup(name=spec.name, modules=spec.modules, entries=entries, release=spec.release,
                        onload_device=torch_device(place), onload_place=place, store=store, transfer=transfer)
-
-
-def _stream_buffers(per_run: list[ModuleGroup], blocks: list[ModuleGroup]) -> int:
-    """What streaming keeps on the device at once: the units onloaded for the whole run, plus the largest
-    blocks (the running one and the prefetched one), as the planner counts it."""
-    largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
-    return sum(group.num_bytes for group in per_run) + sum(largest)
 
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from placement.devices import Device
+from placement.streaming import RESIDENT_BLOCKS
 
 from .group_offload.module_group import ModuleGroup
 from .group_offload.offload import GroupOffloadSession
@@ -51,15 +52,13 @@ class DeviceCoordinator:
 
 
 class DeviceShare:
-    """One component's part of one accelerator: its per-call units there and what its runs need there."""
+    """One component's part of one accelerator: its per-call units there and what its runs need there. The byte
+    counts are read from the units at each phase start, so an edit that regroups them (adapters) is followed."""
 
-    def __init__(self, *, phase: ComponentPhase, coordinator: DeviceCoordinator, per_call: list[ModuleGroup],
-                 transient_bytes: int) -> None:
+    def __init__(self, *, phase: ComponentPhase, coordinator: DeviceCoordinator, per_call: list[ModuleGroup]) -> None:
         self.phase = phase
         self.coordinator = coordinator
         self.per_call = per_call
-        self.transient_bytes = transient_bytes
-        self.per_call_bytes = sum(group.num_bytes for group in per_call)
         self.last_entered = 0
 
     def __repr__(self) -> str:
@@ -72,6 +71,16 @@ class DeviceShare:
     @property
     def active(self) -> bool:
         return self.phase.active
+
+    @property
+    def per_call_bytes(self) -> int:
+        return sum(group.num_bytes for group in self.per_call)
+
+    @property
+    def transient_bytes(self) -> int:
+        """Its runs' activations, and where it executes, its stream buffers."""
+        here = self.coordinator.place == self.phase.place
+        return self.phase.activation_bytes + (self.phase.stream_buffer_bytes if here else 0)
 
     @property
     def loaded_bytes(self) -> int:
@@ -92,10 +101,12 @@ class DeviceShare:
 class ComponentPhase:
     """One component's shares, per-run units and streamed session, entered at each run (`enter`/`exit` nest)."""
 
-    def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup],
-                 session: GroupOffloadSession | None) -> None:
+    def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup], session: GroupOffloadSession | None,
+                 activation_bytes: int = 0, config=None) -> None:
         self.name = name
+        self.config = config  # what it was applied with (an edit regroups its units by the same lists)
         self.place = place  # its execution device
+        self.activation_bytes = activation_bytes  # what its runs need besides weights, on every device it uses
         self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
         self.session = session
         self.shares: dict[Device, DeviceShare] = {}
@@ -106,12 +117,11 @@ class ComponentPhase:
         # its `move_inputs_of_entry_methods` wrapper instead.
         self.run_hooks: list = []
 
-    def share(self, coordinators: Mapping[Device, DeviceCoordinator], place: Device, per_call: list[ModuleGroup],
-              transient_bytes: int) -> None:
+    def share(self, coordinators: Mapping[Device, DeviceCoordinator], place: Device,
+              per_call: list[ModuleGroup]) -> None:
         """Take a share of `place` (its coordinator in `coordinators`, else one of its own, unlimited)."""
         coordinator = coordinators.get(place) or DeviceCoordinator(place=place, room=None)
-        self.shares[place] = DeviceShare(phase=self, coordinator=coordinator, per_call=per_call,
-                                         transient_bytes=transient_bytes)
+        self.shares[place] = DeviceShare(phase=self, coordinator=coordinator, per_call=per_call)
 
     def join(self) -> None:
         """Join the coordinators (once the component's hooks are in place)."""
@@ -129,6 +139,14 @@ class ComponentPhase:
     @property
     def loaded_bytes(self) -> int:
         return sum(share.loaded_bytes for share in self.shares.values())
+
+    @property
+    def stream_buffer_bytes(self) -> int:
+        """What streaming keeps on the execution device at once: the units onloaded for the whole run, plus the
+        largest blocks (the running one and the prefetched one), as the planner counts it."""
+        blocks = self.session.groups if self.session is not None else []
+        largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
+        return sum(group.num_bytes for group in self.per_run) + sum(largest)
 
     def enter(self) -> None:
         self.depth += 1

@@ -31,6 +31,7 @@ from enum import Enum
 import torch
 
 from placement.devices import Device, is_accelerator, strict_virtual_accelerators, virtual_accelerator_count
+from placement.quantized_sizing import storage_bytes
 
 from .places import place_of_device
 
@@ -146,7 +147,8 @@ def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) 
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    """Bytes that cross the bus for `tensor`: a quantized one's real storage (its packed data and scales)."""
+    return storage_bytes(tensor)
 
 
 # ------------------------------------------------ logical places (virtual accelerators that are not strict)

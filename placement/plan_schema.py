@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
 from .device_breakdown import with_breakdown
 from .devices import Device, device_label, is_accelerator, normalize_device
-from .errors import PlacementError
+from .errors import PlanError
 from .sizes import format_bytes
 from .plan_inputs import PlanDevice, PlanInputs
 from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
@@ -46,7 +46,7 @@ DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 
 
-class PlanSchemaError(PlacementError, ValueError):
+class PlanSchemaError(PlanError, ValueError):
     """A plan JSON file written by a newer version of this library, or not a plan at all."""
 
 

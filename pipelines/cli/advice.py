@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN
 from placement.devices import device_label, is_accelerator
-from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError
+from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError, PlanError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
 from placement.verdict import TIGHT_SHARE
@@ -30,7 +30,7 @@ _REDUCED = ("bfloat16", "float16")
 FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)  # the errors of a pipeline too big for the budgets
 
 
-class AdvisedError(PlacementError, ValueError):
+class AdvisedError(PlanError, ValueError):
     """A planning error with what would help appended (the original error is its __cause__)."""
 
 

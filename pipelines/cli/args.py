@@ -56,6 +56,23 @@ def dtype_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}.") from None
 
 
+STORAGE_DTYPES = {"fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn", "fp8": "float8_e4m3fn",
+                  "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
+
+
+def layerwise_casting_arg(text: str) -> dict[str, str]:
+    """`transformer=fp8_e4m3fn[,vae=fp8_e5m2]` -> {component: storage dtype name} (fp8 layerwise casting)."""
+    parsed = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, dtype = item.partition("=")
+        if not name.strip() or dtype.strip().lower() not in STORAGE_DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not COMPONENT=DTYPE with DTYPE one of {', '.join(STORAGE_DTYPES)}; write e.g. "
+                "transformer=fp8_e4m3fn.")
+        parsed[name.strip()] = STORAGE_DTYPES[dtype.strip().lower()]
+    return parsed
+
+
 def torch_dtype(name: str | None):
     import torch
 

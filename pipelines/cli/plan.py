@@ -21,6 +21,7 @@ from .args import (
     budgets_arg,
     call_spec,
     dtype_arg,
+    layerwise_casting_arg,
     output_arg,
     strategy_arg,
     write_text,
@@ -39,6 +40,8 @@ def register(subparsers) -> None:
                         help="balanced (default), sequential, balanced_low_0, auto, a device, or a JSON dict")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
+    parser.add_argument("--layerwise-casting", type=layerwise_casting_arg, default=None, metavar="COMPONENT=DTYPE",
+                        help="store a component's Linear/Conv weights in fp8, e.g. transformer=fp8_e4m3fn (folders)")
     add_call_arguments(parser)
     parser.add_argument("--json", type=output_arg, default=None, metavar="FILE",
                         help="also write the plan as JSON ('-': to stdout)")
@@ -60,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     with warnings_once() as printed_anyway:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
-                                offload_folder=args.offload_folder, call=call)
+                                offload_folder=args.offload_folder, call=call,
+                                layerwise_casting=args.layerwise_casting)
         plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
     if call is not None:  # what the activation peaks below are for

@@ -14,10 +14,12 @@ from placement.errors import PlacementError
 from placement.budgets import warn_zero_budgets
 from placement.sizes import parse_budget
 
+from ..errors import LoadError
+
 from .args import BUDGET_EXAMPLE, BudgetsArg
 
 
-class CliArgumentError(PlacementError, ValueError):
+class CliArgumentError(LoadError, ValueError):
     """A flag's value that the library refuses (a size, a device, a device named twice)."""
 
 

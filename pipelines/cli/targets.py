@@ -13,13 +13,16 @@ from typing import Any, Mapping, Optional
 from placement import Plan
 from placement.errors import PlacementError
 
+from ..errors import LoadError
+
 from ..hf.quiet import quiet
+from .resolve import CliArgumentError
 
 STEPS = "num_inference_steps"
 HF_LIBRARIES = ("diffusers", "transformers")
 
 
-class PlanTargetError(PlacementError, ValueError):
+class PlanTargetError(LoadError, ValueError):
     """A `placement plan`/`inspect`/`run` target that is neither a preset, a folder nor a reachable Hub id."""
 
 
@@ -86,42 +89,35 @@ def pipeline_class_of(folder: Path) -> type:
 class TargetPlanner:
     """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly (see `pipelines.hf.quiet`).
 
-    `call` may hold num_inference_steps (`--steps`): the planner weighs streaming by the runs per call. Where
-    the installed planner does not take that key yet, the plan is made without it and `notes` says so, once."""
+    `call` may hold num_inference_steps (`--steps`): the planner weighs streaming by the runs per call.
+    `layerwise_casting` ({component: fp8 dtype name}, `--layerwise-casting`) plans a folder's components with fp8
+    storage; a preset is built in memory, not loaded, so it has no load to cast at."""
 
     target: str
     device_map: Any
     max_memory: Optional[Mapping]
     offload_folder: Optional[Path]
     call: Optional[Mapping[str, Any]]
+    layerwise_casting: Optional[Mapping[str, str]] = None
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
 
     def __call__(self, *, torch_dtype) -> Plan:
-        try:
-            return self._plan(self.call, torch_dtype)
-        except PlacementError as error:
-            if not self.call or STEPS not in self.call or STEPS not in str(error):
-                raise
-        without_steps = {key: value for key, value in self.call.items() if key != STEPS} or None
-        plan = self._plan(without_steps, torch_dtype)
-        note = (f"--steps {self.call[STEPS]} is not used by this planner (it takes no num_inference_steps yet): "
-                "the plan counts one run per component.")
-        if note not in self.notes:
-            self.notes.append(note)
-        return plan
-
-    def _plan(self, call, torch_dtype) -> Plan:
         from ..loading.planning import plan_pipeline
         from ..text_to_image.pipeline import TextToImagePipeline
 
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
-                       offload_folder=self.offload_folder, call=call)
+                       offload_folder=self.offload_folder, call=self.call)
         if is_preset(self.target):
+            if self.layerwise_casting:
+                raise CliArgumentError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
+                                       "preset first (placement demo saves one), then plan that folder.")
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")
                 return plan_pipeline(pipe, pinned={}, **options)
         if self._folder is None:
             self._folder = target_folder(self.target)
+        if self.layerwise_casting:
+            options["layerwise_casting"] = dict(self.layerwise_casting)
         with quiet(preload=hf_libraries(self._folder)):
             return pipeline_class_of(self._folder).plan_placement(self._folder, **options)

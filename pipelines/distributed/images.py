@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 RUN_FILE = "run.json"
 
 
-class ImageRunError(PlacementError, RuntimeError):
+class ImageRunError(CallError, RuntimeError):
     """A prompts file that gives no prompt, an output folder made by another run, or images that failed on
     some rank (the message says which)."""
 

@@ -4,13 +4,16 @@ placement kind; one undo when anything fails. Models and pipelines place every c
     meta = build_component(...)                          # meta.py: sized exactly, headers read once
     plan = placement.plan({name: meta.module}, ...)       # one planner for models and pipelines
     check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
-    place_component(meta, plan.components[name], ...)    # weights read (meta.reader), then the kind's hooks
-    attach_plan_runtime(modules, plan, ...)               # a pipeline: the whole plan's runtime at once
+    place_component(meta, plan.components[name], ...)    # weights read (meta.reader: ours, or the format's
+                                                         # owner library), then the kind's hooks
+    read_component(meta, ...); attach_plan_runtime(...)   # a pipeline: weights of each, then the whole plan's
+                                                         # runtime at once
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from pathlib import Path
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -24,7 +27,9 @@ from placement.plan_schema import ComponentPlan, Plan
 
 from ..checkpoint import stream_weights
 from ..errors import LoadError
-from .meta import MetaComponent, WeightsReader
+from .layerwise import apply_casting
+from .meta_records import MetaComponent, WeightsReader
+from .owner_reading import read_with_owner
 
 
 class PipelineLoadError(LoadError, RuntimeError):
@@ -54,21 +59,51 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
 
 
 def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
-                    hooks: bool = True, progress: bool = True) -> nn.Module:
-    """Read `meta`'s weights to the devices `component` plans, then attach its runtime (`attach_runtime`).
-    `component=None` (no device_map): every tensor to the CPU, no runtime, no map.
+                    hooks: bool = True, progress: bool = True, offload_folder: str | Path | None = None) -> nn.Module:
+    """Read `meta`'s weights to the devices `component` plans (`read_component`), then attach its runtime
+    (`attach_runtime`). `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the
+    placed module: `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a
+    quantized or renamed-key component: `owner_reading`), which replaces `meta.module` in the pipeline.
 
     A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
     escapes."""
+    module, disk_weights = read_component(meta, component, accelerators=accelerators, progress=progress,
+                                          offload_folder=offload_folder)
+    if component is not None:
+        try:
+            attach_runtime(module, component, hooks=hooks, disk_weights=disk_weights)
+        except BaseException:
+            _unplace_quietly(module)
+            raise
+    return module
+
+
+def read_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
+                   progress: bool = True, offload_folder: str | Path | None = None,
+                   ) -> tuple[nn.Module, DiskWeights | None]:
+    """`meta`'s weights read to the devices `component` plans (by our reader or the format's owner), cast as
+    its load options say, no runtime: the placed module and what serves its "disk" parts (None: none). A
+    failure leaves the module hook-free with every tensor on meta."""
     device_map = None if component is None else component.device_map
+    module = meta.module
     try:
-        disk_weights = _READERS[meta.reader](meta, device_map, accelerators=accelerators, progress=progress)
-        if component is not None:
-            attach_runtime(meta.module, component, hooks=hooks, disk_weights=disk_weights)
+        if meta.reader is WeightsReader.OWNER:
+            module, disk_weights = read_with_owner(meta, device_map, accelerators=accelerators,
+                                                   offload_folder=offload_folder)
+        else:
+            disk_weights = _stream(meta, device_map, accelerators=accelerators, progress=progress)
+        apply_casting(module, meta)
     except BaseException:
-        unplace(meta.module)
+        _unplace_quietly(module)
         raise
-    return meta.module
+    return module, disk_weights
+
+
+def _unplace_quietly(module: nn.Module) -> None:
+    try:
+        unplace(module)
+    except Exception:  # e.g. a quantized module that refuses .to("meta"): the original error matters
+        pass
 
 
 def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
@@ -82,20 +117,18 @@ def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
 
 
 def attach_plan_runtime(modules: Mapping[str, nn.Module], plan: Plan, *, hooks: bool,
-                        metas: Mapping[str, MetaComponent]) -> None:
+                        disk_weights: Mapping[str, DiskWeights | None]) -> None:
     """A pipeline's runtime, once every component's weights are where `plan` puts them: the whole plan at once
     (`hooks.apply_plan`), so the components sharing an accelerator share one per-call coordinator there and the
     modules one loads per call are released when another's phase needs the room. `modules`: the components
-    placed here (the plan's others are pinned where their owner placed them); `metas`: those read from a
-    checkpoint (their "disk" parts are served from its files). `hooks=False` only records the maps. On failure
-    nothing of it is left (the caller's undo then unplaces the weights)."""
+    placed here (the plan's others are pinned where their owner placed them); `disk_weights`: what serves the
+    "disk" parts of those read from a checkpoint (`read_component`). `hooks=False` only records the maps. On
+    failure nothing of it is left (the caller's undo then unplaces the weights)."""
     if not hooks:
         for name, module in modules.items():
             module.hf_device_map = plan.component_device_map(name)
         return
-    disk_weights = {name: disk_offload_index(metas[name], plan.component_device_map(name))
-                    for name in modules if name in metas}
-    apply_plan(modules, plan, disk_weights=disk_weights,
+    apply_plan(modules, plan, disk_weights={name: disk_weights.get(name) for name in modules},
                placed_by_owner=[name for name in plan.components if name not in modules])
 
 
@@ -119,8 +152,6 @@ def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, acc
                    tied_weights=meta.tied_weights, progress=progress, label=meta.name, accelerators=accelerators)
     return disk_offload_index(meta, device_map)
 
-
-_READERS: dict[WeightsReader, Callable[..., DiskWeights | None]] = {WeightsReader.STREAM: _stream}
 
 
 def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None) -> DiskWeights | None:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from placement import estimate_activations
-from placement.errors import PlacementError
+from ..errors import LoadError
 
 from .models import TextEncoderOutput
 from ..framework.pipeline import module_dtype
@@ -28,7 +28,7 @@ _META = torch.device("meta")
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 
 
-class ActivationInputsError(PlacementError, ValueError):
+class ActivationInputsError(LoadError, ValueError):
     """A call spec (height, width, batch size, ...) that the pipeline cannot run."""
 
 

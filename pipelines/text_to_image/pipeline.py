@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 from ..framework.pipeline import Pipeline, module_dtype
 from .conditioning import TextConditioning, text_conditioning_for
@@ -25,7 +25,7 @@ from .inputs import text_to_image_activation_inputs, text_to_image_runs_per_call
 from ..folder.class_registry import library_class
 
 
-class PipelineCallError(PlacementError, ValueError):
+class PipelineCallError(CallError, ValueError):
     """A pipeline call with arguments that cannot work (sizes, counts, output type)."""
 
 
