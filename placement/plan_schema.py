@@ -16,8 +16,9 @@ left (budget minus predicted peak). The device's activations / streaming working
 of the phase that sets its peak (`DevicePlan.peak_phase`).
 
 What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_per_call`) is counted host ->
-accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s; 25 GB/s, PCIe 4.0 x16,
-unless the caller gave one, e.g. measured).
+accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s: the caller's; else
+measured when the plan moves weights to this machine's CUDA GPUs, `transfers.link_speed`; else 25 GB/s, PCIe
+4.0 x16, assumed; `link_bandwidth_source` says which).
 """
 
 from __future__ import annotations
