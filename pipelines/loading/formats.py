@@ -6,8 +6,9 @@ What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loadi
   data; moved whole with its module it stays valid (whole, split, the CPU), but offloading swaps tensors one by
   one and would keep the data without its state: any offloaded or disk placement is refused at plan time;
 - torchao, quanto and GGUF tensors are tensor subclasses moved as they are (their inner int8/fp8 data and
-  scales): whole, split, CPU and group-offloaded placements work, torchao's per-module streaming too; quanto's
-  and GGUF's tensors cannot be rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu"), and
+  scales): whole, split, CPU, group-offloaded and per-call residency placements work (the last moves module
+  groups as group offloading does), torchao's per-module streaming too; quanto's and GGUF's tensors cannot be
+  rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu" without a transfer plan), and
   "disk" would write them to safetensors files, which hold plain tensors only: both refused at plan time.
 """
 
@@ -73,9 +74,19 @@ def runtime_of(component: ComponentPlan) -> Runtime:
     if component.kind is PlacementKind.DISK:
         return Runtime.DISK
     if component.kind is PlacementKind.OFFLOADED:
+        if _moves_by_transfer_plan(component):
+            return Runtime.GROUP_OFFLOADED
         resident = any(is_accelerator(device) for device in component.device_map.values())
         return Runtime.STREAMED if resident else Runtime.GROUP_OFFLOADED
     return Runtime.MOVED
+
+
+def _moves_by_transfer_plan(component: ComponentPlan) -> bool:
+    """Per-call residency (hooks/residency.py) moves its per-call and streamed units with group offloading's
+    module groups, tensors as they are, whatever part stays resident: for formats, that is group offloading."""
+    transfer = component.transfer
+    return transfer is not None and is_accelerator(component.execution_device) and bool(
+        transfer.per_call_modules or transfer.streamed_modules)
 
 
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
