@@ -73,8 +73,7 @@ def plan(
         second pass); others run once (or as their graph node says). A pipeline that does not fit resident
         moves the fewest bytes per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
-        None measures it when the plan moves weights to this machine's CUDA GPUs (a timed pinned copy), else
-        assumes 25 GB/s (PCIe 4.0 x16). The plan states which (`link_bandwidth_source`).
+        None: measured if the plan moves weights to this machine's CUDA GPUs, else 25 GB/s assumed (it says).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
