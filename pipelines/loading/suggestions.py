@@ -64,12 +64,14 @@ def suggestions(plan: Plan | None, metas: Mapping[str, MetaComponent], replannin
         return []
     best: dict[str, tuple[Candidate, Plan]] = {}  # per component: its least lossy change with the best outcome
     for candidate in candidates(metas):
+        current = best.get(candidate.component)
+        if current is not None and _cannot_be_beaten(current[1]):
+            continue  # a more lossy change of the same component cannot do better: spare its build
         changed = {**replanning.modules, candidate.component: candidate.build()}
         try:
             other = placement.plan(changed, **_sized_as_built(replanning.arguments, candidate.component))
         except PlacementError:
             continue
-        current = best.get(candidate.component)
         if _better(other, plan) and (current is None or _better(other, current[1])):
             best[candidate.component] = (candidate, other)
     return [_describe(candidate, other) for candidate, other in best.values()]
@@ -138,6 +140,10 @@ def _torchao_int8(meta: MetaComponent) -> ComponentQuantization:
     from torchao.quantization import Int8WeightOnlyConfig
     config = _library(meta).TorchAoConfig(Int8WeightOnlyConfig())
     return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.TORCHAO)
+
+
+def _cannot_be_beaten(plan: Plan) -> bool:
+    return plan.verdict.kind is VerdictKind.FITS and not _moved(plan)
 
 
 def _moved(plan: Plan) -> int:
