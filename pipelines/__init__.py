@@ -59,6 +59,7 @@ _ERRORS = {
     ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
     ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
     ".hf.hf_spellings": ("LoadArgumentError",),
+    ".hf.loading_keywords": ("UnknownKeywordError",),
     ".loading.placing": ("AcceleratorsMissingError", "PipelineLoadError"),
     ".loading.formats": ("FormatOptionError", "FormatPlacementError"),
     ".loading.model_loader": ("ForeignModelFolderError",),
