@@ -55,6 +55,7 @@ _ERRORS = {
     ".folder.model_index": ("ModelIndexError", "UntrustedClassError"),
     ".folder.pipeline_saving": ("PipelineSaveError",),
     ".folder.snapshot": ("FolderChangedError",),
+    ".folder.hub": ("FolderNotFoundError",),
     ".hf.adapters": ("AdapterPlacementError",),
     ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
     ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
