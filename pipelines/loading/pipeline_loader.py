@@ -36,7 +36,9 @@ from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
 from .single_files import build_single_file_component, single_file_sources
-from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
+from .placing import (
+    PipelineLoadError, attach_runtime, check_plan_devices, check_requested_devices, place_component, unplace,
+)
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
     caller_stacklevel, component_origin, label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes,
@@ -99,6 +101,7 @@ def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any],
 
 
 def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool):
+    check_requested_devices(request.device_map, request.accelerators)
     opened = open_folder(cls, request, passed, generic=generic)
     components = opened.non_modules()
     if request.device_map.kind is DeviceMapKind.NONE:

@@ -21,7 +21,7 @@ from ..hf.loading_keywords import check_no_keywords_left
 from .formats import check_format_options, formats_of_modules, respect_formats
 from .layerwise import casting_config
 from .pipeline_loader import place_pipeline
-from .placing import check_plan_devices
+from .placing import check_plan_devices, check_requested_devices
 from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
 from .request import Scope, resolve_request
 
@@ -46,6 +46,7 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
     request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
                               max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False,
                               layerwise_casting=layerwise_casting, pin=pin)
+    check_requested_devices(request.device_map, request.accelerators)
     modules, edges = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
     pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement

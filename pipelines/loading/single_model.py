@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from placement.devices import detect_accelerators
 from placement.plan_schema import Plan
 
 from ..folder.component_classes import family_of
@@ -29,9 +30,9 @@ from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
-from .placing import check_plan_devices, place_component
+from .placing import check_plan_devices, check_requested_devices, place_component
 from .planning import component_origin, label_dtypes, plan_modules
-from .request import DeviceMapKind, LoadRequest, Scope, resolve_request
+from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
 from .single_files import build_single_file_component
 
 MODEL_PATTERNS = ["*.json", "*.safetensors"]
@@ -52,6 +53,7 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
     keywords (`revision`, `token`, `cache_dir`, `local_files_only`) go into `hub`; its other loading keywords are
     accepted or refused by name (`hf.loading_keywords`), anything else is an error naming the closest argument."""
     hub = _keywords(keywords, hub, entry=load_model)
+    check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
     request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                            quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                            offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
