@@ -68,7 +68,7 @@ _ERRORS = {
     ".hf.owner_loading": ("OwnerLoadError",),
     ".hf.quantizers": ("QuantizationConfigError",),
     ".hf.single_file": ("SingleFileError",),
-    ".folder.sources": ("ModelFolderError",),
+    ".folder.sources": ("ComponentFolderLoopError", "ModelFolderError"),
     ".loading.saved_plans": ("SavedPlanError",),
     ".framework.memory": ("VaeFeatureError",),
     ".text_to_image.conditioning": ("TextConditioningError",),
