@@ -8,13 +8,13 @@ from typing import Mapping, Optional, Sequence
 
 from torch import nn
 
-from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
+from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
-from .errors import ComponentError, InvalidDtypeError, StrategyError
+from .errors import ComponentError, DoesNotFitError, InvalidDtypeError, OffloadFolderRequiredError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -89,9 +89,12 @@ def plan(
     ledger = Ledger(budgets, activations_accounted=activations is not None)
     context = Context(has_offload_folder=offload_folder is not None)
     placements = Placements()
-    _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-    costs = CostModel.build(model_graph, [*requests.values()], runs)
-    state = _place_the_rest(spec, requests, ledger, context, placements, costs)
+    try:
+        _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
+        costs = CostModel.build(model_graph, [*requests.values()], runs)
+        state = _place_the_rest(spec, requests, ledger, context, placements, costs)
+    except (DoesNotFitError, OffloadFolderRequiredError) as error:
+        raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth)
