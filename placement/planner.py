@@ -61,15 +61,12 @@ def plan(
     graph: a networkx.DiGraph or a list of (producer, consumer) edges; None chains the components in order.
     dtype: a torch dtype or {component: dtype, "default": dtype}; None keeps each tensor's dtype.
     offload_folder: where disk-offloaded weights go; without it, needing the disk is an error.
-    activations: {component: peak activation bytes} for the call the user will make; None plans weights
-        only (the plan says so).
+    activations: {component: peak activation bytes} of the call to be made; None plans weights only (said).
     pinned: components already placed (passed in dispatched), as given; scope: "pipeline", or "model" for one
         model (`ModelMixin`): the strategy names keep accelerate's model-level meaning.
-    module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
-        cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
-    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 where guidance is a
-        second pass); others run once (or as their graph node says). A pipeline that does not fit resident
-        moves the fewest bytes per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
+    module_order: {component: submodule paths in call order} (`trace_module_order`), splits cut in it; None: structural.
+    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 with guidance as a second
+        pass); others once. Not fitting resident, the plan moves the fewest bytes per call (what runs most stays).
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
         None assumes 25 GB/s (PCIe 4.0 x16). The plan states which.
     """
@@ -88,12 +85,12 @@ def plan(
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
     context = Context(has_offload_folder=offload_folder is not None)
-    placements = Placements()
     try:
+        placements = Placements()
         _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-        costs = CostModel.build(model_graph, [*requests.values()], runs)
-        state = _place_the_rest(spec, requests, ledger, context, placements, costs)
-    except (DoesNotFitError, OffloadFolderRequiredError) as error:
+        state = _place_the_rest(spec, requests, ledger, context, placements, CostModel.build(
+            model_graph, [*requests.values()], runs))
+    except (DoesNotFitError, OffloadFolderRequiredError) as error:  # what the message cannot say by itself
         raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                max_memory=None if max_memory is None else budgets.given(),
