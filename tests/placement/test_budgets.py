@@ -20,14 +20,14 @@ from placement.sizes import GiB
 
 
 def test_explicit_budgets_are_exact_and_ordered():
-    budgets = resolve_budgets({"cpu": "64GiB", 1: "10GB", "cuda:0": 1234, "disk": "1TiB"})
+    budgets = resolve_budgets({"cpu": "64GiB", 1: "10GB", "cuda:0": "1234B", "disk": "1TiB"})
     assert budgets.limits == {0: 1234, 1: 10 * 1000**3, "cpu": 64 * GiB, "disk": 1024 * GiB}
     assert budgets.accelerators == (0, 1)
     assert budgets.detected == frozenset()
 
 
 def test_ten_gb_is_gigabytes_not_gigabits():
-    assert resolve_budgets({0: "10gb", "cpu": 1}).limit(0) == 10 * 1000**3
+    assert resolve_budgets({0: "10gb", "cpu": "1B"}).limit(0) == 10 * 1000**3
 
 
 def test_absent_gpus_are_accepted_and_disk_defaults_to_unlimited():

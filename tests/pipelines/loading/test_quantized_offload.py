@@ -35,7 +35,7 @@ def place_offloaded(module):
     """`module` in a generic pipeline placed with a GPU budget of 60% of it: offloaded (group offload)."""
     pipe = pipelines.Pipeline()
     pipe.register_components(model=module)
-    plan = pipelines.place(pipe, max_memory={0: real_storage(module) * 6 // 10, "cpu": "1GiB"})
+    plan = pipelines.place(pipe, max_memory={0: f"{real_storage(module) * 6 // 10}B", "cpu": "1GiB"})
     assert plan.components["model"].kind.value == "offloaded"
     return pipe
 
@@ -102,7 +102,7 @@ def test_fp8_layerwise_cast_weights_are_offloaded_in_fp8(one_cpu_backed_gpu, tmp
     pipe = pipelines.Pipeline()
     pipe.register_components(model=model)
     plan = pipelines.place(pipe, layerwise_casting={"model": torch.float8_e4m3fn},
-                           max_memory={0: real_storage(reference) * 6 // 10, "cpu": "1GiB"})
+                           max_memory={0: f"{real_storage(reference) * 6 // 10}B", "cpu": "1GiB"})
     assert plan.components["model"].kind.value == "offloaded"
     assert plan.components["model"].bytes == real_storage(reference)
     with hooks.measure_transfers() as meter:
