@@ -4,10 +4,11 @@ An explicit `max_memory` is used exactly as given (no hidden margin): its intege
 the plan may use (present or not: planning for a machine you do not have is a main use), "cpu" and "disk"
 the host budgets. A missing "cpu" key means the host's available RAM (detected, with the margin below); a
 missing "disk" key means the disk is unlimited (it is still only used when an `offload_folder` is given).
-Values are parsed by `sizes.parse_budget`. Sizes written as text are checked as typed by a person: a number
-without a unit under 1 MiB is refused as a unit left out (`{0: "24"}`, `--max-memory 0=24`: "did you mean
-'24GiB'?"), and a GPU given "0GiB" gets a `ZeroBudgetWarning` (it will hold nothing; leaving it out says
-that plainly). Ints are bytes as computed by code, checked for nothing more (a full GPU's budget is 0).
+Values are parsed by `sizes.parse_budget`, as typed by a person: a number without a unit under 1 MiB is refused
+as a unit left out (`{0: 24}`, `{0: "24"}`, `--max-memory 0=24`: "did you mean '24GiB'?"; "5000B" is 5000 bytes),
+and a GPU given 0 or "0GiB" gets a `ZeroBudgetWarning` (it will hold nothing; leaving it out says that plainly).
+Budgets this library computes (a replica group's) are passed as exact byte strings (`exact_budgets`), so that a
+small one is never taken for a unit left out.
 
 Detected budgets (`max_memory=None`) come from the accelerators `devices.detect_accelerators()` sees (free memory
 of each, through accelerate's `get_max_memory()` for CUDA/XPU; a share of RAM for MPS and for the virtual
@@ -84,7 +85,7 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
                 f"max_memory names device {device!r} twice (key {key!r} is another spelling of it); keep one."
             )
         limits[device] = _size(key, value)
-        if isinstance(value, str) and limits[device] == 0:
+        if limits[device] == 0:
             typed_zero.append(device)
     warn_zero_budgets(typed_zero, stacklevel=3)
     detected = set()
@@ -93,6 +94,28 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
         detected.add("cpu")
     limits.setdefault("disk", None)
     return Budgets(limits=_ordered(limits), detected=frozenset(detected))
+
+
+DETECTED_CPU_NOTE = (
+    f"The CPU budget was detected on this machine (its available RAM less {CPU_MARGIN:.0%}), not given: to plan "
+    "for another machine, give its RAM too (max_memory['cpu'], e.g. '64GiB')."
+)
+
+
+def with_detected_cpu_note(error: Exception, budgets: Budgets) -> Exception:
+    """`error` (a plan that does not fit) with `DETECTED_CPU_NOTE` appended when GPU budgets were given and the
+    CPU's was detected here: planning for a server from a laptop reads the laptop's RAM, and only this says so."""
+    given_gpus = any(device not in budgets.detected for device in budgets.accelerators)
+    if given_gpus and "cpu" in budgets.detected and DETECTED_CPU_NOTE not in str(error):
+        error.args = (f"{error} {DETECTED_CPU_NOTE}", *error.args[1:])
+    return error
+
+
+def exact_budgets(budgets: Mapping[Device, Optional[int]]) -> dict[Device, str]:
+    """Bytes computed by code, as the exact byte strings a user would write ("5000B"): what this library passes
+    when it calls a user-facing entry (`placement.plan`, `from_pretrained`) with budgets it worked out, so that a
+    small one is never refused as a unit left out. Unlimited (None) entries are left out."""
+    return {device: f"{int(size)}B" for device, size in budgets.items() if size is not None}
 
 
 def detect_budgets() -> Budgets:

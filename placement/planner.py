@@ -8,7 +8,7 @@ from typing import Mapping, Optional, Sequence
 
 from torch import nn
 
-from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
+from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
@@ -16,7 +16,7 @@ from .transfers.completion import complete_transfers
 from .transfers.idle import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .transfers.link_speed import link_speed
-from .errors import ComponentError, InvalidDtypeError, StrategyError
+from .errors import ComponentError, DoesNotFitError, InvalidDtypeError, OffloadFolderRequiredError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -63,15 +63,12 @@ def plan(
     graph: a networkx.DiGraph or a list of (producer, consumer) edges; None chains the components in order.
     dtype: a torch dtype or {component: dtype, "default": dtype}; None keeps each tensor's dtype.
     offload_folder: where disk-offloaded weights go; without it, needing the disk is an error.
-    activations: {component: peak activation bytes} for the call the user will make; None plans weights
-        only (the plan says so).
+    activations: {component: peak activation bytes} of the call to be made; None plans weights only (said).
     pinned: components already placed (passed in dispatched), as given; scope: "pipeline", or "model" for one
         model (`ModelMixin`): the strategy names keep accelerate's model-level meaning.
-    module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
-        cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
-    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 where guidance is a
-        second pass); others run once (or as their graph node says). A pipeline that does not fit resident
-        moves the fewest bytes per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
+    module_order: {component: submodule paths in call order} (`trace_module_order`), splits cut in it; None: structural.
+    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 with guidance as a second
+        pass); others once. Not fitting resident, the plan moves the fewest bytes per call (what runs most stays).
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
         None: measured if the plan moves weights to this machine's CUDA GPUs, else 25 GB/s assumed (it says).
     """
@@ -90,10 +87,13 @@ def plan(
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
     ledger = Ledger(budgets, activations_accounted=activations is not None)
     context = Context(has_offload_folder=offload_folder is not None)
-    placements = Placements()
-    _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-    costs = CostModel.build(model_graph, [*requests.values()], runs)
-    state = _place_the_rest(spec, requests, ledger, context, placements, costs)
+    try:
+        placements = Placements()
+        _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
+        state = _place_the_rest(spec, requests, ledger, context, placements, CostModel.build(
+            model_graph, [*requests.values()], runs))
+    except (DoesNotFitError, OffloadFolderRequiredError) as error:  # what the message cannot say by itself
+        raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth)

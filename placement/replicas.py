@@ -27,6 +27,7 @@ The accelerators are partitioned into disjoint groups of one size, each holding 
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 from itertools import combinations
 from typing import Callable, Mapping, Optional
@@ -34,7 +35,7 @@ from typing import Callable, Mapping, Optional
 from torch import nn
 
 from .planner import plan as plan_placement
-from .budgets import resolve_budgets
+from .budgets import ZeroBudgetWarning, exact_budgets, resolve_budgets
 from .plan_schema import Plan
 from .errors import DoesNotFitError, OffloadFolderRequiredError
 from .replica_plan import GroupSizeOption, ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
@@ -138,7 +139,9 @@ class _GroupPlanner:
         key = (tuple(group.items()), cpu)
         if key not in self._plans:
             try:
-                self._plans[key] = self._plan_group({**group, "cpu": cpu})
+                with warnings.catch_warnings():  # a GPU of no room was named once, when the budgets were read
+                    warnings.simplefilter("ignore", ZeroBudgetWarning)
+                    self._plans[key] = self._plan_group(exact_budgets({**group, "cpu": cpu}))
             except (DoesNotFitError, OffloadFolderRequiredError):
                 self._plans[key] = None  # needs the disk (no offload folder is given) or fits nowhere
         return self._plans[key]

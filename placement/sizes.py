@@ -4,11 +4,11 @@ Units: B, KB/MB/GB/TB are powers of 1000; KiB/MiB/GiB/TiB are powers of 1024; th
 case-insensitive; a bare int (or digit string) is bytes. Unlike accelerate, "10gb" means gigabytes, never
 gigabits: a lower-case "b" is a byte here, because nobody budgets GPU memory in bits.
 
-A budget (`parse_budget`) is a size with one more rule: a number written without a unit ("24", as typed in
-`--max-memory 0=24` or `max_memory={0: "24"}`) from 1 byte to just under 1 MiB is refused, because it is
-almost always a unit left out (24 GiB was meant; 24 bytes would silently plan everything onto the CPU).
-A Python int stays a count of bytes, as in accelerate: budgets computed by code (`int(0.4 * model_bytes)`)
-are bytes whatever their size, and tiny test models need tiny ones.
+A budget (`parse_budget`) is a size with one more rule: a number without a unit (`max_memory={0: 24}`,
+`{0: "24"}`, `--max-memory 0=24`) from 1 byte to just under 1 MiB is refused, because it is almost always a unit
+left out (24 GiB was meant; 24 bytes would silently plan everything onto the CPU). Tiny budgets (tiny test
+models) are written with their unit: "5000B". Budgets that code computes and passes through a user-facing entry
+are written so too (`budgets.exact_budgets`); 0 and sizes from 1 MiB up are bytes as they are.
 """
 
 from __future__ import annotations
@@ -55,20 +55,23 @@ def parse_size(value: int | float | str) -> int:
 
 
 def parse_budget(value: int | float | str) -> int:
-    """Bytes for a budget: `parse_size`, except that a string of digits with no unit from "1" to just under
-    1 MiB is an error that suggests the unit it probably lacks ("24" -> "24GiB"). "0" is accepted (no room on
-    that device); ints are bytes (see the module docstring)."""
+    """Bytes for a budget: `parse_size`, except that a number with no unit (an int, or a string of digits) from 1
+    to just under 1 MiB is an error that suggests the unit it probably lacks (24 -> "24GiB"). 0 is accepted (no
+    room on that device); "5000B" is 5000 bytes (see the module docstring)."""
     size = parse_size(value)
-    if 0 < size < MIN_BARE_BUDGET and _is_unitless_text(value):
+    if 0 < size < MIN_BARE_BUDGET and _is_bare_number(value):
         guess = f"{size}GiB" if size < 4096 else f"{size}MiB"
         raise InvalidSizeError(
-            f"{value!r} means {size} bytes (a number without a unit counts bytes): did you mean {guess!r}? "
+            f"{value!r} means {size} byte{'s' if size > 1 else ''} (a number without a unit counts bytes): did you "
+            f"mean {guess!r}? "
             f"Write the unit: {guess!r}, or {f'{size}B'!r} if you do mean bytes."
         )
     return size
 
 
-def _is_unitless_text(value) -> bool:
+def _is_bare_number(value) -> bool:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
     match = _SIZE.match(value) if isinstance(value, str) else None
     return bool(match) and match.group(2) == ""
 

@@ -82,8 +82,13 @@ def variants_in(folder: Path, weights_name: str) -> list[str]:
     return sorted(found)
 
 
+# The stems of pickle weights, per safetensors stem: transformers writes `pytorch_model.bin` beside `model.safetensors`.
+_PICKLE_STEMS = {TRANSFORMERS_WEIGHTS_NAME: (TRANSFORMERS_WEIGHTS_NAME, "pytorch_model")}
+
+
 def pickle_files_in(folder: Path, weights_name: str) -> list[str]:
     """Weights saved with pickle (`.bin`, ...): we never unpickle, but the error should say they are there."""
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith(weights_name) and p.suffix in PICKLE_SUFFIXES)
+    stems = _PICKLE_STEMS.get(weights_name, (weights_name,))
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(stems) and p.suffix in PICKLE_SUFFIXES)

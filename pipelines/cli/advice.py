@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
-from placement.budgets import CPU_MARGIN
+from placement.budgets import CPU_MARGIN, DETECTED_CPU_NOTE
 from placement.devices import device_label, is_accelerator
 from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError, PlanError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
 from placement.verdict import TIGHT_SHARE
+
+from ..loading.suggestions import BF16_SUGGESTION
 
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
@@ -54,7 +56,8 @@ def plan_with_advice(make_plan: Callable[..., Plan], *, dtype: Optional[str], ma
     if outcome.error is not None:
         if not lines:
             raise outcome.error
-        raise AdvisedError(" ".join([str(outcome.error), *lines])) from outcome.error
+        said = str(outcome.error).replace(f" {DETECTED_CPU_NOTE}", "")  # said again below, in flag names
+        raise AdvisedError(" ".join([said, *lines])) from outcome.error
     return outcome.plan, lines
 
 
@@ -63,7 +66,7 @@ def advise(outcome: Outcome, *, make_plan: Callable[..., Plan], dtype: Optional[
     if outcome.error is not None and not isinstance(outcome.error, FIT_ERRORS):
         return []  # a bad input (a path, a key): its message is the whole story
     lines = []
-    if outcome.rank > 0 and dtype not in _REDUCED and _in_float32(outcome):
+    if outcome.rank > 0 and dtype not in _REDUCED and _in_float32(outcome) and not _said_bf16(outcome):
         lines += _bf16_line(outcome, _attempt(make_plan, "bfloat16"))
     if outcome.rank > 0:
         lines += _detected_cpu_line(outcome, max_memory, budgets_example)
@@ -78,6 +81,12 @@ def _attempt(make_plan: Callable[..., Plan], dtype: Optional[str]) -> Outcome:
         return Outcome(plan=make_plan(torch_dtype=None if dtype is None else getattr(torch, dtype)))
     except PlacementError as error:
         return Outcome(error=error)
+
+
+def _said_bf16(outcome: Outcome) -> bool:
+    """The library suggested bfloat16 already (a folder's plan, `loading.suggestions`): not said twice."""
+    said = [str(outcome.error)] if outcome.plan is None else outcome.plan.warnings
+    return any(BF16_SUGGESTION in text for text in said)
 
 
 def _in_float32(outcome: Outcome) -> bool:

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..text_to_image.pipeline import TextToImagePipeline
+    from placement.sizes import parse_size
+
     from .resolve import in_flag_names, resolve_budgets_arg
 
     simulate = resolve_budgets_arg(args.simulate, "--simulate")
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}. "
               "The preset's weights are random, so the image is noise: it shows the pipeline ran, not a picture.")
 
-        budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {size / 2**30:.0f} GiB"
+        budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {parse_size(size) / 2**30:.0f} GiB"
                             for device, size in simulate.items())
         print(f"\nThe same pipeline planned for {budgets} and this {args.size}x{args.size} call "
               "(planning only, nothing loaded):\n")

@@ -11,7 +11,7 @@ from typing import Iterator
 
 from placement.devices import device_label, normalize_device
 from placement.errors import PlacementError
-from placement.budgets import warn_zero_budgets
+from placement.budgets import exact_budgets, warn_zero_budgets
 from placement.sizes import parse_budget
 
 from ..errors import LoadError
@@ -24,8 +24,8 @@ class CliArgumentError(LoadError, ValueError):
 
 
 def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
-    """{0: bytes, 1: bytes, "cpu": bytes} from a parsed flag; a bad size or a device named twice is an error
-    that names the flag."""
+    """{0: "…B", 1: "…B", "cpu": "…B"} (exact bytes, `placement.budgets.exact_budgets`) from a parsed flag; a bad
+    size or a device named twice is an error that names the flag."""
     if budgets is None:
         return None
     resolved: dict = {}
@@ -43,12 +43,13 @@ def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
             )
         resolved[device], spelled[device] = size, device_text
     warn_zero_budgets([device for device, size in resolved.items() if size == 0])
-    return resolved
+    return exact_budgets(resolved)
 
 
 # Library messages speak Python (they serve API users); on the command line the same advice names flags.
 _FLAG_SPELLINGS = [
     (re.compile(r"max_memory=\{0: '24GiB', \.\.\.\}"), "--max-memory 0=24GiB,..."),
+    (re.compile(r"torch_dtype=torch\.bfloat16"), "--dtype bf16"),
     (re.compile(r"max_memory\['disk'\]"), "the disk= budget in --max-memory"),
     (re.compile(r"offload_folder=\.\.\."), "--offload-folder DIR"),
     (re.compile(r"device_map='(\w+)'"), r"--strategy \1"),

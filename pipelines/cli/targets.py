@@ -32,13 +32,9 @@ def is_preset(target: str) -> bool:
     return target in PRESETS and not Path(target).exists()
 
 
-def looks_like_a_path(target: str) -> bool:
-    """"./my-pipe", "/data/x", "~/x", "a/b/c", "C:\\x": a local folder; a Hub id is "name" or "owner/name"."""
-    return target.startswith((".", "/", "~")) or "\\" in target or target.count("/") > 1
-
-
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
+    from ..folder.hub import looks_like_a_path
     from ..folder.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
 

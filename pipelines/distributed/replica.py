@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 import placement
+from placement.budgets import exact_budgets
 from placement.devices import detect_accelerators, device_label, is_accelerator
 from placement.errors import PlacementError
 
@@ -158,7 +159,7 @@ def _load_on_group(cls, pretrained, group: Optional[placement.ReplicaGroup], *, 
     accelerators = detect_accelerators()
     if accelerators.kind == "cuda" and not accelerators.virtual:
         torch.cuda.set_device(group.accelerators[0])  # this rank's CUDA work (and NCCL) defaults to its group
-    return cls.from_pretrained(pretrained, device_map=strategy, max_memory=group.max_memory, **options)
+    return cls.from_pretrained(pretrained, device_map=strategy, max_memory=exact_budgets(group.max_memory), **options)
 
 
 def _check_everyone_loaded(exchange: Exchange, launch: Launch, group, error: Optional[str]) -> None:

@@ -46,12 +46,11 @@ def resolve_folder(
     if local.exists():
         return _with_subfolder(local, subfolder)
     repo_id = str(name_or_path)
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise WeightsNotFoundError(
-            f"{repo_id!r} is neither an existing folder nor a valid Hugging Face Hub id ('org/name'): {error}"
-        ) from error
+    if isinstance(name_or_path, os.PathLike) or looks_like_a_path(repo_id) or not _is_repo_id(repo_id):
+        raise FolderNotFoundError(
+            f"No such folder: {repo_id!r} (looked for {str(local.absolute())!r}). Check the path; a Hugging Face "
+            "Hub id is written owner/name."
+        )
     given = {"token": hub.token, "cache_dir": hub.cache_dir, "local_files_only": hub.local_files_only}
     try:
         snapshot = huggingface_hub.snapshot_download(
@@ -67,6 +66,24 @@ def resolve_folder(
             "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
         ) from error
     return _with_subfolder(Path(snapshot), subfolder)
+
+
+class FolderNotFoundError(WeightsNotFoundError):
+    """A local path that does not exist (and could not be a Hub id)."""
+
+
+def looks_like_a_path(text: str) -> bool:
+    """"./my-pipe", "my-pipe/", "/data/x", "~/x", "a/b/c", "C:\\x": a local path, never a Hub id ("name" or
+    "owner/name", without a trailing slash)."""
+    return text.startswith((".", "/", "~")) or text.endswith("/") or "\\" in text or text.count("/") > 1
+
+
+def _is_repo_id(text: str) -> bool:
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _with_subfolder(folder: Path, subfolder: str | None) -> Path:

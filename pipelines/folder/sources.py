@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any
         _check_subfolder_name(name)
         cls = resolve_class(spec, component=name, trust_remote_code=trust_remote_code, known=known)
         subfolder = folder / name
+        _check_not_a_loop(subfolder, folder, name)
         if not subfolder.is_dir():
             raise PipelineComponentError(
                 f"model_index.json lists component {name!r} ({spec.library}.{spec.class_name}) but the folder "
@@ -59,6 +61,39 @@ def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any
             )
         sources[name] = ComponentSource(name=name, cls=cls, family=family_of(cls), folder=subfolder)
     return sources
+
+
+class ComponentFolderLoopError(PipelineComponentError):
+    """A component subfolder that is a symlink loop, or a link back to its pipeline folder (or above it)."""
+
+
+def _check_not_a_loop(subfolder: Path, folder: Path, name: str) -> None:
+    """A component subfolder linked to itself cannot be read, and one linked to the pipeline folder (or a folder
+    above it) would be read as a component: both are named here, not reported as a missing folder."""
+    if not subfolder.is_symlink():
+        return
+    if _is_loop(subfolder):
+        where = "itself (a symlink loop)"
+    else:
+        target, root = subfolder.resolve(), folder.resolve()
+        if target != root and target not in root.parents:
+            return
+        where = f"{str(target)!r}: the pipeline folder or a folder above it"
+    raise ComponentFolderLoopError(
+        f"Component {name!r}: its folder {str(subfolder)!r} is a symlink to {where}, so it holds no component. "
+        f"Point the link at the component's own folder (or restore that folder), or pass {name}=... to "
+        "from_pretrained."
+    )
+
+
+def _is_loop(path: Path) -> bool:
+    try:
+        path.stat()
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    except RuntimeError:
+        return True
+    return False
 
 
 def _check_subfolder_name(name: str) -> None:

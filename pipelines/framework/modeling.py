@@ -15,6 +15,7 @@ from ..checkpoint.config_file import write_config
 from ..checkpoint.naming import CONFIG_NAME
 from ..folder.component_classes import OwnModel
 from ..hf.hf_spellings import chosen_dtype, download_options
+from ..hf.loading_keywords import check_no_keywords_left
 from ..loading.model_loader import load_model, plan_model
 from ..loading.request import Scope, resolve_request
 from .config import ModelConfig
@@ -93,10 +94,12 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         offload_folder: str | Path | None = None,
         variant: str | None = None,
         subfolder: str | None = None,
+        **keywords: Any,
     ) -> Plan:
         """The plan `from_pretrained(..., device_map=...)` would follow: a one-component `placement.Plan`
         (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
         reads config.json and the safetensors headers only (from the Hub: config and index only)."""
+        check_no_keywords_left(keywords, entry=cls.plan_placement, label=f"{cls.__name__}.plan_placement")
         naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
         request = resolve_request(
             pretrained, allow_patterns=[p for p in naming.allow_patterns(subfolder) if p.endswith(".json")],
@@ -122,6 +125,7 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         revision: str | None = None,
         token: str | bool | None = None,
         cache_dir: str | Path | None = None,
+        **keywords: Any,
     ):
         """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
 
@@ -132,8 +136,10 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         `model.placement_plan`) and run by the same hooks as a pipeline component of that kind.
         `torch_dtype` None keeps the checkpoint's dtypes. Disk-offloaded weights are read from the checkpoint
         files themselves, so no offload folder is written. Every failure raises before a half-loaded model
-        (or one with hooks) can escape.
+        (or one with hooks) can escape. diffusers' other loading keywords (`low_cpu_mem_usage`, ...) are accepted
+        or refused by name (`hf.loading_keywords`); any other keyword is an error naming the closest argument.
         """
+        check_no_keywords_left(keywords, entry=cls.from_pretrained, label=f"{cls.__name__}.from_pretrained")
         # diffusers' spellings too: `dtype=` for `torch_dtype=`; use_safetensors, local_files_only, revision,
         # token, cache_dir for the Hub download (`hf_spellings`). A dtype or its name; else a typed error.
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,

@@ -17,6 +17,7 @@ from ..folder.components import PipelineComponentError, PipelineComponents, modu
 from ..folder.pipeline_saving import save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PLAN_PATTERNS
 from ..hf.hf_spellings import chosen_dtype, download_options
+from ..hf.loading_keywords import take_foreign_keywords
 from ..loading.pipeline_loader import load_pipeline, plan_folder
 from ..loading.request import Scope, resolve_request
 from .memory import PipelineMemoryMixin
@@ -73,7 +74,10 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
         module is imported, unless this is True (then the named modules are imported: their code runs).
         diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
-        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download.
+        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. diffusers' other loading
+        keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each load here does what they
+        ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`); any other keyword that is
+        not a component is an error naming the closest argument ("did you mean max_memory?").
 
         Formats of their own: `quantization_config` (a diffusers `PipelineQuantizationConfig`, or `{component:
         config}` with each library's own config) quantizes components as they load, through their owner's
@@ -85,6 +89,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
         (planned first, on meta), the other components from `config`.
         """
+        components = take_foreign_keywords(components, entry=f"{cls.__name__}.from_pretrained")
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
                                cache_dir=cache_dir, local_files_only=local_files_only)
         request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS, hub=hub, scope=Scope.PIPELINE,
@@ -106,6 +111,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
         a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized components are sized as their
         quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`)."""
+        components = take_foreign_keywords(components, entry=f"{cls.__name__}.plan_placement")
         hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
                                local_files_only=local_files_only)
         request = resolve_request(pretrained, allow_patterns=PLAN_PATTERNS, hub=hub, scope=Scope.PIPELINE,

@@ -24,6 +24,7 @@ from ..folder.component_origins import origins_of, restore_components
 from ..folder.class_registry import find_library_class
 from ..folder.model_index import ModelIndex
 from .diffusers_saving import save_placed
+from .loading_keywords import unknown_pipeline_keywords
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
 
@@ -91,9 +92,7 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
         )
     unknown = [name for name in passed if name not in expected]
     if unknown:
-        raise DiffusersPipelineError(
-            f"{pipeline_class.__name__} has no component(s) {unknown}; its components are {expected}."
-        )
+        raise unknown_pipeline_keywords(unknown, pipeline=pipeline_class.__name__, components=expected)
 
 
 def build_diffusers_pipeline(pipeline_class: type, index: ModelIndex, components: Mapping[str, Any], *,

@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import LoadError
 from ..folder.hub import HubOptions
@@ -41,3 +42,16 @@ def download_options(*, use_safetensors: bool | None, revision: str | None, toke
             "use_safetensors=True / leave it out."
         )
     return HubOptions(revision=revision, token=token, cache_dir=cache_dir, local_files_only=bool(local_files_only))
+
+
+HUB_KEYWORDS = ("revision", "token", "cache_dir", "local_files_only")
+
+
+def with_hub_keywords(hub: HubOptions, keywords: Mapping[str, Any]) -> tuple[HubOptions, dict[str, Any]]:
+    """diffusers' download keywords given by name to an entry that takes `hub=HubOptions(...)` (`load_model`),
+    merged into it; the other keywords returned as they are."""
+    given = {name: keywords[name] for name in HUB_KEYWORDS if name in keywords}
+    rest = {name: value for name, value in keywords.items() if name not in given}
+    if "local_files_only" in given:
+        given["local_files_only"] = bool(given["local_files_only"])
+    return (dataclasses.replace(hub, **given) if given else hub), rest

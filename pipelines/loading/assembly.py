@@ -22,6 +22,7 @@ from ..hf.diffusers_pipeline import (
     is_diffusers_folder,
     known_execution_order,
 )
+from ..hf.loading_keywords import unknown_pipeline_keywords
 
 
 def target_class(cls: type, index: ModelIndex, generic: bool) -> type:
@@ -70,10 +71,7 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *
     if is_generic(cls):
         unknown = [name for name in passed if name not in index.components]
         if unknown:
-            raise PipelineComponentError(
-                f"{unknown} are not components of this folder (model_index.json lists {sorted(index.components)}); "
-                "check the spelling of from_pretrained's keyword arguments."
-            )
+            raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=index.components)
         _check_passed_modules(index, passed, trust_remote_code)
         return
     parameters = _constructor_parameters(cls)
@@ -87,9 +85,7 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *
         )
     unknown = [name for name in passed if name not in parameters]
     if unknown:
-        raise PipelineComponentError(
-            f"{cls.__name__} has no component(s) {unknown}; its components are {sorted(parameters)}."
-        )
+        raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=parameters)
     _check_passed_modules(index, passed, trust_remote_code)
 
 

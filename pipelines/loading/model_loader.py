@@ -18,7 +18,7 @@ from ..errors import LoadError
 from ..folder.component_classes import Family
 from ..folder.sources import foreign_model_folder
 from .meta import MetaComponent, build_component
-from .placing import check_plan_devices, place_component
+from .placing import check_plan_devices, check_requested_devices, place_component
 from .planning import plan_modules
 from .request import DeviceMapKind, LoadRequest
 
@@ -33,6 +33,7 @@ def plan_model(cls: type, request: LoadRequest) -> Plan:
 def load_model(cls: type, request: LoadRequest):
     """The model of `cls` saved in `request.folder`, every tensor streamed to its planned device (no device_map:
     to the CPU), with the runtime of its placement kind; nothing half-loaded escapes a failure."""
+    check_requested_devices(request.device_map, request.accelerators)
     meta = _build(cls, request, weights_required=True)
     if request.device_map.kind is DeviceMapKind.NONE:
         place_component(meta, None, accelerators=request.accelerators, progress=request.progress)

@@ -38,7 +38,8 @@ from .joined_outputs import deliver_joined_outputs
 from .meta import MetaComponent, build_from_source
 from .single_files import build_single_file_component, single_file_sources
 from .placing import (
-    PipelineLoadError, attach_plan_runtime, check_plan_devices, place_component, read_component, unplace,
+    PipelineLoadError, attach_plan_runtime, check_plan_devices, check_requested_devices, place_component,
+    read_component, unplace,
 )
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
@@ -102,6 +103,7 @@ def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any],
 
 
 def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool):
+    check_requested_devices(request.device_map, request.accelerators)
     opened = open_folder(cls, request, passed, generic=generic)
     components = opened.non_modules()
     if request.device_map.kind is DeviceMapKind.NONE:

@@ -17,24 +17,27 @@ from placement.plan_schema import Plan
 from ..errors import DeviceMappedError
 from ..folder.components import PipelineComponents, module_dtype
 from ..hf.diffusers_pipeline import attach_reset
+from ..hf.loading_keywords import check_no_keywords_left
 from .formats import check_format_options, formats_of_modules, respect_formats
 from .layerwise import casting_config
 from .pipeline_loader import place_pipeline
-from .placing import check_plan_devices
+from .placing import check_plan_devices, check_requested_devices
 from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
 from .request import Scope, resolve_request
 
 
 def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
           offload_folder: str | Path | None = None, layerwise_casting: Mapping[str, Any] | None = None,
-          pin: Sequence[str] = ()) -> Plan:
+          pin: Sequence[str] = (), **keywords: Any) -> Plan:
     """Plan `pipe`'s module components as they are, move and dispatch them; returns the plan (also
     `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes (a strategy, a dict, one device, a
     saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first.
     Quantized components are planned at their real storage. `layerwise_casting={"transformer":
     torch.float8_e4m3fn}` stores those components' Linear/Conv weights in fp8 first (diffusers' skip patterns),
     so they are planned at that size. `pin=["transformer"]` keeps a component where it is; one whose own
-    `hf_device_map` puts weights on an accelerator is kept there anyway."""
+    `hf_device_map` puts weights on an accelerator is kept there anyway. Any other keyword is an error naming the
+    closest argument."""
+    check_no_keywords_left(keywords, entry=place, label="pipelines.place")
     if getattr(pipe, "hf_device_map", None) is not None:
         raise DeviceMappedError(
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
@@ -43,6 +46,7 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
     request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
                               max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False,
                               layerwise_casting=layerwise_casting, pin=pin)
+    check_requested_devices(request.device_map, request.accelerators)
     modules, edges = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
     pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement

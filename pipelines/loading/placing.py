@@ -30,6 +30,7 @@ from ..errors import LoadError
 from .layerwise import apply_casting
 from .meta_records import MetaComponent, WeightsReader
 from .owner_reading import read_with_owner
+from .request import DeviceMapKind, DeviceMapRequest
 
 
 class PipelineLoadError(LoadError, RuntimeError):
@@ -56,6 +57,39 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
             "here, give max_memory only for the accelerators present (or device_map='cpu'); to run this plan's "
             "code paths on CPU-backed accelerators, set PLACEMENT_VIRTUAL_ACCELERATORS=N (a test mode)."
         )
+
+
+def check_requested_devices(device_map: DeviceMapRequest, accelerators: Accelerators) -> None:
+    """Before anything is built: a load whose `device_map` names an accelerator this machine lacks
+    (device_map="cuda:0", 0, {"": "cuda:1"}, a pin) is an error, never a silent load onto the CPU. (A strategy
+    name asks for no device: without accelerators it runs on the CPU, with a warning.)"""
+    if device_map.kind not in (DeviceMapKind.SINGLE_DEVICE, DeviceMapKind.PINS):
+        return
+    absent = sorted({device for device in _named_devices(device_map.value)
+                     if is_accelerator(device) and device >= accelerators.count})
+    if not absent:
+        return
+    have = ("no accelerator (no CUDA, XPU or MPS device is visible)" if accelerators.count == 0 else
+            f"{accelerators.count} accelerator(s): GPU {', GPU '.join(map(str, range(accelerators.count)))}")
+    spelled = dict(device_map.value) if isinstance(device_map.value, Mapping) else device_map.value
+    raise AcceleratorsMissingError(
+        f"device_map={spelled!r} asks for {', '.join(f'GPU {d}' for d in absent)} (no GPU for "
+        f"{', '.join(repr(f'cuda:{d}') for d in absent)}), but this machine has {have}. Load onto what is here "
+        "(device_map='cpu', or a strategy such as 'balanced'); to see where it would go on other hardware, call "
+        "plan_placement(...) with max_memory for those GPUs; PLACEMENT_VIRTUAL_ACCELERATORS=N gives N CPU-backed "
+        "accelerators to try it on (a test mode)."
+    )
+
+
+def _named_devices(value) -> list[Device]:
+    """Every device a device_map value names (nested pins included); a spelling that is no device is skipped
+    here: the planner reports it."""
+    if isinstance(value, Mapping):
+        return [device for inner in value.values() for device in _named_devices(inner)]
+    try:
+        return [normalize_device(value)]
+    except InvalidDeviceError:
+        return []
 
 
 def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,

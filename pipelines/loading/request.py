@@ -162,6 +162,8 @@ def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[s
         options["single_file"], pretrained = Path(pretrained), config
     folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
                                                               subfolder=subfolder, hub=hub)
+    if scope is Scope.PIPELINE and isinstance(device_map, Mapping) and set(device_map) == {""}:
+        device_map = device_map[""]  # accelerate's key for "the whole model": for a pipeline, its one device
     if "layerwise_casting" in options:
         options["layerwise_casting"] = MappingProxyType(parse_layerwise_casting(options["layerwise_casting"]))
     if "pin" in options:

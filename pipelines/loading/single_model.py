@@ -17,19 +17,22 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from placement.devices import detect_accelerators
 from placement.plan_schema import Plan
 
 from ..folder.component_classes import family_of
 from ..folder.hub import HubOptions
 from ..folder.sources import model_folder_class
+from ..hf.hf_spellings import with_hub_keywords
+from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.single_file import SingleFileError, is_single_file
 from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
-from .placing import check_plan_devices, place_component
+from .placing import check_plan_devices, check_requested_devices, place_component
 from .planning import component_origin, label_dtypes, plan_modules
-from .request import DeviceMapKind, LoadRequest, Scope, resolve_request
+from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
 from .single_files import build_single_file_component
 
 MODEL_PATTERNS = ["*.json", "*.safetensors"]
@@ -38,14 +41,19 @@ MODEL_PATTERNS = ["*.json", "*.safetensors"]
 def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
                torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
                offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
-               subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions()) -> nn.Module:
+               subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions(),
+               **keywords: Any) -> nn.Module:
     """The model saved in `pretrained` (a folder, a Hub id, or a single-file checkpoint with `config=` the local
     folder of its config.json), as its own class, placed by our plan (`model.placement_plan`,
     `model.hf_device_map`). `device_map`: "auto"/"balanced"/"balanced_low_0"/"sequential" (accelerate's
     model-level meaning), a dict {submodule: device}, one device, or None (the CPU, no plan). `torch_dtype`: the
     dtype to load in (None: the checkpoint's). `quantization_config`: the owner library's config (diffusers' or
     transformers' `BitsAndBytesConfig`, `TorchAoConfig`, ...); a GGUF file is read quantized as it is.
-    `layerwise_casting`: a storage dtype (torch.float8_e4m3fn) for the Linear/Conv weights."""
+    `layerwise_casting`: a storage dtype (torch.float8_e4m3fn) for the Linear/Conv weights. diffusers' download
+    keywords (`revision`, `token`, `cache_dir`, `local_files_only`) go into `hub`; its other loading keywords are
+    accepted or refused by name (`hf.loading_keywords`), anything else is an error naming the closest argument."""
+    hub = _keywords(keywords, hub, entry=load_model)
+    check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
     request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                            quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                            offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
@@ -63,8 +71,9 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
 def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
                torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
                offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
-               subfolder: str | None = None, hub: HubOptions = HubOptions()) -> Plan:
+               subfolder: str | None = None, hub: HubOptions = HubOptions(), **keywords: Any) -> Plan:
     """The plan `load_model` would follow with the same arguments; reads configs and headers only."""
+    hub = _keywords(keywords, hub, entry=plan_model)
     request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
                            quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                            offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
@@ -93,6 +102,12 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
                            variant=request.variant, weights_required=weights_required,
                            quantization_config=request.quantization_config, layerwise_casting=storage)
     return request, meta
+
+
+def _keywords(keywords: Mapping[str, Any], hub: HubOptions, *, entry) -> HubOptions:
+    hub, rest = with_hub_keywords(hub, keywords)
+    check_no_keywords_left(rest, entry=entry, label=entry.__name__)
+    return hub
 
 
 def _storage_dtype(layerwise_casting: Any) -> torch.dtype | None:

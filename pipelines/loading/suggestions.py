@@ -59,9 +59,40 @@ class Replanning:
 
 
 def suggestions(plan: Plan | None, metas: Mapping[str, MetaComponent], replanning: Replanning) -> list[str]:
-    """One line per single change that does better than `plan` (None: the plan did not fit at all)."""
+    """One line per single change that does better than `plan` (None: the plan did not fit at all): bfloat16 for
+    a plan made in float32 (`bf16_suggestion`), then each component's storage."""
     if plan is not None and plan.verdict.kind is VerdictKind.FITS and not _moved(plan):
         return []
+    return bf16_suggestion(plan, metas, replanning) + _storage_suggestions(plan, metas, replanning)
+
+
+BF16_SUGGESTION = "Suggestion: this plan is in float32; in bfloat16 (torch_dtype=torch.bfloat16, half the bytes) it"
+
+
+def bf16_suggestion(plan: Plan | None, metas: Mapping[str, MetaComponent], replanning: Replanning) -> list[str]:
+    """The plan again with the components held in float32 (no torch_dtype asked, or float32) at bfloat16, said
+    when that does better: loading in fp32 by default is the commonest reason a pipeline offloads or fails."""
+    in_fp32 = [name for name, meta in metas.items() if meta.quantization is None and meta.layerwise_casting is None
+               and meta.dtype in (None, torch.float32) and _holds_float32(meta.module)]
+    if not in_fp32:
+        return []
+    dtype = replanning.arguments.get("dtype")
+    dtypes = dict(dtype) if isinstance(dtype, Mapping) else {name: dtype for name in replanning.modules}
+    try:
+        other = placement.plan(replanning.modules, **{**replanning.arguments,
+                                                      "dtype": {**dtypes, **dict.fromkeys(in_fp32, torch.bfloat16)}})
+    except PlacementError:
+        return []
+    if not _better(other, plan):
+        return []
+    return [f"{BF16_SUGGESTION} {other.verdict.headline.removeprefix('Verdict: ')}"]
+
+
+def _holds_float32(module: nn.Module) -> bool:
+    return any(parameter.dtype == torch.float32 for parameter in module.parameters())
+
+
+def _storage_suggestions(plan: Plan | None, metas: Mapping[str, MetaComponent], replanning: Replanning) -> list[str]:
     best: dict[str, tuple[Candidate, Plan]] = {}  # per component: its least lossy change with the best outcome
     for candidate in candidates(metas):
         current = best.get(candidate.component)
@@ -172,4 +203,4 @@ def _describe(candidate: Candidate, other: Plan) -> str:
     return f"Suggestion: with {candidate.component} in {candidate.label} ({size}) {outcome}{moves}."
 
 
-__all__ = ["Candidate", "Replanning", "candidates", "suggestions"]
+__all__ = ["BF16_SUGGESTION", "Candidate", "Replanning", "bf16_suggestion", "candidates", "suggestions"]

@@ -87,7 +87,7 @@ CASES = [
     Case(name="load: torch_dtype dict with a misspelt key", run=load(torch_dtype={"encodr": torch.float16}),
          error="placement.errors.InvalidDtypeError", words=("encodr",)),
     Case(name="load: unknown component keyword", run=load(encodr=None),
-         error="pipelines.folder.components.PipelineComponentError", words=("encodr",)),
+         error="pipelines.hf.loading_keywords.UnknownKeywordError", words=("encodr", "did you mean encoder?")),
     Case(name="load: a folder that does not exist",
          run=lambda tmp: CataloguePipeline.from_pretrained(tmp / "missing"),
          error="pipelines.checkpoint.WeightsNotFoundError", words=("missing",)),

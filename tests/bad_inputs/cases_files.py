@@ -263,7 +263,7 @@ def io_error_during_load(tmp: Path):
 def model_to_disk_without_offload_folder(tmp: Path):
     folder = tmp / "enc"
     CatalogueEncoder(CatalogueEncoderConfig()).save_pretrained(folder)
-    return CatalogueEncoder.from_pretrained(folder, device_map="auto", max_memory={0: 100, "cpu": 100})
+    return CatalogueEncoder.from_pretrained(folder, device_map="auto", max_memory={0: "100B", "cpu": "100B"})
 
 
 CASES = [

@@ -137,12 +137,12 @@ def test_planner_offloads_t5_on_a_gpu_with_room_for_its_working_set():
     assert working_set < size.total  # before nested lists were found it was all of it
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plan = placement.plan({"text_encoder": model}, max_memory={0: working_set, "cpu": 10 * size.total})
+        plan = placement.plan({"text_encoder": model}, max_memory={0: f"{working_set}B", "cpu": f"{10 * size.total}B"})
     encoder = plan.components["text_encoder"]
     assert (encoder.kind, encoder.execution_device) == (placement.PlacementKind.OFFLOADED, 0)
     # Its rest may stay resident beside the blocks in flight (issue 18): the GPU holds exactly the working set.
     assert plan.device(0).weight_bytes + encoder.streamed_unit_bytes == working_set == plan.device(0).predicted_peak
-    too_small = placement.plan({"text_encoder": model}, max_memory={0: working_set - 1, "cpu": 10 * size.total})
+    too_small = placement.plan({"text_encoder": model}, max_memory={0: f"{working_set - 1}B", "cpu": f"{10 * size.total}B"})
     assert too_small.components["text_encoder"].kind is placement.PlacementKind.CPU
 
 

@@ -13,20 +13,21 @@ from placement.budgets import (
     apply_accelerator_margin,
     apply_cpu_margin,
     detect_budgets,
+    exact_budgets,
     resolve_budgets,
 )
 from placement.sizes import GiB
 
 
 def test_explicit_budgets_are_exact_and_ordered():
-    budgets = resolve_budgets({"cpu": "64GiB", 1: "10GB", "cuda:0": 1234, "disk": "1TiB"})
+    budgets = resolve_budgets({"cpu": "64GiB", 1: "10GB", "cuda:0": "1234B", "disk": "1TiB"})
     assert budgets.limits == {0: 1234, 1: 10 * 1000**3, "cpu": 64 * GiB, "disk": 1024 * GiB}
     assert budgets.accelerators == (0, 1)
     assert budgets.detected == frozenset()
 
 
 def test_ten_gb_is_gigabytes_not_gigabits():
-    assert resolve_budgets({0: "10gb", "cpu": 1}).limit(0) == 10 * 1000**3
+    assert resolve_budgets({0: "10gb", "cpu": "1B"}).limit(0) == 10 * 1000**3
 
 
 def test_absent_gpus_are_accepted_and_disk_defaults_to_unlimited():
@@ -90,13 +91,19 @@ def test_detection_on_this_machine_has_a_cpu_budget():
 def test_a_budget_typed_without_a_unit_names_the_key_and_the_unit_it_lacks():
     with pytest.raises(InvalidSizeError, match=r"max_memory\[0\]: '24' means 24 bytes .*did you mean '24GiB'"):
         resolve_budgets({0: "24", "cpu": "64GiB"})
-    assert resolve_budgets({0: 24, "cpu": 1}).limit(0) == 24  # an int is bytes: computed by code, taken as is
+    with pytest.raises(InvalidSizeError, match=r"max_memory\[0\]: 24 means 24 bytes .*did you mean '24GiB'"):
+        resolve_budgets({0: 24, "cpu": "64GiB"})
+    assert resolve_budgets({0: "24B", "cpu": "1B"}).limit(0) == 24  # tiny budgets say their unit
 
 
 def test_a_gpu_given_zero_as_text_is_warned_about_and_kept():
     with pytest.warns(ZeroBudgetWarning, match=r"gives GPU 1 a budget of 0 bytes: nothing can be placed there"):
         budgets = resolve_budgets({0: "24GiB", 1: "0GiB", "cpu": "0"})  # a zero CPU budget is not a listed GPU
     assert budgets.limits[1] == 0 and budgets.limits["cpu"] == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        resolve_budgets({0: 0, "cpu": "1GiB"})  # an int 0 is what code computes for a full GPU: no warning
+    with pytest.warns(ZeroBudgetWarning, match=r"gives GPU 0 a budget of 0 bytes"):
+        resolve_budgets({0: 0, "cpu": "1GiB"})  # an int 0 as typed is the same: the GPU holds nothing
+
+
+def test_exact_budgets_are_what_code_passes_for_bytes_it_computed():
+    assert exact_budgets({0: 5000, "cpu": 24, "disk": None}) == {0: "5000B", "cpu": "24B"}
+    assert resolve_budgets(exact_budgets({0: 5000, "cpu": 24})).limits == {0: 5000, "cpu": 24, "disk": None}

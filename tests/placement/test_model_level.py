@@ -48,6 +48,8 @@ class Opaque(Net):
 
 def model_plan(model, strategy, *, max_memory=None, dtype=None, offload_folder=None):
     name = type(model).__name__
+    if max_memory is not None:  # these tiny models' budgets in bytes, written as a user writes exact bytes
+        max_memory = {device: f"{size}B" if isinstance(size, int) else size for device, size in max_memory.items()}
     return placement.plan({name: model}, strategy=strategy, max_memory=max_memory, dtype=dtype,
                           offload_folder=offload_folder, scope="model")
 

@@ -67,7 +67,7 @@ def test_stepping_budget_executes_nothing_needlessly_on_the_cpu(tiny_dit):
     previous_cpu = 0
     for step in STEPS:  # largest budget first: CPU bytes may only grow as the budget shrinks
         budget = total * step // 40
-        plan = placement.plan(components, max_memory={0: budget, "cpu": "8GiB"}, graph=edges)
+        plan = placement.plan(components, max_memory={0: f"{budget}B", "cpu": "8GiB"}, graph=edges)
         if budget >= max(streamed.values()):  # every component can be streamed to the GPU at once
             assert cpu_bytes(plan) == 0, (step, plan.explain())
         assert cpu_bytes(plan) >= previous_cpu, (step, plan.explain())
@@ -82,7 +82,7 @@ def test_stepping_budget_executes_nothing_needlessly_on_the_cpu(tiny_dit):
 
 def test_95_percent_keeps_the_denoiser_whole_and_moves_least_of_the_text_encoders(tiny_dit):
     components, edges, sizes, _ = tiny_dit
-    plan = placement.plan(components, max_memory={0: sum(sizes.values()) * 38 // 40, "cpu": "8GiB"}, graph=edges)
+    plan = placement.plan(components, max_memory={0: f"{sum(sizes.values()) * 38 // 40}B", "cpu": "8GiB"}, graph=edges)
     assert plan.components["denoiser"].kind is PlacementKind.WHOLE
     assert cpu_bytes(plan) == 0 and all(c.execution_device == 0 for c in plan.components.values())
     assert demoted(plan) and "denoiser" not in demoted(plan)

@@ -71,7 +71,7 @@ def test_plan_cuts_splits_in_the_module_order_it_is_given():
     size = size_module(module)
     order = trace_module_order(module, (torch.empty(2, 16, device="meta"),))
     budget = size.total // 2 + size.largest_unit
-    plan = placement.plan({"denoiser": module}, max_memory={0: budget, 1: budget}, module_order={"denoiser": order})
+    plan = placement.plan({"denoiser": module}, max_memory={0: f"{budget}B", 1: f"{budget}B"}, module_order={"denoiser": order})
     component = plan.components["denoiser"]
     assert component.kind.value == "split"
     assert device_crossings(calls_of(module, torch.empty(2, 16, device="meta")), component.device_map) == 1

@@ -205,5 +205,5 @@ def test_ignored_unexpected_keys_are_skipped_not_loaded(saved):
 def test_absent_accelerator_is_refused_before_loading(saved):
     from placement.errors import InvalidDeviceError
 
-    with pytest.raises(InvalidDeviceError, match=r"accelerator\(s\) \[99\]"):
+    with pytest.raises(InvalidDeviceError, match=r"asks for GPU 99 \(no GPU for 'cuda:99'\)"):
         load(saved, device_map={"": 99})

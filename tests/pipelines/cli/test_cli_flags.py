@@ -126,7 +126,9 @@ def test_steps_plan_the_call_num_inference_steps(tmp_path, capsys):
     assert call.get("num_inference_steps") == 28 or "--steps 28 is not used by this planner" in out
 
 
-def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys):
-    assert main(["plan", "./no-such-pipeline", "--max-memory", "2x24GiB"]) == 2
+@pytest.mark.parametrize("target", ["./no-such-pipeline", "no-such-pipeline/"])
+def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys, target):
+    assert main(["plan", target, "--max-memory", "2x24GiB"]) == 2
     err = capsys.readouterr().err
-    assert "No such folder: './no-such-pipeline'" in err and "CPU budget" not in err and "bfloat16" not in err
+    assert f"No such folder: {target!r}" in err and "CPU budget" not in err and "bfloat16" not in err
+    assert "not a preset" not in err and "Repo id" not in err

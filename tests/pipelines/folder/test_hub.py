@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from pathlib import Path
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ import pipelines.folder.hub as hub
 from pipelines.checkpoint import WeightsNotFoundError
 
 from checkpoint_models import TinyModel, tiny_model
+from pipelines import TextToImagePipeline
 
 
 @pytest.fixture
@@ -61,8 +63,25 @@ def test_local_folder_never_calls_the_hub(tmp_path, monkeypatch):
 
 
 def test_neither_folder_nor_hub_id_is_a_clear_error(tmp_path):
-    with pytest.raises(WeightsNotFoundError, match="neither an existing folder nor a valid"):
+    with pytest.raises(hub.FolderNotFoundError, match=r"No such folder: .*place'"):
         hub.resolve_folder(str(tmp_path / "no" / "such" / "place"))
+
+
+@pytest.mark.parametrize("spelled", ["./my-pipe", "my-pipe/", "../x/my-pipe", "~/no-such-pipe-here", "a/b/c",
+                                     "my pipe", "C:\\pipes\\x"])
+def test_a_missing_path_is_no_such_folder_not_the_hub_rules(tmp_path, monkeypatch, spelled):
+    """A path (or a name no Hub id can have) that does not exist is reported as a missing folder: never through
+    huggingface_hub's repo-id rules ("Repo id must use alphanumeric chars...") and never a download attempt."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("network used for a path")
+
+    monkeypatch.setattr(hub.huggingface_hub, "snapshot_download", refuse)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(hub.FolderNotFoundError, match=r"^No such folder: .*\(looked for .*Check the path") as caught:
+        TextToImagePipeline.from_pretrained(spelled)
+    assert "Repo id" not in str(caught.value) and isinstance(caught.value, WeightsNotFoundError)
+    with pytest.raises(hub.FolderNotFoundError):
+        TinyModel.plan_placement(Path(spelled))
 
 
 def test_missing_subfolder_is_named(tmp_path):

@@ -273,12 +273,12 @@ def test_a_class_the_installed_diffusers_lacks_is_named(folders, tmp_path):
 def test_a_plan_round_trips_as_plan_json_file_and_flat_map(folders, tmp_path):
     folder = folders["sd"]
     budget = int(sum(c.bytes for c in Pipeline.plan_placement(folder, max_memory=TWO_GPUS).components.values()) * 0.6)
-    plan = Pipeline.plan_placement(folder, max_memory={0: budget, 1: budget})
+    plan = Pipeline.plan_placement(folder, max_memory={0: f"{budget}B", 1: f"{budget}B"})
     assert {d for c in plan.components.values() for d in c.devices} == {0, 1}
     (tmp_path / "plan.json").write_text(plan.to_json())
     assert Pipeline.plan_placement(folder, device_map=plan) == plan
     assert Pipeline.plan_placement(folder, device_map=str(tmp_path / "plan.json")) == plan
-    flat = Pipeline.plan_placement(folder, device_map=plan.device_map, max_memory={0: budget, 1: budget})
+    flat = Pipeline.plan_placement(folder, device_map=plan.device_map, max_memory={0: f"{budget}B", 1: f"{budget}B"})
     assert flat.device_map == plan.device_map
     with pytest.raises(SavedPlanError, match="sized 'text_encoder' at .* torch_dtype=torch.float16"):
         Pipeline.plan_placement(folder, device_map=plan, torch_dtype=torch.float16)

@@ -54,7 +54,7 @@ def test_each_family_loads_as_transformers_loads_it(saved, name):
 def _split_over_two(folder, cls, dtype):
     plan = pipelines.plan_model(folder, device_map="balanced", torch_dtype=dtype, max_memory={0: "1GiB", 1: "1GiB"})
     total = plan.components[cls.__name__].bytes
-    budget = {0: int(total * 0.7), 1: int(total * 0.7)}  # neither GPU holds it whole
+    budget = {0: f"{int(total * 0.7)}B", 1: f"{int(total * 0.7)}B"}  # neither GPU holds it whole
     return total, pipelines.load_model(folder, device_map="balanced", max_memory=budget, torch_dtype=dtype,
                                        progress=False)
 

@@ -43,7 +43,7 @@ def test_qwen_image_over_two_virtual_gpus(folder, expected, monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
     plan = pipelines.Pipeline.plan_placement(folder, max_memory={0: "1GiB", 1: "1GiB"})
     sizes = {name: component.bytes for name, component in plan.components.items()}
-    budget = {0: sizes["vae"] + 8192, 1: sizes["text_encoder"] + sizes["transformer"] + 8192, "cpu": "1GiB"}
+    budget = {0: f"{sizes['vae'] + 8192}B", 1: f"{sizes['text_encoder'] + sizes['transformer'] + 8192}B", "cpu": "1GiB"}
     pipe = pipelines.Pipeline.from_pretrained(folder, device_map="balanced", max_memory=budget, progress=False)
     assert {device for device in pipe.hf_device_map.values()} == {0, 1}
     assert {t.device.type for t in pipe.text_encoder.parameters()} == {"vgpu"}
@@ -82,7 +82,7 @@ def test_an_nf4_text_encoder_is_kept_whole_and_the_others_planned_around_it(fold
     options = dict(quantization_config=quantization, torch_dtype=torch.bfloat16)
     sizes = {name: c.bytes for name, c in pipelines.Pipeline.plan_placement(
         folder, max_memory={0: "1GiB"}, **options).components.items()}
-    budget = {0: sizes["vae"] + sizes["text_encoder"] + 4096, "cpu": "1GiB"}  # not all three whole
+    budget = {0: f"{sizes['vae'] + sizes['text_encoder'] + 4096}B", "cpu": "1GiB"}  # not all three whole
     pipe = pipelines.Pipeline.from_pretrained(folder, device_map="balanced", max_memory=budget, progress=False,
                                               **options)
     plan = pipe.placement_plan
@@ -96,5 +96,5 @@ def test_an_nf4_text_encoder_is_kept_whole_and_the_others_planned_around_it(fold
     assert torch.equal(pipe.text_encoder(input_ids=ids).logits, reference.text_encoder(input_ids=ids).logits)
 
     with pytest.raises(pipelines.FormatPlacementError, match="'text_encoder' \\(nf4 \\(bitsandbytes\\).*offloaded"):
-        pipelines.Pipeline.plan_placement(folder, max_memory={0: sizes["text_encoder"] - 100, "cpu": "1GiB"},
+        pipelines.Pipeline.plan_placement(folder, max_memory={0: f"{sizes['text_encoder'] - 100}B", "cpu": "1GiB"},
                                           **options)

@@ -31,7 +31,7 @@ def test_auto_with_40_percent_cpu_offloads_to_disk_and_matches(saved, tmp_path):
     model, folder = saved
     budget = int(0.4 * saved_bytes(model))
     loaded = TinyModel.from_pretrained(
-        folder, device_map="auto", max_memory={"cpu": budget}, offload_folder=tmp_path / "off", progress=False
+        folder, device_map="auto", max_memory={"cpu": f"{budget}B"}, offload_folder=tmp_path / "off", progress=False
     )
     devices = set(loaded.hf_device_map.values())
     assert "disk" in devices, loaded.hf_device_map
@@ -82,7 +82,7 @@ def test_offloaded_load_honours_torch_dtype(saved, tmp_path):
     model, folder = saved
     loaded = TinyModel.from_pretrained(
         folder, device_map="auto", torch_dtype=torch.bfloat16,
-        max_memory={"cpu": int(0.2 * saved_bytes(model))}, offload_folder=tmp_path, progress=False,
+        max_memory={"cpu": f"{int(0.2 * saved_bytes(model))}B"}, offload_folder=tmp_path, progress=False,
     )
     assert "disk" in loaded.hf_device_map.values()
     assert loaded.norm_out.weight.dtype == torch.float32
@@ -108,7 +108,7 @@ def test_auto_on_an_accelerator_with_cpu_and_disk_offload(saved, tmp_path):
     model, folder = saved
     size = saved_bytes(model)
     loaded = TinyModel.from_pretrained(
-        folder, device_map="auto", max_memory={0: int(0.4 * size), "cpu": int(0.3 * size)},
+        folder, device_map="auto", max_memory={0: f"{int(0.4 * size)}B", "cpu": f"{int(0.3 * size)}B"},
         offload_folder=tmp_path, progress=False,
     )
     assert {0, "cpu", "disk"} <= set(loaded.hf_device_map.values()), loaded.hf_device_map

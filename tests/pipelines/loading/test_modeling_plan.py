@@ -34,7 +34,7 @@ def hooked(model):
 def test_plan_placement_is_a_one_component_plan_with_explain(saved):
     model, folder = saved
     size = saved_bytes(model)
-    plan = TinyModel.plan_placement(folder, device_map="balanced", max_memory={0: size, 1: size})
+    plan = TinyModel.plan_placement(folder, device_map="balanced", max_memory={0: f"{size}B", 1: f"{size}B"})
     assert isinstance(plan, Plan) and list(plan.components) == ["TinyModel"]
     component = plan.components["TinyModel"]
     assert component.kind is PlacementKind.SPLIT and component.devices == [0, 1]  # accelerate's even split
@@ -85,7 +85,7 @@ def test_single_device_loads_without_hooks_and_strategies_with_the_component_run
 def test_cpu_and_disk_budget_is_a_disk_component_served_from_the_checkpoint(saved, tmp_path):
     model, folder = saved
     budget = int(0.4 * saved_bytes(model))
-    loaded = TinyModel.from_pretrained(folder, device_map="sequential", max_memory={"cpu": budget},
+    loaded = TinyModel.from_pretrained(folder, device_map="sequential", max_memory={"cpu": f"{budget}B"},
                                        offload_folder=tmp_path, progress=False)
     component = loaded.placement_plan.components["TinyModel"]
     assert component.kind is PlacementKind.DISK and set(component.devices) == {"cpu", "disk"}
@@ -103,10 +103,12 @@ def test_cpu_and_disk_budget_is_a_disk_component_served_from_the_checkpoint(save
 def test_plans_for_absent_gpus_are_made_and_their_loads_refused(saved, device_map, fraction, kind, tmp_path):
     model, folder = saved
     size = saved_bytes(model)
-    budgets = {0: int(fraction * size), 1: int(fraction * size), "cpu": size}
+    budgets = {0: f"{int(fraction * size)}B", 1: f"{int(fraction * size)}B", "cpu": f"{size}B"}
     plan = TinyModel.plan_placement(folder, device_map=device_map, max_memory=budgets, offload_folder=tmp_path)
     assert plan.components["TinyModel"].kind is kind
-    with pytest.raises(InvalidDeviceError, match=r"on accelerator\(s\) \[\d.*this machine has 0"):
+    # a strategy is refused once planned; a device map naming the GPU before anything is built
+    refused = r"on accelerator\(s\) \[\d.*this machine has 0|asks for GPU \d .*this machine has no accelerator"
+    with pytest.raises(InvalidDeviceError, match=refused):
         TinyModel.from_pretrained(folder, device_map=device_map, max_memory=budgets, offload_folder=tmp_path,
                                   progress=False)
 

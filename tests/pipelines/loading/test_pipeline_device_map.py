@@ -78,14 +78,14 @@ def test_plan_for_two_fictitious_gpus_spans_both_and_loses_nothing(saved):
     folder, _ = saved
     sizes = component_bytes(folder)
     budget = int(sum(sizes.values()) * 0.6)  # neither GPU holds everything; together they do
-    plan = TextToImagePipeline.plan_placement(folder, max_memory={0: budget, 1: budget})
+    plan = TextToImagePipeline.plan_placement(folder, max_memory={0: f"{budget}B", 1: f"{budget}B"})
     assert set(plan.components) == set(sizes)
     assert {d for c in plan.components.values() for d in c.devices} == {0, 1}
     assert all(c.kind.value in ("whole", "split") for c in plan.components.values())
     assert set(name.split(".")[0] for name in plan.device_map) == set(sizes)
     # Loading that plan here is refused with a clear error: this machine has no such GPUs.
     with pytest.raises(PipelineLoadError, match=r"accelerator\(s\) \[0, 1\].*plan_placement"):
-        load(folder, max_memory={0: budget, 1: budget})
+        load(folder, max_memory={0: f"{budget}B", 1: f"{budget}B"})
 
 
 def test_plan_placement_reads_no_weights(saved, tmp_path):
@@ -107,7 +107,7 @@ def test_user_pipeline_with_user_models_loads_device_mapped(tmp_path):
     loaded = TinyUserPipeline.from_pretrained(tmp_path / "user", device_map="balanced", progress=False)
     torch.testing.assert_close(loaded(USER_IDS), expected, atol=1e-5, rtol=0)
     assert set(loaded.hf_device_map) == {"encoder", "denoiser", "decoder"}
-    plan = TinyUserPipeline.plan_placement(tmp_path / "user", max_memory={0: 1000, 1: 1000})
+    plan = TinyUserPipeline.plan_placement(tmp_path / "user", max_memory={0: "1000B", 1: "1000B"})
     assert plan.components["denoiser"].kind.value == "split"  # cut only between its Blocks
     assert all(key.startswith("blocks.") or key == "scale" or "." not in key
                for key in plan.components["denoiser"].device_map)
@@ -131,7 +131,7 @@ def test_plain_passed_component_is_sized_and_placed_with_the_rest(saved):
 
 def test_device_mapped_passed_component_is_pinned_and_never_moved(saved, tmp_path):
     folder, expected = saved
-    denoiser = DiT.from_pretrained(folder / "denoiser", device_map="auto", max_memory={"cpu": 20_000},
+    denoiser = DiT.from_pretrained(folder / "denoiser", device_map="auto", max_memory={"cpu": "20000B"},
                                    offload_folder=tmp_path / "offload", progress=False)
     own_map = dict(denoiser.hf_device_map)
     assert "disk" in own_map.values()
@@ -316,7 +316,7 @@ def ram_that_sends_one_component_to_disk(folder) -> int:
     for name, size in sorted(sizes.items(), key=lambda item: item[1]):
         module = getattr(meta, name)
         ram = sum(sizes.values()) - size + streaming_working_set(module, size_module(module))
-        plan = TextToImagePipeline.plan_placement(folder, max_memory={"cpu": ram}, offload_folder="unused")
+        plan = TextToImagePipeline.plan_placement(folder, max_memory={"cpu": f"{ram}B"}, offload_folder="unused")
         if any(c.kind.value == "disk" for c in plan.components.values()):
             return ram
     raise AssertionError("no CPU budget sends a tiny-dit component to disk")
@@ -324,7 +324,7 @@ def ram_that_sends_one_component_to_disk(folder) -> int:
 
 def test_components_planned_to_disk_are_served_from_the_checkpoint_and_match(saved, tmp_path):
     folder, expected = saved
-    pipe = load(folder, max_memory={"cpu": ram_that_sends_one_component_to_disk(folder)},
+    pipe = load(folder, max_memory={"cpu": f"{ram_that_sends_one_component_to_disk(folder)}B"},
                 offload_folder=tmp_path / "offload")
     on_disk = [name for name, c in pipe.placement_plan.components.items() if c.kind.value == "disk"]
     assert on_disk and all(pipe.hf_device_map[name] == "disk" for name in on_disk)

@@ -19,7 +19,7 @@ def budget_that_offloads(folder) -> dict:
     sizes = TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}).components.values()
     total = sum(component.bytes for component in sizes)
     for step in range(1, 40):
-        max_memory = {0: total - step * total // 40, "cpu": "8GiB"}
+        max_memory = {0: f"{total - step * total // 40}B", "cpu": "8GiB"}
         plan = TextToImagePipeline.plan_placement(folder, max_memory=max_memory)
         if any(component.kind.value == "offloaded" and component.device_map == {"": "cpu"}  # wholly in RAM
                for component in plan.components.values()):

@@ -35,7 +35,7 @@ def _between_cast_and_dense(folder) -> int:
 def test_a_pipeline_that_streams_is_told_the_change_that_makes_it_fit(tmp_path):
     folder, _ = save_preset(tmp_path / "tiny-dit")
     fits = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
-    budget = {0: _between_cast_and_dense(folder), "cpu": "1GiB"}
+    budget = {0: f"{_between_cast_and_dense(folder)}B", "cpu": "1GiB"}
     plan = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)
     assert plan.verdict.kind is not VerdictKind.FITS
     cast = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget,
@@ -50,7 +50,7 @@ def test_a_diffusers_model_is_told_its_quantized_size(tmp_path):
     pytest.importorskip("torchao")
     folder = save_flux(tmp_path, layers=4)
     dense = pipelines.plan_model(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
-    budget = {0: int(next(iter(dense.components.values())).bytes * 0.7), "cpu": "1GiB"}
+    budget = {0: f"{int(next(iter(dense.components.values())).bytes * 0.7)}B", "cpu": "1GiB"}
     plan = pipelines.plan_model(folder, torch_dtype=BF16, max_memory=budget)
     notes = suggestions(plan)
     assert len(notes) == 1 and "everything fits on GPU 0" in notes[0]
@@ -67,6 +67,6 @@ def test_a_diffusers_model_is_told_its_quantized_size(tmp_path):
 
 def test_a_plan_that_cannot_fit_at_all_names_the_change_in_its_error(tmp_path):
     folder, _ = save_preset(tmp_path / "tiny-dit")
-    budget = {0: _between_cast_and_dense(folder), "cpu": 1024}  # no CPU room to offload anything to
+    budget = {0: f"{_between_cast_and_dense(folder)}B", "cpu": "1024B"}  # no CPU room to offload anything to
     with pytest.raises(PlacementError, match="Suggestion: with denoiser in fp8 layerwise casting"):
         TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)

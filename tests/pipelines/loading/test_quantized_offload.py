@@ -36,7 +36,7 @@ def place_offloaded(module, **options):
     moved per call)."""
     pipe = pipelines.Pipeline()
     pipe.register_components(model=module)
-    plan = pipelines.place(pipe, max_memory={0: real_storage(module) * 6 // 10, "cpu": "1GiB"}, **options)
+    plan = pipelines.place(pipe, max_memory={0: f"{real_storage(module) * 6 // 10}B", "cpu": "1GiB"}, **options)
     assert plan.components["model"].kind.value == "offloaded"
     return pipe
 

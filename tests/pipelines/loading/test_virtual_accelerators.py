@@ -25,7 +25,7 @@ KiB = 1024
 # over the plan, weights only): text_encoder whole, the denoiser (332 KiB) split over both GPUs, the VAE
 # offloaded (RAM, run on a GPU), and text_encoder_2 no longer fits RAM: disk. ("balanced" keeps blocks of
 # each resident instead, issue 18, so it no longer shows every kind at once.)
-EVERY_KIND = {0: 310 * KiB, 1: 290 * KiB, "cpu": 260 * KiB}
+EVERY_KIND = {0: "310KiB", 1: "290KiB", "cpu": "260KiB"}
 EVERY_KIND_STRATEGY = "sequential"
 
 

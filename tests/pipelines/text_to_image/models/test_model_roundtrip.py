@@ -83,7 +83,7 @@ def test_offloaded_load_computes_the_same_and_keeps_blocks_whole(tmp_path, cls):
     hooks. Sums of two submodules' outputs live inside one no-split module, so any cut works."""
     model = tiny(cls)
     model.save_pretrained(tmp_path / "model")
-    loaded = cls.from_pretrained(tmp_path / "model", device_map="auto", max_memory={"cpu": int(0.6 * model_bytes(model))},
+    loaded = cls.from_pretrained(tmp_path / "model", device_map="auto", max_memory={"cpu": f"{int(0.6 * model_bytes(model))}B"},
                                  offload_folder=tmp_path / "offload", progress=False).eval()
     assert {"cpu", "disk"} <= set(loaded.hf_device_map.values())
     assert not [key for key in loaded.hf_device_map if inside_a_no_split_block(loaded, key)]

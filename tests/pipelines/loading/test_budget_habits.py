@@ -1,0 +1,101 @@
+"""Budgets as people type them, at every user-facing entry: a bare number under 1 MiB is a unit left out
+("did you mean '24GiB'?"), "5000B" is bytes, a GPU given 0 is warned about; a plan that fails with GPU budgets
+given and the CPU's detected says so; a plan made in float32 that would do better in bfloat16 says that."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import pipelines
+import placement
+from placement.budgets import DETECTED_CPU_NOTE, ZeroBudgetWarning
+from placement.errors import InvalidSizeError, PlacementError
+from pipelines import TextToImagePipeline
+from pipelines.loading.suggestions import BF16_SUGGESTION
+
+from pipeline_fixtures import save_preset
+
+UNIT_LEFT_OUT = r"max_memory\[0\]: 24 means 24 bytes \(a number without a unit counts bytes\): did you mean '24GiB'\?"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_preset(tmp_path_factory.mktemp("budgets") / "tiny-dit")[0]
+
+
+@pytest.fixture(scope="module")
+def pipe(folder):
+    return TextToImagePipeline.from_pretrained(folder, progress=False)
+
+
+def entries(folder, pipe):
+    return {
+        "from_pretrained": lambda mm: TextToImagePipeline.from_pretrained(folder, device_map="balanced",
+                                                                          max_memory=mm, progress=False),
+        "plan_placement": lambda mm: TextToImagePipeline.plan_placement(folder, max_memory=mm),
+        "placement.plan": lambda mm: placement.plan(pipe.module_components, max_memory=mm),
+        "place": lambda mm: pipelines.place(pipe, max_memory=mm),
+        "load_model": lambda mm: pipelines.load_model(folder / "vae", max_memory=mm, progress=False),
+        "plan_replicas": lambda mm: placement.plan_replicas(pipe.module_components, max_memory=mm),
+    }
+
+
+@pytest.mark.parametrize("entry", ["from_pretrained", "plan_placement", "placement.plan", "place", "load_model",
+                                   "plan_replicas"])
+def test_a_bare_int_under_one_mib_is_a_unit_left_out_at_every_entry(folder, pipe, entry):
+    with pytest.raises(InvalidSizeError, match=UNIT_LEFT_OUT):
+        entries(folder, pipe)[entry]({0: 24, "cpu": "1GiB"})
+    assert getattr(pipe, "hf_device_map", None) is None
+
+
+@pytest.mark.parametrize("entry", ["plan_placement", "placement.plan"])
+def test_explicit_bytes_still_plan_tiny_budgets(folder, pipe, entry):
+    plan = entries(folder, pipe)[entry]({0: "5000B", 1: "5000B", "cpu": "1GiB"})
+    assert {d.device: d.budget for d in plan.devices if d.device != "disk"} == {0: 5000, 1: 5000, "cpu": 2**30}
+
+
+def test_replica_groups_plan_and_load_with_their_computed_budgets(folder, monkeypatch):
+    """Budgets the library works out (a replica group's share) are never taken for a unit left out."""
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    modules = TextToImagePipeline.from_pretrained(folder, progress=False).module_components
+    replicas = placement.plan_replicas(modules, max_memory={0: "2MiB", 1: "2MiB", "cpu": "600KiB"})
+    assert replicas.cpu_share < 2**20 and len(replicas.groups) == 2
+    group = replicas.groups[1]
+    loaded = TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False,
+                                                 max_memory=placement.budgets.exact_budgets(group.max_memory))
+    assert set(loaded.hf_device_map.values()) == {1}
+
+
+def test_a_zero_budget_for_a_listed_gpu_is_a_warning_at_the_entries(folder):
+    for zero in (0, "0GiB"):
+        with pytest.warns(ZeroBudgetWarning, match="gives GPU 0 a budget of 0 bytes: nothing can be placed there"):
+            plan = TextToImagePipeline.plan_placement(folder, max_memory={0: zero, 1: "1GiB", "cpu": "1GiB"})
+        assert plan.components and all(0 not in c.devices for c in plan.components.values())
+
+
+def test_a_failed_plan_with_gpu_budgets_and_a_detected_cpu_says_how_to_give_cpu(folder, pipe):
+    with pytest.raises(PlacementError) as caught:
+        placement.plan(pipe.module_components, max_memory={0: "300KiB"}, strategy="balanced_low_0",
+                       activations={"denoiser": 2**50})  # needs more than any machine's RAM
+    assert DETECTED_CPU_NOTE in str(caught.value) and "max_memory['cpu']" in str(caught.value)
+    with pytest.raises(PlacementError) as given:
+        placement.plan(pipe.module_components, max_memory={0: "300KiB", "cpu": "100KiB"})
+    assert DETECTED_CPU_NOTE not in str(given.value)
+
+
+def test_a_plan_in_float32_that_would_fit_in_bfloat16_says_so(folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        offloaded = TextToImagePipeline.plan_placement(folder, max_memory={0: "500KiB", 1: "200KiB", "cpu": "100MiB"})
+    assert offloaded.verdict.kind.value != "fits on accelerators"
+    said = [line for line in offloaded.warnings if line.startswith(BF16_SUGGESTION)]
+    assert said and "fits on accelerators" in said[0]
+    with pytest.raises(PlacementError, match=r"no offload_folder was given.*" + BF16_SUGGESTION.replace("(", r"\(")
+                       .replace(")", r"\)") + " fits on accelerators"):
+        TextToImagePipeline.plan_placement(folder, max_memory={0: "400KiB", "cpu": "100KiB"})
+    import torch
+    in_bf16 = TextToImagePipeline.plan_placement(folder, torch_dtype=torch.bfloat16,
+                                                 max_memory={0: "300KiB", 1: "100KiB", "cpu": "100MiB"})
+    assert not any(line.startswith(BF16_SUGGESTION) for line in in_bf16.warnings)
