@@ -31,6 +31,7 @@ from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from ..hf.hf_interop import load_without_device_map
 from .assembly import check_components, construct, target_class
 from .joined_outputs import deliver_joined_outputs
+from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
 from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
@@ -167,6 +168,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                     attach_runtime(module, component, hooks=hooks)
             if hooks:
                 deliver_joined_outputs(pipe, plan)
+            apply_memory_techniques(pipe, plan)  # VAE tiling/slicing the plan turned on
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
     except BaseException:

@@ -12,7 +12,6 @@ from typing import Any, Mapping
 from torch import nn
 
 import placement
-from placement.activations import ActivationEstimateError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
@@ -21,6 +20,7 @@ from ..hf.calls import CallSpecError, family_calls
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
 from .request import DeviceMapKind, DeviceMapRequest, Scope
+from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .saved_plans import check_saved_plan, nest_flat_device_map
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
@@ -45,7 +45,9 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
                  scope: Scope = Scope.PIPELINE) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
     interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
-    `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once."""
+    `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
+    With `call`, each component's activation peak for that call is planned for, and a VAE whose decode does
+    not fit is planned tiled or sliced (`memory_techniques`; `call={"vae_tiling": False}` forbids it)."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -53,16 +55,27 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         strategy = nest_flat_device_map(strategy, modules)
     elif device_map.kind is DeviceMapKind.PINS:
         strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
-    activations, module_order = None, {}
-    if call is not None:
-        activations = call_activations(pipe, modules, call, torch_dtype=dtypes, module_order=module_order)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plan = placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
-                              offload_folder=offload_folder, activations=activations,
-                              pinned=dict(pinned) or None, module_order=module_order or None, scope=scope.value)
-    for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
+    module_order: dict[str, list[str]] = {}
+
+    def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
+        return placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
+                              offload_folder=offload_folder, activations=activations, pinned=dict(pinned) or None,
+                              module_order=module_order or None, scope=scope.value)
+
+    if call is None:
+        outcome = attempt(plan_for, None)
+    else:
+        options, sizes = VaeOptions.split(call)
+        runs = component_calls(pipe, modules, sizes)
+        activations = estimate_peaks(runs, modules, torch_dtype=dtypes, module_order=module_order,
+                                     techniques=options.forced_for(modules, runs))
+        outcome = plan_with_vae_techniques(
+            plan_for, PlannedCall(runs=runs, modules=modules, dtypes=dtypes, sizes=sizes,
+                                  describe=lambda smaller: component_calls(pipe, modules, smaller)),
+            activations, options)
+    for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    plan = outcome.result()
     return plan if call is None else plan.with_inputs(call=dict(call))
 
 
@@ -81,32 +94,46 @@ def _in_library(filename: str) -> bool:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from example inputs: the
-    pipeline's own (`activation_inputs(**call)` gives a call per component), else those of its diffusers
-    family, looked up by class name (`calls.family_calls`; a component run several times counts its largest).
-    When `module_order` is a dict, each component's submodule paths are recorded into it in the order that
-    call runs them (splits are cut in it)."""
+    """Peak activation bytes per component for one call, estimated on meta from example inputs (see
+    `component_calls`; a component run several times counts its largest), with the VAE techniques `call`
+    turns on (`vae_tiling=True`, `vae_slicing=True`). When `module_order` is a dict, each component's submodule
+    paths are recorded into it in the order that call runs them (splits are cut in it)."""
+    options, sizes = VaeOptions.split(call)
+    runs = component_calls(pipe, modules, sizes)
+    return estimate_peaks(runs, modules, torch_dtype=torch_dtype, module_order=module_order,
+                          techniques=options.forced_for(modules, runs))
+
+
+def component_calls(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
+                    call: Mapping[str, Any]) -> dict[str, list]:
+    """What one call of the pipeline runs of each component: the pipeline's own description
+    (`activation_inputs(**call)` gives a call per component), else that of its diffusers family, looked up by
+    class name (`calls.family_calls`). `call` holds sizes only (`VaeOptions.split` takes the techniques out)."""
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        runs = family_calls(pipeline_class_name(pipe), modules, call)
-    else:
-        try:
-            runs = {name: [spec] for name, spec in describe(**dict(call)).items()}
-        except TypeError as error:
-            raise CallSpecError(
-                f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
-                "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
-            ) from error
+        return {name: list(examples) for name, examples in
+                family_calls(pipeline_class_name(pipe), modules, call).items()}
+    sizes = {key: value for key, value in call.items() if key != "num_inference_steps"}  # runs, not sizes
+    try:
+        return {name: [spec] for name, spec in describe(**sizes).items()}
+    except TypeError as error:
+        raise CallSpecError(
+            f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
+            "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
+        ) from error
+
+
+def estimate_peaks(runs: Mapping[str, list], modules: Mapping[str, nn.Module], *, torch_dtype=None,
+                   module_order: dict[str, list[str]] | None = None,
+                   techniques: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Each component's largest activation peak over its calls (with `techniques[name]` on, if any)."""
     peaks = {}
     for name, examples in runs.items():
         if name not in modules:
             continue
         with record_module_order(modules[name]) as order:
-            try:
-                peaks[name] = max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
-                                  for example in examples)
-            except ActivationEstimateError as error:
-                raise error.for_component(name) from error
+            peaks[name] = component_peak(name, modules[name], examples, dtype_for(torch_dtype, name),
+                                         (techniques or {}).get(name, ()))
         if module_order is not None:
             module_order[name] = order
     return peaks

@@ -18,7 +18,9 @@ from placement import estimate_activations
 from ...errors import LoadError
 
 CALL_KEYS = ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "guidance_scale",
-             "max_sequence_length")
+             "max_sequence_length", "num_inference_steps")
+# Keys of `call=` that choose memory techniques rather than sizes (`pipelines.loading.memory_techniques`).
+TECHNIQUE_KEYS = ("vae_tiling", "vae_slicing")
 
 
 class CallSpecError(LoadError, ValueError):
@@ -49,6 +51,7 @@ class CallSpec:
     num_images_per_prompt: int = 1
     guidance_scale: float = 1.0
     max_sequence_length: int | None = None
+    num_inference_steps: int | None = None  # the denoising steps (runs of the denoiser per pass)
 
     @property
     def images(self) -> int:
@@ -65,13 +68,14 @@ class CallSpec:
         unknown = sorted(set(call) - set(CALL_KEYS))
         if unknown:
             raise CallSpecError(
-                f"call= for {pipeline} has unknown key(s) {unknown}; it takes {', '.join(CALL_KEYS)}."
+                f"call= for {pipeline} has unknown key(s) {unknown}; it takes {', '.join(CALL_KEYS + TECHNIQUE_KEYS)}."
             )
         values = {**defaults, **{key: value for key, value in call.items() if value is not None}}
         for key in ("height", "width"):
             if key not in values:
                 raise CallSpecError(f"call= for {pipeline} needs {key!r}, e.g. {{'height': 1024, 'width': 1024}}.")
-        for key in ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "max_sequence_length"):
+        for key in ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "max_sequence_length",
+                    "num_inference_steps"):
             value = values.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise CallSpecError(f"call= for {pipeline}: {key} must be a positive int, got {value!r}.")
