@@ -31,7 +31,8 @@ from placement.sizes import format_bytes
 from placement.sizing import dtype_for
 
 from ..hf.calls import CallSpecError
-from ..hf.calls.vae_techniques import WithTechniques, enable_techniques, supported_techniques, tile_description
+from ..hf.calls.vae_techniques import (WithTechniques, enable_techniques, is_on, supported_techniques,
+                                       tile_description)
 from .vae_fit_advice import activation_does_not_fit
 
 TECHNIQUE_KEYS = {"vae_tiling": MemoryTechnique.VAE_TILING, "vae_slicing": MemoryTechnique.VAE_SLICING}
@@ -62,7 +63,8 @@ class VaeOptions:
         return self.wanted.get(technique) is not False
 
     def forced_for(self, modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, frozenset]:
-        """{VAE: the techniques `call=` forces}; a forced technique that no VAE of the pipeline offers is an error."""
+        """{VAE: the techniques `call=` forces, and those a component passed in has on already}; a technique
+        `call=` forces that no VAE of the pipeline offers is an error."""
         forced = {technique for technique, value in self.wanted.items() if value}
         vaes = vae_components(modules, runs)
         for technique in forced:
@@ -71,7 +73,8 @@ class VaeOptions:
                 found = ", ".join(f"{name} ({type(module).__name__})" for name, module in modules.items()) or "none"
                 raise CallSpecError(f"call= asks for {key}=True, but no component this call decodes with offers "
                                     f"it (components: {found}); leave {key} out.")
-        return {name: frozenset(forced & set(offered)) for name, offered in vaes.items()}
+        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t)))
+                for name, offered in vaes.items()}
 
 
 def vae_components(modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, tuple]:
@@ -90,7 +93,7 @@ def component_peak(name: str, module: nn.Module, examples, dtype, techniques=())
     """The largest activation peak of `module`'s calls, with `techniques` on; a failure names the component."""
     try:
         return max(WithTechniques(call=example, techniques=frozenset(techniques)).estimate(module, dtype=dtype)
-                   if techniques else example.estimate(module, dtype=dtype) for example in examples)
+                   for example in examples)
     except ActivationEstimateError as error:
         raise error.for_component(name) from error
 
@@ -174,7 +177,7 @@ def plan_with_vae_techniques(plan_for: Callable, call: PlannedCall, activations:
                 best, chosen = trial, techniques
     if best.plan is None:
         raise activation_does_not_fit(plan_for, call, base, vaes, options, attempt, batched) from base.error
-    return Outcome(plan=_recorded(best.plan, chosen, forced, base, call.modules), warnings=best.warnings,
+    return Outcome(plan=_recorded(best.plan, chosen, forced, base, call.modules, options), warnings=best.warnings,
                    activations=best.activations)
 
 
@@ -206,7 +209,7 @@ def batched(examples) -> bool:
 
 
 def _recorded(plan: placement.Plan, chosen: Mapping[str, frozenset], forced: Mapping[str, frozenset],
-              base: Outcome, modules: Mapping[str, nn.Module]) -> placement.Plan:
+              base: Outcome, modules: Mapping[str, nn.Module], options: VaeOptions) -> placement.Plan:
     """The plan with each VAE's techniques recorded on its component (the load applies them)."""
     components = dict(plan.components)
     for name, techniques in chosen.items():
@@ -217,17 +220,20 @@ def _recorded(plan: placement.Plan, chosen: Mapping[str, frozenset], forced: Map
         tiles = tile_description(modules[name])
         records = [PlannedTechnique(technique=technique,
                                     activation_bytes_without=None if technique in forced.get(name, ()) else without,
-                                    reason=_reason(name, technique, component, without, forced, base, tiles))
+                                    reason=_reason(name, technique, component, without, forced, base, tiles,
+                                                   options))
                    for technique in sorted(techniques, key=list(MemoryTechnique).index)]
         components[name] = component.model_copy(update={"memory_techniques": records})
     return plan.model_copy(update={"components": components})
 
 
-def _reason(name: str, technique: MemoryTechnique, component, without, forced, base: Outcome, tiles: str) -> str:
+def _reason(name: str, technique: MemoryTechnique, component, without, forced, base: Outcome, tiles: str,
+            options: VaeOptions) -> str:
     if technique in forced.get(name, ()):
         key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
-        return (f"asked for in call= ({key}=True); its activations for this call are "
-                f"{_bytes(component.activation_bytes)}.")
+        why = f"asked for in call= ({key}=True)" if options.wanted.get(technique) else \
+            "on already in the component given (it stays on)"
+        return f"{why}; its activations for this call are {_bytes(component.activation_bytes)}."
     tiles = f" ({tiles})" if technique is MemoryTechnique.VAE_TILING else ""
     return (f"for this call its activations are {_bytes(without)} decoded whole and "
             f"{_bytes(component.activation_bytes)} {_WORDS[technique]}{tiles}; decoded whole, "

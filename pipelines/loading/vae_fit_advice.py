@@ -17,7 +17,8 @@ from ..hf.calls.vae_techniques import tile_description
 
 # How far a smaller call is looked for: sides and frames are halved at most this many times each.
 _HALVINGS = 2
-# Sides stay multiples of this (every family's latent pixel step divides it: 8, 16, 32 or 64).
+# Halved sides of at least twice this are rounded down to a multiple of it (every family's latent pixel step
+# divides it: 8, 16, 32 or 64); smaller ones are halved as they are (a family that refuses the size is skipped).
 _SIDE_STEP = 64
 
 
@@ -79,7 +80,7 @@ def _smaller_call(plan_for, call, base, best: Mapping[str, frozenset], attempt) 
 
 def smaller_sizes(sizes: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Calls to try, smallest change first: frames halved (kept of the form k * 8 + 1, which every video
-    family takes), then height and width halved (multiples of 64)."""
+    family takes), then height and width halved (see `_SIDE_STEP`)."""
     found, current = [], dict(sizes)
     frames = sizes.get("num_frames")
     for _ in range(_HALVINGS if isinstance(frames, int) and frames > 9 else 0):
@@ -87,13 +88,17 @@ def smaller_sizes(sizes: Mapping[str, Any]) -> list[dict[str, Any]]:
         found.append(current)
     current = dict(sizes)
     for _ in range(_HALVINGS):
-        sides = {key: max(_SIDE_STEP, current[key] // 2 // _SIDE_STEP * _SIDE_STEP) for key in ("height", "width")
-                 if isinstance(current.get(key), int)}
-        if not sides or all(current[key] == value for key, value in sides.items()):
+        sides = {key: _halved(current[key]) for key in ("height", "width") if isinstance(current.get(key), int)}
+        if not sides or any(value < 1 for value in sides.values()):
             break
         current = {**current, **sides}
         found.append(current)
     return found
+
+
+def _halved(side: int) -> int:
+    half = side // 2
+    return half // _SIDE_STEP * _SIDE_STEP if half >= 2 * _SIDE_STEP else half
 
 
 def _room_offer(call, best, plan) -> str:

@@ -36,8 +36,8 @@ _REPEATED_PARTS = ("decoder", "encoder")
 # diffusers' in-place blends of two tiles' overlap: `blend_x(a, b, extent)` writes into `b` and returns it.
 _BLENDS = ("blend_v", "blend_h", "blend_t")
 # Tile sizes by attribute, as the VAE classes name them (pixels): AutoencoderKL, the video VAEs and DC-AE, ours.
-_TILE_ATTRIBUTES = (("tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_num_frames"),
-                    ("tile_sample_min_size",), ("tile_sample_size",))
+_TILE_ATTRIBUTES = (("tile_sample_min_height", "tile_sample_min_width"), ("tile_sample_min_size",),
+                    ("tile_sample_size",))
 
 
 class EstimableCall(Protocol):
@@ -54,6 +54,11 @@ def supported_techniques(module: nn.Module) -> tuple[MemoryTechnique, ...]:
                  if hasattr(module, _FLAGS[technique]) and callable(getattr(module, _ENABLE[technique], None)))
 
 
+def is_on(module: nn.Module, technique: MemoryTechnique) -> bool:
+    """Whether the module has the technique on already (a component passed in, set up by its user)."""
+    return getattr(module, _FLAGS[technique], False) is True
+
+
 def enable_techniques(module: nn.Module, techniques) -> None:
     """Turn the planned techniques on (`vae.enable_tiling()`, `vae.enable_slicing()`, each class's own)."""
     for technique in techniques:
@@ -64,9 +69,10 @@ def tile_description(module: nn.Module) -> str:
     """The VAE's tiles as its class sets them, e.g. "tiles of 256x256 pixels x 16 frames", for reasons."""
     for names in _TILE_ATTRIBUTES:
         values = [getattr(module, name, None) for name in names]
-        if all(isinstance(value, int) for value in values):
-            side = f"{values[0]}x{values[1]} pixels" if len(values) > 1 else f"{values[0]}x{values[0]} pixels"
-            return "tiles of " + side + (f" x {values[2]} frames" if len(values) > 2 else "")
+        if isinstance(values[0], int) and all(isinstance(value, int) for value in values[1:2]):
+            side = f"{values[0]}x{values[-1] if len(values) == 2 else values[0]} pixels"
+            frames = getattr(module, "tile_sample_min_num_frames", None)
+            return "tiles of " + side + (f" x {frames} frames" if isinstance(frames, int) else "")
     return f"{type(module).__name__}'s default tiles"
 
 
@@ -88,14 +94,15 @@ class WithTechniques:
 
 @contextmanager
 def techniques_on(module: nn.Module, techniques) -> Iterator[None]:
-    """The module's technique flags set (then restored), its decoder and encoder replayed by input shape."""
-    flags = {_FLAGS[technique]: True for technique in techniques}
+    """The module's technique flags set as `techniques` says (on for those, off for the others it offers; then
+    restored), its decoder and encoder replayed by input shape while any is on."""
+    flags = {_FLAGS[technique]: technique in techniques for technique in supported_techniques(module)}
     saved = {name: getattr(module, name) for name in flags}
     with ExitStack() as stack:
         for name, value in flags.items():
             setattr(module, name, value)
         stack.callback(lambda: [setattr(module, name, value) for name, value in saved.items()])
-        if flags:
+        if any(flags.values()):
             for part in _REPEATED_PARTS:
                 if isinstance(getattr(module, part, None), nn.Module):
                     stack.enter_context(replayed_by_shape(getattr(module, part)))
