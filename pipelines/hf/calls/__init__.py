@@ -10,7 +10,10 @@ text_encoders.py   CLIP / T5 / UMT5 / LLM (Llama, Gemma2, Qwen2.5-VL) encoder ca
 unet_families.py   Stable Diffusion 1.x/2.x, SDXL
 dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1
 video_families.py  CogVideoX, HunyuanVideo, Wan 2.1 T2V/I2V, LTX-Video
+conditioned_families.py  the variants that take an image: img2img, inpaint, the SDXL refiner, ControlNet (SD,
+                   SDXL, FLUX.1), FLUX.1 Img2Img/Inpaint/Fill/Kontext, Wan VACE
 family_table.py    the table: class name -> Family (how it calls its components, its call defaults)
+vae_techniques.py  VAE tiling/slicing: which VAEs offer them, and a VAE call estimated with them on
 """
 
 from __future__ import annotations
