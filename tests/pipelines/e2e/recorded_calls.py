@@ -1,13 +1,15 @@
 """The tensor shapes a pipeline call really gives its denoiser, ControlNet and VAE (recorded from a run), and
 those `call=` describes for the same call (`pipelines.hf.calls.family_calls`), in one format to compare:
-{(component, method): sorted shapes of every tensor among the arguments}, first call of each method."""
+{(component, method): sorted shapes of every tensor among the arguments}, first call of each method. Arguments
+named like a mask are left out: a pipeline drops a mask whose tokens are all valid (Qwen-Image), which the
+description keeps (it plans for the padded length)."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import keystr, tree_flatten_with_path
 
 from pipelines.hf.calls import family_calls
 from pipelines.loading.planning import modules_and_edges
@@ -17,10 +19,13 @@ VAE_METHODS = ("encode", "decode")
 
 
 def _shapes(args, kwargs) -> tuple:
-    return tuple(sorted(tuple(leaf.shape) for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)))
+    leaves, _ = tree_flatten_with_path((args, kwargs))
+    return tuple(sorted(tuple(leaf.shape) for path, leaf in leaves
+                        if isinstance(leaf, torch.Tensor) and "mask" not in keystr(path)))
 
 
-def recorded_shapes(pipe, inputs: dict) -> dict:
+def recorded_shapes(pipe, inputs: dict) -> tuple[dict, object]:
+    """The shapes `pipe(**inputs)` gives each watched component, and the call's output."""
     found: dict = {}
 
     def keep(key, args, kwargs):
@@ -39,8 +44,8 @@ def recorded_shapes(pipe, inputs: dict) -> dict:
                     lambda _, args, kwargs, key=(name, "forward"): keep(key, args, kwargs), with_kwargs=True)
                 stack.callback(handle.remove)
         with torch.no_grad():
-            pipe(**inputs)
-    return found
+            output = pipe(**inputs)
+    return found, output
 
 
 @contextlib.contextmanager
