@@ -31,11 +31,12 @@ from placement.sizes import format_bytes
 from placement.sizing import dtype_for
 
 from ..hf.calls import CallSpecError
+from ..hf.calls.spec import TECHNIQUE_KEYS as CALL_TECHNIQUE_KEYS
 from ..hf.calls.vae_techniques import (WithTechniques, enable_techniques, is_on, supported_techniques,
                                        tile_description)
 from .vae_fit_advice import activation_does_not_fit
 
-TECHNIQUE_KEYS = {"vae_tiling": MemoryTechnique.VAE_TILING, "vae_slicing": MemoryTechnique.VAE_SLICING}
+TECHNIQUE_KEYS = {key: MemoryTechnique(key) for key in CALL_TECHNIQUE_KEYS}  # "vae_tiling" -> VAE_TILING, ...
 _WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
 _VAE_METHODS = ("decode", "encode")
 _FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)

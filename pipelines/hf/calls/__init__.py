@@ -8,7 +8,7 @@ spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCa
 shapes.py          meta tensors and the facts read from component configs (VAE factors, latent frames)
 text_encoders.py   CLIP / T5 / UMT5 / LLM (Llama, Gemma2, Qwen2.5-VL) encoder calls, CLIP vision
 unet_families.py   Stable Diffusion 1.x/2.x, SDXL
-dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1
+dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1, AuraFlow
 video_families.py  CogVideoX, HunyuanVideo, Wan 2.1 T2V/I2V, LTX-Video
 conditioned_families.py  the variants that take an image: img2img, inpaint, the SDXL refiner, ControlNet (SD,
                    SDXL, FLUX.1), FLUX.1 Img2Img/Inpaint/Fill/Kontext, Wan VACE

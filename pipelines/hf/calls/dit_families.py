@@ -1,6 +1,6 @@
-"""Image DiTs: SD3/SD3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1.
+"""Image DiTs: SD3/SD3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1, AuraFlow.
 
-Classifier-free guidance: SD3, PixArt, Sana and HiDream batch negatives with prompts when guidance_scale > 1
+Classifier-free guidance: SD3, PixArt, Sana, HiDream and AuraFlow batch negatives with prompts when guidance_scale > 1
 (the transformer's batch doubles). FLUX.1 is guidance-distilled (guidance_scale is an embedding input, one
 pass) and Qwen-Image's "true CFG" runs the negative pass as a second call of the same size: neither doubles.
 """
@@ -101,6 +101,24 @@ def _masked_t5_transformer(modules, spec: CallSpec, **extra) -> Calls:
         "timestep": floats(transformer, batch),
         "return_dict": False,
         **extra,
+    }
+    latents = floats(transformer, batch, transformer.config.in_channels, *_latent_grid(modules, spec))
+    calls["transformer"] = (ExampleCall(args=(latents,), kwargs=kwargs),)
+    return calls
+
+
+def aura_flow(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
+    """AuraFlowPipeline: UMT5 (max_sequence_length, masked), latents (N, C, H/8, W/8), CFG doubled."""
+    transformer, vae = modules["transformer"], modules["vae"]
+    calls: Calls = {"vae": (vae_decode(vae, spec),)}
+    for name, encoder in present(modules, "text_encoder"):
+        calls[name] = (text_call(encoder, spec.batch_size, spec.max_sequence_length, mask=True),)
+    batch = spec.denoiser_batch(cfg_doubles=True)
+    kwargs = {
+        "encoder_hidden_states": floats(transformer, batch, spec.max_sequence_length,
+                                        transformer.config.joint_attention_dim),
+        "timestep": floats(transformer, batch),
+        "return_dict": False,
     }
     latents = floats(transformer, batch, transformer.config.in_channels, *_latent_grid(modules, spec))
     calls["transformer"] = (ExampleCall(args=(latents,), kwargs=kwargs),)

@@ -73,6 +73,7 @@ FAMILIES: dict[str, Family] = {  # one row per pipeline class: its call's defaul
     "SanaPipeline": _image(dit_families.sana, 4.5, 300, steps=20),
     "QwenImagePipeline": _image(dit_families.qwen_image, 1.0, 512, steps=50),
     "HiDreamImagePipeline": _image(dit_families.hidream, 5.0, 128, steps=50),
+    "AuraFlowPipeline": _image(dit_families.aura_flow, 3.5, 256, steps=50),
     "CogVideoXPipeline": _video(video_families.cogvideox, 6.0, 226, 49),
     "HunyuanVideoPipeline": _video(video_families.hunyuan_video, 6.0, 256, 129),
     "WanPipeline": _video(video_families.wan, 5.0, 512, 81),

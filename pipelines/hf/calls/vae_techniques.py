@@ -35,9 +35,9 @@ _ENABLE = {MemoryTechnique.VAE_TILING: "enable_tiling", MemoryTechnique.VAE_SLIC
 _REPEATED_PARTS = ("decoder", "encoder")
 # diffusers' in-place blends of two tiles' overlap: `blend_x(a, b, extent)` writes into `b` and returns it.
 _BLENDS = ("blend_v", "blend_h", "blend_t")
-# Tile sizes by attribute, as the VAE classes name them (pixels): AutoencoderKL, the video VAEs and DC-AE, ours.
-_TILE_ATTRIBUTES = (("tile_sample_min_height", "tile_sample_min_width"), ("tile_sample_min_size",),
-                    ("tile_sample_size",))
+# Square tile sizes in pixels, as AutoencoderKL and ours name them (the video VAEs and DC-AE set a height and a
+# width, `tile_sample_min_height`/`_width`, and HunyuanVideo frames too).
+_SQUARE_TILE_ATTRIBUTES = ("tile_sample_min_size", "tile_sample_size")
 
 
 class EstimableCall(Protocol):
@@ -67,13 +67,14 @@ def enable_techniques(module: nn.Module, techniques) -> None:
 
 def tile_description(module: nn.Module) -> str:
     """The VAE's tiles as its class sets them, e.g. "tiles of 256x256 pixels x 16 frames", for reasons."""
-    for names in _TILE_ATTRIBUTES:
-        values = [getattr(module, name, None) for name in names]
-        if isinstance(values[0], int) and all(isinstance(value, int) for value in values[1:2]):
-            side = f"{values[0]}x{values[-1] if len(values) == 2 else values[0]} pixels"
-            frames = getattr(module, "tile_sample_min_num_frames", None)
-            return "tiles of " + side + (f" x {frames} frames" if isinstance(frames, int) else "")
-    return f"{type(module).__name__}'s default tiles"
+    height, width = (getattr(module, f"tile_sample_min_{side}", None) for side in ("height", "width"))
+    if not (isinstance(height, int) and isinstance(width, int)):  # square tiles: AutoencoderKL, ours
+        height = width = next((getattr(module, name) for name in _SQUARE_TILE_ATTRIBUTES
+                               if isinstance(getattr(module, name, None), int)), None)
+    if height is None:
+        return f"{type(module).__name__}'s default tiles"
+    frames = getattr(module, "tile_sample_min_num_frames", None)
+    return f"tiles of {height}x{width} pixels" + (f" x {frames} frames" if isinstance(frames, int) else "")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,7 +99,7 @@ CASES = [
     _image_case("FluxImg2ImgPipeline", tiny_dits.flux_img2img, 16, extra={"image": lambda: image(16)}),
     _image_case("StableDiffusion3Pipeline", tiny_dits.sd3_without_t5, 16,
                 load={"text_encoder_3": None, "tokenizer_3": None}),
-    _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16, call=False, strict_bug=TENSOR_OF_VIRTUAL),
+    _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16, strict_bug=TENSOR_OF_VIRTUAL),
     _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False, strict_bug=ARANGE),
     # the variants call= describes
     _img2img_case("StableDiffusionImg2ImgPipeline", tiny_unets.sd_img2img, 16),
