@@ -58,8 +58,8 @@ def _ours():
 
 VAES = {  # (build, latent shape: two tiles or more along each tiled axis, and a batch of 2 where it slices)
     "AutoencoderKL": (_kl, (2, 4, 20, 24)),
-    "AutoencoderKLHunyuanVideo": (_hunyuan, (1, 4, 9, 12, 10)),
-    "AutoencoderKLWan": (_wan, (1, 4, 3, 12, 10)),
+    "AutoencoderKLHunyuanVideo": (_hunyuan, (1, 4, 5, 12, 10)),
+    "AutoencoderKLWan": (_wan, (1, 4, 2, 12, 10)),
     "AutoencoderKLCogVideoX": (_cogvideox, (1, 4, 3, 12, 10)),
     "ours": (_ours, (2, 4, 20, 24)),
 }
