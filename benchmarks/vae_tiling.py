@@ -2,18 +2,25 @@
 
     python benchmarks/vae_tiling.py            # about two minutes on a 2-core machine
     python benchmarks/vae_tiling.py --naive    # also time the naive estimate (every tile run): many minutes
+    python benchmarks/vae_tiling.py --plans    # also plan HunyuanVideo 720x1280x129 on 2x24 GiB: a few minutes
 
 For each VAE and call: the decode's activation peak untiled and tiled (each class's own tiled code with its
 own tile sizes: `pipelines.hf.calls.vae_techniques`), and the seconds each estimate took. The tiled estimate
 replays the decoder by input shape; the anchor is running every tile on fake tensors (what estimating the
 tiled call directly costs): `--naive` times it and checks the two peaks are equal.
+
+`--plans`: issue 19's case as a user meets it: HunyuanVideo (published configs, full depth, bf16, on meta) at
+720x1280x129 on 2 x 24 GiB with 64 or 32 GiB of CPU RAM, planned with tiling left to the planner and forbidden
+(`call={"vae_tiling": False}`): the verdict, where the VAE runs and its activations, or the error's first words.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,9 +66,48 @@ def timed(estimate) -> tuple[int, float]:
     return peak, time.perf_counter() - start
 
 
+def configs_folder(family: str, root: Path) -> Path:
+    """A configs-only folder of `family` at full size (model_index.json and each component's config.json)."""
+    entry = next(entries[family] for name in ("real_pipelines.json", "extra_pipelines.json")
+                 if family in (entries := json.loads((DATA / name).read_text())["pipelines"]))
+    index = {"_class_name": entry["pipeline_class"]}
+    for name, spec in entry["components"].items():
+        if not spec.get("optional"):
+            index[name] = [spec["library"], spec["class"]]
+            (root / name).mkdir(parents=True)
+            (root / name / "config.json").write_text(json.dumps({"_class_name": spec["class"], **spec["config"]}))
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
+def plans() -> None:
+    from pipelines import Pipeline
+
+    folder = configs_folder("hunyuanvideo", Path(tempfile.mkdtemp()) / "hunyuanvideo")
+    call = {"height": 720, "width": 1280, "num_frames": 129}
+    print("\n| HunyuanVideo 720x1280x129, bf16 | CPU RAM | tiling | verdict or error | vae runs on | vae activations |")
+    print("|---|---|---|---|---|---:|")
+    for cpu in ("64GiB", "32GiB"):
+        for tiling in (None, False):
+            budget = {0: "24GiB", 1: "24GiB", "cpu": cpu}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    plan = Pipeline.plan_placement(folder, max_memory=budget, torch_dtype=DTYPE,
+                                                   call={**call, "vae_tiling": tiling})
+            except Exception as error:  # the outcome being measured: its type and first words
+                print(f"| 2 x 24 GiB | {cpu} | {tiling} | {type(error).__name__}: {str(error)[:90]}... | - | - |")
+                continue
+            vae = plan.components["vae"]
+            techniques = ", ".join(used.technique.value for used in vae.memory_techniques) or "none"
+            print(f"| 2 x 24 GiB | {cpu} | {tiling} (on: {techniques}) | {plan.verdict.kind.value} | "
+                  f"{vae.execution_device} | {vae.activation_bytes / GiB:.2f} GiB |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--naive", action="store_true", help="also run every tile (the anchor); slow")
+    parser.add_argument("--plans", action="store_true", help="also plan HunyuanVideo on 2 x 24 GiB")
     args = parser.parse_args()
     print("| VAE | call | untiled GiB (s) | tiled GiB (s) | x smaller | tiles | naive tiled GiB (s) |")
     print("|---|---|---:|---:|---:|---|---:|")
@@ -81,6 +127,8 @@ def main() -> None:
         print(f"| {type(vae).__name__} ({family}) | {size} | {untiled / GiB:.2f} ({untiled_s:.1f}) | "
               f"{tiled / GiB:.2f} ({tiled_s:.1f}) | {untiled / tiled:.1f} | {tile_description(vae)} | {naive} |",
               flush=True)
+    if args.plans:
+        plans()
 
 
 if __name__ == "__main__":

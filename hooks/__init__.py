@@ -6,10 +6,13 @@ per-call residency) and meters what it moves. Every technique has one calling sh
     with hooks.measure_transfers() as meter:
         pipe(...)
     meter.host_to_accelerator_bytes, meter.weights, meter.inputs
+    with hooks.edit_placed_weights(dit):      # in-place edits (adapters) follow each layer's placement
+        dit.load_lora_adapter(...)
 """
 
 from .diffusers_compat import group_offloading_fields, layerwise_casting_fields
 from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
+from .editing import PlacedWeightsError, edit_placed_weights, refresh_placement, weight_homes
 from .errors import (
     DispatchError,
     OffloadConfigError,
@@ -40,6 +43,8 @@ __all__ = [
     # placing a plan
     "PlacedModules", "apply_component_plan", "apply_plan", "DeviceMapConfig", "DiskWeights", "apply_device_map",
     "dispatch", "undispatch",
+    # editing placed modules in place (adapters): new tensors follow their layer
+    "edit_placed_weights", "refresh_placement", "weight_homes",
     # the technique table
     "OFFLOADING", "TECHNIQUES", "Handle", "PlanContext", "Technique", "TechniqueSpec", "apply_to_each",
     "check_compatible", "remove_technique", "technique_for", "techniques_on",
@@ -55,5 +60,6 @@ __all__ = [
     # the transfer meter
     "Traffic", "TransferMeter", "measure_transfers",
     # errors
-    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError", "TransferPlanError",
+    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacedWeightsError", "PlacementRuntimeError",
+    "TransferPlanError",
 ]

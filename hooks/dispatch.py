@@ -162,7 +162,10 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
     """Where streamed weights are read from: the CPU entries' own tensors, the disk entries' checkpoint files."""
     if not cpu_keys and not disk_index:
         return None
-    state_dict = extract_submodules_state_dict(module.state_dict(), cpu_keys) if cpu_keys else None
+    state_dict = None
+    if cpu_keys:  # accelerate's extraction matches "key." prefixes: the whole module ("") matches nothing
+        state_dict = module.state_dict() if "" in cpu_keys else extract_submodules_state_dict(module.state_dict(),
+                                                                                              cpu_keys)
     # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
     device = safetensors_device(torch_device(main))
     return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=device)
@@ -187,6 +190,15 @@ def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_p
             tied_params_map=tied_params_map,
         )
         _add_hook(submodule, hook)
+
+
+def serve_from_host(module: nn.Module, place: Device) -> None:
+    """Serve `module`'s own parameters (real tensors, e.g. an adapter's added to a streamed entry) from host
+    RAM to `place` for each forward, as a streamed entry's other layers are: accelerate's hook copies them to
+    the CPU as its weights map and leaves `meta` in the module between forwards."""
+    device = torch_device(place)
+    _add_hook(module, ServeWeightsHook(place=place, execution_device=device, offload=True, weights_map=None,
+                                       offload_buffers=False, tied_params_map=None))
 
 
 def _add_hook(module: nn.Module, hook: ModelHook) -> None:
@@ -324,4 +336,4 @@ SPEC = TechniqueSpec(
 )
 
 __all__ = ["SPEC", "DeviceMapConfig", "DispatchError", "ServeWeightsHook", "apply_device_map", "dispatch",
-           "serve_weights", "undispatch"]
+           "serve_from_host", "serve_weights", "undispatch"]

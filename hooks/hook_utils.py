@@ -66,6 +66,33 @@ def remove_hooks_of_type(root: nn.Module, hook_types: type | tuple[type, ...]) -
     return removed
 
 
+def remove_hooks_where(module: nn.Module, predicate) -> int:
+    """Detach the hooks of `module` itself for which `predicate(hook)` holds, keeping the others chained."""
+    hooks = hooks_of(module)
+    kept = [hook for hook in hooks if not predicate(hook)]
+    for hook in hooks:
+        if predicate(hook):
+            hook.detach_hook(module)
+    if len(kept) != len(hooks):
+        _reinstall(module, kept)
+    return len(hooks) - len(kept)
+
+
+def runs_forward(module: nn.Module) -> bool:
+    """The module computes in its own forward, so a hook on it fires; containers (ModuleDict, ParameterDict:
+    peft keeps some adapter tensors in them) never run."""
+    return type(module).forward is not nn.Module.forward
+
+
+def running_ancestor(root: nn.Module, module: nn.Module) -> nn.Module:
+    """`module` if it runs its own forward, else its nearest ancestor under `root` that does (where a hook
+    fires while `module`'s tensors are used)."""
+    parents = {id(child): parent for parent in root.modules() for child in parent.children()}
+    while not runs_forward(module) and id(module) in parents:
+        module = parents[id(module)]
+    return module
+
+
 def add_hook_first(module: nn.Module, hook: ModelHook) -> None:
     """Install `hook` so that it runs before the hooks already on `module` (whose state is kept)."""
     existing = hooks_of(module)

@@ -78,10 +78,13 @@ def _count_input(tensor: torch.Tensor, place: Device) -> torch.Tensor:
 
 def return_to_caller(output: Any, device: torch.device | None, *, source: Device, target: Device | None) -> Any:
     """Outputs computed on `source`, moved to the caller's `device` (None: left where they are); counted as
-    inputs moved from `source` to `target` (the caller's place), and tagged there for the next hook."""
+    inputs moved to `target` (the caller's place) from where each one is (`source` where devices do not say:
+    plain-CPU virtual accelerators), and tagged there for the next hook."""
     if meter.metering() and target is not None:
+        tracking = meter.tracking_places()
         for tensor in _tensors(output):
-            meter.record(meter.Payload.INPUTS, meter.tensor_bytes(tensor), source=source, target=target)
+            origin = source if tracking else meter.place_of(tensor)  # a split module's last entry may be there
+            meter.record(meter.Payload.INPUTS, meter.tensor_bytes(tensor), source=origin, target=target)
     if device is not None:
         output = move_to_device(output, device)
     if meter.metering():

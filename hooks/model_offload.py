@@ -13,7 +13,7 @@ last one back. Components passed as `standalone` (outside the model graph) are o
 move when called and go back at `offload_all()`.
 
 Built on accelerate's `CpuOffload` hook and `UserCpuOffloadHook`; our `ModelOffloadHook` keeps whether its
-component is on the execution device itself (under virtual accelerators its weights never leave the CPU) and
+component is on the execution device itself (on plain-CPU virtual accelerators its weights never leave the CPU) and
 counts each move to the accelerator with the transfer meter. Components are often entered through a method
 other than `forward` (a VAE's `decode`): every direct child of a component carries a `ComponentEntryHook`
 that runs the component's offload hook first when the component is not on the execution device yet.

@@ -1,9 +1,10 @@
 """Where the runtime executes: a user's device spec as a place (the plan's spelling) and as a torch device.
 
 A *place* is a device as device maps spell it: an accelerator index, "cpu" or "disk" (`placement.devices`).
-The runtime keeps the place beside the torch device because under `PLACEMENT_VIRTUAL_ACCELERATORS` an
-accelerator's torch device is the CPU: only the place says that a copy to it crosses the bus (the transfer
-meter counts it as a GPU copy). Techniques resolve their configs' devices here.
+The runtime keeps the place beside the torch device because under `PLACEMENT_VIRTUAL_ACCELERATORS` with
+`PLACEMENT_VIRTUAL_STRICT=0` an accelerator's torch device is the CPU: only the place says that a copy to it
+crosses the bus (the transfer meter counts it as a GPU copy; strict, it is `vgpu:k` and says so itself).
+Techniques resolve their configs' devices here.
 """
 
 from __future__ import annotations

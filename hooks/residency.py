@@ -89,8 +89,10 @@ class ComponentPhase:
     """One component's per-call units and streamed session, entered at each run (`enter`/`exit` nest)."""
 
     def __init__(self, *, name: str, place: Device, per_call: list[ModuleGroup], per_run: list[ModuleGroup],
-                 session: GroupOffloadSession | None, coordinator: DeviceCoordinator, transient_bytes: int) -> None:
+                 session: GroupOffloadSession | None, coordinator: DeviceCoordinator, transient_bytes: int,
+                 config: ResidencyConfig | None = None) -> None:
         self.name = name
+        self.config = config  # what it was applied with (an edit regroups its units by the same lists)
         self.place = place
         self.per_call = per_call
         self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
@@ -224,7 +226,7 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     coordinator = config.coordinator or DeviceCoordinator(place=place, room=None)
     phase = ComponentPhase(name=type(module).__name__, place=place, per_call=per_call, per_run=per_run,
                            session=session, coordinator=coordinator,
-                           transient_bytes=config.activation_bytes + _stream_buffers(per_run, blocks))
+                           transient_bytes=config.activation_bytes + _stream_buffers(per_run, blocks), config=config)
     try:
         for group in [*per_call, *streamed]:
             group.take_weights()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from placement.quantized_sizing import storage_bytes
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TensorSlot:
@@ -41,8 +43,8 @@ class ModelTensor:
 
     @property
     def num_bytes(self) -> int:
-        tensor = self.get()
-        return tensor.numel() * tensor.element_size()
+        """Its storage: a quantized tensor's packed data and scales (`placement.quantized_sizing`)."""
+        return storage_bytes(self.get())
 
     def set(self, value: torch.Tensor) -> None:
         """Put `value` in every slot; parameters keep their `requires_grad` and stay one shared object."""

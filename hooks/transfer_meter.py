@@ -11,10 +11,12 @@ the hooks at component and device boundaries move in, and outputs moved back to 
 `PLACEMENT_VIRTUAL_ACCELERATORS` a copy to a virtual accelerator counts as it would on a GPU, though no byte
 moves. Nothing is counted, and no bookkeeping runs, while no meter is on.
 
-Inputs under virtual accelerators: every tensor is a CPU tensor, so the meter keeps the logical place of the
-tensors that matter: a tensor our hooks returned to an accelerator caller is tagged with it; a tensor made
-inside a component is where that component executes (a stack of the executing places); anything else the
-caller made is on the host. (With strict virtual devices, issue 19, the tensor will say so itself.)
+Inputs are counted from where each tensor is, which its device says: on GPUs, and on strict virtual
+accelerators (`vgpu:k`, the default), exactly. Only virtual accelerators that are not strict
+(`PLACEMENT_VIRTUAL_STRICT=0`) are approximate: every tensor is a CPU tensor there, so the meter tracks the
+logical place of the tensors that matter: a tensor our hooks returned to an accelerator caller is tagged with
+it; a tensor made inside a component is where that component executes (a stack of the executing places);
+anything else the caller made is on the host.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from enum import Enum
 
 import torch
 
-from placement.devices import Device, is_accelerator, virtual_accelerator_count
+from placement.devices import Device, is_accelerator, strict_virtual_accelerators, virtual_accelerator_count
+from placement.quantized_sizing import storage_bytes
 
 from .places import place_of_device
 
@@ -93,10 +96,10 @@ class TransferMeter:
 
 
 class _State:
-    """The meters on now, and (virtual accelerators only) where tensors and running components are."""
+    """The meters on now, and (virtual accelerators that are not strict) where tensors and running components are."""
 
     meters: list[TransferMeter] = []
-    virtual = False
+    tracking = False  # devices do not say where tensors are: plain-CPU virtual accelerators
     executing: list[Device] = []  # places of the components running now, innermost last
     tags: dict[int, tuple[weakref.ref, Device]] = {}
 
@@ -106,7 +109,7 @@ def measure_transfers() -> Iterator[TransferMeter]:
     """Count the bytes our hooks move while the block runs (meters may nest: each counts its own block)."""
     meter = TransferMeter()
     if not _State.meters:
-        _State.virtual = virtual_accelerator_count() is not None
+        _State.tracking = virtual_accelerator_count() is not None and not strict_virtual_accelerators()
         _State.executing.clear()
         _State.tags.clear()
     _State.meters.append(meter)
@@ -144,14 +147,20 @@ def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) 
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    """Bytes that cross the bus for `tensor`: a quantized one's real storage (its packed data and scales)."""
+    return storage_bytes(tensor)
 
 
-# ------------------------------------------------------------------ logical places (virtual accelerators)
+# ------------------------------------------------ logical places (virtual accelerators that are not strict)
+def tracking_places() -> bool:
+    """Whether the meter tracks places itself: devices do not say them (plain-CPU virtual accelerators)."""
+    return bool(_State.meters) and _State.tracking
+
+
 def place_of(tensor: torch.Tensor) -> Device:
-    """Where `tensor` is, as a place: its device on real hardware; under virtual accelerators its tag, else the
-    place of the innermost running component, else the host (see the module docstring)."""
-    if tensor.device.type != "cpu" or not _State.virtual:
+    """Where `tensor` is, as a place: its device (real or strict virtual accelerators); under plain-CPU virtual
+    accelerators its tag, else the place of the innermost running component, else the host (module docstring)."""
+    if tensor.device.type != "cpu" or not _State.tracking:
         return place_of_device(tensor.device)
     tagged = _State.tags.get(id(tensor))
     if tagged is not None and tagged[0]() is tensor:
@@ -164,8 +173,8 @@ def is_tagged(tensor: torch.Tensor) -> bool:
 
 
 def tag(tensor: torch.Tensor, place: Device) -> None:
-    """Remember that the CPU tensor `tensor` now stands for a tensor on `place` (virtual accelerators only)."""
-    if not (_State.meters and _State.virtual) or tensor.device.type != "cpu":
+    """Remember that the CPU tensor `tensor` now stands for a tensor on `place` (when tracking places)."""
+    if not tracking_places() or tensor.device.type != "cpu":
         return
     key = id(tensor)
     if not is_accelerator(place):
@@ -176,7 +185,7 @@ def tag(tensor: torch.Tensor, place: Device) -> None:
 
 def enter_place(place: Device) -> bool:
     """A component starts running on `place`; True when it was recorded (then call `leave_place`)."""
-    if not (_State.meters and _State.virtual):
+    if not tracking_places():
         return False
     _State.executing.append(place)
     return True
@@ -192,4 +201,4 @@ def leave_place(place: Device) -> None:
 
 
 __all__ = ["Direction", "Payload", "Traffic", "TransferMeter", "measure_transfers", "metering", "place_of",
-           "record", "tag", "tensor_bytes"]
+           "record", "tag", "tensor_bytes", "tracking_places"]

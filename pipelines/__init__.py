@@ -38,11 +38,13 @@ _EXPORTS = {
     "library_class": ".folder.class_registry",
     "register_class": ".folder.class_registry",
     "place": ".loading.place",
+    "load_model": ".loading.single_model",
+    "plan_model": ".loading.single_model",
 }
 
 # Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
 _ERRORS = {
-    ".errors": ("DeviceMappedError", "FolderError", "LoadError"),
+    ".errors": ("CallError", "DeviceMappedError", "FolderError", "LoadError"),
     ".checkpoint.checkpoint_errors": (
         "CheckpointDtypeError", "CheckpointError", "CheckpointKeysError", "CheckpointReadError",
         "CheckpointSaveError", "CheckpointShapeError", "CorruptCheckpointError", "InvalidConfigError",
@@ -53,10 +55,18 @@ _ERRORS = {
     ".folder.model_index": ("ModelIndexError", "UntrustedClassError"),
     ".folder.pipeline_saving": ("PipelineSaveError",),
     ".folder.snapshot": ("FolderChangedError",),
+    ".hf.adapters": ("AdapterPlacementError",),
     ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
     ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
     ".hf.hf_spellings": ("LoadArgumentError",),
     ".loading.placing": ("AcceleratorsMissingError", "PipelineLoadError"),
+    ".loading.formats": ("FormatOptionError", "FormatPlacementError"),
+    ".loading.model_loader": ("ForeignModelFolderError",),
+    ".loading.owner_reading": ("OwnerPlacementError",),
+    ".hf.owner_loading": ("OwnerLoadError",),
+    ".hf.quantizers": ("QuantizationConfigError",),
+    ".hf.single_file": ("SingleFileError",),
+    ".folder.sources": ("ModelFolderError",),
     ".loading.saved_plans": ("SavedPlanError",),
     ".framework.memory": ("VaeFeatureError",),
     ".text_to_image.conditioning": ("TextConditioningError",),
@@ -68,7 +78,6 @@ _ERRORS = {
     ".text_to_image.tokenizers": ("TokenizerError",),
     ".distributed.images": ("ImageRunError",),
     ".distributed.replica": ("ReplicaLoadError",),
-    ".cli.resolve": ("CliArgumentError", "PlanTargetError"),
 }
 _EXPORTS.update({name: module for module, names in _ERRORS.items() for name in names})
 

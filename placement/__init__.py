@@ -12,6 +12,7 @@ from .errors import (
     InvalidSizeError,
     OffloadFolderRequiredError,
     PlacementError,
+    PlanError,
     StrategyError,
 )
 from .graph import build_graph, execution_order
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidSizeError",
     "OffloadFolderRequiredError",
     "PlacementError",
+    "PlanError",
     "PlacementKind",
     "Plan",
     "ReplicaError",

@@ -4,6 +4,10 @@ An explicit `max_memory` is used exactly as given (no hidden margin): its intege
 the plan may use (present or not: planning for a machine you do not have is a main use), "cpu" and "disk"
 the host budgets. A missing "cpu" key means the host's available RAM (detected, with the margin below); a
 missing "disk" key means the disk is unlimited (it is still only used when an `offload_folder` is given).
+Values are parsed by `sizes.parse_budget`. Sizes written as text are checked as typed by a person: a number
+without a unit under 1 MiB is refused as a unit left out (`{0: "24"}`, `--max-memory 0=24`: "did you mean
+'24GiB'?"), and a GPU given "0GiB" gets a `ZeroBudgetWarning` (it will hold nothing; leaving it out says
+that plainly). Ints are bytes as computed by code, checked for nothing more (a full GPU's budget is 0).
 
 Detected budgets (`max_memory=None`) come from the accelerators `devices.detect_accelerators()` sees (free memory
 of each, through accelerate's `get_max_memory()` for CUDA/XPU; a share of RAM for MPS and for the virtual
@@ -17,14 +21,15 @@ accelerators of `PLACEMENT_VIRTUAL_ACCELERATORS`) and available RAM, minus a saf
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
 
-from .devices import Device, detect_accelerators, device_sort_key, is_accelerator, normalize_device
+from .devices import Device, detect_accelerators, device_label, device_sort_key, is_accelerator, normalize_device
 from .errors import InvalidDeviceError, InvalidSizeError
-from .sizes import format_size, parse_size
+from .sizes import format_size, parse_budget
 
 ACCELERATOR_MARGIN = 0.10
 MIN_ACCELERATOR_MARGIN = 256 * 1024**2
@@ -34,6 +39,10 @@ MARGIN_DESCRIPTION = (
     f"detected budgets keep back {ACCELERATOR_MARGIN:.0%} of each accelerator's free memory "
     f"(at least {format_size(MIN_ACCELERATOR_MARGIN, 'MiB', 0)}) and {CPU_MARGIN:.0%} of available RAM"
 )
+
+
+class ZeroBudgetWarning(UserWarning):
+    """A GPU listed in `max_memory` with a budget of 0: nothing can be placed on it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +76,7 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
             f"max_memory must be a dict such as {{0: '24GiB', 1: '24GiB', 'cpu': '64GiB'}}, got {max_memory!r}."
         )
     limits: dict[Device, Optional[int]] = {}
+    typed_zero = []
     for key, value in max_memory.items():
         device = _device_key(key)
         if device in limits:
@@ -74,6 +84,9 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
                 f"max_memory names device {device!r} twice (key {key!r} is another spelling of it); keep one."
             )
         limits[device] = _size(key, value)
+        if isinstance(value, str) and limits[device] == 0:
+            typed_zero.append(device)
+    warn_zero_budgets(typed_zero, stacklevel=3)
     detected = set()
     if "cpu" not in limits:
         limits["cpu"] = _detected_cpu_budget()
@@ -131,7 +144,7 @@ def _detected_cpu_budget() -> int:
 
 
 def _available_ram() -> int:
-    import psutil  # a dependency of accelerate
+    import psutil  # declared in pyproject.toml (accelerate needs it too)
 
     return int(psutil.virtual_memory().available)
 
@@ -143,9 +156,21 @@ def _device_key(key) -> Device:
         raise InvalidDeviceError(f"Unknown max_memory key {key!r}: {error}") from None
 
 
+def warn_zero_budgets(devices, *, stacklevel: int = 2) -> None:
+    """A `ZeroBudgetWarning` naming the accelerators among `devices` (those given a zero budget as text)."""
+    zero = [device_label(device) for device in devices if is_accelerator(device)]
+    if zero:
+        them = "it" if len(zero) == 1 else "them"
+        warnings.warn(
+            f"max_memory gives {', '.join(zero)} a budget of 0 bytes: nothing can be placed there. Leave {them} "
+            f"out of max_memory to plan without {them}, or give the memory to use (e.g. '24GiB').",
+            ZeroBudgetWarning, stacklevel=stacklevel + 1,
+        )
+
+
 def _size(key, value) -> int:
     try:
-        return parse_size(value)
+        return parse_budget(value)
     except InvalidSizeError as error:
         raise InvalidSizeError(f"max_memory[{key!r}]: {error}") from None
 

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from .devices import Device, check_can_execute, normalize_device
-from .errors import InvalidDeviceError, PlacementError
+from .errors import InvalidDeviceError, PlanError
 
 
-class IncompleteDeviceMapError(PlacementError, ValueError):
+class IncompleteDeviceMapError(PlanError, ValueError):
     """A device map that leaves some tensors of its module without a device."""
 
 

@@ -115,11 +115,10 @@ def strict_virtual_accelerators() -> bool:
 
     The escape hatch exists for what torch's Python backend cannot do: autograd's backward pass through a
     virtual accelerator other than 0 (the engine sizes its device queues from a C++ device count a Python
-    backend cannot set), `torch.Generator(device="vgpu")` (no generator hooks for a Python backend), and
-    `cpu_param.data = virtual_tensor` (torch asks only the CPU target, which cannot become a virtual one in
-    place: diffusers' own group offloading does this; ours replaces parameters instead). safetensors knows
-    only real device types: read onto "cpu" for a virtual one (`safetensors_device`). Everything else a
-    pipeline does runs strict."""
+    backend cannot set) and `torch.Generator(device="vgpu")` (no generator hooks for a Python backend).
+    safetensors knows only real device types: read onto "cpu" for a virtual one (`safetensors_device`).
+    Everything else a pipeline does runs strict (`cpu_param.data = virtual_tensor` too, as diffusers' group
+    offloading does it: `placement.virtual.tensor.DATA_PROPERTY`)."""
     text = os.environ.get(VIRTUAL_STRICT_ENV, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
         return True

@@ -4,10 +4,15 @@
     text_encoder  whole  bfloat16 (requested)  GPU 1        .   9.00     .
     denoiser      split  bfloat16 (requested)  GPU 0    20.00   4.00     .
     ...
-    device  budget  weights  activations  streaming working set  runtime overhead  predicted peak  left
+    device  budget  weights  activations  streaming working set  (loaded per call)  runtime overhead
+            predicted peak  left  peak while
+    component  runs  resident  loaded per call  streamed per run  per call  time
 
 It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
-table is one word of the plan's memory vocabulary (see `placement.plan`), and the reasons use the same words.
+table is one word of the plan's memory vocabulary (see `plan_schema`): the device's resident weights, and the
+activations / streaming working set of the phase that sets its peak ("peak while": the component running
+then). The transfer table says what crosses from host memory to the accelerators per call, per component and
+in total, and the time at the plan's link bandwidth. The reasons use the same words.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ def explain_plan(plan: Plan) -> str:
     lines = [*verdict_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
+    lines += transfer_lines(plan)
     lines += ["", _activation_note(plan)]
     lines += budget_source_lines(plan)
     if plan.crossing_edges:
@@ -64,8 +70,8 @@ def _component_table(plan: Plan) -> list[str]:
 def _device_table(plan: Plan) -> list[str]:
     # "activations" only when a call was planned for: otherwise the transient is the streaming working set alone.
     activations = ["activations"] if plan.activations_accounted else []
-    header = ["device", "budget", "weights", *activations, "streaming working set", "runtime overhead",
-              "predicted peak", "left"]
+    header = ["device", "budget", "weights", *activations, "streaming working set", "(loaded per call)",
+              "runtime overhead", "predicted peak", "left", "peak while"]
     rows = []
     for entry in plan.devices:
         budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
@@ -77,11 +83,39 @@ def _device_table(plan: Plan) -> list[str]:
             format_bytes(entry.weight_bytes),
             *own,
             format_bytes(entry.streaming_working_set),
+            format_bytes(entry.loaded_per_call),
             format_bytes(entry.overhead),
             format_bytes(entry.predicted_peak),
             EMPTY if entry.left is None else format_bytes(entry.left),
+            entry.peak_phase or EMPTY,
         ])
     return aligned_columns(header, rows, left=1)
+
+
+def transfer_lines(plan: Plan) -> list[str]:
+    """Per component and in total: what crosses host -> accelerator per call, and how long at the link speed."""
+    if plan.transfer_bytes_per_call is None:
+        return []  # a plan written before the transfer model
+    if plan.transfer_bytes_per_call == 0:  # a table of zeros says less than one line
+        return ["", "Moved per call: nothing (every weight the accelerators use stays resident across calls)."]
+    speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
+    title = f"Moved per call, host -> accelerator, steady state (time at {speed}):"
+    header = ["component", "runs", "resident", "loaded per call", "streamed per run", "per call", "time"]
+    rows = []
+    for name, component in plan.components.items():
+        transfer = component.transfer
+        if transfer is None:
+            continue
+        rows.append([name, str(transfer.runs_per_call), format_bytes(transfer.resident_bytes),
+                     format_bytes(transfer.loaded_per_call_bytes), format_bytes(transfer.streamed_per_run_bytes),
+                     format_bytes(transfer.bytes_per_call), _time(transfer.bytes_per_call / plan.link_bandwidth)])
+    rows.append(["total", "", "", "", "", format_bytes(plan.transfer_bytes_per_call),
+                 _time(plan.transfer_seconds_per_call)])
+    return ["", title, *aligned_columns(header, rows, left=1)]
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def verdict_lines(plan: Plan) -> list[str]:

@@ -1,24 +1,28 @@
-"""Predicted peak memory per device, kept up to date while a strategy places components.
+"""Predicted peak memory per device, phase by phase, kept up to date while a strategy places components.
 
-    predicted peak = weights placed on the device
-                   + the largest transient among the components that execute there
-                   + a runtime overhead (accelerators only, and only when activations are accounted)
+A pipeline call runs its components one after another; while component k runs (k's *phase*), a device holds
 
-Components run one after another, so only the largest transient counts, not their sum. A component's
-transient is its activation peak (from `estimate_activations`, for the call the user will make) plus, when
-it is offloaded or on disk, its streaming working set (`streaming.streaming_working_set`): what
-block-level offloading keeps on the execution device at once, next to the activations. A split component charges its
-full activation peak to every accelerator it spans: conservative (each device holds only its part of the
-work), and it keeps a split from being planned onto a device whose leftover room is exactly its weights.
+    the resident weights of every component placed on it (on the device across calls: `weights`)
+  + what k's phase brings to it (its `phase` bytes): k's activations, the weights k loads for the call when
+    its phase starts (`ComponentTransfer.loaded_per_call_bytes`) and k's stream buffers (the blocks in flight)
+  + a runtime overhead (accelerators only, and only when activations are accounted)
 
-Without activations (the caller made no call spec) the transient is only the streamed block, the overhead
-is zero, and explicit budgets are honoured byte for byte; the plan then says activations were not
-accounted for.
+and the predicted peak is the largest of these over the phases. The resident weights are the same in every
+phase, so the peak is `weights + the largest phase + overhead`: a component's phase bytes never add to
+another's. A component's phase bytes on its execution device: its activation peak (from `estimate_activations`,
+for the call the user will make), plus, when it is offloaded or on disk, its streaming working set: the weights
+loaded for the call and the blocks in flight (`streaming.streaming_working_set` when it loads nothing more than
+it must). A split component's phase charges its full activation peak to every accelerator it spans:
+conservative (each device holds only its part of the work), and it keeps a split from being planned onto a
+device whose leftover room is exactly its weights.
+
+Without activations (the caller made no call spec) a phase holds only streamed weights, the overhead is zero,
+and explicit budgets are honoured byte for byte; the plan then says activations were not accounted for.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .budgets import Budgets
@@ -40,9 +44,15 @@ class DeviceLoad:
     device: Device
     budget: Optional[int]
     detected: bool
-    weights: int = 0
-    transient: int = 0
+    weights: int = 0  # resident: held in every phase
     used: bool = False
+    phases: dict[str, int] = field(default_factory=dict)  # component -> bytes its phase brings here
+    unnamed: int = 0  # a transient added without naming its phase
+
+    @property
+    def transient(self) -> int:
+        """The largest phase's bytes: what the device holds beyond its resident weights at its peak."""
+        return max(self.unnamed, max(self.phases.values(), default=0))
 
 
 class Ledger:
@@ -59,7 +69,7 @@ class Ledger:
         """An independent copy, for a strategy that tries several orders and keeps the best."""
         twin = Ledger.__new__(Ledger)
         twin.activations_accounted = self.activations_accounted
-        twin.loads = {device: replace(load) for device, load in self.loads.items()}
+        twin.loads = {device: replace(load, phases=dict(load.phases)) for device, load in self.loads.items()}
         return twin
 
     @property
@@ -93,11 +103,26 @@ class Ledger:
         budget = self.loads[device].budget
         return budget is None or self.peak(device, weights=weights, transient=transient) <= budget
 
-    def add(self, device: Device, *, weights: int = 0, transient: int = 0) -> None:
+    def add(self, device: Device, *, weights: int = 0, transient: int = 0, phase: Optional[str] = None) -> None:
+        """`weights` more resident bytes; `transient` bytes while component `phase` runs (its phase grows to it)."""
         load = self.loads[device]
         load.weights += weights
-        load.transient = max(load.transient, transient)
         load.used = True
+        if phase is None:
+            load.unnamed = max(load.unnamed, transient)
+        else:
+            load.phases[phase] = max(load.phases.get(phase, 0), transient)
+
+    def set_phase(self, device: Device, phase: str, transient: int) -> None:
+        """Component `phase`'s bytes on `device` are now exactly `transient` (the transfer plan settled them)."""
+        load = self.loads[device]
+        load.phases[phase] = transient
+        load.used = True
+
+    def phase_bytes(self, device: Device, *, excluding: str) -> int:
+        """The largest phase on `device` other than `excluding`'s (an unnamed transient counts as one)."""
+        load = self.loads[device]
+        return max([load.unnamed, *(n for name, n in load.phases.items() if name != excluding)])
 
     def device_plans(self) -> list[DevicePlan]:
         plans = []
@@ -116,6 +141,7 @@ class Ledger:
                     overhead=overhead,
                     predicted_peak=peak,
                     left=None if load.budget is None else load.budget - peak,
+                    phases={name: n for name, n in load.phases.items() if n},
                 )
             )
         return plans

@@ -7,37 +7,51 @@ The JSON (`plan.to_json()`) carries `schema_version` (SCHEMA_VERSION; files writ
 version 1 and still load), the `inputs` the plan was made for, and the derived `verdict`. Its JSON Schema is
 `Plan.model_json_schema(mode="serialization")`.
 
-One memory vocabulary, shared by `explain()`, `to_svg()` and the JSON, per device: weights, activations (only
-when a call was planned for), streaming working set (the blocks an offloaded component keeps on its execution
-device at once), runtime overhead, predicted peak (the sum), left (budget minus predicted peak).
+One memory vocabulary, shared by `explain()`, `to_svg()` and the JSON, per device, phase by phase (a phase is
+the time one component runs; `memory_model`): weights (resident: held in every phase), activations (only when
+a call was planned for), streaming working set (host-homed weights the running component keeps on its
+execution device: those it loads once per call, `loaded_per_call`, and its blocks in flight), runtime overhead,
+predicted peak (weights + the largest phase + overhead: the largest over the phases, `DevicePlan.phase_peaks`),
+left (budget minus predicted peak). The device's activations / streaming working set / loaded per call are those
+of the phase that sets its peak (`DevicePlan.peak_phase`).
+
+What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_per_call`) is counted host ->
+accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s; 25 GB/s, PCIe 4.0 x16,
+unless the caller gave one, e.g. measured).
 """
 
 from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Annotated, Any, Optional, Union
+from typing import Any, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
+from .device_breakdown import with_breakdown
 from .devices import Device, device_label, is_accelerator, normalize_device
-from .errors import PlacementError
+from .errors import PlanError
 from .sizes import format_bytes
-from .verdict import fullest_device, verdict_warnings
-
-PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
+from .plan_inputs import PlanDevice, PlanInputs
+from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
 # 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
-SCHEMA_VERSION = 2
+# 3: adds the transfer model: ComponentPlan.transfer, Plan.link_bandwidth (and its source), the derived
+#    Plan.transfer_bytes_per_call / transfer_seconds_per_call, DevicePlan.phases and .loaded_per_call,
+#    PlanInputs.runs_per_call / link_bandwidth. Older files load with transfer None and no phases.
+SCHEMA_VERSION = 3
+# Host -> accelerator bandwidth assumed when none is given: PCIe 4.0 x16 with pinned memory, sustained.
+DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
+DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 
 
-class PlanSchemaError(PlacementError, ValueError):
+class PlanSchemaError(PlanError, ValueError):
     """A plan JSON file written by a newer version of this library, or not a plan at all."""
 
 
 class PlacementKind(str, Enum):
-    """How a component's weights are placed (DESIGN.md, "placement kinds")."""
+    """How a component's weights are placed (docs/design.md, "placement kinds")."""
 
     WHOLE = "whole"  # on one accelerator
     SPLIT = "split"  # its submodules over several accelerators, cut only between no-split blocks
@@ -52,7 +66,7 @@ class _Frozen(BaseModel):
 
 class ComponentTransfer(_Frozen):
     """What crosses the host -> accelerator bus for one component, per call, in steady state (the pipeline is
-    called again and again): DESIGN.md "When it does not fit: what moves per call".
+    called again and again): docs/design.md "When it does not fit: what moves per call".
 
     Three residency levels, at module granularity (keys relative to the component, like `device_map`):
     - resident: on its accelerator across calls (the `device_map` entries that name an accelerator);
@@ -60,7 +74,14 @@ class ComponentTransfer(_Frozen):
       device when the component's phase starts, kept through its `runs_per_call` runs, released when another
       component's phase on that device needs the room (diffusers' model offload, at block granularity);
     - streamed (`streamed_modules`): homed on the host, moved block by block at every run, next block prefetched.
-    Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists.
+    Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists,
+    and `device_map` places it (the key itself, or a prefix of it as `device_maps.owning_key` finds it) on "cpu"
+    or "disk". Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
+    (`streaming.transfer_units`); only blocks stream, the rest is resident or loaded per call. A component whose
+    map cuts finer (a pinned map) lists its host-homed keys instead.
+
+    A component executing on the CPU moves nothing host -> accelerator (all zeros, nothing resident). The bytes
+    are exact for the plan; the seconds of a call are `bytes_per_call / Plan.link_bandwidth`.
     """
 
     runs_per_call: int = 1
@@ -69,6 +90,9 @@ class ComponentTransfer(_Frozen):
     streamed_per_run_bytes: int = 0
     per_call_modules: list[str] = []
     streamed_modules: list[str] = []
+    # The blocks in flight at once while streaming (the two largest streamed blocks: one computing, the next
+    # prefetched), on the execution device next to the per-call bytes; 0 when nothing streams.
+    stream_buffer_bytes: int = 0
 
     @property
     def bytes_per_call(self) -> int:
@@ -108,18 +132,20 @@ class ComponentPlan(_Frozen):
     device_map: dict[str, PlanDevice]
     placed_bytes: dict[PlanDevice, int]  # weight bytes per device, in device order (sums to `bytes`)
     activation_bytes: Optional[int] = None
-    streamed_unit_bytes: int = 0  # offloaded/disk: the largest block moved to the execution device at once
+    # Host-homed weights on the execution device at once while it runs: loaded per call + blocks in flight (its
+    # streaming working set; `streaming.streaming_working_set` when it loads only what it must).
+    streamed_unit_bytes: int = 0
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy
     transfer: Optional[ComponentTransfer] = None  # None in files written before the transfer model existed
     memory_techniques: list[PlannedTechnique] = []  # turned on by the plan, applied by the load (VAE tiling)
 
 
 class DevicePlan(_Frozen):
-    """One device's budget and what the plan predicts it holds at its peak.
+    """One device's budget and what the plan predicts it holds, phase by phase, and at its peak.
 
-    predicted_peak = weight_bytes + activation_peak + overhead, where activation_peak is the largest
-    transient among the components executing here (they run one after another): activations plus, for an
-    offloaded component, its largest streamed block.
+    predicted_peak = weight_bytes + activation_peak + overhead: `weight_bytes` are resident (held in every
+    phase); `phases` says what each component's phase brings here beyond them (activations, weights loaded per
+    call, blocks in flight); activation_peak is the largest of those (the components run one after another).
     """
 
     device: PlanDevice
@@ -134,6 +160,22 @@ class DevicePlan(_Frozen):
     # (None when no call was planned for) and the streaming working set of an offloaded component.
     activations: Optional[int] = None
     streaming_working_set: int = 0
+    loaded_per_call: int = 0  # the part of streaming_working_set loaded once per call (not streamed per run)
+    # component -> bytes its phase brings to this device beyond the resident weights (components whose phase
+    # brings nothing here are left out: their phase holds weight_bytes + overhead). Empty in files before v3.
+    phases: dict[str, int] = {}
+
+    @property
+    def phase_peaks(self) -> dict[str, int]:
+        """component -> what this device holds while it runs (resident weights + its phase + overhead)."""
+        return {name: self.weight_bytes + extra + self.overhead for name, extra in self.phases.items()}
+
+    @property
+    def peak_phase(self) -> Optional[str]:
+        """The component whose phase sets the predicted peak (None: no phase brings anything here)."""
+        if not self.phases or max(self.phases.values()) == 0:
+            return None
+        return max(self.phases, key=lambda name: self.phases[name])
 
     @property
     def budget_source(self) -> str:
@@ -189,29 +231,7 @@ class Verdict(_Frozen):
         return text + "."
 
 
-class PlanInputs(_Frozen):
-    """What the plan was asked for, so that a JSON file says what it answers."""
-
-    strategy: Any  # as given: a name, a device, or {component: device | {submodule: device}}
-    max_memory: Optional[dict[PlanDevice, int]]  # in bytes; None: detected on the planning machine
-    dtype: Union[None, str, dict[str, Optional[str]]]  # None: each tensor's own dtype
-    call: Optional[dict[str, Any]] = None  # the call planned for (None: weights only)
-    offload_folder: Optional[str] = None
-
-    @classmethod
-    def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None) -> "PlanInputs":
-        """The inputs as JSON can hold them: devices and dtypes as strings, budgets in bytes."""
-        return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
-                   offload_folder=None if offload_folder is None else str(offload_folder), call=call)
-
-
-def _plain(value: Any) -> Any:
-    """torch.device / torch.dtype -> "cuda:1" / "bfloat16"; dicts recursively; ints, strings and None as they are."""
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if value is None or isinstance(value, (int, str)):
-        return value
-    return str(value).removeprefix("torch.")
+_DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call")
 
 
 class Plan(_Frozen):
@@ -229,13 +249,17 @@ class Plan(_Frozen):
     # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not).
     map_reasons: list[str] = []
     inputs: Optional[PlanInputs] = None  # None in version-1 files
+    # Host -> accelerator bytes/s the seconds of `transfer_seconds_per_call` assume, and where it came from.
+    link_bandwidth: float = DEFAULT_LINK_BANDWIDTH
+    link_bandwidth_source: str = DEFAULT_LINK_SOURCE
 
     @model_validator(mode="before")
     @classmethod
     def _read_version(cls, data: Any) -> Any:
-        """Old files (no schema_version) load as version 1; the derived verdict is recomputed, not read."""
+        """Old files (no schema_version) load as version 1; derived fields (the verdict, the transfer totals)
+        are recomputed, not read."""
         if isinstance(data, dict):
-            data = {key: value for key, value in data.items() if key != "verdict"}
+            data = {key: value for key, value in data.items() if key not in _DERIVED}
             version = data.get("schema_version", 1)
             if not isinstance(version, int) or version > SCHEMA_VERSION:
                 raise PlanSchemaError(
@@ -248,7 +272,7 @@ class Plan(_Frozen):
     @model_validator(mode="after")
     def _split_transients(self) -> "Plan":
         # Derived from the components, so version-1 files get it too; frozen, hence object.__setattr__.
-        object.__setattr__(self, "devices", [_with_breakdown(d, self) for d in self.devices])
+        object.__setattr__(self, "devices", [with_breakdown(d, self) for d in self.devices])
         return self
 
     @computed_field
@@ -271,8 +295,27 @@ class Plan(_Frozen):
             fullest_share=None if fullest is None else fullest.predicted_peak / fullest.budget,
             fullest_peak=None if fullest is None else fullest.predicted_peak,
             fullest_budget=None if fullest is None else fullest.budget,
-            warnings=verdict_warnings(components, devices),
+            warnings=verdict_warnings(components, devices, link_bandwidth=self.link_bandwidth,
+                                      link_source=self.link_bandwidth_source),
         )
+
+    @computed_field
+    @property
+    def transfer_bytes_per_call(self) -> Optional[int]:
+        """Host -> accelerator bytes one call moves in steady state: each component's loaded-per-call bytes plus
+        its runs times its streamed-per-run bytes (None for files written before the transfer model)."""
+        transfers = [c.transfer for c in self.components.values()]
+        if self.components and all(t is None for t in transfers):
+            return None
+        return sum(t.bytes_per_call for t in transfers if t is not None)
+
+    @computed_field
+    @property
+    def transfer_seconds_per_call(self) -> Optional[float]:
+        """`transfer_bytes_per_call` at `link_bandwidth`: the time a call spends moving weights, if nothing
+        overlaps it with compute (prefetching hides part of it on a GPU)."""
+        moved = self.transfer_bytes_per_call
+        return None if moved is None else moved / self.link_bandwidth
 
     def with_inputs(self, **changes: Any) -> "Plan":
         """A copy whose `inputs` record `changes` (e.g. `call=`) on top of what was recorded."""
@@ -283,7 +326,7 @@ class Plan(_Frozen):
 
     @property
     def device_map(self) -> dict[str, Device]:
-        """The flat DESIGN.md map: `{"text_encoder": 1, "denoiser.blocks.0": 0, ...}`."""
+        """The flat map of docs/design.md: `{"text_encoder": 1, "denoiser.blocks.0": 0, ...}`."""
         flat: dict[str, Device] = {}
         for name, component in self.components.items():
             for path, device in component.device_map.items():
@@ -339,25 +382,3 @@ class Plan(_Frozen):
         from .explain import explain_plan  # explain imports this module; import here to avoid a cycle
 
         return explain_plan(self)
-
-
-def _with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
-    """`activation_peak` split into activations and streaming working set: the component with the largest
-    transient executing there (a split one charges its activations to every accelerator it spans) sets it."""
-    transients = []
-    for component in plan.components.values():
-        activation = component.activation_bytes or 0
-        if component.execution_device == device.device:
-            is_streamed = component.kind in (PlacementKind.OFFLOADED, PlacementKind.DISK)
-            streamed = component.streamed_unit_bytes if is_streamed else 0
-            transients.append((activation + streamed, activation, streamed))
-        elif component.kind is PlacementKind.SPLIT and device.device in component.placed_bytes:
-            transients.append((activation, activation, 0))
-    total, activation, streamed = max(transients, default=(0, 0, 0))
-    if total != device.activation_peak:  # pinned or hand-made plans: keep the sum exact, streaming first
-        streamed = min(streamed, device.activation_peak)
-        activation = device.activation_peak - streamed
-    return device.model_copy(update={
-        "activations": activation if plan.activations_accounted else None,
-        "streaming_working_set": streamed,
-    })

@@ -12,11 +12,13 @@ from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets
 from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
+from .transfers.completion import complete_transfers
+from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .errors import ComponentError, InvalidDtypeError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
-from .streaming import streaming_working_set
+from .streaming import streaming_working_set, transfer_units
 from .unit_order import order_units
 from .strategies import (
     ComponentRequest,
@@ -47,6 +49,7 @@ def plan(
     pinned: Optional[Mapping[str, Pin]] = None,
     scope: str = "pipeline",
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
+    runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -60,22 +63,25 @@ def plan(
     offload_folder: where disk-offloaded weights go; without it, needing the disk is an error.
     activations: {component: peak activation bytes} for the call the user will make; None plans weights
         only (the plan says so).
-    pinned: components already placed (e.g. passed in dispatched): used as given, counted against the budgets.
-    scope: "pipeline", or "model" for one model (`ModelMixin`): the strategy names then keep accelerate's
-        model-level meaning and a dict maps the model's submodule paths (`strategies.model_level`).
+    pinned: components already placed (passed in dispatched), as given; scope: "pipeline", or "model" for one
+        model (`ModelMixin`): the strategy names keep accelerate's model-level meaning.
     module_order: {component: submodule paths in the order a call runs them} (`trace_module_order`): splits are
         cut in that order; None: structural order (registration, a U-Net's middle block before its up path).
+    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 where guidance is a
+        second pass); others run once (or as their graph node says). A pipeline that does not fit resident
+        moves the fewest bytes per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
+    link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
+        None assumes 25 GB/s (PCIe 4.0 x16). The plan states which.
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
+    runs = check_runs_per_call(runs_per_call, modules)
+    bandwidth = check_link_bandwidth(link_bandwidth)
     spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
-    activation_bytes = _activations(activations, modules)
-    traced = module_order or {}
-    requests = {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
-                               traced.get(name)) for position, name in enumerate(order)}
+    requests = _requests(modules, order, dtype, _activations(activations, modules), module_order or {})
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
     asked = _component_pins(spec, requests, budgets, given=max_memory is not None)
     notes: list[str] = []
@@ -84,21 +90,35 @@ def plan(
     context = Context(has_offload_folder=offload_folder is not None)
     placements = Placements()
     _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
+    costs = CostModel.build(model_graph, [*requests.values()], runs)
+    state = _place_the_rest(spec, requests, ledger, context, placements, costs)
+    inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
+                               max_memory=None if max_memory is None else budgets.given(),
+                               runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth)
+    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
+                     activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth)
+
+
+def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
+    """The strategy over the components not pinned, then every component's transfer (`transfers.completion`)."""
     free = [request for name, request in requests.items() if name not in placements.by_name]
     state = place_free_components(StrategyRequest.build(
-        spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context,
-        costs=CostModel.build(model_graph, free)))
-    inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
-                               max_memory=None if max_memory is None else budgets.given())
-    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
-                     activations_accounted=activations is not None)
+        spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
+    return complete_transfers(state, requests, costs.runs)
+
+
+def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, ComponentRequest]:
+    return {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
+                           traced.get(name)) for position, name in enumerate(order)}
 
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
-              activations_accounted: bool) -> Plan:
-    """The Plan from the strategy's final state, components in execution order."""
+              activations_accounted: bool, bandwidth: Optional[float]) -> Plan:
+    """The Plan from the strategy's final state, components in execution order; `bandwidth` if given."""
     by_name = state.by_name
+    link = {} if bandwidth is None else {"link_bandwidth": bandwidth, "link_bandwidth_source": "given"}
     return Plan(
+        **link,
         strategy=spec.label,
         components={name: _with_dtype(by_name[name].plan, requests[name]) for name in order},
         devices=state.ledger.device_plans(),
@@ -147,7 +167,7 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
         size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
-        streamed=streaming_working_set(module, size),
+        streamed=streaming_working_set(module, size), units=transfer_units(module, size),
     )
 
 

@@ -12,12 +12,12 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 
 from .devices import Device, is_accelerator
-from .errors import PlacementError
+from .errors import PlanError
 from .plan_schema import PlacementKind, Plan
 from .sizes import format_bytes
 
 
-class ReplicaError(PlacementError, ValueError):
+class ReplicaError(PlanError, ValueError):
     """Replicas asked of an inventory that cannot give them: no accelerators, a bad group size, or a replica
     (a local rank) beyond the plan's groups."""
 

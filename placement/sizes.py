@@ -3,6 +3,12 @@
 Units: B, KB/MB/GB/TB are powers of 1000; KiB/MiB/GiB/TiB are powers of 1024; the letters are
 case-insensitive; a bare int (or digit string) is bytes. Unlike accelerate, "10gb" means gigabytes, never
 gigabits: a lower-case "b" is a byte here, because nobody budgets GPU memory in bits.
+
+A budget (`parse_budget`) is a size with one more rule: a number written without a unit ("24", as typed in
+`--max-memory 0=24` or `max_memory={0: "24"}`) from 1 byte to just under 1 MiB is refused, because it is
+almost always a unit left out (24 GiB was meant; 24 bytes would silently plan everything onto the CPU).
+A Python int stays a count of bytes, as in accelerate: budgets computed by code (`int(0.4 * model_bytes)`)
+are bytes whatever their size, and tiny test models need tiny ones.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 GiB = 1024**3
+MiB = 1024**2
+MIN_BARE_BUDGET = MiB  # a bare-number budget below this (and above 0) is taken for a unit left out
 
 
 def parse_size(value: int | float | str) -> int:
@@ -44,6 +52,25 @@ def parse_size(value: int | float | str) -> int:
         f"Invalid memory size {value!r}: expected bytes (int) or a number followed by one of "
         "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '24GiB'."
     )
+
+
+def parse_budget(value: int | float | str) -> int:
+    """Bytes for a budget: `parse_size`, except that a string of digits with no unit from "1" to just under
+    1 MiB is an error that suggests the unit it probably lacks ("24" -> "24GiB"). "0" is accepted (no room on
+    that device); ints are bytes (see the module docstring)."""
+    size = parse_size(value)
+    if 0 < size < MIN_BARE_BUDGET and _is_unitless_text(value):
+        guess = f"{size}GiB" if size < 4096 else f"{size}MiB"
+        raise InvalidSizeError(
+            f"{value!r} means {size} bytes (a number without a unit counts bytes): did you mean {guess!r}? "
+            f"Write the unit: {guess!r}, or {f'{size}B'!r} if you do mean bytes."
+        )
+    return size
+
+
+def _is_unitless_text(value) -> bool:
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    return bool(match) and match.group(2) == ""
 
 
 def _non_negative(n: int, original) -> int:

@@ -10,6 +10,9 @@ Sizes come from `accelerate.utils.compute_module_sizes` (the accelerate-style `{
 - `_keep_in_fp32_modules` only ever applies to floating tensors; accelerate's `special_dtypes` would
   also "cast" an int64 buffer inside such a module to 4 bytes.
 
+Quantized tensors (torchao, optimum-quanto, bitsandbytes, GGUF) count their real storage, never cast
+(`quantized_sizing`); a plan labels such a component by its format ("nf4 (bitsandbytes), compute bfloat16").
+
 Tied parameters are counted once (at their first name, as `named_parameters` yields them).
 """
 
@@ -25,6 +28,7 @@ from accelerate.utils.modeling import dtype_byte_size, named_module_tensors
 from torch import nn
 
 from .errors import InvalidDtypeError
+from .quantized_sizing import is_quantized_tensor, quantization_label, storage_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +94,7 @@ def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str,
     return {
         name: torch.float32
         for name, tensor in named_module_tensors(module, recurse=True)
-        if tensor.is_floating_point() and not keep.isdisjoint(name.split("."))
+        if tensor.is_floating_point() and not is_quantized_tensor(tensor) and not keep.isdisjoint(name.split("."))
     }
 
 
@@ -181,7 +185,11 @@ def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[
 def dtype_label(module: nn.Module, dtype: torch.dtype | None, *, origin: str | None = None) -> str:
     """The dtype a plan states it assumed for a component: "bfloat16 (requested; float32 kept: wo)" when a dtype
     is requested, else the tensors' own by bytes, e.g. "float32 (as built)". `origin` says where the dtype came
-    from ("torch_dtype", "checkpoint", "config.json only: no weights read", ...)."""
+    from ("torch_dtype", "checkpoint", "config.json only: no weights read", ...). A component holding quantized
+    tensors says its format instead: "nf4 (bitsandbytes), compute bfloat16 (checkpoint)"."""
+    quantized = quantization_label([tensor for _, tensor in named_module_tensors(module, recurse=True)])
+    if quantized is not None:
+        return f"{quantized} ({origin or 'as built'})"
     if dtype is not None:
         kept = sorted(kept_fp32_module_names(module, dtype) & _tensor_name_parts(module))
         detail = origin or "requested"
@@ -214,6 +222,9 @@ def _corrections(module: nn.Module, dtype: torch.dtype | None, kept_fp32: Mappin
     for name, tensor in named_module_tensors(module, recurse=True):
         if name in kept_fp32:
             continue  # accelerate uses the special dtype exactly, as loading does
+        if is_quantized_tensor(tensor):  # stored as quantized, never cast: its real bytes
+            yield name, storage_bytes(tensor) - tensor.numel() * _accelerate_itemsize(tensor.dtype, dtype)
+            continue
         loaded = tensor.numel() * _loaded_itemsize(tensor.dtype, dtype)
         counted = tensor.numel() * _accelerate_itemsize(tensor.dtype, dtype)
         if loaded != counted:

@@ -12,6 +12,11 @@ device in the given order with as many consecutive units as fit. For units in a 
 packing is optimal (if any contiguous assignment fits, the greedy one does), so a feasible split is never
 left on the table. accelerate's answer follows registration order; it is kept only when it is such a
 contiguous run in execution order too (a U-Net's down/up/mid registration would otherwise cost 5 crossings).
+
+Given each device's whole budget (`balance=`, what the pipeline-level strategies pass), the pieces are balanced
+instead: the contiguous packing whose fullest device (its predicted peak with the piece, as a share of its
+budget) is the least full, found by bisecting on that share with the exact greedy packing as the test. A split
+then never fills one GPU to 98% while the next has gigabytes free (accelerate fills the first device first).
 """
 
 from __future__ import annotations
@@ -38,16 +43,22 @@ def split_device_map(
     *,
     size: ComponentSize,
     dtype: torch.dtype | None = None,
+    balance: Mapping[Device, int] | None = None,
 ) -> dict[str, Device] | None:
     """`{module path: device}` placing `module`'s split units over `budgets` (bytes, visited in the given
-    order), or None when they cannot fit. Paths are relative to `module`, merged to the coarsest prefixes."""
+    order), or None when they cannot fit. Paths are relative to `module`, merged to the coarsest prefixes.
+    `balance`: each device's whole budget; the pieces are then balanced (see the module doc)."""
     devices = [normalize_device(device) for device in budgets]
     room = {device: int(budgets[key]) for device, key in zip(devices, budgets)}
     if not devices or size.total > sum(room.values()) or size.largest_unit > max(room.values()):
         return None
     units = size.split_units
     tied_groups = _tied_unit_groups(module, units)
-    for attempt in (_accelerate_assignment, _greedy_assignment):
+    attempts = (_accelerate_assignment, _greedy_assignment)
+    if balance is not None:
+        whole = {normalize_device(device): int(limit) for device, limit in balance.items()}
+        attempts = (lambda *args: _balanced_assignment(*args, whole=whole), _greedy_assignment)
+    for attempt in attempts:
         assignment = attempt(module, devices, room, size, dtype, units)
         if assignment is not None and _is_valid(assignment, units, room, tied_groups) and _is_contiguous(
             assignment, units
@@ -92,6 +103,26 @@ def _greedy_assignment(module, devices, room, size, dtype, units) -> dict[str, D
         assignment[unit.path] = devices[index]
         used += unit.bytes
     return assignment
+
+
+def _balanced_assignment(module, devices, room, size, dtype, units, *, whole) -> dict[str, Device] | None:
+    """The contiguous packing whose fullest device is least full as a share of its whole budget: a device at
+    share s may take room - (1 - s) * budget of the pieces; the least s the greedy packing accepts, by bisection
+    (to a thousandth of a percent)."""
+    if any(device not in whole or whole[device] <= 0 for device in devices):
+        return None
+
+    def packing(share: float):
+        caps = {d: min(room[d], int(room[d] - (1 - share) * whole[d])) for d in devices}
+        return _greedy_assignment(module, devices, caps, size, dtype, units)
+
+    low, high = 0.0, 1.0
+    if packing(high) is None:
+        return None
+    for _ in range(24):
+        middle = (low + high) / 2
+        low, high = (low, middle) if packing(middle) is not None else (middle, high)
+    return packing(high)
 
 
 def assign_units(device_map: Mapping[str, Device], units: Sequence[SplitUnit]) -> dict[str, Device] | None:

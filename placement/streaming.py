@@ -80,6 +80,59 @@ def _descend(module: nn.Module, prefix: str, block_lists: list[BlockList], rest:
             rest += below
 
 
+@dataclass(frozen=True, kw_only=True)
+class TransferUnit:
+    """One piece the transfer planner keeps resident, loads per call or streams: a block, or a piece of the rest.
+
+    `path` is a device-map key relative to the component (a module path, or a tensor path for a tensor held
+    directly by a module the layout descends through)."""
+
+    path: str
+    bytes: int
+    block: bool  # a streamable block; False: part of the rest (on the device for the whole run, never streamed)
+
+
+def transfer_units(module: nn.Module, size: ComponentSize) -> tuple[TransferUnit, ...]:
+    """The rest's pieces (in module order), then every block in execution order: together they cover every
+    tensor of `module` once, so a device map over their paths places all of it.
+
+    The rest's pieces are the tensors held directly by the root and by the modules descended through, and
+    every other child that holds no block list (whole). Pieces without tensors are left out. Tied tensors are
+    counted once (where `size` counts them): when two pieces share one, the rest's largest piece is charged
+    less, so that the units always sum to `size.total`. Blocks without tensors are left out too."""
+    layout = block_groups(module)
+    rest: list[TransferUnit] = []
+    _rest_pieces(module, "", size.module_sizes, rest)
+    blocks = [TransferUnit(path=path, bytes=size.module_sizes[path], block=True)
+              for path in layout.block_paths if size.module_sizes.get(path, 0) > 0]  # no tensors: nothing moves
+    excess = sum(unit.bytes for unit in (*rest, *blocks)) - size.total
+    if excess > 0 and rest:  # a tensor tied across two pieces (an embedding and a head) is counted twice above
+        largest = max(range(len(rest)), key=lambda i: rest[i].bytes)
+        rest[largest] = TransferUnit(path=rest[largest].path, bytes=max(rest[largest].bytes - excess, 0), block=False)
+    return (*rest, *blocks)
+
+
+def _rest_pieces(module: nn.Module, prefix: str, sizes, out: list[TransferUnit]) -> None:
+    if isinstance(module, BLOCK_CONTAINERS):
+        return  # a block list: its children are blocks
+    for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        path = f"{prefix}.{name}" if prefix else name
+        if path in sizes:
+            out.append(TransferUnit(path=path, bytes=sizes[path], block=False))
+    for name, child in module.named_children():
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(child, BLOCK_CONTAINERS):
+            continue
+        if _holds_block_list(child):
+            _rest_pieces(child, path, sizes, out)
+        elif sizes.get(path, 0) > 0:
+            out.append(TransferUnit(path=path, bytes=sizes[path], block=False))
+
+
+def _holds_block_list(module: nn.Module) -> bool:
+    return any(isinstance(child, BLOCK_CONTAINERS) for child in module.modules() if child is not module)
+
+
 def streaming_working_set(module: nn.Module, size: ComponentSize) -> int:
     """Bytes an offloaded component keeps on its execution device at once while it runs.
 

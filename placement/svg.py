@@ -2,7 +2,9 @@
 
 Top: the verdict. Then one bar per device, the full width being its budget: each component's weights on it
 (one colour per component), the activations, the streaming working set, the runtime overhead and what is
-left, each labelled with its size (in the bar when it is wide enough, always in the line under it). Bottom:
+left, each labelled with its size (in the bar when it is wide enough, always in the line under it). Then what
+crosses from host memory to the accelerators per call: a bar per component that moves anything (its bytes per
+call: loaded once, plus runs x streamed), and the total with its time at the plan's link bandwidth. Bottom:
 the components in execution order, coloured as in the bars, with the edges that cross devices drawn as arrows.
 """
 
@@ -53,6 +55,8 @@ def plan_svg(plan: Plan) -> str:
     for device in plan.devices:
         parts += _device_row(device, plan, colours, y)
         y += ROW_HEIGHT
+    transfer_parts, y = _transfer_rows(plan, colours, y)
+    parts += transfer_parts
     parts += _component_row(plan, colours, y)
     height = y + BOX_HEIGHT + 110
     body = "\n".join(parts)
@@ -110,6 +114,41 @@ def _device_row(device, plan: Plan, colours, y: int) -> list[str]:
     legend += f" · predicted peak {format_bytes(device.predicted_peak)}"
     parts.append(_text(x0, y + BAR_HEIGHT + 15, legend, size=10, clip=bar_width))
     return parts
+
+
+def _transfer_rows(plan: Plan, colours, y: int) -> tuple[list[str], int]:
+    """The bytes each component moves per call (bars to a common scale) and the total, with times."""
+    total = plan.transfer_bytes_per_call
+    if total is None:
+        return [], y  # a plan written before the transfer model
+    speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
+    title = (f"Moved per call, host -> accelerator: {format_bytes(total)}, about "
+             f"{_time(plan.transfer_seconds_per_call)} at {speed}")
+    parts = [_text(MARGIN, y + 12, title, size=13, weight="bold", clip=WIDTH - 2 * MARGIN)]
+    y += 22
+    moving = [(name, c.transfer) for name, c in plan.components.items() if c.transfer and c.transfer.bytes_per_call]
+    bar_width = WIDTH - LABEL_WIDTH - 2 * MARGIN
+    for name, transfer in moving:
+        width = max(bar_width * transfer.bytes_per_call / total, 1.0)
+        seconds = _time(transfer.bytes_per_call / plan.link_bandwidth)
+        detail = (f"{format_bytes(transfer.bytes_per_call)} per call ({seconds}):"
+                  f" {format_bytes(transfer.loaded_per_call_bytes)} loaded once + {transfer.runs_per_call} x "
+                  f"{format_bytes(transfer.streamed_per_run_bytes)} streamed; "
+                  f"{format_bytes(transfer.resident_bytes)} resident")
+        parts.append(_text(MARGIN, y + 13, name, size=11, weight="bold", clip=LABEL_WIDTH - 10))
+        parts.append(f'<rect x="{LABEL_WIDTH + MARGIN}" y="{y + 2}" width="{width:.1f}" height="14" '
+                     f'fill="{colours[name]}"><title>{escape(name)}: {escape(detail)}</title></rect>')
+        parts.append(_text(LABEL_WIDTH + MARGIN + 4, y + 30, detail, size=10, clip=bar_width))
+        y += 38
+    if not moving:
+        parts.append(_text(MARGIN, y + 12, "nothing: every component is resident on an accelerator (or computes on "
+                           "the CPU)", size=11))
+        y += 18
+    return parts, y + 12
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _key(y: int) -> list[str]:

@@ -5,7 +5,9 @@ disk (fits with offloading); some component executing on the CPU; a device over 
 only components passed in already placed can cause it, the strategies raise instead).
 
 The costs quoted for streamed and CPU components are what a user needs to judge them: the bytes that move
-to the execution device on every run (a denoiser runs once per step), and a time at a typical bandwidth.
+from host memory to the execution device per call (`ComponentPlan.transfer`: loaded once per call, plus the
+runs times what streams at every run), and the time that takes at the plan's link bandwidth (25 GB/s, PCIe 4.0
+x16, unless given); then the total per call. Plans written before the transfer model quote the bytes per run.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ def fullest_device(devices: list[DevicePlan]) -> Optional[DevicePlan]:
     return max(candidates, key=lambda d: d.predicted_peak / d.budget, default=None)
 
 
-def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan]) -> list[str]:
-    """A device with less than 5% of its budget left, over its budget, and each component that streams its
-    weights or executes on the CPU, with what that costs per run."""
+def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan], *,
+                     link_bandwidth: float = PCIE_BYTES_PER_S, link_source: str = "") -> list[str]:
+    """A device with less than 5% of its budget left, over its budget, and each component that moves weights
+    per call or executes on the CPU, with what that costs per call (and the total)."""
     notes = []
     for device in devices:
         if not device.budget or not (device.weight_bytes or device.predicted_peak):
@@ -57,6 +60,8 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan])
         total = format_bytes(sum(c.bytes for c in components))
         return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
                         "slower than on a GPU)."]
+    if any(c.transfer is not None for c in components):
+        return notes + transfer_warnings(components, link_bandwidth, link_source)
     slow = [note for component in components if (note := _slow_component(component))]
     if slow:
         slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")
@@ -70,6 +75,50 @@ def technique_notes(component: ComponentPlan) -> list[str]:
     """One line per memory technique the plan turned on for `component` (the load applies it), with why."""
     return [f"{component.name}: {_TECHNIQUE_WORDS.get(used.technique.value, used.technique.value)} on "
             f"(the load turns it on): {used.reason}" for used in component.memory_techniques]
+
+
+def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str) -> list[str]:
+    """Per component that moves weights or computes on the CPU, what and how long per call; then the total."""
+    notes = []
+    for component in components:
+        if component.execution_device == "cpu":
+            notes.append(f"{component.name} executes on the CPU: {format_bytes(component.bytes)} of weights computed "
+                         "at CPU speed on every run, typically 10-100x slower than on a GPU.")
+            continue
+        transfer = component.transfer
+        if transfer is None or not transfer.bytes_per_call:
+            continue
+        notes.append(f"{component.name} {_moves(component)}: {format_bytes(transfer.bytes_per_call)} per call, "
+                     f"about {_seconds(transfer.bytes_per_call / _bandwidth(component, bandwidth))}.")
+    moved = sum(c.transfer.bytes_per_call for c in components if c.transfer is not None)
+    if moved:
+        where = f" ({source})" if source else ""
+        notes.append(f"Per call, {format_bytes(moved)} cross from host memory to the accelerators, about "
+                     f"{_seconds(moved / bandwidth)} at {bandwidth / 1e9:g} GB/s{where}; prefetching overlaps part "
+                     "of it with compute.")
+    return notes
+
+
+def _moves(component: ComponentPlan) -> str:
+    """"keeps 9.24 GiB resident on GPU 0, loads 0.79 GiB per call and streams 12.92 GiB at each of its 28 runs"."""
+    transfer = component.transfer
+    runs_on = device_label(component.execution_device)
+    parts = [f"keeps {format_bytes(transfer.resident_bytes)} resident"] if transfer.resident_bytes else []
+    source = "disk" if component.kind.value == "disk" else "CPU RAM"
+    if transfer.loaded_per_call_bytes:
+        parts.append(f"loads {format_bytes(transfer.loaded_per_call_bytes)} from {source} to {runs_on} per call")
+    if transfer.streamed_per_run_bytes:
+        each = f"each of its {transfer.runs_per_call} runs" if transfer.runs_per_call > 1 else "its one run"
+        parts.append(f"streams {format_bytes(transfer.streamed_per_run_bytes)} from {source} to {runs_on} at {each}")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def _bandwidth(component: ComponentPlan, link: float) -> float:
+    return min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def _slow_component(component: ComponentPlan) -> Optional[str]:

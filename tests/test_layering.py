@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md, "Layers"), between the packages and between the subpackages of
+"""Dependencies point one way (docs/design.md, "Layers"), between the packages and between the subpackages of
 `pipelines`, deferred (function-level) imports and `importlib` calls with a literal name included.
 
 Packages: pipelines -> hooks -> placement.

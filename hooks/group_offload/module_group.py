@@ -129,6 +129,33 @@ class ModuleGroup:
         self.active_calls = 0
         self.offload()
 
+    def adopt(self, entries: Sequence[ModelTensor]) -> None:
+        """Make `entries` (tensors added to the module, e.g. an adapter's, while the group was offloaded) part
+        of the group: the store takes them, and from now on they move with the group's other weights."""
+        self.offload()
+        for entry in entries:
+            self.original_devices[entry.key] = entry.get().device
+        self.store.take(entries)
+        self.entries += tuple(entries)
+        self.num_bytes = sum(entry.num_bytes for entry in self.entries)
+
+    def forget(self, entries: Sequence[ModelTensor]) -> None:
+        """Drop `entries` (tensors no longer in the module, e.g. an unloaded adapter's) from the group."""
+        keys = {entry.key for entry in entries}
+        self.store.forget(keys)
+        self.entries = tuple(entry for entry in self.entries if entry.key not in keys)
+        for key in keys:
+            self.original_devices.pop(key, None)
+        self.num_bytes = sum(entry.num_bytes for entry in self.entries)
+
+    def store_edits(self) -> None:
+        """Re-store the entries whose tensor was replaced while the group was offloaded (`param.data = fused`
+        leaves the store holding the old data; an in-place write changed the stored tensor itself)."""
+        changed = [entry for entry in self.entries if not self.store.holds(entry)]
+        if changed:
+            self.store.take(changed)
+            self.num_bytes = sum(entry.num_bytes for entry in self.entries)
+
     def restore(self) -> None:
         """Undo the technique for this group: plain weights back on their original devices (idempotent)."""
         if self.state is GroupState.PLAIN:

@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from accelerate.hooks import ModelHook
@@ -34,12 +34,13 @@ from placement.plan_schema import ComponentPlan, PlacementKind
 
 from .grouping import GroupSpec, OffloadType, plan_groups
 from .module_group import ModuleGroup
+from .regroup import Regrouped, regroup
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
 from .. import transfer_meter as meter
 from ..diffusers_compat import group_offloading_fields
 from ..errors import OffloadConfigError
-from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type
+from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type, remove_hooks_where, running_ancestor
 from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
 from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
 from ..techniques import streams_everything
@@ -128,6 +129,7 @@ class GroupOffloadSession:
         self._next_group: dict[int, ModuleGroup] = {}
         self._traced = False
         self.in_call = False  # between the root's begin_call and end_call
+        self._made = len(groups)  # groups ever built, for unique file names of groups added later
         if disk_folder is not None:
             # Files of a module that is garbage-collected without removing the hooks do not outlive it.
             weakref.finalize(self, shutil.rmtree, disk_folder, True)
@@ -172,6 +174,33 @@ class GroupOffloadSession:
             group.restore()
         if self.disk_folder is not None:
             shutil.rmtree(self.disk_folder, ignore_errors=True)
+
+    def refresh(self, root: nn.Module) -> Regrouped:
+        """Regroup after `root` was edited in place (adapters loaded, fused, unloaded: `regroup`): new tensors
+        join their unit's group, units of new tensors only get groups and hooks, emptied groups lose theirs,
+        and the prefetch order is traced again on the next call."""
+        config, transfer = self.config, self.groups[0].transfer if self.groups else _make_transfer(self.config)
+
+        def new_group(spec: GroupSpec, entries) -> ModuleGroup:
+            self._made += 1
+            group = _build_group(replace(spec, entries=entries), self._made, config, transfer, self.disk_folder)
+            group.take_weights()
+            for member in spec.modules:  # a container never runs: its group goes with the layer using it
+                add_hook_first(running_ancestor(root, member), GroupOffloadHook(group=group, session=self,
+                                                                                is_root=False))
+            return group
+
+        result = regroup(root, self.groups, lambda entries: plan_groups(
+            root, config.offload_type, config.num_blocks_per_group, entries=entries), new_group)
+        emptied = {id(group) for group in result.emptied}
+        for member in root.modules():
+            for hook in hooks_of(member):
+                if isinstance(hook, GroupMemberHook) and id(hook.group) in emptied and hook.is_root:
+                    hook.group = None  # the root hook still runs the session
+            remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
+        self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
+        self._trace, self._next_group, self._traced = None, {}, False
+        return result
 
 
 class GroupMemberHook(ModelHook):

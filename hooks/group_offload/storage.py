@@ -5,12 +5,16 @@ the module always holds something valid between calls: a real host tensor (`Host
 placeholder of the right shape and dtype (`DiskStore`, a file per group written when offloading; and
 `CheckpointStore`, which reads a placed component's "disk" weights from the checkpoint's own files).
 `home` is the store's place ("cpu" or "disk"), for the transfer meter.
+
+A store can change after it took its weights (adapters loaded, fused or unloaded on an offloaded module,
+`group_offload.regroup`): `take` adds entries (and re-takes replaced ones), `forget` drops entries, and `holds`
+says whether the module still holds the stored form of an entry (False after `param.data = other`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import safetensors.torch
 import torch
@@ -50,6 +54,14 @@ class HostStore:
         for entry in entries:
             entry.set(self._tensors[entry.key])
 
+    def holds(self, entry: ModelTensor) -> bool:
+        stored, held = self._tensors.get(entry.key), entry.get()
+        return stored is not None and _same_data(held, stored)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._tensors.pop(key, None)
+
     def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
         for entry in entries:
             stored = self._tensors.pop(entry.key)
@@ -70,8 +82,16 @@ class DiskStore:
         self._placeholders: dict[str, torch.Tensor] = {}
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
-        # Own contiguous CPU copies: safetensors refuses tensors that share storage (views, tied slices).
-        tensors = {entry.key: entry.get().detach().to("cpu").contiguous().clone() for entry in entries}
+        # Own contiguous CPU copies: safetensors refuses tensors that share storage (views, tied slices). Taken
+        # again (entries added or replaced later), the file is rewritten with what it held besides them.
+        tensors = dict(self.read(pinned=False)) if os.path.exists(self.path) else {}
+        tensors.update({entry.key: entry.get().detach().to("cpu").contiguous().clone() for entry in entries})
+        self._write(tensors)
+        self._placeholders.update({entry.key: torch.empty_like(tensors[entry.key], device="meta") for entry in entries})
+        del tensors
+        self.release(entries)
+
+    def _write(self, tensors: Mapping[str, torch.Tensor]) -> None:
         partial = self.path + ".partial"
         try:
             safetensors.torch.save_file(tensors, partial, metadata={"format": "pt"})
@@ -82,9 +102,6 @@ class DiskStore:
                 f"Could not write offloaded weights to {self.path!r} ({error}). Check that the "
                 "offload_to_disk_path folder is writable and has room, or offload to host memory instead."
             ) from error
-        self._placeholders = {key: torch.empty_like(tensor, device="meta") for key, tensor in tensors.items()}
-        del tensors
-        self.release(entries)
 
     def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
         target = "cpu" if pinned or device is None else safetensors_device(device)
@@ -97,6 +114,20 @@ class DiskStore:
     def release(self, entries: Sequence[ModelTensor]) -> None:
         for entry in entries:
             entry.set(self._placeholders[entry.key])
+
+    def holds(self, entry: ModelTensor) -> bool:
+        placeholder = self._placeholders.get(entry.key)
+        return placeholder is not None and _same_placeholder(entry.get(), placeholder)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop `keys`, rewriting the file without them (a read would otherwise still move their bytes)."""
+        keys = [key for key in keys if key in self._placeholders]
+        if not keys:
+            return
+        tensors = {key: tensor for key, tensor in self.read(pinned=False).items() if key not in keys}
+        self._write(tensors)
+        for key in keys:
+            del self._placeholders[key]
 
     def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
         tensors = self.read(pinned=False)
@@ -127,7 +158,7 @@ class CheckpointStore:
                 f"{len(unserved)} tensor(s) have no data (meta) and no checkpoint file serves them, e.g. "
                 f"{unserved[:3]}. Pass the checkpoint's offload index (WeightsIndex.offload_index) as disk_weights."
             )
-        self._on_disk = {entry.key: entry.get() for entry in on_disk}
+        self._on_disk.update({entry.key: entry.get() for entry in on_disk})
         self._host.take([entry for entry in entries if entry.key not in self._on_disk])
 
     def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
@@ -145,6 +176,17 @@ class CheckpointStore:
             else:
                 entry.set(placeholder)
 
+    def holds(self, entry: ModelTensor) -> bool:
+        if entry.key in self._on_disk:
+            return _same_placeholder(entry.get(), self._on_disk[entry.key])
+        return self._host.holds(entry)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for key in keys:
+            self._on_disk.pop(key, None)
+        self._host.forget(keys)
+
     def restore(self, entries: Sequence[ModelTensor], devices: Mapping[str, torch.device]) -> None:
         """Disk weights come back as CPU tensors (as `hooks.dispatch.undispatch` does), so `.to()` works."""
         for entry in entries:
@@ -153,6 +195,17 @@ class CheckpointStore:
             else:
                 self._host.restore([entry], devices)
         self._on_disk = {}
+
+
+def _same_data(held: torch.Tensor, stored: torch.Tensor) -> bool:
+    """`held` (what the module holds) is the stored tensor's data: same storage, shape and dtype."""
+    return (held.device == stored.device and held.dtype == stored.dtype and held.shape == stored.shape
+            and held.data_ptr() == stored.data_ptr())
+
+
+def _same_placeholder(held: torch.Tensor, placeholder: torch.Tensor) -> bool:
+    """`held` is a meta placeholder like `placeholder` (releasing wraps it anew, so identity is not kept)."""
+    return held.is_meta and held.dtype == placeholder.dtype and held.shape == placeholder.shape
 
 
 def _remove_quietly(path: str) -> None:

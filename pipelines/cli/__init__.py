@@ -4,8 +4,9 @@ Nothing is imported at module level beyond argparse and the subcommands' parsers
 nor `placement`): `placement --help` and argument errors answer at once; a command imports what it runs.
 
 Exit codes: 0 success, 2 bad input (a typed `PlacementError`, a path that cannot be read or written, or bad
-arguments), 1 an internal error. Errors print one line, in flag names, never a traceback; `--debug` (anywhere
-on the command line) or PLACEMENT_DEBUG=1 prints the traceback too.
+arguments), 1 an internal error, 130 interrupted (Ctrl-C). Errors print one line, in flag names, never a
+traceback; `--debug` (anywhere on the command line) or PLACEMENT_DEBUG=1 prints the traceback too. Output
+piped into a reader that stops early (`placement plan ... | head`) ends quietly, with exit code 0.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import sys
 import traceback
 
 from . import demo, inspect, plan, run
+from .parser import ForgivingArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ForgivingArgumentParser(
         prog="placement",
         description="Place the models of a multi-model PyTorch pipeline across GPUs, the CPU and the disk.",
     )
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,13 +46,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else EXIT_BAD_INPUT
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone away is seen now, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+    except KeyboardInterrupt as interrupt:  # a command that stopped cleanly says how far it got
+        print(f"placement {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the one place that turns any failure into an exit code
         if debug:
             traceback.print_exc()
         code, line = describe_failure(error)
         print(f"placement {args.command}: error: {line}", file=sys.stderr)
         return code
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (`| head`): what it read is all it wanted, so stop quietly. stdout is
+    pointed at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (e.g. captured by a test)
+        pass
+    return 0
 
 
 def describe_failure(error: Exception) -> tuple[int, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,23 @@ def dtype_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}.") from None
 
 
+STORAGE_DTYPES = {"fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn", "fp8": "float8_e4m3fn",
+                  "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
+
+
+def layerwise_casting_arg(text: str) -> dict[str, str]:
+    """`transformer=fp8_e4m3fn[,vae=fp8_e5m2]` -> {component: storage dtype name} (fp8 layerwise casting)."""
+    parsed = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, dtype = item.partition("=")
+        if not name.strip() or dtype.strip().lower() not in STORAGE_DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not COMPONENT=DTYPE with DTYPE one of {', '.join(STORAGE_DTYPES)}; write e.g. "
+                "transformer=fp8_e4m3fn.")
+        parsed[name.strip()] = STORAGE_DTYPES[dtype.strip().lower()]
+    return parsed
+
+
 def torch_dtype(name: str | None):
     import torch
 
@@ -72,6 +90,25 @@ def strategy_arg(text: str):
     return int(stripped) if stripped.isdigit() else stripped
 
 
+def image_output_arg(text: str) -> Path:
+    """A path whose extension names an image format PIL writes (".png", ".jpg", ".webp", ...)."""
+    from PIL import Image  # PIL imports no torch: argument errors stay immediate
+
+    path = Path(text)
+    writable = sorted(ext for ext, image_format in Image.registered_extensions().items() if image_format in Image.SAVE)
+    if path.suffix.lower() not in writable:
+        common = [ext for ext in (".png", ".jpg", ".webp", ".bmp", ".tiff") if ext in writable]
+        what = f"extension {path.suffix!r} is not an image format" if path.suffix else "it has no extension"
+        raise argparse.ArgumentTypeError(f"{text!r}: {what}; name an image file, e.g. demo{common[0]} "
+                                         f"({', '.join(common)} or another format PIL writes).")
+    return path
+
+
+def output_arg(text: str) -> Path | str:
+    """A file to write, or "-" for stdout."""
+    return "-" if text == "-" else Path(text)
+
+
 def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--height", type=int, default=None, help="plan for a call at this image height")
     parser.add_argument("--width", type=int, default=None, help="plan for a call at this image width")
@@ -84,15 +121,19 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-frames", type=int, default=None, help="video pipelines: frames per video")
     parser.add_argument("--max-sequence-length", type=int, default=None,
                         help="text tokens per prompt (diffusers pipelines; default: the pipeline's own)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps per call (num_inference_steps): how often the denoiser runs, which "
+                             "weighs what streaming it costs (default: the pipeline's own)")
 
 
 def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> dict | None:
     """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
-    --num-frames/--max-sequence-length (None when none is given)."""
-    given = {"height": args.height, "width": args.width, "batch_size": args.batch_size,
-             "num_images_per_prompt": args.num_images_per_prompt, "guidance_scale": args.guidance_scale,
-             "num_frames": getattr(args, "num_frames", None),
-             "max_sequence_length": getattr(args, "max_sequence_length", None)}
+    --num-frames/--max-sequence-length/--steps (None when none is given). --steps is `num_inference_steps`."""
+    given = {"height": args.height, "width": args.width, "batch_size": getattr(args, "batch_size", None),
+             "num_images_per_prompt": getattr(args, "num_images_per_prompt", None),
+             "guidance_scale": args.guidance_scale, "num_frames": getattr(args, "num_frames", None),
+             "max_sequence_length": getattr(args, "max_sequence_length", None),
+             "num_inference_steps": getattr(args, "steps", None)}
     if all(value is None for value in given.values()):
         return None
     if args.height is None or args.width is None:
@@ -103,7 +144,13 @@ def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None =
     return {key: value for key, value in given.items() if value is not None}
 
 
-def write_text(path: Path, text: str) -> None:
+def write_text(path: Path | str, text: str) -> None:
+    """`text` into the file `path`, or onto stdout for "-"."""
+    text = text if text.endswith("\n") else text + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    path.write_text(text)
 

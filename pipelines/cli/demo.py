@@ -16,7 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .args import budgets_arg
+from .args import budgets_arg, image_output_arg
 
 PROMPT = "a lighthouse on a cliff at sunset"
 
@@ -32,9 +32,10 @@ def register(subparsers) -> None:
     parser.add_argument("--size", type=int, default=128, help="image height and width in pixels (default 128)")
     parser.add_argument("--steps", type=int, default=8, help="denoising steps (default 8)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("demo.png"),
-                        help="where to write the image (plan.svg goes beside it)")
-    parser.set_defaults(run=run)
+    parser.add_argument("--output", type=image_output_arg, default=Path("demo.png"),
+                        help="where to write the image: .png (default demo.png), .jpg, .webp, ... (plan.svg goes "
+                             "beside it)")
+    parser.set_defaults(run=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:

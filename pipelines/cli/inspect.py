@@ -26,7 +26,7 @@ def register(subparsers) -> None:
                         help="budgets to judge against, e.g. 2x24GiB or 0=24GiB,1=12GiB (default: detect)")
     parser.add_argument("--dtype", type=dtype_arg, default=None,
                         help="the dtype the 'could run on' column assumes (default: as saved)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, parser=parser)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,16 +81,17 @@ def meta_components(target: str):
     from ..folder.sources import component_sources
     from ..loading.meta import build_from_source
     from ..text_to_image.pipeline import TextToImagePipeline
-    from ..text_to_image.presets import PRESETS
-    from .plan import target_folder
+    from ..hf.quiet import quiet
+    from .targets import hf_libraries, is_preset, target_folder
 
-    if target in PRESETS:
+    if is_preset(target):
         pipe = TextToImagePipeline.from_preset(target, device="meta")
         return pipe.module_components, [n for n in pipe.components if n not in pipe.module_components]
     folder = target_folder(target)
-    sources = component_sources(ModelIndex.read(folder), folder, skip={})
-    modules = {name: build_from_source(source, dtype=None, variant=None, weights_required=False).module
-               for name, source in sources.items() if source.is_module}
+    with quiet(preload=hf_libraries(folder)):
+        sources = component_sources(ModelIndex.read(folder), folder, skip={})
+        modules = {name: build_from_source(source, dtype=None, variant=None, weights_required=False).module
+                   for name, source in sources.items() if source.is_module}
     return modules, [f"{name} ({source.cls.__name__})" for name, source in sources.items() if not source.is_module]
 
 

@@ -2,22 +2,30 @@
 
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
 are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and for
-diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation peak, and per device weights + activations + overhead.
+diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation
+peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call.
 Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. The plan opens with its
-verdict; --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back).
+verdict; what would do better follows it (bf16 when the plan is in fp32, a CPU budget detected on this
+machine). --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back); FILE "-" is stdout (the
+table then goes to stderr, so that stdout is the JSON or SVG alone).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .args import add_call_arguments, budgets_arg, call_spec, dtype_arg, strategy_arg, torch_dtype, write_text
-
-if TYPE_CHECKING:  # imported when the command runs: `placement --help` must not import torch
-    from placement import Plan
+from .args import (
+    add_call_arguments,
+    budgets_arg,
+    call_spec,
+    dtype_arg,
+    layerwise_casting_arg,
+    output_arg,
+    strategy_arg,
+    write_text,
+)
 
 
 def register(subparsers) -> None:
@@ -32,72 +40,48 @@ def register(subparsers) -> None:
                         help="balanced (default), sequential, balanced_low_0, auto, a device, or a JSON dict")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
+    parser.add_argument("--layerwise-casting", type=layerwise_casting_arg, default=None, metavar="COMPONENT=DTYPE",
+                        help="store a component's Linear/Conv weights in fp8, e.g. transformer=fp8_e4m3fn (folders)")
     add_call_arguments(parser)
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the plan as JSON")
-    parser.add_argument("--svg", type=Path, default=None, metavar="FILE", help="also draw the plan as an SVG picture")
+    parser.add_argument("--json", type=output_arg, default=None, metavar="FILE",
+                        help="also write the plan as JSON ('-': to stdout)")
+    parser.add_argument("--svg", type=output_arg, default=None, metavar="FILE",
+                        help="also draw the plan as an SVG picture ('-': to stdout)")
     parser.set_defaults(run=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from .advice import plan_with_advice
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
+    from .targets import TargetPlanner
 
+    if args.json == "-" and args.svg == "-":
+        args.parser.error("--json - and --svg - would both write to stdout; send one of them to a file.")
     call = call_spec(args, args.parser)
-    max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
+    report = sys.stderr if "-" in (args.json, args.svg) else sys.stdout  # stdout carries the JSON or SVG alone
+    example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
     with warnings_once() as printed_anyway:
-        plan = plan_target(args.target, device_map=args.strategy, max_memory=max_memory,
-                           torch_dtype=torch_dtype(args.dtype), offload_folder=args.offload_folder, call=call)
+        max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
+        planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
+                                offload_folder=args.offload_folder, call=call,
+                                layerwise_casting=args.layerwise_casting)
+        plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
     if call is not None:  # what the activation peaks below are for
-        print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n")
-    print(in_flag_names(plan.explain()))
+        print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n",
+              file=report)
+    print(in_flag_names(plan.explain()), file=report)
+    for line in [*planner.notes, *advice]:
+        print(f"\nhint: {in_flag_names(line)}", file=report)
     if args.json is not None:
         write_text(args.json, plan.to_json())
-        print(f"\nPlan written to {args.json} (schema_version {plan.schema_version}; Plan.from_json reads it)")
+        print(f"\nPlan written to {_named(args.json)} (schema_version {plan.schema_version}; Plan.from_json reads it)",
+              file=report)
     if args.svg is not None:
         write_text(args.svg, plan.to_svg())
-        print(f"Plan picture written to {args.svg} (open it in a browser)")
+        print(f"Plan picture written to {_named(args.svg)} (open it in a browser)", file=report)
     return 0
 
 
-def plan_target(target: str, *, device_map, max_memory, torch_dtype, offload_folder, call) -> Plan:
-    from ..loading.planning import plan_pipeline
-    from ..text_to_image.pipeline import TextToImagePipeline
-    from ..text_to_image.presets import PRESETS
-
-    if target in PRESETS:
-        pipe = TextToImagePipeline.from_preset(target, device="meta")
-        return plan_pipeline(pipe, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                             offload_folder=offload_folder, call=call, pinned={})
-    folder = target_folder(target)
-    return pipeline_class_of(folder).plan_placement(folder, device_map=device_map, max_memory=max_memory,
-                                                    torch_dtype=torch_dtype, offload_folder=offload_folder,
-                                                    call=call)
-
-
-def pipeline_class_of(folder: Path) -> type:
-    """The folder's own pipeline class when it is one of ours (so call= works), else the generic Pipeline."""
-    import pipelines
-
-    from ..folder.model_index import ModelIndex
-    from ..framework.pipeline import Pipeline
-
-    found = getattr(pipelines, ModelIndex.read(folder).class_name, None)
-    return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
-
-
-def target_folder(target: str) -> Path:
-    """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..folder.sources import resolve_pipeline_folder
-    from ..text_to_image.presets import PRESETS
-    from .resolve import PlanTargetError
-
-    if Path(target).exists():
-        return resolve_pipeline_folder(target, weights=False)
-    try:
-        return resolve_pipeline_folder(target, weights=False)
-    except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
-        close = difflib.get_close_matches(target, PRESETS, n=1)
-        guess = f"; did you mean {close[0]!r}?" if close else ""
-        raise PlanTargetError(
-            f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}). {type(error).__name__}: {error}"
-        ) from error
+def _named(path) -> str:
+    return "stdout" if path == "-" else str(path)

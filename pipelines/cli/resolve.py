@@ -11,17 +11,16 @@ from typing import Iterator
 
 from placement.devices import device_label, normalize_device
 from placement.errors import PlacementError
-from placement.sizes import parse_size
+from placement.budgets import warn_zero_budgets
+from placement.sizes import parse_budget
+
+from ..errors import LoadError
 
 from .args import BUDGET_EXAMPLE, BudgetsArg
 
 
-class CliArgumentError(PlacementError, ValueError):
+class CliArgumentError(LoadError, ValueError):
     """A flag's value that the library refuses (a size, a device, a device named twice)."""
-
-
-class PlanTargetError(PlacementError, ValueError):
-    """A `placement plan`/`inspect` target that is neither a preset, a folder nor a reachable Hub id."""
 
 
 def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
@@ -33,15 +32,17 @@ def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
     spelled: dict = {}
     for device_text, size_text in budgets.items:
         try:
-            device, size = normalize_device(device_text), parse_size(size_text)
+            device, size = normalize_device(device_text), parse_budget(size_text)
         except PlacementError as error:
-            raise CliArgumentError(f"{flag} {budgets.text}: {error} Write e.g. {flag} {BUDGET_EXAMPLE}.") from error
+            example = "" if "did you mean" in str(error) else f" Write e.g. {flag} {BUDGET_EXAMPLE}."
+            raise CliArgumentError(f"{flag} {budgets.text}: {error}{example}") from error
         if device in resolved:
             raise CliArgumentError(
                 f"{flag} {budgets.text} names {device_label(device)} twice ({spelled[device]!r} and {device_text!r}); "
                 "keep one."
             )
         resolved[device], spelled[device] = size, device_text
+    warn_zero_budgets([device for device, size in resolved.items() if size == 0])
     return resolved
 
 

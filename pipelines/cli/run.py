@@ -1,11 +1,17 @@
 """`placement run TARGET --prompts FILE --out DIR`: one image per prompt line, over as many replicas as launched.
 
-Run plainly, one process places the pipeline over the whole machine and generates every image. Under
-`torchrun --nproc_per_node N [--nnodes M ...] -m pipelines.cli run ...` each process is one replica on its own
-GPU group (planned per node by `placement.plan_replicas`; without GPUs each process runs on the CPU) and
-generates every (N*M)-th prompt; rank 0 writes DIR/00000.png ... and DIR/run.json. Prompt i uses seed
-SEED + i, so its image does not depend on which replica made it. TARGET is a pipeline folder, a Hub id or a
-preset (built with random weights from seed 0 on every rank: its images are noise).
+Run plainly, one process plans the pipeline over the whole machine (the verdict is printed first), loads it and
+generates every image. Under `torchrun --nproc_per_node N [--nnodes M ...] -m pipelines.cli run ...` each
+process is one replica on its own GPU group (planned per node by `placement.plan_replicas`, honouring
+--max-memory and --group-size; PLACEMENT_VIRTUAL_ACCELERATORS=N gives a CPU machine N accelerators to try it
+on; with no accelerator at all each process runs on the CPU) and generates every (N*M)-th prompt.
+
+Each image is written as soon as it is made: DIR/00000.png, ... and DIR/run.json (per image its prompt, seed,
+rank, GPUs, seconds), each file whole or not at all. A rerun skips the images already made (--overwrite makes
+them again); Ctrl-C stops after the current image. One bar counts the steps of every image, with an ETA.
+Prompt i uses seed SEED + i, so its image does not depend on which replica made it. Height, width, steps and
+guidance default to the pipeline's own. TARGET is a pipeline folder, a Hub id or a preset (built with random
+weights from seed 0 on every rank: its images are noise).
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import argparse
 import tempfile
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 
-from .args import budgets_arg, dtype_arg, torch_dtype
+from .args import budgets_arg, dtype_arg, strategy_arg
+
+EXIT_BAD_INPUT = 2
 
 
 def register(subparsers) -> None:
@@ -28,54 +35,79 @@ def register(subparsers) -> None:
     parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-unet, tiny-dit, ...)")
     parser.add_argument("--prompts", type=Path, required=True, metavar="FILE", help="one prompt per line")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where images and run.json go")
-    parser.add_argument("--height", type=int, default=512, help="image height (default 512)")
-    parser.add_argument("--width", type=int, default=512, help="image width (default 512)")
-    parser.add_argument("--steps", type=int, default=20, help="denoising steps (default 20)")
+    parser.add_argument("--height", type=int, default=None, help="image height (default: the pipeline's own)")
+    parser.add_argument("--width", type=int, default=None, help="image width (default: the pipeline's own)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's own)")
+    parser.add_argument("--guidance-scale", type=float, default=None,
+                        help="classifier-free guidance scale (default: the pipeline's own)")
+    parser.add_argument("--negative-prompt", default=None, help="what the images should not show (every prompt)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i is generated with seed SEED + i (default 0)")
     parser.add_argument("--dtype", type=dtype_arg, default=None, help="bf16, fp16 or fp32 (default: as saved)")
+    parser.add_argument("--strategy", type=strategy_arg, default="balanced",
+                        help="balanced (default), sequential, balanced_low_0, auto; plainly run also a device or "
+                             "a JSON dict")
     parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
                         help="one node's budgets, e.g. 0=80GiB,1=80GiB,cpu=512GiB (default: detected)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="GPUs per replica under torchrun (default: the size that gives the most replicas)")
+    parser.add_argument("--overwrite", action="store_true", help="make every image again, even those in DIR")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds a rank waits for the others before giving up (default 1800)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed import load_replica
-    from ..distributed.images import generate_share, read_prompts, write_run
-    from ..distributed.replica_planning import folder_pipeline_class
-    from .resolve import resolve_budgets_arg
+    from ..distributed import ReplicaLoadError
+    from ..distributed.images import ImageRunError, read_prompts
+    from ..distributed.launch import Launch
+    from ..hf.quiet import quiet
+    from .call_defaults import check_callable, default_call
+    from .run_job import RunJob
+    from .targets import hf_libraries, pipeline_class_of
 
+    launch = Launch.from_env()
+    if args.group_size is not None and not launch.distributed:
+        args.parser.error("--group-size sets the GPUs of each replica under torchrun; a plain run places one "
+                          "pipeline over every GPU (use --max-memory to choose them).")
     prompts = read_prompts(args.prompts)
-    call = {"height": args.height, "width": args.width, "num_inference_steps": args.steps}
     start = time.perf_counter()
-    with _pipeline_folder(args.target) as folder:
-        cls = folder_pipeline_class(folder)
-        plan_call = {"height": args.height, "width": args.width} if hasattr(cls, "activation_inputs") else None
-        replica = load_replica(folder, prompts, pipeline_class=cls, torch_dtype=torch_dtype(args.dtype),
-                               max_memory=resolve_budgets_arg(args.max_memory, "--max-memory"), call=plan_call, group_size=args.group_size,
-                               timeout=timedelta(seconds=args.timeout))
-        with replica:
-            gathered = replica.gather(generate_share(replica, call, args.seed))
-            if gathered is None:
-                return 0  # not rank 0: it wrote nothing, and reports through rank 0
-            path = write_run(args.out, gathered, source=args.target, call=call, seed=args.seed,
-                             world_size=replica.launch.world_size, seconds=time.perf_counter() - start)
-    print(f"{len(gathered)} image(s) by {replica.launch.world_size} replica(s) in {args.out}; see {path}")
+    given = {"height": args.height, "width": args.width, "num_inference_steps": args.steps,
+             "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt}
+    given = {key: value for key, value in given.items() if value is not None}
+    with _pipeline_folder(args.target) as (source, configs, label):
+        with quiet(preload=hf_libraries(configs)):  # reading the class may import diffusers: quietly
+            cls = pipeline_class_of(configs)
+            check_callable(configs, cls)
+            call = {**default_call(configs, cls), **given}  # what the images are made with: plan and run.json
+        job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,
+                     cls=cls, given=given, call=call)
+        try:
+            result = job.run()
+        except (ReplicaLoadError, ImageRunError):
+            if launch.rank == 0:
+                raise
+            return EXIT_BAD_INPUT  # every rank has the same error: rank 0 prints it, once
+    if result is None or (result.made == 0 and result.skipped == len(prompts)):
+        return 0  # not rank 0 (it reports through rank 0), or nothing was left to make (said so already)
+    seconds = time.perf_counter() - start
+    already = f", {result.skipped} already there" if result.skipped else ""
+    print(f"{result.made} image(s) made by {launch.world_size} replica(s) in {seconds:.1f} s{already}: {args.out}; "
+          f"see {args.out / 'run.json'}")
     return 0
 
 
 @contextmanager
 def _pipeline_folder(target: str):
-    """The folder to load: TARGET itself, or a preset saved into a temporary folder (each rank its own)."""
+    """(what to load, a local folder with its configs, the name run.json gives it): TARGET itself (a Hub id: its
+    configs downloaded; a folder: by its absolute path), or a preset saved into a temporary folder (each rank
+    its own)."""
     from ..text_to_image.pipeline import TextToImagePipeline
-    from ..text_to_image.presets import PRESETS
+    from .targets import is_preset, target_folder
 
-    if target not in PRESETS or Path(target).exists():
-        yield target
+    if not is_preset(target):
+        configs = target_folder(target)
+        yield target, configs, str(Path(target).resolve()) if Path(target).exists() else target
         return
     with tempfile.TemporaryDirectory(prefix=f"placement-run-{target}-") as folder:
         TextToImagePipeline.from_preset(target, seed=0).save_pretrained(folder)
-        yield folder
+        yield folder, Path(folder), f"preset {target} (seed 0)"

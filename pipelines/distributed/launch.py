@@ -77,7 +77,13 @@ class Exchange:
         dist.gather_object(value, gathered, dst=0, group=self.group)
         return gathered
 
-    def close(self) -> None:
+    def close(self, *, wait_for_the_others: bool = False) -> None:
+        """Destroy the process group if this Exchange made it. `wait_for_the_others` (the normal end of a job:
+        every rank gets here): a barrier first, so that no rank tears its connections down while a peer is still
+        finishing the last collective (Gloo aborts a process whose peer closes under it). Never after a failure:
+        a rank stuck in a collective would keep the others waiting."""
         if self.owns_process_group and dist.is_initialized():
+            if wait_for_the_others:
+                dist.barrier(group=self.group)
             dist.destroy_process_group()
         self.owns_process_group = False

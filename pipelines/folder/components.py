@@ -13,12 +13,13 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from hooks import OFFLOADING, group_offloading_session, techniques_on, undispatch
+from hooks import OFFLOADING, group_offloading_session, techniques_on
 from placement.devices import torch_device
 from placement.errors import GraphError
 from placement.graph import build_graph, execution_order
 
 from ..errors import DeviceMappedError, FolderError
+from .component_origins import origins_of, restore_components
 
 OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose hooks hold their own weights
 
@@ -117,12 +118,11 @@ class PipelineComponents:
         return self
 
     def reset_device_map(self) -> None:
-        """Remove every hook, bring every weight to the CPU and clear `hf_device_map`; then `.to()` works."""
-        for name, module in self.module_components.items():
-            undispatch(module)  # removes every accelerate hook, offload ones too; disk weights come back
-            module.to("cpu")
-            if hasattr(module, "hf_device_map"):
-                module.hf_device_map = None
+        """Undo the placement: every hook it added removed, the weights the load read brought to the CPU (disk
+        and offloaded ones read back), each model's `hf_device_map` as it was before, and a component passed in
+        back as it came (its device, its map, its owner's hooks: see `component_origins`); then `.to()` and the
+        offload methods work."""
+        restore_components(self.module_components, origins_of(self))
         self.hf_device_map = None
         self.placement_plan = None
 
@@ -176,8 +176,10 @@ def module_execution_device(module: Any) -> torch.device:
 
 
 def module_dtype(*modules: nn.Module) -> torch.dtype:
-    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none)."""
-    floats = (tensor.dtype for module in modules for tensor in module.parameters() if tensor.is_floating_point())
+    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none); fp8 ones
+    are storage only (layerwise casting upcasts them per layer), never what a module computes in."""
+    floats = (tensor.dtype for module in modules for tensor in module.parameters()
+              if tensor.is_floating_point() and tensor.dtype.itemsize > 1)
     return next(floats, torch.float32)
 
 

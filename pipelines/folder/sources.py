@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..checkpoint.config_file import CLASS_NAME_KEY, read_config_dict
+from ..checkpoint.naming import CONFIG_NAME
+from ..errors import FolderError
+from .class_registry import LIBRARY, find_library_class
 from .component_classes import Family, family_of
 from .components import PipelineComponentError
 from .hub import HubOptions, resolve_folder
-from .model_index import ModelIndex, resolve_class
+from .model_index import ComponentSpec, ModelIndex, resolve_class
 
 # What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
 PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]
@@ -85,3 +89,42 @@ def load_non_module(source: ComponentSource) -> Any:
             stacklevel=3,
         )
         return None
+
+
+class ModelFolderError(PipelineComponentError):
+    """A model folder (or single-file config folder) whose config.json does not say which class it holds."""
+
+
+def model_folder_class(folder: Path) -> type:
+    """The class a single model's folder holds, from its config.json: a diffusers model (`_class_name`, written
+    with `_diffusers_version`), a transformers model (`architectures`) or one of this library's (`_class_name`),
+    resolved as a pipeline's components are (nothing a folder names is imported)."""
+    config = read_config_dict(folder)
+    class_name = config.get(CLASS_NAME_KEY)
+    architectures = config.get("architectures") or []
+    if isinstance(class_name, str) and find_library_class(class_name) is not None and "_diffusers_version" not in config:
+        spec = ComponentSpec(library=LIBRARY, class_name=class_name)
+    elif isinstance(class_name, str):
+        spec = ComponentSpec(library="diffusers", class_name=class_name)
+    elif architectures and isinstance(architectures[0], str):
+        spec = ComponentSpec(library="transformers", class_name=architectures[0])
+    else:
+        raise ModelFolderError(
+            f"{folder / CONFIG_NAME} names no model class (no '_class_name' as diffusers and this library write, no "
+            "'architectures' as transformers writes); load it with its own class's from_pretrained."
+        )
+    return resolve_class(spec, component=folder.name)
+
+
+def foreign_model_folder(folder: Path, cls: type) -> str | None:
+    """Which library saved `folder`, when it is not `cls`'s (a diffusers or transformers model folder given to
+    a `pipelines.ModelMixin`): "diffusers UNet2DConditionModel"; None when it is ours."""
+    try:
+        config = read_config_dict(folder)
+    except FolderError:
+        return None
+    if "_diffusers_version" in config:
+        return f"diffusers {config.get(CLASS_NAME_KEY)}"
+    if "transformers_version" in config or "architectures" in config:
+        return f"transformers {(config.get('architectures') or ['?'])[0]}"
+    return None

@@ -24,12 +24,10 @@ from hooks import (
     apply_to_each,
     execution_place,
 )
-from placement.errors import PlacementError
-
-from ..errors import DeviceMappedError
+from ..errors import CallError, DeviceMappedError
 
 
-class VaeFeatureError(PlacementError, TypeError):
+class VaeFeatureError(CallError, TypeError):
     """A VAE slicing/tiling method on a pipeline whose `vae` is missing or does not offer the feature."""
 
 

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 
+from hooks.gather import offloaded_weights
 from placement.plan_schema import Plan
 
 from ..checkpoint import WeightsNaming, atomic_folder, save_weights
@@ -67,15 +68,19 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
 
         Atomic: everything is written to a temporary folder next to `save_directory` and renamed into place;
         if anything fails, an existing checkpoint there is untouched. Files of other variants are kept.
+        Works in any placement (from_pretrained(device_map=...)): offloaded weights are read from where they
+        live (CPU RAM, an offload store, the checkpoint files of "disk" parts) one shard at a time, and the
+        placement stays as it is.
         """
         naming = WeightsNaming(weights_name=self.weights_name, variant=variant)
         tied = set(self._tied_weights_keys or ())
         state_dict = {name: t for name, t in self.state_dict().items() if name not in tied}
+        offloaded = offloaded_weights(self)
         with atomic_folder(save_directory, rewrites=lambda name: name == CONFIG_NAME or naming.owns(name)) as staging:
             write_config(staging, self.config, class_name=type(self).__name__)
             save_weights(
-                state_dict, staging, weights_name=self.weights_name, variant=variant, max_shard_size=max_shard_size
-            )
+                state_dict, staging, weights_name=self.weights_name, variant=variant, max_shard_size=max_shard_size,
+                offloaded=offloaded)
 
     @classmethod
     def plan_placement(

@@ -8,7 +8,7 @@ resolved once, then `load_pipeline` / `plan_folder`) and `folder.pipeline_saving
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
@@ -51,7 +51,9 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                         call: Mapping[str, Any] | None = None, progress: bool = True, generic: bool = False,
                         trust_remote_code: bool = False, dtype=None, use_safetensors: bool | None = None,
                         local_files_only: bool = False, revision: str | None = None, token: str | bool | None = None,
-                        cache_dir: str | Path | None = None, **components: Any):
+                        cache_dir: str | Path | None = None, quantization_config: Any = None,
+                        layerwise_casting: Mapping[str, Any] | None = None, pin: Sequence[str] = (),
+                        config: str | Path | None = None, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -72,13 +74,25 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         module is imported, unless this is True (then the named modules are imported: their code runs).
         diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
         `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download.
+
+        Formats of their own: `quantization_config` (a diffusers `PipelineQuantizationConfig`, or `{component:
+        config}` with each library's own config) quantizes components as they load, through their owner's
+        quantizer, planned at their quantized size (pre-quantized folders are read as such without it);
+        `layerwise_casting={"transformer": torch.float8_e4m3fn}` stores Linear/Conv weights in fp8 and computes
+        in `torch_dtype`, planned at the stored size; `pin=["transformer"]` keeps a passed-in component where it is
+        (one whose own map puts weights on an accelerator is kept there anyway). A single-file checkpoint
+        (`.safetensors` of an original layout, or `.gguf`) as `pretrained`, with `config=` the folder or Hub id of
+        its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
+        (planned first, on meta), the other components from `config`.
         """
         hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
                                cache_dir=cache_dir, local_files_only=local_files_only)
         request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS, hub=hub, scope=Scope.PIPELINE,
                                   device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
                                   max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
-                                  progress=progress, trust_remote_code=trust_remote_code)
+                                  progress=progress, trust_remote_code=trust_remote_code,
+                                  quantization_config=quantization_config, layerwise_casting=layerwise_casting, pin=pin,
+                                  config=config)
         return load_pipeline(cls, request, passed=components, generic=generic)
 
     @classmethod
@@ -86,15 +100,19 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                        variant: str | None = None, offload_folder: str | Path | None = None,
                        call: Mapping[str, Any] | None = None, generic: bool = False, trust_remote_code: bool = False,
                        dtype=None, local_files_only: bool = False, revision: str | None = None,
-                       token: str | bool | None = None, cache_dir: str | Path | None = None, **components: Any):
+                       token: str | bool | None = None, cache_dir: str | Path | None = None,
+                       quantization_config: Any = None, layerwise_casting: Mapping[str, Any] | None = None,
+                       pin: Sequence[str] = (), config: str | Path | None = None, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
-        a folder's code: `trust_remote_code` as in `from_pretrained`)."""
+        a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized components are sized as their
+        quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`)."""
         hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
                                local_files_only=local_files_only)
         request = resolve_request(pretrained, allow_patterns=PLAN_PATTERNS, hub=hub, scope=Scope.PIPELINE,
                                   device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
                                   max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
-                                  trust_remote_code=trust_remote_code)
+                                  trust_remote_code=trust_remote_code, quantization_config=quantization_config,
+                                  layerwise_casting=layerwise_casting, pin=pin, config=config)
         return plan_folder(cls, request, passed=components, generic=generic)
 
 

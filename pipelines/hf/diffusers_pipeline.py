@@ -6,7 +6,9 @@ what differs for a diffusers pipeline object: which folders are diffusers pipeli
 constructed from the components (diffusers' own constructor, as `DiffusionPipeline.from_pretrained` does), its
 model graph (`model_cpu_offload_seq`), and the placement state diffusers' guards read (`hf_device_map`).
 `pipe.reset_device_map()` is replaced on the instance by ours: diffusers' only removes hooks from components
-hooked at their top and cannot bring disk-offloaded weights back, so `.to()` would then fail.
+hooked at their top and cannot bring disk-offloaded weights back, so `.to()` would then fail; and so is
+`pipe.save_pretrained()`, by diffusers' own save run through our atomic save with every weight read from where it
+lives (`diffusers_saving`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from hooks.dispatch import undispatch
 from ..errors import LoadError
+from ..folder.component_origins import origins_of, restore_components
 from ..folder.class_registry import find_library_class
 from ..folder.model_index import ModelIndex
+from .diffusers_saving import save_placed
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
 
@@ -136,19 +139,19 @@ def graph_edges(pipeline_class: type, modules: Mapping[str, Any]) -> list[tuple[
 
 
 def attach_reset(pipe: Any) -> None:
-    """Replace the instance's `reset_device_map` by `reset_placement` (see the module docstring)."""
+    """Replace the instance's `reset_device_map` by `reset_placement` and its `save_pretrained` by
+    `save_placed` (see the module docstring)."""
     pipe.reset_device_map = types.MethodType(reset_placement, pipe)
+    pipe.save_pretrained = types.MethodType(save_placed, pipe)
 
 
 def reset_placement(pipe: Any) -> None:
-    """What a diffusers user expects of `reset_device_map()`: every hook removed (group offload included),
-    every weight on the CPU (disk-offloaded ones read back), `hf_device_map` None; then `.to()`,
-    `enable_model_cpu_offload()` and `enable_group_offload()` work."""
-    for module in module_components(pipe).values():
-        undispatch(module)
-        module.to("cpu")
-        if getattr(module, "hf_device_map", None) is not None:
-            module.hf_device_map = None
+    """What a diffusers user expects of `reset_device_map()`: every hook the placement added removed (group
+    offload included), the weights the load read on the CPU (disk-offloaded ones read back), each model's
+    `hf_device_map` as it was before (deleted on the ones the load built, as transformers' `save_pretrained`
+    expects), a component passed in back as it came (`component_origins`); `pipe.hf_device_map` None. Then
+    `.to()`, `enable_model_cpu_offload()`, `enable_group_offload()` and `save_pretrained()` work."""
+    restore_components(module_components(pipe), origins_of(pipe))
     pipe.hf_device_map = None
     pipe.placement_plan = None
     pipe._all_hooks = []

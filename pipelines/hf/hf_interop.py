@@ -44,11 +44,13 @@ def retie(module: nn.Module, family: Family) -> None:
 
 
 def load_without_device_map(cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
-                            variant: str | None) -> Any:
-    """A component loaded by its own class to the CPU (the no-device_map path of a pipeline)."""
+                            variant: str | None, quantization_config: Any = None) -> Any:
+    """A component loaded by its own class to the CPU (the no-device_map path of a pipeline); a quantized one by
+    its owner's quantizer (`quantization_config`: the component's own config object)."""
     if family is Family.NON_MODULE:
         return cls.from_pretrained(folder)
+    extra = {} if quantization_config is None else {"quantization_config": quantization_config}
     if family is Family.TRANSFORMERS:
-        return cls.from_pretrained(folder, dtype=dtype, variant=variant).eval()
+        return cls.from_pretrained(folder, dtype=dtype, variant=variant, **extra).eval()
     # Ours and diffusers' take the same arguments.
-    return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant).eval()
+    return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant, **extra).eval()

@@ -55,6 +55,15 @@ def construct(target: type, index: ModelIndex, components: Mapping[str, Any], fo
     return build_diffusers_pipeline(target, index, components, name_or_path=str(folder))
 
 
+def install_component(pipe: Any, name: str, module: Any) -> None:
+    """Replace component `name` of a built pipeline (the meta module a load planned with, by the module its
+    owner loaded): through the pipeline's own registration, so diffusers' config stays consistent."""
+    if isinstance(pipe, PipelineComponents):
+        pipe.register_components(**{name: module})
+    else:
+        pipe.register_modules(**{name: module})
+
+
 def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *,
                       trust_remote_code: bool = False) -> None:
     """Before anything is built: every required constructor argument is available, every passed name is known."""

@@ -17,6 +17,7 @@ which is why it is turned on only when it is needed.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -39,7 +40,7 @@ from .vae_fit_advice import activation_does_not_fit
 TECHNIQUE_KEYS = {key: MemoryTechnique(key) for key in CALL_TECHNIQUE_KEYS}  # "vae_tiling" -> VAE_TILING, ...
 _WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
 _VAE_METHODS = ("decode", "encode")
-_FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)
+FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)
 _OFF_ACCELERATORS = (PlacementKind.OFFLOADED, PlacementKind.DISK, PlacementKind.CPU)
 
 
@@ -132,7 +133,7 @@ def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcom
         warnings.simplefilter("always")
         try:
             plan = plan_for(activations)
-        except _FIT_ERRORS as error:
+        except FIT_ERRORS as error:
             return Outcome(error=error, warnings=tuple(caught), activations=activations)
     return Outcome(plan=plan, warnings=tuple(caught), activations=activations)
 
@@ -147,6 +148,7 @@ class PlannedCall:
     dtypes: Any
     sizes: Mapping[str, Any]
     describe: Callable[[Mapping[str, Any]], Mapping[str, list]]
+    estimating: Callable[[], Any] = contextlib.nullcontext  # the context estimates run in (layerwise casting)
     known: dict = field(default_factory=dict, compare=False, repr=False)  # (name, techniques) -> this call's peak
 
     def peak(self, name: str, techniques, runs: Mapping[str, list] | None = None) -> int:
@@ -154,8 +156,9 @@ class PlannedCall:
         key = (name, frozenset(techniques))
         if runs is None and key in self.known:
             return self.known[key]
-        peak = component_peak(name, self.modules[name], (runs or self.runs)[name], dtype_for(self.dtypes, name),
-                              techniques)
+        with self.estimating():
+            peak = component_peak(name, self.modules[name], (runs or self.runs)[name],
+                                  dtype_for(self.dtypes, name), techniques)
         if runs is None:
             self.known[key] = peak
         return peak
@@ -259,9 +262,11 @@ def _first_sentence(error: Exception | None) -> str:
     return text[: end if end > 0 else None].rstrip(".")
 
 
-def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> None:
-    """Turn on, in each module of `pipe`, the techniques the plan turned on for it (`vae.enable_tiling()`)."""
-    components = getattr(pipe, "components", {})
+def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> dict[str, tuple[str, ...]]:
+    """Turn on, in each module of `pipe`, the techniques the plan turned on for it (`vae.enable_tiling()`);
+    {component: the methods that turn off what was off before} (`reset_device_map()` calls them)."""
+    components, undo = getattr(pipe, "components", {}), {}
     for name, component in plan.components.items():
         if component.memory_techniques and isinstance(components.get(name), nn.Module):
-            enable_techniques(components[name], [used.technique for used in component.memory_techniques])
+            undo[name] = enable_techniques(components[name], [used.technique for used in component.memory_techniques])
+    return undo

@@ -11,10 +11,8 @@ Used for our `ModelMixin`s (a model load is a one-component load), diffusers and
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from accelerate import init_empty_weights
@@ -35,63 +33,43 @@ from ..checkpoint import (
 from ..folder.component_classes import Family, weights_name_for
 from ..folder.sources import ComponentSource
 from ..hf.hf_interop import construct, retie
-
-
-class WeightsReader(Enum):
-    """How a component's weights are read into its meta module: chosen when it is built (`build_component`), so
-    planning and placing never guess.
-
-    STREAM is this library's loader: each tensor from its safetensors file straight to its planned device
-    (`placing.place_component`). The next readers will belong to the owner libraries of formats we do not read
-    ourselves (transformers models whose checkpoint keys are renamed on load, quantized components, single
-    files, GGUF): their `from_pretrained` / `from_single_file` given our plan's device map.
-    """
-
-    STREAM = "stream"
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetaComponent:
-    """A module component built on meta and sized exactly, with what its load needs.
-
-    `weights` is None when the folder has no weight files (planning from configs only). `load_dtypes` maps each
-    checkpoint tensor to the dtype it loads as; `keep_in_fp32` names the submodules kept float32 at `dtype`
-    (sizing's rule, so the plan and the load agree); `tied_weights` maps each tied parameter the checkpoint
-    lacks to the tensor that serves it."""
-
-    name: str
-    module: nn.Module
-    family: Family
-    weights: WeightsIndex | None
-    dtype: torch.dtype | None
-    load_dtypes: Mapping[str, torch.dtype]
-    keep_in_fp32: tuple[str, ...]
-    tied_weights: Mapping[str, str]
-    reader: WeightsReader
-
-    @property
-    def dtype_origin(self) -> str:
-        """Where the dtype the component was sized at comes from, for the plan to state."""
-        if self.dtype is not None:
-            return "torch_dtype"
-        if self.weights is not None:
-            return "checkpoint"
-        return "config.json only, no weights read: give torch_dtype to plan for the checkpoint's dtype"
+from ..hf.key_renames import renames_explain
+from ..hf.quantizers import component_quantization
+from .layerwise import with_layerwise_casting
+from .meta_records import MetaComponent, WeightsReader
+from .owner_meta import build_owner_component
 
 
 def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
-                    variant: str | None, weights_required: bool) -> MetaComponent:
+                    variant: str | None, weights_required: bool, quantization_config: Any = None,
+                    layerwise_casting: torch.dtype | None = None) -> MetaComponent:
     """`cls` built on meta from `folder`, each tensor in its load dtype (the checkpoint's own unless `dtype`
     says otherwise; fp32-kept modules stay fp32), so planning sizes it exactly. Reads config.json and the
     safetensors headers only. Without weight files (a configs-only folder, when not `weights_required`) the
     config's dtypes are kept. Keys and shapes are checked for every component about to be loaded, and for our
-    own models always (their checkpoints must match exactly)."""
+    own models always (their checkpoints must match exactly).
+
+    The reader is chosen here: a quantized component (its folder's `quantization_config`, or
+    `quantization_config=` naming it) and a transformers checkpoint whose keys transformers renames on load
+    are prepared and read by their owner (`owner_meta`); everything else is streamed by our loader.
+    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`layerwise`)."""
+    quantization = component_quantization(quantization_config, name, family, folder)
     with init_empty_weights(), _no_init_of_meta_tensors():
         module = construct(cls, folder, family)
     retie(module, family)  # init_empty_weights() breaks the constructor's ties
     module.eval()
-    keep = tuple(sorted(kept_fp32_module_names(module, dtype)))
     weights = _find_weights(cls, folder, variant=variant, required=weights_required)
+    if quantization is not None or _renamed_on_load(module, family, weights):
+        meta = build_owner_component(name, module, cls=cls, folder=folder, family=family, dtype=dtype,
+                                     variant=variant, weights=weights, quantization=quantization)
+    else:
+        meta = _build_streamed(name, module, family, weights, dtype=dtype, weights_required=weights_required)
+    return with_layerwise_casting(meta, layerwise_casting)
+
+
+def _build_streamed(name: str, module: nn.Module, family: Family, weights: WeightsIndex | None, *,
+                    dtype: torch.dtype | None, weights_required: bool) -> MetaComponent:
+    keep = tuple(sorted(kept_fp32_module_names(module, dtype)))
     ties: dict[str, str] = {}
     dtypes: dict[str, torch.dtype] = {}
     if weights is not None:
@@ -102,17 +80,38 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
         dtypes = load_dtypes(weights, dtype, keep)
         _cast_meta(module, weights, dtypes, tensors, dtype=dtype, keep_in_fp32=keep)
         tie_weights(module, ties)  # re-typing a tied meta tensor replaces it under one of its names only
-    # Every format read today is safetensors in our folder layout, read by our loader; the owner-library
-    # formats will choose their reader here, from the family and the folder's files.
     return MetaComponent(name=name, module=module, family=family, weights=weights, dtype=dtype, load_dtypes=dtypes,
                          keep_in_fp32=keep, tied_weights=ties, reader=WeightsReader.STREAM)
 
 
+def _renamed_on_load(module: nn.Module, family: Family, weights: WeightsIndex | None) -> bool:
+    """A transformers checkpoint saved under its original key names, which transformers renames when loading."""
+    if family is not Family.TRANSFORMERS or weights is None:
+        return False
+    tensors = module.state_dict(keep_vars=True)
+    if set(tensors) <= set(weights.tensors):
+        return False
+    ties = _tied_weights(module, family, weights, tensors)
+    if set(tensors) - set(ties) <= set(weights.tensors):
+        return False
+    return renames_explain(module, weights.tensors, allowed_missing=_all_tied_names(module))
+
+
+def _all_tied_names(module: nn.Module) -> set[str]:
+    """Every name of a parameter shared under several names (any of them may be absent from a checkpoint)."""
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(tensor), []).append(name)
+    return {name for names in names_of.values() if len(names) > 1 for name in names}
+
+
 def build_from_source(source: ComponentSource, *, dtype: torch.dtype | None, variant: str | None,
-                      weights_required: bool) -> MetaComponent:
+                      weights_required: bool, quantization_config: Any = None,
+                      layerwise_casting: torch.dtype | None = None) -> MetaComponent:
     """`build_component` of one component of a pipeline folder."""
     return build_component(source.name, source.cls, source.folder, family=source.family, dtype=dtype,
-                           variant=variant, weights_required=weights_required)
+                           variant=variant, weights_required=weights_required, quantization_config=quantization_config,
+                           layerwise_casting=layerwise_casting)
 
 
 # The torch.nn.init functions modules call from their constructors (`reset_parameters`).

@@ -14,7 +14,9 @@ from placement.plan_schema import Plan
 
 from ..checkpoint.config_file import CLASS_NAME_KEY, read_config_dict
 from ..checkpoint.naming import CONFIG_NAME
+from ..errors import LoadError
 from ..folder.component_classes import Family
+from ..folder.sources import foreign_model_folder
 from .meta import MetaComponent, build_component
 from .placing import check_plan_devices, place_component
 from .planning import plan_modules
@@ -43,8 +45,19 @@ def load_model(cls: type, request: LoadRequest):
     return meta.module.eval()
 
 
+class ForeignModelFolderError(LoadError, ValueError):
+    """A diffusers or transformers model folder given to a `pipelines.ModelMixin` class."""
+
+
 def _build(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaComponent:
     name = cls.__name__
+    foreign = foreign_model_folder(request.folder, cls)
+    if foreign is not None:
+        raise ForeignModelFolderError(
+            f"{request.folder} holds a {foreign} (saved by its own library), not a {name}: load it with "
+            "pipelines.load_model(folder, device_map=...), which returns the folder's own class placed by this "
+            "library's planner."
+        )
     request.dtypes.check_names([name], of=f"model (a {name})")
     _warn_on_other_class(cls, request.folder)
     return build_component(name, cls, request.folder, family=Family.OWN, dtype=request.dtypes.for_component(name),

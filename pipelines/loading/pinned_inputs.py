@@ -21,9 +21,10 @@ def hook_inputs_of_pinned(module: nn.Module, component: ComponentPlan) -> bool:
     """Attach input-moving hooks to an unhooked pinned component; whether it did."""
     if any(hasattr(submodule, "_hf_hook") for submodule in module.modules()):
         return False
-    owner_map = module.hf_device_map
+    owner_map = getattr(module, "hf_device_map", None)  # None: pinned on request (`pin=`), with no map of its own
     apply_component_plan(module, component)
-    module.hf_device_map = owner_map
+    if owner_map is not None:
+        module.hf_device_map = owner_map
     return True
 
 

@@ -23,19 +23,25 @@ from placement.devices import Accelerators, torch_device
 from placement.plan_schema import Plan
 
 from ..checkpoint.progress import load_progress
+from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
 from ..folder.components import PipelineComponents
 from ..folder.model_index import ModelIndex
 from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
+from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
-from ..hf.hf_interop import load_without_device_map
-from .assembly import check_components, construct, target_class
+from .assembly import check_components, construct, install_component, target_class
+from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
+from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
+from .single_files import build_single_file_component, single_file_sources
 from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
-from .planning import caller_stacklevel, label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .planning import (
+    caller_stacklevel, component_origin, label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes,
+)
 from .request import DeviceMapKind, LoadRequest
 
 
@@ -64,15 +70,24 @@ def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, g
     check_components(target, cls, index, passed, trust_remote_code=request.trust_remote_code)
     sources = component_sources(index, request.folder, skip=passed, trust_remote_code=request.trust_remote_code)
     modules = [name for name, source in sources.items() if source.is_module]
-    request.dtypes.check_names(modules + [name for name, obj in passed.items() if isinstance(obj, nn.Module)],
-                               of="pipeline")
+    passed_modules = [name for name, obj in passed.items() if isinstance(obj, nn.Module)]
+    request.dtypes.check_names(modules + passed_modules, of="pipeline")
+    check_format_options(request, built=modules, passed=passed_modules)
     return OpenedFolder(index=index, target=target, sources=sources,
                         dtypes={name: request.dtypes.for_component(name) for name in modules})
 
 
 def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_required: bool) -> dict[str, MetaComponent]:
-    return {name: build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
-                                    weights_required=weights_required)
+    """Each module component on meta: from the single file when the load reads one and it holds that component
+    (`single_files.single_file_sources`), else from its folder."""
+    from_file = single_file_sources(opened.modules, request.single_file)
+    return {name: build_single_file_component(name, source.cls, request.single_file, source.folder,
+                                              dtype=opened.dtypes[name], quantization_config=request.quantization_config,
+                                              layerwise_casting=request.layerwise_casting.get(name))
+            if name in from_file else
+            build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
+                              weights_required=weights_required, quantization_config=request.quantization_config,
+                              layerwise_casting=request.layerwise_casting.get(name))
             for name, source in opened.modules.items()}
 
 
@@ -88,9 +103,12 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     opened = open_folder(cls, request, passed, generic=generic)
     components = opened.non_modules()
     if request.device_map.kind is DeviceMapKind.NONE:
-        for name, source in opened.modules.items():
-            components[name] = load_without_device_map(source.cls, source.folder, family=source.family,
-                                                       dtype=opened.dtypes[name], variant=request.variant)
+        if request.single_file is None:
+            components.update(load_modules_without_device_map(opened, request))
+        else:  # each component read to the CPU by its reader (the file's by from_single_file)
+            components.update({name: place_component(meta, None, accelerators=request.accelerators,
+                                                     progress=request.progress)
+                               for name, meta in build_components(opened, request, weights_required=True).items()})
         return construct(opened.target, opened.index, {**components, **passed}, request.folder)
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}
@@ -132,11 +150,18 @@ def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, Me
     dispatched are pinned where they are; each component's plan says which dtype it assumed, and why."""
     modules, edges = modules_and_edges(pipe)
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
-    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
-                        max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
-                        pinned=passed_pins(passed))
-    origins = {name: metas[name].dtype_origin if name in metas else "passed in, as it is" for name in modules}
-    return label_dtypes(plan, modules, dtypes, origins)
+    pins, notes = passed_pins(passed, pin=request.pin)
+    origins = {name: component_origin(metas[name]) if name in metas else "passed in, as it is" for name in modules}
+
+    def plan_with(kept: Mapping[str, Any]) -> Plan:
+        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
+                            max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
+                            pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
+                            sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
+                                           for name in modules})
+        return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
+
+    return respect_formats(plan_with({}), formats_of_metas(metas), plan_with, request.device_map)
 
 
 def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],
@@ -146,6 +171,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     touched: list[str] = []
     hooked_pinned: list[nn.Module] = []
     origins = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
+    as_it_was = record_origins(pipe.components, plan, passed)  # what reset_device_map() puts back
     # One bar in bytes for the whole load: what is read from the checkpoints (disk parts are served, not read).
     read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
     hooks = request.device_map.hooks
@@ -153,24 +179,30 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
         with load_progress(read_bytes, enabled=request.progress):
             for name in plan.execution_order:
                 component = plan.components[name]
-                if component.pinned and name in passed and getattr(passed[name], "hf_device_map", None):
+                if component.pinned and name in passed and (
+                        getattr(passed[name], "hf_device_map", None) or name in request.pin):  # stays where it is
                     if hooks and hook_inputs_of_pinned(passed[name], component):  # placed by its owner: never moved
                         hooked_pinned.append(passed[name])
                     continue
                 touched.append(name)
                 if name in metas:
                     _check_registered(pipe, metas[name])
-                    place_component(metas[name], component, accelerators=request.accelerators, hooks=hooks,
-                                    progress=request.progress)
+                    module = place_component(metas[name], component, accelerators=request.accelerators, hooks=hooks,
+                                             progress=request.progress, offload_folder=request.offload_folder)
+                    if module is not metas[name].module:  # read by its owner: its module replaces the meta one
+                        install_component(pipe, name, module)
                 else:
                     module = pipe.components[name]
                     _move_passed(name, module, component, request.accelerators)
                     attach_runtime(module, component, hooks=hooks)
             if hooks:
                 deliver_joined_outputs(pipe, plan)
-            apply_memory_techniques(pipe, plan)  # VAE tiling/slicing the plan turned on
+            as_it_was = with_undo_calls(as_it_was, apply_memory_techniques(pipe, plan))  # VAE tiling/slicing
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
+        remember_origins(pipe, as_it_was)
+        if hooks:
+            follow_adapters(pipe)  # adapters loaded later follow their layer's placement
     except BaseException:
         _undo(pipe, touched, metas, origins)
         for module in hooked_pinned:

@@ -9,37 +9,61 @@ Components that already carry their own `hf_device_map` (loaded with a device_ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
 from placement.plan_schema import Plan
 
 from ..errors import DeviceMappedError
-from ..folder.components import PipelineComponents
+from ..folder.components import PipelineComponents, module_dtype
 from ..hf.diffusers_pipeline import attach_reset
+from .formats import check_format_options, formats_of_modules, respect_formats
+from .layerwise import casting_config
 from .pipeline_loader import place_pipeline
 from .placing import check_plan_devices
-from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules
+from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
 from .request import Scope, resolve_request
 
 
 def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
-          offload_folder: str | Path | None = None) -> Plan:
+          offload_folder: str | Path | None = None, layerwise_casting: Mapping[str, Any] | None = None,
+          pin: Sequence[str] = ()) -> Plan:
     """Plan `pipe`'s module components as they are, move and dispatch them; returns the plan (also
     `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes (a strategy, a dict, one device, a
-    saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first."""
+    saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first.
+    Quantized components are planned at their real storage. `layerwise_casting={"transformer":
+    torch.float8_e4m3fn}` stores those components' Linear/Conv weights in fp8 first (diffusers' skip patterns),
+    so they are planned at that size. `pin=["transformer"]` keeps a component where it is; one whose own
+    `hf_device_map` puts weights on an accelerator is kept there anyway."""
     if getattr(pipe, "hf_device_map", None) is not None:
         raise DeviceMappedError(
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
             "pipe.reset_device_map() before placing it again."
         )
     request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
-                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False)
+                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False,
+                              layerwise_casting=layerwise_casting, pin=pin)
     modules, edges = modules_and_edges(pipe)
-    plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
-                        max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=passed_pins(modules))
-    plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
-    check_plan_devices(plan, request.accelerators)
-    place_pipeline(pipe, plan, {}, modules, request)
+    check_format_options(request, built=[], passed=list(modules))
+    pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement
+    for name, storage in request.layerwise_casting.items():
+        module = modules[name]
+        apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
+
+    def plan_with(kept: Mapping[str, Any]) -> Plan:
+        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
+                            max_memory=max_memory, offload_folder=offload_folder, call=call, pinned={**pins, **kept})
+        plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
+        return with_notes(plan, notes)
+
+    try:
+        plan = respect_formats(plan_with({}), formats_of_modules(modules), plan_with, request.device_map)
+        check_plan_devices(plan, request.accelerators)
+        place_pipeline(pipe, plan, {}, modules, request)
+    except BaseException:
+        for name in request.layerwise_casting:  # nothing half-done: the casting this call applied comes off
+            remove_layerwise_casting(modules[name])
+        raise
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
     return plan

@@ -4,12 +4,14 @@ placement kind; one undo when anything fails. Models and pipelines place every c
     meta = build_component(...)                          # meta.py: sized exactly, headers read once
     plan = placement.plan({name: meta.module}, ...)       # one planner for models and pipelines
     check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
-    place_component(meta, plan.components[name], ...)    # weights read (meta.reader), then the kind's hooks
+    place_component(meta, plan.components[name], ...)    # weights read (meta.reader: ours, or the format's
+                                                         # owner library), then the kind's hooks
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from pathlib import Path
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -23,7 +25,9 @@ from placement.plan_schema import ComponentPlan, Plan
 
 from ..checkpoint import stream_weights
 from ..errors import LoadError
-from .meta import MetaComponent, WeightsReader
+from .layerwise import apply_casting
+from .meta_records import MetaComponent, WeightsReader
+from .owner_reading import read_with_owner
 
 
 class PipelineLoadError(LoadError, RuntimeError):
@@ -53,21 +57,32 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
 
 
 def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
-                    hooks: bool = True, progress: bool = True) -> nn.Module:
+                    hooks: bool = True, progress: bool = True, offload_folder: str | Path | None = None) -> nn.Module:
     """Read `meta`'s weights to the devices `component` plans, then attach its runtime (`attach_runtime`).
-    `component=None` (no device_map): every tensor to the CPU, no runtime, no map.
+    `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the placed module:
+    `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a quantized or
+    renamed-key component: `owner_reading`), which replaces `meta.module` in the pipeline.
 
     A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
     escapes."""
     device_map = None if component is None else component.device_map
+    module = meta.module
     try:
-        disk_weights = _READERS[meta.reader](meta, device_map, accelerators=accelerators, progress=progress)
+        if meta.reader is WeightsReader.OWNER:
+            module, disk_weights = read_with_owner(meta, device_map, accelerators=accelerators,
+                                                   offload_folder=offload_folder)
+        else:
+            disk_weights = _stream(meta, device_map, accelerators=accelerators, progress=progress)
+        apply_casting(module, meta)
         if component is not None:
-            attach_runtime(meta.module, component, hooks=hooks, disk_weights=disk_weights)
+            attach_runtime(module, component, hooks=hooks, disk_weights=disk_weights)
     except BaseException:
-        unplace(meta.module)
+        try:
+            unplace(module)
+        except Exception:  # e.g. a quantized module that refuses .to("meta"): the original error matters
+            pass
         raise
-    return meta.module
+    return module
 
 
 def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
@@ -100,8 +115,6 @@ def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, acc
                    tied_weights=meta.tied_weights, progress=progress, label=meta.name, accelerators=accelerators)
     return disk_offload_index(meta, device_map)
 
-
-_READERS: dict[WeightsReader, Callable[..., DiskWeights | None]] = {WeightsReader.STREAM: _stream}
 
 
 def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None) -> DiskWeights | None:

@@ -3,11 +3,13 @@ in already dispatched, and with `call=` the activation peak of each component fo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 
@@ -16,12 +18,14 @@ from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from ..folder.components import PipelineComponentError, PipelineComponents
-from ..hf.calls import CallSpecError, family_calls
+from ..hf.calls import CallSpecError, family_calls, family_runs
+from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
+from .memory_techniques import FIT_ERRORS, PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope
-from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .saved_plans import check_saved_plan, nest_flat_device_map
+from .suggestions import Replanning, suggestions
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
@@ -42,12 +46,18 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
-                 scope: Scope = Scope.PIPELINE) -> placement.Plan:
+                 scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
+                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
     interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
     `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
-    With `call`, each component's activation peak for that call is planned for, and a VAE whose decode does
-    not fit is planned tiled or sliced (`memory_techniques`; `call={"vae_tiling": False}` forbids it)."""
+    `estimating`: a context the activation estimates run in (layerwise-cast layers computing in their dtype).
+    `sizing_dtypes`: what placement sizes at when it differs from the dtypes the components compute in (a
+    layerwise-cast component: None, its meta tensors hold their load dtypes). With `call`, each component's
+    activation peak for that call is planned for, and a VAE whose decode does not fit is planned tiled or sliced
+    (`memory_techniques`; `call={"vae_tiling": False}` forbids it). `advise`: the `MetaComponent`s of the
+    components built by this load: when the plan does not fit resident, its warnings (or the error) say which
+    single change to one of them would (`suggestions`)."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -55,28 +65,59 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         strategy = nest_flat_device_map(strategy, modules)
     elif device_map.kind is DeviceMapKind.PINS:
         strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
+    options, sizes = VaeOptions.split(call or {})
     module_order: dict[str, list[str]] = {}
+    arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
+                     dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
+                     pinned=dict(pinned) or None, scope=scope.value,
+                     runs_per_call=None if pipe is None else call_runs(pipe, modules, sizes))
 
     def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
-        return placement.plan(modules, max_memory=max_memory, strategy=strategy, graph=edges, dtype=dtypes,
-                              offload_folder=offload_folder, activations=activations, pinned=dict(pinned) or None,
-                              module_order=module_order or None, scope=scope.value)
+        return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
 
-    if call is None:
-        outcome = attempt(plan_for, None)
-    else:
-        options, sizes = VaeOptions.split(call)
+    def replanning(activations) -> Replanning:
+        return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
+                                                            "module_order": module_order or None})
+
+    planned = None if call is None else _planned_call(pipe, modules, sizes, options, dtypes=dtypes,
+                                                      estimating=estimating, module_order=module_order)
+    activations = None if planned is None else planned.activations
+    try:
+        outcome = attempt(plan_for, None) if planned is None else \
+            plan_with_vae_techniques(plan_for, planned.call, activations, options)
+        plan = outcome.result()
+    except FIT_ERRORS as error:
+        if advise and device_map.kind is DeviceMapKind.STRATEGY:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                lines = suggestions(None, advise, replanning(activations))
+            error.args = (" ".join([str(error), *lines]),)
+        raise
+    for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
+        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = with_notes(plan, suggestions(plan, advise, replanning(outcome.activations)))
+    return plan if call is None else plan.with_inputs(call=dict(call))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Estimated:
+    call: PlannedCall
+    activations: dict[str, int]
+
+
+def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions, *, dtypes,
+                  estimating, module_order: dict[str, list[str]]) -> _Estimated:
+    """The call's runs of each component and their activation peaks (with what `call=` forces on the VAEs)."""
+    with estimating():
         runs = component_calls(pipe, modules, sizes)
         activations = estimate_peaks(runs, modules, torch_dtype=dtypes, module_order=module_order,
                                      techniques=options.forced_for(modules, runs))
-        outcome = plan_with_vae_techniques(
-            plan_for, PlannedCall(runs=runs, modules=modules, dtypes=dtypes, sizes=sizes,
-                                  describe=lambda smaller: component_calls(pipe, modules, smaller)),
-            activations, options)
-    for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
-        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
-    plan = outcome.result()
-    return plan if call is None else plan.with_inputs(call=dict(call))
+    planned = PlannedCall(runs=runs, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
+                          describe=lambda smaller: component_calls(pipe, modules, smaller))
+    return _Estimated(call=planned, activations=activations)
 
 
 def caller_stacklevel() -> int:
@@ -113,7 +154,7 @@ def component_calls(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     if describe is None:
         return {name: list(examples) for name, examples in
                 family_calls(pipeline_class_name(pipe), modules, call).items()}
-    sizes = {key: value for key, value in call.items() if key != "num_inference_steps"}  # runs, not sizes
+    sizes = {key: value for key, value in call.items() if key not in RUN_KEYS}  # runs, not sizes
     try:
         return {name: [spec] for name, spec in describe(**sizes).items()}
     except TypeError as error:
@@ -139,28 +180,93 @@ def estimate_peaks(runs: Mapping[str, list], modules: Mapping[str, nn.Module], *
     return peaks
 
 
+def call_runs(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """How many times each component runs per call (`placement.plan(runs_per_call=)`): the pipeline's own
+    `runs_per_call(**call)`, else its diffusers family's (`calls.family_runs`: steps x passes per step), with
+    the pipeline's defaults when `call` leaves them out (or is None); None when neither knows."""
+    call = dict(call or {})
+    describe = getattr(pipe, "runs_per_call", None)
+    if describe is not None:
+        try:
+            runs = describe(**call)
+        except TypeError as error:
+            raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
+    else:
+        runs = family_runs(pipeline_class_name(pipe), call)
+    given = [key for key in RUN_KEYS if key in call]
+    if runs is None and given:
+        raise CallSpecError(
+            f"call= gives {' and '.join(given)}, but {pipeline_class_name(pipe)} does not say which component runs "
+            "at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
+            "returning {component: runs}, or pass runs_per_call= to placement.plan."
+        )
+    return None if runs is None else {name: count for name, count in runs.items() if name in modules}
+
+
 def pipeline_class_name(pipe: PipelineComponents) -> str:
     """The pipeline class the folder names (a generic pipeline keeps model_index.json's `_class_name`)."""
     return getattr(pipe, "folder_class_name", None) or type(pipe).__name__
 
 
-def passed_pins(passed: Mapping[str, Any]) -> dict[str, Any]:
-    """Components passed in that already carry a device map: pinned where they are (their own hf_device_map)."""
-    pins = {}
+def passed_pins(passed: Mapping[str, Any], *, pin: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Components passed in that stay where they are, with their device maps, and the plan's notes about the
+    others. A component is pinned where its own `hf_device_map` puts weights on an accelerator or the disk
+    (its owner placed it), or when the caller names it in `pin`; a map that keeps everything on the CPU
+    (`{'': 'cpu'}`, what diffusers leaves on `from_single_file` models and CPU `device_map="auto"` loads)
+    says nothing about where the user wants it to run: it is placed like any other component."""
+    pins, notes = {}, []
     for name, obj in passed.items():
         if not isinstance(obj, nn.Module):
             continue
         device_map = getattr(obj, "hf_device_map", None)
         hooked = any(hasattr(submodule, "_hf_hook") for submodule in obj.modules())
-        if device_map:
+        if device_map and (name in pin or _places_off_host(device_map)):
             pins[name] = dict(device_map)
+        elif name in pin:
+            pins[name] = {"": _weights_device(obj)}
+        elif device_map and not hooked:
+            notes.append(f"{name} was passed in with hf_device_map={dict(device_map)} (a default load, everything "
+                         "on the CPU): placed like the other components (pin=[...] keeps it where it is).")
         elif hooked:
             raise PipelineComponentError(
-                f"Component {name!r} was passed in with accelerate hooks but no hf_device_map, so where it runs "
-                "is unknown; remove its hooks (accelerate.hooks.remove_hook_from_module(m, recurse=True)) or load "
-                "it with its own device_map."
+                f"Component {name!r} was passed in with accelerate hooks but no hf_device_map placing weights on an "
+                "accelerator, so where it runs is unknown; remove its hooks (accelerate.hooks.remove_hook_from_module"
+                "(m, recurse=True)), load it with its own device_map, or pin it (pin=[...])."
             )
-    return pins
+    return pins, notes
+
+
+def _places_off_host(device_map: Mapping[str, Any]) -> bool:
+    """Whether a map puts any weight on an accelerator or the disk (anything but the CPU)."""
+    return any(str(device) != "cpu" for device in device_map.values())
+
+
+def _weights_device(module: nn.Module):
+    for tensor in module.parameters():
+        return "cpu" if tensor.device.type == "cpu" else (tensor.device.index or 0)
+    return "cpu"
+
+
+def component_origin(meta) -> str:
+    """Where a component's sized dtype comes from, for the plan's dtype label: the dtype's origin, and for a
+    quantized or layerwise-cast one, that too."""
+    origin = meta.dtype_origin
+    quantization = meta.quantization
+    if meta.owner is not None and meta.owner.single_file:
+        origin = f"single file {meta.owner.source.name}"
+    elif quantization is not None:
+        origin = "pre-quantized folder" if quantization.pre_quantized else "quantization_config"
+    if meta.layerwise_casting is not None:
+        storage = str(meta.layerwise_casting).removeprefix("torch.")
+        origin += f"; layerwise {storage}"  # Linear/Conv weights stored in it, upcast per layer
+    return origin
+
+
+def with_notes(plan: placement.Plan, notes: Sequence[str]) -> placement.Plan:
+    """The plan with `notes` added to its warnings (each one line)."""
+    if not notes:
+        return plan
+    return plan.model_copy(update={"warnings": [*plan.warnings, *notes]})
 
 
 def modules_and_edges(pipe) -> tuple[dict[str, nn.Module], list[tuple[str, str]]]:

@@ -25,6 +25,8 @@ from placement.errors import InvalidDtypeError
 from placement.sizing import dtype_for
 
 from ..folder.hub import HubOptions, resolve_folder
+from ..hf.single_file import SingleFileError, is_single_file
+from .layerwise import parse_layerwise_casting
 from .saved_plans import saved_plan
 
 
@@ -79,11 +81,14 @@ class DtypeRequest:
 
     @classmethod
     def parse(cls, torch_dtype: Any) -> "DtypeRequest":
-        """Every value checked (a floating dtype, its name, or None), with placement's message for a bad one."""
+        """Every value checked (a floating dtype, its name, or None), with placement's message for a bad one;
+        an fp8 dtype is refused: nothing computes in it (see `refuse_storage_only`)."""
         if not isinstance(torch_dtype, Mapping):
-            return cls(default=dtype_for(torch_dtype, "default"))
-        named = {str(key): dtype_for(torch_dtype, key) for key in torch_dtype if key != "default"}
-        return cls(default=dtype_for(torch_dtype, "default"), named=MappingProxyType(named))
+            return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"))
+        named = {str(key): refuse_storage_only(dtype_for(torch_dtype, key), str(key))
+                 for key in torch_dtype if key != "default"}
+        return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"),
+                   named=MappingProxyType(named))
 
     def check_names(self, modules: Iterable[str], *, of: str) -> None:
         """A dict may name module components and "default" only: a misspelt key would otherwise be ignored
@@ -98,6 +103,19 @@ class DtypeRequest:
 
     def for_component(self, name: str) -> torch.dtype | None:
         return self.named.get(name, self.default)
+
+
+def refuse_storage_only(dtype: torch.dtype | None, key: str) -> torch.dtype | None:
+    """An fp8 torch_dtype would load weights that no layer can multiply with its bf16 inputs ("mat1 and mat2
+    must have the same dtype"): fp8 is a storage dtype, given as layerwise casting."""
+    if dtype is None or dtype.itemsize > 1:
+        return dtype
+    component = "transformer" if key == "default" else key
+    raise InvalidDtypeError(
+        f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {str(dtype).removeprefix('torch.')} is a "
+        "storage dtype: layers cannot compute in it. Store weights in it with layerwise casting and compute in "
+        f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{str(dtype).removeprefix('torch.')}}}."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,14 +135,36 @@ class LoadRequest:
     call: Mapping[str, Any] | None = None
     progress: bool = True
     trust_remote_code: bool = False
+    # Formats of their own: a diffusers PipelineQuantizationConfig / {component: config} / one model's config, as
+    # given (resolved per component by `hf.quantizers`); {component: storage dtype} for fp8 layerwise casting;
+    # the components passed in to keep where they are whatever their map says.
+    quantization_config: Any = None
+    layerwise_casting: Mapping[str, torch.dtype] = field(default_factory=lambda: MappingProxyType({}))
+    pin: tuple[str, ...] = ()
+    # A single-file checkpoint read for the components it holds; `folder` is then its pipeline's config folder.
+    single_file: Path | None = None
 
 
 def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[str] | None = None,
                     subfolder: str | None = None, hub: HubOptions = HubOptions(), scope: Scope,
-                    device_map: Any, torch_dtype: Any, **options: Any) -> LoadRequest:
+                    device_map: Any, torch_dtype: Any, config: str | Path | None = None,
+                    **options: Any) -> LoadRequest:
     """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only; None for
-    modules already built). `options`: the other `LoadRequest` fields, as given."""
+    modules already built; a single-file checkpoint, with `config` the folder or Hub id of its pipeline's
+    configs). `options`: the other `LoadRequest` fields, as given."""
+    if pretrained is not None and is_single_file(pretrained):
+        if config is None:
+            raise SingleFileError(
+                f"{Path(pretrained).name} is a single-file checkpoint: give config= the folder (or Hub id) of its "
+                "pipeline's configs (model_index.json and each component's config.json; components the file does "
+                "not hold need their weights there too), so that nothing is guessed or fetched unasked."
+            )
+        options["single_file"], pretrained = Path(pretrained), config
     folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
                                                               subfolder=subfolder, hub=hub)
+    if "layerwise_casting" in options:
+        options["layerwise_casting"] = MappingProxyType(parse_layerwise_casting(options["layerwise_casting"]))
+    if "pin" in options:
+        options["pin"] = tuple(options["pin"] or ())
     return LoadRequest(folder=folder, hub=hub, scope=scope, device_map=DeviceMapRequest.interpret(device_map),
                        dtypes=DtypeRequest.parse(torch_dtype), accelerators=detect_accelerators(), **options)

@@ -14,10 +14,10 @@ from enum import Enum
 
 import torch
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 
-class TextConditioningError(PlacementError, ValueError):
+class TextConditioningError(CallError, ValueError):
     """Text encoders whose widths do not fit the denoiser's conditioning inputs."""
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from placement import estimate_activations
-from placement.errors import PlacementError
+from ..errors import LoadError
 
 from .models import TextEncoderOutput
 from ..framework.pipeline import module_dtype
@@ -28,7 +28,7 @@ _META = torch.device("meta")
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 
 
-class ActivationInputsError(PlacementError, ValueError):
+class ActivationInputsError(LoadError, ValueError):
     """A call spec (height, width, batch size, ...) that the pipeline cannot run."""
 
 
@@ -80,6 +80,14 @@ def text_to_image_activation_inputs(
     )
     calls["vae"] = ComponentCall(args=(vae_latents,), method="decode")
     return calls
+
+
+def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, **sizes) -> dict[str, int]:
+    """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
+    step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
+    if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+        raise ActivationInputsError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
+    return {"denoiser": num_inference_steps}
 
 
 def _text_encoder_call(encoder, batch: int) -> ComponentCall:

@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 from ..framework.pipeline import Pipeline, module_dtype
 from .conditioning import TextConditioning, text_conditioning_for
-from .inputs import text_to_image_activation_inputs
+from .inputs import text_to_image_activation_inputs, text_to_image_runs_per_call
 from ..folder.class_registry import library_class
 
 
-class PipelineCallError(PlacementError, ValueError):
+class PipelineCallError(CallError, ValueError):
     """A pipeline call with arguments that cannot work (sizes, counts, output type)."""
 
 
@@ -50,6 +50,7 @@ class TextToImagePipeline(Pipeline):
     # What one call feeds each component (meta tensors), for `call=` planning: activation_inputs(height, width,
     # batch_size=1, num_images_per_prompt=1, guidance_scale=4.0) -> {component: ComponentCall}.
     activation_inputs = text_to_image_activation_inputs
+    runs_per_call = text_to_image_runs_per_call  # how often each component runs per call (`placement.plan`)
 
     def __init__(self, text_encoder, denoiser, vae, scheduler, tokenizer, text_encoder_2=None):
         super().__init__()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from placement.errors import PlacementError
+from ..errors import LoadError
 
 from ..framework.config import ModelConfig
 from .models import AutoencoderKL, DiT, TextEncoder, UNet
@@ -22,7 +22,7 @@ from .schedulers import FlowMatchEulerScheduler, FlowMatchEulerSchedulerConfig
 from .tokenizers import ByteTokenizer
 
 
-class UnknownPresetError(PlacementError, ValueError):
+class UnknownPresetError(LoadError, ValueError):
     """A preset name that does not exist, or a device a preset cannot be built on."""
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 from ..checkpoint.config_file import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
@@ -23,7 +23,7 @@ from ..folder.class_registry import library_class
 SCHEDULER_CONFIG_NAME = "scheduler_config.json"
 
 
-class SchedulerError(PlacementError, ValueError):
+class SchedulerError(CallError, ValueError):
     """A scheduler misused: bad settings, a step before `set_timesteps`, or a timestep not in the schedule."""
 
 

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
-from placement.errors import PlacementError
+from ..errors import CallError
 
 from ..checkpoint.config_file import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
@@ -22,7 +22,7 @@ from ..folder.class_registry import library_class
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 
-class TokenizerError(PlacementError, ValueError):
+class TokenizerError(CallError, ValueError):
     """Texts or settings the tokenizer cannot honour (not strings, too long without truncation, bad padding)."""
 
 

@@ -30,7 +30,7 @@ from .hooks import accelerate_hooks_bypassed
 from .quiet import torch_silenced
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
-from ..errors import PlacementError
+from ..errors import PlanError
 from ..sizing import kept_fp32_module_names
 
 # Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
@@ -44,7 +44,7 @@ _FAKE_DEVICE = torch.device("meta")
 _COMMON_CALLS = ("forward", "encode", "decode")
 
 
-class ActivationEstimateError(PlacementError, RuntimeError):
+class ActivationEstimateError(PlanError, RuntimeError):
     """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...).
 
     Its message is one line (torch's own, often multi-line, error shortened to its first line; the full error
@@ -64,7 +64,7 @@ class ActivationEstimateError(PlacementError, RuntimeError):
         )
 
 
-class InvalidActivationCallError(PlacementError, ValueError):
+class InvalidActivationCallError(PlanError, ValueError):
     """The call to estimate is malformed: not a module, or a method the module does not have."""
 
 

@@ -1,4 +1,4 @@
-"""Placement strategies (DESIGN.md, "Strategies"): one small module each, looked up in `registry.STRATEGIES`."""
+"""Placement strategies (docs/design.md, "Strategies"): one small module each, looked up in `registry.STRATEGIES`."""
 
 from __future__ import annotations
 

@@ -10,15 +10,15 @@ So when the strategy's own plan (the base) executes a component on the CPU while
 plans are tried: for a set D of components, the strategy places the others, then each component of D is
 streamed from CPU RAM (the disk when RAM is short) to the accelerator with the most room for its working set
 (largest working set first). A candidate in which a component of D cannot execute on an accelerator is
-dropped. The cheapest candidate (`cost.PlanCost`: bytes executing on the CPU, then whether the component that
-runs most is streamed, then bytes streamed per call, then crossing edges) is kept; ties go to the earliest.
+dropped. The cheapest candidate (`cost.PlanCost`: bytes executing on the CPU, then bytes moved per call, then
+crossing edges) is kept; ties go to the earliest.
 
 D ranges over the subsets of the components that could stream at all (some accelerator can hold their working
 set). Up to EXHAUSTIVE_LIMIT such components every subset is tried, smallest subsets first, and within a size
 the least valuable components first (fewest runs per call, then smallest). Past it, the subsets are visited
-best first: in increasing order of what demoting them costs at least (the anchor before everything else, then
-bytes streamed per call = bytes x runs per call), and the search stops as soon as no unvisited subset can beat
-the best candidate found (whose cost is at least its own demotion cost), or after BEST_FIRST_LIMIT candidates.
+best first: in increasing order of what demoting them costs at least (their bytes, each moved at least once per
+call), and the search stops as soon as no unvisited subset can beat the best candidate found (whose cost is at
+least its own demotion cost), or after BEST_FIRST_LIMIT candidates.
 So the best resident set is found beyond 8 components too, not only nested prefixes. Both searches include
 "all of them", which puts everything on an accelerator whenever one can hold the largest working set: the
 guarantee the tests check.
@@ -116,22 +116,18 @@ def candidate_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterat
 
 
 def demotion_value(request: ComponentRequest, costs: CostModel) -> int:
-    """Bytes streamed per call if `request` is demoted: what its demotion costs at least."""
-    return request.bytes * costs.runs.get(request.name, 1)
+    """Bytes moved per call if `request` is demoted, at least: all of it, once (loaded per call)."""
+    return request.bytes
 
 
 def best_first_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterator[tuple[ComponentRequest, ...]]:
-    """Every non-empty subset exactly once, in increasing order of (contains the anchor, bytes streamed per call).
+    """Every non-empty subset exactly once, in increasing order of the bytes their demotion moves at least.
 
     The classic successor scheme over items sorted by value: from a set whose last item is i, either add
-    item i+1 or replace i by i+1; a heap yields the sets cheapest first. The anchor sorts after all the others
-    (with a value above their total), so sets without it come first.
+    item i+1 or replace i by i+1; a heap yields the sets cheapest first.
     """
-    others = sorted((r for r in pool if r.name != costs.anchor), key=lambda r: (demotion_value(r, costs), r.position))
-    anchors = [r for r in pool if r.name == costs.anchor]
-    ranked = others + anchors
-    values = [demotion_value(r, costs) for r in others]
-    values += [sum(values) + 1 + demotion_value(r, costs) for r in anchors]
+    ranked = sorted(pool, key=lambda r: (demotion_value(r, costs), r.position))
+    values = [demotion_value(r, costs) for r in ranked]
     heap = [(values[0], (0,))] if ranked else []
     while heap:
         total, indices = heapq.heappop(heap)
@@ -143,13 +139,12 @@ def best_first_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Itera
 
 
 def _with_bounds(sets: Iterator, costs: CostModel) -> Iterator[tuple[tuple[ComponentRequest, ...], PlanCost]]:
-    """Each set with the least cost a candidate demoting it can have: nothing on the CPU, crossings none."""
+    """Each set with the least cost a candidate demoting it can have: nothing on the CPU, crossings none, its
+    bytes moved once."""
     for demoted in sets:
         at_least = PlanCost(
-            cpu_bytes=0,
-            anchor_streamed=int(any(r.name == costs.anchor for r in demoted)),
-            streamed_bytes=sum(demotion_value(r, costs) for r in demoted),
-            crossing_edges=0,
+            cpu_bytes=0, transfer_bytes=sum(demotion_value(r, costs) for r in demoted), crossing_edges=0,
+            fullest_share=0.0,
         )
         yield demoted, at_least
 
@@ -167,7 +162,8 @@ def _candidate(
         if placed is None:
             return None
         placements.add(placed)
-    cost = request.costs.cost(placements.by_name, {r.name for r in request.requests})
+    ours = {r.name: r for r in request.requests}
+    cost = request.costs.cost(placements.by_name, set(ours), ledger, ours)
     state = replace(state, ledger=ledger, by_name=PlacementState.of(ledger, placements).by_name)
     return _Candidate(demoted=demoted, state=state, cost=cost)
 

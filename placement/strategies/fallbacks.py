@@ -57,7 +57,7 @@ def place_with_fallbacks(
 
 
 def place_whole(request: ComponentRequest, ledger: Ledger, device: Device) -> Placed:
-    ledger.add(device, weights=request.bytes, transient=request.transient)
+    ledger.add(device, weights=request.bytes, transient=request.transient, phase=request.name)
     kind = PlacementKind.CPU if device == "cpu" else PlacementKind.WHOLE
     plan = component_plan(
         request, kind=kind, device_map={"": device}, execution_device=device, placed_bytes={device: request.bytes}
@@ -74,7 +74,11 @@ def try_split(
         return None
     key = (request.name, tuple(rooms.items()))  # the order of the rooms matters: the split fills them in turn
     if key not in context.split_cache:
-        context.split_cache[key] = split_device_map(request.module, rooms, size=request.size, dtype=request.dtype)
+        # Pieces balanced against the devices' whole budgets (issue 21: no GPU 0 at 98% beside a half-empty GPU 1).
+        budgets = {device: ledger.loads[device].budget for device in rooms}
+        balance = budgets if all(b is not None for b in budgets.values()) else None
+        context.split_cache[key] = split_device_map(request.module, rooms, size=request.size, dtype=request.dtype,
+                                                    balance=balance)
     device_map = context.split_cache[key]
     if device_map is None:
         return None
@@ -82,7 +86,7 @@ def try_split(
     for path, device in device_map.items():
         placed[device] = placed.get(device, 0) + request.size.module_sizes.get(path, 0)  # tensor-less modules: 0
     for device, weights in placed.items():
-        ledger.add(device, weights=weights, transient=request.transient)
+        ledger.add(device, weights=weights, transient=request.transient, phase=request.name)
     execution_device = next(iter(device_map.values()))
     plan = component_plan(
         request, kind=PlacementKind.SPLIT, device_map=device_map, execution_device=execution_device,
@@ -151,7 +155,7 @@ def place_streamed(
     """Weights on `host` ("cpu" RAM or "disk"), streamed to `execution_device` when the component runs."""
     unit = request.streamed
     ledger.add(host, weights=request.bytes)
-    ledger.add(execution_device, transient=request.transient + unit)
+    ledger.add(execution_device, transient=request.transient + unit, phase=request.name)
     kind = PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK
     plan = component_plan(
         request, kind=kind, device_map={"": host}, execution_device=execution_device,

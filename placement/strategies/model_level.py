@@ -78,9 +78,9 @@ def charge(ledger: Ledger, placed: Placed, request: ComponentRequest) -> Placed:
     for device, weights in plan.placed_bytes.items():
         spans = plan.kind is PlacementKind.SPLIT and is_accelerator(device)
         if ledger.has(device):
-            ledger.add(device, weights=weights, transient=request.transient if spans else 0)
+            ledger.add(device, weights=weights, transient=request.transient if spans else 0, phase=request.name)
     if ledger.has(plan.execution_device):
-        ledger.add(plan.execution_device, transient=request.transient + plan.streamed_unit_bytes)
+        ledger.add(plan.execution_device, transient=request.transient + plan.streamed_unit_bytes, phase=request.name)
     return placed
 
 

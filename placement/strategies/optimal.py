@@ -3,13 +3,14 @@
 The devices the search sees are the ledger's accelerators with what they already hold (pinned components).
 The preferred map is diffusers' zig-zag: components largest first (ties in execution order) over
 0, 1, ..., n-1, n-1, ..., 0 -- for "balanced_low_0" over the accelerators other than 0, and 0 is `reserved`
-(its weights minimised first). The search returns None when no whole assignment fits; the strategy then falls
-back (split, offload, ...).
+(its weights minimised first). Interchangeable devices are then used from the lowest index up
+(`fill_from_first`): a map that leaves GPU 0 empty beside an identical, used GPU 1 is the same map on GPU 0.
+The search returns None when no whole assignment fits; the strategy then falls back (split, offload, ...).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..devices import Device
@@ -35,12 +36,38 @@ def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[
     found = best_assignment(search.problem, prefer=request.thorough)
     if found is None:
         return None
+    found = fill_from_first(search.problem, found)
     ledger, placements = request.start()
     for index, component in enumerate(search.order):
         device = search.problem.slots[found.slots[index]].device
         placements.add(place_whole(component, ledger, device))
     reasons = map_reasons(search.problem, found, names=[c.name for c in search.order])
     return PlacementState.of(ledger, placements, map_reasons=tuple(reasons))
+
+
+def fill_from_first(problem: Problem, found: Assignment) -> Assignment:
+    """The same map with interchangeable devices (same budget, same load before) relabelled so that the lower
+    ones are used first: at equal cost, a small pipeline goes to GPU 0, not to GPU 1 beside an empty GPU 0
+    (issue 21). Fullest share and crossings are unchanged by such a relabelling; the moves from the zig-zag map
+    are recounted."""
+    classes = _classes(problem)
+    relabel: dict[int, int] = {}
+    for members in classes.values():
+        used = [s for s in members if s in found.slots]
+        relabel.update(zip(used, members[: len(used)]))
+    slots = tuple(relabel.get(s, s) for s in found.slots)
+    if slots == found.slots:
+        return found
+    moved = 0 if problem.preferred is None else sum(1 for s, p in zip(slots, problem.preferred) if s != p)
+    return replace(found, slots=slots, moved=moved)
+
+
+def _classes(problem: Problem) -> dict[tuple, list[int]]:
+    classes: dict[tuple, list[int]] = {}
+    for index, slot in enumerate(problem.slots):
+        key = (slot.budget, slot.weights, slot.transient, slot.used, slot.overhead, slot.reserved)
+        classes.setdefault(key, []).append(index)
+    return classes
 
 
 def build_search(request: StrategyRequest, *, low_0: bool) -> WholeSearch:

@@ -69,8 +69,8 @@ def place_pinned(request: ComponentRequest, device_map: Mapping[str, Device], le
     for device, weights in placed.items():
         # A split charges its activations to every accelerator it spans, as the planner's splits do.
         spans = kind is PlacementKind.SPLIT and is_accelerator(device)
-        ledger.add(device, weights=weights, transient=request.transient if spans else 0)
-    ledger.add(execution_device, transient=request.transient + streamed)
+        ledger.add(device, weights=weights, transient=request.transient if spans else 0, phase=request.name)
+    ledger.add(execution_device, transient=request.transient + streamed, phase=request.name)
     plan = component_plan(
         request, kind=kind, device_map=device_map, execution_device=execution_device, placed_bytes=placed,
         streamed_unit_bytes=streamed, pinned=True,

@@ -12,6 +12,7 @@ from ..devices import Device, device_sort_key
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize
+from ..streaming import TransferUnit, transfer_units
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +26,12 @@ class ComponentRequest:
     activation: Optional[int]  # None: activations not accounted for
     position: int  # in execution order
     streamed: int  # bytes on the execution device at once when offloaded (streaming.streaming_working_set)
+    units: tuple[TransferUnit, ...] = ()  # streaming.transfer_units (empty: computed when asked for)
+
+    @property
+    def layout_units(self) -> tuple[TransferUnit, ...]:
+        """The pieces the transfer planner keeps resident, loads per call or streams (rest first, then blocks)."""
+        return self.units or transfer_units(self.module, self.size)
 
     @property
     def bytes(self) -> int:

@@ -1,4 +1,4 @@
-"""Parsing the `strategy` argument into one of the fixed kinds DESIGN.md defines."""
+"""Parsing the `strategy` argument into one of the fixed kinds docs/design.md defines."""
 
 from __future__ import annotations
 

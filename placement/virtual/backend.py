@@ -4,7 +4,9 @@ Registered once per process, on first use (`ensure_backend()`), through torch's 
 guard, hooks, device module). The backend's one kernel is a boxed fallback: an op that reaches it directly
 (a factory such as `torch.randn(..., device="vgpu:1")`, the allocation inside `cpu_tensor.to("vgpu:1")`, or a
 copy made while Python dispatch is off) runs on the CPU through `tensor.run_on_cpu`; every other op on a
-virtual tensor goes through `VirtualTensor.__torch_dispatch__` first.
+virtual tensor goes through `VirtualTensor.__torch_dispatch__` first. `torch.Tensor.data` becomes
+`tensor.DATA_PROPERTY` (torch's own descriptor, plus `cpu_tensor.data = virtual_tensor`, which torch's setter
+cannot route to a Python backend and CUDA allows).
 
 The device module (`torch.vgpu`) answers `is_available() -> False`, so `torch.accelerator` and the libraries
 that ask it (diffusers' `get_device()`) keep seeing a CPU machine: only this library, through
@@ -19,7 +21,7 @@ import types
 import torch
 
 from ..errors import InvalidDeviceError
-from .tensor import run_on_cpu
+from .tensor import DATA_PROPERTY, run_on_cpu
 
 BACKEND_NAME = "vgpu"
 _LOCK = threading.Lock()
@@ -49,6 +51,7 @@ def ensure_backend() -> None:
         kernels = torch.library.Library("aten", "IMPL", "PrivateUse1")
         for name, op in _DIRECT_KERNELS.items():
             kernels.impl(name, _direct_kernel(op))
+        torch.Tensor.data = DATA_PROPERTY  # `cpu_tensor.data = virtual_tensor`, as CUDA allows (tensor.py)
         _STATE["library"] = (fallback, kernels)
 
 

@@ -14,7 +14,9 @@ are decomposed as autograd mode would have, except those whose decomposition pic
 
 Python-level calls (`handle_function`), answered before aten dispatch:
 - `target.data = value`: torch's setter copies the wrapper's metadata only, so the CPU tensor behind it is
-  replaced too (between the CPU and a virtual device the tensor types differ: the object is swapped);
+  replaced too (between the CPU and a virtual device the tensor types differ: the object is swapped). A CPU
+  target given a virtual value (`cpu_param.data = x.to("vgpu:0")`, diffusers' group offloading) is not asked
+  here: torch asks the target only, so `torch.Tensor.data` becomes `DATA_PROPERTY`, which swaps it the same way;
 - `.tolist()` (torch refuses it for subclasses; CUDA tensors answer it) and `.numpy()` (CUDA's refusal);
 - attention (`F.scaled_dot_product_attention`) without autograd runs whole on the CPU tensors: its composite
   kernel picks the fused CPU kernel for CPU tensors and the math one for any other device type, so decomposing
@@ -210,7 +212,7 @@ RUN_WHOLE_WITHOUT_AUTOGRAD = frozenset({F.scaled_dot_product_attention})
 
 
 def handle_function(func, args: tuple, kwargs: dict):
-    if getattr(func, "__self__", None) is _DATA and func.__name__ == "__set__":
+    if getattr(func, "__self__", None) in (_DATA, DATA_PROPERTY) and func.__name__ == "__set__":
         return set_data(*args)
     if func is torch.Tensor.tolist:
         return args[0]._inner.tolist()
@@ -231,17 +233,20 @@ def handle_function(func, args: tuple, kwargs: dict):
 
 def set_data(target: VirtualTensor, value: torch.Tensor) -> None:
     """`target.data = value` on a virtual tensor, as it works on a GPU: the tensor object stays the same (a
-    parameter keeps its identity and requires_grad), its contents and device become `value`'s.
-
-    Only a virtual target comes here: torch asks the target alone, so a CPU tensor given a virtual value
-    (`cpu_param.data = x.to("vgpu:0")`) gets torch's "incompatible tensor type" (see
-    `placement.devices.strict_virtual_accelerators`)."""
+    parameter keeps its identity and requires_grad), its contents and device become `value`'s. (A CPU target
+    given a virtual value never reaches `__torch_function__`: `DATA_PROPERTY` answers it.)"""
     if isinstance(value, VirtualTensor):
         with torch._C.DisableTorchFunctionSubclass():
             _DATA.__set__(target, value)  # sizes, strides, dtype and device of the wrapper
         target._inner = value._inner
         return
-    # To the CPU the two tensor types differ: swap the new contents into the object.
+    swap_into(target, value)  # to the CPU the two tensor types differ
+
+
+def swap_into(target: torch.Tensor, value: torch.Tensor) -> None:
+    """Make the object `target` hold `value`'s contents on `value`'s device, where `target` and `value` are of
+    different tensor types (a CPU tensor and a virtual one): the object is kept (ids, dicts keyed by it, the
+    module slots holding it), with its requires_grad, its parameter-ness and its other attributes."""
     replacement = value.detach()
     if isinstance(target, nn.Parameter):
         replacement = nn.Parameter(replacement, requires_grad=target.requires_grad)
@@ -249,4 +254,32 @@ def set_data(target: VirtualTensor, value: torch.Tensor) -> None:
         replacement.requires_grad_(target.requires_grad)
     extra = {key: item for key, item in target.__dict__.items() if key not in ("_inner", "_is_param")}
     replacement.__dict__.update(extra)
-    torch.utils.swap_tensors(target, replacement)
+    try:
+        torch.utils.swap_tensors(target, replacement)
+    except RuntimeError as error:  # torch's words name neither the assignment nor the way out
+        raise RuntimeError(
+            f"`tensor.data = value` from {target.device} to {value.device} swaps the tensor object (the two "
+            f"tensor types differ on virtual accelerators), which torch refuses here: {error}. Usually an "
+            "autograd graph still holds the tensor: assign under torch.no_grad() after that graph is gone, or "
+            "run with PLACEMENT_VIRTUAL_STRICT=0."
+        ) from error
+
+
+# --------------------------------------------------------------------------------- `tensor.data` itself
+def _get_data(tensor: torch.Tensor) -> torch.Tensor:
+    return _DATA.__get__(tensor, type(tensor))
+
+
+def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    # torch's setter asks only the target for __torch_function__: a CPU tensor given a virtual value would go
+    # straight to C++ set_data, which refuses two tensor types ("incompatible tensor type"). On CUDA the two
+    # are one type and the assignment moves the tensor: diffusers' group offloading onloads that way.
+    if isinstance(value, VirtualTensor) and not isinstance(tensor, VirtualTensor):
+        swap_into(tensor, value)
+    else:
+        _DATA.__set__(tensor, value)  # torch's own, __torch_function__ of the target's class included
+
+
+# `torch.Tensor.data` while strict virtual accelerators are on (`backend.ensure_backend` installs it): torch's
+# descriptor for everything, plus the one assignment it cannot route.
+DATA_PROPERTY = property(_get_data, _set_data, doc=_DATA.__doc__)

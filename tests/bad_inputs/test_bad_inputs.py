@@ -7,9 +7,10 @@ import warnings
 import pytest
 from catalogue import Grade, grade
 from cases_calls import CASES as CALL_CASES
+from cases_cli import CASES as CLI_CASES
 from cases_files import CASES as FILE_CASES
 
-ALL_CASES = FILE_CASES + CALL_CASES
+ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES
 
 
 def test_case_names_are_unique():

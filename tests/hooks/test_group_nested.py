@@ -140,7 +140,8 @@ def test_planner_offloads_t5_on_a_gpu_with_room_for_its_working_set():
         plan = placement.plan({"text_encoder": model}, max_memory={0: working_set, "cpu": 10 * size.total})
     encoder = plan.components["text_encoder"]
     assert (encoder.kind, encoder.execution_device) == (placement.PlacementKind.OFFLOADED, 0)
-    assert encoder.streamed_unit_bytes == working_set and plan.device(0).predicted_peak == working_set
+    # Its rest may stay resident beside the blocks in flight (issue 18): the GPU holds exactly the working set.
+    assert plan.device(0).weight_bytes + encoder.streamed_unit_bytes == working_set == plan.device(0).predicted_peak
     too_small = placement.plan({"text_encoder": model}, max_memory={0: working_set - 1, "cpu": 10 * size.total})
     assert too_small.components["text_encoder"].kind is placement.PlacementKind.CPU
 

@@ -18,7 +18,8 @@ from hooks import (
 from hooks.hook_utils import find_hooks, hooks_of
 from hooks.input_moving import MoveInputsHook
 from hooks.residency import ResidencyHook, StreamedBlockHook
-from transfer_pipeline import STEPS, caller_inputs, component, make, nbytes, plan, run
+from placement.devices import torch_device
+from transfer_pipeline import STEPS, assert_decoded, caller_inputs, component, make, nbytes, place_resident, plan, run
 
 ROOM = 9000  # bytes for per-call blocks, activations and stream buffers on GPU 0 (beside resident weights)
 DENOISER_MAP = {"proj_in": 0, "blocks.0": 0, "blocks.1": 0, "blocks.2": "cpu", "blocks.3": "cpu",
@@ -56,14 +57,23 @@ def second_call(modules):
     return output, meter
 
 
+def assert_runs_again_on_the_cpu(modules, expected) -> None:
+    """After removal the modules are plain again: moved to the CPU (what `reset_device_map` does next: resident
+    weights stay on their accelerator until then), they compute what they computed before placement."""
+    for module in modules.values():
+        module.to("cpu")
+    torch.testing.assert_close(run(modules), expected, atol=1e-6, rtol=0)
+
+
 def test_the_second_call_moves_exactly_the_plans_bytes_per_call(gpus):
     gpus(1)
     modules = make()
     expected = run(modules)
     placement = one_gpu_plan(modules)
+    place_resident(modules, placement)
     placed = apply_plan(modules, placement)
     output, meter = second_call(modules)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    assert_decoded(output, expected)
     # 2752 (encoder per call) + 4352 + 4 x 4352 (denoiser per call, streamed) + 1292 + 2176 (decoder) = 27980
     assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980
     assert meter.weights.accelerator_to_accelerator_bytes == 0
@@ -74,13 +84,17 @@ def test_the_second_call_moves_exactly_the_plans_bytes_per_call(gpus):
     assert meter.host_to_accelerator_bytes == 27980 + (12 + STEPS * 64 + 32) * floats
     placed.remove()
     assert all(techniques_on(module) == {} for module in modules.values())
-    torch.testing.assert_close(run(modules), expected, atol=1e-6, rtol=0)
+    resident, per_call = modules["denoiser"].proj_in.weight, modules["denoiser"].blocks[2].attn.weight
+    assert resident.device == torch_device(0) and per_call.device.type == "cpu"  # each where the loader put it
+    assert_runs_again_on_the_cpu(modules, expected)
 
 
 def test_per_call_blocks_are_released_only_when_another_phase_needs_the_room(gpus):
     gpus(1)
     modules = make()
-    placed = apply_plan(modules, one_gpu_plan(modules))
+    placement = one_gpu_plan(modules)
+    place_resident(modules, placement)
+    placed = apply_plan(modules, placement)
     run(modules)
     phases = {name: handle.state for name, handle in placed.handles.items()}
     # After a call: the decode (4000 bytes of activations) needed the denoiser's per-call blocks' room; the
@@ -98,7 +112,9 @@ def test_per_call_blocks_are_released_only_when_another_phase_needs_the_room(gpu
 def test_one_hook_per_component_boundary_and_group_hooks_on_streamed_blocks_only(gpus):
     gpus(1)
     modules = make()
-    apply_plan(modules, one_gpu_plan(modules))
+    placement = one_gpu_plan(modules)
+    place_resident(modules, placement)
+    apply_plan(modules, placement)
     denoiser = modules["denoiser"]
     hooked = {name for name, sub in denoiser.named_modules() if hooks_of(sub)}
     assert hooked == {"", "blocks.4", "blocks.5"}
@@ -125,11 +141,12 @@ def test_two_gpus_split_resident_part_and_per_call_swaps(gpus):
     ]
     resident = sum(c.placed_bytes.get(0, 0) for c in components)
     placement = plan(components, {0: resident + ROOM, 1: 10**6})
+    place_resident(modules, placement)
     placed = apply_plan(modules, placement)
     assert placed.handles["encoder"].technique is Technique.DEVICE_MAP
     assert {name for name, _, _ in find_hooks(modules["denoiser"], MoveInputsHook)} >= {"", "blocks.0", "blocks.2"}
     output, meter = second_call(modules)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    assert_decoded(output, expected)
     assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980 - 2752
     # Per step: h to GPU 1 (blocks.0) and back (blocks.2); cond to GPU 1 for each of blocks.0 and blocks.1.
     assert meter.inputs.accelerator_to_accelerator_bytes == STEPS * 4 * 32 * 4
@@ -147,9 +164,10 @@ def test_disk_homed_modules_load_per_call_and_stream_from_the_checkpoint_files(g
              for name in decoder.state_dict()}
     placement = one_gpu_plan(modules, decoder_map={"": "disk"})
     decoder.to("meta")  # what the loader leaves for "disk" parameters
+    place_resident(modules, placement)
     placed = apply_plan(modules, placement, disk_weights={"decoder": index})
     output, meter = second_call(modules)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    assert_decoded(output, expected)
     assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980
     # Between uses the module holds placeholders, the bytes stay in the file: streamed blocks after each run,
     # per-call blocks once another phase needed the room (the decoder's stay loaded until the denoiser's).
@@ -159,7 +177,7 @@ def test_disk_homed_modules_load_per_call_and_stream_from_the_checkpoint_files(g
     assert decoder.post.weight.is_meta
     placed.remove()
     assert decoder.post.weight.device.type == "cpu"  # removal reads them back, as undispatch does for disk
-    torch.testing.assert_close(run(modules), expected, atol=1e-6, rtol=0)
+    assert_runs_again_on_the_cpu(modules, expected)
 
 
 def test_plans_without_transfer_models_run_as_before(gpus):
@@ -169,12 +187,14 @@ def test_plans_without_transfer_models_run_as_before(gpus):
     components = [component("encoder", modules["encoder"], {"": 0}, transfer=False),
                   component("denoiser", modules["denoiser"], {"": "cpu"}, runs=STEPS, transfer=False),
                   component("decoder", modules["decoder"], {"": 0}, transfer=False)]
-    placed = apply_plan(modules, plan(components, {0: 10**6}))
+    placement = plan(components, {0: 10**6})
+    place_resident(modules, placement)
+    placed = apply_plan(modules, placement)
     assert [h.technique for h in placed.handles.values()] == [Technique.DEVICE_MAP, Technique.GROUP_OFFLOAD,
                                                               Technique.DEVICE_MAP]
     assert list(find_hooks(modules["denoiser"], GroupOffloadHook)) != []
     output, meter = second_call(modules)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    assert_decoded(output, expected)
     assert meter.weights.host_to_accelerator_bytes == STEPS * nbytes(modules["denoiser"])  # streamed at every step
     placed.remove()
 
@@ -204,13 +224,10 @@ def test_on_cuda_per_call_blocks_come_from_pinned_memory_and_the_meter_agrees(mo
     modules = make()
     expected = run(modules)
     placement = one_gpu_plan(modules)
-    for name, planned in placement.components.items():  # the loader's part: resident entries on the GPU
-        for key, device in planned.device_map.items():
-            if device == 0:
-                modules[name].get_submodule(key).to("cuda:0")
+    place_resident(modules, placement)
     placed = apply_plan(modules, placement)
     output, meter = second_call(modules)
-    torch.testing.assert_close(output.cpu(), expected, atol=1e-5, rtol=0)
+    assert_decoded(output, expected, atol=1e-5)
     assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980
     denoiser, decoder = modules["denoiser"], modules["decoder"]
     assert decoder.post.weight.device.type == "cuda"  # the decoder's per-call blocks stay until room is needed

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from placement.device_maps import owning_key, tensor_devices
-from placement.devices import is_accelerator
+from placement.devices import is_accelerator, torch_device
 from placement.plan_schema import ComponentPlan, ComponentTransfer, DevicePlan, PlacementKind, Plan
 
 STEPS = 4
@@ -80,17 +80,43 @@ def make() -> dict[str, nn.Module]:
     return {"encoder": Encoder().eval(), "denoiser": Denoiser().eval(), "decoder": Decoder().eval()}
 
 
-def caller_inputs() -> torch.Tensor:
-    return torch.linspace(-1, 1, 12).reshape(2, 6)
+def caller_inputs(device=None) -> torch.Tensor:
+    return torch.linspace(-1, 1, 12, device=device).reshape(2, 6)
 
 
-def run(modules, steps: int = STEPS) -> torch.Tensor:
+def run(modules, steps: int = STEPS, *, device=None) -> torch.Tensor:
+    """One pipeline call by a caller whose tensors are on `device` (None: the CPU). A caller on the host relies
+    on each component handing its outputs back where its inputs came from (what `apply_plan` and dispatch do);
+    model and group offloading leave them on the execution device, as diffusers' do, so their caller works
+    there, as a diffusers pipeline does on its `_execution_device`."""
     with torch.no_grad():
-        cond = modules["encoder"](caller_inputs())
-        latents = torch.zeros(2, 16)
+        cond = modules["encoder"](caller_inputs(device))
+        latents = torch.zeros(2, 16, device=device)
         for _ in range(steps):
             latents = latents + 0.5 * modules["denoiser"](latents, cond)
         return modules["decoder"].decode(latents)
+
+
+def assert_decoded(output: torch.Tensor, expected: torch.Tensor, *, on=0, atol: float = 1e-6) -> None:
+    """The call computed `expected` (a plain CPU run's result), and handed it over where the decoder executed,
+    accelerator `on`: `decode` is entered past the top hook, and like accelerate's hooks ours move its inputs
+    only; the caller moves the image (a diffusers pipeline's postprocessing calls `.cpu()`)."""
+    assert output.device == torch_device(on)
+    torch.testing.assert_close(output.cpu(), expected, atol=atol, rtol=0)
+
+
+def place_resident(modules, placement: Plan) -> None:
+    """The loader's part: every device-map entry naming an accelerator gets its weights there (the runtime
+    leaves resident weights where the loader put them)."""
+    for name, planned in placement.components.items():
+        place_entries(modules[name], planned.device_map)
+
+
+def place_entries(module: nn.Module, device_map: dict) -> None:
+    """The loader's part for one module: the weights of the entries naming an accelerator moved there."""
+    for key, device in device_map.items():
+        if is_accelerator(device):
+            module.get_submodule(key).to(torch_device(device))
 
 
 def nbytes(module: nn.Module, paths=("",)) -> int:

@@ -1,9 +1,12 @@
 """The shared fixtures of the pipelines tests (`checkpoint_models`, `pipeline_fixtures`, `family_folders`) live
-here, beside the per-subpackage test folders that import them by name."""
+here, beside the per-subpackage test folders that import them by name. A few tests also reuse the builders of
+another folder's test module (`test_diffusers_pipelines.build_sd`, `test_virtual_accelerators.EVERY_KIND`): those
+folders are on the path too, so a test file runs alone as it runs in the whole suite."""
 
 import sys
 from pathlib import Path
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+HERE = Path(__file__).resolve().parent
+for folder in (HERE, HERE / "hf", HERE / "loading"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))

@@ -1,5 +1,7 @@
 """Budgets: explicit max_memory used exactly as given; detected ones keep a documented margin."""
 
+import warnings
+
 import pytest
 
 from placement import InvalidDeviceError, InvalidSizeError
@@ -7,6 +9,7 @@ from placement.budgets import (
     ACCELERATOR_MARGIN,
     CPU_MARGIN,
     MIN_ACCELERATOR_MARGIN,
+    ZeroBudgetWarning,
     apply_accelerator_margin,
     apply_cpu_margin,
     detect_budgets,
@@ -82,3 +85,18 @@ def test_detection_reads_accelerate(monkeypatch):
 def test_detection_on_this_machine_has_a_cpu_budget():
     budgets = resolve_budgets(None)
     assert budgets.limit("cpu") > 0 and "cpu" in budgets.detected
+
+
+def test_a_budget_typed_without_a_unit_names_the_key_and_the_unit_it_lacks():
+    with pytest.raises(InvalidSizeError, match=r"max_memory\[0\]: '24' means 24 bytes .*did you mean '24GiB'"):
+        resolve_budgets({0: "24", "cpu": "64GiB"})
+    assert resolve_budgets({0: 24, "cpu": 1}).limit(0) == 24  # an int is bytes: computed by code, taken as is
+
+
+def test_a_gpu_given_zero_as_text_is_warned_about_and_kept():
+    with pytest.warns(ZeroBudgetWarning, match=r"gives GPU 1 a budget of 0 bytes: nothing can be placed there"):
+        budgets = resolve_budgets({0: "24GiB", 1: "0GiB", "cpu": "0"})  # a zero CPU budget is not a listed GPU
+    assert budgets.limits[1] == 0 and budgets.limits["cpu"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_budgets({0: 0, "cpu": "1GiB"})  # an int 0 is what code computes for a full GPU: no warning

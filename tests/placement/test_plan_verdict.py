@@ -8,7 +8,7 @@ import pytest
 import placement
 from placement import Plan
 from placement.plan_schema import SCHEMA_VERSION, PlanSchemaError, VerdictKind
-from placement.sizes import GiB
+from placement.sizes import GiB, format_bytes
 
 from synthetic import component, whole
 
@@ -40,8 +40,14 @@ def test_offloaded_components_give_the_verdict_and_their_cost_per_run():
                           max_memory={0: "4GiB", "cpu": "64GiB"})
     assert plan.components["big"].kind.value == "offloaded"
     assert plan.verdict.kind is VerdictKind.OFFLOADED
-    cost = next(w for w in plan.verdict.warnings if w.startswith("big is offloaded"))
-    assert "8.50 GiB move from CPU RAM to GPU 0 on every run" in cost and "ms at 25 GB/s" in cost
+    # big keeps what fits beside small's phase and streams the rest at its one run.
+    cost = next(w for w in plan.verdict.warnings if w.startswith("big keeps"))
+    big = plan.components["big"].transfer
+    assert f"streams {format_bytes(big.streamed_per_run_bytes)} from CPU RAM to GPU 0 at its one run" in cost
+    assert f"{format_bytes(big.bytes_per_call)} per call, about" in cost and " ms." in cost
+    total = plan.verdict.warnings[-1]
+    assert total.startswith(f"Per call, {format_bytes(plan.transfer_bytes_per_call)} cross from host memory")
+    assert "at 25 GB/s (assumed: PCIe 4.0 x16)" in total
 
 
 def test_a_component_on_the_cpu_makes_the_plan_run_partly_on_the_cpu():

@@ -1,12 +1,14 @@
 """Property tests of placement.plan() over random components, block structures, graphs and budgets.
 
 Every plan must: place every component exactly once (every tensor under exactly one device-map key); keep
-every device's predicted peak under its budget; never cut a `_no_split_modules` block; keep a component
-whole whenever some accelerator had room for it at its turn, unless it was demoted (streamed on purpose so
-that others need not run on the CPU; a demoted component always executes on an accelerator); execute
-nothing on the CPU when an accelerator can hold the largest streaming working set and RAM the weights; be
-deterministic; survive a JSON round trip. With one accelerator, a bigger budget never executes more bytes
-on the CPU.
+every device's predicted peak, and each phase's, under its budget, the peak being the largest phase; never
+cut a `_no_split_modules` block; when it moves nothing per call (or is sequential), keep a component whole
+whenever some accelerator had room for it at its turn, unless it was demoted (streamed on purpose so that
+others need not run on the CPU, or so that the plan moves fewer bytes per call; a demoted component always
+executes on an accelerator); account every host-homed byte of a component executing on an accelerator as
+loaded per call or streamed; execute nothing on the CPU when an accelerator can hold the largest streaming
+working set and RAM the weights; be deterministic; survive a JSON round trip. With one accelerator, a bigger
+budget never executes more bytes on the CPU.
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ def test_plan_properties(scenario):
     assert_every_component_placed_once(plan, modules)
     assert_no_block_cut(plan)
     assert_budgets_respected(plan, max_memory)
-    assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy)
+    assert_phases_fit(plan)
+    assert_transfers_account_for_every_byte(plan)
+    if strategy == "sequential" or plan.transfer_bytes_per_call == 0:  # else the residency search may decide
+        assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy)
     assert_demoted_ones_execute_on_an_accelerator(plan)
     assert_nothing_on_cpu_when_an_accelerator_can_stream_everything(plan, modules, max_memory, activations)
     assert_execution_order_respects_graph(plan, edges)
@@ -122,6 +127,31 @@ def assert_budgets_respected(plan, max_memory):
         if entry.device in max_memory:
             assert entry.budget == max_memory[entry.device]
             assert entry.predicted_peak <= entry.budget, entry
+
+
+def assert_phases_fit(plan):
+    for entry in plan.devices:
+        peaks = entry.phase_peaks
+        assert entry.predicted_peak == max([entry.weight_bytes + entry.overhead, *peaks.values()]), entry
+        if entry.budget is not None:
+            assert all(peak <= entry.budget for peak in peaks.values()), entry
+
+
+def assert_transfers_account_for_every_byte(plan):
+    for component_plan in plan.components.values():
+        transfer = component_plan.transfer
+        on_accelerators = sum(n for d, n in component_plan.placed_bytes.items() if isinstance(d, int))
+        if component_plan.execution_device == "cpu":
+            assert transfer.bytes_per_call == 0 and transfer.resident_bytes == 0
+            continue
+        assert transfer.resident_bytes == on_accelerators
+        hosted = component_plan.bytes - on_accelerators
+        assert transfer.loaded_per_call_bytes + transfer.streamed_per_run_bytes == hosted, component_plan
+        for key in [*transfer.per_call_modules, *transfer.streamed_modules]:
+            owner = max((k for k in component_plan.device_map if k == "" or key == k or key.startswith(k + ".")),
+                        key=len)
+            assert component_plan.device_map[owner] in ("cpu", "disk"), (key, component_plan.device_map)
+    assert plan.transfer_bytes_per_call == sum(c.transfer.bytes_per_call for c in plan.components.values())
 
 
 def assert_whole_when_some_accelerator_had_room(plan, max_memory, strategy):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from placement import InvalidDeviceError, InvalidSizeError, normalize_device, parse_size
-from placement.sizes import format_size
+from placement.sizes import format_size, parse_budget
 
 
 @pytest.mark.parametrize(
@@ -49,3 +49,15 @@ def test_normalize_device(spec, expected):
 def test_normalize_device_rejects(bad):
     with pytest.raises(InvalidDeviceError, match="Invalid device"):
         normalize_device(bad)
+
+
+@pytest.mark.parametrize(("typed", "guess"), [("24", "'24GiB'"), ("80", "'80GiB'"), ("8000", "'8000MiB'"), ("1", "'1GiB'")])
+def test_a_budget_typed_without_its_unit_is_refused_with_the_unit_it_lacks(typed, guess):
+    with pytest.raises(InvalidSizeError, match=f"'{typed}' means {typed} bytes .*did you mean {guess}"):
+        parse_budget(typed)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("24B", 24), ("4KiB", 4096), (24, 24), (600, 600),
+                                                 ("1048576", 1024**2), ("24GiB", 24 * 1024**3)])
+def test_budgets_with_a_unit_ints_and_zero_are_taken_as_they_are(value, expected):
+    assert parse_budget(value) == expected  # ints are bytes as computed by code; "24B" says it means bytes

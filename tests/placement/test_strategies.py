@@ -30,14 +30,19 @@ def test_6_5_3_3_on_10_and_7_loses_no_component():
 
 
 def test_6_5_3_3_with_unsplittable_components_offloads_rather_than_drops():
-    # Blocks of 0.75 GiB: d cannot be split over the 1 + 2 GiB left (3 of its 4 blocks fit), so it is
-    # offloaded, streamed to GPU 1 (two blocks in flight: 1.5 GiB).
+    # Blocks of 0.75 GiB: the last 3 GiB component cannot be split over the 1 + 2 GiB left (3 of its 4 blocks
+    # fit, with no room left for two in flight), so part of it lives in CPU RAM: one block stays resident on
+    # GPU 1, and the three others stream to GPU 0 (two in flight: 1.5 GiB beside b's 5 and d's 3).
     comps = {"a": whole(6), "b": whole(5), "c": whole(3, 4), "d": whole(3, 4)}
     plan = placement.plan(comps, max_memory={0: "10GiB", 1: "7GiB", "cpu": "64GiB"})
     assert set(plan.components) == {"a", "b", "c", "d"}
-    assert kinds(plan)["d"] is PlacementKind.OFFLOADED and plan.components["d"].execution_device == 1
+    assert all(c.execution_device != "cpu" for c in plan.components.values())
     (fallback,) = plan.fallbacks
     assert fallback.kind is PlacementKind.OFFLOADED and "3.00 GiB" in fallback.reason
+    offloaded = plan.components[fallback.component]
+    assert offloaded.placed_bytes == {1: 3 * GiB // 4, "cpu": 9 * GiB // 4}
+    # 2.25 GiB per call: less than the 3 GiB that streaming the whole component moves.
+    assert plan.transfer_bytes_per_call == offloaded.transfer.streamed_per_run_bytes == 9 * GiB // 4
 
 
 def test_24_9_quarter_and_small_on_two_24s_put_nothing_on_cpu():
@@ -147,10 +152,13 @@ def test_offloaded_component_streams_to_the_gpu_with_most_room():
     plan = placement.plan(comps, max_memory={0: "10GiB", 1: "3GiB", "cpu": "64GiB"})
     big = plan.components["big"]
     assert big.kind is PlacementKind.OFFLOADED
-    # its streaming working set: two 1 GiB blocks in flight (the current one and the prefetched next)
-    assert big.device_map == {"": "cpu"} and big.execution_device == 1 and big.streamed_unit_bytes == 2 * GiB
-    assert plan.device(1).activation_peak == 2 * GiB
-    assert plan.device("cpu").weight_bytes == 8 * GiB
+    # its streaming working set: two 1 GiB blocks in flight (the current one and the prefetched next), on
+    # GPU 1, which keeps room for them; one block resident beside them, and one beside a on GPU 0
+    assert big.execution_device == 1 and big.streamed_unit_bytes == 2 * GiB
+    assert big.placed_bytes == {0: GiB, 1: GiB, "cpu": 6 * GiB} and big.transfer.streamed_per_run_bytes == 6 * GiB
+    assert {key: device for key, device in big.device_map.items() if device != "cpu"} == {"blocks.0": 1, "blocks.1": 0}
+    assert plan.device(1).activation_peak == 2 * GiB and plan.device(1).predicted_peak == 3 * GiB
+    assert plan.device("cpu").weight_bytes == 6 * GiB
 
 
 def test_streaming_working_set_is_the_rest_plus_two_blocks():

@@ -118,6 +118,62 @@ def test_parameters_keep_their_device_through_accelerate_module_to_and_data():
     assert module.weight is weight and weight.device.type == "cpu" and isinstance(weight, nn.Parameter)
 
 
+def test_a_cpu_tensor_given_a_virtual_value_through_data_moves_there_as_on_cuda():
+    module = nn.Linear(4, 2)
+    module.register_buffer("scale", torch.full((2,), 2.0))
+    held = module(torch.ones(3, 4)) * module.scale  # an autograd graph saves the buffer: it cannot be swapped
+    with pytest.raises(RuntimeError, match=r"`tensor.data = value` from cpu to vgpu:1 swaps the tensor object"):
+        module.scale.data = module.scale.data.to(gpu(1))
+    del held
+    with torch.no_grad():
+        expected = module(torch.ones(3, 4)) * module.scale
+    weight, bias, scale = module.weight, module.bias, module.scale
+    for tensor in (weight, bias, scale):
+        tensor.data = tensor.data.to(gpu(1))  # diffusers' group offloading onloads CPU parameters this way
+    assert module.weight is weight and module.bias is bias and module.scale is scale  # the same objects
+    assert isinstance(weight, nn.Parameter) and weight.requires_grad and not scale.requires_grad
+    assert {weight.device, bias.device, scale.device} == {gpu(1)}
+    with torch.no_grad():
+        got = module(torch.ones(3, 4, device=gpu(1))) * module.scale
+    assert got.device == gpu(1) and torch.equal(got.cpu(), expected)
+    with pytest.raises(RuntimeError, match=f"{MIXED}, vgpu:1 and cpu!"):
+        module(torch.ones(3, 4))  # the strictness stays
+    weight.data = weight.data.cpu()  # and back, as the offload does
+    assert type(weight) is nn.Parameter and weight.device.type == "cpu" and module.weight is weight
+    plain = torch.zeros(2)
+    plain.data = torch.ones(2)  # CPU to CPU: torch's own setter
+    assert plain.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
+def test_diffusers_group_offloading_onloads_to_a_virtual_accelerator(offload_type):
+    hooks = pytest.importorskip("diffusers.hooks")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj_in = nn.Linear(8, 8)
+            self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+            self.register_buffer("scale", torch.full((8,), 0.5))
+
+        def forward(self, x):
+            h = self.proj_in(x)
+            for block in self.blocks:
+                h = torch.tanh(block(h))
+            return h * self.scale
+
+    torch.manual_seed(0)
+    net, x = Net().eval(), torch.randn(2, 8)
+    with torch.no_grad():
+        expected = net(x)
+    hooks.apply_group_offloading(net, onload_device=gpu(0), offload_type=offload_type,
+                                 num_blocks_per_group=1 if offload_type == "block_level" else None)
+    with torch.no_grad():
+        runs = [net(x.to(gpu(0))) for _ in range(2)]
+    assert all(out.device == gpu(0) and torch.equal(out.cpu(), expected) for out in runs)
+    assert type(net.blocks[0].weight) is nn.Parameter and net.blocks[0].weight.device.type == "cpu"  # offloaded
+
+
 def test_state_dict_safetensors_pickle_and_deepcopy_keep_or_drop_the_device(tmp_path):
     module = nn.Linear(4, 2).to(gpu(1))
     save_file(module.state_dict(), tmp_path / "weights.safetensors")  # gathered to the CPU, as from a GPU

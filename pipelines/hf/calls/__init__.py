@@ -3,6 +3,8 @@
 `family_calls(class_name, modules, call)` gives, per module component, the meta-tensor calls one
 `pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.loading.planning.call_activations` uses
 it for pipelines that do not describe their inputs themselves (no `activation_inputs` method).
+`family_runs(class_name, call)` gives how many times each denoiser (and ControlNet) runs per call (steps x
+passes per step; the `strength` share of the steps for a call that starts from an image).
 
 spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCall (one method call on meta)
 shapes.py          meta tensors and the facts read from component configs (VAE factors, latent frames)
@@ -42,7 +44,7 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
             "tensors of the shapes its __call__ passes (see pipelines/hf/calls/), or plan without call= "
             "(weights only)."
         )
-    spec = CallSpec.parse(call, pipeline=class_name, defaults=family.defaults)
+    spec = family.parse(call, pipeline=class_name)
     if not family.video and spec.num_frames not in (None, 1):
         raise CallSpecError(f"call= for {class_name}: num_frames={spec.num_frames}, but it makes images; leave "
                             "num_frames out.")
@@ -54,5 +56,17 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
     return family.describe(modules, spec)
 
 
+def family_runs(class_name: str, call: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Runs per call of each denoiser and ControlNet of a `class_name` pipeline (its steps, twice where guidance
+    is a second pass) for `call`, the family's defaults filling what it leaves out; None for a family this library does
+    not know."""
+    family = FAMILIES.get(class_name)
+    if family is None:
+        return None
+    sizes = {"height": 1, "width": 1}  # runs do not depend on the sizes; the call's own are checked if given
+    spec = family.parse({**sizes, **dict(call or {})}, pipeline=class_name)
+    return family.runs(spec, pipeline=class_name)
+
+
 __all__ = ["CALL_KEYS", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",
-           "family_calls"]
+           "family_calls", "family_runs"]

@@ -31,6 +31,7 @@ from placement.plan_schema import MemoryTechnique
 # The VAE flag each technique sets (diffusers' names, and ours), and the method that sets it at load.
 _FLAGS = {MemoryTechnique.VAE_TILING: "use_tiling", MemoryTechnique.VAE_SLICING: "use_slicing"}
 _ENABLE = {MemoryTechnique.VAE_TILING: "enable_tiling", MemoryTechnique.VAE_SLICING: "enable_slicing"}
+_DISABLE = {MemoryTechnique.VAE_TILING: "disable_tiling", MemoryTechnique.VAE_SLICING: "disable_slicing"}
 # Submodules a tiled or sliced call runs once per tile or sample: replayed by shape.
 _REPEATED_PARTS = ("decoder", "encoder")
 # diffusers' in-place blends of two tiles' overlap: `blend_x(a, b, extent)` writes into `b` and returns it.
@@ -59,10 +60,15 @@ def is_on(module: nn.Module, technique: MemoryTechnique) -> bool:
     return getattr(module, _FLAGS[technique], False) is True
 
 
-def enable_techniques(module: nn.Module, techniques) -> None:
-    """Turn the planned techniques on (`vae.enable_tiling()`, `vae.enable_slicing()`, each class's own)."""
-    for technique in techniques:
-        getattr(module, _ENABLE[MemoryTechnique(technique)])()
+def enable_techniques(module: nn.Module, techniques) -> tuple[str, ...]:
+    """Turn the planned techniques on (`vae.enable_tiling()`, `vae.enable_slicing()`, each class's own); the
+    names of the methods that turn off those that were off (what a reset calls: `disable_tiling`)."""
+    undo = []
+    for technique in map(MemoryTechnique, techniques):
+        if not is_on(module, technique):
+            undo.append(_DISABLE[technique])
+        getattr(module, _ENABLE[technique])()
+    return tuple(undo)
 
 
 def tile_description(module: nn.Module) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from placement.errors import PlacementError
+from ...errors import CallError
 
 
-class ModelInputError(PlacementError, ValueError):
+class ModelInputError(CallError, ValueError):
     """A call argument (an input tensor, a tiling setting) that does not match what the model can take.
 
     The message names the model, the argument, what the config expects and what was given.

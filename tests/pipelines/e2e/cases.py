@@ -14,12 +14,13 @@ import tiny_unets
 import tiny_videos
 
 SEQUENCE = 8  # max_sequence_length of every T5/LLM call: the smallest the pipelines take
+STEPS = 2  # num_inference_steps of every call
 
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """`build(root)` the pipeline; `inputs()` its call's arguments (a fresh generator each time); `call` the
-    `call=` planning that call; `xfail`: why it fails today (another helper's bug), with the error it raises;
+    `call=` planning that call (its steps and strength too: the plan's runs per call are held to the real run's);
     `strict_bug`: why it runs on not-strict virtual GPUs (a bug of the strict backend: `ARANGE`, `TENSOR_OF_VIRTUAL`)."""
 
     name: str
@@ -28,8 +29,6 @@ class Case:
     call: dict | None
     video: bool = False
     load: dict = field(default_factory=dict)  # from_pretrained keywords, ours and diffusers' alike
-    xfail: str | None = None
-    xfail_raises: Any = None
     strict_bug: str | None = None  # a bug of the strict virtual backend it hits: run on plain-CPU virtual GPUs
 
 
@@ -51,7 +50,7 @@ def control(side: int) -> torch.Tensor:
 def inputs(**extra) -> Callable[[], dict]:
     """The call's arguments: a prompt, two steps, a seeded CPU generator, tensors out, and `extra` (callables
     are called: images are made afresh for each call)."""
-    return lambda: {"prompt": "a cat", "num_inference_steps": 2, "generator": torch.Generator().manual_seed(0),
+    return lambda: {"prompt": "a cat", "num_inference_steps": STEPS, "generator": torch.Generator().manual_seed(0),
                     "output_type": "pt", **{key: value() if callable(value) else value for key, value in extra.items()}}
 
 
@@ -64,19 +63,20 @@ TENSOR_OF_VIRTUAL = "torch.tensor([t]) of a 0-d vgpu tensor t hits torch's INTER
 
 def _image_case(name, build, side, *, sequence=True, extra=None, call=True, **fields) -> Case:
     sizes = {"height": side, "width": side, **({"max_sequence_length": SEQUENCE} if sequence else {})}
-    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})), call=sizes if call else None,
-                **fields)
+    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})),
+                call={**sizes, "num_inference_steps": STEPS} if call else None, **fields)
 
 
 def _video_case(name, build, side, frames, *, extra=None, **fields) -> Case:
     sizes = {"height": side, "width": side, "num_frames": frames, "max_sequence_length": SEQUENCE}
-    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})), call=sizes, video=True, **fields)
+    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})),
+                call={**sizes, "num_inference_steps": STEPS}, video=True, **fields)
 
 
 def _img2img_case(name, build, side) -> Case:
     """SD/SDXL img2img take their size from the image; `call=` gives it as height and width."""
     return Case(name=name, build=build, inputs=inputs(image=lambda: image(side), strength=0.5),  # one step of two
-                call={"height": side, "width": side})
+                call={"height": side, "width": side, "num_inference_steps": STEPS, "strength": 0.5})
 
 
 CASES = [
@@ -87,9 +87,7 @@ CASES = [
     _video_case("CogVideoXPipeline", tiny_videos.cogvideox, 16, 9),
     _video_case("LTXPipeline", tiny_videos.ltx, 32, 9, strict_bug=ARANGE),
     _video_case("HunyuanVideoPipeline", tiny_videos.hunyuan_video, 16, 9, strict_bug=ARANGE),
-    _image_case("QwenImagePipeline", tiny_dits.qwen_image, 32,
-                xfail="transformers saves Qwen2.5-VL under its original key names and renames them on load; our "
-                      "loader does not yet (issue 19 item 1, another helper's fix)", xfail_raises="CheckpointKeysError"),
+    _image_case("QwenImagePipeline", tiny_dits.qwen_image, 32),
     _video_case("WanImageToVideoPipeline", tiny_videos.wan_i2v, 16, 9, extra={"image": lambda: image(16)}),
     _img2img_case("StableDiffusionXLImg2ImgPipeline", tiny_unets.sdxl_img2img, 16),
     _image_case("StableDiffusionControlNetPipeline", tiny_unets.sd_controlnet, 16, sequence=False,
@@ -106,7 +104,8 @@ CASES = [
     _image_case("StableDiffusionInpaintPipeline", tiny_unets.sd_inpaint, 16, sequence=False,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     Case(name="StableDiffusionXLImg2ImgPipeline (refiner)", build=tiny_unets.sdxl_refiner,
-         inputs=inputs(image=lambda: image(16), strength=0.5), call={"height": 16, "width": 16}),
+         inputs=inputs(image=lambda: image(16), strength=0.5),
+         call={"height": 16, "width": 16, "num_inference_steps": STEPS, "strength": 0.5}),
     _image_case("StableDiffusionXLInpaintPipeline", tiny_unets.sdxl_inpaint, 16, sequence=False,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     _image_case("StableDiffusionXLControlNetPipeline", tiny_unets.sdxl_controlnet, 16, sequence=False,

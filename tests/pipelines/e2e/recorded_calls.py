@@ -24,12 +24,15 @@ def _shapes(args, kwargs) -> tuple:
                         if isinstance(leaf, torch.Tensor) and "mask" not in keystr(path)))
 
 
-def recorded_shapes(pipe, inputs: dict) -> tuple[dict, object]:
-    """The shapes `pipe(**inputs)` gives each watched component, and the call's output."""
+def recorded_shapes(pipe, inputs: dict, runs: dict | None = None) -> tuple[dict, object]:
+    """The shapes `pipe(**inputs)` gives each watched component, and the call's output; `runs`, if given, gets
+    how many times each watched component ran ({component: count})."""
     found: dict = {}
+    runs = {} if runs is None else runs
 
     def keep(key, args, kwargs):
         found.setdefault(key, _shapes(args, kwargs))
+        runs[key[0]] = runs.get(key[0], 0) + (key[1] == "forward")
 
     with contextlib.ExitStack() as stack:
         for name in WATCHED:

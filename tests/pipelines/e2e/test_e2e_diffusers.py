@@ -2,8 +2,9 @@
 `pipelines.Pipeline.from_pretrained` as its class, placed "balanced" on two strict virtual accelerators (each
 tensor on its vgpu, a device mix-up raises as on CUDA), planned for the call it makes (`call=`, where the class
 has a call description), run, compared with diffusers' own plain load of the same folder, and reset; and the
-call description's shapes are the ones the pipeline really passes to its denoiser, ControlNet and VAE (recorded
-from diffusers' own run)."""
+call description's shapes are the ones the pipeline really passes to its denoiser, ControlNet and VAE, and its
+runs per call those diffusers makes of them (num_inference_steps, the strength share of img2img/inpaint, the
+ControlNet at every step; recorded from diffusers' own run)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import types
 import pytest
 import torch
 
-import pipelines
 from pipelines import Pipeline
 from placement.devices import torch_device
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
@@ -79,23 +79,15 @@ def has_hooks(pipe) -> list[str]:
             if hasattr(sub, "_hf_hook")]
 
 
-def _marked(cases):
-    for case in cases:
-        marks = []
-        if case.xfail:
-            raises = getattr(pipelines, case.xfail_raises) if isinstance(case.xfail_raises, str) else None
-            marks.append(pytest.mark.xfail(reason=case.xfail, strict=True, raises=raises))
-        yield pytest.param(case, id=case.name, marks=marks)
-
-
-@pytest.mark.parametrize("case", list(_marked(CASES)))
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in CASES])
 def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case, monkeypatch):
     if case.strict_bug:
         monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")
     folder = saved(case)
     reference_class = getattr(diffusers, case.name.split(" ")[0])
     reference = reference_class.from_pretrained(folder, **case.load)
-    recorded, output = recorded_shapes(reference, case.inputs())
+    runs: dict = {}
+    recorded, output = recorded_shapes(reference, case.inputs(), runs)
     expected = result(output, case)
     if case.call is not None:  # call= describes the tensors the pipeline really gives its denoiser, ControlNet, VAE
         assert described_shapes(reference, case.call) == recorded
@@ -106,8 +98,9 @@ def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case, monkeypatc
     modules = {name for name, obj in pipe.components.items() if isinstance(obj, torch.nn.Module)}
     assert set(plan.components) == modules
     assert {component.execution_device for component in plan.components.values()} == {0, 1}  # both GPUs used
-    if case.call is not None:
+    if case.call is not None:  # and the runs of its denoiser and ControlNet (steps x passes, the strength share)
         assert plan.activations_accounted and plan.inputs.call == case.call
+        assert plan.inputs.runs_per_call == {name: count for name, count in runs.items() if count and name != "vae"}
         assert all(component.activation_bytes > 0 for component in plan.components.values())
     assert torch.equal(run(pipe, case), expected)
     pipe.reset_device_map()

@@ -10,7 +10,7 @@ import torch
 from pipelines import TextToImagePipeline
 
 from pipeline_fixtures import generate, has_hooks, save_preset
-from test_virtual_accelerators import EVERY_KIND, hook_counts
+from test_virtual_accelerators import EVERY_KIND, EVERY_KIND_STRATEGY, hook_counts
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -23,7 +23,7 @@ def real_accelerators(monkeypatch):
 def test_every_placement_kind_over_two_gpus_matches_the_cpu_run(tmp_path):
     folder, pipe = save_preset(tmp_path / "tiny-dit")
     expected = generate(pipe)
-    loaded = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory=EVERY_KIND,
+    loaded = TextToImagePipeline.from_pretrained(folder, device_map=EVERY_KIND_STRATEGY, max_memory=EVERY_KIND,
                                                  offload_folder=tmp_path / "offload", progress=False)
     kinds = {name: c.kind.value for name, c in loaded.placement_plan.components.items()}
     assert sorted(kinds.values()) == ["disk", "offloaded", "split", "whole"]

@@ -21,7 +21,8 @@ def budget_that_offloads(folder) -> dict:
     for step in range(1, 40):
         max_memory = {0: total - step * total // 40, "cpu": "8GiB"}
         plan = TextToImagePipeline.plan_placement(folder, max_memory=max_memory)
-        if any(component.kind.value == "offloaded" for component in plan.components.values()):
+        if any(component.kind.value == "offloaded" and component.device_map == {"": "cpu"}  # wholly in RAM
+               for component in plan.components.values()):
             return max_memory
     raise AssertionError("no GPU 0 budget makes the planner offload a component")
 
@@ -30,7 +31,8 @@ def test_some_budget_on_gpu0_offloads_a_component(tmp_path):
     folder, _ = save_preset(tmp_path / "tiny-dit")
     plan = TextToImagePipeline.plan_placement(folder, max_memory=budget_that_offloads(folder))
     offloaded = [c for c in plan.components.values() if c.kind.value == "offloaded"]
-    assert offloaded and all(c.execution_device == 0 and c.device_map == {"": "cpu"} for c in offloaded)
+    assert offloaded and all(c.execution_device == 0 for c in offloaded)
+    assert any(c.device_map == {"": "cpu"} for c in offloaded)  # others may keep blocks resident (issue 18)
 
 
 @pytest.mark.gpu
@@ -41,7 +43,7 @@ def test_offloaded_components_on_gpu0_match_a_plain_gpu_run(tmp_path):
                                                  progress=False)
     for name, component in loaded.placement_plan.components.items():
         weights = {p.device.type for p in loaded.components[name].parameters()}
-        if component.kind.value == "offloaded":
+        if component.kind.value == "offloaded" and component.device_map == {"": "cpu"}:
             assert loaded.hf_device_map[name] == "cpu" and weights == {"cpu"}  # in RAM between calls
         elif component.kind.value == "whole":
             assert loaded.hf_device_map[name] == 0 and weights == {"cuda"}

@@ -1,0 +1,123 @@
+"""What a command's TARGET is (a preset, a local folder, a Hub id) and its plan.
+
+Imported when a command runs (it imports torch through `placement` and `pipelines`), never for `--help`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from placement import Plan
+from placement.errors import PlacementError
+
+from ..errors import LoadError
+
+from ..hf.quiet import quiet
+from .resolve import CliArgumentError
+
+STEPS = "num_inference_steps"
+HF_LIBRARIES = ("diffusers", "transformers")
+
+
+class PlanTargetError(LoadError, ValueError):
+    """A `placement plan`/`inspect`/`run` target that is neither a preset, a folder nor a reachable Hub id."""
+
+
+def is_preset(target: str) -> bool:
+    from ..text_to_image.presets import PRESETS
+
+    return target in PRESETS and not Path(target).exists()
+
+
+def looks_like_a_path(target: str) -> bool:
+    """"./my-pipe", "/data/x", "~/x", "a/b/c", "C:\\x": a local folder; a Hub id is "name" or "owner/name"."""
+    return target.startswith((".", "/", "~")) or "\\" in target or target.count("/") > 1
+
+
+def target_folder(target: str) -> Path:
+    """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
+    from ..folder.sources import resolve_pipeline_folder
+    from ..text_to_image.presets import PRESETS
+
+    path = Path(target).expanduser()
+    if path.exists() or looks_like_a_path(target):
+        if not path.exists():
+            raise PlanTargetError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
+                                  "a Hub id is written owner/name.")
+        return resolve_pipeline_folder(path, weights=False)
+    try:
+        return resolve_pipeline_folder(target, weights=False)
+    except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
+        close = difflib.get_close_matches(target, PRESETS, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        raise PlanTargetError(
+            f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}), nor a local folder, and the Hub did not "
+            f"give it: {type(error).__name__}: {error}"
+        ) from error
+
+
+def hf_libraries(folder: Path) -> tuple[str, ...]:
+    """The Hugging Face libraries the folder's components (or its pipeline class) come from: the ones a plan or
+    load of it imports, so that `quiet(preload=...)` silences their import and their bars."""
+    from ..folder.model_index import ModelIndex
+
+    try:
+        index = ModelIndex.read(folder)
+    except PlacementError:  # the plan reads it again and reports the problem in its own words
+        return ()
+    named = {spec.library for spec in index.components.values()}
+    if "_diffusers_version" in index.metadata:
+        named.add("diffusers")
+    return tuple(library for library in HF_LIBRARIES if library in named)
+
+
+def pipeline_class_of(folder: Path) -> type:
+    """The folder's own pipeline class when it is one of ours (so call= works), else the generic Pipeline."""
+    import pipelines
+
+    from ..folder.model_index import ModelIndex
+    from ..framework.pipeline import Pipeline
+
+    found = getattr(pipelines, ModelIndex.read(folder).class_name, None)
+    return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
+
+
+@dataclass(kw_only=True)
+class TargetPlanner:
+    """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly (see `pipelines.hf.quiet`).
+
+    `call` may hold num_inference_steps (`--steps`): the planner weighs streaming by the runs per call.
+    `layerwise_casting` ({component: fp8 dtype name}, `--layerwise-casting`) plans a folder's components with fp8
+    storage; a preset is built in memory, not loaded, so it has no load to cast at."""
+
+    target: str
+    device_map: Any
+    max_memory: Optional[Mapping]
+    offload_folder: Optional[Path]
+    call: Optional[Mapping[str, Any]]
+    layerwise_casting: Optional[Mapping[str, str]] = None
+    notes: list[str] = field(default_factory=list)
+    _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
+
+    def __call__(self, *, torch_dtype) -> Plan:
+        from ..loading.planning import plan_pipeline
+        from ..text_to_image.pipeline import TextToImagePipeline
+
+        options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
+                       offload_folder=self.offload_folder, call=self.call)
+        if is_preset(self.target):
+            if self.layerwise_casting:
+                raise CliArgumentError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
+                                       "preset first (placement demo saves one), then plan that folder.")
+            with quiet():
+                pipe = TextToImagePipeline.from_preset(self.target, device="meta")
+                return plan_pipeline(pipe, pinned={}, **options)
+        if self._folder is None:
+            self._folder = target_folder(self.target)
+        if self.layerwise_casting:
+            options["layerwise_casting"] = dict(self.layerwise_casting)
+        with quiet(preload=hf_libraries(self._folder)):
+            return pipeline_class_of(self._folder).plan_placement(self._folder, **options)

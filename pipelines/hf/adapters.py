@@ -1,0 +1,161 @@
+"""Adapters (LoRA, LoKr, ... through peft) on placed pipelines: they follow their layer, whatever the placement.
+
+    pipe = pipelines.Pipeline.from_pretrained(folder, device_map={"transformer": "disk"}, offload_folder=...)
+    pipe.load_lora_weights("my-lora")          # LoRA matrices in host RAM, served with their layer at each forward
+    pipe.set_adapters(["a", "b"], [1.0, 0.5]); pipe.unload_lora_weights()
+
+diffusers' and transformers' adapter methods edit modules in place: peft wraps each targeted layer and creates
+the adapter's tensors on the device of the layer's weight, and fusing writes into that weight. On a placed
+component that weight may be waiting in host RAM or on disk (a `meta` placeholder: peft's tensors would be
+created on meta and their values dropped, giving NaN images), and the offload groups were built before the
+adapter existed. So, when a pipeline is placed, `follow_adapters` wraps these methods on the instance (the
+pipeline's and each module component's): each call runs inside `hooks.edit_placed_weights` for the
+components it may touch, which places new tensors beside their layer (its device, its offload group, its
+served set, its per-call or streamed unit) and forgets removed ones.
+
+What cannot follow is refused before anything changes, with `AdapterPlacementError`:
+- fusing (`fuse_lora`) into layers whose weights are read from disk (the checkpoint's files cannot be
+  rewritten): the LoRA still works unfused, or fuse before placing;
+- `set_lora_device`: on a placed pipeline adapters live where their layer is placed.
+After `reset_device_map()` the wrappers find nothing placed and behave as the methods they wrap.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from typing import Any, Callable
+
+from torch import nn
+
+from hooks import PlacedWeightsError, edit_placed_weights, weight_homes
+from hooks.hook_utils import hooks_of
+
+# Methods that edit a module's adapters, on the pipeline (diffusers' LoRA mixins) and on a model (diffusers'
+# PeftAdapterMixin, transformers' PeftAdapterMixin). Reading ones are listed too: between calls an offloaded
+# adapter is not in its module (save_lora_adapter would read placeholders).
+PIPELINE_METHODS = ("load_lora_weights", "unload_lora_weights", "fuse_lora", "unfuse_lora", "set_adapters",
+                    "delete_adapters", "enable_lora", "disable_lora")
+MODEL_METHODS = ("load_lora_adapter", "unload_lora", "fuse_lora", "unfuse_lora", "set_adapters", "delete_adapters",
+                 "add_adapter", "set_adapter", "enable_adapters", "disable_adapters", "enable_lora", "disable_lora",
+                 "load_adapter", "delete_adapter", "save_lora_adapter")
+FUSING = ("fuse_lora",)
+REFUSED = ("set_lora_device",)
+_MARK = "_placement_follows_adapters"
+
+
+class AdapterPlacementError(PlacedWeightsError):
+    """An adapter operation a placed component cannot follow (fusing into weights on disk, moving adapters)."""
+
+
+def follow_adapters(pipe: Any) -> None:
+    """Wrap the adapter methods of `pipe` (a diffusers pipeline, or any pipeline) and of its module components
+    so that adapters follow their layer's placement (see the module docstring). Idempotent."""
+    components = getattr(pipe, "components", {}) or {}
+    for name, module in components.items():
+        if isinstance(module, nn.Module):
+            _wrap_all(module, MODEL_METHODS, lambda args, kwargs, name=name, module=module: {name: module},
+                      kinds=_kinds(pipe))
+    _wrap_all(pipe, PIPELINE_METHODS, lambda args, kwargs: _loadable(pipe), kinds=_kinds(pipe))
+
+
+def _wrap_all(owner: Any, names: Iterable[str], touched: Callable, *, kinds: Callable[[], Mapping[str, str]]) -> None:
+    for name in (*names, *REFUSED):
+        method = getattr(owner, name, None)
+        if not callable(method) or getattr(method, _MARK, False):
+            continue
+        wrapper = _refusing(method, name, touched, kinds) if name in REFUSED else _editing(method, name, touched, kinds)
+        setattr(wrapper, _MARK, True)
+        setattr(owner, name, wrapper)  # an instance attribute: the class is untouched
+
+
+def _editing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[str, str]]):
+    @functools.wraps(method)
+    def edit(*args, **kwargs):
+        modules = touched(args, kwargs)
+        if name in FUSING:
+            _refuse_fusing_disk_weights(name, _fused(modules, args, kwargs), kinds())
+        with ExitStack() as stack:
+            for label, module in modules.items():
+                stack.enter_context(edit_placed_weights(module, what=f"{name}() on {label}"))
+            return method(*args, **kwargs)
+
+    return edit
+
+
+def _refusing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[str, str]]):
+    @functools.wraps(method)
+    def refuse(*args, **kwargs):
+        placed = {label: kinds().get(label, "placed") for label, module in touched(args, kwargs).items()
+                  if _is_placed(module)}
+        if placed:
+            raise AdapterPlacementError(
+                f"{name}(): on a placed pipeline each adapter lives where its layer is placed ({placed}); moving it "
+                "would be undone or break the next call. To free an adapter's memory use delete_adapters(name); to "
+                "choose devices yourself, call reset_device_map() first."
+            )
+        return method(*args, **kwargs)
+
+    return refuse
+
+
+def _fused(modules: Mapping[str, nn.Module], args, kwargs) -> Mapping[str, nn.Module]:
+    """The components a fuse call writes into: for the pipeline method, those named by `components`."""
+    components = kwargs.get("components", args[0] if args and isinstance(args[0], (list, tuple)) else None)
+    if components is None or len(modules) == 1:
+        return modules
+    return {name: module for name, module in modules.items() if name in components}
+
+
+def _refuse_fusing_disk_weights(name: str, modules: Mapping[str, nn.Module], kinds: Mapping[str, str]) -> None:
+    """Refuse before anything is fused when a layer carrying an adapter has its weights on disk."""
+    for label, module in modules.items():
+        on_disk = _adapter_layers_on_disk(module)
+        if on_disk:
+            raise AdapterPlacementError(
+                f"{name}(): {label} is placed with weights on disk (placement: {kinds.get(label, 'disk')}); "
+                f"{len(on_disk)} adapter layer(s) read their weights from the checkpoint files at each forward, "
+                f"e.g. {on_disk[:3]}, and fusing would have to rewrite them. The adapter works unfused (applied at "
+                "each forward). To fuse it, do so before placing: load without device_map, load_lora_weights(), "
+                f"{name}(), save_pretrained(), then load that folder placed; or give {label} room in RAM or on "
+                "accelerators (max_memory / device_map)."
+            )
+
+
+def _adapter_layers_on_disk(module: nn.Module) -> list[str]:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return []
+    homes = weight_homes(module)
+    if "disk" not in homes.values():
+        return []
+    return [path for path, layer in module.named_modules() if isinstance(layer, BaseTunerLayer)
+            and any(homes.get(f"{path}.base_layer.{weight}") == "disk" for weight in ("weight", "bias"))]
+
+
+def _loadable(pipe: Any) -> dict[str, nn.Module]:
+    """The components a pipeline's adapter methods may touch: its `_lora_loadable_modules` (every module
+    component for a pipeline that does not say)."""
+    names = getattr(pipe, "_lora_loadable_modules", None)
+    components = getattr(pipe, "components", {}) or {}
+    if names is None:
+        names = list(components)
+    return {name: components[name] for name in names if isinstance(components.get(name), nn.Module)}
+
+
+def _kinds(pipe: Any) -> Callable[[], Mapping[str, str]]:
+    """Each component's placement kind, as the pipeline's plan says (read when an error is written)."""
+    def read() -> Mapping[str, str]:
+        plan = getattr(pipe, "placement_plan", None)
+        return {} if plan is None else {name: component.kind.value for name, component in plan.components.items()}
+
+    return read
+
+
+def _is_placed(module: nn.Module) -> bool:
+    return any(hooks_of(submodule) for submodule in module.modules())
+
+
+__all__ = ["AdapterPlacementError", "MODEL_METHODS", "PIPELINE_METHODS", "follow_adapters"]

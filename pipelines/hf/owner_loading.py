@@ -1,0 +1,92 @@
+"""Loading a component through the library that owns its format: diffusers' or transformers' `from_pretrained`
+(quantized folders, quantization at load, transformers checkpoints whose keys are renamed on load) and diffusers'
+`from_single_file` (one checkpoint file of an original layout, GGUF included), given the device map our plan
+chose and the dtype the plan sized (`OwnerLoad`). Whatever runtime the owner attaches is removed by the caller
+and replaced by ours (`pipelines.loading.owner_reading`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import LoadError
+from ..folder.component_classes import Family
+from .quantizers import ComponentQuantization, QuantizationMethod
+
+
+class OwnerLoadError(LoadError, RuntimeError):
+    """The owner library refused or failed to load a component (its message is kept, with the component's name)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnerLoad:
+    """One call of the owner's loader: `source` is the component folder, or the checkpoint file when
+    `single_file_config` (the folder holding the model's config.json, read offline) is given."""
+
+    cls: type
+    family: Family
+    source: Path
+    dtype: torch.dtype | None
+    quantization: ComponentQuantization | None = None
+    variant: str | None = None
+    single_file_config: Path | None = None
+
+    @property
+    def single_file(self) -> bool:
+        return self.single_file_config is not None
+
+    @property
+    def takes_multi_device_maps(self) -> bool:
+        """Whether the owner accepts a device map with several entries: diffusers' single-file loader takes one
+        device only, and its quanto quantizer refuses multi-entry maps."""
+        if self.single_file:
+            return False
+        quanto = self.quantization is not None and self.quantization.method is QuantizationMethod.QUANTO
+        return not (self.family is Family.DIFFUSERS and quanto)
+
+
+def load_with_owner(owner: OwnerLoad, device_map: Mapping[str, Any], *, name: str) -> nn.Module:
+    """The component loaded by its owner onto `device_map` (module paths -> torch devices / "cpu"), in eval mode."""
+    try:
+        module = _single_file(owner, device_map) if owner.single_file else _from_pretrained(owner, device_map)
+    except (OSError, ValueError, RuntimeError, ImportError, TypeError, KeyError) as error:
+        raise OwnerLoadError(
+            f"Component {name!r}: {owner.cls.__name__} could not be loaded by {owner.family.value} from "
+            f"{str(owner.source)!r}: {type(error).__name__}: {error}"
+        ) from error
+    return module.eval()
+
+
+def _from_pretrained(owner: OwnerLoad, device_map: Mapping[str, Any]) -> nn.Module:
+    arguments: dict[str, Any] = {"device_map": dict(device_map), "variant": owner.variant}
+    if owner.quantization is not None and not owner.quantization.pre_quantized:
+        arguments["quantization_config"] = owner.quantization.config
+    if owner.family is Family.TRANSFORMERS:
+        return owner.cls.from_pretrained(owner.source, dtype=owner.dtype, **arguments)
+    return owner.cls.from_pretrained(owner.source, torch_dtype=owner.dtype, **arguments)
+
+
+def _single_file(owner: OwnerLoad, device_map: Mapping[str, Any]) -> nn.Module:
+    """diffusers' `from_single_file`, its config from a local folder (no Hub), onto the one device it takes."""
+    devices = set(device_map.values())
+    arguments: dict[str, Any] = {"config": str(owner.single_file_config), "local_files_only": True,
+                                 "torch_dtype": owner.dtype}
+    if len(devices) == 1 and str(next(iter(devices))) != "cpu":
+        arguments["device"] = next(iter(devices))
+    if owner.quantization is not None:
+        arguments["quantization_config"] = owner.quantization.config
+    return owner.cls.from_single_file(str(owner.source), **arguments)
+
+
+def remove_owner_state(module: nn.Module) -> None:
+    """What the owner's load leaves that our placement replaces: its device map (ours is set by the runtime)."""
+    if "hf_device_map" in vars(module):
+        del module.hf_device_map
+
+
+__all__ = ["OwnerLoad", "OwnerLoadError", "load_with_owner", "remove_owner_state"]

@@ -1,0 +1,236 @@
+"""Quantized components through their owners' quantizers: which config applies to a component, and the meta
+module sized as it will be loaded.
+
+A component is quantized when its folder says so (`quantization_config` in config.json: a pre-quantized save)
+or the load asks (`quantization_config=`: a diffusers `PipelineQuantizationConfig`, a `{component: config}`
+mapping as its `quant_mapping`, or, for one model, the library's own config object). The owner library
+(diffusers for its models, transformers for its own) prepares the meta model the way its `from_pretrained`
+does before reading any weight: its quantizer's `preprocess_model` replaces the layers it quantizes
+(bitsandbytes' `Linear4bit`, quanto's `QLinear`, ...). Then each weight the quantizer would quantize is put in
+its quantized form while still on meta (`materialize_on_meta`): torchao and quanto quantize meta tensors with
+their own code (the inner int8/fp8 data and scales come out on meta, exactly as they will be loaded), and
+bitsandbytes' weights are counted by its block layout (`placement.quantized_sizing`). The planner then sizes
+the module as it is (`placement.sizing`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..checkpoint.config_file import read_config_dict
+from ..errors import LoadError
+from ..folder.component_classes import Family
+
+
+class QuantizationConfigError(LoadError, ValueError):
+    """A `quantization_config=` this load cannot apply (an unknown component, a config of the wrong library...)."""
+
+
+class QuantizationMethod(str, Enum):
+    """The formats this library plans and places, by the owner libraries' `quant_method` names."""
+
+    BITSANDBYTES_4BIT = "bitsandbytes_4bit"
+    BITSANDBYTES_8BIT = "bitsandbytes_8bit"
+    TORCHAO = "torchao"
+    QUANTO = "quanto"
+    GGUF = "gguf"
+    OTHER = "other"  # a method the owner knows and we size as its replaced layers declare
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentQuantization:
+    """How one component is quantized: the owner library's config object, whether the folder holds weights
+    quantized already (`pre_quantized`), and the format."""
+
+    config: Any
+    pre_quantized: bool
+    method: QuantizationMethod
+
+    @property
+    def bitsandbytes(self) -> bool:
+        return self.method in (QuantizationMethod.BITSANDBYTES_4BIT, QuantizationMethod.BITSANDBYTES_8BIT)
+
+
+def method_of(config: Any) -> QuantizationMethod:
+    """The format a diffusers or transformers quantization config (object or dict) asks for."""
+    as_dict = config if isinstance(config, Mapping) else config.to_dict()
+    method = str(getattr(as_dict.get("quant_method"), "value", as_dict.get("quant_method")))
+    if method == "bitsandbytes":
+        method = "bitsandbytes_8bit" if as_dict.get("load_in_8bit") else "bitsandbytes_4bit"
+    try:
+        return QuantizationMethod(method)
+    except ValueError:
+        return QuantizationMethod.OTHER
+
+
+def folder_quantization(folder: Path) -> dict | None:
+    """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none)."""
+    if not (folder / "config.json").is_file():
+        return None  # a folder without its config fails where it is built, with its own message
+    found = read_config_dict(folder).get("quantization_config")
+    return dict(found) if isinstance(found, Mapping) else None
+
+
+def requested_quantization(quantization_config: Any, name: str, family: Family) -> Any | None:
+    """The config `quantization_config=` gives component `name` (of `family`), or None: a diffusers
+    `PipelineQuantizationConfig` (its `components_to_quantize` / `quant_mapping`, as diffusers resolves them), a
+    plain mapping `{component: config}`, or one config object (a one-model load)."""
+    if quantization_config is None:
+        return None
+    if _is_pipeline_config(quantization_config):
+        if family is Family.OWN:
+            return None
+        return quantization_config._resolve_quant_config(is_diffusers=family is Family.DIFFUSERS, module_name=name)
+    if isinstance(quantization_config, Mapping):
+        return quantization_config.get(name)
+    return quantization_config
+
+
+def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
+    """The components a mapping (or a `PipelineQuantizationConfig`) names must be module components: a misspelt
+    one would silently load a dense model."""
+    if quantization_config is None:
+        return
+    if _is_pipeline_config(quantization_config):
+        named = list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
+    elif isinstance(quantization_config, Mapping):
+        named = list(quantization_config)
+    else:
+        raise QuantizationConfigError(
+            f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
+            "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
+            "components_to_quantize=[...]) or a mapping {component: config}."
+        )
+    unknown = sorted(set(named) - set(modules))
+    if unknown:
+        raise QuantizationConfigError(
+            f"quantization_config names {unknown}, which are not module components of this pipeline; its module "
+            f"components are {sorted(modules)}."
+        )
+
+
+def _is_pipeline_config(config: Any) -> bool:
+    return callable(getattr(config, "_resolve_quant_config", None))
+
+
+def component_quantization(quantization_config: Any, name: str, family: Family,
+                           folder: Path | None) -> ComponentQuantization | None:
+    """The quantization of one component: the folder's (pre-quantized) merged with a requested one as the owner
+    merges them, or the requested one alone; None for a dense component."""
+    requested = requested_quantization(quantization_config, name, family)
+    saved = folder_quantization(folder) if folder is not None else None
+    if saved is None and requested is None:
+        return None
+    if family is Family.OWN:
+        raise QuantizationConfigError(
+            f"Component {name!r} is a pipelines.ModelMixin; quantization is applied by diffusers' and transformers' "
+            "quantizers to their own models only. Quantize it in memory and pass it in, or leave it dense."
+        )
+    if saved is not None:
+        config = _auto_quantizer(family).merge_quantization_configs(saved, requested)
+    else:
+        config = requested
+    _check_library(config, name, family)
+    return ComponentQuantization(config=config, pre_quantized=saved is not None, method=method_of(config))
+
+
+def _check_library(config: Any, name: str, family: Family) -> None:
+    library = type(config).__module__.split(".")[0]
+    if isinstance(config, Mapping) or library == family.value:
+        return
+    raise QuantizationConfigError(
+        f"Component {name!r} is a {family.value} model but its quantization config is {library}' "
+        f"{type(config).__name__}; use {family.value}' own (e.g. {family.value}.BitsAndBytesConfig), as "
+        "diffusers' PipelineQuantizationConfig(quant_mapping=...) requires."
+    )
+
+
+def _auto_quantizer(family: Family):
+    if family is Family.DIFFUSERS:
+        from diffusers.quantizers.auto import DiffusersAutoQuantizer
+        return DiffusersAutoQuantizer
+    from transformers.quantizers.auto import AutoHfQuantizer
+    return AutoHfQuantizer
+
+
+def owner_quantizer(quantization: ComponentQuantization, family: Family):
+    """The owner library's quantizer for `quantization` (its environment is not checked: planning for a GPU
+    machine works on a laptop; the owner's own load checks it)."""
+    return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
+
+
+def compute_dtype(quantizer, family: Family, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype the quantizer loads the non-quantized tensors in (bitsandbytes' default when none is given)."""
+    if family is Family.DIFFUSERS:
+        return quantizer.update_torch_dtype(dtype)
+    return quantizer.update_dtype(dtype)
+
+
+def prepare_on_meta(module: nn.Module, quantizer, family: Family, *, dtype: torch.dtype | None,
+                    keep_in_fp32: list[str], checkpoint_files: list[str] | None = None) -> None:
+    """What the owner's `from_pretrained` does to the meta model before reading weights: the quantizer replaces
+    the layers it quantizes."""
+    if family is Family.DIFFUSERS:
+        quantizer.preprocess_model(model=module, device_map=None, keep_in_fp32_modules=keep_in_fp32)
+    else:
+        quantizer.preprocess_model(model=module, dtype=dtype, device_map=None, checkpoint_files=checkpoint_files)
+
+
+def quantized_parameter_names(module: nn.Module, quantizer, family: Family) -> list[str]:
+    """The parameters the owner's quantizer quantizes when loading (its own test, asked per parameter)."""
+    names = []
+    for name, param in module.named_parameters():
+        if family is Family.DIFFUSERS:
+            needed = quantizer.check_if_quantized_param(module, param, name, {})
+        else:
+            needed = quantizer.param_needs_quantization(module, name)
+        if needed:
+            names.append(name)
+    return names
+
+
+def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, names: list[str]) -> None:
+    """Put every weight in `names` in its quantized form, on meta: torchao's `quantize_` and quanto's `freeze`
+    run on meta tensors; bitsandbytes' replaced layers are already what `placement.quantized_sizing` counts."""
+    owners = {name.rpartition(".")[0] for name in names}
+    if quantization.method is QuantizationMethod.TORCHAO:
+        from torchao.quantization import quantize_
+
+        config = quantization.config.get_apply_tensor_subclass()
+        if type(config).__name__ == "FqnToConfig":
+            quantize_(module, config)
+        else:
+            quantize_(module, config, filter_fn=lambda _, fqn: fqn in owners)
+    elif quantization.method is QuantizationMethod.QUANTO:
+        for path in sorted(owners):
+            layer = module.get_submodule(path)
+            if callable(getattr(layer, "freeze", None)):
+                layer.freeze()
+
+
+def format_label(quantization: ComponentQuantization) -> str:
+    """The format in a plan's words (as `placement.quantized_sizing` names loaded tensors): "nf4 (bitsandbytes)",
+    "Int8WeightOnlyConfig (torchao)", "int8 (quanto)", ..."""
+    config = quantization.config
+    as_dict = config if isinstance(config, Mapping) else config.to_dict()
+    if quantization.method is QuantizationMethod.BITSANDBYTES_4BIT:
+        return f"{as_dict.get('bnb_4bit_quant_type', 'fp4')} (bitsandbytes)"
+    if quantization.method is QuantizationMethod.BITSANDBYTES_8BIT:
+        return "int8 (bitsandbytes)"
+    if quantization.method is QuantizationMethod.TORCHAO:
+        kind = getattr(config, "quant_type", None)
+        return f"{type(kind).__name__ if kind is not None and not isinstance(kind, str) else kind} (torchao)"
+    if quantization.method is QuantizationMethod.QUANTO:
+        return f"{as_dict.get('weights_dtype') or as_dict.get('weights')} (quanto)"
+    return f"{quantization.method.value}"
+
+
+__all__ = ["ComponentQuantization", "QuantizationConfigError", "QuantizationMethod", "check_requested_names",
+           "component_quantization", "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta",
+           "method_of", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]

@@ -1,0 +1,134 @@
+"""Single-file checkpoints (one `.safetensors` of a model's original layout, or a community `.gguf`), read by
+diffusers' `from_single_file` with the model's config taken from a local folder (`config=`: no Hub access).
+
+Planning builds the model on meta through diffusers' own single-file path: the file's tensors as meta tensors
+(safetensors header; GGUF tensor infos, quantized ones as diffusers' `GGUFParameter`s of their packed bytes)
+handed to `from_single_file(..., device="meta")`, which converts the original keys, lets the quantizer replace
+its layers and assigns each tensor in its load dtype, all on meta. So what is sized is what
+`from_single_file` will load, and no tensor data is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import read_header
+from ..errors import LoadError
+from .quantizers import ComponentQuantization, QuantizationMethod
+
+SINGLE_FILE_SUFFIXES = (".safetensors", ".sft", ".gguf")
+
+
+class SingleFileError(LoadError, ValueError):
+    """A single-file checkpoint that cannot be read as asked (no config folder, a class without single-file
+    support, an unreadable file)."""
+
+
+def is_single_file(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_file() and path.suffix.lower() in SINGLE_FILE_SUFFIXES
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf"
+
+
+def meta_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """The file's tensors as meta tensors of their stored shapes and dtypes (headers only)."""
+    if not is_gguf(path):
+        return {entry.name: torch.empty(entry.shape, dtype=entry.dtype, device="meta") for entry in read_header(path)}
+    import gguf
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    plain = {gguf.GGMLQuantizationType.F32: torch.float32, gguf.GGMLQuantizationType.F16: torch.float16,
+             gguf.GGMLQuantizationType.BF16: torch.bfloat16}
+    tensors = {}
+    for info in gguf.GGUFReader(str(path)).tensors:  # memory-mapped: the shapes, no data read
+        shape = tuple(int(size) for size in info.data.shape)
+        if info.tensor_type in plain:
+            tensors[info.name] = torch.empty(shape, dtype=plain[info.tensor_type], device="meta")
+        else:
+            packed = torch.empty(shape, dtype=torch.uint8, device="meta")
+            tensors[info.name] = GGUFParameter(packed, quant_type=info.tensor_type)
+    return tensors
+
+
+def gguf_quantization(dtype: torch.dtype | None) -> ComponentQuantization:
+    """The quantizer diffusers needs to read a GGUF file: its layers compute in `dtype` (bfloat16 by default)."""
+    from diffusers import GGUFQuantizationConfig
+
+    config = GGUFQuantizationConfig(compute_dtype=dtype or torch.bfloat16)
+    return ComponentQuantization(config=config, pre_quantized=True, method=QuantizationMethod.GGUF)
+
+
+def check_single_file_class(cls: type, path: Path) -> None:
+    if not callable(getattr(cls, "from_single_file", None)):
+        raise SingleFileError(
+            f"{path.name} is a single-file checkpoint, but {cls.__module__}.{cls.__name__} cannot be read from one "
+            "(diffusers reads single files for its models that support from_single_file); save the model as a "
+            "folder (save_pretrained) and load that."
+        )
+
+
+def build_on_meta(cls: type, path: Path, config_folder: Path, *, dtype: torch.dtype | None,
+                  quantization: ComponentQuantization | None) -> nn.Module:
+    """`cls` as `from_single_file(path, config=config_folder, ...)` will load it, built on meta."""
+    check_single_file_class(cls, path)
+    arguments: dict[str, Any] = {"config": str(config_folder), "local_files_only": True, "torch_dtype": dtype,
+                                 "device": "meta"}
+    if quantization is not None:
+        arguments["quantization_config"] = quantization.config
+    try:
+        module = cls.from_single_file(meta_checkpoint(path), **arguments)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise SingleFileError(
+            f"{path.name} could not be read as a {cls.__name__} with the config in {str(config_folder)!r}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if "hf_device_map" in vars(module):
+        del module.hf_device_map  # diffusers' {'': meta}: where it goes is the plan's to say
+    return module.eval()
+
+
+def holds_component(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path) -> bool:
+    """Whether a single file's tensors (`meta_checkpoint`) hold every weight of a `cls` built from
+    `config_folder`: its keys as they are, or once diffusers' mapping for the class converts them, on meta."""
+    from accelerate import init_empty_weights
+    from diffusers.loaders.single_file_model import (
+        SINGLE_FILE_LOADABLE_CLASSES, _get_single_file_loadable_mapping_class, _should_convert_state_dict_to_diffusers,
+    )
+
+    mapping = _get_single_file_loadable_mapping_class(cls)
+    if mapping is None:
+        return False
+    config = cls.load_config(config_folder)
+    with init_empty_weights():
+        expected = cls.from_config(config).state_dict()
+    converted = checkpoint
+    if _should_convert_state_dict_to_diffusers(expected, checkpoint):
+        try:
+            converted = SINGLE_FILE_LOADABLE_CLASSES[mapping]["checkpoint_mapping_fn"](
+                config=config, checkpoint=dict(checkpoint))
+        except (KeyError, ValueError, IndexError, RuntimeError, TypeError):
+            return False  # the mapping found the keys it converts missing: another model's file
+    return set(expected) <= set(converted or ())
+
+
+def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
+    """The floating dtype holding most of a safetensors file's bytes (GGUF: None, its layers compute in bf16)."""
+    if is_gguf(path):
+        return None
+    by_dtype: dict[torch.dtype, int] = {}
+    for entry in read_header(path):
+        if entry.dtype.is_floating_point:
+            by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
+    return max(by_dtype, key=by_dtype.get) if by_dtype else None
+
+
+__all__ = ["SINGLE_FILE_SUFFIXES", "SingleFileError", "build_on_meta", "check_single_file_class",
+           "checkpoint_float_dtype", "gguf_quantization", "holds_component", "is_gguf", "is_single_file",
+           "meta_checkpoint"]

@@ -1,0 +1,220 @@
+"""The load options of formats of their own (quantization, fp8 layerwise casting, pins), checked before anything
+is built, and what each quantized format can do once placed, checked when the plan is made.
+
+What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loading/test_quantized_offload.py):
+- bitsandbytes: a 4-/8-bit weight is a `Params4bit`/`Int8Params` whose quantization state lives beside its
+  data; moved whole with its module it stays valid (whole, split, the CPU), but offloading swaps tensors one by
+  one and would keep the data without its state: any offloaded or disk placement is refused at plan time;
+- torchao, quanto and GGUF tensors are tensor subclasses moved as they are (their inner int8/fp8 data and
+  scales): whole, split, CPU and group-offloaded placements work, torchao's per-module streaming too; quanto's
+  and GGUF's tensors cannot be rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu"), and
+  "disk" would write them to safetensors files, which hold plain tensors only: both refused at plan time.
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import Enum
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+from hooks.layerwise_casting import apply_layerwise_casting
+from placement.devices import device_label, is_accelerator
+from placement.errors import PlacementError
+from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKind
+from placement.quantized_sizing import tensor_format
+from placement.sizes import format_bytes
+
+from ..errors import LoadError
+from ..hf.hf_interop import load_without_device_map
+from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
+from .layerwise import casting_config
+from .meta_records import MetaComponent
+from .planning import caller_stacklevel
+from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
+
+
+class FormatPlacementError(LoadError, ValueError):
+    """A plan that puts a quantized component where its format cannot run (e.g. bitsandbytes offloaded)."""
+
+
+class FormatOptionError(LoadError, ValueError):
+    """`quantization_config=`, `layerwise_casting=` or `pin=` naming what the load does not have."""
+
+
+class Runtime(str, Enum):
+    """How our runtime runs a placement, as far as formats care: whole modules moved (whole, split, cpu),
+    group offloading from host RAM (offloaded, all weights in RAM), per-module weight streaming (a model-level
+    map mixing accelerator and "cpu" entries: accelerate's weight-serving hooks), or weights on disk."""
+
+    MOVED = "kept on its devices"
+    GROUP_OFFLOADED = "offloaded"
+    STREAMED = "streamed module by module"
+    DISK = "on disk"
+
+
+_SAFETENSORS_ONLY = "our disk offload writes safetensors files, which hold plain tensors only"
+_REBUILT = ("per-module streaming (accelerate's weight hooks) rebuilds each served weight as a plain tensor of its "
+            "class, which these tensors cannot be; offload it whole to host RAM instead")
+_STATE_APART = "its packed weights and their quantization state cannot be offloaded apart"
+# What each quantized format cannot do in our runtime (tested in tests/pipelines/loading/test_quantized_offload.py).
+_REFUSED: dict[QuantizationMethod, dict[Runtime, str]] = {
+    QuantizationMethod.BITSANDBYTES_4BIT: {Runtime.GROUP_OFFLOADED: _STATE_APART, Runtime.STREAMED: _STATE_APART,
+                                           Runtime.DISK: _STATE_APART},
+    QuantizationMethod.TORCHAO: {Runtime.DISK: _SAFETENSORS_ONLY},
+    QuantizationMethod.QUANTO: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
+    QuantizationMethod.GGUF: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
+}
+_REFUSED[QuantizationMethod.BITSANDBYTES_8BIT] = _REFUSED[QuantizationMethod.BITSANDBYTES_4BIT]
+
+
+def runtime_of(component: ComponentPlan) -> Runtime:
+    if component.kind is PlacementKind.DISK:
+        return Runtime.DISK
+    if component.kind is PlacementKind.OFFLOADED:
+        resident = any(is_accelerator(device) for device in component.device_map.values())
+        return Runtime.STREAMED if resident else Runtime.GROUP_OFFLOADED
+    return Runtime.MOVED
+
+
+def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
+    """Before anything is built: each option names components this load has (quantization: those read from
+    the folder; layerwise casting: any module component; pins: those passed in)."""
+    quantized_passed = [name for name in passed if _names(request.quantization_config, name)]
+    if quantized_passed:
+        raise FormatOptionError(
+            f"quantization_config names {quantized_passed}, which were passed in: a component passed in is placed "
+            "as it is; quantize it yourself (its owner's quantizer) or let the load read it from the folder."
+        )
+    check_requested_names(request.quantization_config, built + passed)
+    modules = built + passed
+    unknown = sorted(set(request.layerwise_casting) - set(modules))
+    if unknown:
+        raise FormatOptionError(
+            f"layerwise_casting names {unknown}, which are not module components of this pipeline; its module "
+            f"components are {sorted(modules)}."
+        )
+    stray = sorted(set(request.pin) - set(passed))
+    if stray:
+        raise FormatOptionError(
+            f"pin={list(request.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
+            f"(e.g. transformer=my_model) where it is. Passed in: {sorted(passed) or 'nothing'}."
+        )
+
+
+def _names(quantization_config: Any, name: str) -> bool:
+    if isinstance(quantization_config, Mapping):
+        return name in quantization_config
+    if callable(getattr(quantization_config, "_resolve_quant_config", None)):
+        return name in (quantization_config.quant_mapping or {}) or name in (
+            quantization_config.components_to_quantize or [])
+    return False
+
+
+def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, nn.Module]:
+    """No device_map: each module component loaded to the CPU by its own class (quantized by its owner when the
+    request or its folder says so), with layerwise casting applied when asked."""
+    loaded = {}
+    for name, source in opened.modules.items():
+        config = requested_quantization(request.quantization_config, name, source.family)
+        module = load_without_device_map(source.cls, source.folder, family=source.family, dtype=opened.dtypes[name],
+                                         variant=request.variant, quantization_config=config)
+        storage = request.layerwise_casting.get(name)
+        if storage is not None:
+            compute = opened.dtypes[name] or _floating_dtype(module)
+            apply_layerwise_casting(module, casting_config(module, storage, compute))
+        loaded[name] = module
+    return loaded
+
+
+def _floating_dtype(module: nn.Module):
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+
+
+Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its format, the format in words)
+
+
+def formats_of_metas(metas: Mapping[str, MetaComponent]) -> dict[str, tuple[QuantizationMethod, str]]:
+    return {name: (meta.quantization.method, format_label(meta.quantization))
+            for name, meta in metas.items() if meta.quantization is not None}
+
+
+def formats_of_modules(modules: Mapping[str, nn.Module]) -> dict[str, tuple[QuantizationMethod, str]]:
+    """The formats of modules quantized in memory (`pipelines.place`), read from their tensors."""
+    formats = {}
+    for name, module in modules.items():
+        libraries = {found.library: found.label for t in module.parameters() if (found := tensor_format(t))}
+        if "bitsandbytes" in libraries:
+            formats[name] = (QuantizationMethod.BITSANDBYTES_4BIT, libraries["bitsandbytes"])
+        elif libraries:
+            library, label = next(iter(libraries.items()))
+            method = {"torchao": QuantizationMethod.TORCHAO, "quanto": QuantizationMethod.QUANTO,
+                      "gguf": QuantizationMethod.GGUF}.get(library, QuantizationMethod.OTHER)
+            formats[name] = (method, label)
+    return formats
+
+
+def refused_components(plan: Plan, formats: Formats) -> dict[str, str]:
+    """{component: why} for each quantized component planned where its format cannot run."""
+    refused = {}
+    for name, (method, label) in formats.items():
+        component = plan.components.get(name)
+        runtime = None if component is None else runtime_of(component)
+        why = None if component is None else _REFUSED.get(method, {}).get(runtime)
+        if why is not None:
+            refused[name] = (
+                f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {runtime.value}, which "
+                f"its format cannot do here: {why}. Give its accelerator room for it "
+                f"whole (a larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that "
+                "offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
+    return refused
+
+
+def check_planned_formats(plan: Plan, formats: Formats) -> None:
+    """A quantized component planned where its format cannot run is an error now, before any weight is read,
+    with the numbers and what to do."""
+    refused = refused_components(plan, formats)
+    if refused:
+        raise FormatPlacementError(next(iter(refused.values())))
+
+
+def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
+    """`plan_around_formats` for a plan the strategy made; a plan the caller gave (a saved plan, pins, one
+    device) is followed as it is, so it is only checked."""
+    if device_map.kind is DeviceMapKind.STRATEGY:
+        return plan_around_formats(plan, formats, replan)
+    check_planned_formats(plan, formats)
+    return plan
+
+
+def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]) -> Plan:
+    """`plan`, or, when it offloads a component whose format cannot be offloaded, the plan made again with that
+    component kept whole on the accelerator with the largest budget and the others placed around it (a run-once
+    encoder offloaded instead of an nf4 transformer); the error of `check_planned_formats` when that cannot fit
+    either. `replan(pins)` plans with `{component: device map}` pinned."""
+    refused = refused_components(plan, formats)
+    accelerators = [device for device in plan.devices if is_accelerator(device.device) and device.budget]
+    if not refused or not accelerators:
+        check_planned_formats(plan, formats)
+        return plan
+    target = max(accelerators, key=lambda device: device.budget).device
+    with warnings.catch_warnings(record=True) as caught:  # shown only if this plan is the one kept
+        warnings.simplefilter("always")
+        try:
+            retried = replan({name: {"": target} for name in refused})
+        except PlacementError:
+            retried = None
+    if retried is None or refused_components(retried, formats) or retried.verdict.kind is VerdictKind.NO_FIT:
+        check_planned_formats(plan, formats)
+    for warning in caught:
+        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    kept = ", ".join(f"{name} ({formats[name][1]})" for name in refused)
+    note = (f"{kept} kept whole on {device_label(target)}: its format cannot be offloaded, so the other components "
+            "were planned around it.")
+    return retried.model_copy(update={"warnings": [*retried.warnings, note]})
+
+
+__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_planned_formats",
+           "formats_of_metas", "formats_of_modules", "load_modules_without_device_map", "plan_around_formats",
+           "refused_components", "respect_formats"]

@@ -1,0 +1,130 @@
+"""`pipelines.load_model(folder_or_file, device_map=...)`: one model of any family (diffusers, transformers or
+ours) loaded as the class its folder names, planned by our planner: the model-level counterpart of loading a
+diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would follow (configs and headers only).
+
+    folder -> its class (config.json: `_class_name` / `architectures`), built on meta (`build_component`: our
+              streaming reader, or the owner's for quantized / renamed-key checkpoints)
+    file   -> a single-file checkpoint with its config folder (`config=`), built on meta by diffusers'
+              single-file path (`single_files`)
+    -> a one-component plan at model scope (accelerate's strategy names) -> `place_component`
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from placement.plan_schema import Plan
+
+from ..folder.component_classes import family_of
+from ..folder.hub import HubOptions
+from ..folder.sources import model_folder_class
+from ..hf.single_file import SingleFileError, is_single_file
+from .formats import check_planned_formats, formats_of_metas
+from .layerwise import computing_on_meta
+from .meta import build_component
+from .meta_records import MetaComponent
+from .placing import check_plan_devices, place_component
+from .planning import component_origin, label_dtypes, plan_modules
+from .request import DeviceMapKind, LoadRequest, Scope, resolve_request
+from .single_files import build_single_file_component
+
+MODEL_PATTERNS = ["*.json", "*.safetensors"]
+
+
+def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
+               torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
+               offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
+               subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions()) -> nn.Module:
+    """The model saved in `pretrained` (a folder, a Hub id, or a single-file checkpoint with `config=` the local
+    folder of its config.json), as its own class, placed by our plan (`model.placement_plan`,
+    `model.hf_device_map`). `device_map`: "auto"/"balanced"/"balanced_low_0"/"sequential" (accelerate's
+    model-level meaning), a dict {submodule: device}, one device, or None (the CPU, no plan). `torch_dtype`: the
+    dtype to load in (None: the checkpoint's). `quantization_config`: the owner library's config (diffusers' or
+    transformers' `BitsAndBytesConfig`, `TorchAoConfig`, ...); a GGUF file is read quantized as it is.
+    `layerwise_casting`: a storage dtype (torch.float8_e4m3fn) for the Linear/Conv weights."""
+    request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                           quantization_config=quantization_config, layerwise_casting=layerwise_casting,
+                           offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
+                           progress=progress, hub=hub, weights_required=True)
+    if request.device_map.kind is DeviceMapKind.NONE:
+        return place_component(meta, None, accelerators=request.accelerators, progress=progress).eval()
+    plan = _plan(meta, request)
+    check_plan_devices(plan, request.accelerators)
+    module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
+                             hooks=request.device_map.hooks, progress=progress, offload_folder=offload_folder)
+    module.placement_plan = plan
+    return module.eval()
+
+
+def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
+               torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
+               offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
+               subfolder: str | None = None, hub: HubOptions = HubOptions()) -> Plan:
+    """The plan `load_model` would follow with the same arguments; reads configs and headers only."""
+    request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                           quantization_config=quantization_config, layerwise_casting=layerwise_casting,
+                           offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
+                           progress=False, hub=hub, weights_required=False)
+    return _plan(meta, request)
+
+
+def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weights_required, layerwise_casting,
+           **options) -> tuple[LoadRequest, MetaComponent]:
+    single = is_single_file(pretrained)
+    patterns = [f"{subfolder}/{pattern}" if subfolder else pattern for pattern in MODEL_PATTERNS]
+    request = resolve_request(None if single else pretrained, allow_patterns=patterns, subfolder=subfolder,
+                              hub=hub, scope=Scope.MODEL, device_map=device_map, torch_dtype=torch_dtype, **options)
+    storage = _storage_dtype(layerwise_casting)
+    if single:
+        config_folder = _config_folder(Path(pretrained), config, subfolder)
+        cls = model_folder_class(config_folder)
+        name = cls.__name__
+        meta = build_single_file_component(name, cls, Path(pretrained), config_folder,
+                                           dtype=request.dtypes.for_component(name),
+                                           quantization_config=request.quantization_config, layerwise_casting=storage)
+        return request, meta
+    cls = model_folder_class(request.folder)
+    name = cls.__name__
+    meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
+                           variant=request.variant, weights_required=weights_required,
+                           quantization_config=request.quantization_config, layerwise_casting=storage)
+    return request, meta
+
+
+def _storage_dtype(layerwise_casting: Any) -> torch.dtype | None:
+    if layerwise_casting is None:
+        return None
+    from .layerwise import parse_layerwise_casting
+    return parse_layerwise_casting({"model": layerwise_casting})["model"]
+
+
+def _config_folder(path: Path, config: str | Path | None, subfolder: str | None) -> Path:
+    """The local folder holding the single file's model config.json (`config=`, or its `subfolder`)."""
+    if config is None:
+        raise SingleFileError(
+            f"{path.name} is a single-file checkpoint: give config= the local folder of its model's config.json "
+            "(e.g. the transformer/ folder of the pipeline it belongs to, saved or downloaded once), so that nothing "
+            "is fetched from the Hub."
+        )
+    folder = Path(config) / subfolder if subfolder else Path(config)
+    if not (folder / "config.json").is_file():
+        raise SingleFileError(f"config={str(folder)!r} holds no config.json; give the model's own config folder.")
+    return folder
+
+
+def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
+    plan = plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
+                        dtypes={meta.name: meta.dtype}, max_memory=request.max_memory,
+                        offload_folder=request.offload_folder, call=None, pinned={}, scope=request.scope,
+                        estimating=lambda: computing_on_meta({meta.name: meta}), advise={meta.name: meta},
+                        sizing_dtypes={meta.name: meta.sizing_dtype})
+    plan = label_dtypes(plan, {meta.name: meta.module}, {meta.name: meta.dtype}, {meta.name: component_origin(meta)})
+    check_planned_formats(plan, formats_of_metas({meta.name: meta}))  # one model: nothing else to move aside
+    return plan
+
+
+__all__ = ["load_model", "plan_model"]

@@ -1,0 +1,168 @@
+"""What the planner suggests when a pipeline does not fit resident: the single change to one component that would
+make it fit, or move the fewest bytes, computed by re-planning, never guessed.
+
+For the largest components that are not already small (not quantized, not layerwise-cast), each candidate
+storage is built on a copy of their meta module exactly as a load would build it, and the whole pipeline is
+planned again with the same budgets, strategy, graph and activations:
+- fp8 layerwise casting (`layerwise.with_layerwise_casting`'s layers, diffusers' skip patterns);
+- int8 weight-only (torchao), quantized on meta by torchao itself (`hf.quantizers.materialize_on_meta`);
+- nf4 (bitsandbytes), the owner's quantizer replacing the layers (`hf.quantizers.prepare_on_meta`).
+A candidate is reported when it does better than the plan: everything on accelerators where the plan streams or
+runs on the CPU, else fewer bytes moved per call (`Plan.transfer_bytes_per_call`, where the plan has it).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from accelerate.utils import set_module_tensor_to_device
+from torch import nn
+
+import placement
+from placement.devices import device_label
+from placement.errors import PlacementError
+from placement.plan_schema import Plan, VerdictKind
+from placement.sizes import format_bytes
+
+from ..folder.component_classes import Family
+from ..hf.quantizers import (
+    ComponentQuantization, QuantizationMethod, materialize_on_meta, owner_quantizer, prepare_on_meta,
+    quantized_parameter_names,
+)
+from .layerwise import casting_config, cast_tensor_names, compute_dtype
+from .meta_records import MetaComponent
+from .owner_meta import cast_floating_meta
+
+_RANK = {VerdictKind.FITS: 0, VerdictKind.OFFLOADED: 1, VerdictKind.PARTLY_CPU: 2, VerdictKind.NO_FIT: 3}
+MAX_COMPONENTS = 2  # the largest components are the ones whose storage changes the outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One single change: component `component` stored as `label`, its meta module built by `build`."""
+
+    component: str
+    label: str
+    build: Callable[[], nn.Module]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replanning:
+    """What `placement.plan` was called with, to call it again with one component changed."""
+
+    modules: Mapping[str, nn.Module]
+    arguments: Mapping[str, Any]  # max_memory, strategy, graph, dtype, offload_folder, scope, ...
+
+
+def suggestions(plan: Plan | None, metas: Mapping[str, MetaComponent], replanning: Replanning) -> list[str]:
+    """One line per single change that does better than `plan` (None: the plan did not fit at all)."""
+    if plan is not None and plan.verdict.kind is VerdictKind.FITS and not _moved(plan):
+        return []
+    best: dict[str, tuple[Candidate, Plan]] = {}  # per component: its least lossy change with the best outcome
+    for candidate in candidates(metas):
+        changed = {**replanning.modules, candidate.component: candidate.build()}
+        try:
+            other = placement.plan(changed, **_sized_as_built(replanning.arguments, candidate.component))
+        except PlacementError:
+            continue
+        current = best.get(candidate.component)
+        if _better(other, plan) and (current is None or _better(other, current[1])):
+            best[candidate.component] = (candidate, other)
+    return [_describe(candidate, other) for candidate, other in best.values()]
+
+
+def _sized_as_built(arguments: Mapping[str, Any], component: str) -> dict[str, Any]:
+    """The plan's arguments with `component` sized as its copy holds it (fp8 storage is not a torch_dtype)."""
+    dtype = arguments.get("dtype")
+    if not isinstance(dtype, Mapping):
+        dtype = {name: dtype for name in ("default",)} if dtype is not None else {}
+    return {**arguments, "dtype": {**dtype, component: None}}
+
+
+def candidates(metas: Mapping[str, MetaComponent]) -> list[Candidate]:
+    """The candidate changes of the largest components still stored at full precision, smallest change first."""
+    eligible = [meta for meta in metas.values() if meta.quantization is None and meta.layerwise_casting is None]
+    largest = sorted(eligible, key=lambda meta: -_bytes(meta.module))[:MAX_COMPONENTS]
+    found = []
+    for meta in largest:
+        found.append(Candidate(component=meta.name, label="fp8 layerwise casting",
+                               build=lambda meta=meta: _layerwise_copy(meta)))
+        if not any(isinstance(layer, nn.Linear) for layer in meta.module.modules()):
+            continue  # the quantizers replace Linear layers only (a VAE's convolutions stay as they are)
+        if meta.family is not Family.OWN and importlib.util.find_spec("torchao") is not None:
+            found.append(Candidate(component=meta.name, label="int8 weight-only (torchao)",
+                                   build=lambda meta=meta: _quantized_copy(meta, _torchao_int8(meta))))
+        if meta.family is not Family.OWN and importlib.util.find_spec("bitsandbytes") is not None:
+            found.append(Candidate(component=meta.name, label="nf4 (bitsandbytes)",
+                                   build=lambda meta=meta: _quantized_copy(meta, _nf4(meta))))
+    return found
+
+
+def _bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.parameters())
+
+
+def _layerwise_copy(meta: MetaComponent) -> nn.Module:
+    """A copy sized as `layerwise.with_layerwise_casting` sizes the component (the others in the compute dtype)."""
+    copied = copy.deepcopy(meta.module)
+    cast_floating_meta(copied, meta.dtype, keep_in_fp32=meta.keep_in_fp32)
+    storage = torch.float8_e4m3fn
+    for name in cast_tensor_names(copied, casting_config(copied, storage, compute_dtype(meta))):
+        set_module_tensor_to_device(copied, name, "meta", dtype=storage)
+    return copied
+
+
+def _quantized_copy(meta: MetaComponent, quantization: ComponentQuantization) -> nn.Module:
+    module = copy.deepcopy(meta.module)
+    quantizer = owner_quantizer(quantization, meta.family)
+    prepare_on_meta(module, quantizer, meta.family, dtype=compute_dtype(meta), keep_in_fp32=list(meta.keep_in_fp32))
+    materialize_on_meta(module, quantization, quantized_parameter_names(module, quantizer, meta.family))
+    return module
+
+
+def _library(meta: MetaComponent):
+    return importlib.import_module("diffusers" if meta.family is Family.DIFFUSERS else "transformers")
+
+
+def _nf4(meta: MetaComponent) -> ComponentQuantization:
+    config = _library(meta).BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_compute_dtype=compute_dtype(meta))
+    return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.BITSANDBYTES_4BIT)
+
+
+def _torchao_int8(meta: MetaComponent) -> ComponentQuantization:
+    from torchao.quantization import Int8WeightOnlyConfig
+    config = _library(meta).TorchAoConfig(Int8WeightOnlyConfig())
+    return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.TORCHAO)
+
+
+def _moved(plan: Plan) -> int:
+    return getattr(plan, "transfer_bytes_per_call", 0) or 0
+
+
+def _better(other: Plan, plan: Plan | None) -> bool:
+    if plan is None:
+        return True
+    if _RANK[other.verdict.kind] != _RANK[plan.verdict.kind]:
+        return _RANK[other.verdict.kind] < _RANK[plan.verdict.kind]
+    return _moved(other) < _moved(plan)
+
+
+def _describe(candidate: Candidate, other: Plan) -> str:
+    component = other.components[candidate.component]
+    size = format_bytes(component.bytes)
+    where = sorted({device_label(d) for c in other.components.values() for d in c.devices})
+    if other.verdict.kind is VerdictKind.FITS:
+        outcome = f"everything fits on {', '.join(where)}"
+    else:
+        outcome = f"{other.verdict.kind.value}"
+    moved = getattr(other, "transfer_bytes_per_call", None)
+    moves = "" if moved is None else f", moves {format_bytes(moved)} per call"
+    return f"Suggestion: with {candidate.component} in {candidate.label} ({size}) {outcome}{moves}."
+
+
+__all__ = ["Candidate", "Replanning", "candidates", "suggestions"]

@@ -1,0 +1,10 @@
+"""The transfer model (DESIGN.md, "When it does not fit: what moves per call"): what crosses host -> accelerator
+per call, and the search for the plan that moves the least.
+
+inputs.py      `runs_per_call` and `link_bandwidth` as `placement.plan` takes them, checked
+host_split.py  a component's host-homed units: loaded once per call or streamed at every run
+fill.py        partial residency: as many units resident as the other phases leave room for
+completion.py  every component's `ComponentTransfer` from its device map, for any strategy
+search.py      the residency levels x home accelerator candidates (`strategies.residency` builds them)
+reference.py   the issue's reference policy: the bar the planner never falls below (tests, benchmarks)
+"""

@@ -1,0 +1,145 @@
+"""Which host-homed weights of a component are loaded once per call and which stream at every run.
+
+A component whose weights are partly or wholly homed in CPU RAM (or on disk) and that executes on an
+accelerator brings them there in its phase. Two ways (DESIGN.md, "When it does not fit"):
+- loaded per call: moved when its phase starts, kept through its `runs` runs (a denoiser's steps), released
+  after: one copy per call, but all of it on the device at once;
+- streamed: block by block at every run, the next block prefetched while one computes: `runs` copies per call,
+  but only two blocks on the device at once (`STREAM_BUFFER_BLOCKS`).
+The rest (everything outside the blocks) is needed for the whole run, so it is never streamed: it is loaded
+per call. With `room` bytes free in the phase (after the resident weights, the activations and the overhead),
+the split that moves the fewest bytes per call is chosen; a component that runs once moves the same bytes
+either way, so it streams every block (the lower peak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Optional, Sequence
+
+from ..streaming import RESIDENT_BLOCKS, TransferUnit
+
+STREAM_BUFFER_BLOCKS = RESIDENT_BLOCKS  # one block computing, the next one prefetched
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSplit:
+    """The host-homed units of one component, split into loaded-per-call and streamed ones."""
+
+    per_call: tuple[TransferUnit, ...]
+    streamed: tuple[TransferUnit, ...]
+    fits: bool = True  # False: even the minimum (rest + two blocks) exceeds the room given
+
+    @cached_property
+    def loaded_bytes(self) -> int:
+        return sum(unit.bytes for unit in self.per_call)
+
+    @cached_property
+    def streamed_bytes(self) -> int:
+        return sum(unit.bytes for unit in self.streamed)
+
+    @cached_property
+    def buffer_bytes(self) -> int:
+        """The blocks in flight at once: the two largest streamed ones."""
+        return stream_buffer(unit.bytes for unit in self.streamed)
+
+    @cached_property
+    def phase_weights(self) -> int:
+        """Host-homed weights on the execution device at once in the phase: loaded per call + in flight."""
+        return self.loaded_bytes + self.buffer_bytes
+
+    def bytes_per_call(self, runs: int) -> int:
+        return self.loaded_bytes + runs * self.streamed_bytes
+
+
+def stream_buffer(block_bytes) -> int:
+    return sum(sorted(block_bytes, reverse=True)[:STREAM_BUFFER_BLOCKS])
+
+
+def minimum_phase_weights(host: Sequence[TransferUnit]) -> int:
+    """The least a component's host-homed units need on its execution device: the rest and two blocks."""
+    return sum(u.bytes for u in host if not u.block) + stream_buffer(u.bytes for u in host if u.block)
+
+
+def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[int]) -> HostSplit:
+    """The per-call / streamed split of `host` (in unit order) moving the fewest bytes per call within `room`
+    (None: unlimited). When even the minimum does not fit, the minimum, marked `fits=False`."""
+    rest = tuple(u for u in host if not u.block)
+    blocks = tuple(u for u in host if u.block)
+    minimum = HostSplit(per_call=rest, streamed=blocks)
+    if room is not None and minimum.phase_weights > room:
+        return HostSplit(per_call=rest, streamed=blocks, fits=False)
+    if runs == 1 or not blocks:
+        return minimum  # the same bytes per call either way: the lower peak
+    if room is None or sum(u.bytes for u in host) <= room:
+        return HostSplit(per_call=tuple(host), streamed=())
+    over = minimum.loaded_bytes + sum(b.bytes for b in blocks) - room
+    candidates = [_fewest_streamed(blocks, over=over), _in_order(blocks, room=room - minimum.loaded_bytes)]
+    streamed = min(candidates, key=lambda chosen: sum(u.bytes for u in chosen))
+    chosen = {id(unit) for unit in streamed}
+    return HostSplit(per_call=tuple(u for u in host if id(u) not in chosen),
+                     streamed=tuple(u for u in blocks if id(u) in chosen))
+
+
+def _in_order(blocks: Sequence[TransferUnit], *, room: int) -> list[TransferUnit]:
+    """The reference policy's split: room kept for the two largest blocks in flight, the blocks that fit in
+    what is left loaded per call (execution order, first fit), the others streamed."""
+    left = room - stream_buffer(u.bytes for u in blocks)
+    streamed = []
+    for unit in blocks:
+        if unit.bytes <= left:
+            left -= unit.bytes
+        else:
+            streamed.append(unit)
+    return streamed
+
+
+def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[TransferUnit]:
+    """The blocks to stream, fewest bytes: beyond the two in flight (the two largest streamed ones), the streamed
+    blocks must add up to `over` (what loading everything per call exceeds the room by).
+
+    For each block size as the smaller of the two in flight (the other one as small as the blocks allow), the
+    kept-out blocks are taken from the sizes no larger, largest first; the cheapest choice wins. Blocks of one
+    size (most models) give the obvious answer; two sizes (FLUX's double and single blocks) stream the small
+    ones with two small ones in flight when that moves less. Everything when nothing else fits."""
+    sizes = sorted({unit.bytes for unit in blocks})
+    counts = {size: sum(1 for unit in blocks if unit.bytes == size) for size in sizes}
+    best = None
+    for index, low in enumerate(sizes):
+        high = low if counts[low] >= 2 else next((s for s in sizes[index + 1:]), None)
+        if high is None:
+            continue
+        left = dict(counts)
+        left[low] -= 1
+        left[high] -= 1
+        taken = _cover(over, {size: left[size] for size in sizes[: index + 1]})
+        if taken is None:
+            continue
+        total = low + high + sum(size * n for size, n in taken.items())
+        if best is None or total < best[0]:
+            wanted = dict(taken)
+            for size in (low, high):
+                wanted[size] = wanted.get(size, 0) + 1
+            best = (total, wanted)
+    if best is None:
+        return list(blocks)
+    wanted = best[1]
+    chosen = []
+    for unit in reversed(blocks):  # the last ones in execution order stream; the first ones load per call
+        if wanted.get(unit.bytes, 0):
+            wanted[unit.bytes] -= 1
+            chosen.append(unit)
+    return chosen
+
+
+def _cover(over: int, available: dict[int, int]) -> dict[int, int] | None:
+    """How many blocks of each size (largest first) add up to at least `over`; None when they cannot."""
+    taken, total = {}, 0
+    for size in sorted(available, reverse=True):
+        if total >= over:
+            break
+        count = min(available[size], -(-(over - total) // size))
+        taken[size] = count
+        total += count * size
+    return taken if total >= over else None

@@ -1,0 +1,132 @@
+"""The `placement` command forgives habits and speaks to scripts: suggestions for mistyped flags and commands,
+`--max_memory` spellings, `--json -`, a reader that closes the pipe, `python -m placement`, budgets typed
+without a unit, and the advice a plan's outcome calls for (bf16, a detected CPU budget, the runtime overhead)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from placement import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+
+
+def python(*args: str, stdin=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def argparse_exit(argv, capsys) -> tuple[int, str]:
+    """argparse's exit code and what it printed (help on stdout, errors on stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out + captured.err
+
+
+def test_a_mistyped_flag_or_command_gets_the_closest_one(capsys):
+    code, err = argparse_exit(["plan", "tiny-dit", "--max-memroy", "0=1GiB"], capsys)
+    assert code == 2 and "unrecognized argument" in err and "--max-memroy (did you mean --max-memory?)" in err
+    code, err = argparse_exit(["pln", "tiny-dit"], capsys)
+    assert code == 2 and "unknown command 'pln' (did you mean plan?)" in err
+
+
+def test_underscore_spellings_work_and_stay_out_of_help(tmp_path, capsys):
+    target = tmp_path / "plan.json"
+    assert main(["plan", "tiny-dit", "--max_memory", "2x1GiB,cpu=2GiB", "--offload_folder", str(tmp_path),
+                 "--json", str(target)]) == 0
+    assert Plan.from_json(target.read_text()).inputs.max_memory == {0: 2**30, 1: 2**30, "cpu": 2 * 2**30}
+    assert main(["plan", "tiny-dit", "--max_memory=cpu=2GiB", "--height", "64", "--width", "64",
+                 "--batch_size", "2"]) == 0
+    assert "batch_size=2" in capsys.readouterr().out
+    code, help_text = argparse_exit(["plan", "--help"], capsys)
+    assert code == 0 and "--max-memory" in help_text and "--max_memory" not in help_text
+
+
+def test_json_dash_is_stdout_alone_and_the_table_goes_to_stderr(capsys):
+    assert main(["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert Plan.from_json(captured.out).device_map  # stdout parses as a plan: nothing else is on it
+    assert captured.err.startswith("Verdict: ") and "Plan written to stdout" in captured.err
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    shell = (f"{sys.executable} -m pipelines.cli plan flux-like --max-memory 2x24GiB,cpu=64GiB --dtype bf16 "
+             "--json - | head -c 10")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == '{\n  "schem' and "Broken pipe" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_python_dash_m_placement_is_the_command_and_placement_still_imports_no_pipelines():
+    done = python("-m", "placement", "plan", "tiny-dit", "--max-memory", "cpu=2GiB")
+    assert done.returncode == 0 and done.stdout.startswith("Verdict: "), done.stderr
+    probe = python("-c", "import placement, sys; print('pipelines' in sys.modules)")
+    assert probe.stdout.strip() == "False"
+
+
+def test_demo_output_with_a_non_image_extension_names_it(capsys):
+    code, err = argparse_exit(["demo", "--output", "out.txt"], capsys)
+    assert code == 2 and "extension '.txt' is not an image format" in err and "demo.png" in err
+    assert "internal error" not in err
+
+
+def test_a_budget_without_its_unit_is_refused_and_a_zero_gpu_warned_about(capsys):
+    assert main(["plan", "tiny-dit", "--max-memory", "0=24"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-memory 0=24: '24' means 24 bytes" in err and "did you mean '24GiB'?" in err
+    assert main(["plan", "tiny-dit", "--max-memory", "0=0GiB,1=1GiB,cpu=2GiB"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("--max-memory gives GPU 0 a budget of 0 bytes") == 1 and "max_memory" not in err
+
+
+def test_an_fp32_plan_that_fails_says_what_bf16_would_do_and_that_the_cpu_budget_was_detected(capsys):
+    assert main(["plan", "flux-like", "--max-memory", "2x16GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "must go to disk" in err  # the original error, then what would help, computed
+    assert "This plan is in float32; in bfloat16 (--dtype bf16, half the bytes) it fits on accelerators" in err
+    assert "The CPU budget was detected on this machine" in err and "--max-memory 2x16GiB,cpu=64GiB" in err
+
+
+def test_an_offloaded_fp32_plan_says_what_bf16_would_do(capsys):
+    assert main(["plan", "flux-like", "--max-memory", "2x24GiB,cpu=128GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Verdict: fits with offloading")
+    assert "hint: This plan is in float32; in bfloat16 (--dtype bf16, half the bytes) it fits on accelerators" in out
+    assert main(["plan", "flux-like", "--max-memory", "2x24GiB,cpu=128GiB", "--dtype", "bf16"]) == 0
+    assert "hint:" not in capsys.readouterr().out  # it fits: nothing to add
+
+
+def test_gpus_left_empty_by_the_runtime_overhead_are_explained(capsys):
+    assert main(["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", "--height", "64", "--width", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0 and GPU 1 hold nothing: with a call planned for, each GPU in use keeps 1.00 GiB" in out
+    assert "a budget of 1.00 GiB each leaves no room" in out
+
+
+def test_steps_plan_the_call_num_inference_steps(tmp_path, capsys):
+    target = tmp_path / "plan.json"
+    assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--height", "64", "--width", "64",
+                 "--steps", "28", "--json", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "Planned for the call: height=64, width=64, num_inference_steps=28" in out
+    call = json.loads(target.read_text())["inputs"]["call"]
+    # Once the planner takes num_inference_steps the plan records it; until then the CLI says it was not used.
+    assert call.get("num_inference_steps") == 28 or "--steps 28 is not used by this planner" in out
+
+
+def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys):
+    assert main(["plan", "./no-such-pipeline", "--max-memory", "2x24GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "No such folder: './no-such-pipeline'" in err and "CPU budget" not in err and "bfloat16" not in err

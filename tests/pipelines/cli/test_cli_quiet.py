@@ -1,0 +1,63 @@
+"""`pipelines.hf.quiet`: what other libraries print during our plans and loads is silenced, ours is not, and
+everything is as it was afterwards; `placement plan` / `run` of a diffusers folder print only our own lines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.hf.quiet import quiet
+
+ROOT = Path(__file__).resolve().parents[2]
+NOISE = ("torchvision", "Failed to load", "_pytree", "kernels", "Unable to import", "Loading weights")
+
+
+def test_third_party_logs_and_warnings_are_silenced_inside_and_restored_after(caplog):
+    logger = logging.getLogger("transformers.models.clip")
+    before = {name: logging.getLogger(name).level for name in ("transformers", "diffusers", "torchao")}
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet():
+            logger.warning("falls back to PIL")
+            warnings.warn_explicit("deprecated internals", FutureWarning, "x.py", 1, module="diffusers.utils")
+            warnings.warn("ours: no accelerator to plan for", UserWarning)
+            logging.getLogger("diffusers").error("a real error still shows")
+    assert [record.getMessage() for record in caplog.records] == ["a real error still shows"]
+    assert [str(warning.message) for warning in caught] == ["ours: no accelerator to plan for"]
+    assert {name: logging.getLogger(name).level for name in before} == before
+
+
+def test_progress_bars_of_transformers_are_off_inside_and_back_after():
+    transformers_logging = pytest.importorskip("transformers.utils.logging")
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    assert transformers_logging.is_progress_bar_enabled()
+    with quiet(preload=("transformers",)):
+        assert not transformers_logging.is_progress_bar_enabled()
+        assert not are_progress_bars_disabled()  # downloads keep their bar
+    assert transformers_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_run_of_a_diffusers_folder_prints_only_our_lines(tmp_path):
+    pytest.importorskip("transformers")
+    from test_diffusers_pipelines import build_sd
+
+    torch.manual_seed(0)
+    build_sd(tmp_path / "parts").save_pretrained(tmp_path / "sd")
+    (tmp_path / "prompts.txt").write_text("a lighthouse\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["run", str(tmp_path / "sd"), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "images"),
+            "--steps", "1", "--max-memory", "cpu=2GiB"]  # reads the class, plans (as `plan` does), loads, runs
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not [word for word in NOISE if word in done.stdout + done.stderr], done.stderr
+    assert done.stdout.startswith("Verdict: ") and (tmp_path / "images" / "00000.png").is_file()

@@ -1,0 +1,69 @@
+"""Pinning means what the user meant: a component passed in stays where its own map puts weights on an
+accelerator (or when named in `pin=`); the `{'': 'cpu'}` map diffusers leaves on `from_single_file` models and on
+CPU `device_map="auto"` loads is placed like any other component, and the plan says so in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipelines
+from pipelines import TextToImagePipeline
+
+from pipeline_fixtures import generate, save_preset
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder, pipe = save_preset(tmp_path_factory.mktemp("pins") / "tiny-dit")
+    return folder, generate(pipe)
+
+
+def _denoiser_loaded_by_default(folder):
+    denoiser = pipelines.load_model(folder / "denoiser", device_map=None, progress=False)
+    denoiser.hf_device_map = {"": "cpu"}  # what diffusers' from_single_file / a CPU "auto" load leaves behind
+    return denoiser
+
+
+def test_a_cpu_map_from_a_default_load_is_placed_like_the_others(two_gpus, saved):
+    folder, expected = saved
+    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               denoiser=_denoiser_loaded_by_default(folder), progress=False)
+    plan = pipe.placement_plan
+    assert plan.components["denoiser"].execution_device in (0, 1) and not plan.components["denoiser"].pinned
+    assert {t.device.type for t in pipe.denoiser.parameters()} == {"vgpu"}
+    notes = [note for note in plan.warnings if "passed in with hf_device_map" in note]
+    assert len(notes) == 1 and "denoiser" in notes[0] and "placed like the other components" in notes[0]
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_pin_keeps_a_passed_component_where_it_is(two_gpus, saved):
+    folder, expected = saved
+    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               denoiser=_denoiser_loaded_by_default(folder), pin=["denoiser"],
+                                               progress=False)
+    component = pipe.placement_plan.components["denoiser"]
+    assert component.pinned and component.execution_device == "cpu"
+    assert {t.device.type for t in pipe.denoiser.parameters()} == {"cpu"}
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_a_map_on_an_accelerator_is_kept_there(two_gpus, saved):
+    folder, expected = saved
+    denoiser = pipelines.load_model(folder / "denoiser", device_map=1, progress=False)
+    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               denoiser=denoiser, progress=False)
+    assert pipe.placement_plan.components["denoiser"].pinned
+    assert pipe.placement_plan.components["denoiser"].device_map == {"": 1}
+    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+
+
+def test_pin_names_only_components_passed_in(saved):
+    folder, _ = saved
+    with pytest.raises(pipelines.FormatOptionError, match=r"pin=\['vae'\] names \['vae'\], which were not passed"):
+        TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, pin=["vae"])

@@ -1,0 +1,155 @@
+"""Quantized components offloaded by our runtime: their tensors move as they are (never dequantized on the host)
+and the output equals the owner's load; what a format cannot do is refused when the plan is made.
+
+Run on one virtual accelerator that is the plain CPU (`PLACEMENT_VIRTUAL_STRICT=0`): torchao's, quanto's and
+diffusers' GGUF tensor subclasses cannot be nested inside the strict mode's own tensor subclass, and the point
+here is what the offload runtime does to them (which tensors move, in which form), not device bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hooks
+import pipelines
+from placement.quantized_sizing import is_quantized_tensor
+
+from quantized_models import diffusers, real_storage, run, save_flux, save_t5, transformers, write_gguf
+
+pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for", "ignore::FutureWarning")
+torchao = pytest.importorskip("torchao.quantization")
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def one_cpu_backed_gpu(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")
+
+
+def quantized_classes(module) -> set[str]:
+    return {type(t).__name__ for t in module.parameters() if is_quantized_tensor(t)}
+
+
+def place_offloaded(module):
+    """`module` in a generic pipeline placed with a GPU budget of 60% of it: offloaded (group offload)."""
+    pipe = pipelines.Pipeline()
+    pipe.register_components(model=module)
+    plan = pipelines.place(pipe, max_memory={0: real_storage(module) * 6 // 10, "cpu": "1GiB"})
+    assert plan.components["model"].kind.value == "offloaded"
+    return pipe
+
+
+STREAMED_BLOCKS = {"": 0, "single_transformer_blocks": "cpu", "transformer_blocks": "cpu"}  # model-level streaming
+
+
+def _torchao(folder):
+    config = diffusers.TorchAoConfig(torchao.Int8WeightOnlyConfig())
+    return dict(quantization_config=config, torch_dtype=BF16), diffusers.FluxTransformer2DModel.from_pretrained(
+        folder, quantization_config=config, torch_dtype=BF16).eval()
+
+
+def _torchao_fp8(folder):
+    config = diffusers.TorchAoConfig(torchao.Float8WeightOnlyConfig())
+    return dict(quantization_config=config, torch_dtype=BF16), diffusers.FluxTransformer2DModel.from_pretrained(
+        folder, quantization_config=config, torch_dtype=BF16).eval()
+
+
+def _quanto(folder):
+    pytest.importorskip("optimum.quanto")
+    config = diffusers.QuantoConfig("int8")
+    dtype = torch.float32  # quanto's CPU int8 kernel for bf16 can crash under torch 2.13 (see test_quantized_formats)
+    return dict(quantization_config=config, torch_dtype=dtype), diffusers.FluxTransformer2DModel.from_pretrained(
+        folder, quantization_config=config, torch_dtype=dtype).eval()
+
+
+def _gguf(folder):
+    pytest.importorskip("gguf")
+    path = write_gguf(diffusers.FluxTransformer2DModel.from_pretrained(folder).state_dict(),
+                      folder.parent / "f.gguf", "Q8_0")
+    reference = diffusers.FluxTransformer2DModel.from_single_file(
+        str(path), config=str(folder), local_files_only=True, torch_dtype=BF16,
+        quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=BF16)).eval()
+    return dict(config=folder, torch_dtype=BF16, pretrained=path), reference
+
+
+FORMATS = {"torchao int8": (_torchao, "Int8Tensor"), "torchao fp8": (_torchao_fp8, "Float8Tensor"),
+           "quanto int8": (_quanto, "WeightQBytesTensor"),
+           "gguf Q8_0": (_gguf, "GGUFParameter")}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_group_offloaded_moves_quantized_tensors_as_they_are(name, one_cpu_backed_gpu, tmp_path):
+    make, kind = FORMATS[name]
+    folder = save_flux(tmp_path, layers=4)
+    options, reference = make(folder)
+    expected = run(reference)
+    pipe = place_offloaded(reference)
+    with hooks.measure_transfers() as meter:
+        assert torch.equal(run(pipe.model), expected)
+    assert quantized_classes(pipe.model) == {kind}  # never dequantized on the host
+    # One call streams every group once, each tensor at its quantized storage (not as dense bf16/fp32).
+    assert meter.weights.host_to_accelerator_bytes == real_storage(pipe.model)
+    pipe.reset_device_map()
+    assert quantized_classes(pipe.model) == {kind}
+
+
+def test_fp8_layerwise_cast_weights_are_offloaded_in_fp8(one_cpu_backed_gpu, tmp_path):
+    folder = save_flux(tmp_path, layers=4)
+    model = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
+    reference = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
+    reference.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=BF16)
+    pipe = pipelines.Pipeline()
+    pipe.register_components(model=model)
+    plan = pipelines.place(pipe, layerwise_casting={"model": torch.float8_e4m3fn},
+                           max_memory={0: real_storage(reference) * 6 // 10, "cpu": "1GiB"})
+    assert plan.components["model"].kind.value == "offloaded"
+    assert plan.components["model"].bytes == real_storage(reference)
+    with hooks.measure_transfers() as meter:
+        assert torch.equal(run(pipe.model), run(reference))
+    assert meter.weights.host_to_accelerator_bytes == real_storage(reference)  # fp8 bytes moved, not bf16
+
+
+def test_streamed_blocks_of_a_loaded_torchao_model_equal_diffusers(one_cpu_backed_gpu, tmp_path):
+    folder = save_flux(tmp_path)
+    options, reference = _torchao(folder)
+    pretrained = options.pop("pretrained", folder)
+    model = pipelines.load_model(pretrained, device_map=STREAMED_BLOCKS, progress=False, **options)
+    assert next(iter(model.placement_plan.components.values())).kind.value == "offloaded"
+    assert torch.equal(run(model), run(reference))
+    assert quantized_classes(model) == {"Int8Tensor"}
+
+
+@pytest.mark.parametrize("name", ["quanto int8", "gguf Q8_0"])
+def test_streaming_quanto_or_gguf_module_by_module_is_refused_when_planned(name, one_cpu_backed_gpu, tmp_path):
+    make, _ = FORMATS[name]
+    options, _ = make(save_flux(tmp_path))
+    pretrained = options.pop("pretrained", tmp_path / "flux")
+    with pytest.raises(pipelines.FormatPlacementError, match="streamed module by module.*offload it whole"):
+        pipelines.plan_model(pretrained, device_map=STREAMED_BLOCKS, **options)
+
+
+def test_bitsandbytes_offloaded_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    folder = save_t5(tmp_path)
+    config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=BF16)
+    streamed = {"shared": 0, "encoder.block.0": 0, "encoder.block.1": "cpu", "encoder.final_layer_norm": 0}
+    with pytest.raises(pipelines.FormatPlacementError, match=r"'T5EncoderModel' \(fp4 \(bitsandbytes\).*streamed"):
+        pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, device_map=streamed,
+                             max_memory={0: "1GiB", "cpu": "1GiB"})
+    quantized = transformers.T5EncoderModel.from_pretrained(folder, quantization_config=config, dtype=BF16)
+    pipe = pipelines.Pipeline()
+    pipe.register_components(model=quantized)
+    with pytest.raises(pipelines.FormatPlacementError, match=r"'model' \(fp4 \(bitsandbytes\)"):
+        pipelines.place(pipe, device_map={"model": streamed}, max_memory={0: "1GiB", "cpu": "1GiB"})
+    assert pipe.hf_device_map is None  # refused before anything moved
+    whole = pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, max_memory={0: "1GiB"})
+    assert next(iter(whole.components.values())).kind.value == "whole"
+
+
+def test_a_quantized_component_on_disk_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
+    folder = save_flux(tmp_path)
+    config = diffusers.TorchAoConfig(torchao.Int8WeightOnlyConfig())
+    with pytest.raises(pipelines.FormatPlacementError, match="disk.*safetensors files, which hold plain tensors only"):
+        pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, offload_folder=tmp_path / "off",
+                             max_memory={0: "8KiB", "cpu": "8KiB"})
