@@ -14,9 +14,9 @@ from a bytes-per-parameter table. GGUF variants are read from a file's headers, 
 
 Columns: the pipeline's planned weight bytes, the ratio to dense bf16, and per GPU inventory the plan's verdict
 (fits / offl = fits with offloading / cpu = runs partly on the CPU / none = no plan) with the bytes moved over
-the bus per call when the plan carries its transfer model (`Plan.transfer_bytes_per_call`; "-" until the
-per-call transfer model is merged into `placement.plan`). Weights only (no call): the activation peaks are
-the same for every variant and are planned with `call=` in benchmarks/real_pipelines.py.
+the bus per call (`Plan.transfer_bytes_per_call`, at the pipeline's default steps); "plan s": seconds for the
+row's four plans (its size and the three GPUs), suggestions included. Weights only (no call): the activation
+peaks are the same for every variant and are planned with `call=` in benchmarks/transfers.py.
 """
 
 from __future__ import annotations
@@ -101,8 +101,7 @@ def cell(folder: Path, gib: int, options: dict) -> str:
         result = plan(folder, gib, options)
     except PlacementError:
         return "none"
-    moved = getattr(result, "transfer_bytes_per_call", None)
-    return f"{SHORT[result.verdict.kind.value]} {'-' if moved is None else f'{moved / GiB:.1f}G'}"
+    return f"{SHORT[result.verdict.kind.value]} {result.transfer_bytes_per_call / GiB:.1f}G"
 
 
 def rows(family: str, root: Path) -> list[list[str]]:
@@ -131,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in table:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths)))
     print("\nGiB: planned weight bytes of the whole pipeline; x dense: ratio to dense bf16; fits / offl / cpu: the "
-          "plan's verdict on one GPU of that size with 64 GiB of RAM; moved/call: host->GPU bytes per call ('-' "
-          "until placement.plan carries the per-call transfer model).")
+          "plan's verdict on one GPU of that size with 64 GiB of RAM (none: no plan); moved/call: host->GPU bytes "
+          "per call in steady state; plan s: seconds for the row's four plans.")
     return 0
 
 

@@ -32,9 +32,10 @@ What each anchor moves, from its semantics (diffusers 0.42):
   model-offloaded one runs), and group / sequential offload onto a GPU (same bytes; group where it fits). All
   combinations are tried; the cheapest that fits every phase wins.
 - reference: `placement.transfers.reference.reference_transfer` (the issue's p_k policy, at block granularity).
-- bound: what no plan of the memory model can beat. A component k whose weights exceed the GPUs' pooled
-  room in its phase (sum of budgets - overheads - its activations) streams at least the excess plus its two
-  smallest blocks at every run; every byte not resident moves at least once, and at most the pooled room less
+- bound: what no plan of the memory model can beat. A component k whose weights exceed the GPUs' room in its
+  phase (the best over the m roomiest GPUs of sum(budget - overhead - its activations): a split computes blocks,
+  with their activations, on every GPU it spans) streams at least the excess plus its two smallest blocks at
+  every run; every byte not resident moves at least once, and at most the pooled room less
   the largest activation peak is resident: bound = sum_k (runs_k - 1) x forced_k + max(0, weights - resident).
 Ratios are ours / theirs over the scenarios where the pipeline does not fit resident and both fit (< 1: we
 move less); the summary gives their median and worst (largest).
@@ -163,13 +164,21 @@ def bound(parts, gibs) -> int | None:
     pooled = sum(g * GiB - ACCELERATOR_RUNTIME_OVERHEAD for g in gibs)
     forced = 0
     for p in parts:
-        room = pooled - p.activation
+        room = _phase_room(p, gibs)
         if p.bytes > room:
             if not p.smallest_blocks:
                 return None  # nothing to stream: it cannot run at all
             forced += (p.runs - 1) * (p.bytes - room + p.smallest_blocks)
     resident = max(0, pooled - max(p.activation for p in parts))
     return forced + max(0, sum(p.bytes for p in parts) - resident)
+
+
+def _phase_room(part: Part, gibs) -> int:
+    """The most of `part` the GPUs can hold in its phase: its activations on every GPU it computes blocks on
+    (a split runs each block with the whole sequence there), so on the m roomiest GPUs, the best m (every m, also
+    for a component whose layout keeps blocks together: a bound may only be too low)."""
+    rooms = sorted((g * GiB - ACCELERATOR_RUNTIME_OVERHEAD - part.activation for g in gibs), reverse=True)
+    return max(sum(max(0, room) for room in rooms[:m]) for m in range(1, len(rooms) + 1))
 
 
 def ours(pipeline: Pipeline, gibs) -> tuple[int | None, float]:

@@ -139,9 +139,20 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
             serve_weights(modules[key], key, main, weights_map, tied_params_map)
         else:
             device = device_map[key]
-            for entry in _called_modules(modules[key]):
+            for entry in _inputs_arrive_at(modules[key], key):
                 _add_hook(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
     retie_parameters(module, tied_params)  # offloading tied weights to meta unties them
+
+
+def _inputs_arrive_at(entry: nn.Module, key: str) -> list[nn.Module]:
+    """The modules of a split entry whose inputs may come from another device. Besides the entry (or its called
+    children), its token embeddings: multimodal parents (Gemma3, Mistral3, Llava) call
+    `get_input_embeddings()(input_ids)` themselves, so the ids reach the embedding without passing the entry's
+    hook. An embedding's one input is a small tensor of ids: the extra hook moves next to nothing."""
+    called = _called_modules(entry)
+    if key == "":  # a whole component: its top hook sees every call
+        return called
+    return called + [m for m in entry.modules() if isinstance(m, nn.Embedding) and not any(m is c for c in called)]
 
 
 def _called_modules(entry: nn.Module) -> list[nn.Module]:

@@ -19,7 +19,7 @@ transfer plans existed. Accelerator indices become torch devices through `placem
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,11 +71,15 @@ class PlacedModules:
 
 
 def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
-               disk_weights: Mapping[str, DiskWeights] | None = None) -> PlacedModules:
+               disk_weights: Mapping[str, DiskWeights | None] | None = None,
+               placed_by_owner: Collection[str] = ()) -> PlacedModules:
     """Attach the runtime of every component of `plan` to `modules` (the loaded components, by name), with
     the state the components share (one per-call coordinator per accelerator). `disk_weights`: each
-    component's offload index for its "disk" weights. If one component fails, those already done are undone."""
-    missing = [name for name in plan.components if name not in modules]
+    component's offload index for its "disk" weights. `placed_by_owner`: planned components the caller runs
+    otherwise (pinned where their owner placed them); they get nothing here. If one component fails, those
+    already done are undone."""
+    skipped = set(placed_by_owner)
+    missing = [name for name in plan.components if name not in modules and name not in skipped]
     if missing:
         raise PlacementRuntimeError(
             f"The plan places {missing}, which are not among the modules given ({sorted(modules)}); pass every "
@@ -85,6 +89,8 @@ def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
     handles: dict[str, Any] = {}
     try:
         for name, component in plan.components.items():
+            if name in skipped:
+                continue
             weights = (disk_weights or {}).get(name)
             handles[name] = apply_component_plan(modules[name], component, disk_weights=weights, context=context)
     except BaseException:

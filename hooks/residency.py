@@ -1,37 +1,37 @@
 """Per-call residency: run a component as its plan's transfer model says, module by module.
 
-    coordinator = DeviceCoordinator(place=0, room=room_on_gpu0)      # shared by the components on GPU 0
+    coordinators = {0: DeviceCoordinator(place=0, room=room_on_gpu0)}   # shared by the components on GPU 0
     handle = apply_residency(denoiser, ResidencyConfig(
         execution_device=0, device_map={"blocks.0": 0, "blocks.1": "cpu", "blocks.2": "cpu", "norm": 0},
-        per_call_modules=("blocks.1",), streamed_modules=("blocks.2",), coordinator=coordinator))
+        per_call_modules=("blocks.1",), streamed_modules=("blocks.2",), coordinators=coordinators))
 
 The three residency levels of `placement.ComponentTransfer`, at module granularity:
 - resident: the device-map entries naming an accelerator; the loader put their weights there, nothing moves;
 - per call: homed on the host ("cpu" RAM, pinned where CUDA is, or "disk": read from the checkpoint's own
-  files), brought to the execution device when the component's phase starts (its first run of a call), kept
+  files), brought to the execution device -- or, for a block in `per_call_devices`, to another accelerator
+  where the component's phase has room -- when the component's phase starts (its first run of a call), kept
   through all its runs, released only when another component's phase on that device needs the room:
-  diffusers' model offload, at block granularity and within the budget. No hook sits on these modules: the
-  component's top hook loads them all;
+  diffusers' model offload, at block granularity and within the budget. The component's start loads them all;
 - streamed: homed on the host, moved block by block at every run with the next block prefetched on a side
   stream where CUDA is (group offloading's groups and hooks, on the streamed blocks only).
 A listed module holding block lists (a `ModuleList`/`Sequential` at any depth, as `placement.streaming`
 finds them) is cut into its blocks and the rest, so per-call releases and streaming go block by block; a
-listed block is one unit. The rest of a streamed module is needed through the whole run: the top hook
-brings it at the start of each run and sends it back at the end (no hook on the modules holding it).
+listed block is one unit. The rest of a streamed module is needed through the whole run: the start of each
+run brings it and the end sends it back (no hook on the modules holding it).
 
 One hook per component boundary: `ResidencyHook` at the top (inputs to the execution device, outputs back
-to the caller's; its phase starts there, and for `encode`/`decode` calls in their wrappers), input-moving
-hooks at the device-map entries only when resident entries sit on another accelerator, group hooks on the
-streamed units. Which per-call units leave when room is needed is the `DeviceCoordinator`'s choice: the
-components it serves on one device tell it when their phase starts; it releases the units of the component
-that ran longest ago, last unit first, until the arriving component's per-call units, its activations and its
-stream buffers fit in `room` (the device's budget minus runtime overhead and everyone's resident weights).
+to the caller's), torch hooks beside it that start and end each run (for `encode`/`decode` calls, their
+wrappers), group hooks on the streamed units, and, only when part of the component runs on another
+accelerator (resident or per-call blocks there), input-moving hooks where the device changes: at the
+device-map entries, and on every block of a block list that runs partly elsewhere, the list's last block
+handing its outputs back to the execution device when it ran elsewhere (the code after a list runs there).
+Which per-call units leave when room is needed is decided per device (`residency_phases`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -39,132 +39,28 @@ from torch import nn
 from placement.device_maps import flatten_device_map, owning_key, tensor_devices
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
-from placement.streaming import RESIDENT_BLOCKS, block_groups
+from placement.streaming import block_groups
 
+from .dispatch import _called_modules as called_modules
 from .errors import TransferPlanError
 from .group_offload.grouping import GroupSpec, OffloadType, plan_groups, whole_group
 from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
+from . import transfer_meter as meter
 from .hook_utils import add_hook_first, add_hook_last, remove_hooks_of_type
-from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods
+from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
+from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
 from .tensor_slots import collect_entries
 
 HOST = ("cpu", "disk")
 
 
-class DeviceCoordinator:
-    """The per-call units on one accelerator, shared by the components of a pipeline that execute there.
-
-    `room`: bytes the per-call units, the running component's activations and its stream buffers may use on
-    the device (None: unlimited, nothing is released until removal)."""
-
-    def __init__(self, *, place: Device, room: int | None) -> None:
-        self.place = place
-        self.room = room
-        self.phases: list[ComponentPhase] = []
-        self._clock = 0
-
-    def __repr__(self) -> str:
-        return f"DeviceCoordinator(place={self.place!r}, room={self.room}, phases={[p.name for p in self.phases]})"
-
-    def enter(self, phase: ComponentPhase) -> None:
-        """`phase` starts on this device: release what it needs the room of, then load its per-call units."""
-        self._clock += 1
-        phase.last_entered = self._clock
-        if self.room is not None:
-            allowed = self.room - phase.transient_bytes - phase.per_call_bytes
-            excess = sum(other.loaded_bytes for other in self.phases if other is not phase) - allowed
-            idle = sorted((p for p in self.phases if p is not phase and not p.active), key=lambda p: p.last_entered)
-            for other in idle:
-                if excess <= 0:
-                    break
-                excess -= other.release(excess)
-        phase.load()
-
-
-class ComponentPhase:
-    """One component's per-call units and streamed session, entered at each run (`enter`/`exit` nest)."""
-
-    def __init__(self, *, name: str, place: Device, per_call: list[ModuleGroup], per_run: list[ModuleGroup],
-                 session: GroupOffloadSession | None, coordinator: DeviceCoordinator, transient_bytes: int,
-                 config: ResidencyConfig | None = None) -> None:
-        self.name = name
-        self.config = config  # what it was applied with (an edit regroups its units by the same lists)
-        self.place = place
-        self.per_call = per_call
-        self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
-        self.session = session
-        self.coordinator = coordinator
-        self.transient_bytes = transient_bytes
-        self.per_call_bytes = sum(group.num_bytes for group in per_call)
-        self.depth = 0
-        self.last_entered = 0
-        self.exit_hook = None  # the torch forward hook that ends a run, also when the forward raised
-
-    @property
-    def active(self) -> bool:
-        return self.depth > 0
-
-    @property
-    def loaded_bytes(self) -> int:
-        return sum(group.num_bytes for group in self.per_call if group.is_onloaded)
-
-    def enter(self) -> None:
-        self.depth += 1
-        if self.depth == 1:
-            self.coordinator.enter(self)
-            _onload(self.per_run)
-            if self.session is not None:
-                self.session.begin_call()
-
-    def exit(self) -> None:
-        if self.depth == 0:
-            return
-        self.depth -= 1
-        if self.depth == 0:
-            if self.session is not None:
-                self.session.end_call()
-            for group in self.per_run:
-                group.offload()
-
-    def load(self) -> None:
-        _onload(self.per_call)
-
-    def release(self, needed: int) -> int:
-        """Offload per-call units, last first, until `needed` bytes are free; returns the bytes freed."""
-        freed = 0
-        for group in reversed(self.per_call):
-            if freed >= needed:
-                break
-            if group.is_onloaded:
-                group.offload()
-                freed += group.num_bytes
-        return freed
-
-    def close(self) -> None:
-        """Undo: every unit back where the loader put it (disk weights: on the CPU), coordinator forgets it."""
-        if self.exit_hook is not None:
-            self.exit_hook.remove()
-            self.exit_hook = None
-        if self in self.coordinator.phases:
-            self.coordinator.phases.remove(self)
-        for group in [*self.per_call, *self.per_run]:
-            group.restore()
-        if self.session is not None:
-            self.session.close()
-
-
-def _onload(groups: list[ModuleGroup]) -> None:
-    started = [group for group in groups if group.onload()]
-    for group in started:
-        group.wait_until_ready()
-
-
 class ResidencyHook(MoveInputsHook):
-    """At the top of the component: a run starts its phase (per-call units loaded when it is the first)."""
+    """At the top of the component: inputs to its execution device, outputs back. Its runs (the phase's
+    `enter`/`exit`) are started and ended by torch hooks beside it (`ComponentPhase.run_hooks`)."""
 
     technique = Technique.PER_CALL_RESIDENCY
 
@@ -172,13 +68,24 @@ class ResidencyHook(MoveInputsHook):
         super().__init__(torch_device(phase.place), io_same_device=True, place=phase.place)
         self.phase = phase
 
-    def pre_forward(self, module, *args, **kwargs):
-        self.phase.enter()  # ended by the phase's exit hook, which torch runs even when the forward raises
-        return super().pre_forward(module, *args, **kwargs)
-
     def detach_hook(self, module):
         self.phase.close()
         return module
+
+
+class HandBackHook(MoveInputsHook):
+    """On the last block of a block list that runs on another accelerator than the execution device: inputs
+    there, outputs handed back to the execution device, where the code after the list runs."""
+
+    def __init__(self, place: Device, *, back: Device) -> None:
+        super().__init__(torch_device(place), place=place)
+        self.back = back
+
+    def post_forward(self, module: nn.Module, output):
+        if self._entered:
+            meter.leave_place(self.place)
+            self._entered = False
+        return return_to_caller(output, torch_device(self.back), source=self.place, target=self.back)
 
 
 class StreamedBlockHook(GroupMemberHook):
@@ -191,16 +98,19 @@ class StreamedBlockHook(GroupMemberHook):
 class ResidencyConfig:
     """A component's placement with its transfer model (see the module docstring). `device_map` is relative
     to the component; `per_call_modules` / `streamed_modules` list module paths homed on the host, every
-    host-homed tensor under exactly one; `disk_weights` serves the "disk" ones; `coordinator` is shared by
-    the components executing on the same device (None: one of its own, with unlimited room);
-    `activation_bytes` is what its runs need besides weights; `use_stream` None means on CUDA."""
+    host-homed tensor under exactly one; `per_call_devices` names the per-call modules loaded onto another
+    accelerator than the execution device; `disk_weights` serves the "disk" ones; `coordinators` (one per
+    accelerator) are shared by the components of a pipeline (an accelerator without one gets its own, with
+    unlimited room); `activation_bytes` is what its runs need besides weights, on every accelerator it runs
+    blocks on; `use_stream` None means on CUDA."""
 
     execution_device: Device
     device_map: Mapping[str, Device]
     per_call_modules: tuple[str, ...] = ()
     streamed_modules: tuple[str, ...] = ()
+    per_call_devices: Mapping[str, Device] = field(default_factory=dict)
     disk_weights: Mapping[str, Mapping[str, str]] | None = None
-    coordinator: DeviceCoordinator | None = None
+    coordinators: Mapping[Device, DeviceCoordinator] = field(default_factory=dict)
     activation_bytes: int = 0
     use_stream: bool | None = None
 
@@ -212,33 +122,53 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     if not is_accelerator(place):
         raise TransferPlanError(f"Per-call residency executes on an accelerator, not {place!r}.")
     device_map = flatten_device_map(module, {key: normalize_device(d) for key, d in config.device_map.items()})
-    _check_lists(module, device_map, config)
-    device = torch_device(place)
-    use_stream = device.type == "cuda" if config.use_stream is None else config.use_stream
-    transfer = StreamTransfer(device) if use_stream else BlockingTransfer()
-    per_call, streamed = _build_units(module, config, place, transfer)
+    away = {path: normalize_device(d) for path, d in config.per_call_devices.items()}
+    _check_lists(module, device_map, config, away)
+    transfers = _Transfers(config.use_stream)
+    per_call, streamed = _build_units(module, config, place, away, transfers)
     per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
     blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
-    session = None
+    session, here = None, transfers.of(place)
     if blocks:
-        session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=use_stream),
-                                      groups=blocks, prefetches=transfer.prefetches, disk_folder=None)
-    coordinator = config.coordinator or DeviceCoordinator(place=place, room=None)
-    phase = ComponentPhase(name=type(module).__name__, place=place, per_call=per_call, per_run=per_run,
-                           session=session, coordinator=coordinator,
-                           transient_bytes=config.activation_bytes + _stream_buffers(per_run, blocks), config=config)
+        session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
+                                      groups=blocks, prefetches=here.prefetches, disk_folder=None)
+    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session,
+                           activation_bytes=config.activation_bytes, config=config)
+    for device in _devices_used(place, device_map, away):
+        phase.share(config.coordinators, device, per_call.get(device, []))
     try:
-        for group in [*per_call, *streamed]:
+        for group in [*phase.per_call, *streamed]:
             group.take_weights()
-        _install(module, phase, device_map, blocks)
+        _install(module, phase, device_map, away, blocks)
     except BaseException:
         remove_residency(module)
         phase.close()
         raise
-    coordinator.phases.append(phase)
+    phase.join()
     module.hf_device_map = dict(device_map)
     return Handle(technique=Technique.PER_CALL_RESIDENCY, module=module, config=config, remover=remove_residency,
                   state=phase)
+
+
+class _Transfers:
+    """One transfer per accelerator: a side CUDA stream each (prefetching, pinned memory), else blocking."""
+
+    def __init__(self, use_stream: bool | None) -> None:
+        self.use_stream = use_stream
+        self.by_place: dict[Device, BlockingTransfer | StreamTransfer] = {}
+
+    def of(self, place: Device) -> BlockingTransfer | StreamTransfer:
+        if place not in self.by_place:
+            device = torch_device(place)
+            streams = device.type == "cuda" if self.use_stream is None else self.use_stream
+            self.by_place[place] = StreamTransfer(device) if streams else BlockingTransfer()
+        return self.by_place[place]
+
+
+def _devices_used(place: Device, device_map: Mapping[str, Device], away: Mapping[str, Device]) -> list[Device]:
+    """The accelerators the component's runs use: where it executes, holds resident parts, loads per call."""
+    used = [place, *(d for d in device_map.values() if is_accelerator(d)), *away.values()]
+    return list(dict.fromkeys(used))
 
 
 def remove_residency(module: nn.Module) -> None:
@@ -249,14 +179,21 @@ def remove_residency(module: nn.Module) -> None:
             module.hf_device_map = None
 
 
-def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: ResidencyConfig) -> None:
-    """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once."""
+def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: ResidencyConfig,
+                 away: Mapping[str, Device]) -> None:
+    """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once;
+    modules loaded elsewhere are per-call modules, loaded onto accelerators."""
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
     modules = dict(module.named_modules())
     unknown = [path for path in listed if path not in modules]
     if unknown:
         raise TransferPlanError(f"{what}: the transfer plan lists {unknown}, which are not submodules of it.")
+    strays = {path: device for path, device in away.items()
+              if path not in config.per_call_modules or not is_accelerator(device)}
+    if strays:
+        raise TransferPlanError(f"{what}: per_call_devices {strays} must name per-call modules (of "
+                                f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
     homes = tensor_devices(module, device_map)
     covered: dict[str, list[str]] = {}
     for name in homes:
@@ -274,23 +211,27 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
                                     "each host-homed module in exactly one of the two lists.")
 
 
-def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, transfer):
+def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away: Mapping[str, Device],
+                 transfers: _Transfers) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
+    """The per-call units by the accelerator they load onto, and the streamed units (onto `place`)."""
     entries = collect_entries(module)
     block_paths = block_groups(module).block_paths
     claimed: set[int] = set()
-    pin = transfer.uses_pinned_memory
 
-    def units(paths) -> list[ModuleGroup]:
+    def units(path: str, onto: Device) -> list[ModuleGroup]:
         built = []
-        for path in paths:
-            for spec in _specs(module, path, block_paths, entries):
-                kept = tuple(e for e in spec.entries if id(e.get()) not in claimed)  # tied: first unit keeps it
-                claimed.update(id(e.get()) for e in kept)
-                if kept:
-                    built.append(_group(spec, kept, place, transfer, config.disk_weights, pin))
+        for spec in _specs(module, path, block_paths, entries):
+            kept = tuple(e for e in spec.entries if id(e.get()) not in claimed)  # tied: the first unit keeps it
+            claimed.update(id(e.get()) for e in kept)
+            if kept:
+                built.append(_group(spec, kept, onto, transfers.of(onto), config.disk_weights))
         return built
 
-    return units(config.per_call_modules), units(config.streamed_modules)
+    per_call: dict[Device, list[ModuleGroup]] = {}
+    for path in config.per_call_modules:
+        onto = away.get(path, place)
+        per_call.setdefault(onto, []).extend(units(path, onto))
+    return per_call, [group for path in config.streamed_modules for group in units(path, place)]
 
 
 def _specs(module: nn.Module, path: str, block_paths: list[str], entries) -> list[GroupSpec]:
@@ -301,7 +242,8 @@ def _specs(module: nn.Module, path: str, block_paths: list[str], entries) -> lis
     return plan_groups(module, OffloadType.BLOCK_LEVEL, 1, under=path, entries=entries)
 
 
-def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights, pin: bool) -> ModuleGroup:
+def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> ModuleGroup:
+    pin = transfer.uses_pinned_memory
     if any(entry.get().is_meta for entry in entries):
         store = CheckpointStore(disk_weights=disk_weights or {}, pin_memory=pin)
     else:
@@ -310,26 +252,61 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights, pin:
                        onload_device=torch_device(place), onload_place=place, store=store, transfer=transfer)
 
 
-def _stream_buffers(per_run: list[ModuleGroup], blocks: list[ModuleGroup]) -> int:
-    """What streaming keeps on the device at once: the units onloaded for the whole run, plus the largest
-    blocks (the running one and the prefetched one), as the planner counts it."""
-    largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
-    return sum(group.num_bytes for group in per_run) + sum(largest)
-
-
-def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], blocks) -> None:
+def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
+             away: Mapping[str, Device], blocks: list[ModuleGroup]) -> None:
     for group in blocks:
         for member in group.modules:
             add_hook_first(member, StreamedBlockHook(group=group, session=phase.session, is_root=False))
-    if any(is_accelerator(d) and d != phase.place for d in device_map.values()):  # resident parts elsewhere
-        modules = dict(module.named_modules())
-        for key, home in device_map.items():
-            if key and key in modules:
-                target = home if is_accelerator(home) else phase.place
-                add_hook_last(modules[key], MoveInputsHook(torch_device(target), place=target))
+    for entry, place, back in input_routes(module, device_map, phase.place, away):
+        hook = HandBackHook(place, back=back) if back is not None else MoveInputsHook(torch_device(place), place=place)
+        add_hook_last(entry, hook)
     add_hook_first(module, ResidencyHook(phase))
     move_inputs_of_entry_methods(module, torch_device(phase.place), place=phase.place, phase=phase)
-    phase.exit_hook = module.register_forward_hook(lambda *_: phase.exit(), always_call=True)
+    phase.run_hooks = [module.register_forward_pre_hook(lambda *_: phase.enter()),
+                       module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
+
+
+def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Device,
+                 away: Mapping[str, Device]) -> list[tuple[nn.Module, Device, Device | None]]:
+    """(called module, the accelerator it runs on, where its outputs go back to or None) for every module whose
+    inputs must move because part of the component runs on another accelerator than `place` (see the module
+    docstring); empty when none does."""
+    if not away and not any(is_accelerator(d) and d != place for d in device_map.values()):
+        return []
+    modules = dict(module.named_modules())
+    keys = [key for key in device_map if key]
+
+    def runs_on(path: str) -> Device:
+        if path in away:
+            return away[path]
+        owner = owning_key(path, keys)
+        home = device_map.get(owner) if owner is not None else device_map.get("")
+        return home if is_accelerator(home) else place
+
+    layout = block_groups(module)
+    in_lists = [block_list.path for block_list in layout.block_lists]
+    routes: dict[int, list] = {}  # id(module) -> [module, place, back]
+    for key in [*(k for k in keys if k in modules), *away]:
+        device = runs_on(key)
+        # A piece of the rest run elsewhere hands its outputs back: the code after it runs on `place`.
+        back = place if device != place and not any(_inside(key, path) for path in in_lists) else None
+        for entry in called_modules(modules[key]):  # a block list is never called: its blocks are
+            routes[id(entry)] = [entry, device, back]
+    for block_list in layout.block_lists:
+        ran = [(block, runs_on(path)) for path, block in block_list.blocks]
+        if all(device == place for _, device in ran):
+            continue
+        for block, device in ran:
+            for entry in called_modules(block):
+                routes.setdefault(id(entry), [entry, device, None])
+        last = called_modules(ran[-1][0])[-1:]
+        if ran[-1][1] != place and last:
+            routes[id(last[0])][2] = place
+    return [tuple(route) for route in routes.values()]
+
+
+def _inside(path: str, container: str) -> bool:
+    return path == container or path.startswith(f"{container}.")
 
 
 def room_on(plan: Plan, place: Device) -> int | None:
@@ -344,14 +321,18 @@ def room_on(plan: Plan, place: Device) -> int | None:
 
 def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyConfig:
     transfer, place = component.transfer, component.execution_device
-    key = (Technique.PER_CALL_RESIDENCY, place)
-    if key not in context.shared:
-        room = None if context.plan is None else room_on(context.plan, place)
-        context.shared[key] = DeviceCoordinator(place=place, room=room)
+    coordinators = {}
+    for device in _devices_used(place, component.device_map, transfer.per_call_devices):
+        key = (Technique.PER_CALL_RESIDENCY, device)
+        if key not in context.shared:
+            room = None if context.plan is None else room_on(context.plan, device)
+            context.shared[key] = DeviceCoordinator(place=device, room=room)
+        coordinators[device] = context.shared[key]
     return ResidencyConfig(execution_device=place, device_map=component.device_map,
                            per_call_modules=tuple(transfer.per_call_modules),
-                           streamed_modules=tuple(transfer.streamed_modules), disk_weights=context.disk_weights,
-                           coordinator=context.shared[key], activation_bytes=component.activation_bytes or 0)
+                           streamed_modules=tuple(transfer.streamed_modules),
+                           per_call_devices=dict(transfer.per_call_devices), disk_weights=context.disk_weights,
+                           coordinators=coordinators, activation_bytes=component.activation_bytes or 0)
 
 
 SPEC = TechniqueSpec(
@@ -369,5 +350,5 @@ SPEC = TechniqueSpec(
     plan_config=_plan_config,
 )
 
-__all__ = ["SPEC", "ComponentPhase", "DeviceCoordinator", "ResidencyConfig", "ResidencyHook", "StreamedBlockHook",
-           "apply_residency", "remove_residency", "room_on"]
+__all__ = ["SPEC", "ComponentPhase", "DeviceCoordinator", "DeviceShare", "HandBackHook", "ResidencyConfig",
+           "ResidencyHook", "StreamedBlockHook", "apply_residency", "input_routes", "remove_residency", "room_on"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from placement.device_maps import owning_key
-from placement.devices import Device
+from placement.devices import Device, normalize_device
 from placement.streaming import block_groups
 
 from .edit_support import named_tensors, open_groups, settle
@@ -22,7 +22,7 @@ from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.regroup import regroup
 from .group_offload.transfer import BlockingTransfer
 from .hook_utils import add_hook_first, hooks_of, remove_hooks_where
-from .residency import ComponentPhase, ResidencyHook, StreamedBlockHook, _group, _specs, _stream_buffers
+from .residency import ComponentPhase, ResidencyHook, StreamedBlockHook, _group, _specs
 from .stand_ins import StandIns
 
 
@@ -33,6 +33,7 @@ class ResidencyEdit:
         self.module = module
         self.phase = phase
         self.stand_ins = StandIns()
+        self.kinds: dict[int, tuple[str, Device]] = {}  # id(spec) -> its list, and the device it loads onto
 
     @property
     def groups(self) -> list[ModuleGroup]:
@@ -46,23 +47,21 @@ class ResidencyEdit:
         problems = [f"{name} (its weights are on disk; the edit tried to change them)"
                     for name in self.stand_ins.put_back(self.module)]
         phase, config = self.phase, self.phase.config
-        kinds: dict[int, str] = {}
+        away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
 
         def specs_for(entries):
             block_paths = block_groups(self.module).block_paths
             for kind, paths in (("per_call", config.per_call_modules), ("streamed", config.streamed_modules)):
                 for path in paths:
                     for spec in _specs(self.module, path, block_paths, entries):
-                        kinds[id(spec)] = kind
+                        onto = away.get(path, phase.place) if kind == "per_call" else phase.place
+                        self.kinds[id(spec)] = (kind, onto)
                         yield spec
 
         result = regroup(self.module, self.groups, specs_for, self._new_group)
         for spec, group in result.added:
-            self._enlist(group, kinds[id(spec)])
-        self._drop(result.emptied)
-        phase.per_call_bytes = sum(group.num_bytes for group in phase.per_call)
-        blocks = phase.session.groups if phase.session is not None else []
-        phase.transient_bytes = config.activation_bytes + _stream_buffers(phase.per_run, blocks)
+            self._enlist(group, *self.kinds[id(spec)])
+        self._drop(result.emptied)  # the shares' byte counts follow their units
         grouped = {id(entry.get()) for group in self.groups for entry in group.entries}
         streamed, no_data = settle(self.module, dict(self.module.hf_device_map), phase.place, grouped)
         problems += [f"{name} (no data: created on meta, nothing serves it)" for name in no_data]
@@ -70,17 +69,17 @@ class ResidencyEdit:
         return problems
 
     def _new_group(self, spec: GroupSpec, entries) -> ModuleGroup:
-        existing = self.groups
+        _, onto = self.kinds.get(id(spec), ("streamed", self.phase.place))
+        existing = [group for group in self.groups if group.onload_place == onto]  # its device's transfer
         transfer = existing[0].transfer if existing else BlockingTransfer()
-        group = _group(spec, entries, self.phase.place, transfer, self.phase.config.disk_weights,
-                       transfer.uses_pinned_memory)
+        group = _group(spec, entries, onto, transfer, self.phase.config.disk_weights)
         group.take_weights()
         return group
 
-    def _enlist(self, group: ModuleGroup, kind: str) -> None:
+    def _enlist(self, group: ModuleGroup, kind: str, onto: Device) -> None:
         phase = self.phase
         if kind == "per_call":
-            phase.per_call.append(group)
+            phase.shares[onto].per_call.append(group)
         elif group.release is ReleaseRule.AFTER_LAST_MODULE and phase.session is not None:
             phase.session.groups.append(group)
             for member in group.modules:
@@ -93,7 +92,8 @@ class ResidencyEdit:
         gone = {id(group) for group in emptied}
         for member in self.module.modules():
             remove_hooks_where(member, lambda hook: isinstance(hook, StreamedBlockHook) and id(hook.group) in gone)
-        phase.per_call[:] = [group for group in phase.per_call if group.entries]
+        for share in phase.shares.values():
+            share.per_call[:] = [group for group in share.per_call if group.entries]
         phase.per_run[:] = [group for group in phase.per_run if group.entries]
         if phase.session is not None:
             phase.session.groups[:] = [group for group in phase.session.groups if group.entries]

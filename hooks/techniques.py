@@ -94,19 +94,29 @@ class Handle:
 
 def follows_transfer_plan(component: ComponentPlan, context: PlanContext) -> bool:
     """The component runs by its transfer plan (per-call residency): it executes on an accelerator and lists
-    per-call or streamed modules, or shares its execution device with a component that loads modules per
-    call (whose room it may need). Components without a transfer plan (older plans) never do."""
+    per-call or streamed modules, or uses an accelerator (executes there or holds resident parts there) where
+    another component loads modules per call (whose room its runs may need). Components without a transfer
+    plan (older plans) never do."""
     transfer = component.transfer
     if transfer is None or not is_accelerator(component.execution_device):
         return False
     if transfer.per_call_modules or transfer.streamed_modules:
         return True
     plan = context.plan
-    return plan is not None and any(
-        other.transfer is not None and other.transfer.per_call_modules
-        and other.execution_device == component.execution_device
-        for other in plan.components.values()
-    )
+    used = {component.execution_device, *(d for d in component.device_map.values() if is_accelerator(d))}
+    return plan is not None and any(used & per_call_places(other) for other in plan.components.values())
+
+
+def per_call_places(component: ComponentPlan) -> set:
+    """The accelerators `component` loads modules onto per call (its execution device, `per_call_devices`)."""
+    transfer = component.transfer
+    if transfer is None or not transfer.per_call_modules:
+        return set()
+    away = transfer.per_call_devices
+    places = {away[path] for path in transfer.per_call_modules if path in away}
+    if any(path not in away for path in transfer.per_call_modules):
+        places.add(component.execution_device)
+    return places
 
 
 def streams_everything(component: ComponentPlan) -> bool:
@@ -172,4 +182,4 @@ def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
 
 
 __all__ = ["Handle", "PlanContext", "Technique", "TechniqueSpec", "check_compatible", "follows_transfer_plan",
-           "streams_everything", "technique_of", "techniques_on", "use_table"]
+           "per_call_places", "streams_everything", "technique_of", "techniques_on", "use_table"]

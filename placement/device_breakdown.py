@@ -7,7 +7,9 @@ component with the largest transient there is taken). Its parts on this device:
   loads for the call plus its blocks in flight: `ComponentPlan.streamed_unit_bytes`), of which
   `transfer.loaded_per_call_bytes` is loaded per call;
 - holding resident parts here while executing elsewhere (a split, or resident blocks of an offloaded
-  component): its activations (charged to every accelerator it spans, as the memory model does).
+  component): its activations (charged to every accelerator it spans, as the memory model does);
+- loading blocks per call here while executing elsewhere (`transfer.per_call_devices`): its activations and
+  those blocks (streaming working set, all of it loaded per call: the rest of its phase here).
 Hand-made or pinned plans whose parts do not add up to the device's transient keep the sum exact, streaming
 first.
 """
@@ -26,7 +28,8 @@ _STREAMED_KINDS = ("offloaded", "disk")
 
 def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
     """`device` with `activations`, `streaming_working_set` and `loaded_per_call` filled from its peak phase."""
-    parts = {name: _parts(component, device.device) for name, component in plan.components.items()}
+    parts = {name: _parts(component, device.device, device.phases.get(name)) for name, component in
+             plan.components.items()}
     peak = device.peak_phase
     chosen = parts.get(peak) if peak is not None else None
     if chosen is None:
@@ -43,9 +46,14 @@ def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
     })
 
 
-def _parts(component: ComponentPlan, device) -> tuple[int, int, int, int]:
-    """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`."""
+def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, int, int, int]:
+    """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`
+    (`phase`: what the plan says that phase brings there, when it says)."""
     activation = component.activation_bytes or 0
+    transfer = component.transfer
+    if transfer is not None and device != component.execution_device and device in transfer.per_call_devices.values():
+        loaded = max((phase or 0) - activation, 0)
+        return activation + loaded, activation, loaded, loaded
     if component.execution_device == device:
         streamed = component.streamed_unit_bytes if component.kind.value in _STREAMED_KINDS else 0
         transfer = component.transfer

@@ -16,8 +16,9 @@ left (budget minus predicted peak). The device's activations / streaming working
 of the phase that sets its peak (`DevicePlan.peak_phase`).
 
 What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_per_call`) is counted host ->
-accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s; 25 GB/s, PCIe 4.0 x16,
-unless the caller gave one, e.g. measured).
+accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s: the caller's; else
+measured when the plan moves weights to this machine's CUDA GPUs, `transfers.link_speed`; else 25 GB/s, PCIe
+4.0 x16, assumed; `link_bandwidth_source` says which).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class ComponentTransfer(_Frozen):
     - streamed (`streamed_modules`): homed on the host, moved block by block at every run, next block prefetched.
     Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists,
     and `device_map` places it (the key itself, or a prefix of it as `device_maps.owning_key` finds it) on "cpu"
-    or "disk". Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
+    or "disk". Streamed blocks the planned call never runs (a text-to-image VAE's encoder) move nothing: they
+    count in neither the bytes nor the stream buffer. Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
     (`streaming.transfer_units`); only blocks stream, the rest is resident or loaded per call. A component whose
     map cuts finer (a pinned map) lists its host-homed keys instead.
 
@@ -93,6 +95,9 @@ class ComponentTransfer(_Frozen):
     # The blocks in flight at once while streaming (the two largest streamed blocks: one computing, the next
     # prefetched), on the execution device next to the per-call bytes; 0 when nothing streams.
     stream_buffer_bytes: int = 0
+    # Per-call modules brought to another accelerator than the execution device (a component whose blocks may
+    # run on several: its phase's room there), module -> accelerator; the others come to the execution device.
+    per_call_devices: dict[str, int] = {}
 
     @property
     def bytes_per_call(self) -> int:

@@ -13,7 +13,9 @@ from .devices import Device, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
+from .transfers.idle import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
+from .transfers.link_speed import link_speed
 from .errors import ComponentError, InvalidDtypeError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
@@ -71,7 +73,7 @@ def plan(
         second pass); others run once (or as their graph node says). A pipeline that does not fit resident
         moves the fewest bytes per call (`Plan.transfer_bytes_per_call`): what runs most keeps its room.
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
-        None assumes 25 GB/s (PCIe 4.0 x16). The plan states which.
+        None: measured if the plan moves weights to this machine's CUDA GPUs, else 25 GB/s assumed (it says).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
@@ -114,13 +116,20 @@ def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, Comp
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
               activations_accounted: bool, bandwidth: Optional[float]) -> Plan:
-    """The Plan from the strategy's final state, components in execution order; `bandwidth` if given."""
+    """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
+    measured where the plan moves weights to this machine's GPUs (`transfers.link_speed`), else assumed."""
     by_name = state.by_name
+    components = {name: _with_dtype(by_name[name].plan, requests[name]) for name in order}
     link = {} if bandwidth is None else {"link_bandwidth": bandwidth, "link_bandwidth_source": "given"}
+    if bandwidth is None:
+        moves = any(c.transfer is not None and c.transfer.bytes_per_call for c in components.values())
+        measured = link_speed(state.ledger.accelerators, moves=moves)
+        if measured is not None:
+            link = {"link_bandwidth": measured[0], "link_bandwidth_source": measured[1]}
     return Plan(
         **link,
         strategy=spec.label,
-        components={name: _with_dtype(by_name[name].plan, requests[name]) for name in order},
+        components=components,
         devices=state.ledger.device_plans(),
         crossing_edges=crossing_edges(model_graph, {name: by_name[name].plan.execution_device for name in order}),
         fallbacks=[by_name[name].fallback for name in order if by_name[name].fallback is not None],
@@ -165,9 +174,11 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
     size = size_module(module, dtype)
     if traced_order:
         size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
+    units = transfer_units(module, size)
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
-        streamed=streaming_working_set(module, size), units=transfer_units(module, size),
+        streamed=streaming_working_set(module, size), units=units,
+        idle=idle_units(module, units, traced_order) if traced_order else frozenset(),
     )
 
 

@@ -15,6 +15,7 @@ the module as it is (`placement.sizing`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -41,6 +42,7 @@ class QuantizationMethod(str, Enum):
     QUANTO = "quanto"
     GGUF = "gguf"
     OTHER = "other"  # a method the owner knows and we size as its replaced layers declare
+    LAYERWISE_CASTING = "layerwise_casting"  # no quantizer: fp8 storage set by layerwise_casting= (plain tensors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,12 +208,34 @@ def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, 
         if type(config).__name__ == "FqnToConfig":
             quantize_(module, config)
         else:
-            quantize_(module, config, filter_fn=lambda _, fqn: fqn in owners)
+            _quantize_once_per_shape(module, config, owners, quantize_)
     elif quantization.method is QuantizationMethod.QUANTO:
         for path in sorted(owners):
             layer = module.get_submodule(path)
             if callable(getattr(layer, "freeze", None)):
                 layer.freeze()
+
+
+def _quantize_once_per_shape(module: nn.Module, config: Any, owners: set[str], quantize_: Any) -> None:
+    """torchao's `quantize_` on the layers in `owners`, run once per distinct layer (class, weight shape and
+    dtype, bias) and copied to the others: on meta the result depends on nothing else, and quantizing each of
+    a real denoiser's ~700 Linears on meta takes seconds (torchao's qparams run through meta decompositions)."""
+    signatures = {path: _signature(module.get_submodule(path)) for path in sorted(owners)}
+    first: dict[tuple, str] = {}
+    for path, signature in signatures.items():
+        first.setdefault(signature, path)
+    representatives = set(first.values())
+    quantize_(module, config, filter_fn=lambda _, fqn: fqn in representatives)
+    quantized = {signature: module.get_submodule(path).weight for signature, path in first.items()}
+    for path, signature in signatures.items():
+        if path not in representatives:
+            module.get_submodule(path).weight = copy.deepcopy(quantized[signature])
+
+
+def _signature(layer: nn.Module) -> tuple:
+    weight = getattr(layer, "weight", None)
+    shape = None if weight is None else (tuple(weight.shape), weight.dtype, weight.device.type)
+    return type(layer), shape, getattr(layer, "bias", None) is None
 
 
 def format_label(quantization: ComponentQuantization) -> str:

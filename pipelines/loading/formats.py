@@ -6,8 +6,9 @@ What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loadi
   data; moved whole with its module it stays valid (whole, split, the CPU), but offloading swaps tensors one by
   one and would keep the data without its state: any offloaded or disk placement is refused at plan time;
 - torchao, quanto and GGUF tensors are tensor subclasses moved as they are (their inner int8/fp8 data and
-  scales): whole, split, CPU and group-offloaded placements work, torchao's per-module streaming too; quanto's
-  and GGUF's tensors cannot be rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu"), and
+  scales): whole, split, CPU, group-offloaded and per-call residency placements work (the last moves module
+  groups as group offloading does), torchao's per-module streaming too; quanto's and GGUF's tensors cannot be
+  rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu" without a transfer plan), and
   "disk" would write them to safetensors files, which hold plain tensors only: both refused at plan time.
 """
 
@@ -67,15 +68,29 @@ _REFUSED: dict[QuantizationMethod, dict[Runtime, str]] = {
     QuantizationMethod.GGUF: {Runtime.STREAMED: _REBUILT, Runtime.DISK: _SAFETENSORS_ONLY},
 }
 _REFUSED[QuantizationMethod.BITSANDBYTES_8BIT] = _REFUSED[QuantizationMethod.BITSANDBYTES_4BIT]
+# The disk copy is written from the checkpoint as loaded, before the fp8 cast: served from it, the layers would
+# compute at full precision (other numbers than the same plan in RAM) and move twice the bytes planned.
+_REFUSED[QuantizationMethod.LAYERWISE_CASTING] = {
+    Runtime.DISK: "its disk copy would hold the weights before the fp8 cast, so they would compute at full precision"}
 
 
 def runtime_of(component: ComponentPlan) -> Runtime:
     if component.kind is PlacementKind.DISK:
         return Runtime.DISK
     if component.kind is PlacementKind.OFFLOADED:
+        if _moves_by_transfer_plan(component):
+            return Runtime.GROUP_OFFLOADED
         resident = any(is_accelerator(device) for device in component.device_map.values())
         return Runtime.STREAMED if resident else Runtime.GROUP_OFFLOADED
     return Runtime.MOVED
+
+
+def _moves_by_transfer_plan(component: ComponentPlan) -> bool:
+    """Per-call residency (hooks/residency.py) moves its per-call and streamed units with group offloading's
+    module groups, tensors as they are, whatever part stays resident: for formats, that is group offloading."""
+    transfer = component.transfer
+    return transfer is not None and is_accelerator(component.execution_device) and bool(
+        transfer.per_call_modules or transfer.streamed_modules)
 
 
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
@@ -136,8 +151,11 @@ Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its form
 
 
 def formats_of_metas(metas: Mapping[str, MetaComponent]) -> dict[str, tuple[QuantizationMethod, str]]:
-    return {name: (meta.quantization.method, format_label(meta.quantization))
-            for name, meta in metas.items() if meta.quantization is not None}
+    formats = {name: (meta.quantization.method, format_label(meta.quantization))
+               for name, meta in metas.items() if meta.quantization is not None}
+    formats.update({name: (QuantizationMethod.LAYERWISE_CASTING, f"layerwise {str(meta.layerwise_casting)[6:]}")
+                    for name, meta in metas.items() if meta.layerwise_casting is not None})
+    return formats
 
 
 def formats_of_modules(modules: Mapping[str, nn.Module]) -> dict[str, tuple[QuantizationMethod, str]]:
@@ -165,10 +183,16 @@ def refused_components(plan: Plan, formats: Formats) -> dict[str, str]:
         if why is not None:
             refused[name] = (
                 f"Component {name!r} ({label}, {format_bytes(component.bytes)}) is planned {runtime.value}, which "
-                f"its format cannot do here: {why}. Give its accelerator room for it "
-                f"whole (a larger max_memory, or device_map pinning {name!r} to a GPU), or choose a format that "
-                "offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
+                f"its format cannot do here: {why}. {_advice(name, runtime)}")
     return refused
+
+
+def _advice(name: str, runtime: Runtime) -> str:
+    if runtime is Runtime.DISK:
+        return (f"Give it room in host RAM (a larger max_memory['cpu']) or on its accelerator, so that {name!r} "
+                "is not offloaded to disk.")
+    return (f"Give its accelerator room for it whole (a larger max_memory, or device_map pinning {name!r} to a GPU), "
+            "or choose a format that offloads (torchao int8 offloads every way; fp8 layerwise casting too).")
 
 
 def check_planned_formats(plan: Plan, formats: Formats) -> None:

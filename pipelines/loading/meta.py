@@ -33,7 +33,7 @@ from ..checkpoint import (
 from ..folder.component_classes import Family, weights_name_for
 from ..folder.sources import ComponentSource
 from ..hf.hf_interop import construct, retie
-from ..hf.key_renames import renames_explain
+from ..hf.owner_loading import renames_explain
 from ..hf.quantizers import component_quantization
 from .layerwise import with_layerwise_casting
 from .meta_records import MetaComponent, WeightsReader

@@ -3,7 +3,8 @@
     request (resolved once) -> model_index.json -> classes -> each module built on meta (`build_component`)
            -> the pipeline object (`assembly`: `cls`, the generic `Pipeline`, or the diffusers class it names)
            -> one plan (graph = the pipeline's model graph; passed dispatched components pinned)
-           -> per component: `place_component` (weights read to the planned devices, then its kind's hooks)
+           -> per component: `read_component` (weights read to the planned devices)
+           -> the whole plan's runtime at once (`attach_plan_runtime`: each kind's hooks, per-call coordinators)
            -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
 
 A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
@@ -37,7 +38,9 @@ from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
 from .single_files import build_single_file_component, single_file_sources
-from .placing import PipelineLoadError, attach_runtime, check_plan_devices, place_component, unplace
+from .placing import (
+    PipelineLoadError, attach_plan_runtime, check_plan_devices, place_component, read_component, unplace,
+)
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
     caller_stacklevel, component_origin, label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes,
@@ -169,6 +172,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     """Place every component of `pipe` (ours or a diffusers pipeline) as `plan` says: the ones built here read
     from their checkpoints, the ones passed in moved; on any failure undo all of it before re-raising."""
     touched: list[str] = []
+    disk_weights: dict = {}  # what serves the "disk" parts of the components read here, by name
     hooked_pinned: list[nn.Module] = []
     origins = {name: _origin_device(obj) for name, obj in passed.items() if isinstance(obj, nn.Module)}
     as_it_was = record_origins(pipe.components, plan, passed)  # what reset_device_map() puts back
@@ -185,16 +189,18 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                         hooked_pinned.append(passed[name])
                     continue
                 touched.append(name)
-                if name in metas:
+                if name in metas:  # its weights only (hooks=False records its map): the runtime comes below
                     _check_registered(pipe, metas[name])
-                    module = place_component(metas[name], component, accelerators=request.accelerators, hooks=hooks,
-                                             progress=request.progress, offload_folder=request.offload_folder)
+                    module, disk_weights[name] = read_component(
+                        metas[name], component, accelerators=request.accelerators, progress=request.progress,
+                        offload_folder=request.offload_folder)
                     if module is not metas[name].module:  # read by its owner: its module replaces the meta one
                         install_component(pipe, name, module)
                 else:
-                    module = pipe.components[name]
-                    _move_passed(name, module, component, request.accelerators)
-                    attach_runtime(module, component, hooks=hooks)
+                    _move_passed(name, pipe.components[name], component, request.accelerators)
+            # The whole plan's runtime at once: the components on one accelerator share its per-call coordinator.
+            attach_plan_runtime({name: pipe.components[name] for name in touched}, plan, hooks=hooks,
+                                disk_weights=disk_weights)
             if hooks:
                 deliver_joined_outputs(pipe, plan)
             as_it_was = with_undo_calls(as_it_was, apply_memory_techniques(pipe, plan))  # VAE tiling/slicing

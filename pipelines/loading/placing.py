@@ -6,6 +6,8 @@ placement kind; one undo when anything fails. Models and pipelines place every c
     check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
     place_component(meta, plan.components[name], ...)    # weights read (meta.reader: ours, or the format's
                                                          # owner library), then the kind's hooks
+    read_component(meta, ...); attach_plan_runtime(...)   # a pipeline: weights of each, then the whole plan's
+                                                         # runtime at once
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from hooks.dispatch import DiskWeights, undispatch
-from hooks.plan_dispatch import apply_component_plan
+from hooks.plan_dispatch import apply_component_plan, apply_plan
 from placement.device_maps import owning_key
 from placement.devices import Accelerators, Device, is_accelerator, normalize_device
 from placement.errors import InvalidDeviceError
@@ -58,13 +60,30 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
 
 def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
                     hooks: bool = True, progress: bool = True, offload_folder: str | Path | None = None) -> nn.Module:
-    """Read `meta`'s weights to the devices `component` plans, then attach its runtime (`attach_runtime`).
-    `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the placed module:
-    `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a quantized or
-    renamed-key component: `owner_reading`), which replaces `meta.module` in the pipeline.
+    """Read `meta`'s weights to the devices `component` plans (`read_component`), then attach its runtime
+    (`attach_runtime`). `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the
+    placed module: `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a
+    quantized or renamed-key component: `owner_reading`), which replaces `meta.module` in the pipeline.
 
     A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
     escapes."""
+    module, disk_weights = read_component(meta, component, accelerators=accelerators, progress=progress,
+                                          offload_folder=offload_folder)
+    if component is not None:
+        try:
+            attach_runtime(module, component, hooks=hooks, disk_weights=disk_weights)
+        except BaseException:
+            _unplace_quietly(module)
+            raise
+    return module
+
+
+def read_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
+                   progress: bool = True, offload_folder: str | Path | None = None,
+                   ) -> tuple[nn.Module, DiskWeights | None]:
+    """`meta`'s weights read to the devices `component` plans (by our reader or the format's owner), cast as
+    its load options say, no runtime: the placed module and what serves its "disk" parts (None: none). A
+    failure leaves the module hook-free with every tensor on meta."""
     device_map = None if component is None else component.device_map
     module = meta.module
     try:
@@ -74,15 +93,17 @@ def place_component(meta: MetaComponent, component: ComponentPlan | None, *, acc
         else:
             disk_weights = _stream(meta, device_map, accelerators=accelerators, progress=progress)
         apply_casting(module, meta)
-        if component is not None:
-            attach_runtime(module, component, hooks=hooks, disk_weights=disk_weights)
     except BaseException:
-        try:
-            unplace(module)
-        except Exception:  # e.g. a quantized module that refuses .to("meta"): the original error matters
-            pass
+        _unplace_quietly(module)
         raise
-    return module
+    return module, disk_weights
+
+
+def _unplace_quietly(module: nn.Module) -> None:
+    try:
+        unplace(module)
+    except Exception:  # e.g. a quantized module that refuses .to("meta"): the original error matters
+        pass
 
 
 def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
@@ -93,6 +114,22 @@ def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
         apply_component_plan(module, component, disk_weights=disk_weights)
     else:
         module.hf_device_map = dict(component.device_map)
+
+
+def attach_plan_runtime(modules: Mapping[str, nn.Module], plan: Plan, *, hooks: bool,
+                        disk_weights: Mapping[str, DiskWeights | None]) -> None:
+    """A pipeline's runtime, once every component's weights are where `plan` puts them: the whole plan at once
+    (`hooks.apply_plan`), so the components sharing an accelerator share one per-call coordinator there and the
+    modules one loads per call are released when another's phase needs the room. `modules`: the components
+    placed here (the plan's others are pinned where their owner placed them); `disk_weights`: what serves the
+    "disk" parts of those read from a checkpoint (`read_component`). `hooks=False` only records the maps. On
+    failure nothing of it is left (the caller's undo then unplaces the weights)."""
+    if not hooks:
+        for name, module in modules.items():
+            module.hf_device_map = plan.component_device_map(name)
+        return
+    apply_plan(modules, plan, disk_weights={name: disk_weights.get(name) for name in modules},
+               placed_by_owner=[name for name in plan.components if name not in modules])
 
 
 def unplace(module: nn.Module, *, to: torch.device | str = "meta") -> None:

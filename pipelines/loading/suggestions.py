@@ -64,12 +64,14 @@ def suggestions(plan: Plan | None, metas: Mapping[str, MetaComponent], replannin
         return []
     best: dict[str, tuple[Candidate, Plan]] = {}  # per component: its least lossy change with the best outcome
     for candidate in candidates(metas):
+        current = best.get(candidate.component)
+        if current is not None and _cannot_be_beaten(current[1]):
+            continue  # a more lossy change of the same component cannot do better: spare its build
         changed = {**replanning.modules, candidate.component: candidate.build()}
         try:
             other = placement.plan(changed, **_sized_as_built(replanning.arguments, candidate.component))
         except PlacementError:
             continue
-        current = best.get(candidate.component)
         if _better(other, plan) and (current is None or _better(other, current[1])):
             best[candidate.component] = (candidate, other)
     return [_describe(candidate, other) for candidate, other in best.values()]
@@ -140,6 +142,10 @@ def _torchao_int8(meta: MetaComponent) -> ComponentQuantization:
     return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.TORCHAO)
 
 
+def _cannot_be_beaten(plan: Plan) -> bool:
+    return plan.verdict.kind is VerdictKind.FITS and not _moved(plan)
+
+
 def _moved(plan: Plan) -> int:
     return getattr(plan, "transfer_bytes_per_call", 0) or 0
 
@@ -160,8 +166,9 @@ def _describe(candidate: Candidate, other: Plan) -> str:
         outcome = f"everything fits on {', '.join(where)}"
     else:
         outcome = f"{other.verdict.kind.value}"
-    moved = getattr(other, "transfer_bytes_per_call", None)
-    moves = "" if moved is None else f", moves {format_bytes(moved)} per call"
+    moved = other.transfer_bytes_per_call
+    # "moves 0 B" says nothing: a plan that keeps everything resident just fits.
+    moves = f", moves {format_bytes(moved)} per call" if moved else ""
     return f"Suggestion: with {candidate.component} in {candidate.label} ({size}) {outcome}{moves}."
 
 

@@ -3,8 +3,8 @@
 estimate.py   `estimate_activations` (FakeTensorMode + a live-storage tracker), its errors
 tracker.py    the dispatch-level tracker of live storages and their peak
 attention.py  fused-attention accounting (no N x N matrix is counted, as the fused kernels allocate none)
-hooks.py      module hooks that mark where the tracker's peaks happen
-quiet.py      torch's loggers and warnings silenced while an estimate runs (its failure is ours to report)
+stand_ins.py  shape-only stand-ins for what fake tensors cannot run (constants made on meta, MoE routing)
+isolation.py  what an estimate sets aside while it runs: accelerate's hooks, torch's log lines and warnings
 measure.py    the reference: torch's MemTracker on real tensors, for tests and benchmarks
 """
 

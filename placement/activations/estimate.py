@@ -26,8 +26,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
-from .hooks import accelerate_hooks_bypassed
-from .quiet import torch_silenced
+from .isolation import accelerate_hooks_bypassed, torch_silenced
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError

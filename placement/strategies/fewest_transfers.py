@@ -1,5 +1,5 @@
 """Among plans that fit: nothing on the CPU if any plan avoids it, then the fewest bytes moved per call, then
-the balanced objective (DESIGN.md, "When it does not fit").
+the balanced objective (docs/design.md, "When it does not fit").
 
 `with_fewest_transfers(strategy)` runs the strategy first (balanced, with its demotions). When its plan keeps
 every component resident on accelerators, it moves nothing per call and is kept as it is: a pipeline that fits

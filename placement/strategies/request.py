@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping, Optional
 
 import torch
@@ -13,6 +14,7 @@ from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize
 from ..streaming import TransferUnit, transfer_units
+from ..transfers.rooms import spread_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,11 +29,30 @@ class ComponentRequest:
     position: int  # in execution order
     streamed: int  # bytes on the execution device at once when offloaded (streaming.streaming_working_set)
     units: tuple[TransferUnit, ...] = ()  # streaming.transfer_units (empty: computed when asked for)
+    # Paths of the units (modules) the planned call never runs (`idle_units`; empty without a traced call).
+    idle: frozenset[str] = frozenset()
 
     @property
     def layout_units(self) -> tuple[TransferUnit, ...]:
         """The pieces the transfer planner keeps resident, loads per call or streams (rest first, then blocks)."""
         return self.units or transfer_units(self.module, self.size)
+
+    @cached_property
+    def unit_rank(self) -> dict[str, int]:
+        """Each layout unit's index (its execution order among the blocks)."""
+        return {unit.path: index for index, unit in enumerate(self.layout_units)}
+
+    @cached_property
+    def spread_blocks(self) -> frozenset[str]:
+        """The blocks that may run on another accelerator than its execution device (`transfers.rooms`)."""
+        return spread_blocks(self)
+
+    @property
+    def active_units(self) -> tuple[TransferUnit, ...]:
+        """The layout units the planned call runs (all of them without a traced call)."""
+        if not self.idle:
+            return self.layout_units
+        return tuple(unit for unit in self.layout_units if unit.path not in self.idle)
 
     @property
     def bytes(self) -> int:

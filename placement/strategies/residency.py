@@ -20,7 +20,7 @@ from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..transfers.fill import Filled
 from ..transfers.search import (
-    Choice, Evaluated, Level, choices, fill_and_split, lower_bound, priority_order, reserve_phases, spreadable,
+    Choice, Evaluated, Level, choices, fill_and_split, lower_bound, priority_order, reserve_phases,
 )
 from .cost import PlanCost, fullest_share
 from .fallbacks import place_whole, try_split
@@ -58,7 +58,6 @@ class _Search:
         kept = [d for d in accelerators if not (low_0 and d == 0 and len(accelerators) > 1)]
         self.homes = kept
         self.device_order = kept + [d for d in accelerators if d not in kept]
-        self.spread = {r.name: spreadable(r) for r in self.order}
         self.stages: dict = {}
         self.splits: dict = {}  # STREAM components' host splits by room (`fill_and_split`)
 
@@ -67,7 +66,7 @@ class _Search:
         if stage is None:
             return None
         ledger = stage.ledger.copy()
-        settled = fill_and_split(ledger, choice, self.order, self.runs, spread=self.spread, cache=self.splits)
+        settled = fill_and_split(ledger, choice, self.order, self.runs, cache=self.splits)
         if settled is None:
             return None
         filled, splits = settled

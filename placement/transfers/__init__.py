@@ -1,4 +1,4 @@
-"""The transfer model (DESIGN.md, "When it does not fit: what moves per call"): what crosses host -> accelerator
+"""The transfer model (docs/design.md, "When it does not fit: what moves per call"): what crosses host -> accelerator
 per call, and the search for the plan that moves the least.
 
 inputs.py      `runs_per_call` and `link_bandwidth` as `placement.plan` takes them, checked

@@ -25,6 +25,7 @@ from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, ComponentTransfer
 from ..streaming import TransferUnit
 from .host_split import HostSplit, split_host_part
+from .rooms import away_rooms, phase_room
 
 
 def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
@@ -34,10 +35,12 @@ def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
     for name, placed in state.by_name.items():
         plan = placed.plan
         request = requests[name]
-        transfer, split = component_transfer(plan, request, runs.get(name, 1), phase_room(ledger, plan, request))
+        transfer, split = component_transfer(plan, request, runs.get(name, 1), ledger)
         update: dict = {"transfer": transfer}
         if _loads_more(split) and ledger.has(plan.execution_device):  # untracked: a dict named a device
             ledger.set_phase(plan.execution_device, name, request.transient + split.phase_weights)
+            for device, loaded in split.away_bytes().items():
+                ledger.set_phase(device, name, request.transient + loaded)
             update["streamed_unit_bytes"] = split.phase_weights
         by_name[name] = replace(placed, plan=plan.model_copy(update=update))
     return replace(state, ledger=ledger, by_name=MappingProxyType(by_name))
@@ -57,34 +60,30 @@ def transfer_bytes(by_name: Mapping, requests: Mapping, ledger: Ledger, runs: Ma
     total = 0
     for name, request in requests.items():
         plan = by_name[name].plan
-        transfer, _ = component_transfer(plan, request, runs.get(name, 1), phase_room(ledger, plan, request))
+        transfer, _ = component_transfer(plan, request, runs.get(name, 1), ledger)
         total += transfer.bytes_per_call
     return total
 
 
-def phase_room(ledger: Ledger, plan: ComponentPlan, request) -> Optional[int]:
-    """Bytes free for host-homed weights on the execution device while this component runs (None: unlimited)."""
-    device = plan.execution_device
-    if not ledger.has(device) or ledger.loads[device].budget is None:
-        return None
-    load = ledger.loads[device]
-    return load.budget - ledger.overhead(device) - load.weights - request.transient
-
-
 def component_transfer(plan: ComponentPlan, request, runs: int,
-                       room: Optional[int]) -> tuple[ComponentTransfer, Optional[HostSplit]]:
-    """The component's transfer, and its host split (None when nothing host-homed runs on an accelerator)."""
+                       ledger: Ledger) -> tuple[ComponentTransfer, Optional[HostSplit]]:
+    """The component's transfer, and its host split (None when nothing host-homed runs on an accelerator),
+    within the room its phase leaves (`rooms`: on its execution device and, spread, on the others)."""
     if not is_accelerator(plan.execution_device):
         return ComponentTransfer(runs_per_call=runs), None  # computes on the CPU: nothing crosses to a GPU
     resident = sum(n for device, n in plan.placed_bytes.items() if is_accelerator(device))
     host = host_units(plan.device_map, request)
     if not host:
         return ComponentTransfer(runs_per_call=runs, resident_bytes=resident), None
-    split = split_host_part(host, runs=runs, room=room)
+    home = plan.execution_device
+    split = split_host_part(host, runs=runs, room=phase_room(ledger, home, request), idle=request.idle,
+                            away=away_rooms(ledger, request, home) if ledger.has(home) else (),
+                            spread=request.spread_blocks)
     transfer = ComponentTransfer(
         runs_per_call=runs, resident_bytes=resident, loaded_per_call_bytes=split.loaded_bytes,
         streamed_per_run_bytes=split.streamed_bytes, per_call_modules=[u.path for u in split.per_call],
-        streamed_modules=[u.path for u in split.streamed], stream_buffer_bytes=split.buffer_bytes,
+        streamed_modules=split.streamed_paths, stream_buffer_bytes=split.buffer_bytes,
+        per_call_devices=dict(split.away),
     )
     return transfer, split
 

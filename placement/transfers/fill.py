@@ -1,7 +1,7 @@
 """Partial residency: as many of a component's units resident as the other phases leave room for.
 
-A component that cannot stay whole keeps units resident on its home accelerator (where it executes) and, when
-its layout allows a cut across devices, on the others. A unit may go to a device only if every phase there
+A component that cannot stay whole keeps units resident on its home accelerator (where it executes) and, for
+the blocks its layout allows to cut across devices (`rooms.spread_blocks`), on the others. A unit may go to a device only if every phase there
 still fits afterwards: the phases of the components already placed (`Ledger.phase_bytes`), and the
 component's own: on its home, its activations, its host-homed rest and two blocks in flight (the least it
 needs to run by streaming); elsewhere, its activations (a split charges them to every device it spans).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..devices import Device
 from ..memory_model import Ledger
@@ -35,21 +35,24 @@ class Filled:
 
 
 def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], activation: int, home: int,
-                  devices: Sequence[int], spreadable: bool, in_order: bool = False) -> Filled:
+                  devices: Sequence[int], spread: Collection[str], in_order: bool = False) -> Filled:
     """Place as many `units` resident as fit (see the module doc), charge them to `ledger`, and return where.
+    `spread`: the blocks that may sit on other accelerators than `home` (the others stay there or on the host).
     `in_order`: blocks in execution order instead of largest first (the issue's reference policy's way)."""
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
-    order = [home, *(d for d in devices if d != home)] if spreadable else [home]
+    everywhere = [home, *(d for d in devices if d != home)]
     filled = Filled()
     for unit in (u for u in units if not u.block):  # the rest runs with the inputs: on the home accelerator
         _place_one(state, unit, [home], filled)
     blocks = [u for u in units if u.block]
     if in_order:
         for unit in blocks:
-            _place_one(state, unit, order, filled)
+            _place_one(state, unit, everywhere if unit.path in spread else [home], filled)
     else:  # the largest blocks first: what stays on the host is small, so two in flight take little room
         for size in sorted({u.bytes for u in blocks}, reverse=True):
-            _place_size(state, [u for u in blocks if u.bytes == size], order, filled)
+            members = [u for u in blocks if u.bytes == size]
+            _place_size(state, [u for u in members if u.path not in spread], [home], filled)  # home first:
+            _place_size(state, [u for u in members if u.path in spread], everywhere, filled)  # no other choice
     for device, taken in filled.resident.items():
         spans = device != home  # its phase there: its activations
         ledger.add(device, weights=sum(u.bytes for u in taken), transient=activation if spans else 0, phase=name)

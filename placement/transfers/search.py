@@ -1,5 +1,5 @@
 """The residency search: among plans that execute everything on accelerators, the one moving the fewest bytes
-per call, for pipelines that do not fit resident (DESIGN.md, "When it does not fit").
+per call, for pipelines that do not fit resident (docs/design.md, "When it does not fit").
 
 Each component gets one of three residency levels, and every component that is not resident executes on one
 `home` accelerator (their phases never overlap, so they share its room, and what one phase leaves free there
@@ -30,9 +30,9 @@ from enum import Enum
 from typing import Iterator, Optional, Sequence
 
 from ..memory_model import Ledger
-from ..streaming import BLOCK_CONTAINERS, block_groups
 from .fill import Filled, fill_resident
 from .host_split import HostSplit, minimum_phase_weights, split_host_part
+from .rooms import away_rooms, phase_room, spreadable  # spreadable: re-exported (benchmarks read it here)
 
 EXACT_LIMIT = 2_000  # level x home combinations evaluated exhaustively (each is a fraction of a millisecond)
 
@@ -98,49 +98,49 @@ def _count(options) -> int:
     return total
 
 
-def spreadable(request) -> bool:
-    """Whether its blocks may sit on several accelerators: no module the layout descends through (the root
-    included) is one of its `_no_split_modules` (a cut there would separate tensors one forward joins)."""
-    protected = set(request.size.no_split_classes)
-    holders = [module for _, module in block_groups(request.module).rest_modules
-               if any(isinstance(child, BLOCK_CONTAINERS) for child in module.modules())]
-    return not any(type(module).__name__ in protected for module in [request.module, *holders])
-
-
-def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *, spread: dict[str, bool],
+def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
                    cache: Optional[dict] = None) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
     """FILL components' resident units (priority order), then every non-resident part's per-call / streamed
-    split in its phase on the home; None when a phase does not fit. `cache` keeps the splits of STREAM
+    split in its phase (on the home, and for blocks that may run elsewhere on the other accelerators: `rooms`);
+    None when a phase does not fit. `cache` keeps the splits of STREAM
     components (all of their units on the host) by room, across candidates."""
     cache = {} if cache is None else cache
     filled: dict[str, Filled] = {}
     for request, level in zip(order, choice.levels):
-        if level is Level.FILL:
+        if level is Level.FILL:  # resident room for the blocks the call runs; the idle ones stay on the host
             filled[request.name] = fill_resident(
-                ledger, name=request.name, units=request.layout_units, activation=request.transient,
-                home=choice.home, devices=ledger.accelerators, spreadable=spread[request.name],
+                ledger, name=request.name, units=request.active_units, activation=request.transient,
+                home=choice.home, devices=ledger.accelerators, spread=request.spread_blocks,
                 in_order=choice.in_order)
+            filled[request.name].host.extend(u for u in request.layout_units if u.path in request.idle)
         elif level is Level.STREAM:
             filled[request.name] = Filled(host=list(request.layout_units))
     splits = {}
-    home = ledger.loads[choice.home]
     for request in order:
         if request.name not in filled:
             continue
-        room = None if home.budget is None else (
-            home.budget - ledger.overhead(choice.home) - home.weights - request.transient)
-        host = filled[request.name].host
-        key = (request.name, room) if len(host) == len(request.layout_units) else None
+        room, away = phase_room(ledger, choice.home, request), away_rooms(ledger, request, choice.home)
+        host = sorted(filled[request.name].host, key=lambda unit: request.unit_rank[unit.path])  # unit order
+        key = (request.name, room, away) if len(host) == len(request.layout_units) else None
         split = cache.get(key) if key else None
         if split is None:
-            split = split_host_part(host, runs=runs.get(request.name, 1), room=room)
+            split = split_host_part(host, runs=runs.get(request.name, 1), room=room, idle=request.idle, away=away,
+                                    spread=request.spread_blocks)
             if key:
                 cache[key] = split
         if not split.fits:
             return None
-        ledger.set_phase(choice.home, request.name, request.transient + split.phase_weights)
+        settle_phases(ledger, request, choice.home, split)
         splits[request.name] = split
     return filled, splits
+
+
+def settle_phases(ledger: Ledger, request, home, split: HostSplit) -> None:
+    """The component's phase on its execution device (activations, what it loads there, blocks in flight) and
+    on each accelerator it loads blocks per call onto (activations and those blocks)."""
+    ledger.set_phase(home, request.name, request.transient + split.phase_weights)
+    for device, loaded in split.away_bytes().items():
+        ledger.set_phase(device, request.name, request.transient + loaded)
 
 
 def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
@@ -148,7 +148,7 @@ def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
     for request, level in zip(order, choice.levels):
         if level is Level.WHOLE:
             continue
-        need = request.transient + minimum_phase_weights(request.layout_units)
+        need = request.transient + minimum_phase_weights(request.active_units)
         if not ledger.fits(choice.home, weights=0, transient=need):
             return False
         ledger.add(choice.home, transient=need, phase=request.name)

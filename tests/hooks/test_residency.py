@@ -153,6 +153,44 @@ def test_two_gpus_split_resident_part_and_per_call_swaps(gpus):
     placed.remove()
 
 
+def test_per_call_blocks_loaded_onto_another_gpu_where_its_phase_has_room(gpus):
+    gpus(2)
+    modules = make()
+    expected = run(modules)
+    away = ("blocks.3",)  # loaded per call onto GPU 1 (GPU 0 lacks the room), released for the encoder's phase
+    components = [
+        component("encoder", modules["encoder"], {"": 1}, execution=1, activation_bytes=3000),
+        component("denoiser", modules["denoiser"], DENOISER_MAP, per_call=("blocks.2", *away),
+                  streamed=("blocks.4", "blocks.5"), runs=STEPS),
+        component("decoder", modules["decoder"], {"": "cpu"}, **DECODER),
+    ]
+    denoiser = components[1]
+    components[1] = denoiser.model_copy(update={
+        "transfer": denoiser.transfer.model_copy(update={"per_call_devices": {"blocks.3": 1}})})
+    resident = [sum(c.placed_bytes.get(gpu, 0) for c in components) for gpu in (0, 1)]
+    # GPU 0: the decoder's phase (7468 bytes) fits, the denoiser's (6528) beside the decoder's per-call 1292 not.
+    placement = plan(components, {0: resident[0] + 7600, 1: resident[1] + 3000})
+    place_resident(modules, placement)
+    placed = apply_plan(modules, placement)
+    output, meter = second_call(modules)
+    assert_decoded(output, expected)
+    assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980 - 2752  # encoder resident
+    assert meter.weights.accelerator_to_accelerator_bytes == 0
+    assert meter.inputs.accelerator_to_accelerator_bytes > 0  # h hops to GPU 1 for blocks.3 and back
+    blocks = modules["denoiser"].blocks
+    with torch.no_grad():
+        modules["denoiser"](torch.zeros(2, 16), torch.zeros(2, 16))
+    assert blocks[3].attn.weight.device == torch_device(1) and blocks[2].attn.weight.device == torch_device(0)
+    on_1 = placed.context.shared[(Technique.PER_CALL_RESIDENCY, 1)]
+    assert [share.name for share in on_1.phases] == ["Encoder", "Denoiser"]
+    assert on_1.phases[1].per_call_bytes == nbytes(modules["denoiser"], away)
+    with torch.no_grad():
+        modules["encoder"](caller_inputs())  # its activations need GPU 1's room: blocks.3 goes back
+    assert blocks[3].attn.weight.device.type == "cpu"
+    placed.remove()
+    assert_runs_again_on_the_cpu(modules, expected)
+
+
 def test_disk_homed_modules_load_per_call_and_stream_from_the_checkpoint_files(gpus, tmp_path):
     gpus(1)
     modules = make()

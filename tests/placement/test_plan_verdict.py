@@ -35,7 +35,8 @@ def test_a_device_with_under_five_percent_left_is_flagged():
     assert "! GPU 0 is tight" in plan.explain()
 
 
-def test_offloaded_components_give_the_verdict_and_their_cost_per_run():
+def test_offloaded_components_give_the_verdict_and_their_cost_per_run(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")  # no CUDA GPU to time, on any machine: assumed
     plan = placement.plan({"big": component([0.5] * 16, head=0.5), "small": whole(1)},
                           max_memory={0: "4GiB", "cpu": "64GiB"})
     assert plan.components["big"].kind.value == "offloaded"

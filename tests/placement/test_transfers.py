@@ -8,6 +8,7 @@ import pytest
 import placement
 from placement import PlacementKind, Plan
 from placement.sizes import GiB
+from placement.transfers import link_speed
 
 from synthetic import component, whole
 
@@ -140,7 +141,8 @@ def test_bad_runs_per_call_is_a_clear_error(runs, match):
         placement.plan(pipeline(), max_memory={0: "12GiB", "cpu": "64GiB"}, runs_per_call=runs)
 
 
-def test_link_bandwidth_is_stated_and_turns_bytes_into_seconds():
+def test_link_bandwidth_is_stated_and_turns_bytes_into_seconds(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")  # no GPU to measure, on any machine: assumed
     kwargs = dict(max_memory={0: "12GiB", "cpu": "64GiB"}, activations=ACTIVATIONS, runs_per_call={"denoiser": 28})
     assumed = placement.plan(pipeline(), **kwargs)
     assert (assumed.link_bandwidth, assumed.link_bandwidth_source) == (25e9, "assumed: PCIe 4.0 x16")
@@ -197,3 +199,28 @@ def test_explain_the_verdict_and_the_svg_show_the_bytes_and_time_per_call():
     svg = plan.to_svg()
     assert f"Moved per call, host -&gt; accelerator: {total}" in svg
     assert f"{format_bytes(denoiser.bytes_per_call)} per call" in svg
+
+
+def test_without_a_cuda_gpu_the_link_is_assumed_and_nothing_is_measured(monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    monkeypatch.setattr(link_speed, "measure_cuda_link", lambda index: pytest.fail("measured a virtual GPU"))
+    plan = placement.plan(pipeline(), max_memory={0: "12GiB", 1: "4GiB", "cpu": "64GiB"}, activations=ACTIVATIONS,
+                          runs_per_call={"denoiser": 28})
+    assert plan.transfer_bytes_per_call > 0
+    assert (plan.link_bandwidth, plan.link_bandwidth_source) == (25e9, "assumed: PCIe 4.0 x16")
+    assert link_speed.link_speed([0, 1], moves=True) is None  # virtual accelerators are CPUs: nothing to time
+
+
+@pytest.mark.gpu
+def test_on_a_cuda_gpu_the_link_is_measured_by_a_pinned_copy(monkeypatch):
+    monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
+    measured = link_speed.measure_cuda_link(0)
+    assert measured is not None and 1e8 < measured < 1e12  # 0.1 GB/s .. 1 TB/s: a copy was timed
+    kwargs = dict(max_memory={0: "12GiB", "cpu": "64GiB"}, activations=ACTIVATIONS, runs_per_call={"denoiser": 28})
+    plan = placement.plan(pipeline(), **kwargs)
+    assert plan.transfer_bytes_per_call > 0
+    assert plan.link_bandwidth == measured and plan.link_bandwidth_source.startswith("measured: pinned host -> cuda:0")
+    assert plan.transfer_seconds_per_call == pytest.approx(plan.transfer_bytes_per_call / measured)
+    assert placement.plan(pipeline(), link_bandwidth="12.5GB", **kwargs).link_bandwidth_source == "given"
+    fits = placement.plan(pipeline(), max_memory={0: "200GiB", "cpu": "64GiB"}, activations=ACTIVATIONS)
+    assert fits.transfer_bytes_per_call == 0 and fits.link_bandwidth_source.startswith("assumed")  # nothing moves

@@ -31,13 +31,28 @@ def quantized_classes(module) -> set[str]:
     return {type(t).__name__ for t in module.parameters() if is_quantized_tensor(t)}
 
 
-def place_offloaded(module):
-    """`module` in a generic pipeline placed with a GPU budget of 60% of it: offloaded (group offload)."""
+def place_offloaded(module, **options):
+    """`module` in a generic pipeline placed with a GPU budget of 60% of it: offloaded (part resident, the rest
+    moved per call)."""
     pipe = pipelines.Pipeline()
     pipe.register_components(model=module)
-    plan = pipelines.place(pipe, max_memory={0: real_storage(module) * 6 // 10, "cpu": "1GiB"})
+    plan = pipelines.place(pipe, max_memory={0: real_storage(module) * 6 // 10, "cpu": "1GiB"}, **options)
     assert plan.components["model"].kind.value == "offloaded"
     return pipe
+
+
+def moved_by_a_second_call(module) -> int:
+    """Host -> accelerator weight bytes of a call in steady state (the first call may find blocks loaded)."""
+    run(module)
+    with hooks.measure_transfers() as meter:
+        run(module)
+    return meter.weights.host_to_accelerator_bytes
+
+
+def host_homed_storage(pipe) -> int:
+    """The real storage of what the plan keeps off the accelerator: the part a call has to bring over."""
+    transfer = pipe.placement_plan.components["model"].transfer
+    return real_storage(pipe.model) - transfer.resident_bytes
 
 
 STREAMED_BLOCKS = {"": 0, "single_transformer_blocks": "cpu", "transformer_blocks": "cpu"}  # model-level streaming
@@ -85,11 +100,12 @@ def test_group_offloaded_moves_quantized_tensors_as_they_are(name, one_cpu_backe
     options, reference = make(folder)
     expected = run(reference)
     pipe = place_offloaded(reference)
-    with hooks.measure_transfers() as meter:
-        assert torch.equal(run(pipe.model), expected)
+    assert torch.equal(run(pipe.model), expected)
     assert quantized_classes(pipe.model) == {kind}  # never dequantized on the host
-    # One call streams every group once, each tensor at its quantized storage (not as dense bf16/fp32).
-    assert meter.weights.host_to_accelerator_bytes == real_storage(pipe.model)
+    # A call moves what the plan says, each tensor at its quantized storage (not as dense bf16/fp32).
+    moved = moved_by_a_second_call(pipe.model)
+    assert 0 < moved == pipe.placement_plan.transfer_bytes_per_call
+    assert moved == host_homed_storage(pipe)
     pipe.reset_device_map()
     assert quantized_classes(pipe.model) == {kind}
 
@@ -99,15 +115,11 @@ def test_fp8_layerwise_cast_weights_are_offloaded_in_fp8(one_cpu_backed_gpu, tmp
     model = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
     reference = diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=BF16).eval()
     reference.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=BF16)
-    pipe = pipelines.Pipeline()
-    pipe.register_components(model=model)
-    plan = pipelines.place(pipe, layerwise_casting={"model": torch.float8_e4m3fn},
-                           max_memory={0: real_storage(reference) * 6 // 10, "cpu": "1GiB"})
-    assert plan.components["model"].kind.value == "offloaded"
-    assert plan.components["model"].bytes == real_storage(reference)
-    with hooks.measure_transfers() as meter:
-        assert torch.equal(run(pipe.model), run(reference))
-    assert meter.weights.host_to_accelerator_bytes == real_storage(reference)  # fp8 bytes moved, not bf16
+    pipe = place_offloaded(model, layerwise_casting={"model": torch.float8_e4m3fn})
+    assert pipe.placement_plan.components["model"].bytes == real_storage(reference)
+    assert torch.equal(run(pipe.model), run(reference))
+    moved = moved_by_a_second_call(pipe.model)  # fp8 bytes moved, not bf16
+    assert 0 < moved == pipe.placement_plan.transfer_bytes_per_call == host_homed_storage(pipe)
 
 
 def test_streamed_blocks_of_a_loaded_torchao_model_equal_diffusers(one_cpu_backed_gpu, tmp_path):
@@ -121,12 +133,18 @@ def test_streamed_blocks_of_a_loaded_torchao_model_equal_diffusers(one_cpu_backe
 
 
 @pytest.mark.parametrize("name", ["quanto int8", "gguf Q8_0"])
-def test_streaming_quanto_or_gguf_module_by_module_is_refused_when_planned(name, one_cpu_backed_gpu, tmp_path):
-    make, _ = FORMATS[name]
-    options, _ = make(save_flux(tmp_path))
+def test_quanto_or_gguf_blocks_kept_on_the_host_run_by_the_transfer_plan(name, one_cpu_backed_gpu, tmp_path):
+    """A model-level map with host entries runs under per-call residency, which moves module groups with their
+    tensors as they are (accelerate's weight hooks, which would rebuild them as plain tensors, are not used)."""
+    make, kind = FORMATS[name]
+    options, reference = make(save_flux(tmp_path))
     pretrained = options.pop("pretrained", tmp_path / "flux")
-    with pytest.raises(pipelines.FormatPlacementError, match="streamed module by module.*offload it whole"):
-        pipelines.plan_model(pretrained, device_map=STREAMED_BLOCKS, **options)
+    model = pipelines.load_model(pretrained, device_map=STREAMED_BLOCKS, progress=False, **options)
+    plan = model.placement_plan
+    assert next(iter(plan.components.values())).kind.value == "offloaded"
+    assert torch.equal(run(model), run(reference))
+    assert quantized_classes(model) == {kind}
+    assert 0 < moved_by_a_second_call(model) == plan.transfer_bytes_per_call
 
 
 def test_bitsandbytes_offloaded_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
@@ -134,7 +152,8 @@ def test_bitsandbytes_offloaded_is_refused_when_planned(one_cpu_backed_gpu, tmp_
     folder = save_t5(tmp_path)
     config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=BF16)
     streamed = {"shared": 0, "encoder.block.0": 0, "encoder.block.1": "cpu", "encoder.final_layer_norm": 0}
-    with pytest.raises(pipelines.FormatPlacementError, match=r"'T5EncoderModel' \(fp4 \(bitsandbytes\).*streamed"):
+    refused = r"'T5EncoderModel' \(fp4 \(bitsandbytes\).*offloaded.*cannot be offloaded apart"
+    with pytest.raises(pipelines.FormatPlacementError, match=refused):
         pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, device_map=streamed,
                              max_memory={0: "1GiB", "cpu": "1GiB"})
     quantized = transformers.T5EncoderModel.from_pretrained(folder, quantization_config=config, dtype=BF16)
@@ -153,3 +172,12 @@ def test_a_quantized_component_on_disk_is_refused_when_planned(one_cpu_backed_gp
     with pytest.raises(pipelines.FormatPlacementError, match="disk.*safetensors files, which hold plain tensors only"):
         pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, offload_folder=tmp_path / "off",
                              max_memory={0: "8KiB", "cpu": "8KiB"})
+
+
+def test_fp8_layerwise_casting_on_disk_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
+    """The disk copy would be written before the fp8 cast: served from it, the layers would compute at full
+    precision, so a plan putting a cast component on disk is refused before anything is read."""
+    folder = save_flux(tmp_path, layers=4)
+    with pytest.raises(pipelines.FormatPlacementError, match=r"layerwise float8_e4m3fn.*on disk.*max_memory\['cpu'\]"):
+        pipelines.plan_model(folder, torch_dtype=BF16, layerwise_casting=torch.float8_e4m3fn,
+                             offload_folder=tmp_path / "off", max_memory={0: "8KiB", "cpu": "8KiB"})

@@ -111,11 +111,16 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
     # The top, then one per entry, except a container entry (a ModuleList the parent loops over, never called
     # itself): one on each of its blocks, where the inputs arrive.
     called = sum(len(module) if isinstance(module, torch.nn.ModuleList) else 1 for module in entries)
-    assert hook_counts(split) == {"MoveInputsHook": 1 + called}
+    # It executes on GPU 0, where the offloaded and disk ones load modules per call: per-call residency runs it
+    # too (its phase may need their room), its one hook at the top a `ResidencyHook`. A piece of its rest that
+    # runs on the other GPU hands its outputs back to GPU 0, where the code after it runs (`HandBackHook`).
+    counts = hook_counts(split)
+    assert counts.pop("ResidencyHook") == 1 and set(counts) <= {"MoveInputsHook", "HandBackHook"}
+    assert sum(counts.values()) == called
     assert {f"{by_kind['split']}.{key}" for key in split.hf_device_map} <= set(pipe.hf_device_map)
     assert all(isinstance(device, int) for device in split.hf_device_map.values())
 
-    assert hook_counts(pipe.components[by_kind["whole"]]) == {"MoveInputsHook": 1}
+    assert hook_counts(pipe.components[by_kind["whole"]]) == {"ResidencyHook": 1}  # on GPU 0 too: one hook
     offloaded = pipe.components[by_kind["offloaded"]]
     # Offloaded with a transfer plan (issue 18): per-call residency runs it, one hook at its top and one on each
     # streamed block.

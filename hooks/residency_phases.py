@@ -1,0 +1,191 @@
+"""Who holds what on each accelerator between a pipeline's phases: per-call residency's bookkeeping.
+
+A component's run is its *phase* (`ComponentPhase`: entered at each run, `enter`/`exit` nest). On each
+accelerator it uses -- where it executes, where it keeps resident blocks, where it loads per-call blocks -- it
+has a `DeviceShare`: the per-call units it loads there and the bytes its runs need there besides weights (its
+activations, charged to every accelerator it runs blocks on as the planner charges them, and on its execution
+device its stream buffers). The components of a pipeline share one `DeviceCoordinator` per accelerator: when
+a phase starts, each coordinator it has a share with releases the per-call units of the components that ran
+longest ago, last unit first, until the arriving share fits in `room` (the device's budget less the runtime
+overhead and everyone's resident weights); then the phase loads its per-call units on every device at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from placement.devices import Device
+from placement.streaming import RESIDENT_BLOCKS
+
+from .group_offload.module_group import ModuleGroup
+from .group_offload.offload import GroupOffloadSession
+
+
+class DeviceCoordinator:
+    """The shares of the components that use one accelerator.
+
+    `room`: bytes the per-call units, the running component's activations and its stream buffers may use on
+    the device (None: unlimited, nothing is released until removal)."""
+
+    def __init__(self, *, place: Device, room: int | None) -> None:
+        self.place = place
+        self.room = room
+        self.phases: list[DeviceShare] = []
+        self._clock = 0
+
+    def __repr__(self) -> str:
+        return f"DeviceCoordinator(place={self.place!r}, room={self.room}, phases={[p.name for p in self.phases]})"
+
+    def make_room(self, share: DeviceShare) -> None:
+        """`share`'s phase starts: release the idle shares' per-call units it needs the room of."""
+        self._clock += 1
+        share.last_entered = self._clock
+        if self.room is None:
+            return
+        allowed = self.room - share.transient_bytes - share.per_call_bytes
+        excess = sum(other.loaded_bytes for other in self.phases if other is not share) - allowed
+        idle = sorted((p for p in self.phases if p is not share and not p.active), key=lambda p: p.last_entered)
+        for other in idle:
+            if excess <= 0:
+                break
+            excess -= other.release(excess)
+
+
+class DeviceShare:
+    """One component's part of one accelerator: its per-call units there and what its runs need there. The byte
+    counts are read from the units at each phase start, so an edit that regroups them (adapters) is followed."""
+
+    def __init__(self, *, phase: ComponentPhase, coordinator: DeviceCoordinator, per_call: list[ModuleGroup]) -> None:
+        self.phase = phase
+        self.coordinator = coordinator
+        self.per_call = per_call
+        self.last_entered = 0
+
+    def __repr__(self) -> str:
+        return f"DeviceShare({self.name!r} on {self.coordinator.place!r}, {self.per_call_bytes} per call)"
+
+    @property
+    def name(self) -> str:
+        return self.phase.name
+
+    @property
+    def active(self) -> bool:
+        return self.phase.active
+
+    @property
+    def per_call_bytes(self) -> int:
+        return sum(group.num_bytes for group in self.per_call)
+
+    @property
+    def transient_bytes(self) -> int:
+        """Its runs' activations, and where it executes, its stream buffers."""
+        here = self.coordinator.place == self.phase.place
+        return self.phase.activation_bytes + (self.phase.stream_buffer_bytes if here else 0)
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(group.num_bytes for group in self.per_call if group.is_onloaded)
+
+    def release(self, needed: int) -> int:
+        """Offload per-call units, last first, until `needed` bytes are free; returns the bytes freed."""
+        freed = 0
+        for group in reversed(self.per_call):
+            if freed >= needed:
+                break
+            if group.is_onloaded:
+                group.offload()
+                freed += group.num_bytes
+        return freed
+
+
+class ComponentPhase:
+    """One component's shares, per-run units and streamed session, entered at each run (`enter`/`exit` nest)."""
+
+    def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup], session: GroupOffloadSession | None,
+                 activation_bytes: int = 0, config=None) -> None:
+        self.name = name
+        self.config = config  # what it was applied with (an edit regroups its units by the same lists)
+        self.place = place  # its execution device
+        self.activation_bytes = activation_bytes  # what its runs need besides weights, on every device it uses
+        self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
+        self.session = session
+        self.shares: dict[Device, DeviceShare] = {}
+        self.depth = 0
+        # The torch hooks that start and end a run of `module(...)` (the end also when the forward raised). Torch
+        # hooks, not the accelerate hook's pre_forward: an entry method (diffusers' `apply_forward_hook`, our
+        # `hooked_entry_point`) runs that pre_forward by hand, with no end to pair it; its run is counted by
+        # its `move_inputs_of_entry_methods` wrapper instead.
+        self.run_hooks: list = []
+
+    def share(self, coordinators: Mapping[Device, DeviceCoordinator], place: Device,
+              per_call: list[ModuleGroup]) -> None:
+        """Take a share of `place` (its coordinator in `coordinators`, else one of its own, unlimited)."""
+        coordinator = coordinators.get(place) or DeviceCoordinator(place=place, room=None)
+        self.shares[place] = DeviceShare(phase=self, coordinator=coordinator, per_call=per_call)
+
+    def join(self) -> None:
+        """Join the coordinators (once the component's hooks are in place)."""
+        for share in self.shares.values():
+            share.coordinator.phases.append(share)
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0
+
+    @property
+    def per_call(self) -> list[ModuleGroup]:
+        return [group for share in self.shares.values() for group in share.per_call]
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(share.loaded_bytes for share in self.shares.values())
+
+    @property
+    def stream_buffer_bytes(self) -> int:
+        """What streaming keeps on the execution device at once: the units onloaded for the whole run, plus the
+        largest blocks (the running one and the prefetched one), as the planner counts it."""
+        blocks = self.session.groups if self.session is not None else []
+        largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
+        return sum(group.num_bytes for group in self.per_run) + sum(largest)
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            for share in self.shares.values():
+                share.coordinator.make_room(share)
+            _onload(self.per_call)  # every device's copies started before any is waited for
+            _onload(self.per_run)
+            if self.session is not None:
+                self.session.begin_call()
+
+    def exit(self) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            if self.session is not None:
+                self.session.end_call()
+            for group in self.per_run:
+                group.offload()
+
+    def close(self) -> None:
+        """Undo: every unit back where the loader put it (disk weights: on the CPU), coordinators forget it."""
+        for handle in self.run_hooks:
+            handle.remove()
+        self.run_hooks = []
+        for share in self.shares.values():
+            if share in share.coordinator.phases:
+                share.coordinator.phases.remove(share)
+        for group in [*self.per_call, *self.per_run]:
+            group.restore()
+        if self.session is not None:
+            self.session.close()
+
+
+def _onload(groups: list[ModuleGroup]) -> None:
+    started = [group for group in groups if group.onload()]
+    for group in started:
+        group.wait_until_ready()
+
+
+__all__ = ["ComponentPhase", "DeviceCoordinator", "DeviceShare"]

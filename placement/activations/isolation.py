@@ -1,0 +1,66 @@
+"""What an estimate sets aside while the module's call runs on fake tensors, and puts back exactly on exit.
+
+- accelerate's hooks (`accelerate_hooks_bypassed`): a module the caller already dispatched, offloaded or pinned
+  carries hooks that replace `module.forward` with a wrapper moving inputs to an execution device and loading
+  offloaded weights; on fake tensors that would mean moving them to a real device. What the estimate needs is
+  the module's own computation, so every hooked submodule runs its original forward (`_old_forward`, kept by
+  `add_hook_to_module`) and has no `_hf_hook` (entry points such as a VAE's `decode` check it).
+- torch's own reports (`torch_silenced`): fake-tensor execution logs every meta kernel that raises ("failed
+  while attempting to run meta for aten.mm", with the whole traceback: 30-odd lines on stderr through torch's
+  own handler) before the exception reaches us, and some ops warn about what fake tensors do. The estimate
+  turns the exception into an `ActivationEstimateError` that names the component and what to do; torch's log
+  lines and warnings for the same event would only bury it, so the `torch` loggers are disabled and warnings
+  issued from torch's own modules are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import contextmanager
+from typing import Iterator
+
+from torch import nn
+
+_TORCH = "torch"
+
+
+@contextmanager
+def accelerate_hooks_bypassed(module: nn.Module) -> Iterator[None]:
+    saved = []
+    for submodule in module.modules():
+        hook = submodule.__dict__.get("_hf_hook")
+        if hook is None:
+            continue
+        saved.append((submodule, hook, submodule.__dict__.get("forward")))
+        del submodule._hf_hook
+        original = submodule.__dict__.get("_old_forward")
+        if original is not None:
+            submodule.forward = original
+    try:
+        yield
+    finally:
+        for submodule, hook, wrapper in saved:
+            submodule._hf_hook = hook
+            if wrapper is not None:
+                submodule.forward = wrapper
+            else:
+                submodule.__dict__.pop("forward", None)
+
+
+@contextmanager
+def torch_silenced() -> Iterator[None]:
+    loggers = [logging.getLogger(_TORCH)] + [
+        logger for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if name.startswith(_TORCH + ".") and isinstance(logger, logging.Logger)
+    ]
+    was_disabled = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch(\.|$)")
+            yield
+    finally:
+        for logger, disabled in zip(loggers, was_disabled):
+            logger.disabled = disabled
