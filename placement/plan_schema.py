@@ -105,6 +105,22 @@ class ComponentTransfer(_Frozen):
         return self.loaded_per_call_bytes + self.runs_per_call * self.streamed_per_run_bytes
 
 
+class MemoryTechnique(str, Enum):
+    """Memory techniques a plan turns on for a component: they lower its activation peak, not its weights."""
+
+    VAE_TILING = "vae_tiling"  # decode (and encode) one overlapping spatial/temporal tile at a time
+    VAE_SLICING = "vae_slicing"  # decode (and encode) one sample of the batch at a time
+
+
+class PlannedTechnique(_Frozen):
+    """A memory technique the plan turned on for a component (the load applies it), and why, with the numbers:
+    `activation_bytes_without` is the component's activation peak without it (its `activation_bytes` is with)."""
+
+    technique: MemoryTechnique
+    reason: str
+    activation_bytes_without: Optional[int] = None
+
+
 class ComponentPlan(_Frozen):
     """Where one component lives and where it runs.
 
@@ -126,6 +142,7 @@ class ComponentPlan(_Frozen):
     streamed_unit_bytes: int = 0
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy
     transfer: Optional[ComponentTransfer] = None  # None in files written before the transfer model existed
+    memory_techniques: list[PlannedTechnique] = []  # turned on by the plan, applied by the load (VAE tiling)
 
 
 class DevicePlan(_Frozen):

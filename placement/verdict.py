@@ -55,6 +55,7 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan],
             notes.append(f"{label} is tight: {format_bytes(device.left)} left of {format_bytes(device.budget)} "
                          f"({device.left / device.budget:.1%}, under {TIGHT_SHARE:.0%}); the activation estimate's "
                          "error can exceed that. Give it a larger budget or plan with a smaller call.")
+    notes += [note for component in components for note in technique_notes(component)]
     if components and all(c.execution_device == "cpu" for c in components):
         total = format_bytes(sum(c.bytes for c in components))
         return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
@@ -65,6 +66,15 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan],
     if slow:
         slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")
     return notes + slow
+
+
+_TECHNIQUE_WORDS = {"vae_tiling": "VAE tiling", "vae_slicing": "VAE slicing"}
+
+
+def technique_notes(component: ComponentPlan) -> list[str]:
+    """One line per memory technique the plan turned on for `component` (the load applies it), with why."""
+    return [f"{component.name}: {_TECHNIQUE_WORDS.get(used.technique.value, used.technique.value)} on "
+            f"(the load turns it on): {used.reason}" for used in component.memory_techniques]
 
 
 def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str) -> list[str]:

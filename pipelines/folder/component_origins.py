@@ -10,13 +10,14 @@ The loader records each component just before placing it (`record_origins`) and 
 - a component passed in placed by its owner and pinned where it is (`KEPT`): its weights never moved, so they
   stay; the input-moving hooks the load gave it are removed and its own map put back; one that came with its
   owner's hooks was not touched by the load, and reset leaves it as it is too.
-So a component passed in is pinned again by the next load, and every model saves with its own `save_pretrained`.
+Every kind also gets back what the load switched on in it (`undo_calls`: VAE tiling or slicing the plan turned
+on, undone by `disable_tiling()` / `disable_slicing()`). So a component passed in is pinned again by the next load, and every model saves with its own `save_pretrained`.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Mapping
 
@@ -43,7 +44,8 @@ class Origin(str, Enum):
 class ComponentOrigin:
     """One component as it was before the placement. `device`: where its weights go back to; `device_map`: the
     `hf_device_map` it carried (`had_device_map` False: it had none at all); `owner_hooked`: it came with its
-    owner's hooks (then the load did not touch it); `module_id`: which object this record is about."""
+    owner's hooks (then the load did not touch it); `module_id`: which object this record is about;
+    `undo_calls`: methods of the module that turn off what the load switched on (`disable_tiling`)."""
 
     origin: Origin
     module_id: int
@@ -51,6 +53,7 @@ class ComponentOrigin:
     had_device_map: bool
     device_map: Any = None
     owner_hooked: bool = False
+    undo_calls: tuple[str, ...] = ()
 
 
 def record_origins(components: Mapping[str, Any], plan: Plan, passed: Mapping[str, Any]) -> dict[str, ComponentOrigin]:
@@ -69,6 +72,13 @@ def record_origins(components: Mapping[str, Any], plan: Plan, passed: Mapping[st
             origin=origin, module_id=id(module), device=device, had_device_map=hasattr(module, "hf_device_map"),
             device_map=carried, owner_hooked=any(hasattr(submodule, "_hf_hook") for submodule in module.modules()))
     return origins
+
+
+def with_undo_calls(origins: Mapping[str, ComponentOrigin],
+                    undo: Mapping[str, tuple[str, ...]]) -> dict[str, ComponentOrigin]:
+    """The records with the methods that turn off what the load switched on in each component."""
+    return {name: replace(origin, undo_calls=(*origin.undo_calls, *undo.get(name, ())))
+            for name, origin in origins.items()}
 
 
 def remember_origins(pipe: Any, origins: Mapping[str, ComponentOrigin]) -> None:
@@ -100,6 +110,9 @@ def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, C
             undispatch(module)  # every hook, offload ones too; offloaded and disk weights come back
             module.to(origin.device)
             _restore_device_map(module, origin)
+        if origin is not None and origin.module_id == id(module):
+            for method in origin.undo_calls:
+                getattr(module, method)()
 
 
 def _restore_device_map(module: nn.Module, origin: ComponentOrigin) -> None:
@@ -122,4 +135,5 @@ def _weights_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-__all__ = ["ComponentOrigin", "Origin", "origins_of", "record_origins", "remember_origins", "restore_components"]
+__all__ = ["ComponentOrigin", "Origin", "origins_of", "record_origins", "remember_origins", "restore_components",
+           "with_undo_calls"]

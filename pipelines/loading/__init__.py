@@ -12,6 +12,7 @@ formats.py          load options of formats of their own; what each quantized fo
 suggestions.py      the single change (fp8, int8, nf4) that would make a plan fit, found by re-planning
 single_model.py     pipelines.load_model / plan_model: one model of any family, as its own class
 planning.py         the plan of a pipeline's (or one model's) module components; saved_plans.py: plans as device_map
+memory_techniques.py  VAE tiling/slicing turned on where a decode does not fit; vae_fit_advice.py when none fits
 assembly.py         the pipeline object around the components (ours, generic, or the diffusers class)
 pipeline_loader.py  Pipeline.from_pretrained / plan_placement
 model_loader.py     ModelMixin.from_pretrained / plan_placement: a one-component load

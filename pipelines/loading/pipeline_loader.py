@@ -24,7 +24,7 @@ from placement.devices import Accelerators, torch_device
 from placement.plan_schema import Plan
 
 from ..checkpoint.progress import load_progress
-from ..folder.component_origins import record_origins, remember_origins
+from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
 from ..folder.components import PipelineComponents
 from ..folder.model_index import ModelIndex
 from ..folder.snapshot import read_snapshot
@@ -35,6 +35,7 @@ from .assembly import check_components, construct, install_component, target_cla
 from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
+from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
 from .single_files import build_single_file_component, single_file_sources
 from .placing import (
@@ -204,6 +205,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                                 disk_weights=disk_weights)
             if hooks:
                 deliver_joined_outputs(pipe, plan)
+            as_it_was = with_undo_calls(as_it_was, apply_memory_techniques(pipe, plan))  # VAE tiling/slicing
         pipe.placement_plan = plan
         pipe.hf_device_map = plan.device_map
         remember_origins(pipe, as_it_was)

@@ -7,21 +7,22 @@ import contextlib
 import functools
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from torch import nn
 
 import placement
-from placement.activations import ActivationEstimateError
-from placement.errors import DoesNotFitError, OffloadFolderRequiredError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from ..folder.components import PipelineComponentError, PipelineComponents
 from ..hf.calls import CallSpecError, family_calls, family_runs
+from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
+from .memory_techniques import FIT_ERRORS, PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope
 from .saved_plans import check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
@@ -52,8 +53,11 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
     `estimating`: a context the activation estimates run in (layerwise-cast layers computing in their dtype).
     `sizing_dtypes`: what placement sizes at when it differs from the dtypes the components compute in (a
-    layerwise-cast component: None, its meta tensors hold their load dtypes). `advise`: the `MetaComponent`s of the components built by this load: when the plan does not fit resident,
-    its warnings (or the error) say which single change to one of them would (`suggestions`)."""
+    layerwise-cast component: None, its meta tensors hold their load dtypes). With `call`, each component's
+    activation peak for that call is planned for, and a VAE whose decode does not fit is planned tiled or sliced
+    (`memory_techniques`; `call={"vae_tiling": False}` forbids it). `advise`: the `MetaComponent`s of the
+    components built by this load: when the plan does not fit resident, its warnings (or the error) say which
+    single change to one of them would (`suggestions`)."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -61,33 +65,59 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         strategy = nest_flat_device_map(strategy, modules)
     elif device_map.kind is DeviceMapKind.PINS:
         strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
-    activations, module_order = None, {}
-    if call is not None:
-        with estimating():
-            activations = call_activations(pipe, modules, call, torch_dtype=dtypes, module_order=module_order)
-    sized = dtypes if sizing_dtypes is None else sizing_dtypes
-    arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges, dtype=sized, offload_folder=offload_folder,
-                     activations=activations, pinned=dict(pinned) or None, module_order=module_order or None,
-                     scope=scope.value, runs_per_call=None if pipe is None else call_runs(pipe, modules, call))
-    replanning = Replanning(modules=dict(modules), arguments=arguments)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            plan = placement.plan(modules, **arguments)
-        except (DoesNotFitError, OffloadFolderRequiredError) as error:
-            if advise and device_map.kind is DeviceMapKind.STRATEGY:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    lines = suggestions(None, advise, replanning)
-                error.args = (" ".join([str(error), *lines]),)
-            raise
-    for warning in caught:  # pointed at the user's line (from_pretrained(...)), not at this library's insides
+    options, sizes = VaeOptions.split(call or {})
+    module_order: dict[str, list[str]] = {}
+    arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
+                     dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
+                     pinned=dict(pinned) or None, scope=scope.value,
+                     runs_per_call=None if pipe is None else call_runs(pipe, modules, sizes))
+
+    def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
+        return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
+
+    def replanning(activations) -> Replanning:
+        return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
+                                                            "module_order": module_order or None})
+
+    planned = None if call is None else _planned_call(pipe, modules, sizes, options, dtypes=dtypes,
+                                                      estimating=estimating, module_order=module_order)
+    activations = None if planned is None else planned.activations
+    try:
+        outcome = attempt(plan_for, None) if planned is None else \
+            plan_with_vae_techniques(plan_for, planned.call, activations, options)
+        plan = outcome.result()
+    except FIT_ERRORS as error:
+        if advise and device_map.kind is DeviceMapKind.STRATEGY:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                lines = suggestions(None, advise, replanning(activations))
+            error.args = (" ".join([str(error), *lines]),)
+        raise
+    for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
     if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = with_notes(plan, suggestions(plan, advise, replanning))
+            plan = with_notes(plan, suggestions(plan, advise, replanning(outcome.activations)))
     return plan if call is None else plan.with_inputs(call=dict(call))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Estimated:
+    call: PlannedCall
+    activations: dict[str, int]
+
+
+def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions, *, dtypes,
+                  estimating, module_order: dict[str, list[str]]) -> _Estimated:
+    """The call's runs of each component and their activation peaks (with what `call=` forces on the VAEs)."""
+    with estimating():
+        runs = component_calls(pipe, modules, sizes)
+        activations = estimate_peaks(runs, modules, torch_dtype=dtypes, module_order=module_order,
+                                     techniques=options.forced_for(modules, runs))
+    planned = PlannedCall(runs=runs, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
+                          describe=lambda smaller: component_calls(pipe, modules, smaller))
+    return _Estimated(call=planned, activations=activations)
 
 
 def caller_stacklevel() -> int:
@@ -105,33 +135,46 @@ def _in_library(filename: str) -> bool:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from example inputs: the
-    pipeline's own (`activation_inputs(**call)` gives a call per component), else those of its diffusers
-    family, looked up by class name (`calls.family_calls`; a component run several times counts its largest).
-    When `module_order` is a dict, each component's submodule paths are recorded into it in the order that
-    call runs them (splits are cut in it)."""
+    """Peak activation bytes per component for one call, estimated on meta from example inputs (see
+    `component_calls`; a component run several times counts its largest), with the VAE techniques `call`
+    turns on (`vae_tiling=True`, `vae_slicing=True`). When `module_order` is a dict, each component's submodule
+    paths are recorded into it in the order that call runs them (splits are cut in it)."""
+    options, sizes = VaeOptions.split(call)
+    runs = component_calls(pipe, modules, sizes)
+    return estimate_peaks(runs, modules, torch_dtype=torch_dtype, module_order=module_order,
+                          techniques=options.forced_for(modules, runs))
+
+
+def component_calls(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
+                    call: Mapping[str, Any]) -> dict[str, list]:
+    """What one call of the pipeline runs of each component: the pipeline's own description
+    (`activation_inputs(**call)` gives a call per component), else that of its diffusers family, looked up by
+    class name (`calls.family_calls`). `call` holds sizes only (`VaeOptions.split` takes the techniques out)."""
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        runs = family_calls(pipeline_class_name(pipe), modules, call)
-    else:
-        sizes = {key: value for key, value in call.items() if key != "num_inference_steps"}  # runs, not sizes
-        try:
-            runs = {name: [spec] for name, spec in describe(**sizes).items()}
-        except TypeError as error:
-            raise CallSpecError(
-                f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
-                "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
-            ) from error
+        return {name: list(examples) for name, examples in
+                family_calls(pipeline_class_name(pipe), modules, call).items()}
+    sizes = {key: value for key, value in call.items() if key not in RUN_KEYS}  # runs, not sizes
+    try:
+        return {name: [spec] for name, spec in describe(**sizes).items()}
+    except TypeError as error:
+        raise CallSpecError(
+            f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
+            "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
+        ) from error
+
+
+def estimate_peaks(runs: Mapping[str, list], modules: Mapping[str, nn.Module], *, torch_dtype=None,
+                   module_order: dict[str, list[str]] | None = None,
+                   techniques: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Each component's largest activation peak over its calls (with `techniques[name]` on, if any)."""
     peaks = {}
     for name, examples in runs.items():
         if name not in modules:
             continue
         with record_module_order(modules[name]) as order:
-            try:
-                peaks[name] = max(example.estimate(modules[name], dtype=dtype_for(torch_dtype, name))
-                                  for example in examples)
-            except ActivationEstimateError as error:
-                raise error.for_component(name) from error
+            peaks[name] = component_peak(name, modules[name], examples, dtype_for(torch_dtype, name),
+                                         (techniques or {}).get(name, ()))
         if module_order is not None:
             module_order[name] = order
     return peaks
@@ -150,9 +193,10 @@ def call_runs(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | 
             raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
     else:
         runs = family_runs(pipeline_class_name(pipe), call)
-    if runs is None and "num_inference_steps" in call:
+    given = [key for key in RUN_KEYS if key in call]
+    if runs is None and given:
         raise CallSpecError(
-            f"call= gives num_inference_steps, but {pipeline_class_name(pipe)} does not say which component runs "
+            f"call= gives {' and '.join(given)}, but {pipeline_class_name(pipe)} does not say which component runs "
             "at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
             "returning {component: runs}, or pass runs_per_call= to placement.plan."
         )

@@ -3,15 +3,19 @@
 `family_calls(class_name, modules, call)` gives, per module component, the meta-tensor calls one
 `pipe(prompt, height=..., width=..., ...)` makes of it; `pipelines.loading.planning.call_activations` uses
 it for pipelines that do not describe their inputs themselves (no `activation_inputs` method).
-`family_runs(class_name, call)` gives how many times each denoiser runs per call (steps x passes per step).
+`family_runs(class_name, call)` gives how many times each denoiser (and ControlNet) runs per call (steps x
+passes per step; the `strength` share of the steps for a call that starts from an image).
 
 spec.py            CallSpec (the call's sizes, the family's defaults), ExampleCall (one method call on meta)
 shapes.py          meta tensors and the facts read from component configs (VAE factors, latent frames)
 text_encoders.py   CLIP / T5 / UMT5 / LLM (Llama, Gemma2, Qwen2.5-VL) encoder calls, CLIP vision
 unet_families.py   Stable Diffusion 1.x/2.x, SDXL
-dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1
+dit_families.py    SD3/3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1, AuraFlow
 video_families.py  CogVideoX, HunyuanVideo, Wan 2.1 T2V/I2V, LTX-Video
+conditioned_families.py  the variants that take an image: img2img, inpaint, the SDXL refiner, ControlNet (SD,
+                   SDXL, FLUX.1), FLUX.1 Img2Img/Inpaint/Fill/Kontext, Wan VACE
 family_table.py    the table: class name -> Family (how it calls its components, its call defaults)
+vae_techniques.py  VAE tiling/slicing: which VAEs offer them, and a VAE call estimated with them on
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
             "tensors of the shapes its __call__ passes (see pipelines/hf/calls/), or plan without call= "
             "(weights only)."
         )
-    spec = CallSpec.parse(call, pipeline=class_name, defaults=family.defaults)
+    spec = family.parse(call, pipeline=class_name)
     if not family.video and spec.num_frames not in (None, 1):
         raise CallSpecError(f"call= for {class_name}: num_frames={spec.num_frames}, but it makes images; leave "
                             "num_frames out.")
@@ -53,15 +57,15 @@ def family_calls(class_name: str, modules: Mapping[str, nn.Module],
 
 
 def family_runs(class_name: str, call: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """Runs per call of each denoiser of a `class_name` pipeline (its steps, twice where guidance is a second
-    pass) for `call`, the family's defaults filling what it leaves out; None for a family this library does
+    """Runs per call of each denoiser and ControlNet of a `class_name` pipeline (its steps, twice where guidance
+    is a second pass) for `call`, the family's defaults filling what it leaves out; None for a family this library does
     not know."""
     family = FAMILIES.get(class_name)
     if family is None:
         return None
     sizes = {"height": 1, "width": 1}  # runs do not depend on the sizes; the call's own are checked if given
-    spec = CallSpec.parse({**sizes, **dict(call or {})}, pipeline=class_name, defaults=family.defaults)
-    return family.runs(spec)
+    spec = family.parse({**sizes, **dict(call or {})}, pipeline=class_name)
+    return family.runs(spec, pipeline=class_name)
 
 
 __all__ = ["CALL_KEYS", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",

@@ -1,6 +1,6 @@
-"""Image DiTs: SD3/SD3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1.
+"""Image DiTs: SD3/SD3.5, FLUX.1, PixArt-Sigma, Sana, Qwen-Image, HiDream-I1, AuraFlow.
 
-Classifier-free guidance: SD3, PixArt, Sana and HiDream batch negatives with prompts when guidance_scale > 1
+Classifier-free guidance: SD3, PixArt, Sana, HiDream and AuraFlow batch negatives with prompts when guidance_scale > 1
 (the transformer's batch doubles). FLUX.1 is guidance-distilled (guidance_scale is an embedding input, one
 pass) and Qwen-Image's "true CFG" runs the negative pass as a second call of the same size: neither doubles.
 """
@@ -38,14 +38,16 @@ def stable_diffusion_3(modules: Mapping[str, nn.Module], spec: CallSpec) -> Call
     """StableDiffusion3Pipeline: two CLIPs (77 tokens) and T5 (max_sequence_length) joined into one sequence."""
     transformer, vae = modules["transformer"], modules["vae"]
     calls: Calls = {"vae": (vae_decode(vae, spec),)}
+    clip_tokens = 77
     for name, encoder in present(modules, "text_encoder", "text_encoder_2"):
-        calls[name] = (text_call(encoder, spec.batch_size, clip_length(encoder), hidden_states=True),)
-    for name, encoder in present(modules, "text_encoder_3"):
+        clip_tokens = clip_length(encoder)
+        calls[name] = (text_call(encoder, spec.batch_size, clip_tokens, hidden_states=True),)
+    for name, encoder in present(modules, "text_encoder_3"):  # without T5: zeros of the same length instead
         calls[name] = (text_call(encoder, spec.batch_size, spec.max_sequence_length),)
     batch = spec.denoiser_batch(cfg_doubles=True)
     kwargs = {
         "timestep": floats(transformer, batch),
-        "encoder_hidden_states": floats(transformer, batch, 77 + spec.max_sequence_length,
+        "encoder_hidden_states": floats(transformer, batch, clip_tokens + spec.max_sequence_length,
                                         transformer.config.joint_attention_dim),
         "pooled_projections": floats(transformer, batch, transformer.config.pooled_projection_dim),
     }
@@ -54,8 +56,9 @@ def stable_diffusion_3(modules: Mapping[str, nn.Module], spec: CallSpec) -> Call
     return calls
 
 
-def flux(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
-    """FluxPipeline: 2x2-packed latent tokens with 3-d position ids; CLIP pooled + T5 sequence; no doubling."""
+def flux(modules: Mapping[str, nn.Module], spec: CallSpec, *, context_tokens: int = 0) -> Calls:
+    """FluxPipeline: 2x2-packed latent tokens with 3-d position ids; CLIP pooled + T5 sequence; no doubling.
+    `context_tokens`: packed tokens of a conditioning image appended to the latents' (Kontext)."""
     transformer, vae = modules["transformer"], modules["vae"]
     calls: Calls = {"vae": (vae_decode(vae, spec),)}
     for name, encoder in present(modules, "text_encoder"):
@@ -63,20 +66,26 @@ def flux(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     for name, encoder in present(modules, "text_encoder_2"):
         calls[name] = (text_call(encoder, spec.batch_size, spec.max_sequence_length),)
     batch, text_length = spec.images, spec.max_sequence_length
-    rows, cols = (side // 2 for side in _latent_grid(modules, spec))
+    image_tokens = packed_tokens(modules, spec) + context_tokens
     kwargs = {
         "encoder_hidden_states": floats(transformer, batch, text_length, transformer.config.joint_attention_dim),
         "pooled_projections": floats(transformer, batch, transformer.config.pooled_projection_dim),
         "timestep": floats(transformer, batch),
-        "img_ids": floats(transformer, rows * cols, 3),
+        "img_ids": floats(transformer, image_tokens, 3),
         "txt_ids": floats(transformer, text_length, 3),
         "return_dict": False,
     }
     if transformer.config.guidance_embeds:
         kwargs["guidance"] = float32(batch)
-    latents = floats(transformer, batch, rows * cols, transformer.config.in_channels)
+    latents = floats(transformer, batch, image_tokens, transformer.config.in_channels)
     calls["transformer"] = (ExampleCall(args=(latents,), kwargs=kwargs),)
     return calls
+
+
+def packed_tokens(modules: Mapping[str, nn.Module], spec: CallSpec) -> int:
+    """FLUX's image tokens: one per 2x2 latent cells."""
+    rows, cols = (side // 2 for side in _latent_grid(modules, spec))
+    return rows * cols
 
 
 def _masked_t5_transformer(modules, spec: CallSpec, **extra) -> Calls:
@@ -92,6 +101,24 @@ def _masked_t5_transformer(modules, spec: CallSpec, **extra) -> Calls:
         "timestep": floats(transformer, batch),
         "return_dict": False,
         **extra,
+    }
+    latents = floats(transformer, batch, transformer.config.in_channels, *_latent_grid(modules, spec))
+    calls["transformer"] = (ExampleCall(args=(latents,), kwargs=kwargs),)
+    return calls
+
+
+def aura_flow(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
+    """AuraFlowPipeline: UMT5 (max_sequence_length, masked), latents (N, C, H/8, W/8), CFG doubled."""
+    transformer, vae = modules["transformer"], modules["vae"]
+    calls: Calls = {"vae": (vae_decode(vae, spec),)}
+    for name, encoder in present(modules, "text_encoder"):
+        calls[name] = (text_call(encoder, spec.batch_size, spec.max_sequence_length, mask=True),)
+    batch = spec.denoiser_batch(cfg_doubles=True)
+    kwargs = {
+        "encoder_hidden_states": floats(transformer, batch, spec.max_sequence_length,
+                                        transformer.config.joint_attention_dim),
+        "timestep": floats(transformer, batch),
+        "return_dict": False,
     }
     latents = floats(transformer, batch, transformer.config.in_channels, *_latent_grid(modules, spec))
     calls["transformer"] = (ExampleCall(args=(latents,), kwargs=kwargs),)

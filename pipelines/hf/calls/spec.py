@@ -18,7 +18,11 @@ from placement import estimate_activations
 from ...errors import LoadError
 
 CALL_KEYS = ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "guidance_scale",
-             "max_sequence_length", "num_inference_steps")
+             "max_sequence_length", "num_inference_steps", "strength")
+# Keys of `call=` that say how many times the denoiser runs, not what it runs on (`family_table.Family.runs`).
+RUN_KEYS = ("num_inference_steps", "strength")
+# Keys of `call=` that choose memory techniques rather than sizes (`pipelines.loading.memory_techniques`).
+TECHNIQUE_KEYS = ("vae_tiling", "vae_slicing")
 
 
 class CallSpecError(LoadError, ValueError):
@@ -50,6 +54,7 @@ class CallSpec:
     guidance_scale: float = 1.0
     max_sequence_length: int | None = None
     num_inference_steps: int | None = None  # the denoising steps (runs of the denoiser per pass)
+    strength: float | None = None  # img2img/inpaint: the share of the steps run from the noised image
 
     @property
     def images(self) -> int:
@@ -66,7 +71,7 @@ class CallSpec:
         unknown = sorted(set(call) - set(CALL_KEYS))
         if unknown:
             raise CallSpecError(
-                f"call= for {pipeline} has unknown key(s) {unknown}; it takes {', '.join(CALL_KEYS)}."
+                f"call= for {pipeline} has unknown key(s) {unknown}; it takes {', '.join(CALL_KEYS + TECHNIQUE_KEYS)}."
             )
         values = {**defaults, **{key: value for key, value in call.items() if value is not None}}
         for key in ("height", "width"):
@@ -80,7 +85,12 @@ class CallSpec:
         guidance = values.get("guidance_scale", 1.0)
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
             raise CallSpecError(f"call= for {pipeline}: guidance_scale must be a number, got {guidance!r}.")
-        return cls(**{**values, "guidance_scale": float(guidance)})
+        strength = values.get("strength")
+        if strength is not None and (isinstance(strength, bool) or not isinstance(strength, (int, float))
+                                     or not 0 < strength <= 1):
+            raise CallSpecError(f"call= for {pipeline}: strength must be a number in (0, 1], got {strength!r}.")
+        return cls(**{**values, "guidance_scale": float(guidance),
+                      **({"strength": float(strength)} if strength is not None else {})})
 
     def checked_multiple(self, multiple: int, *, pipeline: str) -> "CallSpec":
         """Itself, after checking height and width are multiples of `multiple` (the latent grid's pixel step)."""

@@ -48,16 +48,34 @@ def stable_diffusion(modules: Mapping[str, nn.Module], spec: CallSpec) -> dict[s
 
 
 def stable_diffusion_xl(modules: Mapping[str, nn.Module], spec: CallSpec) -> dict[str, tuple[ExampleCall, ...]]:
-    """StableDiffusionXLPipeline: both CLIPs' penultimate states concatenated; pooled text + 6 time ids."""
+    """StableDiffusionXLPipeline (and the refiner, text_encoder_2 alone): both CLIPs' penultimate states
+    concatenated; pooled text + 6 time ids (5 with the refiner's aesthetic score)."""
     unet, vae = modules["unet"], modules["vae"]
     calls: dict[str, tuple[ExampleCall, ...]] = {"vae": (vae_decode(vae, spec),)}
+    length = 77
     for name, encoder in present(modules, "text_encoder", "text_encoder_2"):
-        calls[name] = (text_call(encoder, spec.batch_size, clip_length(encoder), hidden_states=True),)
+        length = clip_length(encoder)
+        calls[name] = (text_call(encoder, spec.batch_size, length, hidden_states=True),)
     batch = spec.denoiser_batch(cfg_doubles=True)
-    text = floats(unet, batch, 77, unet.config.cross_attention_dim)
-    # text_embeds: text_encoder_2's projection; time_ids: original size, crop, target size (2 each).
-    pooled_dim = config_value(unet, "projection_class_embeddings_input_dim") - 6 * unet.config.addition_time_embed_dim
-    added = {"text_embeds": floats(unet, batch, pooled_dim), "time_ids": floats(unet, batch, 6)}
+    text = floats(unet, batch, length, unet.config.cross_attention_dim)
     calls["unet"] = (ExampleCall(args=(_unet_latents(unet, vae, spec, batch), floats(unet)),
-                                 kwargs={"encoder_hidden_states": text, "added_cond_kwargs": added}),)
+                                 kwargs={"encoder_hidden_states": text,
+                                         "added_cond_kwargs": sdxl_added_conditions(modules, batch)}),)
     return calls
+
+
+def sdxl_added_conditions(modules: Mapping[str, nn.Module], batch: int) -> dict:
+    """text_embeds: text_encoder_2's projection; time_ids: original size, crop, target size (2 each), or with the
+    refiner (`requires_aesthetics_score`) original size, crop and the score: counted from the UNet's input."""
+    unet = modules["unet"]
+    total, per_id = config_value(unet, "projection_class_embeddings_input_dim"), unet.config.addition_time_embed_dim
+    pooled = config_value(modules.get("text_encoder_2"), "projection_dim") \
+        if isinstance(modules.get("text_encoder_2"), nn.Module) else None
+    time_ids = (total - pooled) // per_id if pooled else 6
+    return {"text_embeds": floats(unet, batch, total - time_ids * per_id), "time_ids": floats(unet, batch, time_ids)}
+
+
+def image_encode(vae: nn.Module, spec: CallSpec) -> ExampleCall:
+    """`vae.encode(image)` of the input image at the call's size, one per prompt (img2img, inpaint, control)."""
+    channels = config_value(vae, "in_channels", default=3)
+    return ExampleCall(args=(floats(vae, spec.batch_size, channels, spec.height, spec.width),), method="encode")

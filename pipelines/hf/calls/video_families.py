@@ -24,7 +24,8 @@ def video_pixel_step(modules: Mapping[str, nn.Module]) -> int:
     return spatial_factor(modules["vae"]) * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
 
 
-def _grid(vae: nn.Module, spec: CallSpec) -> tuple[int, int, int]:
+def grid(vae: nn.Module, spec: CallSpec) -> tuple[int, int, int]:
+    """Latent frames, rows and columns of the call's video."""
     factor = spatial_factor(vae)
     return latent_frames(spec.num_frames, vae), spec.height // factor, spec.width // factor
 
@@ -38,7 +39,7 @@ def _video_decode(vae: nn.Module, spec: CallSpec, frames: int, rows: int, cols: 
 def cogvideox(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     """CogVideoXPipeline: T5 (226), latents (N, F', C, H/8, W/8), 3-d rotary embeddings when configured."""
     transformer, vae = modules["transformer"], modules["vae"]
-    frames, rows, cols = _grid(vae, spec)
+    frames, rows, cols = grid(vae, spec)
     patch, patch_t = transformer.config.patch_size, config_value(transformer, "patch_size_t")
     if patch_t:  # CogVideoX 1.5 pads the latent frames to a multiple of its temporal patch
         frames += (-frames) % patch_t
@@ -64,7 +65,7 @@ def cogvideox(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
 def hunyuan_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     """HunyuanVideoPipeline: Llama (a 95-token template + max_sequence_length, template cropped), CLIP pooled."""
     transformer, vae = modules["transformer"], modules["vae"]
-    frames, rows, cols = _grid(vae, spec)
+    frames, rows, cols = grid(vae, spec)
     calls: Calls = {"vae": (_video_decode(vae, spec, frames, rows, cols, vae.config.latent_channels),)}
     length = spec.max_sequence_length
     for name, encoder in present(modules, "text_encoder"):
@@ -85,9 +86,10 @@ def hunyuan_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     return calls
 
 
-def _wan_common(modules, spec: CallSpec, extra: Mapping) -> Calls:
+def wan_with(modules, spec: CallSpec, extra: Mapping) -> Calls:
+    """Wan's calls; `extra`: {transformer kwarg: make(transformer, batch)} for the variants' inputs."""
     vae = modules["vae"]
-    frames, rows, cols = _grid(vae, spec)
+    frames, rows, cols = grid(vae, spec)
     calls: Calls = {"vae": (_video_decode(vae, spec, frames, rows, cols, vae.config.z_dim),)}
     for name, encoder in present(modules, "text_encoder"):
         calls[name] = (text_call(encoder, spec.batch_size, spec.max_sequence_length, mask=True),)
@@ -107,7 +109,7 @@ def _wan_common(modules, spec: CallSpec, extra: Mapping) -> Calls:
 
 def wan(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     """WanPipeline (text to video): UMT5 (512, masked), latents (N, 16, F', H/8, W/8), causal video VAE."""
-    return _wan_common(modules, spec, {})
+    return wan_with(modules, spec, {})
 
 
 def wan_image_to_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
@@ -123,7 +125,7 @@ def wan_image_to_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Call
         image_dim = modules["transformer"].config.image_dim
         extra["encoder_hidden_states_image"] = lambda transformer, batch: floats(transformer, batch, positions,
                                                                                   image_dim)
-    calls = _wan_common(modules, spec, extra)
+    calls = wan_with(modules, spec, extra)
     for name, encoder in present(modules, "image_encoder"):
         calls[name] = (clip_vision_call(encoder, spec.batch_size),)
     vae = modules["vae"]
@@ -135,7 +137,7 @@ def wan_image_to_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Call
 def ltx_video(modules: Mapping[str, nn.Module], spec: CallSpec) -> Calls:
     """LTXPipeline: T5 (128), latents patchified to (N, F'*H/32*W/32, 128), CFG doubled; a 32x / 8x VAE."""
     transformer, vae = modules["transformer"], modules["vae"]
-    frames, rows, cols = _grid(vae, spec)
+    frames, rows, cols = grid(vae, spec)
     channels = transformer.config.in_channels
     temb = floats(vae, spec.images) if config_value(vae, "timestep_conditioning", default=False) else None
     calls: Calls = {"vae": (_video_decode(vae, spec, frames, rows, cols, vae.config.latent_channels, temb=temb),)}

@@ -1,0 +1,272 @@
+"""VAE tiling and slicing, planned: when a VAE's decode does not fit, the plan turns tiling (or slicing, for a
+batch) on for it, and the load applies it.
+
+    plan with the call's activations (the techniques `call=` forces included)
+      -> fits on accelerators: done (nothing turned on that was not asked for)
+      -> otherwise, for each VAE that offers them: re-estimate its calls sliced (batch > 1), tiled, both
+         (`calls.vae_techniques`: each class's own tiled code on fake tensors) and re-plan; the first of those
+         that plans strictly better (a plan rather than none, a better verdict, fewer bytes off the
+         accelerators) is kept, and each technique it needs is recorded on the component with why
+      -> still no plan, and the VAE's activation is what does not fit (the plan fits with it left out): a
+         DoesNotFitError that names the activation, not the weights, and offers what would fit.
+
+`call={"vae_tiling": False}` (or `"vae_slicing"`) forbids a technique, `True` forces it. Slicing changes
+nothing but the peak; tiling changes the decoded values slightly (each tile is decoded alone, then blended),
+which is why it is turned on only when it is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+import placement
+from placement.activations import ActivationEstimateError
+from placement.errors import DoesNotFitError, OffloadFolderRequiredError
+from placement.plan_schema import MemoryTechnique, PlacementKind, PlannedTechnique, VerdictKind
+from placement.sizes import format_bytes
+from placement.sizing import dtype_for
+
+from ..hf.calls import CallSpecError
+from ..hf.calls.spec import TECHNIQUE_KEYS as CALL_TECHNIQUE_KEYS
+from ..hf.calls.vae_techniques import (WithTechniques, enable_techniques, is_on, supported_techniques,
+                                       tile_description)
+from .vae_fit_advice import activation_does_not_fit
+
+TECHNIQUE_KEYS = {key: MemoryTechnique(key) for key in CALL_TECHNIQUE_KEYS}  # "vae_tiling" -> VAE_TILING, ...
+_WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
+_VAE_METHODS = ("decode", "encode")
+FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)
+_OFF_ACCELERATORS = (PlacementKind.OFFLOADED, PlacementKind.DISK, PlacementKind.CPU)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VaeOptions:
+    """What `call=` says of each technique: True forces it, False forbids it, None lets the plan decide."""
+
+    wanted: Mapping[MemoryTechnique, bool | None] = field(default_factory=dict)
+
+    @classmethod
+    def split(cls, call: Mapping[str, Any]) -> tuple["VaeOptions", dict[str, Any]]:
+        """The technique options of `call`, and the rest of it (the call's sizes)."""
+        wanted = {}
+        for key, technique in TECHNIQUE_KEYS.items():
+            value = call.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise CallSpecError(f"call= {key} must be True, False or None (let the plan decide), got {value!r}.")
+            wanted[technique] = value
+        return cls(wanted=wanted), {key: value for key, value in call.items() if key not in TECHNIQUE_KEYS}
+
+    def allows(self, technique: MemoryTechnique) -> bool:
+        return self.wanted.get(technique) is not False
+
+    def forced_for(self, modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, frozenset]:
+        """{VAE: the techniques `call=` forces, and those a component passed in has on already}; a technique
+        `call=` forces that no VAE of the pipeline offers is an error."""
+        forced = {technique for technique, value in self.wanted.items() if value}
+        vaes = vae_components(modules, runs)
+        for technique in forced:
+            if not any(technique in offered for offered in vaes.values()):
+                key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
+                found = ", ".join(f"{name} ({type(module).__name__})" for name, module in modules.items()) or "none"
+                raise CallSpecError(f"call= asks for {key}=True, but no component this call decodes with offers "
+                                    f"it (components: {found}); leave {key} out.")
+        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t)))
+                for name, offered in vaes.items()}
+
+
+def vae_components(modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, tuple]:
+    """{component: techniques it offers} for each component the call encodes or decodes with."""
+    found = {}
+    for name, examples in runs.items():
+        module = modules.get(name)
+        if isinstance(module, nn.Module) and any(example.method in _VAE_METHODS for example in examples):
+            offered = supported_techniques(module)
+            if offered:
+                found[name] = offered
+    return found
+
+
+def component_peak(name: str, module: nn.Module, examples, dtype, techniques=()) -> int:
+    """The largest activation peak of `module`'s calls, with `techniques` on; a failure names the component."""
+    try:
+        return max(WithTechniques(call=example, techniques=frozenset(techniques)).estimate(module, dtype=dtype)
+                   for example in examples)
+    except ActivationEstimateError as error:
+        raise error.for_component(name) from error
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """One planning attempt: its plan or the fitting error, the warnings it gave, the activations it used."""
+
+    plan: placement.Plan | None = None
+    error: Exception | None = None
+    warnings: tuple = ()
+    activations: Mapping[str, int] | None = None
+
+    def result(self) -> placement.Plan:
+        if self.error is not None:
+            raise self.error
+        return self.plan
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and self.plan.verdict.kind is VerdictKind.FITS
+
+    @property
+    def key(self) -> tuple:
+        """Smaller is better: a plan before none, then the verdict, then the weight bytes off the accelerators."""
+        if self.plan is None:
+            return (1,)
+        off = sum(c.bytes for c in self.plan.components.values() if c.kind in _OFF_ACCELERATORS)
+        return (0, list(VerdictKind).index(self.plan.verdict.kind), off)
+
+
+def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcome:
+    """`plan_for(activations)`, its warnings caught (the caller re-emits those of the plan it keeps)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            plan = plan_for(activations)
+        except FIT_ERRORS as error:
+            return Outcome(error=error, warnings=tuple(caught), activations=activations)
+    return Outcome(plan=plan, warnings=tuple(caught), activations=activations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedCall:
+    """The call being planned: each component's example calls, the modules, their dtypes, the call's sizes,
+    and how to describe a smaller call (for what-would-fit offers)."""
+
+    runs: Mapping[str, list]
+    modules: Mapping[str, nn.Module]
+    dtypes: Any
+    sizes: Mapping[str, Any]
+    describe: Callable[[Mapping[str, Any]], Mapping[str, list]]
+    estimating: Callable[[], Any] = contextlib.nullcontext  # the context estimates run in (layerwise casting)
+    known: dict = field(default_factory=dict, compare=False, repr=False)  # (name, techniques) -> this call's peak
+
+    def peak(self, name: str, techniques, runs: Mapping[str, list] | None = None) -> int:
+        """`name`'s activation peak with `techniques` on, for this call (or for `runs`, a smaller one)."""
+        key = (name, frozenset(techniques))
+        if runs is None and key in self.known:
+            return self.known[key]
+        with self.estimating():
+            peak = component_peak(name, self.modules[name], (runs or self.runs)[name],
+                                  dtype_for(self.dtypes, name), techniques)
+        if runs is None:
+            self.known[key] = peak
+        return peak
+
+
+def plan_with_vae_techniques(plan_for: Callable, call: PlannedCall, activations: Mapping[str, int],
+                             options: VaeOptions) -> Outcome:
+    """The plan for `call`, with VAE tiling/slicing turned on where a decode does not fit (module doc)."""
+    forced = options.forced_for(call.modules, call.runs)
+    for name, techniques in forced.items():
+        call.known[(name, techniques)] = activations[name]  # estimated so by the caller
+    base = attempt(plan_for, activations)
+    vaes = vae_components(call.modules, call.runs)
+    best, chosen = base, dict(forced)
+    if vaes and not base.fits:
+        for techniques in _candidates(options, vaes, call.runs, forced):
+            trial = attempt(plan_for, {**activations, **{name: call.peak(name, techniques[name])
+                                                         for name in techniques}})
+            if trial.key < best.key:
+                best, chosen = trial, techniques
+    if best.plan is None:
+        raise activation_does_not_fit(plan_for, call, base, vaes, options, attempt, batched) from base.error
+    return Outcome(plan=_recorded(best.plan, chosen, forced, base, call.modules, options), warnings=best.warnings,
+                   activations=best.activations)
+
+
+def _candidates(options: VaeOptions, vaes: Mapping[str, tuple], runs, forced) -> list[dict[str, frozenset]]:
+    """Technique sets to try, in order of preference: sliced (no change in the output; a batch only), tiled,
+    both; each with what `call=` forces, none with what it forbids."""
+    tiling, slicing = MemoryTechnique.VAE_TILING, MemoryTechnique.VAE_SLICING
+    wanted = [{slicing}, {tiling}, {slicing, tiling}]
+    candidates = []
+    for extra in wanted:
+        techniques = {}
+        for name, offered in vaes.items():
+            usable = {t for t in extra if t in offered and options.allows(t)}
+            if slicing in usable and not batched(runs[name]):
+                usable.discard(slicing)  # one sample: slicing saves nothing
+            techniques[name] = frozenset(usable | forced.get(name, frozenset()))
+        if techniques != dict(forced) and techniques not in candidates:
+            candidates.append(techniques)
+    return candidates
+
+
+def batched(examples) -> bool:
+    """Whether a VAE call decodes (or encodes) more than one sample at once."""
+    for example in examples:
+        args = getattr(getattr(example, "call", example), "args", ())
+        if args and getattr(args[0], "shape", (1,))[0] > 1:
+            return True
+    return False
+
+
+def _recorded(plan: placement.Plan, chosen: Mapping[str, frozenset], forced: Mapping[str, frozenset],
+              base: Outcome, modules: Mapping[str, nn.Module], options: VaeOptions) -> placement.Plan:
+    """The plan with each VAE's techniques recorded on its component (the load applies them)."""
+    components = dict(plan.components)
+    for name, techniques in chosen.items():
+        if not techniques or name not in components:
+            continue
+        component = components[name]
+        without = None if base.activations is None else base.activations.get(name)
+        tiles = tile_description(modules[name])
+        records = [PlannedTechnique(technique=technique,
+                                    activation_bytes_without=None if technique in forced.get(name, ()) else without,
+                                    reason=_reason(name, technique, component, without, forced, base, tiles,
+                                                   options))
+                   for technique in sorted(techniques, key=list(MemoryTechnique).index)]
+        components[name] = component.model_copy(update={"memory_techniques": records})
+    return plan.model_copy(update={"components": components})
+
+
+def _reason(name: str, technique: MemoryTechnique, component, without, forced, base: Outcome, tiles: str,
+            options: VaeOptions) -> str:
+    if technique in forced.get(name, ()):
+        key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
+        why = f"asked for in call= ({key}=True)" if options.wanted.get(technique) else \
+            "on already in the component given (it stays on)"
+        return f"{why}; its activations for this call are {_bytes(component.activation_bytes)}."
+    tiles = f" ({tiles})" if technique is MemoryTechnique.VAE_TILING else ""
+    return (f"for this call its activations are {_bytes(without)} decoded whole and "
+            f"{_bytes(component.activation_bytes)} {_WORDS[technique]}{tiles}; decoded whole, "
+            f"{_outcome_words(base)}. Forbid it with call={{'{technique.value}': False}}.")
+
+
+def _bytes(value) -> str:
+    return "unknown" if value is None else format_bytes(value)
+
+
+def _outcome_words(outcome: Outcome) -> str:
+    if outcome.plan is None:
+        return f"no plan fits ({_first_sentence(outcome.error)})"
+    moved = [f"{c.name} {'on the CPU' if c.execution_device == 'cpu' else c.kind.value}"
+             for c in outcome.plan.components.values() if c.kind in _OFF_ACCELERATORS]
+    return f"the plan {outcome.plan.verdict.kind.value}" + (f" ({', '.join(moved)})" if moved else "")
+
+
+def _first_sentence(error: Exception | None) -> str:
+    text = str(error or "").strip()
+    end = text.find(". ")
+    return text[: end if end > 0 else None].rstrip(".")
+
+
+def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> dict[str, tuple[str, ...]]:
+    """Turn on, in each module of `pipe`, the techniques the plan turned on for it (`vae.enable_tiling()`);
+    {component: the methods that turn off what was off before} (`reset_device_map()` calls them)."""
+    components, undo = getattr(pipe, "components", {}), {}
+    for name, component in plan.components.items():
+        if component.memory_techniques and isinstance(components.get(name), nn.Module):
+            undo[name] = enable_techniques(components[name], [used.technique for used in component.memory_techniques])
+    return undo

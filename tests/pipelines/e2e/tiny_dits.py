@@ -1,0 +1,124 @@
+"""Tiny image DiT pipelines (PixArt-Sigma, Sana, Qwen-Image, SD3 without T5, AuraFlow, Lumina2, the FLUX.1
+variants), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
+
+from __future__ import annotations
+
+import diffusers
+import transformers
+
+from tiny_parts import (LLM_VOCAB, clip_config, clip_tokenizer, flow_vae, flux_transformer, gemma2_encoder,
+                        llm_tokenizer, seeded, t5_encoder, t5_tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------- image DiTs
+def pixart(root):
+    return diffusers.PixArtSigmaPipeline(
+        transformer=seeded(lambda: diffusers.PixArtTransformer2DModel(
+            sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=3,
+            caption_channels=32, in_channels=4, cross_attention_dim=24, out_channels=8, attention_bias=True,
+            activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+            norm_elementwise_affine=False, norm_eps=1e-6)),
+        vae=seeded(lambda: flow_vae(4)), text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(),
+        scheduler=diffusers.DDIMScheduler())
+
+
+def sana(root):
+    vae = seeded(lambda: diffusers.AutoencoderDC(
+        in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=("ResBlock", "EfficientViTBlock"),
+        decoder_block_types=("ResBlock", "EfficientViTBlock"), encoder_block_out_channels=(8, 8),
+        decoder_block_out_channels=(8, 8), encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
+        encoder_layers_per_block=(1, 1), decoder_layers_per_block=[1, 1], downsample_block_type="conv",
+        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu",
+        scaling_factor=0.41407))
+    return diffusers.SanaPipeline(
+        transformer=seeded(lambda: diffusers.SanaTransformer2DModel(
+            patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=4,
+            num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
+            sample_size=32)),
+        vae=vae, text_encoder=seeded(gemma2_encoder), tokenizer=llm_tokenizer("GemmaTokenizerFast"),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def qwen_image(root):
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": LLM_VOCAB,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=LLM_VOCAB)
+    return diffusers.QwenImagePipeline(
+        transformer=seeded(lambda: diffusers.QwenImageTransformer2DModel(
+            patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=3,
+            joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4))),
+        vae=seeded(lambda: diffusers.AutoencoderKLQwenImage(
+            base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+            latents_mean=[0.0] * 4, latents_std=[1.0] * 4)),
+        text_encoder=seeded(lambda: transformers.Qwen2_5_VLForConditionalGeneration(config).eval()),
+        tokenizer=llm_tokenizer("Qwen2TokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def sd3_without_t5(root):
+    tokenizer = clip_tokenizer(root / "vocab")
+    return diffusers.StableDiffusion3Pipeline(
+        transformer=seeded(lambda: diffusers.SD3Transformer2DModel(
+            sample_size=32, patch_size=1, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=4,
+            caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4)),
+        text_encoder=seeded(lambda: transformers.CLIPTextModelWithProjection(clip_config())), tokenizer=tokenizer,
+        text_encoder_2=seeded(lambda: transformers.CLIPTextModelWithProjection(clip_config())), tokenizer_2=tokenizer,
+        text_encoder_3=None, tokenizer_3=None, vae=seeded(lambda: flow_vae(4)),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def aura_flow(root):
+    return diffusers.AuraFlowPipeline(
+        transformer=seeded(lambda: diffusers.AuraFlowTransformer2DModel(
+            sample_size=32, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+            attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+            out_channels=4, pos_embed_max_size=256)),
+        text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)), tokenizer=t5_tokenizer(),
+        vae=seeded(lambda: flow_vae(4)), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def lumina2(root):
+    return diffusers.Lumina2Pipeline(
+        transformer=seeded(lambda: diffusers.Lumina2Transformer2DModel(
+            sample_size=4, patch_size=2, in_channels=4, hidden_size=8, num_layers=1, num_attention_heads=1,
+            num_kv_heads=1, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5, scaling_factor=1.0,
+            axes_dim_rope=[4, 2, 2], cap_feat_dim=8)),
+        vae=seeded(lambda: flow_vae(4)), text_encoder=seeded(gemma2_encoder),
+        tokenizer=llm_tokenizer("GemmaTokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+# --------------------------------------------------------------------------------------------------- FLUX
+def _flux_parts(root, *, in_channels=4, latent_channels=1):
+    return dict(transformer=seeded(lambda: flux_transformer(in_channels)),
+                text_encoder=seeded(lambda: transformers.CLIPTextModel(clip_config())),
+                tokenizer=clip_tokenizer(root / "vocab"), text_encoder_2=seeded(t5_encoder),
+                tokenizer_2=t5_tokenizer(), vae=seeded(lambda: flow_vae(latent_channels)),
+                scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def flux_img2img(root):
+    return diffusers.FluxImg2ImgPipeline(**_flux_parts(root))
+
+
+def flux_inpaint(root):
+    return diffusers.FluxInpaintPipeline(**_flux_parts(root))
+
+
+def flux_kontext(root):
+    return diffusers.FluxKontextPipeline(**_flux_parts(root))
+
+
+def flux_fill(root):
+    # 4 packed latent channels, 4 of the masked image's, 4 of the mask (a VAE without downsampling): 12.
+    parts = _flux_parts(root, in_channels=12)
+    parts["transformer"] = seeded(lambda: flux_transformer(12, out_channels=4))
+    return diffusers.FluxFillPipeline(**parts)
+
+
+def flux_controlnet(root):
+    controlnet = seeded(lambda: diffusers.FluxControlNetModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]))
+    return diffusers.FluxControlNetPipeline(**_flux_parts(root), controlnet=controlnet)

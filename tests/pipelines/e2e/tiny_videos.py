@@ -1,0 +1,80 @@
+"""Tiny video pipelines (CogVideoX, LTX-Video, HunyuanVideo, Wan 2.1 I2V, Wan VACE), built by diffusers from
+`tiny_parts` at the sizes of diffusers' own tests."""
+
+from __future__ import annotations
+
+import diffusers
+import transformers
+
+from tiny_parts import (LLM_VOCAB, WAN_TRANSFORMER, clip_config, clip_tokenizer, llm_tokenizer, seeded, t5_encoder,
+                        t5_tokenizer, wan_vae)
+
+
+def cogvideox(root):
+    return diffusers.CogVideoXPipeline(
+        transformer=seeded(lambda: diffusers.CogVideoXTransformer3DModel(
+            num_attention_heads=4, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
+            text_embed_dim=32, num_layers=1, sample_width=2, sample_height=2, sample_frames=9, patch_size=2,
+            temporal_compression_ratio=4, max_text_seq_length=8)),
+        vae=seeded(lambda: diffusers.AutoencoderKLCogVideoX(
+            in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+            up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
+            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4)),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.DDIMScheduler())
+
+
+def ltx(root):
+    vae = seeded(lambda: diffusers.AutoencoderKLLTXVideo(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, False, False),
+        decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
+        upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, timestep_conditioning=False, patch_size=1,
+        patch_size_t=1, encoder_causal=True, decoder_causal=False))
+    return diffusers.LTXPipeline(
+        transformer=seeded(lambda: diffusers.LTXVideoTransformer3DModel(
+            in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+            cross_attention_dim=32, num_layers=1, caption_channels=32)),
+        vae=vae, text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def hunyuan_video(root):
+    llama = transformers.LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=16,
+                                     intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                                     vocab_size=LLM_VOCAB, hidden_act="gelu")
+    return diffusers.HunyuanVideoPipeline(
+        transformer=seeded(lambda: diffusers.HunyuanVideoTransformer3DModel(
+            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+            num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+            text_embed_dim=16, pooled_projection_dim=32, rope_axes_dim=(2, 4, 4))),
+        vae=seeded(lambda: diffusers.AutoencoderKLHunyuanVideo(
+            in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+            up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+            act_fn="silu", norm_num_groups=4, scaling_factor=0.476986, spatial_compression_ratio=8,
+            temporal_compression_ratio=4, mid_block_add_attention=True)),
+        text_encoder=seeded(lambda: transformers.LlamaModel(llama)), tokenizer=llm_tokenizer("LlamaTokenizerFast"),
+        # the pipeline pads CLIP prompts to 77 tokens, whatever its tokenizer says
+        text_encoder_2=seeded(lambda: transformers.CLIPTextModel(clip_config(max_position_embeddings=77))),
+        tokenizer_2=clip_tokenizer(root / "vocab"),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def wan_i2v(root):
+    vision = transformers.CLIPVisionConfig(hidden_size=4, projection_dim=4, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=32, intermediate_size=16, patch_size=8)
+    return diffusers.WanImageToVideoPipeline(
+        transformer=seeded(lambda: diffusers.WanTransformer3DModel(**{**WAN_TRANSFORMER, "in_channels": 36},
+                                                                   image_dim=4)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), image_encoder=seeded(lambda: transformers.CLIPVisionModel(vision)),
+        image_processor=transformers.CLIPImageProcessor(crop_size=32, size=32),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def wan_vace(root):
+    return diffusers.WanVACEPipeline(
+        transformer=seeded(lambda: diffusers.WanVACETransformer3DModel(
+            **{**WAN_TRANSFORMER, "num_layers": 3}, vace_layers=[0, 2], vace_in_channels=96)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
