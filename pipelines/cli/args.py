@@ -124,16 +124,20 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="denoising steps per call (num_inference_steps): how often the denoiser runs, which "
                              "weighs what streaming it costs (default: the pipeline's own)")
+    parser.add_argument("--strength", type=float, default=None,
+                        help="pipelines that start from an image (img2img, inpaint): the share of the steps that "
+                             "run, rounded as the pipeline rounds it (default: the pipeline's own)")
 
 
 def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> dict | None:
     """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
-    --num-frames/--max-sequence-length/--steps (None when none is given). --steps is `num_inference_steps`."""
+    --num-frames/--max-sequence-length/--steps/--strength (None when none is given). --steps is
+    `num_inference_steps`."""
     given = {"height": args.height, "width": args.width, "batch_size": getattr(args, "batch_size", None),
              "num_images_per_prompt": getattr(args, "num_images_per_prompt", None),
              "guidance_scale": args.guidance_scale, "num_frames": getattr(args, "num_frames", None),
              "max_sequence_length": getattr(args, "max_sequence_length", None),
-             "num_inference_steps": getattr(args, "steps", None)}
+             "num_inference_steps": getattr(args, "steps", None), "strength": getattr(args, "strength", None)}
     if all(value is None for value in given.values()):
         return None
     if args.height is None or args.width is None:

@@ -3,7 +3,8 @@
 TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
 are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and for
 diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation
-peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call.
+peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call, of
+which `--strength` runs a share in pipelines that start from an image (img2img, inpaint).
 Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. The plan opens with its
 verdict; what would do better follows it (bf16 when the plan is in fp32, a CPU budget detected on this
 machine). --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back); FILE "-" is stdout (the

@@ -82,9 +82,13 @@ def text_to_image_activation_inputs(
     return calls
 
 
-def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, **sizes) -> dict[str, int]:
+def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, strength: float | None = None,
+                                **sizes) -> dict[str, int]:
     """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
     step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
+    if strength is not None:  # a run key, so activation_inputs never sees it: refused here, not ignored
+        raise ActivationInputsError(
+            f"strength={strength!r}: {type(pipe).__name__} does not start from an image; leave strength out.")
     if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
         raise ActivationInputsError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
     return {"denoiser": num_inference_steps}

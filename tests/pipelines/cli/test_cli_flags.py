@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli import build_parser, main
+from pipelines.cli.args import call_spec
 from placement import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,9 +122,17 @@ def test_steps_plan_the_call_num_inference_steps(tmp_path, capsys):
                  "--steps", "28", "--json", str(target)]) == 0
     out = capsys.readouterr().out
     assert "Planned for the call: height=64, width=64, num_inference_steps=28" in out
-    call = json.loads(target.read_text())["inputs"]["call"]
-    # Once the planner takes num_inference_steps the plan records it; until then the CLI says it was not used.
-    assert call.get("num_inference_steps") == 28 or "--steps 28 is not used by this planner" in out
+    inputs = json.loads(target.read_text())["inputs"]
+    assert inputs["call"]["num_inference_steps"] == 28
+    assert inputs["runs_per_call"]["denoiser"] == 28
+
+
+def test_strength_reaches_the_call_and_is_refused_where_nothing_starts_from_an_image(capsys):
+    args = build_parser().parse_args(["plan", "x", "--height", "64", "--width", "64", "--strength", "0.3"])
+    assert call_spec(args) == {"height": 64, "width": 64, "strength": 0.3}
+    assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--height", "64", "--width", "64",
+                 "--strength", "0.5"]) == 2
+    assert "TextToImagePipeline does not start from an image; leave strength out" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("target", ["./no-such-pipeline", "no-such-pipeline/"])

@@ -61,7 +61,7 @@ def two_gpu_budgets(folder, case) -> dict:
     transient = max(component.activation_bytes or 0 for component in plan.components.values())
     overhead = ACCELERATOR_RUNTIME_OVERHEAD if case.call is not None else 0
     budget = overhead + transient + max(max(sizes), int(0.6 * sum(sizes)))
-    return {0: budget, 1: budget, "cpu": "4GiB"}
+    return {0: f"{budget}B", 1: f"{budget}B", "cpu": "4GiB"}  # exact bytes: tiny models, tiny budgets
 
 
 def run(pipe, case):

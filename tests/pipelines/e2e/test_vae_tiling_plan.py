@@ -61,7 +61,7 @@ def sizes(folder):
 
 def one_gpu(weights: int, room: int) -> dict:
     """GPU 0 holds every weight and `room` for the largest activation; GPU 1 nothing; the CPU plenty."""
-    return {0: OVERHEAD + weights + room, 1: 0, "cpu": "4GiB"}
+    return {0: f"{OVERHEAD + weights + room}B", 1: 0, "cpu": "4GiB"}
 
 
 def test_the_numbers_this_file_relies_on(sizes):
@@ -125,8 +125,8 @@ def test_a_decode_that_fits_nowhere_names_the_activation_and_what_would_fit(fold
     # stays there across phases); GPU 1 holds the VAE's weights but not its tiled activations at 64x64 (3/4 of
     # them: enough at 32x32); the CPU nothing (nothing is loaded per call from it).
     others = sizes["weights"] - sizes["vae_weights"]
-    budget = {0: OVERHEAD + others + sizes["unet"], 1: OVERHEAD + sizes["vae_weights"] + sizes["tiled"] * 3 // 4,
-              "cpu": 0}
+    budget = {0: f"{OVERHEAD + others + sizes['unet']}B",
+              1: f"{OVERHEAD + sizes['vae_weights'] + sizes['tiled'] * 3 // 4}B", "cpu": 0}
     with pytest.raises(DoesNotFitError) as caught:
         Pipeline.plan_placement(folder, max_memory=budget, call=CALL)
     message = str(caught.value)
