@@ -19,6 +19,8 @@ from pipelines.loading.saved_plans import SavedPlanError
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
 
+from tiny_parts import clip_config, clip_tokenizer, flow_vae, t5_encoder, t5_tokenizer  # noqa: E402
+
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for", "ignore::FutureWarning")
 
 TWO_GPUS = {0: "1GiB", 1: "1GiB", "cpu": "4GiB"}
@@ -31,43 +33,7 @@ def has_hooks(pipe) -> list[str]:
             if hasattr(sub, "_hf_hook")]
 
 
-# ------------------------------------------------------------------------------------------ tiny components
-def clip_tokenizer(folder):
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
-    for index, letter in enumerate("abcdefghijklmnopqrstuvwxyz"):
-        vocab[letter], vocab[letter + "</w>"] = 3 + index, 29 + index
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=16)
-
-
-def t5_tokenizer():
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    pieces += [(prefix + letter, -1.0) for letter in "abcdefghijklmnopqrstuvwxyz" for prefix in ("", "▁")]
-    return transformers.T5TokenizerFast(vocab=pieces, extra_ids=0)
-
-
-def clip_config(**overrides):
-    return transformers.CLIPTextConfig(**{
-        "hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "num_hidden_layers": 2,
-        "vocab_size": 55, "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
-        "projection_dim": 32, **overrides})
-
-
-def t5_encoder(cls=None):
-    cls = cls or transformers.T5EncoderModel
-    config_class = transformers.UMT5Config if cls is transformers.UMT5EncoderModel else transformers.T5Config
-    return cls(config_class(vocab_size=60, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)).eval()
-
-
-def flow_vae(latent_channels):
-    return diffusers.AutoencoderKL(
-        sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
-        latent_channels=latent_channels, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.0609, scaling_factor=1.5035)
-
-
+# ------------------------------------------------------------------------------------------ tiny pipelines
 def build_sd(root):
     return diffusers.StableDiffusionPipeline(
         vae=flow_vae(4), text_encoder=transformers.CLIPTextModel(clip_config()), tokenizer=clip_tokenizer(root / "vocab"),

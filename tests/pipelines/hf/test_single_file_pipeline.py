@@ -12,10 +12,11 @@ from safetensors.torch import save_file
 import pipelines
 from placement.sizing import size_module
 
+from quantized_models import write_gguf
 from test_diffusers_pipelines import CALLS, build_flux, diffusers, generate
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
-gguf = pytest.importorskip("gguf")
+pytest.importorskip("gguf")
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +27,7 @@ def flux(tmp_path_factory):
     pipe.save_pretrained(root / "flux")
     state = {name: tensor.contiguous() for name, tensor in pipe.transformer.state_dict().items()}
     save_file(state, root / "flux-transformer.safetensors")
-    writer = gguf.GGUFWriter(str(root / "flux-transformer-Q8_0.gguf"), "flux")
-    for name, tensor in state.items():
-        array = tensor.float().numpy()
-        if array.ndim == 2 and array.shape[-1] % 32 == 0:
-            blocks = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(state, root / "flux-transformer-Q8_0.gguf", "Q8_0")
     return root
 
 
