@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from hooks.layerwise_casting import apply_layerwise_casting
+from hooks.techniques import PlanContext, follows_transfer_plan
 from placement.devices import device_label, is_accelerator
 from placement.errors import PlacementError
 from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKind
@@ -30,7 +31,7 @@ from placement.sizes import format_bytes
 from ..errors import LoadError
 from ..hf.hf_interop import load_without_device_map
 from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
-from .layerwise import casting_config
+from .layerwise import casting_config, layerwise_label
 from .meta_records import MetaComponent
 from .planning import caller_stacklevel
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
@@ -74,23 +75,17 @@ _REFUSED[QuantizationMethod.LAYERWISE_CASTING] = {
     Runtime.DISK: "its disk copy would hold the weights before the fp8 cast, so they would compute at full precision"}
 
 
-def runtime_of(component: ComponentPlan) -> Runtime:
+def runtime_of(component: ComponentPlan, plan: Plan) -> Runtime:
     if component.kind is PlacementKind.DISK:
         return Runtime.DISK
     if component.kind is PlacementKind.OFFLOADED:
-        if _moves_by_transfer_plan(component):
+        if follows_transfer_plan(component, PlanContext(plan=plan)):
+            # per-call residency (hooks/residency.py) moves module groups, tensors as they are, as group
+            # offloading does, whatever part stays resident
             return Runtime.GROUP_OFFLOADED
         resident = any(is_accelerator(device) for device in component.device_map.values())
         return Runtime.STREAMED if resident else Runtime.GROUP_OFFLOADED
     return Runtime.MOVED
-
-
-def _moves_by_transfer_plan(component: ComponentPlan) -> bool:
-    """Per-call residency (hooks/residency.py) moves its per-call and streamed units with group offloading's
-    module groups, tensors as they are, whatever part stays resident: for formats, that is group offloading."""
-    transfer = component.transfer
-    return transfer is not None and is_accelerator(component.execution_device) and bool(
-        transfer.per_call_modules or transfer.streamed_modules)
 
 
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
@@ -153,7 +148,7 @@ Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its form
 def formats_of_metas(metas: Mapping[str, MetaComponent]) -> dict[str, tuple[QuantizationMethod, str]]:
     formats = {name: (meta.quantization.method, format_label(meta.quantization))
                for name, meta in metas.items() if meta.quantization is not None}
-    formats.update({name: (QuantizationMethod.LAYERWISE_CASTING, f"layerwise {str(meta.layerwise_casting)[6:]}")
+    formats.update({name: (QuantizationMethod.LAYERWISE_CASTING, layerwise_label(meta.layerwise_casting))
                     for name, meta in metas.items() if meta.layerwise_casting is not None})
     return formats
 
@@ -178,7 +173,7 @@ def refused_components(plan: Plan, formats: Formats) -> dict[str, str]:
     refused = {}
     for name, (method, label) in formats.items():
         component = plan.components.get(name)
-        runtime = None if component is None else runtime_of(component)
+        runtime = None if component is None else runtime_of(component, plan)
         why = None if component is None else _REFUSED.get(method, {}).get(runtime)
         if why is not None:
             refused[name] = (

@@ -52,6 +52,11 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
     return parsed
 
 
+def layerwise_label(storage: torch.dtype) -> str:
+    """The format in a plan's words: "layerwise float8_e4m3fn"."""
+    return f"layerwise {str(storage).removeprefix('torch.')}"
+
+
 def casting_config(module: nn.Module, storage: torch.dtype, compute: torch.dtype) -> LayerwiseCastingConfig:
     """The casting diffusers' `enable_layerwise_casting` would apply to `module`: its skip patterns, plus the
     model's own and its fp32-kept modules."""
@@ -120,4 +125,4 @@ def computing_on_meta(metas: Mapping[str, MetaComponent]) -> Iterator[None]:
 
 
 __all__ = ["DIFFUSERS_SKIP_PATTERNS", "apply_casting", "casting_config", "cast_tensor_names", "computing_on_meta",
-           "parse_layerwise_casting", "with_layerwise_casting"]
+           "layerwise_label", "parse_layerwise_casting", "with_layerwise_casting"]

@@ -22,6 +22,7 @@ from ..hf.calls import CallSpecError, family_calls, family_runs
 from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
+from .layerwise import layerwise_label
 from .memory_techniques import FIT_ERRORS, PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope
 from .saved_plans import check_saved_plan, nest_flat_device_map
@@ -257,8 +258,7 @@ def component_origin(meta) -> str:
     elif quantization is not None:
         origin = "pre-quantized folder" if quantization.pre_quantized else "quantization_config"
     if meta.layerwise_casting is not None:
-        storage = str(meta.layerwise_casting).removeprefix("torch.")
-        origin += f"; layerwise {storage}"  # Linear/Conv weights stored in it, upcast per layer
+        origin += f"; {layerwise_label(meta.layerwise_casting)}"  # Linear/Conv weights stored in it, upcast per layer
     return origin
 
 
