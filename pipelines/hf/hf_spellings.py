@@ -33,14 +33,16 @@ def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:
     return dtype
 
 
+# Why use_safetensors=False is refused, wherever it is given (loading_keywords' table says the same).
+SAFETENSORS_ONLY = ("weights are only ever read from safetensors: pickle (.bin/.pt) can run code and this library "
+                    "never unpickles it; convert the checkpoint to safetensors, or pass use_safetensors=True / "
+                    "leave it out")
+
+
 def download_options(*, use_safetensors: bool | None, revision: str | None, token: str | bool | None,
                      cache_dir: str | os.PathLike | None, local_files_only: bool) -> HubOptions:
     if use_safetensors is False:
-        raise LoadArgumentError(
-            "use_safetensors=False asks for pickle (.bin/.pt) weights; this library reads safetensors only and "
-            "never unpickles weights (pickle can run code). Convert the checkpoint to safetensors, or pass "
-            "use_safetensors=True / leave it out."
-        )
+        raise LoadArgumentError(f"from_pretrained(use_safetensors=False) is not supported: {SAFETENSORS_ONLY}.")
     return HubOptions(revision=revision, token=token, cache_dir=cache_dir, local_files_only=bool(local_files_only))
 
 

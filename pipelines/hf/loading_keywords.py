@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from .hf_spellings import LoadArgumentError
+from .hf_spellings import SAFETENSORS_ONLY, LoadArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,7 @@ FOREIGN_KEYWORDS: dict[str, ForeignKeyword] = {keyword.name: keyword for keyword
                    why="weights are read tensor by tensor with safetensors' safe_open, one tensor at a time"),
     ForeignKeyword(name="resume_download", accepted=ANY_VALUE,
                    why="huggingface_hub resumes interrupted downloads by itself"),
-    ForeignKeyword(name="use_safetensors", accepted=(True, None),
-                   why="weights are only ever read from safetensors: pickle (.bin/.pt) can run code and is never "
-                       "unpickled here; convert the checkpoint to safetensors"),
+    ForeignKeyword(name="use_safetensors", accepted=(True, None), why=SAFETENSORS_ONLY),
     ForeignKeyword(name="use_onnx", accepted=(False, None), why=_ONNX),
     ForeignKeyword(name="provider", accepted=(None,), why=_ONNX),
     ForeignKeyword(name="provider_options", accepted=(None,), why=_ONNX),
