@@ -95,11 +95,11 @@ class VirtualTensor(torch.Tensor):
         return copied
 
 
-def wrap(inner: torch.Tensor, device: torch.device) -> VirtualTensor:
+def wrap(inner: torch.Tensor, device: torch.device, *, requires_grad: bool = False) -> VirtualTensor:
     """`inner` (a CPU tensor) as a tensor of virtual device `device`; they share bytes."""
     wrapper = torch.Tensor._make_wrapper_subclass(
         VirtualTensor, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
-        dtype=inner.dtype, layout=inner.layout, device=device, requires_grad=False,
+        dtype=inner.dtype, layout=inner.layout, device=device, requires_grad=requires_grad,
     )
     wrapper._inner = inner
     return wrapper
@@ -124,12 +124,12 @@ def unwrap_argument(value, tensors: list):
     return value
 
 
-def wrap_result(out, device: torch.device):
+def wrap_result(out, device: torch.device, *, requires_grad: bool = False):
     """Every tensor in an op's result (a tensor, or a list/tuple of them) put on `device`."""
     if isinstance(out, torch.Tensor):
-        return wrap(out, device)
+        return wrap(out, device, requires_grad=requires_grad)
     if isinstance(out, (list, tuple)):
-        return type(out)(wrap_result(item, device) for item in out)
+        return type(out)(wrap_result(item, device, requires_grad=requires_grad) for item in out)
     return out
 
 
@@ -147,10 +147,11 @@ def run_on_cpu(func, args: tuple, kwargs: dict):
         return special(func, args, kwargs)
     if packet not in RUN_WHOLE and _is_composite(func):
         # Under inference_mode composite ops (`to.device`, `linear`) reach Python dispatch whole; decompose them
-        # as autograd mode would have, so the device logic sees only the ops they are made of.
-        out = func.decompose(*args, **kwargs)
-        if out is not NotImplemented:
-            return out
+        # as autograd mode would have, so the device logic sees only the ops they are made of. Through their C++
+        # kernel, which is what autograd mode and a plain CPU tensor run: `func.decompose` prefers the Python
+        # decompositions torch._decomp registers on import (matmul's never folds a batch into one mm, so its
+        # sums run in another order), which would make the numbers depend on what was imported before.
+        return func._op_dk(_COMPOSITE_KEY, *args, **kwargs)
     tensors: list[torch.Tensor] = []
     inner_args = tuple(unwrap_argument(value, tensors) for value in args)
     inner_kwargs = {key: unwrap_argument(value, tensors) for key, value in kwargs.items()}
@@ -164,15 +165,26 @@ def run_on_cpu(func, args: tuple, kwargs: dict):
         inner_kwargs["device"] = torch.device("cpu")
     out = func(*inner_args, **inner_kwargs)
     if is_virtual(target):
-        out = wrap_result(out, target)
+        out = wrap_result(out, target, requires_grad=_view_requires_grad(func, args))
     return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def _view_requires_grad(func, args: tuple) -> bool:
+    """A view of a tensor that requires grad requires grad too, in every grad mode, as autograd's view tracking
+    makes it on the CPU. Under inference_mode no autograd layer runs above this backend to say so, and composite
+    kernels read the flag: matmul folds a batch into one mm when its weight (a view, `weight.t()`) requires grad,
+    and sums in another order when it does not."""
+    return (torch.is_inference_mode_enabled() and func.is_view and isinstance(args[0], torch.Tensor)
+            and args[0].requires_grad)
+
+
+_COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
 def _is_composite(func) -> bool:
     known = _COMPOSITE.get(func)
     if known is None:
-        known = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+        known = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_KEY)
     return known
 
 
