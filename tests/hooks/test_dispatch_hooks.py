@@ -21,6 +21,8 @@ from placement.devices import torch_device
 from placement.plan_schema import ComponentPlan, PlacementKind
 
 from resident_weights import place_resident_weights
+from same_output import assert_same_output
+from same_output import assert_same_output
 
 
 @pytest.fixture(autouse=True)
@@ -120,9 +122,9 @@ def test_writes_into_a_list_argument_reach_the_caller_under_every_placement(plac
     out, cache = run_twice(model)
     assert all(entry is not None for entry in cache)  # every write reached the caller's list
     # The cache holds what the module wrote, on the device it ran on; an offloaded module returns its output there.
-    torch.testing.assert_close(out.cpu(), expected, atol=0, rtol=0)
+    assert_same_output(out.cpu(), expected)
     for got, want in zip(cache, expected_cache):
-        torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)
+        assert_same_output(got.cpu(), want)
     undispatch(model)
     assert hooks_by_type(model) == {}
 
@@ -172,7 +174,7 @@ def test_split_output_returns_to_the_callers_device_and_streams_cpu_entries():
     assert model.convs[0].linear.weight.device.type == "meta"  # streamed per forward, not resident
     expected, _ = run_twice(reference)
     out, _ = run_twice(model)
-    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    assert_same_output(out, expected)
     undispatch(model)
     assert model.convs[0].linear.weight.device.type == "cpu"
 
@@ -227,7 +229,7 @@ def test_wan_vae_decodes_every_frame_under_our_dispatch(placement):
     with torch.no_grad():
         decoded = vae.decode(latents).sample
     assert decoded.shape[2] == 3
-    torch.testing.assert_close(decoded.cpu(), expected, atol=1e-6, rtol=0)  # decoded on the VAE's device
+    assert_same_output(decoded.cpu(), expected)  # decoded on the VAE's device
     undispatch(vae)
     assert hooks_by_type(vae) == {} and "decode" not in vae.__dict__
 

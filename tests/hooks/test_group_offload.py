@@ -24,6 +24,7 @@ from hooks import (
     remove_group_offloading,
 )
 from hooks.group_offload.transfer import BlockingTransfer
+from same_output import assert_same_output
 
 
 class Probe(nn.Module):
@@ -96,7 +97,7 @@ def test_outputs_equal_plain_run_twice_and_removal_restores(offload_type, to_dis
     session = group_offloading_session(model)
     with torch.no_grad():
         for _ in range(2):
-            torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+            assert_same_output(model(TOKENS), expected)
             assert session.resident_groups == []
             devices = {t.device.type for t in [*model.parameters(), *model.buffers()]}
             assert devices == ({"meta"} if to_disk else {"cpu"})
@@ -115,7 +116,7 @@ def test_outputs_equal_plain_run_twice_and_removal_restores(offload_type, to_dis
     if to_disk:
         assert os.listdir(tmp_path) == []  # the group files went with the hooks
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+        assert_same_output(model(TOKENS), expected)
 
 
 @pytest.mark.parametrize("blocks_per_group, expected", [
@@ -155,7 +156,7 @@ def test_prefetch_chain_onloads_the_next_group_while_the_current_one_runs(monkey
         model(TOKENS)  # first call records the execution order
         traced = list(model.log)
         model.log.clear()
-        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+        assert_same_output(model(TOKENS), expected)
     assert traced == [["blocks.0", "rest"], ["blocks.1", "rest"], ["blocks.2", "rest"], ["blocks.3", "rest"]]
     assert model.log == [["blocks.0", "blocks.1", "rest"], ["blocks.1", "blocks.2", "rest"],
                          ["blocks.2", "blocks.3", "rest"], ["blocks.3", "rest"]]
@@ -199,7 +200,7 @@ def test_prefetch_loads_each_group_once_per_call_when_the_rest_is_re_entered(mon
     with torch.no_grad():
         model(x)  # traces
         onloads.clear()
-        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+        assert_same_output(model(x), expected)
     # `mid` re-enters the rest group between the block lists: that must not prefetch down.0 a second time.
     assert onloads == ["rest", "down.0", "down.1", "up.0", "up.1"]
 
@@ -211,7 +212,7 @@ def test_entry_point_other_than_forward_onloads_what_it_calls(tmp_path):
         expected = model.decode(x)
     apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu", offload_to_disk_path=tmp_path))
     with torch.no_grad():
-        torch.testing.assert_close(model.decode(x), expected, atol=1e-5, rtol=0)
+        assert_same_output(model.decode(x), expected)
     assert model.head.weight.is_meta and group_offloading_session(model).resident_groups == []
 
 
@@ -242,7 +243,7 @@ def test_applying_twice_replaces_and_accelerate_removal_undoes_everything(tmp_pa
     assert all_hooked(model) == []
     assert {t.device.type for t in model.parameters()} == {"cpu"}
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=0)
+        assert_same_output(model(TOKENS), expected)
 
 
 def test_accelerate_offload_hooks_are_a_conflict():

@@ -20,6 +20,7 @@ from hooks import (
     remove_group_offloading,
     remove_layerwise_casting,
 )
+from same_output import assert_same_output
 
 
 class Tiny(nn.Module):
@@ -73,7 +74,7 @@ def test_outputs_match_rounded_weights_exactly_and_the_original_within_the_dtype
     with torch.no_grad():
         for _ in range(2):
             out = model(TOKENS)
-            torch.testing.assert_close(out, exact, atol=1e-5, rtol=0)
+            assert_same_output(out, exact)
             assert 0 < relative_error(out, original) < bound
             # Between calls the cast layers hold the storage dtype; norms and embeddings were never touched.
             assert {model.get_submodule(n).weight.dtype for n in CAST} == {storage_dtype}
@@ -82,7 +83,7 @@ def test_outputs_match_rounded_weights_exactly_and_the_original_within_the_dtype
     assert [n for n, m in model.named_modules() if hasattr(m, "_hf_hook")] == []
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), exact, atol=1e-5, rtol=0)  # the rounding stays
+        assert_same_output(model(TOKENS), exact)  # the rounding stays
 
 
 def test_skip_patterns_and_classes():
@@ -94,9 +95,7 @@ def test_skip_patterns_and_classes():
     apply_layerwise_casting(everything, compute_dtype=torch.float32, skip_modules_pattern=(), skip_modules_classes=())
     assert everything.embed.weight.dtype == torch.float8_e4m3fn
     with torch.no_grad():
-        torch.testing.assert_close(
-            everything(TOKENS), rounded_copy(make(), ["embed", *CAST], torch.float8_e4m3fn)(TOKENS), atol=1e-5, rtol=0
-        )
+        assert_same_output(everything(TOKENS), rounded_copy(make(), ["embed", *CAST], torch.float8_e4m3fn)(TOKENS))
 
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
@@ -113,7 +112,7 @@ def test_casting_then_group_offloading(offload_type, to_disk, tmp_path):
     )
     with torch.no_grad():
         for _ in range(2):
-            torch.testing.assert_close(model(TOKENS), exact, atol=1e-5, rtol=0)
+            assert_same_output(model(TOKENS), exact)
             assert model.head.weight.dtype == torch.float8_e4m3fn
             assert model.head.weight.device.type == ("meta" if to_disk else "cpu")
     with pytest.raises(OffloadConflictError, match="apply layerwise casting first"):
@@ -133,7 +132,7 @@ def test_casting_with_model_offload_and_refused_with_sequential_offload():
     apply_layerwise_casting(model, compute_dtype=torch.float32)
     chain = apply_model_cpu_offload([model])
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), exact, atol=1e-5, rtol=0)
+        assert_same_output(model(TOKENS), exact)
     assert model.head.weight.dtype == torch.float8_e4m3fn
     chain.remove()
     with pytest.raises(OffloadConflictError, match="group offloading with offload_type='leaf_level'"):

@@ -34,6 +34,7 @@ from hooks import (  # noqa: E402
 from hooks.hook_utils import hooks_of  # noqa: E402
 from hooks.input_moving import MoveInputsHook  # noqa: E402
 from placement.devices import is_accelerator, torch_device  # noqa: E402
+from same_output import assert_same_output
 
 TARGETS = ["attn", "mlp", "proj_out"]
 
@@ -226,11 +227,11 @@ def expected():
 def test_a_lora_loaded_into_a_placed_module_follows_its_layer(arrangement, gpus, expected, tmp_path):
     place, layer_homes = ARRANGEMENTS[arrangement]
     model = place(tmp_path)
-    assert torch.equal(run(model), expected["base"])
+    assert_same_output(run(model), expected["base"])
     with edit_placed_weights(model):
         load_lora(model)
-    assert torch.equal(run(model), expected["lora"])
-    assert torch.equal(run(model), expected["lora"])  # and again: nothing was lost between calls
+    assert_same_output(run(model), expected["lora"])
+    assert_same_output(run(model), expected["lora"])  # and again: nothing was lost between calls
     homes = weight_homes(model)
     for layer, (home, lora_home) in layer_homes.items():
         assert homes[f"{layer}.base_layer.weight"] == home
@@ -238,7 +239,7 @@ def test_a_lora_loaded_into_a_placed_module_follows_its_layer(arrangement, gpus,
 
     with edit_placed_weights(model):
         unload(model)
-    assert torch.equal(run(model), expected["base"])
+    assert_same_output(run(model), expected["base"])
     assert not [name for name in weight_homes(model) if "lora" in name]
 
 
@@ -251,12 +252,12 @@ def test_fuse_and_unfuse_write_where_the_weights_live(arrangement, safe_merge, g
     with edit_placed_weights(model):
         for layer in tuner_layers(model):
             layer.merge(safe_merge=safe_merge)
-    assert torch.equal(run(model), expected["fused"])
-    assert torch.equal(run(model), expected["fused"])
+    assert_same_output(run(model), expected["fused"])
+    assert_same_output(run(model), expected["fused"])
     with edit_placed_weights(model):
         for layer in tuner_layers(model):
             layer.unmerge()
-    assert torch.equal(run(model), expected["unfused"])
+    assert_same_output(run(model), expected["unfused"])
 
 
 def test_removing_the_placement_keeps_the_adapter(gpus, expected, tmp_path):
@@ -265,7 +266,7 @@ def test_removing_the_placement_keeps_the_adapter(gpus, expected, tmp_path):
         load_lora(model)
     undispatch(model)  # disk weights read back, served LoRA matrices back in their modules
     assert not [name for name, tensor in model.named_parameters() if tensor.is_meta]
-    assert torch.equal(run(model.to("cpu")), expected["lora"])
+    assert_same_output(run(model.to("cpu")), expected["lora"])
 
 
 def test_a_lora_in_an_offloaded_block_moves_with_its_block(gpus, tmp_path):
@@ -312,7 +313,7 @@ def test_writing_into_disk_homed_weights_is_refused_and_the_disk_copy_serves(arr
     with pytest.raises(PlacedWeightsError, match=r"on disk; the edit tried to change them"):
         with edit_placed_weights(model):  # a new tensor given as the weight's data: noticed, dropped
             model.get_submodule("blocks.2.attn.base_layer").weight.data = torch.ones(8, 8)
-    assert torch.equal(run(model), expected["lora"])
+    assert_same_output(run(model), expected["lora"])
 
 
 @pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
@@ -328,7 +329,7 @@ def test_nested_edits_of_one_module_are_one_edit(gpus, expected, tmp_path):
     with edit_placed_weights(model):
         with edit_placed_weights(model):
             load_lora(model)
-    assert torch.equal(run(model), expected["lora"])
+    assert_same_output(run(model), expected["lora"])
 
 
 @pytest.mark.parametrize("arrangement", ["served from disk", "group, leaves", "per-call residency"])
@@ -342,8 +343,8 @@ def test_adapters_kept_in_containers_follow_the_layer_that_uses_them(arrangement
     with edit_placed_weights(model):
         inject_adapter_in_model(config, model, adapter_name="k")
         set_peft_model_state_dict(model, state, adapter_name="k")
-    assert torch.equal(run(model), run(plain))
-    assert torch.equal(run(model), run(plain))
+    assert_same_output(run(model), run(plain))
+    assert_same_output(run(model), run(plain))
 
 
 @pytest.mark.gpu

@@ -20,6 +20,7 @@ from hooks.input_moving import MoveInputsHook
 from hooks.residency import ResidencyHook, StreamedBlockHook
 from placement.devices import torch_device
 from transfer_pipeline import STEPS, assert_decoded, caller_inputs, component, make, nbytes, place_resident, plan, run
+from same_output import assert_same_output
 
 ROOM = 9000  # bytes for per-call blocks, activations and stream buffers on GPU 0 (beside resident weights)
 DENOISER_MAP = {"proj_in": 0, "blocks.0": 0, "blocks.1": 0, "blocks.2": "cpu", "blocks.3": "cpu",
@@ -62,7 +63,7 @@ def assert_runs_again_on_the_cpu(modules, expected) -> None:
     weights stay on their accelerator until then), they compute what they computed before placement."""
     for module in modules.values():
         module.to("cpu")
-    torch.testing.assert_close(run(modules), expected, atol=1e-6, rtol=0)
+    assert_same_output(run(modules), expected)
 
 
 def test_the_second_call_moves_exactly_the_plans_bytes_per_call(gpus):
@@ -265,7 +266,8 @@ def test_on_cuda_per_call_blocks_come_from_pinned_memory_and_the_meter_agrees(mo
     place_resident(modules, placement)
     placed = apply_plan(modules, placement)
     output, meter = second_call(modules)
-    assert_decoded(output, expected, atol=1e-5)
+    assert output.device == torch_device(0)
+    torch.testing.assert_close(output.cpu(), expected, atol=1e-5, rtol=1e-4)  # CUDA's kernels against the CPU's
     assert meter.weights.host_to_accelerator_bytes == planned_bytes(placement) == 27980
     denoiser, decoder = modules["denoiser"], modules["decoder"]
     assert decoder.post.weight.device.type == "cuda"  # the decoder's per-call blocks stay until room is needed

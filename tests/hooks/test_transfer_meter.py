@@ -25,6 +25,7 @@ from hooks import (
 from hooks.transfer_meter import Direction, direction
 from placement.devices import strict_virtual_accelerators, torch_device
 from transfer_pipeline import STEPS, assert_decoded, make, nbytes, place_entries, run
+from same_output import assert_same_output
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +164,7 @@ def test_inputs_are_counted_from_where_each_tensor_is(strict):
     chain = apply_model_cpu_offload([first, second], ModelOffloadConfig(execution_device=0))
     with measure_transfers() as meter, torch.no_grad():
         output = second(*first(x.to(torch_device(0))))  # a caller working on the accelerator
-    torch.testing.assert_close(output.cpu(), expected, atol=1e-6, rtol=0)
+    assert_same_output(output.cpu(), expected)
     # Only the lengths cross: made on the host inside a component that ran on GPU 0, they are on the host
     # (two int64), and the second component's hook moves them in. x, h and the output stay on GPU 0.
     assert meter.inputs == Traffic(host_to_accelerator_bytes=2 * 8)
@@ -182,7 +183,7 @@ def test_outputs_already_where_the_caller_is_are_not_counted(strict, monkeypatch
     with measure_transfers() as meter, torch.no_grad():
         output = denoiser(torch.ones(2, 16, device=gpu1), torch.ones(2, 16, device=gpu1))
     assert output.device == gpu1  # computed on GPU 1 (proj_out), where the caller is: nothing to move back
-    torch.testing.assert_close(output.cpu(), expected, atol=1e-6, rtol=0)
+    assert_same_output(output.cpu(), expected)
     # latents and cond to GPU 0 at the top; h and cond to GPU 1 at blocks.0, cond again at each later block
     # (the forward keeps its own, on GPU 0); 32 floats each. The output is not counted: it did not move.
     assert meter.inputs.accelerator_to_accelerator_bytes == (2 + 2 + 5) * 32 * 4

@@ -13,6 +13,7 @@ from torch import nn
 from placement.device_maps import owning_key, tensor_devices
 from placement.devices import is_accelerator, torch_device
 from placement.plan_schema import ComponentPlan, ComponentTransfer, DevicePlan, PlacementKind, Plan
+from same_output import assert_same_output
 
 STEPS = 4
 
@@ -97,12 +98,12 @@ def run(modules, steps: int = STEPS, *, device=None) -> torch.Tensor:
         return modules["decoder"].decode(latents)
 
 
-def assert_decoded(output: torch.Tensor, expected: torch.Tensor, *, on=0, atol: float = 1e-6) -> None:
+def assert_decoded(output: torch.Tensor, expected: torch.Tensor, *, on=0) -> None:
     """The call computed `expected` (a plain CPU run's result), and handed it over where the decoder executed,
     accelerator `on`: `decode` is entered past the top hook, and like accelerate's hooks ours move its inputs
     only; the caller moves the image (a diffusers pipeline's postprocessing calls `.cpu()`)."""
     assert output.device == torch_device(on)
-    torch.testing.assert_close(output.cpu(), expected, atol=atol, rtol=0)
+    assert_same_output(output, expected)
 
 
 def place_resident(modules, placement: Plan) -> None:

@@ -1,6 +1,9 @@
 """Strict virtual accelerators (PLACEMENT_VIRTUAL_ACCELERATORS=N): each tensor belongs to the virtual device it
 was moved to, and an op that mixes two devices raises the error CUDA raises, while every number equals a CPU
-run's. These tests pin the tensor-level behaviour; tests/pipelines/test_strict_pipelines.py the library's."""
+run's. These tests pin the tensor-level behaviour; tests/pipelines/test_strict_pipelines.py the library's.
+
+Numbers compare bit for bit here, unlike elsewhere in the suite (tests/same_output.py): this is the backend's own
+promise (the same aten op on the same CPU tensors, strides and flags), on operands allocated alike."""
 
 from __future__ import annotations
 

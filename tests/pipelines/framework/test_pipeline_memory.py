@@ -15,6 +15,7 @@ from hooks.hook_utils import hooks_of
 from pipelines import TextToImagePipeline
 from pipelines.errors import DeviceMappedError
 from pipelines.framework.memory import VaeFeatureError
+from same_output import assert_same_output
 
 CALL = dict(num_inference_steps=1, output_type="pt")
 
@@ -78,11 +79,11 @@ def test_technique_equals_plain_run_twice_and_reset_restores(technique, pipe, re
     enable, check_between_calls = TECHNIQUES[technique]
     enable(pipe, tmp_path)
     for _ in range(2):
-        torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+        assert_same_output(generate(pipe), reference)
         check_between_calls(pipe, tmp_path)  # the call itself ends with maybe_free_model_hooks()
     pipe.reset_device_map()
     assert hooked(pipe) == [] and tensor_devices(pipe) == {"cpu"}
-    torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), reference)
 
 
 THEN = {  # what runs on top of layerwise casting (applied first, as docs/memory.md says)
@@ -102,7 +103,7 @@ def test_layerwise_casting_alone_and_under_offloading(storage_dtype, bound, then
     apply_layerwise_casting(pipe.denoiser, storage_dtype=storage_dtype, compute_dtype=torch.float32)
     THEN[then](pipe)
     first, second = generate(pipe), generate(pipe)
-    torch.testing.assert_close(second, first, atol=1e-5, rtol=0)
+    assert_same_output(second, first)
     assert 0 < ((first - reference).norm() / reference.norm()).item() < bound
     assert storage_dtype in {p.dtype for p in pipe.denoiser.parameters()}  # stored small between calls
     pipe.reset_device_map()
@@ -127,12 +128,12 @@ def test_accelerate_hook_removal_undoes_every_technique(technique, pipe, tmp_pat
     assert hooked(pipe) == [] and tensor_devices(pipe) == {"cpu"}
     assert {p.dtype for m in pipe.module_components.values() for p in m.parameters()} == {torch.float32}
     assert [name for _, _, names in os.walk(tmp_path) for name in names] == []  # group files removed
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_group_offload_with_no_arguments_just_works(pipe, reference):
     pipe.enable_group_offload()  # onload on GPU 0, or on the CPU without one; block level, one block a group
-    torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), reference)
     assert all(group_offloading_session(m).resident_groups == [] for m in pipe.module_components.values())
 
 
@@ -142,7 +143,7 @@ def test_model_offload_twice_follows_the_model_graph(pipe, reference):
     chain = pipe._model_offload
     assert [hook.model for hook in chain.chained] == [pipe.text_encoder, pipe.denoiser, pipe.vae]
     assert all(len(hooks_of(m)) == 1 for m in pipe.module_components.values())
-    torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), reference)
     assert pipe.component_execution_device("denoiser") == chain.execution_device
 
 
@@ -173,7 +174,7 @@ def test_switching_techniques_needs_a_reset_and_failures_leave_nothing_behind(pi
     assert {p.device.type for p in pipe.denoiser.parameters()} == {"cpu"}
     pipe.reset_device_map()
     pipe.enable_group_offload("cpu", offload_type="leaf_level")
-    torch.testing.assert_close(generate(pipe), reference, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), reference)
 
 
 def _decoder_batches(pipe) -> list[int]:
@@ -190,7 +191,7 @@ def test_vae_slicing_decodes_sample_by_sample_and_saves_nothing_for_one(pipe):
     pipe.enable_vae_slicing()
     assert pipe.vae.use_slicing
     sliced = generate(pipe, prompts)
-    torch.testing.assert_close(sliced, batch, atol=1e-5, rtol=0)  # one sample at a time, same images
+    assert_same_output(sliced, batch)  # one sample at a time, same images
     generate(pipe)  # a batch of one: one decode, exactly as without slicing
     assert batches == [2, 1, 1, 1]
     pipe.disable_vae_slicing()
@@ -209,7 +210,8 @@ def test_vae_tiling_splits_images_larger_than_a_tile_and_skips_the_others(pipe):
     batches = _decoder_batches(pipe)
     pipe.enable_vae_tiling(tile_sample_size=32)
     assert pipe.vae.use_tiling and pipe.vae.tile_sample_size == 32
-    torch.testing.assert_close(generate(pipe, side=32), plain[32], atol=0, rtol=0)  # one tile: not tiled
+    # Exact: one tile is not tiled, so the same module runs the same ops on the same tensors as the plain call.
+    torch.testing.assert_close(generate(pipe, side=32), plain[32], atol=0, rtol=0)
     assert len(batches) == 1
     tiled = generate(pipe, side=48)
     assert len(batches) == 1 + len(TileGrid.cover(24, 16, 4).starts) ** 2
@@ -217,7 +219,7 @@ def test_vae_tiling_splits_images_larger_than_a_tile_and_skips_the_others(pipe):
     assert 0 < difference < 0.1, difference  # close to, not equal to, the untiled decode
     pipe.disable_vae_tiling()
     assert not pipe.vae.use_tiling
-    torch.testing.assert_close(generate(pipe, side=48), plain[48], atol=0, rtol=0)
+    torch.testing.assert_close(generate(pipe, side=48), plain[48], atol=0, rtol=0)  # tiling off: the plain path
 
 
 @pytest.mark.filterwarnings("ignore:No accelerator to plan for")
@@ -239,7 +241,7 @@ def test_vae_slicing_and_tiling_work_under_every_technique(technique, tmp_path):
     else:
         pipe = TextToImagePipeline.from_preset("tiny-unet")
         TECHNIQUES[technique][0](pipe, tmp_path / "groups")
-    torch.testing.assert_close(sliced_and_tiled(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(sliced_and_tiled(pipe), expected)
 
 
 # --- GPU: peak memory ordering, on the tiny pipelines and on a mid-size one where weights dominate --------

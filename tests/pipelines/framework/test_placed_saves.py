@@ -14,6 +14,8 @@ from placement.devices import torch_device
 
 from pipeline_fixtures import generate, has_hooks, save_preset
 from placed_kinds import KINDS, hooks_and_placeholders, kind_plan
+from same_output import assert_same_output, same_output
+from same_output import assert_same_output
 
 BUDGETS = {0: "1GiB", 1: "1GiB", "cpu": "4GiB"}
 PARTS = {"text_encoder": ("layers", "embeddings"), "denoiser": ("double_blocks", "single_blocks")}
@@ -36,7 +38,7 @@ def load(folder, **kwargs) -> TextToImagePipeline:
 
 
 def reloads_to(folder, expected) -> bool:
-    return torch.equal(generate(load(folder)), expected)
+    return same_output(generate(load(folder)), expected)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -49,7 +51,7 @@ def test_a_placed_pipeline_saves_as_it_is_in_every_kind_and_after_reset(virtual,
         pipe.save_pretrained(tmp_path / "placed")
     assert meter.host_to_accelerator_bytes == 0  # nothing onloaded, served or streamed to save
     assert hooks_and_placeholders(pipe.module_components) == placed  # the placement is as it was
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     assert reloads_to(tmp_path / "placed", expected)
 
     pipe.reset_device_map()
@@ -118,7 +120,7 @@ def test_reset_gives_passed_in_components_back_and_a_second_load_pins_them_again
 
     pipe = load(folder, device_map="balanced", max_memory=BUDGETS, **passed)
     assert pipe.placement_plan.components["text_encoder"].pinned and pipe.hf_device_map["text_encoder"] == 1
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     pipe.save_pretrained(tmp_path / "placed")  # text_encoder_2's layers read from its owner's hooks
     assert reloads_to(tmp_path / "placed", expected)
 
@@ -134,7 +136,7 @@ def test_reset_gives_passed_in_components_back_and_a_second_load_pins_them_again
     again = load(folder, device_map="balanced", max_memory=BUDGETS, **passed)
     pinned = {name for name, component in again.placement_plan.components.items() if component.pinned}
     assert pinned == {"text_encoder", "text_encoder_2"}
-    torch.testing.assert_close(generate(again), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(again), expected)
 
 
 
@@ -147,4 +149,4 @@ def test_on_the_gpu_a_placed_pipeline_saves_as_it_is(saved, tmp_path, kind):
     placed = hooks_and_placeholders(pipe.module_components)
     pipe.save_pretrained(tmp_path / "placed")
     assert hooks_and_placeholders(pipe.module_components) == placed
-    torch.testing.assert_close(generate(load(tmp_path / "placed")), expected, atol=0, rtol=0)
+    assert_same_output(generate(load(tmp_path / "placed")), expected)

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
 
 from tiny_parts import clip_config, clip_tokenizer, flow_vae, t5_encoder, t5_tokenizer  # noqa: E402
+from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for", "ignore::FutureWarning")
 
@@ -141,7 +142,7 @@ def test_loads_as_the_diffusers_class_and_generates_what_diffusers_does(folders,
     assert pipe.hf_device_map == ("cpu" if device_map == "cpu" else pipe.placement_plan.device_map)
     ours = generate(pipe, family)
     theirs = generate(pipeline_class.from_pretrained(folder), family)
-    assert torch.equal(ours.cpu(), theirs)  # output_type="pt": on the device the VAE decoded on
+    assert_same_output(ours.cpu(), theirs)  # output_type="pt": on the device the VAE decoded on
     if device_map == "cpu":
         pipe.to("cpu")  # diffusers' guard lets a one-device map move, as it does for its own device_map="cpu"
     if family == "wan":
@@ -159,10 +160,10 @@ def test_diffusers_guards_hold_until_our_reset_then_to_and_offload_work(folders)
     pipe.to("cpu")  # diffusers' own .to() is allowed again, and so are its offload methods
     expected = generate(diffusers.StableDiffusionPipeline.from_pretrained(folders["sd"]), "sd")
     pipe.enable_model_cpu_offload(device="cpu")  # without device= it asks for an accelerator
-    assert torch.equal(generate(pipe, "sd"), expected)
+    assert_same_output(generate(pipe, "sd"), expected)
     pipe.remove_all_hooks()
     pipe.enable_group_offload(onload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
-    assert torch.equal(generate(pipe, "sd"), expected)
+    assert_same_output(generate(pipe, "sd"), expected)
 
 
 def test_plan_placement_accepts_diffusers_folders_and_states_dtypes(folders):
@@ -268,7 +269,7 @@ def test_place_a_pipeline_the_user_built_without_reloading(folders):
     with pytest.raises(DeviceMappedError, match="reset_device_map"):
         pipelines.place(built)
     reference = diffusers.FluxPipeline.from_pretrained(folders["flux"])
-    assert torch.equal(generate(built, "flux"), generate(reference, "flux"))
+    assert_same_output(generate(built, "flux"), generate(reference, "flux"))
     built.reset_device_map()
     assert built.hf_device_map is None and not has_hooks(built)
 
@@ -278,7 +279,8 @@ def test_a_component_passed_in_is_placed_with_the_rest_not_reloaded(folders):
     pipe = Pipeline.from_pretrained(folders["flux"], device_map="balanced", vae=vae, progress=False)
     assert type(pipe) is diffusers.FluxPipeline and pipe.vae is vae
     assert pipe.placement_plan.components["vae"].dtype == "float32 (passed in, as it is)"
-    assert torch.equal(generate(pipe, "flux"), generate(diffusers.FluxPipeline.from_pretrained(folders["flux"]), "flux"))
+    reference = diffusers.FluxPipeline.from_pretrained(folders["flux"])
+    assert_same_output(generate(pipe, "flux"), generate(reference, "flux"))
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import torch
 
 from pipeline_fixtures import has_hooks
 from pipelines import Pipeline
+from same_output import assert_same_output
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
@@ -81,12 +82,9 @@ def test_generic_load_on_cpu_gives_the_originals_outputs(sd_folder):
     ids = torch.tensor(originals["tokenizer"](["a cat"], padding="max_length", max_length=16).input_ids)
     latents, context = torch.randn(1, 4, 8, 8), torch.randn(1, 16, 32)
     with torch.no_grad():
-        torch.testing.assert_close(pipe.text_encoder(ids).last_hidden_state,
-                                   originals["text_encoder"](ids).last_hidden_state, atol=1e-5, rtol=0)
-        torch.testing.assert_close(pipe.unet(latents, 10, context).sample,
-                                   originals["unet"](latents, 10, context).sample, atol=1e-5, rtol=0)
-        torch.testing.assert_close(pipe.vae.decode(latents).sample, originals["vae"].decode(latents).sample,
-                                   atol=1e-5, rtol=0)
+        assert_same_output(pipe.text_encoder(ids).last_hidden_state, originals["text_encoder"](ids).last_hidden_state)
+        assert_same_output(pipe.unet(latents, 10, context).sample, originals["unet"](latents, 10, context).sample)
+        assert_same_output(pipe.vae.decode(latents).sample, originals["vae"].decode(latents).sample)
     pipe.reset_device_map()
     assert not has_hooks(pipe)
 
@@ -117,4 +115,4 @@ def test_tied_transformers_weights_load_from_the_one_saved_copy(tmp_path):
     assert loaded.shared.weight is loaded.encoder.embed_tokens.weight
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded(ids).last_hidden_state, t5(ids).last_hidden_state, atol=1e-5, rtol=0)
+        assert_same_output(loaded(ids).last_hidden_state, t5(ids).last_hidden_state)

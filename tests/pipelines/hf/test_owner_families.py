@@ -19,6 +19,8 @@ from pipelines.loading.meta_records import WeightsReader
 from placement.sizing import size_module
 
 from transformers_families import FAMILIES, build, output_of
+from same_output import assert_same_output
+from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
@@ -46,7 +48,7 @@ def test_each_family_loads_as_transformers_loads_it(saved, name):
     model = pipelines.load_model(folder, device_map="auto", progress=False)
     reference = cls.from_pretrained(folder).eval()
     assert type(model) is cls
-    assert torch.equal(output_of(model, name), output_of(reference, name))
+    assert_same_output(output_of(model, name), output_of(reference, name))
     assert model.placement_plan.components[cls.__name__].bytes == size_module(reference).total
     assert model.hf_device_map == {"": "cpu"}
 
@@ -68,7 +70,7 @@ def test_a_renamed_checkpoint_splits_over_two_virtual_gpus(saved, name, monkeypa
     assert set(model.hf_device_map.values()) == {0, 1}
     assert model.placement_plan.components[cls.__name__].bytes == size_module(reference).total == total
     # Ops on virtual devices may take other CPU kernels (attention) than on the plain CPU: fp32 rounding only.
-    torch.testing.assert_close(output_of(model, name), output_of(reference, name), atol=1e-5, rtol=0)
+    assert_same_output(output_of(model, name), output_of(reference, name))
 
 
 @pytest.mark.parametrize("name", sorted(RENAMED))
@@ -90,7 +92,7 @@ def test_a_split_whose_embedding_is_called_from_outside_its_entry(saved, name, m
     _, model = _split_over_two(folder, cls, torch.float32)
     reference = cls.from_pretrained(folder, dtype=torch.float32).eval()
     assert set(model.hf_device_map.values()) == {0, 1}
-    torch.testing.assert_close(output_of(model, name), output_of(reference, name), atol=1e-5, rtol=0)
+    assert_same_output(output_of(model, name), output_of(reference, name))
 
 
 def test_the_renamed_tensors_are_read_by_transformers_onto_the_plan(saved, monkeypatch):

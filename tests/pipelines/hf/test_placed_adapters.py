@@ -19,6 +19,7 @@ diffusers = pytest.importorskip("diffusers")
 from peft import LoraConfig  # noqa: E402
 from peft.utils import get_peft_model_state_dict  # noqa: E402
 from test_diffusers_pipelines import build_flux  # noqa: E402
+from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:No LoRA keys", "ignore:Already unmerged")
 MEMORY = {0: "1GiB", 1: "1GiB", "cpu": "4GiB"}
@@ -156,12 +157,12 @@ def gpus(monkeypatch):
 def test_each_adapter_call_gives_what_diffusers_gives(placement, flux, expected, gpus):
     pipe = load(flux, placement)
     calls = PLACEMENTS[placement][1]
-    assert torch.equal(denoise(pipe), expected[calls][0])
+    assert_same_output(denoise(pipe), expected[calls][0])
     for index, call in enumerate(calls, start=1):
         step(pipe, call, flux)
-        assert torch.equal(denoise(pipe), expected[calls][index]), f"after {call!r} on {placement}"
+        assert_same_output(denoise(pipe), expected[calls][index], msg=f"after {call!r} on {placement}")
         if call == "load a":
-            assert torch.equal(generate(pipe), expected["image with a"])
+            assert_same_output(generate(pipe), expected["image with a"])
     assert not [name for name in weight_homes(pipe.transformer) if "lora" in name]
 
 
@@ -182,10 +183,10 @@ def test_low_memory_loading_and_hotswapping_follow_the_layer_too(placement, flux
     pipe = load(flux, placement)
     for target in (plain, pipe):  # peft assigns the loaded tensors, then copies the second LoRA into them
         target.load_lora_weights(flux / "a", adapter_name="a", low_cpu_mem_usage=True)
-    assert torch.equal(denoise(pipe), denoise(plain))
+    assert_same_output(denoise(pipe), denoise(plain))
     for target in (plain, pipe):
         target.load_lora_weights(flux / "b", adapter_name="a", hotswap=True)
-    assert torch.equal(denoise(pipe), denoise(plain))
+    assert_same_output(denoise(pipe), denoise(plain))
 
 
 @pytest.mark.parametrize("placement", ["disk", "per-call residency, disk"])
@@ -196,7 +197,7 @@ def test_fusing_into_weights_on_disk_is_refused_before_anything_changes(placemen
     with pytest.raises(AdapterPlacementError, match=r"fuse_lora\(\): transformer .*on disk.*before placing"):
         pipe.fuse_lora(components=["transformer"])
     assert not pipe.transformer.get_submodule("transformer_blocks.0.attn.to_q").merged  # none fused, even in RAM
-    assert torch.equal(denoise(pipe), expected[WITHOUT_FUSE][2])
+    assert_same_output(denoise(pipe), expected[WITHOUT_FUSE][2])
     with pytest.raises(AdapterPlacementError, match=r"fuse_lora\(\): transformer"):
         pipe.transformer.fuse_lora()  # the model's own method too
 
@@ -213,7 +214,7 @@ def test_after_reset_the_lora_stays_and_the_methods_are_diffusers_own(flux, expe
     pipe.load_lora_weights(flux / "a", adapter_name="a")
     pipe.reset_device_map()
     pipe.to("cpu")
-    assert torch.equal(generate(pipe), expected["image with a"])
+    assert_same_output(generate(pipe), expected["image with a"])
     pipe.fuse_lora(components=["transformer"])  # in RAM now: fusing works
     pipe.set_lora_device(["a"], "cpu")
 
@@ -236,4 +237,4 @@ def test_a_text_encoder_lora_follows_a_text_encoder_on_disk(flux, gpus):
                                                                "text_encoder_2": 1, "vae": 1},
                                     max_memory=MEMORY, offload_folder=flux / "offload", progress=False)
     pipe.load_lora_weights(flux / "te")
-    assert torch.equal(generate(pipe), generate(reference))
+    assert_same_output(generate(pipe), generate(reference))

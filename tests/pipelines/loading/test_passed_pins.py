@@ -11,6 +11,7 @@ import pipelines
 from pipelines import TextToImagePipeline
 
 from pipeline_fixtures import generate, save_preset
+from same_output import assert_same_output
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_a_cpu_map_from_a_default_load_is_placed_like_the_others(two_gpus, saved
     assert {t.device.type for t in pipe.denoiser.parameters()} == {"vgpu"}
     notes = [note for note in plan.warnings if "passed in with hf_device_map" in note]
     assert len(notes) == 1 and "denoiser" in notes[0] and "placed like the other components" in notes[0]
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_pin_keeps_a_passed_component_where_it_is(two_gpus, saved):
@@ -50,7 +51,7 @@ def test_pin_keeps_a_passed_component_where_it_is(two_gpus, saved):
     component = pipe.placement_plan.components["denoiser"]
     assert component.pinned and component.execution_device == "cpu"
     assert {t.device.type for t in pipe.denoiser.parameters()} == {"cpu"}
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_a_map_on_an_accelerator_is_kept_there(two_gpus, saved):
@@ -60,7 +61,7 @@ def test_a_map_on_an_accelerator_is_kept_there(two_gpus, saved):
                                                denoiser=denoiser, progress=False)
     assert pipe.placement_plan.components["denoiser"].pinned
     assert pipe.placement_plan.components["denoiser"].device_map == {"": 1}
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_pin_names_only_components_passed_in(saved):

@@ -22,6 +22,7 @@ from placement.sizing import size_module
 from placement.streaming import streaming_working_set
 
 from pipeline_fixtures import USER_IDS, TinyUserPipeline, generate, has_hooks, save_preset, tiny_user_pipeline
+from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
@@ -50,7 +51,7 @@ def test_balanced_load_gives_the_in_memory_images_and_is_device_mapped(saved):
     degrade = [w for w in caught if "No accelerator" in str(w.message)]
     assert len(degrade) == 1  # one warning, not one per component
     assert degrade[0].filename == __file__  # it points at the caller's line, not at the library's insides
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     assert pipe.hf_device_map == {name: "cpu" for name in ("text_encoder", "text_encoder_2", "denoiser", "vae")}
     assert pipe.denoiser.hf_device_map == {"": "cpu"}
     assert pipe.placement_plan.device_map == pipe.hf_device_map
@@ -71,7 +72,7 @@ def test_guards_then_reset_removes_every_hook_and_allows_to(saved):
     assert pipe.hf_device_map is None and pipe.denoiser.hf_device_map is None
     assert {p.device.type for m in pipe.module_components.values() for p in m.parameters()} == {"cpu"}
     pipe.to(torch.float64).to(torch.float32)
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_plan_for_two_fictitious_gpus_spans_both_and_loses_nothing(saved):
@@ -105,7 +106,7 @@ def test_user_pipeline_with_user_models_loads_device_mapped(tmp_path):
     expected = pipe(USER_IDS)
     pipe.save_pretrained(tmp_path / "user")
     loaded = TinyUserPipeline.from_pretrained(tmp_path / "user", device_map="balanced", progress=False)
-    torch.testing.assert_close(loaded(USER_IDS), expected, atol=1e-5, rtol=0)
+    assert_same_output(loaded(USER_IDS), expected)
     assert set(loaded.hf_device_map) == {"encoder", "denoiser", "decoder"}
     plan = TinyUserPipeline.plan_placement(tmp_path / "user", max_memory={0: "1000B", 1: "1000B"})
     assert plan.components["denoiser"].kind.value == "split"  # cut only between its Blocks
@@ -120,7 +121,7 @@ def test_plain_passed_component_is_sized_and_placed_with_the_rest(saved):
     assert pipe.denoiser is denoiser
     assert pipe.placement_plan.components["denoiser"].pinned is False
     assert pipe.hf_device_map["denoiser"] == "cpu"
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     # Sized from the object, not from the folder: a bf16 denoiser passed in counts at its own size.
     half = DiT.from_pretrained(folder / "denoiser", torch_dtype=torch.bfloat16)
     own = sum(t.numel() * t.element_size() for t in half.state_dict().values())
@@ -142,7 +143,7 @@ def test_device_mapped_passed_component_is_pinned_and_never_moved(saved, tmp_pat
     shown = {key.removeprefix("denoiser").lstrip("."): device
              for key, device in pipe.hf_device_map.items() if key.startswith("denoiser")}
     assert shown == own_map
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_dtype_dict_per_component_with_and_without_device_map(saved):
@@ -187,7 +188,7 @@ def test_single_device_cpu_places_everything_without_hooks(saved):
     folder, expected = saved
     pipe = TextToImagePipeline.from_pretrained(folder, device_map="cpu", progress=False)
     assert set(pipe.hf_device_map.values()) == {"cpu"} and has_hooks(pipe) == []
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     with pytest.raises(DeviceMappedError):
         pipe.to(torch.float16)
 
@@ -269,7 +270,7 @@ def test_from_pretrained_with_a_call_plans_for_its_activations(saved):
     pipe = load(folder, call={"height": 16, "width": 16, "batch_size": 1})
     assert pipe.placement_plan.activations_accounted
     assert all(c.activation_bytes > 0 for c in pipe.placement_plan.components.values())
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     with pytest.raises(CallSpecError, match="call=.*does not fit"):
         load(folder, call={"resolution": 16})
 
@@ -331,7 +332,7 @@ def test_components_planned_to_disk_are_served_from_the_checkpoint_and_match(sav
     for name in on_disk:  # nothing resident between calls
         assert all(p.device.type == "meta" for p in pipe.components[name].parameters())
     assert not any((tmp_path / "offload").rglob("*.safetensors"))  # served from the checkpoint: no copy written
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     pipe.reset_device_map()
     assert not has_hooks(pipe)
     assert all(p.device.type == "cpu" for name in on_disk for p in pipe.components[name].parameters())

@@ -6,7 +6,7 @@ two real GPUs fails here. Each test is a device mix-up strict mode caught in the
 - a split whose entry is a ModuleList the parent loops over hooked the list, which is never called;
 - buffers no checkpoint holds (CLIP's position_ids) stayed on the CPU.
 And the proof that strict mode is what catches them: a pipeline with one input hook removed fails strict and
-runs not strict. Outputs are compared with diffusers' own (or the plain CPU run), exactly."""
+runs not strict. Outputs are compared with diffusers' own (or the plain CPU run), as tests/same_output.py says."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from placement.plan_schema import ComponentPlan, PlacementKind
 
 from pipeline_fixtures import generate as generate_ours, save_preset
 from test_diffusers_pipelines import build_sd, build_sdxl, generate
+from same_output import assert_same_output
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
@@ -63,7 +64,7 @@ def test_a_missing_input_hook_fails_strict_and_runs_not_strict(folders, strict, 
         with pytest.raises(RuntimeError, match=f"{MIXED}, but found at least two devices, vgpu:1 and vgpu:0!"):
             generate(pipe, "sd")
     else:  # every virtual GPU is the CPU: the same mix-up goes unseen
-        assert torch.equal(generate(pipe, "sd"), reference(folders["sd"], "sd"))
+        assert_same_output(generate(pipe, "sd"), reference(folders["sd"], "sd"))
 
 
 def test_a_component_placed_by_its_owner_without_hooks_gets_its_inputs_moved(folders):
@@ -74,7 +75,7 @@ def test_a_component_placed_by_its_owner_without_hooks_gets_its_inputs_moved(fol
                                     progress=False)
     assert pipe.text_encoder is encoder and encoder.hf_device_map == {"": 1}  # pinned: its owner's map kept
     assert [type(hook) for hook in hooks_of(encoder)] == [MoveInputsHook]
-    assert torch.equal(generate(pipe, "sd").cpu(), reference(folders["sd"], "sd"))
+    assert_same_output(generate(pipe, "sd").cpu(), reference(folders["sd"], "sd"))
 
 
 def test_buffers_no_checkpoint_holds_follow_their_component(folders):
@@ -89,7 +90,7 @@ def test_buffers_no_checkpoint_holds_follow_their_component(folders):
 def test_sdxl_joins_its_text_encoders_outputs_on_one_gpu(folders, encoders):
     device_map = {"text_encoder": encoders[0], "text_encoder_2": encoders[1], "unet": 0, "vae": 1}
     pipe = Pipeline.from_pretrained(folders["sdxl"], device_map=device_map, progress=False)
-    assert torch.equal(generate(pipe, "sdxl").cpu(), reference(folders["sdxl"], "sdxl"))
+    assert_same_output(generate(pipe, "sdxl").cpu(), reference(folders["sdxl"], "sdxl"))
 
 
 def variant_inputs():
@@ -120,7 +121,7 @@ def test_img2img_and_inpaint_image_latents_meet_the_noise_on_one_gpu(folders, fa
     placed = cls.from_pretrained(folders[family])
     modules = sorted(name for name, obj in placed.components.items() if isinstance(obj, nn.Module))
     pipelines.place(placed, device_map={name: index % 2 for index, name in enumerate(modules)})  # alternating
-    assert torch.equal(run(placed), expected)
+    assert_same_output(run(placed), expected)
 
 
 def test_an_offloaded_component_returns_its_outputs_where_the_inputs_were():
@@ -134,8 +135,10 @@ def test_an_offloaded_component_returns_its_outputs_where_the_inputs_were():
             device_map={"": "cpu"}, placed_bytes={"cpu": 1}))
         from_gpu_1 = module(x.to(torch_device(1)))
         from_cpu = module(x)
-    assert from_gpu_1.device == torch_device(1) and torch.equal(from_gpu_1.cpu(), expected)  # ran on GPU 0
-    assert from_cpu.device.type == "cpu" and torch.equal(from_cpu, expected)
+    assert from_gpu_1.device == torch_device(1)  # ran on GPU 0
+    assert_same_output(from_gpu_1, expected)
+    assert from_cpu.device.type == "cpu"
+    assert_same_output(from_cpu, expected)
 
 
 def test_a_split_entry_that_is_a_module_list_hooks_each_block(tmp_path):
@@ -148,4 +151,4 @@ def test_a_split_entry_that_is_a_module_list_hooks_each_block(tmp_path):
     assert pipe.hf_device_map["denoiser.single_blocks"] == 1
     for block in pipe.denoiser.single_blocks:  # the parent loops over the list: each block is where inputs arrive
         assert [hook.execution_device for hook in hooks_of(block)] == [torch_device(1)]
-    torch.testing.assert_close(generate_ours(pipe), expected, atol=0, rtol=0)
+    assert_same_output(generate_ours(pipe), expected)

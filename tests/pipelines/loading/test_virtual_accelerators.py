@@ -19,6 +19,7 @@ from placement.devices import accelerators_present, detect_accelerators, torch_d
 from placement.errors import InvalidDeviceError
 
 from pipeline_fixtures import generate, has_hooks, save_preset
+from same_output import assert_same_output
 
 KiB = 1024
 # Budgets under which tiny-dit's "sequential" plan uses every placement kind at once (found by a grid search
@@ -77,7 +78,7 @@ def test_balanced_over_two_virtual_gpus_is_device_mapped_with_ints_and_matches(v
         pipe = load(folder, max_memory={0: "1GiB", 1: "1GiB"})
     assert set(pipe.hf_device_map.values()) == {0, 1}
     assert all(isinstance(device, int) for device in pipe.hf_device_map.values())
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
     for name, module in pipe.module_components.items():
         assert hook_counts(module) == {"MoveInputsHook": 1}, name  # whole: one hook at its top, none below
         assert isinstance(module._hf_hook, MoveInputsHook)
@@ -103,7 +104,7 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
     kinds = {name: component.kind.value for name, component in plan.components.items()}
     assert sorted(kinds.values()) == ["disk", "offloaded", "split", "whole"]
     by_kind = {kind: name for name, kind in kinds.items()}
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
     split = pipe.components[by_kind["split"]]
     assert set(split.hf_device_map.values()) == {0, 1}
@@ -138,7 +139,7 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
 
     pipe.reset_device_map()
     assert not has_hooks(pipe)
-    torch.testing.assert_close(generate(pipe), expected, atol=1e-5, rtol=0)
+    assert_same_output(generate(pipe), expected)
 
 
 def test_apple_mps_counts_as_one_accelerator_dispatched_as_mps(monkeypatch):

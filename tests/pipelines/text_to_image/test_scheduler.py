@@ -9,6 +9,7 @@ import torch
 
 from pipelines.checkpoint import CheckpointError
 from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler, SchedulerError
+from same_output import assert_same_output
 
 
 def test_schedule_runs_from_pure_noise_to_zero():
@@ -17,7 +18,7 @@ def test_schedule_runs_from_pure_noise_to_zero():
     sigmas, timesteps = scheduler.sigmas, scheduler.timesteps
     assert len(timesteps) == 10 and len(sigmas) == 11
     assert sigmas[0] == 1.0 and sigmas[-1] == 0.0 and (sigmas[1:] < sigmas[:-1]).all()
-    torch.testing.assert_close(timesteps, sigmas[:-1] * 1000)
+    assert_same_output(timesteps, sigmas[:-1] * 1000)
     assert sigmas[-2] == pytest.approx(1 / 1000)
 
 
@@ -31,9 +32,9 @@ def test_integrating_the_true_velocity_lands_exactly_on_the_data():
         scheduler.set_timesteps(steps)
         sample = noise.clone()
         for timestep in scheduler.timesteps:
-            torch.testing.assert_close(sample, scheduler.scale_noise(data, timestep, noise), atol=1e-5, rtol=0)
+            assert_same_output(sample, scheduler.scale_noise(data, timestep, noise))
             sample = scheduler.step(noise - data, timestep, sample)
-        torch.testing.assert_close(sample, data, atol=1e-5, rtol=0)
+        assert_same_output(sample, data)
 
 
 def test_shift_spends_more_steps_at_high_noise():
@@ -41,7 +42,7 @@ def test_shift_spends_more_steps_at_high_noise():
     plain.set_timesteps(8)
     shifted.set_timesteps(8)
     s = plain.sigmas[:-1]
-    torch.testing.assert_close(shifted.sigmas[:-1], 3 * s / (1 + 2 * s))
+    assert_same_output(shifted.sigmas[:-1], 3 * s / (1 + 2 * s))
     assert (shifted.sigmas[1:-1] > plain.sigmas[1:-1]).all()
 
 

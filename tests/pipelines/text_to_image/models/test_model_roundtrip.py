@@ -11,6 +11,8 @@ import torch
 from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 
 from reference_inputs import run, tiny
+from same_output import assert_same_output
+from same_output import assert_same_output
 
 MODELS = [(TextEncoder, "tiny"), (TextEncoder, "tiny-t5"), (UNet, "tiny"), (DiT, "tiny"), (AutoencoderKL, "tiny"),
           (AutoencoderKL, "tiny-16ch")]
@@ -38,7 +40,7 @@ def test_unsharded_round_trip(tmp_path, cls, preset):
     assert json.loads((tmp_path / "config.json").read_text())["_class_name"] == cls.__name__
     loaded = cls.from_pretrained(tmp_path, progress=False).eval()
     assert_bit_exact(model, loaded)
-    assert torch.equal(run(loaded), run(model))
+    assert_same_output(run(loaded), run(model))
 
 
 @pytest.mark.parametrize("cls, preset", MODELS, ids=IDS)
@@ -53,7 +55,7 @@ def test_sharded_round_trip_at_75_percent(tmp_path, cls, preset):
     assert index["metadata"]["total_size"] == model_bytes(model)
     loaded = cls.from_pretrained(tmp_path, progress=False).eval()
     assert_bit_exact(model, loaded)
-    assert torch.equal(run(loaded), run(model))
+    assert_same_output(run(loaded), run(model))
 
 
 @pytest.mark.parametrize("cls, preset", MODELS, ids=IDS)
@@ -87,4 +89,4 @@ def test_offloaded_load_computes_the_same_and_keeps_blocks_whole(tmp_path, cls):
                                  offload_folder=tmp_path / "offload", progress=False).eval()
     assert {"cpu", "disk"} <= set(loaded.hf_device_map.values())
     assert not [key for key in loaded.hf_device_map if inside_a_no_split_block(loaded, key)]
-    torch.testing.assert_close(run(loaded), run(model), atol=1e-5, rtol=0)
+    assert_same_output(run(loaded), run(model))
