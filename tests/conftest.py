@@ -2,8 +2,14 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from placement.devices import VIRTUAL_STRICT_ENV
+
+# No property test's verdict depends on the machine's speed: no per-example deadline, no "generation too slow"
+# health check (both wall-clock limits), for the tests that set their own settings too (they inherit these).
+settings.register_profile("any-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("any-machine")
 
 
 def pytest_addoption(parser):

@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from child_process import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
@@ -75,8 +76,7 @@ def run_chain(chain: list[tuple[Block, Block | None]]) -> list[str]:
     """Each snippet's stdout, running the chain in one fresh process in an empty folder."""
     code = f"\nprint({END_OF_BLOCK!r}, flush=True)\n".join(block.text for block, _ in chain)
     with tempfile.TemporaryDirectory() as folder:
-        done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
-                              env=environment(), timeout=900)
+        done = run_child([sys.executable, "-c", code], cwd=folder, env=environment())
     assert done.returncode == 0, done.stderr[-3000:]
     return [part.strip("\n") for part in done.stdout.split(END_OF_BLOCK + "\n")]
 
@@ -96,8 +96,7 @@ def run_command(command: str) -> str:
     words = shlex.split(command)
     assert words[0] == "placement", f"console blocks run placement commands, not {command!r}"
     with tempfile.TemporaryDirectory() as folder:
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", *words[1:]], cwd=folder, capture_output=True,
-                              text=True, env=environment(), timeout=900)
+        done = run_child([sys.executable, "-m", "pipelines.cli", *words[1:]], cwd=folder, env=environment())
     assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
     return done.stdout.strip("\n")
 

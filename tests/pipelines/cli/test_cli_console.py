@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from child_process import run_child
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "placement"
 
@@ -21,7 +23,7 @@ def env() -> dict:
 def placement_command(*argv: str) -> subprocess.CompletedProcess:
     """The console script (as installed by `pip install -e .`), else `python -m pipelines.cli`."""
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "pipelines.cli"]
-    return subprocess.run([*command, *argv], capture_output=True, text=True, env=env(), timeout=300)
+    return run_child([*command, *argv], env=env())
 
 
 def test_help_and_argument_errors_do_not_import_torch():
@@ -38,7 +40,7 @@ for argv in (["--help"], ["plan", "--help"], ["inspect", "--help"], ["demo", "--
     results.append(code)
 print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
 """
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env(), timeout=120)
+    done = run_child([sys.executable, "-c", probe], env=env())
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
     assert result == "RESULT [0, 0, 0, 0, 2, 2, 2, 2] False False", done.stdout + done.stderr
     assert "is not DEVICE=SIZE nor NxSIZE; write e.g. 0=24GiB,1=24GiB,cpu=64GiB or 2x24GiB" in done.stderr

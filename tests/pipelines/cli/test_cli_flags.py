@@ -16,6 +16,8 @@ from pipelines.cli import build_parser, main
 from pipelines.cli.args import call_spec
 from placement import Plan
 
+from child_process import run_child
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
 def python(*args: str, stdin=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300)
+    return run_child([sys.executable, *args], env=env)
 
 
 def argparse_exit(argv, capsys) -> tuple[int, str]:
@@ -64,8 +66,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     shell = (f"{sys.executable} -m pipelines.cli plan flux-like --max-memory 2x24GiB,cpu=64GiB --dtype bf16 "
              "--json - | head -c 10")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = run_child(["bash", "-o", "pipefail", "-c", shell], env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == '{\n  "schem' and "Broken pipe" not in done.stderr and "Traceback" not in done.stderr
 

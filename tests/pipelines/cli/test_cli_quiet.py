@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 import torch
 
 from pipelines.hf.quiet import quiet
+
+from child_process import run_child
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISE = ("torchvision", "Failed to load", "_pytree", "kernels", "Unable to import", "Loading weights")
@@ -56,8 +57,7 @@ def test_a_run_of_a_diffusers_folder_prints_only_our_lines(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = ["run", str(tmp_path / "sd"), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "images"),
             "--steps", "1", "--max-memory", "cpu=2GiB"]  # reads the class, plans (as `plan` does), loads, runs
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = run_child([sys.executable, "-m", "pipelines.cli", *argv], env=env)
     assert done.returncode == 0, done.stderr
     assert not [word for word in NOISE if word in done.stdout + done.stderr], done.stderr
     assert done.stdout.startswith("Verdict: ") and (tmp_path / "images" / "00000.png").is_file()

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ from pipelines.cli import main
 from pipelines.cli.call_defaults import default_call
 from pipelines.distributed.images import ImageRecord, RunFolder, _write_atomically
 from pipelines.distributed.progress import counting_steps, run_bar
+
+from child_process import finish, run_child, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = ["--height", "64", "--width", "64", "--steps", "2"]
@@ -168,11 +169,9 @@ def test_ctrl_c_stops_after_the_current_image_with_one_line(tiny, tmp_path):
     command = [sys.executable, "-m", "pipelines.cli", "run", str(tiny), "--prompts", str(prompts_file(tmp_path, 40)),
                "--out", str(out), "--height", "64", "--width", "64", "--steps", "6"]
     process = subprocess.Popen(command, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not (out / "00000.png").exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
+    wait_for(lambda: (out / "00000.png").exists(), process, "first image")
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=240)
+    stdout, stderr = finish(process)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     lines = [line for line in stderr.splitlines() if line.startswith("placement run:")]
@@ -188,20 +187,18 @@ def test_torchrun_on_a_cpu_honours_virtual_accelerators_budgets_and_group_size(t
     prompts = prompts_file(tmp_path, 3)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
               "-m", "pipelines.cli", "run", str(tiny), "--prompts", str(prompts), *CALL]
-    done = subprocess.run([*launch, "--out", str(tmp_path / "virtual"), "--max-memory", "2x2GiB,cpu=8GiB"],
-                          env=env(PLACEMENT_VIRTUAL_ACCELERATORS="2"), capture_output=True, text=True, timeout=300)
+    done = run_child([*launch, "--out", str(tmp_path / "virtual"), "--max-memory", "2x2GiB,cpu=8GiB"],
+                     env=env(PLACEMENT_VIRTUAL_ACCELERATORS="2"))
     assert done.returncode == 0, done.stderr
     assert "2 replica(s); rank 0 on GPU 0: Verdict: fits on accelerators" in done.stdout
     run = json.loads((tmp_path / "virtual" / "run.json").read_text())
     assert [(image["rank"], image["replica"]) for image in run["images"]] == [(0, "GPU 0"), (1, "GPU 1"), (0, "GPU 0")]
 
-    grouped = subprocess.run([*launch, "--out", str(tmp_path / "grouped"), "--max-memory", "2x2GiB,cpu=8GiB",
-                              "--group-size", "2"], env=env(PLACEMENT_VIRTUAL_ACCELERATORS="2"),
-                             capture_output=True, text=True, timeout=300)
+    grouped = run_child([*launch, "--out", str(tmp_path / "grouped"), "--max-memory", "2x2GiB,cpu=8GiB",
+                         "--group-size", "2"], env=env(PLACEMENT_VIRTUAL_ACCELERATORS="2"))
     assert grouped.returncode != 0 and "1 replica of 2 GPUs" in grouped.stderr  # 2 processes, 1 group of 2
 
-    no_accelerator = subprocess.run([*launch, "--out", str(tmp_path / "none"), "--max-memory", "2x2GiB"],
-                                    env=env(), capture_output=True, text=True, timeout=300)
+    no_accelerator = run_child([*launch, "--out", str(tmp_path / "none"), "--max-memory", "2x2GiB"], env=env())
     # torchrun's agent prints its own traceback for a failed worker; none comes from our processes
     assert no_accelerator.returncode != 0 and f"{ROOT / 'pipelines'}" not in no_accelerator.stderr
     assert no_accelerator.stderr.count("this machine has no accelerator") == 1  # said once, by rank 0

@@ -17,6 +17,8 @@ from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.distributed import Launch, load_replica
 
+from child_process import run_child
+
 ROOT = Path(__file__).resolve().parents[3]
 CALL = ["--height", "64", "--width", "64", "--steps", "2"]
 PROMPTS = ["a red fox", "a lighthouse at dusk", "a bowl of fruit"]
@@ -41,12 +43,12 @@ def prompts(tmp_path) -> Path:
     return path
 
 
-def run_python(args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_python(args: list[str]) -> subprocess.CompletedProcess:
     # One thread everywhere: torchrun sets OMP_NUM_THREADS=1 for its workers, and CPU kernels may sum in a
     # different order with a different thread count.
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return run_child([sys.executable, *args], env=env)
 
 
 def torchrun(*args: str) -> list[str]:
@@ -98,7 +100,7 @@ print("loaded")
 def test_a_replica_that_fails_to_load_stops_every_rank_with_its_rank_and_reason(tiny, tmp_path):
     script = tmp_path / "flaky.py"
     script.write_text(textwrap.dedent(FLAKY_SCRIPT))
-    launched = run_python(torchrun(str(script), str(tiny)), timeout=180)  # a hang would time out here
+    launched = run_python(torchrun(str(script), str(tiny)))  # a hang would reach the hang guard
     assert launched.returncode != 0
     assert "loaded" not in launched.stdout
     for rank in (0, 1):
