@@ -81,6 +81,14 @@ _DIRECT_KERNELS = {
     "empty_strided": torch.ops.aten.empty_strided.default,
     "_copy_from": torch.ops.aten._copy_from.default,
     "_copy_from_and_resize": torch.ops.aten._copy_from_and_resize.default,
+    # arange's generic kernel allocates an empty result and lets arange.out resize it: that would resize the CPU
+    # tensor behind the wrapper, not the wrapper (a wrapper's sizes are fixed when it is made). Made whole on the
+    # CPU and wrapped instead, it has its length.
+    "arange": torch.ops.aten.arange.default,
+    "arange.start": torch.ops.aten.arange.start,
+    "arange.start_step": torch.ops.aten.arange.start_step,
+    # `torch.tensor([t])` of a 0-d virtual tensor reads `t.item()` with Python dispatch off.
+    "_local_scalar_dense": torch.ops.aten._local_scalar_dense.default,
 }
 
 

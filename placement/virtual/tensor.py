@@ -164,9 +164,23 @@ def run_on_cpu(func, args: tuple, kwargs: dict):
     if requested is not None and is_virtual(target):
         inner_kwargs["device"] = torch.device("cpu")
     out = func(*inner_args, **inner_kwargs)
+    _check_out_sizes(func, kwargs.get("out"))
     if is_virtual(target):
         out = wrap_result(out, target, requires_grad=_view_requires_grad(func, args))
     return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def _check_out_sizes(func, out) -> None:
+    """An `out=` virtual tensor the op resized: CUDA resizes it, but a wrapper's sizes are fixed when it is made,
+    so it would keep its old shape over the new bytes. Refused instead of left wrong (factories that resize their
+    own result, such as arange, are made whole by the backend's kernels)."""
+    for tensor in out if isinstance(out, (list, tuple)) else [out]:
+        if isinstance(tensor, VirtualTensor) and tensor.shape != tensor._inner.shape:
+            raise RuntimeError(
+                f"{func}: an out= tensor of shape {list(tensor.shape)} on {tensor.device} cannot be resized on "
+                f"virtual accelerators to the result of shape {list(tensor._inner.shape)}: give out= the result's "
+                "shape, or run with PLACEMENT_VIRTUAL_STRICT=0"
+            )
 
 
 def _view_requires_grad(func, args: tuple) -> bool:

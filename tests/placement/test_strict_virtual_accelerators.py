@@ -204,3 +204,32 @@ def test_not_strict_every_virtual_accelerator_is_the_cpu(monkeypatch):
     linear = nn.Linear(4, 2).to(torch_device(1))
     assert torch_device(1) == torch.device("cpu")
     assert linear(torch.randn(3, 4).to(torch_device(0))).device.type == "cpu"  # the mix-up goes unseen
+
+
+def test_factories_that_size_their_result_late_have_their_length():
+    # arange's generic kernel resizes an empty result; meshgrid and index grids (LTX, HunyuanVideo, Lumina 2, Z-Image)
+    # are built from it.
+    assert torch.arange(7, device=gpu(0)).shape == (7,)
+    assert torch.arange(2, 9, device=gpu(1)).tolist() == list(range(2, 9))
+    steps = torch.arange(0, 1, 0.25, device=gpu(0), dtype=torch.float16)
+    assert steps.device == gpu(0) and steps.dtype == torch.float16 and steps.tolist() == [0.0, 0.25, 0.5, 0.75]
+    rows, columns = torch.meshgrid(torch.arange(4, device=gpu(0)), torch.arange(3, device=gpu(0)), indexing="ij")
+    assert rows.shape == columns.shape == (4, 3) and rows.device == gpu(0) and columns[2].tolist() == [0, 1, 2]
+
+
+def test_a_python_list_of_virtual_scalars_becomes_a_tensor_as_on_cuda():
+    step = torch.tensor(5.0, device=gpu(0))  # AuraFlow and FLUX inpaint build timesteps this way
+    assert torch.tensor([step / 1000]).tolist() == [torch.tensor(0.005).item()]  # the fp32 nearest 0.005
+    assert torch.tensor([step]).device.type == "cpu"
+    both = torch.tensor([step, step * 2], device=gpu(1))
+    assert both.device == gpu(1) and both.tolist() == [5.0, 10.0]
+    assert step.item() == 5.0 and float(step) == 5.0 and int(step) == 5
+
+
+def test_an_out_argument_of_another_size_is_refused_not_left_wrong():
+    out = torch.empty(0, device=gpu(0))
+    with pytest.raises(RuntimeError, match=r"out= tensor of shape \[0\] on vgpu:0 .* result of shape \[3\]"):
+        torch.add(torch.ones(3, device=gpu(0)), 1, out=out)
+    exact = torch.empty(3, device=gpu(0))
+    torch.add(torch.ones(3, device=gpu(0)), 1, out=exact)
+    assert exact.tolist() == [2.0, 2.0, 2.0]

@@ -20,8 +20,7 @@ STEPS = 2  # num_inference_steps of every call
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """`build(root)` the pipeline; `inputs()` its call's arguments (a fresh generator each time); `call` the
-    `call=` planning that call (its steps and strength too: the plan's runs per call are held to the real run's);
-    `strict_bug`: why it runs on not-strict virtual GPUs (a bug of the strict backend: `ARANGE`, `TENSOR_OF_VIRTUAL`)."""
+    `call=` planning that call (its steps and strength too: the plan's runs per call are held to the real run's)."""
 
     name: str
     build: Callable[[Any], Any]
@@ -29,7 +28,6 @@ class Case:
     call: dict | None
     video: bool = False
     load: dict = field(default_factory=dict)  # from_pretrained keywords, ours and diffusers' alike
-    strict_bug: str | None = None  # a bug of the strict virtual backend it hits: run on plain-CPU virtual GPUs
 
 
 def image(side: int) -> Image.Image:
@@ -52,13 +50,6 @@ def inputs(**extra) -> Callable[[], dict]:
     are called: images are made afresh for each call)."""
     return lambda: {"prompt": "a cat", "num_inference_steps": STEPS, "generator": torch.Generator().manual_seed(0),
                     "output_type": "pt", **{key: value() if callable(value) else value for key, value in extra.items()}}
-
-
-# Bugs of the strict virtual backend (placement/virtual/tensor.py) the pipelines below hit; each has a
-# reproducer in test_e2e_diffusers.py (xfail strict: it fails until the backend is fixed).
-ARANGE = ("torch.arange(n, device=vgpu) has shape [0] (the out= variant resizes the CPU tensor behind the "
-          "wrapper, not the wrapper): meshgrid, slicing and index writes with it fail")
-TENSOR_OF_VIRTUAL = "torch.tensor([t]) of a 0-d vgpu tensor t hits torch's INTERNAL ASSERT func != nullptr"
 
 
 def _image_case(name, build, side, *, sequence=True, extra=None, call=True, **fields) -> Case:
@@ -85,8 +76,8 @@ CASES = [
     _image_case("SanaPipeline", tiny_dits.sana, 32,
                 extra={"complex_human_instruction": None, "use_resolution_binning": False}),
     _video_case("CogVideoXPipeline", tiny_videos.cogvideox, 16, 9),
-    _video_case("LTXPipeline", tiny_videos.ltx, 32, 9, strict_bug=ARANGE),
-    _video_case("HunyuanVideoPipeline", tiny_videos.hunyuan_video, 16, 9, strict_bug=ARANGE),
+    _video_case("LTXPipeline", tiny_videos.ltx, 32, 9),
+    _video_case("HunyuanVideoPipeline", tiny_videos.hunyuan_video, 16, 9),
     _image_case("QwenImagePipeline", tiny_dits.qwen_image, 32),
     _video_case("WanImageToVideoPipeline", tiny_videos.wan_i2v, 16, 9, extra={"image": lambda: image(16)}),
     _img2img_case("StableDiffusionXLImg2ImgPipeline", tiny_unets.sdxl_img2img, 16),
@@ -97,8 +88,8 @@ CASES = [
     _image_case("FluxImg2ImgPipeline", tiny_dits.flux_img2img, 16, extra={"image": lambda: image(16)}),
     _image_case("StableDiffusion3Pipeline", tiny_dits.sd3_without_t5, 16,
                 load={"text_encoder_3": None, "tokenizer_3": None}),
-    _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16, strict_bug=TENSOR_OF_VIRTUAL),
-    _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False, strict_bug=ARANGE),
+    _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16),
+    _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False),
     # the variants call= describes
     _img2img_case("StableDiffusionImg2ImgPipeline", tiny_unets.sd_img2img, 16),
     _image_case("StableDiffusionInpaintPipeline", tiny_unets.sd_inpaint, 16, sequence=False,
@@ -111,7 +102,7 @@ CASES = [
     _image_case("StableDiffusionXLControlNetPipeline", tiny_unets.sdxl_controlnet, 16, sequence=False,
                 extra={"image": lambda: control(16)}),
     _image_case("FluxControlNetPipeline", tiny_dits.flux_controlnet, 16, extra={"control_image": lambda: control(16)}),
-    _image_case("FluxInpaintPipeline", tiny_dits.flux_inpaint, 16, strict_bug=TENSOR_OF_VIRTUAL,
+    _image_case("FluxInpaintPipeline", tiny_dits.flux_inpaint, 16,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     _image_case("FluxFillPipeline", tiny_dits.flux_fill, 16,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from pipelines import Pipeline
-from placement.devices import torch_device
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
-from cases import ARANGE, CASES, TENSOR_OF_VIRTUAL
+from cases import CASES
 from recorded_calls import described_shapes, recorded_shapes
 from same_output import assert_same_output
 
@@ -81,9 +80,7 @@ def has_hooks(pipe) -> list[str]:
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in CASES])
-def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case, monkeypatch):
-    if case.strict_bug:
-        monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")
+def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case):
     folder = saved(case)
     reference_class = getattr(diffusers, case.name.split(" ")[0])
     reference = reference_class.from_pretrained(folder, **case.load)
@@ -107,16 +104,3 @@ def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case, monkeypatc
     pipe.reset_device_map()
     assert pipe.hf_device_map is None and not has_hooks(pipe)
 
-
-# ----------------------------------------------------------------- the strict backend's bugs the cases hit
-@pytest.mark.xfail(strict=True, reason=ARANGE)
-def test_strict_arange_has_its_length(monkeypatch):
-    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
-    assert torch.arange(7, device=torch_device(0)).shape == (7,)
-
-
-@pytest.mark.xfail(strict=True, reason=TENSOR_OF_VIRTUAL)
-def test_strict_tensor_of_a_virtual_scalar(monkeypatch):
-    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
-    step = torch.tensor(5.0, device=torch_device(0))
-    assert torch.tensor([step / 1000]).shape == (1,)
