@@ -3,7 +3,8 @@
 Each tensor belongs to the virtual device it was moved to (`tensor.device == torch.device("vgpu", k)`); an
 operation that mixes two devices (two virtual accelerators, or one and a non-scalar CPU tensor) raises the error
 CUDA raises, so a CPU test fails where a multi-GPU run would. The bytes stay in RAM and every op runs on the CPU:
-results equal a CPU run's. `placement.devices.torch_device` is the one place that hands these devices out.
+results are a CPU run's on the same tensors. `placement.devices.torch_device` is the one place that hands these
+devices out.
 """
 
 from .backend import BACKEND_NAME, ensure_backend

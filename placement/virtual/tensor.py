@@ -3,8 +3,10 @@
 
 It is a wrapper subclass (`__torch_dispatch__`, as torch's FakeTensor is): every aten op on it unwraps the CPU
 tensors, checks that the arguments share one device (`rules.common_device`, CUDA's rule and message), runs on the
-CPU and wraps the results onto that device (`dispatch.run_on_cpu`). The numbers are therefore exactly those of a
-CPU run; only the device bookkeeping is added. A few Python-level calls are answered before dispatch
+CPU and wraps the results onto that device (`dispatch.run_on_cpu`). The numbers are therefore those of a CPU run
+on the same tensors (same kernels, sizes, strides and requires_grad flags); only the device bookkeeping is added.
+What no backend can copy is where a CPU run's bytes were: CPU BLAS may round by the operands' address alignment
+(tests/same_output.py has the measurement). A few Python-level calls are answered before dispatch
 (`functions.py`: `.data =`, `.tolist()`, `.numpy()`, attention). Factories (`torch.randn(..., device="vgpu:1")`)
 and copies from the CPU reach the backend's kernel (`backend.py`), which runs the same `run_on_cpu`.
 
