@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from placement.device_maps import flatten_device_map, owning_key, tensor_devices
+from placement.device_maps import distinct_tensor_names, flatten_device_map, owning_key, tensor_devices
 from placement.devices import Device, is_accelerator, normalize_device, torch_device
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 from placement.streaming import block_groups
@@ -194,11 +194,12 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     if strays:
         raise TransferPlanError(f"{what}: per_call_devices {strays} must name per-call modules (of "
                                 f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
-    homes = tensor_devices(module, device_map)
+    homes = tensor_devices(module, device_map)  # a tied tensor once, under its first name
+    names_of = {names[0]: names for names in distinct_tensor_names(module)}
     covered: dict[str, list[str]] = {}
     for name in homes:
         for path in listed:
-            if owning_key(name, [path]) is not None:
+            if any(owning_key(alias, [path]) is not None for alias in names_of[name]):
                 covered.setdefault(name, []).append(path)
     resident = sorted(name for name, paths in covered.items() if homes[name] not in HOST)
     twice = sorted(name for name, paths in covered.items() if len(paths) > 1)

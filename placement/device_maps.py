@@ -77,21 +77,33 @@ def _has_mapped_descendant(key: str, device_map: Mapping[str, Device]) -> bool:
 
 def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -> dict[str, Device]:
     """The device of every parameter and persistent buffer: its longest matching `device_map` key
-    (None: everything on the CPU). A tensor no key covers is an IncompleteDeviceMapError."""
+    (None: everything on the CPU). A tied tensor (one tensor under several names, e.g. T5's `shared.weight` and
+    `encoder.embed_tokens.weight`) is one tensor: listed once, under its first name, placed by the first of its
+    names a key covers (sizing counts it once, under that first name, and a map may name either module). A tensor
+    no key covers is an IncompleteDeviceMapError."""
     normalized = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
     devices, unmapped = {}, []
-    for name in module.state_dict(keep_vars=True):
-        owner = owning_key(name, normalized)
+    for names in distinct_tensor_names(module):
+        owner = next((key for key in (owning_key(name, normalized) for name in names) if key is not None), None)
         if owner is None:
-            unmapped.append(name)
+            unmapped.append(names[0])
         else:
-            devices[name] = normalized[owner]
+            devices[names[0]] = normalized[owner]
     if unmapped:
         raise IncompleteDeviceMapError(
             f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
             f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
         )
     return devices
+
+
+def distinct_tensor_names(module: nn.Module) -> list[list[str]]:
+    """The qualified names of each distinct parameter and persistent buffer, in state_dict order: a tied tensor
+    gives one list of all its names, the first of which is the one state_dict meets first."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        by_tensor.setdefault(id(tensor), []).append(name)
+    return list(by_tensor.values())
 
 
 def needs_hooks(device_map: Mapping[str, Device], execution_device: Device | None = None) -> bool:
@@ -127,6 +139,7 @@ def is_single_device(device_map) -> bool:
 __all__ = [
     "IncompleteDeviceMapError",
     "check_can_execute",
+    "distinct_tensor_names",
     "flatten_device_map",
     "is_single_device",
     "merge_to_prefixes",

@@ -21,7 +21,7 @@ import types
 import torch
 
 from ..errors import InvalidDeviceError
-from .tensor import DATA_PROPERTY, run_on_cpu
+from .tensor import DATA_PROPERTY, compatible_shallow_copy_type, run_on_cpu
 
 BACKEND_NAME = "vgpu"
 _LOCK = threading.Lock()
@@ -51,8 +51,11 @@ def ensure_backend() -> None:
         kernels = torch.library.Library("aten", "IMPL", "PrivateUse1")
         for name, op in _DIRECT_KERNELS.items():
             kernels.impl(name, _direct_kernel(op))
+        # Answered before its composite kernel runs (which tells a PrivateUse1 tensor "no", CUDA's "yes").
+        autograd = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+        autograd.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
         torch.Tensor.data = DATA_PROPERTY  # `cpu_tensor.data = virtual_tensor`, as CUDA allows (tensor.py)
-        _STATE["library"] = (fallback, kernels)
+        _STATE["library"] = (fallback, kernels, autograd)
 
 
 def _register_device_type() -> None:

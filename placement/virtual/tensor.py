@@ -225,12 +225,22 @@ def _pin_memory(func, args, kwargs):
     raise RuntimeError(f"cannot pin a {args[0].device} tensor: only dense CPU tensors can be pinned")
 
 
+def compatible_shallow_copy_type(tensor: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether `tensor.data = other` may keep the object, as torch answers for CUDA: yes for two dense tensors of
+    CUDA and the CPU (a PrivateUse1 tensor would be told no). `Module.to()` asks it for every parameter, and
+    assigns `param.data` where yes, keeping each parameter the same object, so tied weights (T5's `shared` and
+    `encoder.embed_tokens`) stay one tensor across a move between the CPU and a virtual GPU, as on CUDA."""
+    return tensor.layout == other.layout == torch.strided
+
+
 _SPECIAL = {
     aten.copy_: _copy,
     aten._copy_from: _copy_from,
     aten._copy_from_and_resize: _copy_from,
     aten.is_pinned: lambda func, args, kwargs: False,
     aten._pin_memory: _pin_memory,
+    # Composite, so autograd mode answers it at the AutogradPrivateUse1 key (backend.py); inference_mode here.
+    aten._has_compatible_shallow_copy_type: lambda func, args, kwargs: compatible_shallow_copy_type(*args),
 }
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from placement.device_maps import (
     IncompleteDeviceMapError,
     check_can_execute,
+    distinct_tensor_names,
     flatten_device_map,
     is_single_device,
     merge_to_prefixes,
@@ -58,6 +59,29 @@ def test_tensor_devices_places_every_tensor_or_names_the_gap():
     with pytest.raises(IncompleteDeviceMapError, match=r"does not place 3 tensor\(s\) of Pair, e.g. 'scale'"):
         tensor_devices(module, {"b": 0})
     assert issubclass(IncompleteDeviceMapError, (PlacementError, ValueError))
+
+
+class TiedEncoder(nn.Module):
+    """T5's shape: `shared` and `encoder.embed_tokens` hold one embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Embedding(5, 2)
+        self.encoder = nn.Module()
+        self.encoder.embed_tokens = nn.Embedding(5, 2)
+        self.encoder.embed_tokens.weight = self.shared.weight
+        self.encoder.block = nn.Sequential(nn.Linear(2, 2))
+
+
+def test_a_tied_tensor_is_one_tensor_placed_by_whichever_of_its_modules_the_map_names():
+    module = TiedEncoder()
+    assert distinct_tensor_names(module)[0] == ["shared.weight", "encoder.embed_tokens.weight"]
+    # The planner's maps name the module sizing counts the tensor under (the first); either one places it.
+    assert tensor_devices(module, {"shared": "cpu", "encoder.block": 0}) == {
+        "shared.weight": "cpu", "encoder.block.0.weight": 0, "encoder.block.0.bias": 0}
+    assert tensor_devices(module, {"encoder": 0})["shared.weight"] == 0
+    with pytest.raises(IncompleteDeviceMapError, match="'shared.weight'"):
+        tensor_devices(module, {"encoder.block": 0})
 
 
 def test_needs_hooks_when_weights_span_devices_sit_on_disk_or_run_elsewhere():

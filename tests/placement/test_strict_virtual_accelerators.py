@@ -233,3 +233,20 @@ def test_an_out_argument_of_another_size_is_refused_not_left_wrong():
     exact = torch.empty(3, device=gpu(0))
     torch.add(torch.ones(3, device=gpu(0)), 1, out=exact)
     assert exact.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_module_to_keeps_parameters_and_ties_the_same_objects_as_on_cuda(mode):
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared, self.embed_tokens = nn.Embedding(4, 2), nn.Embedding(4, 2)
+            self.embed_tokens.weight = self.shared.weight  # T5's tie
+
+    module = Tied()
+    weight = module.shared.weight
+    with torch.no_grad() if mode == "no_grad" else torch.inference_mode():
+        for device in (gpu(0), "cpu", gpu(1)):
+            module.to(device)
+            assert module.shared.weight is module.embed_tokens.weight is weight  # moved in place, as CUDA does
+            assert weight.device == torch.device(device) and isinstance(weight, nn.Parameter)
