@@ -191,12 +191,13 @@ def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_p
     for name, submodule in entry.named_modules():
         if not any(True for _ in named_module_tensors(submodule, recurse=False)):
             continue
-        prefix = ".".join(part for part in (key, name) if part)
+        # The component's root may hold tensors of its own (Z-Image's x_pad_token): their names have no prefix.
+        prefix = "".join(f"{part}." for part in (key, name) if part)
         hook = ServeWeightsHook(
             place=place,
             execution_device=device,
             offload=True,
-            weights_map=PrefixedDataset(weights_map, f"{prefix}.") if weights_map is not None else None,
+            weights_map=PrefixedDataset(weights_map, prefix) if weights_map is not None else None,
             offload_buffers=False,
             tied_params_map=tied_params_map,
         )

@@ -13,7 +13,6 @@ from torch import nn
 from placement.errors import InvalidDeviceError
 from hooks.dispatch import DispatchError, dispatch, undispatch
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 
 class Scaled(nn.Module):
@@ -166,6 +165,31 @@ def test_keys_naming_a_tensor_are_placed_even_on_disk_and_raise_no_warning(tmp_p
     assert_same_output(model(x), reference(x))
     undispatch(model)
     assert hooked(model) == []
+
+
+@pytest.mark.parametrize("home", ["disk", "cpu"])
+def test_a_whole_component_streamed_serves_the_tensors_held_by_its_root(home, tmp_path, monkeypatch):
+    """Z-Image's transformer holds `x_pad_token` itself: served from the "" entry, its weights-map name has no
+    prefix (it was looked up as '.x_pad_token', a KeyError at the first call)."""
+    torch.manual_seed(0)
+    reference = WithOwnTensors().eval()
+    model = WithOwnTensors().eval()
+    model.load_state_dict(reference.state_dict())
+    index = None
+    if home == "disk":
+        path = tmp_path / "model.safetensors"
+        save_file({name: tensor.detach().clone() for name, tensor in reference.state_dict().items()}, str(path))
+        index = {name: {"safetensors_file": str(path), "weight_name": name, "dtype": "float32"}
+                 for name in reference.state_dict()}
+        for name, _ in reference.named_parameters():
+            set_module_tensor_to_device(model, name, "meta")  # as the loader leaves disk parameters (buffers load)
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    dispatch(model, {"": home}, execution_device=0, disk_weights=index)
+    x = torch.randn(2, 8)
+    assert_same_output(model(x), reference(x))
+    undispatch(model)
+    assert hooked(model) == [] and not [name for name, tensor in model.state_dict().items() if tensor.is_meta]
+    assert_same_output(model(x), reference(x))
 
 
 def test_a_key_naming_neither_module_nor_tensor_is_refused_before_any_hook():

@@ -22,7 +22,6 @@ from placement.plan_schema import ComponentPlan, PlacementKind
 
 from resident_weights import place_resident_weights
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ from pipelines.checkpoint.naming import WeightsNaming
 
 from checkpoint_models import TinyConfig, TinyModel, saved_bytes, tiny_ids, tiny_model
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 
 def assert_same_weights(original, loaded, *, fp32_modules=("norm_out",)):

@@ -90,6 +90,8 @@ CASES = [
                 load={"text_encoder_3": None, "tokenizer_3": None}),
     _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16),
     _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False),
+    _image_case("ZImagePipeline", tiny_dits.z_image, 32, call=False,
+                extra={"negative_prompt": "bad quality", "guidance_scale": 3.0}),
     # the variants call= describes
     _img2img_case("StableDiffusionImg2ImgPipeline", tiny_unets.sd_img2img, 16),
     _image_case("StableDiffusionInpaintPipeline", tiny_unets.sd_inpaint, 16, sequence=False,

@@ -1,9 +1,10 @@
-"""Tiny image DiT pipelines (PixArt-Sigma, Sana, Qwen-Image, SD3 without T5, AuraFlow, Lumina2, the FLUX.1
-variants), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
+"""Tiny image DiT pipelines (PixArt-Sigma, Sana, Qwen-Image, SD3 without T5, AuraFlow, Lumina2, Z-Image, the
+FLUX.1 variants), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
 
 from __future__ import annotations
 
 import diffusers
+import torch
 import transformers
 
 from tiny_parts import (LLM_VOCAB, clip_config, clip_tokenizer, flow_vae, flux_transformer, gemma2_encoder,
@@ -122,3 +123,28 @@ def flux_controlnet(root):
         patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]))
     return diffusers.FluxControlNetPipeline(**_flux_parts(root), controlnet=controlnet)
+
+
+def z_image(root):
+    """Z-Image: a Qwen3 text encoder, and a transformer with parameters at its root (`x_pad_token`,
+    `cap_pad_token`), which diffusers' own test fixes to ones (torch.empty would give NaNs)."""
+    transformer = seeded(lambda: diffusers.ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
+        n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
+        axes_dims=[8, 4, 4], axes_lens=[256, 32, 32]))
+    with torch.no_grad():
+        transformer.x_pad_token.fill_(1.0)
+        transformer.cap_pad_token.fill_(1.0)
+    tokenizer = llm_tokenizer("Qwen2TokenizerFast")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return diffusers.ZImagePipeline(
+        transformer=transformer, vae=seeded(lambda: flow_vae(16)), tokenizer=tokenizer,
+        text_encoder=seeded(lambda: transformers.Qwen3Model(transformers.Qwen3Config(
+            hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+            vocab_size=LLM_VOCAB, max_position_embeddings=512)).eval()),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+# The smallest chat template Z-Image's prompt encoding accepts: each message's text, then the generation prompt.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}:{% endif %}")

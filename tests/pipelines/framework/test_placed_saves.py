@@ -15,7 +15,6 @@ from placement.devices import torch_device
 from pipeline_fixtures import generate, has_hooks, save_preset
 from placed_kinds import KINDS, hooks_and_placeholders, kind_plan
 from same_output import assert_same_output, same_output
-from same_output import assert_same_output
 
 BUDGETS = {0: "1GiB", 1: "1GiB", "cpu": "4GiB"}
 PARTS = {"text_encoder": ("layers", "embeddings"), "denoiser": ("double_blocks", "single_blocks")}

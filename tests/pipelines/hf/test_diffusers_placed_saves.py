@@ -16,7 +16,6 @@ from placement.devices import torch_device
 from placed_kinds import KINDS, hooks_and_placeholders, kind_plan
 from test_diffusers_pipelines import build_sd, generate, has_hooks
 from same_output import assert_same_output, same_output
-from same_output import assert_same_output
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")

@@ -20,7 +20,6 @@ from placement.sizing import size_module
 
 from transformers_families import FAMILIES, build, output_of
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 

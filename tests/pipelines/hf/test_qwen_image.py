@@ -12,7 +12,6 @@ from placement.sizing import size_module
 
 from owner_folders import QWEN_CALL, diffusers, save_qwen_image
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 

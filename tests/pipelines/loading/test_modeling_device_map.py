@@ -9,7 +9,6 @@ import torch
 
 from checkpoint_models import Block, PlainConfig, PlainModel, TinyModel, saved_bytes, tiny_ids, tiny_model
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 
 @pytest.fixture(scope="module")

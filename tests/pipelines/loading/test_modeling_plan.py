@@ -16,7 +16,6 @@ from placement.errors import InvalidDeviceError
 from placement.plan_schema import PlacementKind
 from placement.sizing import size_module
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 no_gpu = pytest.mark.skipif(accelerators_present() > 0, reason="checks the refusal on a machine without GPUs")
 

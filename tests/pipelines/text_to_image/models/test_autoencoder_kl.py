@@ -12,7 +12,6 @@ from pipelines.text_to_image.models.tiling import TileGrid
 
 from reference_inputs import tiny
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 
 @pytest.fixture()

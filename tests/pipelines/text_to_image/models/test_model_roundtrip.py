@@ -12,7 +12,6 @@ from pipelines.text_to_image.models import AutoencoderKL, DiT, TextEncoder, UNet
 
 from reference_inputs import run, tiny
 from same_output import assert_same_output
-from same_output import assert_same_output
 
 MODELS = [(TextEncoder, "tiny"), (TextEncoder, "tiny-t5"), (UNet, "tiny"), (DiT, "tiny"), (AutoencoderKL, "tiny"),
           (AutoencoderKL, "tiny-16ch")]

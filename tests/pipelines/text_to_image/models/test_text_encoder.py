@@ -9,8 +9,7 @@ from pipelines.text_to_image.models import ModelInputError, TextEncoder, TextEnc
 from pipelines.text_to_image.tokenizers import ByteTokenizer
 
 from reference_inputs import text_inputs, tiny
-from same_output import same_output
-from same_output import assert_same_output
+from same_output import assert_same_output, same_output
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-t5"])
