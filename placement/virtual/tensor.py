@@ -57,6 +57,11 @@ class VirtualTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if any(not issubclass(kind, VirtualTensor) for kind in types):
+            # Another tensor subclass takes part (torchao's Int8Tensor weight, its inner tensors virtual after
+            # `.to(vgpu)`): its own handler runs first, as on CUDA, where it is the only one (F.linear is its
+            # quantized kernel there, not aten ops it does not implement).
+            return NotImplemented
         return handle_function(func, args, kwargs or {})
 
     # Python code that asks where the bytes are (safetensors' and accelerate's shared-tensor checks, tied weights)

@@ -1,9 +1,12 @@
 """Quantized components offloaded by our runtime: their tensors move as they are (never dequantized on the host)
 and the output equals the owner's load; what a format cannot do is refused when the plan is made.
 
-Run on one virtual accelerator that is the plain CPU (`PLACEMENT_VIRTUAL_STRICT=0`): torchao's, quanto's and
-diffusers' GGUF tensor subclasses cannot be nested inside the strict mode's own tensor subclass, and the point
-here is what the offload runtime does to them (which tensors move, in which form), not device bookkeeping."""
+Run on one strict virtual accelerator: torchao's tensors move as a real `.to()` moves them (their inner tensors
+become virtual, their own F.linear runs) and mix-ups raise as on CUDA. quanto's and diffusers' GGUF tensors run on
+one that is the plain CPU (`PLACEMENT_VIRTUAL_STRICT=0`, `NOT_STRICT`): quanto serializes an inner tensor whose
+type is not exactly torch.Tensor as a nested subclass, and GGUFParameter re-wraps the raw tensor, which the strict
+mode's own tensor subclass already owns; the point here is what the offload runtime does to them (which tensors
+move, in which form), not device bookkeeping."""
 
 from __future__ import annotations
 
@@ -22,10 +25,14 @@ torchao = pytest.importorskip("torchao.quantization")
 BF16 = torch.bfloat16
 
 
+NOT_STRICT = ("quanto", "gguf")  # formats whose tensor subclasses cannot hold a strict virtual tensor (see above)
+
+
 @pytest.fixture
-def one_cpu_backed_gpu(monkeypatch):
+def one_cpu_backed_gpu(request, monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
-    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0")
+    name = getattr(request.node, "callspec", None) and request.node.callspec.params.get("name", "")
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "0" if name and name.startswith(NOT_STRICT) else "1")
 
 
 def quantized_classes(module) -> set[str]:
@@ -182,3 +189,21 @@ def test_fp8_layerwise_casting_on_disk_is_refused_when_planned(one_cpu_backed_gp
     with pytest.raises(pipelines.FormatPlacementError, match=r"layerwise float8_e4m3fn.*on disk.*max_memory\['cpu'\]"):
         pipelines.plan_model(folder, torch_dtype=BF16, layerwise_casting=torch.float8_e4m3fn,
                              offload_folder=tmp_path / "off", max_memory={0: "8KiB", "cpu": "8KiB"})
+
+
+@pytest.mark.parametrize("name", ["torchao int8", "torchao fp8"])
+def test_torchao_weights_split_over_two_strict_gpus_run_there(name, monkeypatch, tmp_path):
+    """Two devices, strict: the quantized tensors follow their blocks (F.linear is torchao's own kernel on each
+    device), and the hidden state crosses where the split does."""
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_STRICT", "1")
+    make, kind = FORMATS[name]
+    options, reference = make(save_flux(tmp_path, layers=2))
+    expected = run(reference)
+    pipe = pipelines.Pipeline()
+    pipe.register_components(model=reference)
+    pipelines.place(pipe, device_map={"model": {"": 0, "single_transformer_blocks": 1}},
+                    max_memory={0: "1GiB", 1: "1GiB", "cpu": "1GiB"})
+    blocks = pipe.model.single_transformer_blocks
+    assert {type(blocks[0].proj_out.weight).__name__} == {kind} and blocks[0].proj_out.weight.device.index == 1
+    assert_same_output(run(pipe.model), expected)
