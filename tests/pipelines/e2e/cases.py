@@ -88,6 +88,8 @@ CASES = [
     _image_case("FluxImg2ImgPipeline", tiny_dits.flux_img2img, 16, extra={"image": lambda: image(16)}),
     _image_case("StableDiffusion3Pipeline", tiny_dits.sd3_without_t5, 16,
                 load={"text_encoder_3": None, "tokenizer_3": None}),
+    _image_case("StableDiffusion3ControlNetPipeline", tiny_dits.sd3_controlnet, 16, call=False,
+                extra={"control_image": lambda: control(16)}, load={"text_encoder_3": None, "tokenizer_3": None}),
     _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16),
     _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False),
     _image_case("ZImagePipeline", tiny_dits.z_image, 32, call=False,

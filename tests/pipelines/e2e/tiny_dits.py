@@ -148,3 +148,15 @@ def z_image(root):
 # The smallest chat template Z-Image's prompt encoding accepts: each message's text, then the generation prompt.
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}:{% endif %}")
+
+
+def sd3_controlnet(root):
+    """SD3 with a ControlNet: the transformer adds the ControlNet's residuals to its hidden state between blocks,
+    in its own forward (three blocks: the last takes no residual, so a split puts two on two devices)."""
+    parts = sd3_without_t5(root).components
+    transformer_config = dict(sample_size=32, patch_size=1, in_channels=4, attention_head_dim=8,
+                              num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                              pooled_projection_dim=64, out_channels=4)
+    parts["transformer"] = seeded(lambda: diffusers.SD3Transformer2DModel(num_layers=3, **transformer_config))
+    parts["controlnet"] = seeded(lambda: diffusers.SD3ControlNetModel(num_layers=1, **transformer_config))
+    return diffusers.StableDiffusion3ControlNetPipeline(**parts)
