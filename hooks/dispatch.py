@@ -50,6 +50,7 @@ from . import transfer_meter as meter
 from .errors import DispatchError
 from .hook_utils import add_hook_last, find_hooks
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
+from .parent_glue import glue_parent_forward, remove_glue
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, follows_transfer_plan, streams_everything
 
 DiskWeights = Mapping[str, Mapping[str, str]]
@@ -134,13 +135,19 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
         add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True, place=main))
     if "" in keys:  # no hook below the top catches a call entering through encode/decode
         move_inputs_of_entry_methods(module, main_device, place=main)
+    entries = []
     for key in keys:
         if key in streamed:
             serve_weights(modules[key], key, main, weights_map, tied_params_map)
+            entries.append(modules[key])
         else:
             device = device_map[key]
-            for entry in _inputs_arrive_at(modules[key], key):
+            arrive = _inputs_arrive_at(modules[key], key)
+            for entry in arrive:
                 _add_hook(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
+            entries.extend(arrive)
+    if "" not in keys and len({d for d in device_map.values() if is_accelerator(d)} | {main}) > 1:
+        glue_parent_forward(module, entries)  # its own forward meets tensors from several accelerators
     retie_parameters(module, tied_params)  # offloading tied weights to meta unties them
 
 
@@ -231,6 +238,7 @@ def undispatch(module: nn.Module) -> None:
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)
+    remove_glue(module)
     restore_entry_methods(module)
     if getattr(module, "hf_device_map", None) is not None:
         module.hf_device_map = None
