@@ -63,3 +63,19 @@ def sdxl_controlnet(root):
                                                                           "sample_size")},
         conditioning_embedding_out_channels=(16,)))
     return diffusers.StableDiffusionXLControlNetPipeline(**_sdxl_parts(root), controlnet=controlnet)
+
+
+def animatediff(root):
+    """AnimateDiff: diffusers joins the U-Net and the motion adapter into a `UNetMotionModel`, whose up blocks
+    concatenate the hidden state with skip connections from the down path (sizes of diffusers' own test)."""
+    unet = seeded(lambda: diffusers.UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=2, sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, norm_num_groups=2))
+    adapter = seeded(lambda: diffusers.MotionAdapter(
+        block_out_channels=(32, 64), motion_layers_per_block=2, motion_norm_num_groups=2, motion_num_attention_heads=4))
+    return diffusers.AnimateDiffPipeline(
+        unet=unet, motion_adapter=adapter, vae=seeded(lambda: flow_vae(4)), tokenizer=clip_tokenizer(root / "vocab"),
+        text_encoder=seeded(lambda: transformers.CLIPTextModel(clip_config())),
+        scheduler=diffusers.DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="linear",
+                                          clip_sample=False), feature_extractor=None, image_encoder=None)
