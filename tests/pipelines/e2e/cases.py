@@ -80,6 +80,7 @@ CASES = [
     _video_case("HunyuanVideoPipeline", tiny_videos.hunyuan_video, 16, 9),
     Case(name="AnimateDiffPipeline", build=tiny_unets.animatediff, video=True, call=None,
          inputs=inputs(height=16, width=16, num_frames=4)),
+    _image_case("Kandinsky3Pipeline", tiny_unets.kandinsky3, 16, sequence=False, call=False),
     _image_case("QwenImagePipeline", tiny_dits.qwen_image, 32),
     _video_case("WanImageToVideoPipeline", tiny_videos.wan_i2v, 16, 9, extra={"image": lambda: image(16)}),
     _img2img_case("StableDiffusionXLImg2ImgPipeline", tiny_unets.sdxl_img2img, 16),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import diffusers
 import transformers
 
-from tiny_parts import SDXL_UNET, clip_config, clip_tokenizer, flow_vae, sd_unet, sdxl_unet, seeded
+from tiny_parts import (SDXL_UNET, clip_config, clip_tokenizer, flow_vae, sd_unet, sdxl_unet, seeded, t5_encoder,
+                        t5_tokenizer)
 
 
 def _sd_parts(root, *, in_channels=4):
@@ -79,3 +80,20 @@ def animatediff(root):
         text_encoder=seeded(lambda: transformers.CLIPTextModel(clip_config())),
         scheduler=diffusers.DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="linear",
                                           clip_sample=False), feature_extractor=None, image_encoder=None)
+
+
+def kandinsky3(root):
+    """Kandinsky 3: a T5 encoder and a U-Net whose attention takes the text mask made once in its forward (the
+    sizes of diffusers' own test; the MoVQ decoder's spatial norm conditions on the latents)."""
+    return diffusers.Kandinsky3Pipeline(
+        unet=seeded(lambda: diffusers.Kandinsky3UNet(
+            in_channels=4, time_embedding_dim=4, groups=2, attention_head_dim=4, layers_per_block=3,
+            block_out_channels=(32, 64), cross_attention_dim=4, encoder_hid_dim=32)),
+        movq=seeded(lambda: diffusers.VQModel(
+            block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D", "AttnDownEncoderBlock2D"],
+            in_channels=3, latent_channels=4, layers_per_block=1, norm_num_groups=8, norm_type="spatial",
+            num_vq_embeddings=12, out_channels=3, up_block_types=["AttnUpDecoderBlock2D", "UpDecoderBlock2D"],
+            vq_embed_dim=4)),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(),
+        scheduler=diffusers.DDPMScheduler(beta_start=0.00085, beta_end=0.012, steps_offset=1, clip_sample=True,
+                                          beta_schedule="squaredcos_cap_v2", thresholding=False))
