@@ -8,6 +8,7 @@ own errors answer at once. Argument types check the syntax; the values (sizes, d
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
@@ -79,6 +80,12 @@ def torch_dtype(name: str | None):
     return None if name is None else getattr(torch, name)
 
 
+# placement's named strategies (tests/pipelines/cli/test_cli_flags.py holds them equal to placement's own list),
+# and the device spellings placement.devices reads: known here so that a typo is refused before torch loads.
+STRATEGY_NAMES = ("balanced", "auto", "sequential", "balanced_low_0")
+DEVICE_SPELLING = re.compile(r"(cpu|disk|\d+|(cuda|xpu|mps|npu|vgpu)(:\d+)?)")
+
+
 def strategy_arg(text: str):
     """A strategy name, a single device, or a JSON dict {component: device}."""
     stripped = text.strip()
@@ -87,6 +94,12 @@ def strategy_arg(text: str):
             return json.loads(stripped)
         except json.JSONDecodeError as error:
             raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {error}") from error
+    if stripped.lower() not in STRATEGY_NAMES and not DEVICE_SPELLING.fullmatch(stripped.lower()):
+        close = difflib.get_close_matches(stripped.lower(), STRATEGY_NAMES, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {text!r}{guess}: use {', '.join(STRATEGY_NAMES)}, a device (0, cuda:1, cpu) or a "
+            "JSON dict {component: device}")
     return int(stripped) if stripped.isdigit() else stripped
 
 

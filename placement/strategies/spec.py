@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Optional
@@ -73,4 +75,12 @@ def parse_strategy(strategy, *, scope: StrategyScope | str = StrategyScope.PIPEL
         raise StrategyError(f"Unknown placement strategy {strategy!r} ({error}). Supported: {SUPPORTED}.") from None
     if device is not None:
         return StrategySpec(kind=StrategyKind.DEVICE, device=device, scope=scope)
-    raise StrategyError(f"Unknown placement strategy {strategy!r}. Supported: {SUPPORTED}.")
+    raise StrategyError(f"Unknown placement strategy {strategy!r}{_did_you_mean(strategy)}. Supported: {SUPPORTED}.")
+
+
+def _did_you_mean(strategy) -> str:
+    """'; did you mean 'balanced'?' for a strategy name one slip away ("balance", "Sequental"), else ''."""
+    if not isinstance(strategy, str):
+        return ""
+    close = difflib.get_close_matches(strategy.strip().lower(), sorted(kind.value for kind in NAMED_STRATEGIES), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

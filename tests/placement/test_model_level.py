@@ -196,7 +196,7 @@ def test_single_device_over_its_budget_is_an_error():
 @pytest.mark.parametrize(
     ("device_map", "error", "message"),
     [
-        ("balance", StrategyError, "Unknown placement strategy 'balance'. Supported: 'balanced', 'auto'"),
+        ("balance", StrategyError, r"Unknown placement strategy 'balance' \(did you mean 'balanced'\?\)\. Supported: 'balanced'"),
         ("disk", StrategyError, "device_map='disk': 'disk' holds weights but cannot execute"),
         ({"blokcs": 0, "": 1}, StrategyError, r"'blokcs' is not a submodule or tensor of Net\. Did you mean 'blocks'"),
         ({"embed": 0}, StrategyError, r"gives no device to \d+ tensor\(s\) \(blocks\.0\.attn\.weight"),

@@ -36,6 +36,17 @@ def argparse_exit(argv, capsys) -> tuple[int, str]:
     return exit_info.value.code, captured.out + captured.err
 
 
+def test_a_mistyped_strategy_is_refused_with_the_closest_name_before_anything_is_planned(capsys):
+    from pipelines.cli.args import STRATEGY_NAMES
+    from placement.strategies.spec import NAMED_STRATEGIES
+
+    assert STRATEGY_NAMES == tuple(kind.value for kind in NAMED_STRATEGIES)  # the CLI's copy, kept torch-free
+    code, err = argparse_exit(["run", "tiny-dit", "--prompts", "p.txt", "--out", "o", "--strategy", "balance"], capsys)
+    assert code == 2 and "unknown strategy 'balance' (did you mean 'balanced'?)" in err
+    for accepted in ("sequential", "cuda:1", "0", "cpu", '{"denoiser": 0}'):
+        assert build_parser().parse_args(["plan", "tiny-dit", "--strategy", accepted]).strategy is not None
+
+
 def test_a_mistyped_flag_or_command_gets_the_closest_one(capsys):
     code, err = argparse_exit(["plan", "tiny-dit", "--max-memroy", "0=1GiB"], capsys)
     assert code == 2 and "unrecognized argument" in err and "--max-memroy (did you mean --max-memory?)" in err

@@ -181,6 +181,20 @@ def test_ctrl_c_stops_after_the_current_image_with_one_line(tiny, tmp_path):
     assert written == [*listed, "run.json"] and 0 < len(listed) < 40  # no temporary file, no half image
 
 
+def test_ctrl_c_during_start_up_says_what_stopped_in_one_line(tiny, tmp_path, monkeypatch, capsys):
+    import pipelines.hf.quiet as quiet_module
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the pipeline class is read: a bare KeyboardInterrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quiet_module, "quiet", interrupted)
+    out = tmp_path / "images"
+    code = main(["run", str(tiny), "--prompts", str(prompts_file(tmp_path, 2)), "--out", str(out), *CALL])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("placement run: interrupted (Ctrl-C) before it finished; run the same command again")
+
+
 @pytest.mark.torchrun
 @needs_torchrun
 def test_torchrun_on_a_cpu_honours_virtual_accelerators_budgets_and_group_size(tiny, tmp_path):
