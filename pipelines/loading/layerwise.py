@@ -42,11 +42,18 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
         )
     parsed = {}
     for name, value in layerwise_casting.items():
-        dtype = dtype_for(value, str(name))
-        if dtype is None or dtype.itemsize > 2:
+        try:
+            dtype = dtype_for(value, str(name))
+        except InvalidDtypeError:  # its words are torch_dtype's: say it for layerwise_casting below
+            dtype = None
+        if dtype is None or not dtype.is_floating_point or dtype.itemsize != 1:
+            # Only fp8 storage works: a 16-bit one meets the compute dtype's inputs unconverted at the first call
+            # ("mat1 and mat2 must have the same dtype"), and would save no more than torch_dtype does.
+            half = " For 16-bit weights, load with torch_dtype=torch.bfloat16 instead." if dtype and \
+                dtype.is_floating_point and dtype.itemsize == 2 else ""
             raise InvalidDtypeError(
-                f"layerwise_casting[{name!r}]={value!r}: the storage dtype must be a small floating dtype such as "
-                "torch.float8_e4m3fn or torch.float8_e5m2 (the weights are upcast per layer to compute)."
+                f"layerwise_casting[{name!r}]={value!r}: the storage dtype must be an fp8 dtype, "
+                f"torch.float8_e4m3fn or torch.float8_e5m2 (the weights are upcast per layer to compute).{half}"
             )
         parsed[str(name)] = dtype
     return parsed

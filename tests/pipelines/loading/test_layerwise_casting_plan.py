@@ -72,6 +72,14 @@ def test_an_fp8_torch_dtype_is_refused_with_the_hint(tmp_path):
         TextToImagePipeline.plan_placement(folder, layerwise_casting={"unet": FP8})
 
 
+@pytest.mark.parametrize("storage", [torch.float16, "bfloat16", torch.int8, torch.float32])
+def test_a_storage_dtype_that_is_not_fp8_is_refused_at_plan_time(storage, tmp_path):
+    """A 16-bit storage dtype was accepted, and the first call failed ("mat1 and mat2 must have the same dtype")."""
+    folder, _ = save_preset(tmp_path / "tiny-dit")
+    with pytest.raises(InvalidDtypeError, match=r"layerwise_casting\['denoiser'\]=.*must be an fp8 dtype"):
+        TextToImagePipeline.plan_placement(folder, layerwise_casting={"denoiser": storage}, max_memory={0: "1GiB"})
+
+
 def test_the_cli_plans_with_layerwise_casting(tmp_path, capsys):
     from pipelines.cli import main
 
