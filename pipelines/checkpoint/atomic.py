@@ -8,7 +8,10 @@ ever touches a new file, never a file shared with the folder a concurrent load m
 
 Refused: a target that is a regular file, and a target that is the working folder or contains it (swapping it
 would pull the folder out from under the running process). Any failure leaves the target exactly as it was and
-no hidden staging or backup folder behind; an `OSError` (full disk, permissions) becomes `CheckpointSaveError`.
+no hidden staging or backup folder behind; a write error (`OSError`: full disk, permissions; safetensors'
+`SafetensorError`, which wraps the same) becomes `CheckpointSaveError`. A staging folder names the process that
+made it (`.<target>.saving-<pid>-<random>`): one left by a killed save (kill -9 runs no cleanup) is removed by the
+next save of that target once no process of that pid is alive.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
+
+from safetensors import SafetensorError
 
 from .checkpoint_errors import CheckpointSaveError
 
@@ -41,9 +46,10 @@ def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Pa
     checkpoint re-saved as one file must not keep its old index). Everything else the save did not write is kept.
     """
     target = check_target(target)
-    staging = target.parent / f".{target.name}.saving-{uuid.uuid4().hex[:8]}"
+    staging = target.parent / f".{target.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_staging(target)
         staging.mkdir()
     except OSError as error:
         raise _save_error(target, error) from error
@@ -53,10 +59,10 @@ def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Pa
             carry_over(target, staging, rewrites)
         _swap_into_place(staging, target)
     except CheckpointSaveError as error:
-        if isinstance(error.__cause__, OSError):  # a nested save (a component's) inside our staging folder
+        if isinstance(error.__cause__, WRITE_ERRORS):  # a nested save (a component's) inside our staging folder
             raise _save_error(target, error.__cause__) from error.__cause__
         raise
-    except OSError as error:
+    except WRITE_ERRORS as error:
         raise _save_error(target, error) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone on success (renamed) or holding the old folder
@@ -144,9 +150,37 @@ def _exchange(first: Path, second: Path) -> bool:
     return result == 0
 
 
-def _save_error(target: Path, error: OSError) -> CheckpointSaveError:
+WRITE_ERRORS = (OSError, SafetensorError)
+
+
+def _save_error(target: Path, error: OSError | SafetensorError) -> CheckpointSaveError:
+    if isinstance(error, OSError):
+        cause = f"{error.strerror or error} ({type(error).__name__}{f', errno {error.errno}' if error.errno else ''})"
+    else:  # safetensors' writer wraps the OS error in its own words ("IoError(Os { code: 28, ... })")
+        cause = f"{error} (safetensors)"
     return CheckpointSaveError(
-        f"Saving to {str(target)!r} failed: {error.strerror or error} ({type(error).__name__}"
-        f"{f', errno {error.errno}' if error.errno else ''}). The folder there is unchanged. Free disk space or "
-        "fix the permissions, then save again."
+        f"Saving to {str(target)!r} failed: {cause}. The folder there is unchanged. Free disk space or fix the "
+        "permissions, then save again."
     )
+
+
+def remove_dead_staging(target: Path) -> list[Path]:
+    """Remove the staging folders of `target` whose saving process is gone (a save killed with -9); a live
+    process's (a concurrent save) and folders of any other name are left alone. Returns what was removed."""
+    removed = []
+    for entry in target.parent.glob(f".{target.name}.saving-*"):
+        pid = entry.name.removeprefix(f".{target.name}.saving-").partition("-")[0]
+        if entry.is_dir() and not entry.is_symlink() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

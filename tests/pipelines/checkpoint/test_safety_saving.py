@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -92,6 +94,38 @@ def test_full_disk_during_save_is_a_save_error_and_leaves_everything_as_it_was(t
         tiny_user_pipeline(seed=1).save_pretrained(target)
     after = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert after == before and _hidden_entries(tmp_path) == []
+
+
+def test_the_safetensors_writers_own_full_disk_error_is_a_save_error_too(tmp_path, monkeypatch):
+    """safetensors' Rust writer reports ENOSPC/EFBIG as its own SafetensorError, not as an OSError."""
+    from safetensors import SafetensorError
+
+    target = tmp_path / "pipe"
+    tiny_user_pipeline(seed=0).save_pretrained(target)
+    before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                              'space left on device" })')
+
+    monkeypatch.setattr(weights_saving, "save_file", full_disk)
+    with pytest.raises(CheckpointSaveError, match=rf"Saving to '{target}' failed: .*No space left.*unchanged"):
+        tiny_user_pipeline(seed=1).save_pretrained(target)
+    assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    assert _hidden_entries(tmp_path) == []
+
+
+def test_a_staging_folder_left_by_a_killed_save_goes_with_the_next_save(tmp_path):
+    target = tmp_path / "pipe"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f".pipe.saving-{int(dead.stdout)}-0badc0de"  # kill -9 mid-save: nothing cleaned it up
+    (killed / "denoiser").mkdir(parents=True)
+    (killed / "denoiser" / "diffusion_pytorch_model.safetensors").write_bytes(b"\0" * 1000)
+    running = tmp_path / f".pipe.saving-{os.getpid()}-1234abcd"  # a save still running (this process) is left alone
+    running.mkdir()
+    tiny_user_pipeline(seed=0).save_pretrained(target)
+    assert _hidden_entries(tmp_path) == [running.name]
+    TinyUserPipeline.from_pretrained(target)
 
 
 @pytest.mark.parametrize("exchange_supported", [True, False])
