@@ -153,6 +153,15 @@ def test_a_write_cut_short_leaves_the_previous_file_whole(tmp_path, monkeypatch)
     assert target.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
+def test_a_prompts_file_that_is_not_utf8_is_named_with_the_line(tiny, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("a lighthouse\nun caf\u00e9\n".encode("latin-1"))  # saved by an editor in Latin-1
+    code = main(["run", str(tiny), "--prompts", str(prompts), "--out", str(tmp_path / "images"), *CALL])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "internal error" not in err
+    assert f"The prompts file {str(prompts)!r} is not UTF-8 text (byte 19, line 2" in err and "Save it as UTF-8" in err
+
+
 def test_run_json_lists_each_image_as_soon_as_it_is_written(tmp_path):
     folder = RunFolder(tmp_path / "out", source="x", call={"height": 8}, seed=0, overwrite=False)
     assert folder.todo(["a", "b"]) == [0, 1]
