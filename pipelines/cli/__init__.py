@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
-AGAIN = "start over (`placement run` keeps the images already written and makes only the missing ones)"
+KEPT_BY_RUN = " (the images already written are kept; only the missing ones are made)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return _reader_gone()
     except KeyboardInterrupt as interrupt:  # a command that stopped cleanly says how far it got
         # A bare Ctrl-C (during imports, planning or loading) carries no message: say what stopped instead.
-        said = str(interrupt) or f"interrupted (Ctrl-C) before it finished; run the same command again to {AGAIN}"
+        said = str(interrupt) or ("interrupted (Ctrl-C) before it finished; run the same command again"
+                                  + (KEPT_BY_RUN if args.command == "run" else ""))
         print(f"placement {args.command}: {said}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - the one place that turns any failure into an exit code

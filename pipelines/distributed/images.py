@@ -61,7 +61,7 @@ def read_prompts(path: Path) -> list[str]:
     except OSError as error:
         raise ImageRunError(f"Cannot read the prompts file {str(path)!r}: {error}.") from error
     except UnicodeDecodeError as error:  # a binary file, or text saved in another encoding (Latin-1, UTF-16)
-        line = Path(path).read_bytes()[: error.start].count(b"\n") + 1
+        line = error.object[: error.start].count(b"\n") + 1  # the bytes already read: no second read
         raise ImageRunError(
             f"The prompts file {str(path)!r} is not UTF-8 text (byte {error.start}, line {line}: "
             f"{error.object[error.start:error.start + 1]!r}). Save it as UTF-8, one prompt per line."

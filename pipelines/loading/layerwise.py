@@ -46,11 +46,11 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
             dtype = dtype_for(value, str(name))
         except InvalidDtypeError:  # its words are torch_dtype's: say it for layerwise_casting below
             dtype = None
-        if dtype is None or not dtype.is_floating_point or dtype.itemsize != 1:
+        floating_bytes = dtype.itemsize if dtype is not None and dtype.is_floating_point else None
+        if floating_bytes != 1:
             # Only fp8 storage works: a 16-bit one meets the compute dtype's inputs unconverted at the first call
             # ("mat1 and mat2 must have the same dtype"), and would save no more than torch_dtype does.
-            half = " For 16-bit weights, load with torch_dtype=torch.bfloat16 instead." if dtype and \
-                dtype.is_floating_point and dtype.itemsize == 2 else ""
+            half = " For 16-bit weights, load with torch_dtype=torch.bfloat16 instead." if floating_bytes == 2 else ""
             raise InvalidDtypeError(
                 f"layerwise_casting[{name!r}]={value!r}: the storage dtype must be an fp8 dtype, "
                 f"torch.float8_e4m3fn or torch.float8_e5m2 (the weights are upcast per layer to compute).{half}"

@@ -43,7 +43,9 @@ def test_a_mistyped_strategy_is_refused_with_the_closest_name_before_anything_is
     assert STRATEGY_NAMES == tuple(kind.value for kind in NAMED_STRATEGIES)  # the CLI's copy, kept torch-free
     code, err = argparse_exit(["run", "tiny-dit", "--prompts", "p.txt", "--out", "o", "--strategy", "balance"], capsys)
     assert code == 2 and "unknown strategy 'balance' (did you mean 'balanced'?)" in err
-    for accepted in ("sequential", "cuda:1", "0", "cpu", '{"denoiser": 0}'):
+    # every device spelling placement.devices.normalize_device reads passes on to it (the CLI's copy of them)
+    for accepted in ("sequential", "cuda", "cuda:1", "xpu:0", "mps", "npu:1", "vgpu:1", "0", "cpu", "disk",
+                     '{"denoiser": 0}'):
         assert build_parser().parse_args(["plan", "tiny-dit", "--strategy", accepted]).strategy is not None
 
 
