@@ -186,11 +186,16 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
     modules = dict(module.named_modules())
-    unknown = [path for path in listed if path not in modules]
+    unknown = [path for path in listed if path not in modules and _held_tensor(module, path) is None]
     if unknown:
-        raise TransferPlanError(f"{what}: the transfer plan lists {unknown}, which are not submodules of it.")
+        raise TransferPlanError(f"{what}: the transfer plan lists {unknown}, which are neither submodules of it "
+                                "nor tensors its modules hold.")
+    loose = [path for path in config.streamed_modules if path not in modules]
+    if loose:
+        raise TransferPlanError(f"{what}: the transfer plan streams {loose}, tensors held outside any block; only "
+                                "blocks stream (load them per call). Re-plan.")
     strays = {path: device for path, device in away.items()
-              if path not in config.per_call_modules or not is_accelerator(device)}
+              if path not in config.per_call_modules or path not in modules or not is_accelerator(device)}
     if strays:
         raise TransferPlanError(f"{what}: per_call_devices {strays} must name per-call modules (of "
                                 f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
@@ -235,7 +240,24 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
     return per_call, [group for path in config.streamed_modules for group in units(path, place)]
 
 
+def _held_tensor(module: nn.Module, path: str) -> torch.Tensor | None:
+    """The parameter or buffer `path` names (a tensor a module holds itself, e.g. a transformer's root-level
+    `scale_shift_table`: the planner's units name such tensors by their own path), or None."""
+    owner, _, name = path.rpartition(".")
+    try:
+        holder = module.get_submodule(owner)
+    except AttributeError:
+        return None
+    if name in holder._parameters:
+        return holder._parameters[name]
+    return holder._buffers.get(name)
+
+
 def _specs(module: nn.Module, path: str, block_paths: list[str], entries) -> list[GroupSpec]:
+    tensor = _held_tensor(module, path)
+    if tensor is not None:  # a tensor held outside any block: one unit of its own, loaded per call
+        return [GroupSpec(name=path, modules=(), entries=(entries[id(tensor)],),
+                          release=ReleaseRule.AFTER_LAST_MODULE)]
     in_block = any(owning_key(path, [block]) is not None for block in block_paths)
     if in_block or not block_groups(module.get_submodule(path)).block_lists:
         spec = whole_group(module, path, entries)
