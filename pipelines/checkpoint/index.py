@@ -23,6 +23,7 @@ from .checkpoint_errors import (
     WeightsNotFoundError,
     list_names,
 )
+from .config_file import parse_json
 from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, pickle_files_in, variants_in
 
 # safetensors dtype codes -> torch dtypes (the codes `safe_open(...).get_slice(k).get_dtype()` returns).
@@ -153,7 +154,7 @@ def _entry(handle, name: str, path: Path) -> TensorEntry:
 
 def _read_index(index_path: Path) -> dict[str, str]:
     try:
-        content = json.loads(index_path.read_text(encoding="utf-8"))
+        content = parse_json(index_path.read_text(encoding="utf-8"), index_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(f"Index file {str(index_path)!r} is not valid JSON ({error}).") from error
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
