@@ -26,6 +26,7 @@ from ..folder.sources import model_folder_class
 from ..hf.hf_spellings import with_hub_keywords
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.single_file import SingleFileError, is_single_file
+from .build_limits import BuildLimit
 from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
@@ -100,7 +101,8 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
     name = cls.__name__
     meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
                            variant=request.variant, weights_required=weights_required,
-                           quantization_config=request.quantization_config, layerwise_casting=storage)
+                           quantization_config=request.quantization_config, layerwise_casting=storage,
+                           limit=BuildLimit.of(request.max_memory, request.offload_folder))
     return request, meta
 
 
