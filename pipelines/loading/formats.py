@@ -30,7 +30,9 @@ from placement.sizes import format_bytes
 
 from ..errors import LoadError
 from ..hf.hf_interop import load_without_device_map
-from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
+from ..hf.quantizers import (
+    QuantizationMethod, check_requested_names, component_quantization, format_label, requested_quantization,
+)
 from .layerwise import casting_config, layerwise_label
 from .meta_records import MetaComponent
 from .planning import caller_stacklevel
@@ -127,6 +129,8 @@ def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, n
     request or its folder says so), with layerwise casting applied when asked."""
     loaded = {}
     for name, source in opened.modules.items():
+        # checked as a planned load checks them (the folder's and the requested config), then read by the owner
+        component_quantization(request.quantization_config, name, source.family, source.folder)
         config = requested_quantization(request.quantization_config, name, source.family)
         module = load_without_device_map(source.cls, source.folder, family=source.family, dtype=opened.dtypes[name],
                                          variant=request.variant, quantization_config=config)
