@@ -38,6 +38,7 @@ from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
+from .missing_weights import missing_weights_notes
 from .single_files import build_single_file_component, single_file_sources
 from .placing import (
     PipelineLoadError, attach_plan_runtime, check_plan_devices, check_requested_devices, place_component,
@@ -149,7 +150,11 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     metas = build_components(opened, request, weights_required=False)
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
-    return plan_folder_pipeline(pipe, request, metas, passed)
+    plan = plan_folder_pipeline(pipe, request, metas, passed)
+    if not request.local:  # a Hub pipeline is planned from its configs alone, by design
+        return plan
+    return with_notes(plan, missing_weights_notes(metas, opened.sources, variant=request.variant,
+                                                  saved_here=opened.index.save_id is not None))
 
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],

@@ -32,7 +32,8 @@ from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .planning import component_origin, label_dtypes, plan_modules
+from .missing_weights import holds_weight_files, why_missing
+from .planning import component_origin, label_dtypes, plan_modules, with_notes
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
 from .single_files import build_single_file_component
 
@@ -79,7 +80,12 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                            quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                            offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                            progress=False, hub=hub, weights_required=False)
-    return _plan(meta, request)
+    plan = _plan(meta, request)
+    if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
+        plan = with_notes(plan, [f"{meta.name}: {why_missing(request.folder, type(meta.module), request.variant)} "
+                                 "The plan sized it from its config.json; loading it will fail until its weights "
+                                 "are there."])
+    return plan
 
 
 def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weights_required, layerwise_casting,
