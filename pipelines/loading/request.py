@@ -143,6 +143,8 @@ class LoadRequest:
     pin: tuple[str, ...] = ()
     # A single-file checkpoint read for the components it holds; `folder` is then its pipeline's config folder.
     single_file: Path | None = None
+    # use_safetensors=False without device_map: the owner library may read a component's pickle weights.
+    allow_pickle: bool = False
     # Whether the folder was given as a local path (False: fetched from the Hub, configs only when planning).
     local: bool = True
 
