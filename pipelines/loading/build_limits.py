@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+import psutil
 import torch
 
 from placement.budgets import resolve_budgets
@@ -36,6 +37,7 @@ from placement.sizes import format_bytes
 from ..checkpoint import InvalidConfigError
 
 MAX_REPEATS = 10_000
+ACCELERATOR_BOUND = 1024**4  # more memory than any accelerator has (the largest hold under 300 GB)
 # A config field that counts repeated blocks: `num_layers`, `num_hidden_layers`, `layers_per_block`,
 # `num_res_blocks`, `depth`, `n_routed_experts`, ... (plural words only: `block_out_channels` holds widths).
 _REPEAT_FIELD = re.compile(r"(^|_)(layers|blocks|depths?|experts)(_|$)")
@@ -50,14 +52,21 @@ class BuildLimit:
     described: str
 
     @classmethod
-    def of(cls, max_memory: Mapping | None, offload_folder: str | Path | None) -> "BuildLimit":
-        """All budgets of `max_memory` (detected where not given) together, the disk included: its budget, else
-        the free space where the `offload_folder` is (the working folder's without one: a plan that needs the
-        disk asks for an offload_folder, which says so better than this limit)."""
-        budgets = resolve_budgets(max_memory)
-        parts = {device_label(device): limit for device, limit in budgets.limits.items()
-                 if device != "disk" and limit is not None}
-        disk = budgets.limit("disk")
+    def of(cls, max_memory: Mapping | None, offload_folder: str | Path | None, *, accelerators: int) -> "BuildLimit":
+        """All budgets of `max_memory` together (the CPU's detected where not given), the disk included: its
+        budget, else the free space where the `offload_folder` is (the working folder's without one: a plan that
+        needs the disk asks for an offload_folder, which says so better than this limit). Without `max_memory`,
+        a bound that touches no device: `accelerators` at `ACCELERATOR_BOUND` each, the machine's RAM, the disk."""
+        if max_memory is None:
+            parts = {f"{accelerators} accelerator(s) (1 TiB each at most)":
+                     accelerators * ACCELERATOR_BOUND} if accelerators else {}
+            parts["RAM"] = psutil.virtual_memory().total
+            disk = None
+        else:
+            budgets = resolve_budgets(max_memory)
+            parts = {device_label(device): limit for device, limit in budgets.limits.items()
+                     if device != "disk" and limit is not None}
+            disk = budgets.limit("disk")
         parts["disk" if disk is not None else "disk (free space)"] = (
             disk if disk is not None else _free_space(Path(offload_folder or ".")))
         total = sum(parts.values())

@@ -88,7 +88,7 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
     (`single_files.single_file_sources`), else from its folder, refused before it is built when its config asks
     for more than all budgets hold (`build_limits`)."""
     from_file = single_file_sources(opened.modules, request.single_file)
-    limit = BuildLimit.of(request.max_memory, request.offload_folder)
+    limit = BuildLimit.of(request.max_memory, request.offload_folder, accelerators=request.accelerators.count)
     return {name: build_single_file_component(name, source.cls, request.single_file, source.folder,
                                               dtype=opened.dtypes[name], quantization_config=request.quantization_config,
                                               layerwise_casting=request.layerwise_casting.get(name))

@@ -108,7 +108,8 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
     meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
                            variant=request.variant, weights_required=weights_required,
                            quantization_config=request.quantization_config, layerwise_casting=storage,
-                           limit=BuildLimit.of(request.max_memory, request.offload_folder))
+                           limit=BuildLimit.of(request.max_memory, request.offload_folder,
+                                                accelerators=request.accelerators.count))
     return request, meta
 
 

@@ -97,9 +97,12 @@ def test_a_model_within_the_budgets_is_planned_as_before(tiny_dit):
 
 
 def test_the_limit_counts_every_budget_and_the_disk():
-    limit = build_limits.BuildLimit.of({0: "1GiB", 1: "1GiB", "cpu": "2GiB", "disk": "4GiB"}, None)
+    limit = build_limits.BuildLimit.of({0: "1GiB", 1: "1GiB", "cpu": "2GiB", "disk": "4GiB"}, None, accelerators=0)
     assert limit.total == 8 * 1024**3
     assert limit.described == "GPU 0 1.00 GiB + GPU 1 1.00 GiB + CPU 2.00 GiB + disk 4.00 GiB = 8.00 GiB"
+    detected = build_limits.BuildLimit.of(None, None, accelerators=2)  # touches no device: a bound per accelerator
+    assert detected.described.startswith("2 accelerator(s) (1 TiB each at most) 2.00 TiB + RAM ")
+    assert detected.total > 2 * 1024**4
 
 
 def test_the_fewest_bits_follow_the_format():
