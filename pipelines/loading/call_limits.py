@@ -11,6 +11,7 @@ One of them larger than the largest budget of a single device is refused at once
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping
 
 from placement.budgets import resolve_budgets
@@ -21,9 +22,11 @@ from placement.sizes import format_bytes
 _CHANNELS, _DECODE_BYTES, _TOKEN_BYTES = 3, 2, 8
 
 
-def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None) -> None:
+def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None, *, pipe: Any = None) -> None:
     """A `DoesNotFitError` naming the call's numbers when a tensor the call must hold whole (its decoded output,
-    its token ids) is larger than every single device's budget."""
+    its token ids) is larger than every single device's budget. Only the keys `pipe` takes are weighed (our
+    pipelines say by `activation_inputs`' parameters): a key it does not take is the call's own error, later."""
+    call = {key: value for key, value in call.items() if _takes(pipe, key)}
     budgets = resolve_budgets(max_memory)
     devices = {device: limit for device, limit in budgets.limits.items() if device != "disk" and limit is not None}
     if not devices:
@@ -48,6 +51,14 @@ def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None) -> No
                 f"the largest budget ({device_label(largest)}: {format_bytes(devices[largest])}). Nothing was "
                 "estimated: ask for a smaller call, or give a device that can hold it."
             )
+
+
+def _takes(pipe: Any, key: str) -> bool:
+    describe = getattr(pipe, "activation_inputs", None)
+    if describe is None:
+        return True  # a diffusers family: its call keys are checked against its table when estimated
+    parameters = inspect.signature(describe).parameters
+    return key in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _given(call: Mapping[str, Any], key: str) -> bool:

@@ -69,7 +69,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
     options, sizes = VaeOptions.split(call or {})
     if call is not None:
-        check_call_limits(sizes, max_memory)  # an absurd call is refused before minutes of estimating
+        check_call_limits(sizes, max_memory, pipe=pipe)  # an absurd call: refused before minutes of estimating
     module_order: dict[str, list[str]] = {}
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,

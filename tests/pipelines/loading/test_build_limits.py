@@ -142,18 +142,29 @@ def test_transformers_and_diffusers_configs_are_held_to_the_same_limits(tmp_path
         (folder / "config.json").write_text(json.dumps(config))
 
 
-def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_estimated(tiny_dit, monkeypatch):
+def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_estimated(tiny_dit, tmp_path,
+                                                                                         monkeypatch):
+    pytest.importorskip("diffusers")
+    from family_folders import write_configs_folder
+
+    wan = write_configs_folder(tmp_path / "wan", "wan2.1-t2v-1.3b")
     estimated = []
     monkeypatch.setattr("pipelines.loading.planning._planned_call", lambda *a, **k: estimated.append(1))
     with pytest.raises(DoesNotFitError, match=r"5.46 TiB .*height=1000000, width=1000000.*largest budget "
                                               r"\(CPU: 64.00 GiB\)"):
         TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS, call={"height": 10**6, "width": 10**6})
-    with pytest.raises(DoesNotFitError, match=rf"max_sequence_length={HUGE}"):
-        TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS, call={"max_sequence_length": HUGE})
-    with pytest.raises(DoesNotFitError, match=r"num_frames=100000000"):
-        TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS,
-                                           call={"height": 1024, "width": 1024, "num_frames": 10**8})
+    with pytest.raises(DoesNotFitError, match=rf"token ids \(max_sequence_length={HUGE}"):
+        Pipeline.plan_placement(wan, max_memory=BUDGETS, call={"max_sequence_length": HUGE})
+    with pytest.raises(DoesNotFitError, match=r"decoded output \(height=480, width=832, num_frames=100000000"):
+        Pipeline.plan_placement(wan, max_memory=BUDGETS, call={"height": 480, "width": 832, "num_frames": 10**8})
     assert estimated == []
+
+
+def test_a_call_key_the_pipeline_does_not_take_is_its_own_error_whatever_its_size(tiny_dit):
+    from pipelines.hf.calls import CallSpecError
+
+    with pytest.raises(CallSpecError, match="does not fit TextToImagePipeline.activation_inputs"):
+        TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS, call={"max_sequence_length": HUGE})
 
 
 @pytest.mark.parametrize("file", ["model_index.json", "denoiser/config.json"])
