@@ -243,10 +243,11 @@ def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundErr
         return WeightsNotFoundError(
             f"{str(folder)!r} holds only pickle weights ({list_names(pickles)}), which are never unpickled "
             "here: unpickling can run arbitrary code, reading safetensors cannot. Convert them once, with the library "
-            "that saved them and only if you trust the file: ModelClass.from_pretrained(folder).save_pretrained(folder) "
-            "writes safetensors (transformers' and diffusers' save_pretrained(safe_serialization=True), their default); "
-            "or opt in explicitly: Pipeline.from_pretrained(..., device_map=None, use_safetensors=False) lets the "
-            "owner library read them (torch.load(weights_only=True))."
+            "that saved them and only if you trust the file: "
+            "ModelClass.from_pretrained(folder).save_pretrained(folder) writes safetensors (transformers' and "
+            "diffusers' save_pretrained(safe_serialization=True), their default); or opt in explicitly: "
+            "Pipeline.from_pretrained(..., device_map=None, use_safetensors=False) lets the owner library read them "
+            "(torch.load(weights_only=True))."
         )
     return WeightsNotFoundError(
         f"No weights in {str(folder)!r}: expected {naming.single_file!r}, or {naming.index_file!r} with its shards."

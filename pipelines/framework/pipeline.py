@@ -76,10 +76,11 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
         `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Pickle weights (a
         `pytorch_model.bin` only) are refused with or without a device map; `use_safetensors=False` with
-        `device_map=None` is the explicit opt-in that lets their owner library read them (`weights_only=True`). diffusers' other loading
-        keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each load here does what they
-        ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`); any other keyword that is
-        not a component is an error naming the closest argument ("did you mean max_memory?").
+        `device_map=None` is the explicit opt-in that lets their owner library read them (`weights_only=True`).
+        diffusers' other loading keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each
+        load here does what they ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`);
+        any other keyword that is not a component is an error naming the closest argument ("did you mean
+        max_memory?").
 
         Formats of their own: `quantization_config` (a diffusers `PipelineQuantizationConfig`, or `{component:
         config}` with each library's own config) quantizes components as they load, through their owner's

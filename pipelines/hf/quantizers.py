@@ -351,4 +351,5 @@ def format_label(quantization: ComponentQuantization) -> str:
 
 __all__ = ["ComponentQuantization", "QuantizationConfigError", "QuantizationMethod", "check_requested_names",
            "component_quantization", "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta",
-           "is_config_dict", "method_of", "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]
+           "is_config_dict", "method_of", "owner_config", "owner_quantizer", "prepare_on_meta",
+           "quantized_parameter_names", "requested_quantization"]

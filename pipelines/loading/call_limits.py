@@ -38,8 +38,9 @@ def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None, *, pi
         pixels = call["height"] * call["width"] * _number(call, "num_frames") * copies
         numbers = ", ".join(f"{key}={call[key]}" for key in ("height", "width", "num_frames", "batch_size",
                                                               "num_images_per_prompt") if _given(call, key))
-        needs.append((pixels * _CHANNELS * _DECODE_BYTES, f"its decoded output ({numbers}: {pixels:,} pixels x "
-                                                          f"{_CHANNELS} channels x {_DECODE_BYTES} bytes at the fewest)"))
+        needs.append((pixels * _CHANNELS * _DECODE_BYTES,
+                      f"its decoded output ({numbers}: {pixels:,} pixels x {_CHANNELS} channels x {_DECODE_BYTES} "
+                      "bytes at the fewest)"))
     if _given(call, "max_sequence_length"):
         tokens = call["max_sequence_length"] * copies
         needs.append((tokens * _TOKEN_BYTES, f"its token ids (max_sequence_length={call['max_sequence_length']}: "
