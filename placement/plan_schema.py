@@ -369,6 +369,8 @@ class Plan(_Frozen):
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise PlanSchemaError(f"Not a plan JSON file: {error}.") from error
+        except RecursionError:
+            raise PlanSchemaError("Not a plan JSON file: it nests deeper than a JSON reader can follow.") from None
         if not isinstance(data, dict):
             raise PlanSchemaError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
         if not isinstance(data.get("schema_version", 1), int) or data.get("schema_version", 1) > SCHEMA_VERSION:

@@ -26,12 +26,14 @@ from ..folder.sources import model_folder_class
 from ..hf.hf_spellings import with_hub_keywords
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.single_file import SingleFileError, is_single_file
+from .build_limits import BuildLimit
 from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .planning import component_origin, label_dtypes, plan_modules
+from .missing_weights import holds_weight_files, why_missing
+from .planning import component_origin, label_dtypes, plan_modules, with_notes
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
 from .single_files import build_single_file_component
 
@@ -78,7 +80,12 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                            quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                            offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                            progress=False, hub=hub, weights_required=False)
-    return _plan(meta, request)
+    plan = _plan(meta, request)
+    if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
+        plan = with_notes(plan, [f"{meta.name}: {why_missing(request.folder, type(meta.module), request.variant)} "
+                                 "The plan sized it from its config.json; loading it will fail until its weights "
+                                 "are there."])
+    return plan
 
 
 def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weights_required, layerwise_casting,
@@ -100,7 +107,9 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
     name = cls.__name__
     meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
                            variant=request.variant, weights_required=weights_required,
-                           quantization_config=request.quantization_config, layerwise_casting=storage)
+                           quantization_config=request.quantization_config, layerwise_casting=storage,
+                           limit=BuildLimit.of(request.max_memory, request.offload_folder,
+                                                accelerators=request.accelerators.count))
     return request, meta
 
 
