@@ -22,16 +22,19 @@ def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
     """{height, width, num_inference_steps, guidance_scale} the pipeline in `folder` uses when not told; a key
     whose value cannot be found is left out."""
     runtime = _runtime_class(folder, pipeline_class)
-    defaults = {}
-    if runtime is not None:
-        parameters = inspect.signature(runtime.__call__).parameters
-        defaults = {key: parameters[key].default for key in KEYS if key in parameters
-                    and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
+    defaults = {} if runtime is None else class_defaults(runtime)
     if "height" not in defaults or "width" not in defaults:
         side = _default_sample_pixels(folder)
         if side is not None:
             defaults = {"height": side, "width": side, **defaults}
     return {key: defaults[key] for key in KEYS if key in defaults}
+
+
+def class_defaults(runtime: type) -> dict[str, Any]:
+    """The numbers among KEYS that `runtime.__call__` gives as its defaults."""
+    parameters = inspect.signature(runtime.__call__).parameters
+    return {key: parameters[key].default for key in KEYS if key in parameters
+            and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
 
 
 def check_callable(folder: Path, pipeline_class: type) -> None:

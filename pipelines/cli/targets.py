@@ -39,6 +39,10 @@ def target_folder(target: str) -> Path:
     from ..text_to_image.presets import PRESETS
 
     path = Path(target).expanduser()
+    typo = preset_typo(target) if not path.exists() else None
+    if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
+        raise PlanTargetError(f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESETS)}; "
+                              "otherwise give a folder or a Hub id owner/name)")
     if path.exists() or looks_like_a_path(target):
         if not path.exists():
             raise PlanTargetError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
@@ -53,6 +57,25 @@ def target_folder(target: str) -> Path:
             f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}), nor a local folder, and the Hub did not "
             f"give it: {type(error).__name__}: {error}"
         ) from error
+
+
+def preset_typo(target: str) -> str | None:
+    """The preset `target` is one edit from (a letter added, dropped or changed, '_' for '-', case), or None."""
+    from ..text_to_image.presets import PRESETS
+
+    spelled = target.lower().replace("_", "-")
+    return next((name for name in PRESETS if name != target and _one_edit(spelled, name)), None)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 def hf_libraries(folder: Path) -> tuple[str, ...]:
@@ -98,6 +121,37 @@ class TargetPlanner:
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
 
+    def complete_call(self) -> list[str]:
+        """The call's height and width where it lacks them: the pipeline's own default size (as a run of it
+        would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
+        missing = [key for key in ("height", "width") if self.call is not None and key not in self.call]
+        if not missing:
+            return []
+        defaults = self.default_call()
+        if any(key not in defaults for key in missing):
+            given = ", ".join(f"--{key.replace('_', '-')}" for key in self.call)
+            raise CliArgumentError(
+                f"{given} plan(s) for a call, and {self.target!r} has no default image size to make it at: give "
+                "--height and --width too.")
+        self.call = {**{key: self.call.get(key, defaults.get(key)) for key in ("height", "width")}, **self.call}
+        return missing
+
+    def default_call(self) -> dict[str, Any]:
+        """{height, width, num_inference_steps, guidance_scale} the target's pipeline uses when not told."""
+        from ..text_to_image.pipeline import TextToImagePipeline
+        from .call_defaults import class_defaults, default_call
+
+        if is_preset(self.target):
+            return class_defaults(TextToImagePipeline)
+        folder = self.folder()
+        with quiet(preload=hf_libraries(folder)):
+            return default_call(folder, pipeline_class_of(folder))
+
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = target_folder(self.target)
+        return self._folder
+
     def __call__(self, *, torch_dtype) -> Plan:
         from ..loading.planning import plan_pipeline
         from ..text_to_image.pipeline import TextToImagePipeline
@@ -111,9 +165,8 @@ class TargetPlanner:
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")
                 return plan_pipeline(pipe, pinned={}, **options)
-        if self._folder is None:
-            self._folder = target_folder(self.target)
+        folder = self.folder()
         if self.layerwise_casting:
             options["layerwise_casting"] = dict(self.layerwise_casting)
-        with quiet(preload=hf_libraries(self._folder)):
-            return pipeline_class_of(self._folder).plan_placement(self._folder, **options)
+        with quiet(preload=hf_libraries(folder)):
+            return pipeline_class_of(folder).plan_placement(folder, **options)

@@ -70,9 +70,13 @@ def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, c
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     assert main(["plan", "someone/no-such-pipeline"]) == 2
     assert "not a preset (tiny-unet, tiny-dit, sdxl-like, flux-like)" in capsys.readouterr().err
-    assert main(["plan", "tiny-dtt"]) == 2  # a typo of a preset reads as a Hub id: say which preset was meant
+    assert main(["plan", "tiny-dat2"]) == 2  # two edits from a preset: tried as a Hub id, then the closest preset
     err = capsys.readouterr().err
     assert "did you mean 'tiny-dit'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
+    for typo in ("tiny-dtt", "tiny_dit", "Tiny-DiT", "flux-lik"):  # one edit: said at once, the Hub never asked
+        assert main(["plan", typo]) == 2
+        err = capsys.readouterr().err
+        assert f"{typo!r} is not a preset; did you mean" in err and "Hub did not" not in err and len(err) < 200
 
 
 def budgets(text):
