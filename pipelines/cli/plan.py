@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
                                 offload_folder=args.offload_folder, call=call_spec(args),
                                 layerwise_casting=args.layerwise_casting)
         defaulted = planner.complete_call()
-        plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example)
+        plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
+                                        suggest_gpus=True)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
     if planner.call is not None:  # what the activation peaks below are for
         said = ", ".join(f"{key}={value}" for key, value in planner.call.items())

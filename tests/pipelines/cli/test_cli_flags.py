@@ -193,3 +193,19 @@ def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys, tar
     err = capsys.readouterr().err
     assert f"No such folder: {target!r}" in err and "CPU budget" not in err and "bfloat16" not in err
     assert "not a preset" not in err and "Repo id" not in err
+
+
+@pytest.mark.skipif(__import__("placement.devices").devices.accelerators_present() > 0,
+                    reason="about a machine without accelerators")
+def test_a_pipeline_too_big_for_a_cpu_machine_is_told_the_likeliest_fix_first(capsys, monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda: {"cpu": 16 * 2**30})  # a 16 GiB laptop
+    assert main(["plan", "flux-like"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Likeliest fixes first: (1) This machine has no GPU" in err
+    gpus = "with --dtype bf16 --max-memory 2x24GiB,cpu=64GiB it fits on accelerators"  # worked out, not guessed
+    assert gpus in err and err.index(gpus) < err.index("(2) Its weights must go to disk") < err.index(
+        "--offload-folder DIR")
+    assert main(["plan", "tiny-dit"]) == 0  # fits here, on the CPU: what GPUs would do is a hint after the plan
+    assert "hint: This machine has no GPU, so this plan is for its CPU alone" in capsys.readouterr().out
