@@ -11,15 +11,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from placement import Plan
-from placement.errors import PlacementError
-
 from ..errors import LoadError
 
-from ..hf.quiet import quiet
+from ..hf.quiet import hf_libraries, quiet  # noqa: F401 - hf_libraries: the commands import it from here
 from .resolve import CliArgumentError
 
 STEPS = "num_inference_steps"
-HF_LIBRARIES = ("diffusers", "transformers")
 
 
 class PlanTargetError(LoadError, ValueError):
@@ -76,21 +73,6 @@ def _one_edit(a: str, b: str) -> bool:
         return sum(x != y for x, y in zip(a, b)) == 1
     short, long = sorted((a, b), key=len)
     return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
-
-
-def hf_libraries(folder: Path) -> tuple[str, ...]:
-    """The Hugging Face libraries the folder's components (or its pipeline class) come from: the ones a plan or
-    load of it imports, so that `quiet(preload=...)` silences their import and their bars."""
-    from ..folder.model_index import ModelIndex
-
-    try:
-        index = ModelIndex.read(folder)
-    except PlacementError:  # the plan reads it again and reports the problem in its own words
-        return ()
-    named = {spec.library for spec in index.components.values()}
-    if "_diffusers_version" in index.metadata:
-        named.add("diffusers")
-    return tuple(library for library in HF_LIBRARIES if library in named)
 
 
 def pipeline_class_of(folder: Path) -> type:
