@@ -65,7 +65,11 @@ def _acquire(out: Path, *, wait: bool) -> int:
                 print(f"Waiting for another placement run ({holder}) to finish writing into {out} ...",
                       file=sys.stderr, flush=True)
                 announced = True
-            fcntl.flock(handle, fcntl.LOCK_EX)  # Ctrl-C while waiting: KeyboardInterrupt, said by the CLI
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except BaseException:  # Ctrl-C while waiting: KeyboardInterrupt, said by the CLI
+                os.close(handle)
+                raise
         if _still_the_lock_file(handle, path):
             os.ftruncate(handle, 0)
             os.write(handle, f"{os.getpid()}\n".encode())
