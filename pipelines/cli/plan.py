@@ -54,6 +54,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .advice import plan_with_advice
+    from .call_defaults import complete_call
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
     from .targets import TargetPlanner
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
                                 offload_folder=args.offload_folder, call=call_spec(args),
                                 layerwise_casting=args.layerwise_casting)
-        defaulted = planner.complete_call()
+        defaulted = complete_call(planner)
         plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
                                         suggest_gpus=True)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice

@@ -103,32 +103,6 @@ class TargetPlanner:
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
 
-    def complete_call(self) -> list[str]:
-        """The call's height and width where it lacks them: the pipeline's own default size (as a run of it
-        would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
-        missing = [key for key in ("height", "width") if self.call is not None and key not in self.call]
-        if not missing:
-            return []
-        defaults = self.default_call()
-        if any(key not in defaults for key in missing):
-            given = ", ".join(f"--{key.replace('_', '-')}" for key in self.call)
-            raise CliArgumentError(
-                f"{given} plan(s) for a call, and {self.target!r} has no default image size to make it at: give "
-                "--height and --width too.")
-        self.call = {**{key: self.call.get(key, defaults.get(key)) for key in ("height", "width")}, **self.call}
-        return missing
-
-    def default_call(self) -> dict[str, Any]:
-        """{height, width, num_inference_steps, guidance_scale} the target's pipeline uses when not told."""
-        from ..text_to_image.pipeline import TextToImagePipeline
-        from .call_defaults import class_defaults, default_call
-
-        if is_preset(self.target):
-            return class_defaults(TextToImagePipeline)
-        folder = self.folder()
-        with quiet(preload=hf_libraries(folder)):
-            return default_call(folder, pipeline_class_of(folder))
-
     def folder(self) -> Path:
         if self._folder is None:
             self._folder = target_folder(self.target)
