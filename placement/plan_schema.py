@@ -251,8 +251,10 @@ class Plan(_Frozen):
     budget_margin: str = ""  # how detected budgets were derived, for explain()
     # The order the strategy placed components in: pinned ones first, demoted ones (streamed on purpose) last.
     placement_order: list[str] = []
-    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not).
+    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not), and
+    # why each accelerator it leaves empty holds nothing.
     map_reasons: list[str] = []
+    left_empty: dict[PlanDevice, str] = {}
     inputs: Optional[PlanInputs] = None  # None in version-1 files
     # Host -> accelerator bytes/s the seconds of `transfer_seconds_per_call` assume, and where it came from.
     link_bandwidth: float = DEFAULT_LINK_BANDWIDTH
@@ -351,6 +353,13 @@ class Plan(_Frozen):
     @property
     def accelerators(self) -> list[int]:
         return [d.device for d in self.devices if is_accelerator(d.device)]
+
+    @property
+    def simulated_accelerators(self) -> list[int]:
+        """The accelerators planned for that the planning machine did not have (the plan shows what they would
+        hold): `max_memory={0: "24GiB", 1: "24GiB"}` on a laptop."""
+        present = None if self.inputs is None else self.inputs.accelerators_present
+        return [] if present is None else [d for d in self.accelerators if d >= present]
 
     def device(self, device: Device) -> DevicePlan:
         device = normalize_device(device)

@@ -18,6 +18,7 @@ from ..folder.pipeline_saving import save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
 from ..hf.hf_spellings import chosen_dtype, download_options, pickle_opt_in
 from ..hf.loading_keywords import take_foreign_keywords
+from ..hf.quiet import quiet
 from ..loading.pipeline_loader import load_pipeline, plan_folder
 from ..loading.request import Scope, resolve_request
 from .memory import PipelineMemoryMixin
@@ -43,8 +44,10 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
 
     def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
                         variant: str | None = None) -> None:
-        """Write model_index.json and one subfolder per component, atomically (see `saving`)."""
-        save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
+        components' own writers draw no bars: `hf.quiet`)."""
+        with quiet():
+            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
 
     @classmethod
     def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,

@@ -31,6 +31,7 @@ from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
+from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .build_limits import BuildLimit
 from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
@@ -102,9 +103,10 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
     `generic`), each module placed on the plan's devices; from one save (see `snapshot`): reloaded if the
-    folder was saved over while it loaded."""
-    return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
-                         discard=lambda pipe: _discard(pipe, passed))
+    folder was saved over while it loaded. Quietly (`hf.quiet`): only our own bar and messages are printed."""
+    with quiet(preload=hf_libraries(request.folder)):
+        return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
+                             discard=lambda pipe: _discard(pipe, passed))
 
 
 def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool):
@@ -135,7 +137,8 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
 
 def plan_folder(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
+    with quiet(preload=hf_libraries(request.folder)):
+        return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
 
 
 def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool) -> Plan:
