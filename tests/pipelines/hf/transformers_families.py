@@ -10,9 +10,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from owner_folders import QWEN_TEXT, QWEN_VISION  # noqa: E402
+from owner_folders import QWEN_TEXT as QWEN_TEXT_BASE  # noqa: E402
+from owner_folders import QWEN_VISION  # noqa: E402
 
-LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+LLAMA_BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=300, max_position_embeddings=64, head_dim=8)
 CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16,
                    patch_size=4, projection_dim=32)
@@ -20,8 +21,10 @@ IDS = torch.tensor([[5, 17, 42, 99, 3, 7]])
 PIXELS = torch.linspace(-1, 1, 3 * 16 * 16).reshape(1, 3, 16, 16)
 
 
-def _family(name):
+def _family(name, layers):
     t = transformers
+    LLAMA = {**LLAMA_BASE, "num_hidden_layers": layers}
+    QWEN_TEXT = {**QWEN_TEXT_BASE, "num_hidden_layers": layers}
     families = {
         "qwen2_5_vl": lambda: t.Qwen2_5_VLForConditionalGeneration(
             t.Qwen2_5_VLConfig(text_config=QWEN_TEXT, vision_config=QWEN_VISION)),
@@ -38,12 +41,12 @@ def _family(name):
                                                num_attention_heads=4, image_size=16, patch_size=4),
             mm_tokens_per_image=4, image_token_index=299)),
         "llama": lambda: t.LlamaForCausalLM(t.LlamaConfig(**LLAMA)),
-        "t5": lambda: t.T5EncoderModel(t.T5Config(vocab_size=300, d_model=32, d_ff=64, d_kv=8, num_layers=2,
+        "t5": lambda: t.T5EncoderModel(t.T5Config(vocab_size=300, d_model=32, d_ff=64, d_kv=8, num_layers=layers,
                                                   num_heads=4, relative_attention_num_buckets=8)),
-        "umt5": lambda: t.UMT5EncoderModel(t.UMT5Config(vocab_size=300, d_model=32, d_ff=64, d_kv=8, num_layers=2,
+        "umt5": lambda: t.UMT5EncoderModel(t.UMT5Config(vocab_size=300, d_model=32, d_ff=64, d_kv=8, num_layers=layers,
                                                         num_heads=4, relative_attention_num_buckets=8)),
         "clip_text": lambda: t.CLIPTextModelWithProjection(t.CLIPTextConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=300,
+            hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=300,
             max_position_embeddings=16, projection_dim=32)),
         "clip_vision": lambda: t.CLIPVisionModelWithProjection(t.CLIPVisionConfig(**CLIP_VISION)),
         "siglip_vision": lambda: t.SiglipVisionModel(t.SiglipVisionConfig(
@@ -60,9 +63,10 @@ FAMILIES = ["qwen2_5_vl", "llava", "mistral3", "gemma2", "gemma3", "llama", "t5"
             "siglip_vision", "siglip_text"]
 
 
-def build(name: str, seed: int = 0):
+def build(name: str, seed: int = 0, layers: int = 2):
+    """`layers` sets the text stack's depth (T5, CLIP text and the Llama-like ones); 2 keeps most tests fast."""
     torch.manual_seed(seed)
-    return _family(name)().eval()
+    return _family(name, layers)().eval()
 
 
 def model_input(name: str) -> dict:
