@@ -18,17 +18,19 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch._subclasses.fake_tensor as fake_tensor_module
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
-from .isolation import accelerate_hooks_bypassed, torch_silenced
+from .isolation import accelerate_hooks_bypassed, module_state_kept, torch_silenced
 from .meta_outputs import to_meta
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
@@ -41,6 +43,10 @@ from ..sizing import kept_fp32_module_names
 # scaled_dot_product_attention never runs. What fake tensors cannot run at all (constants made on meta,
 # MoE routing by values) gets a documented shape-only stand-in (`stand_ins`).
 _FAKE_DEVICE = torch.device("meta")
+# With `keep_values`, the device the fake tensors claim: that of the constants they carry (see estimate_call).
+_VALUES_DEVICE = torch.device("cpu")
+# The most elements a constant made by an op on constants may have: fake mode's own limit is 1 (scalars).
+_VALUES_NUMEL_LIMIT = 1 << 20
 
 # Methods named in the error when the requested one does not exist.
 _COMMON_CALLS = ("forward", "encode", "decode")
@@ -85,6 +91,7 @@ def estimate_call(
     *,
     method: str = "forward",
     dtype: torch.dtype | None = None,
+    keep_values: bool = False,
 ) -> CallEstimate:
     """`module.<method>(*args, **kwargs)` run on fake tensors under `torch.inference_mode()`: the peak bytes it
     adds on top of the weights, and its return value with every tensor a `meta` tensor of the same shape, dtype
@@ -99,12 +106,16 @@ def estimate_call(
     dtype the module will run in: floating weights and inputs are cast to it, except in the module's
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
 
+    `keep_values`: real integer and boolean inputs (token ids, attention masks, image sizes) keep their values,
+    for models that size tensors by them (Lumina 2 reads each caption's length from its mask: `mask.sum(1)
+    .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
+    real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):
-        return _run(module, method, args, kwargs, dtype)
+        return _run(module, method, args, kwargs, dtype, keep_values)
 
 
 def estimate_activations(
@@ -120,11 +131,12 @@ def estimate_activations(
     return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
 
 
-def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None) -> CallEstimate:
+def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
+         keep_values: bool = False) -> CallEstimate:
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    copies = _FakeCopies(fake_mode, dtype)
+    copies = _FakeCopies(fake_mode, dtype, keep_values=keep_values)
     weights = copies.module_tensors(module)
     fake_args, fake_kwargs = copies.inputs((args, kwargs))
 
@@ -132,7 +144,8 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with torch_silenced(), shape_only_stand_ins(module):
+        with torch_silenced(), shape_only_stand_ins(module), _constants_propagated(keep_values), \
+                module_state_kept(module):
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
@@ -145,9 +158,11 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
 class _FakeCopies:
     """Fake stand-ins for real or meta tensors: same shape and dtype (or `dtype`), no storage allocated."""
 
-    def __init__(self, fake_mode: FakeTensorMode, dtype: torch.dtype | None):
+    def __init__(self, fake_mode: FakeTensorMode, dtype: torch.dtype | None, *, keep_values: bool = False):
         self._fake_mode = fake_mode
         self._dtype = dtype
+        self._keep_values = keep_values
+        self._device = _VALUES_DEVICE if keep_values else _FAKE_DEVICE
         self._memo: dict[int, torch.Tensor] = {}  # id(original) -> fake, so tied weights stay tied
 
     def tensor(self, original: torch.Tensor, *, cast: bool) -> torch.Tensor:
@@ -156,8 +171,11 @@ class _FakeCopies:
             meta = original.detach().to("meta")  # free: a meta tensor has no data to copy
             if cast and self._dtype is not None and meta.is_floating_point():
                 meta = meta.to(self._dtype)
-            converter = self._fake_mode.fake_tensor_converter
-            self._memo[key] = converter.from_meta_and_device(self._fake_mode, meta, _FAKE_DEVICE)
+            if self._keep_values and _has_values(original):
+                self._memo[key] = FakeTensor(self._fake_mode, meta, self._device, constant=original.detach().cpu())
+            else:
+                converter = self._fake_mode.fake_tensor_converter
+                self._memo[key] = converter.from_meta_and_device(self._fake_mode, meta, self._device)
         return self._memo[key]
 
     def module_tensors(self, module: nn.Module) -> dict[str, torch.Tensor]:
@@ -175,6 +193,26 @@ class _FakeCopies:
 
     def inputs(self, tree: Any) -> Any:
         return tree_map_only(torch.Tensor, lambda t: self.tensor(t, cast=True), tree)
+
+
+def _has_values(tensor: torch.Tensor) -> bool:
+    """A real (not meta, not fake) integer or boolean tensor small enough to carry as a constant."""
+    return not tensor.is_meta and not isinstance(tensor, FakeTensor) and not tensor.is_floating_point() \
+        and not tensor.is_complex() and tensor.numel() <= _VALUES_NUMEL_LIMIT
+
+
+@contextlib.contextmanager
+def _constants_propagated(on: bool) -> Iterator[None]:
+    """Within it, ops on constants give constants of up to `_VALUES_NUMEL_LIMIT` elements (not only scalars)."""
+    if not on:
+        yield
+        return
+    limit = fake_tensor_module.CONSTANT_NUMEL_LIMIT
+    fake_tensor_module.CONSTANT_NUMEL_LIMIT = _VALUES_NUMEL_LIMIT
+    try:
+        yield
+    finally:
+        fake_tensor_module.CONSTANT_NUMEL_LIMIT = limit
 
 
 def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
+from .capture import CallCaptureError, CapturedCall, capture_call
 from .family_table import FAMILIES
 from .spec import CALL_KEYS, CallSpec, CallSpecError, ExampleCall
 
@@ -68,5 +69,5 @@ def family_runs(class_name: str, call: Mapping[str, Any] | None) -> dict[str, in
     return family.runs(spec, pipeline=class_name)
 
 
-__all__ = ["CALL_KEYS", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",
+__all__ = ["CALL_KEYS", "CallCaptureError", "CapturedCall", "capture_call", "CallSpec", "CallSpecError", "ExampleCall", "FAMILIES", "UnknownPipelineCallError",
            "family_calls", "family_runs"]

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from placement import estimate_activations
+from placement import estimate_call
 from ...errors import LoadError
 
 CALL_KEYS = ("height", "width", "num_frames", "batch_size", "num_images_per_prompt", "guidance_scale",
@@ -36,10 +36,12 @@ class ExampleCall:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     method: str = "forward"
+    keep_values: bool = False  # its integer inputs' values size tensors (`placement.estimate_call`)
 
     def estimate(self, module: nn.Module, *, dtype: torch.dtype | None = None) -> int:
-        """Peak activation bytes of this call on `module` (see `placement.estimate_activations`)."""
-        return estimate_activations(module, self.args, dict(self.kwargs), method=self.method, dtype=dtype)
+        """Peak activation bytes of this call on `module` (see `placement.estimate_call`)."""
+        return estimate_call(module, self.args, dict(self.kwargs), method=self.method, dtype=dtype,
+                             keep_values=self.keep_values).peak_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
