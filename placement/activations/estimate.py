@@ -144,7 +144,7 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with torch_silenced(), shape_only_stand_ins(module), _constants_propagated(keep_values), \
+        with torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), _constants_propagated(keep_values), \
                 module_state_kept(module):
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 from placement import estimate_call
 from placement.activations import ActivationEstimateError
 from placement.activations.meta_outputs import map_tensors
+from placement.activations.stand_ins import sized_by_values
 from placement.unit_order import record_module_order
 
 from .arguments import call_arguments
@@ -114,7 +115,8 @@ class _Recorder:
         meta_args, meta_kwargs = map_tensors(lambda t: t.to("meta") if t.is_floating_point() else t, (args, kwargs))
         key = (name, method, _signature(meta_args, meta_kwargs))
         if key not in self.outputs:
-            example = ExampleCall(args=meta_args, kwargs=meta_kwargs, method=method)
+            example = ExampleCall(args=meta_args, kwargs=meta_kwargs, method=method,
+                                  keep_values=sized_by_values(module))  # its output's shape: its own code's
             with record_module_order(module) as order:
                 example, estimate = self._estimate(name, module, example)
             self.examples.setdefault(name, {})[key] = example
@@ -132,7 +134,7 @@ class _Recorder:
             try:
                 return example, self._run(module, example, self.dtype_of(name))
             except ActivationEstimateError as error:
-                if not _reads_values(error) or not _has_integer_inputs(example):
+                if example.keep_values or not _reads_values(error) or not _has_integer_inputs(example):
                     raise
                 example = replace(example, keep_values=True)
                 return example, self._run(module, example, self.dtype_of(name))
