@@ -19,7 +19,7 @@ from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from ..folder.components import PipelineComponentError, PipelineComponents
-from ..hf.calls import CallSpecError, capture_call
+from ..hf.calls import CallSpecError, UnknownPipelineCallError, capture_call
 from ..hf.calls.arguments import recorded_call
 from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import capturable, is_capturable
@@ -193,7 +193,7 @@ def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, A
         return DescribedCall(calls={}, runs=runs)
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        raise CallSpecError(
+        raise UnknownPipelineCallError(
             f"call= is not known for {pipeline_class_name(pipe)}: give its class an `activation_inputs(self, "
             "**call)` method returning {component: ExampleCall(args=..., kwargs=..., method=...)} with meta tensors "
             "of the shapes its __call__ passes, or plan without call= (weights only)."

@@ -2,7 +2,8 @@
 
 `call=` takes any keyword the pipeline's `__call__` accepts (`height`, `num_inference_steps`, `negative_prompt`,
 `true_cfg_scale`, `strength`, an `image` ...), plus three of this library's: `batch_size` (the number of prompts),
-and `vae_tiling` / `vae_slicing` (handled before this, `memory_techniques.VaeOptions`). An unknown keyword is
+and `vae_tiling` / `vae_slicing` (handled before this, `memory_techniques.VaeOptions`); `num_images_per_prompt`
+is a video pipeline's `num_videos_per_prompt` too. An unknown keyword is
 named with the closest one the signature has. Inputs the call needs but `call=` may leave out (an img2img
 pipeline's `image`, an inpaint's `mask_image`) are made blank at the call's size (`overrides.STAND_IN_INPUTS`);
 they may also be given as sizes: `image=(height, width)`, `video=(frames, height, width)`, or as the real objects.
@@ -20,6 +21,8 @@ from .overrides import STAND_IN_INPUTS, VIDEO_INPUTS
 from .spec import CallSpecError
 
 OUR_KEYS = ("batch_size",)
+# One spelling for every pipeline: a video pipeline's `num_videos_per_prompt` taken as `num_images_per_prompt` too.
+ALIASES = {"num_images_per_prompt": "num_videos_per_prompt"}
 # The prompt planned for when call= gives none: long enough that every tokenizer truncates it at the pipeline's
 # maximum sequence length, so pipelines that drop padding tokens (Qwen-Image, Z-Image) plan for their longest
 # text, as those that pad to the maximum do.
@@ -37,6 +40,8 @@ def call_arguments(pipeline_class: type, call: Mapping[str, Any]) -> dict[str, A
     """The keyword arguments of the `__call__` that `call` describes (module doc)."""
     parameters = call_parameters(pipeline_class)
     name = pipeline_class.__name__
+    call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
+            for key, value in call.items()}
     _check_keys(name, call, parameters)
     arguments = {key: value for key, value in call.items() if key in parameters}
     batch = call.get("batch_size", 1)
