@@ -138,3 +138,48 @@ def _word_level(specials: list[str]):
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[-1]))
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     return backend
+
+
+def meta_pipeline(key: str, *, depth: int | None = None, root: Path | None = None):
+    """The diffusers pipeline of family `key` as planning builds it: every module on meta from its config (weights
+    tied after leaving `init_empty_weights`, which breaks ties made inside it), the other parts read from
+    `write_folder`'s folder (written under `root`, a temporary folder by default)."""
+    import tempfile
+
+    import diffusers
+    import transformers
+    from accelerate import init_empty_weights
+
+    folder = write_folder(Path(root or tempfile.mkdtemp()) / key, key, depth=depth)
+    pipeline_class, specs = module_specs(key, depth=depth)
+    modules = {}
+    for name, (library, class_name, config) in specs.items():
+        cls = getattr(diffusers if library == "diffusers" else transformers, class_name)
+        with init_empty_weights():
+            module = cls.from_config(config) if library == "diffusers" else cls._from_config(cls.config_class(**config))
+        if hasattr(module, "tie_weights"):
+            module.tie_weights()
+        modules[name] = module.eval()
+    cls = getattr(diffusers, pipeline_class)
+    expected, _ = cls._get_signature_keys(cls)
+    index = json.loads((folder / "model_index.json").read_text())
+    parts = {name: _load_part(folder / name, *index[name]) for name in expected
+             if name not in modules and name in index}
+    return cls(**{name: modules.get(name, parts.get(name)) for name in expected})
+
+
+def _load_part(folder: Path, library: str, class_name: str):
+    import diffusers
+    import transformers
+
+    owner = diffusers if library == "diffusers" else transformers
+    return getattr(owner, class_name).from_pretrained(folder)
+
+
+def captured(pipe, call: dict, *, dtype=None):
+    """What `call` runs of each component of `pipe`, learned from its own `__call__` (call capture): the example
+    calls, runs per call and activation peaks (at `dtype`) of `pipelines.loading.planning.describe_call`."""
+    from pipelines.loading.planning import describe_call, modules_and_edges
+
+    modules, _ = modules_and_edges(pipe)
+    return describe_call(pipe, modules, call, dtypes=dtype)

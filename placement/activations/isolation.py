@@ -94,8 +94,8 @@ def module_state_kept(module: nn.Module) -> Iterator[None]:
         for key, value in state.items():
             if owner_is_module and key in ("_parameters", "_buffers", "_modules"):
                 continue  # torch's own registries: the estimate reparametrizes and restores them itself
-            if type(value) in (list, dict):
-                containers.append((value, value.copy()))
+            if isinstance(value, (list, dict)):  # dict subclasses too: torch's hook registries are OrderedDicts
+                containers.append((value, list(value) if isinstance(value, list) else dict(value)))
             elif owner_is_module and _plain_object(value):
                 remember(vars(value), owner_is_module=False)
 
@@ -111,8 +111,18 @@ def module_state_kept(module: nn.Module) -> Iterator[None]:
                 if state.get(key, _MISSING) is not value:
                     state[key] = value
         for container, saved in containers:
-            if isinstance(container, list):
-                container[:] = saved
-            else:
-                container.clear()
-                container.update(saved)
+            _put_back(container, saved)
+
+
+def _put_back(container: list | dict, saved: list | dict) -> None:
+    """`container` as `saved` holds it, through its own methods and only where it changed (a frozen config dict
+    refuses writes; an ordered one keeps its order when only additions are removed)."""
+    if isinstance(container, list):
+        if len(container) != len(saved) or any(a is not b for a, b in zip(container, saved)):
+            container[:] = saved
+        return
+    for key in [key for key in container if key not in saved]:
+        del container[key]
+    for key, value in saved.items():
+        if container.get(key, _MISSING) is not value:
+            container[key] = value

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import tempfile
 from pathlib import Path
 
 import torch
@@ -49,30 +48,9 @@ def build_modules(key: str, *, device: str = "meta") -> tuple[str, dict[str, tor
 
 @functools.cache
 def meta_pipeline(key: str):
-    """The diffusers pipeline of family `key` as planning builds it: modules on meta, the folder's other parts."""
-    import diffusers
-
-    pipeline_class, modules = build_modules(key)
-    folder = write_configs_folder(Path(tempfile.mkdtemp()) / key, key)
-    cls = getattr(diffusers, pipeline_class)
-    expected, _ = cls._get_signature_keys(cls)
-    parts = {}
-    for name in expected:
-        if name not in modules and (folder / name).is_dir():
-            parts[name] = _load_part(folder / name)
-    return cls(**{name: parts.get(name, modules.get(name)) for name in expected})
-
-
-def _load_part(folder: Path):
-    import json
-
-    import diffusers
-    import transformers
-
-    index = json.loads((folder.parent / "model_index.json").read_text())
-    library, class_name = index[folder.name]
-    owner = diffusers if library == "diffusers" else transformers
-    return getattr(owner, class_name).from_pretrained(folder)
+    """The diffusers pipeline of family `key` at depth 1 as planning builds it: modules on meta, the folder's
+    other parts (tokenizers, scheduler)."""
+    return real_folders.meta_pipeline(key, depth=1)
 
 
 def _as_measurable(module: torch.nn.Module) -> torch.nn.Module:

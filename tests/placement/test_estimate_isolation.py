@@ -82,3 +82,23 @@ def test_integer_inputs_keep_their_values_when_asked():
     estimate = estimate_call(model, (hidden, mask), keep_values=True)
     assert estimate.output.shape == (2, 7, 4) and estimate.output.is_meta  # longest caption: 7 tokens
     assert estimate.peak_bytes > 0
+
+
+def test_hooks_a_model_installs_on_its_first_call_are_taken_off_with_their_flag():
+    """transformers 5 installs output-capturing forward hooks on a model's layers at its first call asking for
+    hidden states, and marks the model; the estimate ran that first call, and kept the hooks (a dict subclass:
+    torch's hook registries are OrderedDicts) but not the mark, so the real first call installed them again and
+    every hidden state was captured twice: SDXL's `hidden_states[-2]` read the wrong layer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CLIPTextConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                         num_hidden_layers=2, vocab_size=50, max_position_embeddings=8)
+    torch.manual_seed(0)
+    model, twin = transformers.CLIPTextModel(config).eval(), transformers.CLIPTextModel(config).eval()
+    twin.load_state_dict(model.state_dict())
+    ids = torch.tensor([[1, 5, 7, 2, 0, 0, 0, 0]])
+    estimate_call(model, (ids.to("meta"),), {"output_hidden_states": True})
+    assert not [name for name, sub in model.named_modules() if sub._forward_hooks]
+    with torch.no_grad():
+        ours, theirs = model(ids, output_hidden_states=True), twin(ids, output_hidden_states=True)
+    assert len(ours.hidden_states) == len(theirs.hidden_states) == 3
+    torch.testing.assert_close(ours.hidden_states[-2], theirs.hidden_states[-2], rtol=0, atol=0)  # same weights

@@ -115,4 +115,12 @@ CASES = [
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     _video_case("WanVACEPipeline", tiny_videos.wan_vace, 16, 9,
                 extra={"video": lambda: [image(16)] * 9, "mask": lambda: [mask(16)] * 9}),
+    # classes the family table never described, and calls it could not say: two experts, true CFG
+    _image_case("ChromaPipeline", tiny_dits.chroma, 16),
+    _image_case("CogView4Pipeline", tiny_dits.cogview4, 32, sequence=False, extra={"negative_prompt": "bad quality"}),
+    _image_case("SanaSprintPipeline", tiny_dits.sana_sprint, 32,
+                extra={"complex_human_instruction": None, "use_resolution_binning": False}),
+    _video_case("WanPipeline (Wan 2.2, two experts)", tiny_videos.wan22, 16, 9),
+    _image_case("QwenImagePipeline (true CFG)", tiny_dits.qwen_image, 32,
+                extra={"negative_prompt": "bad quality", "true_cfg_scale": 4.0}),
 ]
