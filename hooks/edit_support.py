@@ -29,6 +29,13 @@ def open_groups(root: nn.Module, groups: Iterable[ModuleGroup], stand_ins: Stand
                 stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
 
 
+def store_home(group: ModuleGroup, entry) -> Device:
+    """Where one of a group's tensors lives between uses, as its store keeps it ("disk": read from files, the
+    checkpoint's own or the offload folder; else "cpu"). By the store, not by the tensor: a group loaded for its
+    phase holds device tensors, and their home is still the disk."""
+    return group.store.home_of(entry.key)
+
+
 def named_tensors(module: nn.Module):
     """Every parameter and buffer with its qualified name, tied ones under each of their names."""
     yield from module.named_parameters(remove_duplicate=False)

@@ -32,7 +32,7 @@ from placement.devices import Device
 
 from .dispatch import ServeWeightsHook
 from .dispatch_edit import DeviceMapEdit
-from .edit_support import named_tensors, open_groups
+from .edit_support import named_tensors, open_groups, store_home
 from .errors import PlacementRuntimeError
 from .group_offload.offload import GroupOffloadSession, group_offloading_session
 from .hook_utils import add_hook_last, find_hooks, hooks_of
@@ -127,7 +127,7 @@ class GroupOffloadEdit:
 
     def homes(self) -> dict[str, Device]:
         names = {id(tensor): name for name, tensor in named_tensors(self.module)}
-        return {names.get(id(entry.get()), entry.key): "disk" if entry.get().is_meta else "cpu"
+        return {names.get(id(entry.get()), entry.key): store_home(group, entry)
                 for group in self.session.groups for entry in group.entries}
 
 

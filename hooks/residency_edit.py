@@ -16,7 +16,7 @@ from placement.device_maps import owning_key
 from placement.devices import Device, normalize_device
 from placement.streaming import block_groups
 
-from .edit_support import named_tensors, open_groups, settle
+from .edit_support import named_tensors, open_groups, store_home, settle
 from .group_offload.grouping import GroupSpec
 from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.regroup import regroup
@@ -103,8 +103,7 @@ class ResidencyEdit:
         found = {name: home for name, home in _resident_homes(self.module).items()}
         for group in self.groups:
             for entry in group.entries:
-                name = names.get(id(entry.get()), entry.key)
-                found[name] = "disk" if entry.get().is_meta else "cpu"
+                found[names.get(id(entry.get()), entry.key)] = store_home(group, entry)
         return found
 
 

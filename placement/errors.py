@@ -46,7 +46,10 @@ class ComponentError(PlanError, ValueError):
 
 
 class OffloadFolderRequiredError(PlanError, ValueError):
-    """A component can only be placed on disk, and no `offload_folder` was given."""
+    """A component can only be placed on disk, and no `offload_folder` was given. `problem`: the message's facts
+    without its fixes (so that a caller that knows likelier ones, as the CLI does, can put them first)."""
+
+    problem: str = ""
 
 
 class DoesNotFitError(PlanError, ValueError):

@@ -29,7 +29,7 @@ EMPTY = "."
 
 
 def explain_plan(plan: Plan) -> str:
-    lines = [*verdict_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
+    lines = [*verdict_lines(plan), *simulated_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
     lines += transfer_lines(plan)
@@ -39,9 +39,9 @@ def explain_plan(plan: Plan) -> str:
         lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
     else:
         lines.append("Edges crossing devices: none")
-    if plan.map_reasons:
+    if plan.map_reasons or plan.left_empty:
         lines += ["", "Why this map:"]
-        lines += [f"  {reason}" for reason in plan.map_reasons]
+        lines += [f"  {reason}" for reason in [*plan.map_reasons, *plan.left_empty.values()]]
     if plan.fallbacks:
         lines += ["", *fallback_lines(plan)]
     if plan.warnings:
@@ -122,6 +122,19 @@ def verdict_lines(plan: Plan) -> list[str]:
     """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
     verdict = plan.verdict
     return [verdict.headline, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def simulated_lines(plan: Plan) -> list[str]:
+    """A plan for accelerators the planning machine did not have says so, at the top: what it shows is where
+    the pipeline would go there, not what this machine can run."""
+    simulated = plan.simulated_accelerators
+    if not simulated:
+        return []
+    present = plan.inputs.accelerators_present
+    has = f"it has {present}" if present else "it has none"
+    names = " and ".join(device_label(d) for d in simulated)
+    return [f"Simulated: planned for {names}, which the machine that planned it does not have ({has}); this is where "
+            "the pipeline would go on such a machine."]
 
 
 def fallback_lines(plan: Plan) -> list[str]:

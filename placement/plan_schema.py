@@ -251,8 +251,10 @@ class Plan(_Frozen):
     budget_margin: str = ""  # how detected budgets were derived, for explain()
     # The order the strategy placed components in: pinned ones first, demoted ones (streamed on purpose) last.
     placement_order: list[str] = []
-    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not).
+    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not), and
+    # why each accelerator it leaves empty holds nothing.
     map_reasons: list[str] = []
+    left_empty: dict[PlanDevice, str] = {}
     inputs: Optional[PlanInputs] = None  # None in version-1 files
     # Host -> accelerator bytes/s the seconds of `transfer_seconds_per_call` assume, and where it came from.
     link_bandwidth: float = DEFAULT_LINK_BANDWIDTH
@@ -352,6 +354,13 @@ class Plan(_Frozen):
     def accelerators(self) -> list[int]:
         return [d.device for d in self.devices if is_accelerator(d.device)]
 
+    @property
+    def simulated_accelerators(self) -> list[int]:
+        """The accelerators planned for that the planning machine did not have (the plan shows what they would
+        hold): `max_memory={0: "24GiB", 1: "24GiB"}` on a laptop."""
+        present = None if self.inputs is None else self.inputs.accelerators_present
+        return [] if present is None else [d for d in self.accelerators if d >= present]
+
     def device(self, device: Device) -> DevicePlan:
         device = normalize_device(device)
         for entry in self.devices:
@@ -369,6 +378,8 @@ class Plan(_Frozen):
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise PlanSchemaError(f"Not a plan JSON file: {error}.") from error
+        except RecursionError:
+            raise PlanSchemaError("Not a plan JSON file: it nests deeper than a JSON reader can follow.") from None
         if not isinstance(data, dict):
             raise PlanSchemaError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
         if not isinstance(data.get("schema_version", 1), int) or data.get("schema_version", 1) > SCHEMA_VERSION:

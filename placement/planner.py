@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Sequence
 from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
-from .devices import Device, is_accelerator
+from .devices import Device, accelerators_present, is_accelerator
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
@@ -138,7 +138,9 @@ def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs:
         budget_margin=MARGIN_DESCRIPTION if budgets.detected else "",
         placement_order=list(by_name),
         map_reasons=list(state.map_reasons),
-        inputs=inputs,
+        left_empty={device: why for device, why in state.left_empty.items()
+                    if not any(device in c.placed_bytes or device == c.execution_device for c in components.values())},
+        inputs=inputs.model_copy(update={"accelerators_present": accelerators_present()}),  # more: simulated
     )
 
 

@@ -45,7 +45,8 @@ class ComponentSize:
     total: int  # bytes at the requested dtype, as loaded
     module_sizes: dict[str, int]  # accelerate-style, corrected; keys are module and tensor paths
     split_units: tuple[SplitUnit, ...]  # in the order a split fills devices: execution order (see split_units)
-    no_split_classes: tuple[str, ...]  # the module's `_no_split_modules`
+    no_split_classes: tuple[str, ...]  # the blocks a split never cuts (`protected_classes`)
+    declares_no_split: bool = True  # whether they are the module's own `_no_split_modules`
 
     @property
     def largest_unit(self) -> int:
@@ -64,12 +65,14 @@ def size_module(module: nn.Module, dtype: torch.dtype | None = None) -> Componen
             sizes[".".join(parts[:idx])] += delta
     module_sizes = {key: int(round(value)) for key, value in sizes.items()}
     module_sizes.setdefault("", 0)
-    no_split = no_split_classes(module)
+    declared = no_split_classes(module)
+    no_split = declared or block_classes(module)
     return ComponentSize(
         total=module_sizes[""],
         module_sizes=module_sizes,
         split_units=split_units(module, module_sizes, no_split),
         no_split_classes=no_split,
+        declares_no_split=bool(declared),
     )
 
 
@@ -79,6 +82,25 @@ def no_split_classes(module: nn.Module) -> tuple[str, ...]:
     if isinstance(names, str):
         names = (names,)
     return tuple(dict.fromkeys(str(name) for name in names))
+
+
+def block_classes(module: nn.Module) -> tuple[str, ...]:
+    """The classes of the blocks in `module`'s block lists (the children of a ModuleList or Sequential, found
+    without looking inside a block): what a split keeps whole when the module declares no `_no_split_modules`.
+    A block's forward mixes its own tensors with its submodules' outputs (FLUX's `gate_mlp * ff(x)`), so a cut
+    inside one would meet two devices in one op; between blocks, only the blocks' inputs cross, and the input
+    hooks move them."""
+    found: list[str] = []
+
+    def descend(parent: nn.Module) -> None:
+        for child in parent.children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)):
+                found.extend(type(block).__name__ for block in child.children() if next(block.children(), None))
+            else:
+                descend(child)
+
+    descend(module)
+    return tuple(dict.fromkeys(found))
 
 
 def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.dtype]:

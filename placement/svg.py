@@ -1,8 +1,10 @@
 """`Plan.to_svg()`: the plan as a picture, in plain SVG (no plotting dependency; opens in any browser).
 
-Top: the verdict. Then one bar per device, the full width being its budget: each component's weights on it
+Top: the verdict, and whether the plan is simulated (for accelerators the planning machine lacks). Then one bar
+per device, the full width being its budget: each component's weights on it
 (one colour per component), the activations, the streaming working set, the runtime overhead and what is
-left, each labelled with its size (in the bar when it is wide enough, always in the line under it). Then what
+left, each labelled with its size (in the bar when it is wide enough, always in the line under it); under an
+accelerator the map leaves empty, why (`Plan.left_empty`). Then what
 crosses from host memory to the accelerators per call: a bar per component that moves anything (its bytes per
 call: loaded once, plus runs x streamed), and the total with its time at the plan's link bandwidth. Bottom:
 the components in execution order, coloured as in the bars, with the edges that cross devices drawn as arrows.
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
 from .devices import device_label
+from .explain import simulated_lines
 from .sizes import format_bytes
 
 if TYPE_CHECKING:  # plan_schema.py calls plan_svg from Plan.to_svg(); the type is for readers only
@@ -30,6 +33,7 @@ PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 KIND_COLOURS = {"activations": "#F4A6A6", "streaming working set": "#F9D08B", "runtime overhead": "#B8B8B8"}
 LEFT_COLOUR = "#FFFFFF"
 OVER_COLOUR = "#D00000"
+SIMULATED_COLOUR = "#8A4B00"
 
 
 def plan_svg(plan: Plan) -> str:
@@ -46,6 +50,9 @@ def plan_svg(plan: Plan) -> str:
     for warning in plan.verdict.warnings:
         parts.append(_text(MARGIN, y + 12, "! " + warning, size=11, fill="#A00000", clip=WIDTH - 2 * MARGIN))
         y += 16
+    for line in _wrapped(" ".join(simulated_lines(plan)), size=12, width=WIDTH - 2 * MARGIN):
+        parts.append(_text(MARGIN, y + 13, line, size=12, weight="bold", fill=SIMULATED_COLOUR))
+        y += 17
     y += 10
     title = f"Memory per device (strategy {plan.strategy!r}); each bar is the device's budget"
     parts.append(_text(MARGIN, y + 12, title, size=13, weight="bold"))
@@ -55,6 +62,9 @@ def plan_svg(plan: Plan) -> str:
     for device in plan.devices:
         parts += _device_row(device, plan, colours, y)
         y += ROW_HEIGHT
+        for line in _wrapped(plan.left_empty.get(device.device, ""), size=11, width=WIDTH - LABEL_WIDTH - 2 * MARGIN):
+            parts.append(_text(LABEL_WIDTH + MARGIN, y - ROW_HEIGHT + BAR_HEIGHT + 30, line, size=11, fill="#444"))
+            y += 15
     transfer_parts, y = _transfer_rows(plan, colours, y)
     parts += transfer_parts
     parts += _component_row(plan, colours, y)
@@ -188,6 +198,17 @@ def _component_row(plan: Plan, colours, y: int) -> list[str]:
                      f'stroke="#333" stroke-width="1.5" marker-end="url(#arrow)">'
                      f'<title>{escape(producer)} -&gt; {escape(consumer)}</title></path>')
     return parts
+
+
+def _wrapped(content: str, *, size: int, width: float) -> list[str]:
+    """`content` in lines that fit `width` (none for empty content)."""
+    lines: list[str] = []
+    for word in content.split():
+        if lines and _text_width(f"{lines[-1]} {word}", size) <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines
 
 
 def _text_width(content: str, size: int) -> float:

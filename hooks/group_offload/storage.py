@@ -37,6 +37,10 @@ class HostStore:
         self.pin_memory = pin_memory
         self._tensors: dict[str, torch.Tensor] = {}
 
+    def home_of(self, key: str) -> str:
+        """Where the tensor `key` lives between uses: host RAM."""
+        return "cpu"
+
     def take(self, entries: Sequence[ModelTensor]) -> None:
         """Move each tensor to the store; the module then holds the stored copy (no second copy in RAM)."""
         for entry in entries:
@@ -80,6 +84,10 @@ class DiskStore:
         # Placeholders keep the stored shape and dtype even if the module held another form when released
         # (e.g. a layerwise-casting upcast copy): between calls the module shows what the file holds.
         self._placeholders: dict[str, torch.Tensor] = {}
+
+    def home_of(self, key: str) -> str:
+        """Where the tensor `key` lives between uses: this store's file."""
+        return "disk"
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
         # Own contiguous CPU copies: safetensors refuses tensors that share storage (views, tied slices). Taken
@@ -149,6 +157,11 @@ class CheckpointStore:
         self._host = HostStore(offload_device=torch.device("cpu"), pin_memory=pin_memory)
         self._on_disk: dict[str, torch.Tensor] = {}  # key -> its meta placeholder
         self.pin_memory = pin_memory
+
+    def home_of(self, key: str) -> str:
+        """Where the tensor `key` lives between uses: the checkpoint's files, or host RAM for the rest (buffers,
+        host-homed weights, tensors added later such as an adapter's)."""
+        return "disk" if key in self._on_disk else "cpu"
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
         on_disk = [entry for entry in entries if entry.get().is_meta]

@@ -8,8 +8,9 @@ ever touches a new file, never a file shared with the folder a concurrent load m
 
 Refused: a target that is a regular file, and a target that is the working folder or contains it (swapping it
 would pull the folder out from under the running process). Any failure leaves the target exactly as it was and
-no hidden staging or backup folder behind; a write error (`OSError`: full disk, permissions; safetensors'
-`SafetensorError`, which wraps the same) becomes `CheckpointSaveError`. A staging folder names the process that
+no hidden staging or backup folder behind; a write error from any writer (`OSError`: full disk, a file too large,
+an I/O error, permissions; safetensors' `SafetensorError` and the tokenizers library's bare `Exception`, which wrap
+the same) becomes `CheckpointSaveError`. A staging folder names the process that
 made it (`.<target>.saving-<pid>-<random>`): one left by a killed save (kill -9 runs no cleanup) is removed by the
 next save of that target once no process of that pid is alive.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -59,11 +61,13 @@ def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Pa
             carry_over(target, staging, rewrites)
         _swap_into_place(staging, target)
     except CheckpointSaveError as error:
-        if isinstance(error.__cause__, WRITE_ERRORS):  # a nested save (a component's) inside our staging folder
-            raise _save_error(target, error.__cause__) from error.__cause__
+        if is_write_error(error.__cause__):  # a nested save (a component's) inside our staging folder
+            raise _save_error(target, error.__cause__, staging) from error.__cause__
         raise
-    except WRITE_ERRORS as error:
-        raise _save_error(target, error) from error
+    except Exception as error:  # noqa: BLE001 - only write errors are translated; the rest propagate as they are
+        if not is_write_error(error):
+            raise
+        raise _save_error(target, error, staging) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone on success (renamed) or holding the old folder
 
@@ -151,13 +155,26 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 WRITE_ERRORS = (OSError, SafetensorError)
+# How Rust's std::io::Error shows an OS error: the tokenizers library (a fast tokenizer's tokenizer.json) raises a
+# bare `Exception("File too large (os error 27)")`, safetensors "... I/O error: No space left on device (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error \d+\)|Os \{ code: \d+")
 
 
-def _save_error(target: Path, error: OSError | SafetensorError) -> CheckpointSaveError:
+def is_write_error(error: BaseException | None) -> bool:
+    """An error of writing a file, whoever wrote it: Python's `OSError`, safetensors' `SafetensorError`, or any
+    other writer's error carrying an OS error code the way Rust writers show it (tokenizers)."""
+    if isinstance(error, WRITE_ERRORS):
+        return True
+    return isinstance(error, Exception) and bool(_RUST_OS_ERROR.search(str(error)))
+
+
+def _save_error(target: Path, error: Exception, staging: Path | None = None) -> CheckpointSaveError:
     if isinstance(error, OSError):
         cause = f"{error.strerror or error} ({type(error).__name__}{f', errno {error.errno}' if error.errno else ''})"
-    else:  # safetensors' writer wraps the OS error in its own words ("IoError(Os { code: 28, ... })")
-        cause = f"{error} (safetensors)"
+        if error.filename and staging is not None and str(error.filename).startswith(str(staging)):
+            cause += f" writing {str(error.filename)[len(str(staging)) + 1:]!r}"  # the path it would have had
+    else:  # a Rust writer (safetensors, tokenizers) wraps the OS error in its own words ("... (os error 28)")
+        cause = f"{error} ({type(error).__module__.partition('.')[0]})"
     return CheckpointSaveError(
         f"Saving to {str(target)!r} failed: {cause}. The folder there is unchanged. Free disk space or fix the "
         "permissions, then save again."

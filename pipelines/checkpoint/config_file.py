@@ -20,6 +20,10 @@ from .naming import CONFIG_NAME
 
 CLASS_NAME_KEY = "_class_name"
 Config = TypeVar("Config", bound=BaseModel)
+# The deepest nesting a folder's JSON may have: real configs nest 3 to 10 levels (a torchao quantization_config
+# the most); a file nested thousands deep would exhaust the interpreter's stack (a raw RecursionError) in the
+# JSON reader or in whatever walks the result.
+MAX_JSON_DEPTH = 64
 
 
 def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file_name: str = CONFIG_NAME) -> Path:
@@ -51,7 +55,7 @@ def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[s
             "save_pretrained(folder) first."
         )
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
+        content = parse_json(path.read_text(encoding="utf-8"), path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(f"{str(path)!r} is not valid JSON ({error}).") from error
     except OSError as error:
@@ -59,6 +63,36 @@ def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[s
     if not isinstance(content, dict):
         raise CorruptCheckpointError(f"{str(path)!r} must hold a JSON object, got {type(content).__name__}.")
     return content
+
+
+def parse_json(text: str, path: Path) -> Any:
+    """`json.loads(text)`, refusing a document nested deeper than `MAX_JSON_DEPTH` with a
+    `CorruptCheckpointError` naming `path` (invalid JSON raises `json.JSONDecodeError` as usual)."""
+    try:
+        content = json.loads(text)
+        too_deep = json_depth(content) > MAX_JSON_DEPTH
+    except RecursionError:  # the reader itself ran out of stack (about 1000 levels)
+        too_deep = True
+    if too_deep:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} nests its JSON more than {MAX_JSON_DEPTH} levels deep, the limit (real configs nest "
+            "under 10). The file is damaged or not a config: restore it from the original save or download."
+        )
+    return content
+
+
+def json_depth(content: Any) -> int:
+    """How deep `content` (parsed JSON) nests objects and arrays; a scalar is 0. Walked without recursion."""
+    deepest, stack = 0, [(content, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:  # past the limit the answer is known: stop descending
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def read_config(

@@ -8,6 +8,7 @@ tensor its shard lacks) is reported before a single weight is moved.
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -23,6 +24,7 @@ from .checkpoint_errors import (
     WeightsNotFoundError,
     list_names,
 )
+from .config_file import parse_json
 from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, pickle_files_in, variants_in
 
 # safetensors dtype codes -> torch dtypes (the codes `safe_open(...).get_slice(k).get_dtype()` returns).
@@ -118,11 +120,12 @@ def find_weights(
     if not folder.is_dir():
         raise WeightsNotFoundError(f"Checkpoint folder {str(folder)!r} does not exist or is not a folder.")
     index_path = folder / naming.index_file
+    single = folder / naming.single_file
+    _refuse_special_files([index_path, single])
     if index_path.is_file():
         weight_map = _read_index(index_path)
         tensors = _tensors_from_index(folder, index_path, weight_map)
         return WeightsIndex(folder=folder, naming=naming, index_file=index_path, tensors=tensors)
-    single = folder / naming.single_file
     if single.is_file():
         tensors = {entry.name: entry for entry in read_header(single)}
         return WeightsIndex(folder=folder, naming=naming, index_file=None, tensors=tensors)
@@ -153,7 +156,7 @@ def _entry(handle, name: str, path: Path) -> TensorEntry:
 
 def _read_index(index_path: Path) -> dict[str, str]:
     try:
-        content = json.loads(index_path.read_text(encoding="utf-8"))
+        content = parse_json(index_path.read_text(encoding="utf-8"), index_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(f"Index file {str(index_path)!r} is not valid JSON ({error}).") from error
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
@@ -177,8 +180,30 @@ def is_plain_file_name(name: str) -> bool:
         and not Path(name).is_absolute()
 
 
+def _refuse_special_files(paths: Iterable[Path]) -> None:
+    """A weights name that exists but is not a regular file (a FIFO, a device such as /dev/zero, a folder, a link
+    to one) would block, read without end or be taken for a missing file: named as what it is."""
+    for path in paths:
+        try:
+            mode = path.stat().st_mode
+        except OSError:  # absent (or a dangling link): the caller says what is missing
+            continue
+        if not stat.S_ISREG(mode):
+            raise CorruptCheckpointError(
+                f"{str(path)!r} is {_kind_of(mode)}, not a regular file: weights are read from regular safetensors "
+                "files only. Put the real file there (re-download or re-save the checkpoint)."
+            )
+
+
+def _kind_of(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
 def _tensors_from_index(folder: Path, index_path: Path, weight_map: dict[str, str]) -> dict[str, TensorEntry]:
     shard_names = list(dict.fromkeys(weight_map.values()))
+    _refuse_special_files([folder / name for name in shard_names])
     missing = [name for name in shard_names if not (folder / name).is_file()]
     if missing:
         raise WeightsNotFoundError(
@@ -218,8 +243,11 @@ def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundErr
         return WeightsNotFoundError(
             f"{str(folder)!r} holds only pickle weights ({list_names(pickles)}), which are never unpickled "
             "here: unpickling can run arbitrary code, reading safetensors cannot. Convert them once, with the library "
-            "that saved them and only if you trust the file: ModelClass.from_pretrained(folder).save_pretrained(folder) "
-            "writes safetensors (transformers' and diffusers' save_pretrained(safe_serialization=True), their default)."
+            "that saved them and only if you trust the file: "
+            "ModelClass.from_pretrained(folder).save_pretrained(folder) writes safetensors (transformers' and "
+            "diffusers' save_pretrained(safe_serialization=True), their default); or opt in explicitly: "
+            "Pipeline.from_pretrained(..., device_map=None, use_safetensors=False) lets the owner library read them "
+            "(torch.load(weights_only=True))."
         )
     return WeightsNotFoundError(
         f"No weights in {str(folder)!r}: expected {naming.single_file!r}, or {naming.index_file!r} with its shards."

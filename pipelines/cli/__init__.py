@@ -25,10 +25,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="placement",
         description="Place the models of a multi-model PyTorch pipeline across GPUs, the CPU and the disk.",
     )
+    parser.add_argument("--version", action="version", version=f"placement {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (demo, plan, inspect, run):
         module.register(subparsers)
+    for command in (parser, *subparsers.choices.values()):
+        # Read by main() wherever it is on the command line; declared so that every --help lists it.
+        command.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
+
+
+DEBUG_HELP = "on an error, print the traceback too (also PLACEMENT_DEBUG=1)"
+
+
+def _version() -> str:
+    """The installed distribution's version (read from its metadata: no torch import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pipeline-placement")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 EXIT_BAD_INPUT = 2

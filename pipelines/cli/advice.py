@@ -5,21 +5,27 @@
   better (the bf16 verdict) and the flag (`--dtype bf16`). Computed, never guessed.
 - a detected CPU budget: GPU budgets given without `cpu=` plan the host RAM of *this* machine; when the plan
   fails or uses the CPU's RAM, the message says that budget was detected here and how to give another.
+- no GPU here and no budgets given (`placement plan flux-like` on a laptop): the plan is for this machine's CPU;
+  the message says so, with the outcome worked out for example GPU budgets (in bfloat16 when the plan is in
+  float32): what a user planning for a server wanted.
 - the runtime overhead: with a call planned for, each GPU in use keeps 1 GiB (CUDA context, workspaces,
   fragmentation); GPUs whose budgets do not exceed it hold nothing, and the message says that is why.
 
 `Outcome` is one attempt (a plan, or the error that stopped it); `advise` returns the lines to print after
-the plan, `AdvisedError` carries them with the error.
+the plan, `AdvisedError` carries them with the error, the likeliest fix first: the dtype, then budgets, then
+the disk (the library's own fix for a pipeline that needs it, `--offload-folder`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN, DETECTED_CPU_NOTE
-from placement.devices import device_label, is_accelerator
+from placement.devices import accelerators_present, device_label, is_accelerator
 from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError, PlanError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
@@ -30,6 +36,10 @@ from ..loading.suggestions import BF16_SUGGESTION
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
 FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)  # the errors of a pipeline too big for the budgets
+EXAMPLE_GPUS = "2x24GiB,cpu=64GiB"  # the GPUs a plan on a machine without any is worked out for
+
+if TYPE_CHECKING:
+    from .targets import TargetPlanner
 
 
 class AdvisedError(PlanError, ValueError):
@@ -47,31 +57,46 @@ class Outcome:
         return len(_RANK) if self.plan is None else _RANK.index(self.plan.verdict.kind)
 
 
-def plan_with_advice(make_plan: Callable[..., Plan], *, dtype: Optional[str], max_memory: Optional[Mapping],
-                     budgets_example: str) -> tuple[Plan, list[str]]:
+def plan_with_advice(make_plan: TargetPlanner, *, dtype: Optional[str], max_memory: Optional[Mapping],
+                     budgets_example: str, suggest_gpus: bool = False) -> tuple[Plan, list[str]]:
     """`make_plan(torch_dtype=...)` at `dtype` (a name or None) and the advice for its outcome; a planning
-    error is raised again as an `AdvisedError` when there is advice to add."""
+    error is raised again as an `AdvisedError` when there is advice to add, the likeliest fix first (the dtype,
+    then budgets, then the disk). `suggest_gpus`: on a machine without GPUs and no budgets given, work out what
+    GPU budgets would give (`placement plan`; not for a run, which can only use what is here)."""
     outcome = _attempt(make_plan, dtype)
-    lines = advise(outcome, make_plan=make_plan, dtype=dtype, max_memory=max_memory, budgets_example=budgets_example)
+    lines = advise(outcome, make_plan=make_plan, dtype=dtype, max_memory=max_memory, budgets_example=budgets_example,
+                   suggest_gpus=suggest_gpus)
     if outcome.error is not None:
         if not lines:
             raise outcome.error
-        said = str(outcome.error).replace(f" {DETECTED_CPU_NOTE}", "")  # said again below, in flag names
-        raise AdvisedError(" ".join([said, *lines])) from outcome.error
+        raise AdvisedError(_fixes_in_order(outcome.error, lines)) from outcome.error
     return outcome.plan, lines
 
 
-def advise(outcome: Outcome, *, make_plan: Callable[..., Plan], dtype: Optional[str], max_memory: Optional[Mapping],
-           budgets_example: str) -> list[str]:
+def advise(outcome: Outcome, *, make_plan: TargetPlanner, dtype: Optional[str], max_memory: Optional[Mapping],
+           budgets_example: str, suggest_gpus: bool = False) -> list[str]:
     if outcome.error is not None and not isinstance(outcome.error, FIT_ERRORS):
         return []  # a bad input (a path, a key): its message is the whole story
     lines = []
     if outcome.rank > 0 and dtype not in _REDUCED and _in_float32(outcome) and not _said_bf16(outcome):
         lines += _bf16_line(outcome, _attempt(make_plan, "bfloat16"))
+    if outcome.rank > 0 and suggest_gpus and max_memory is None and not accelerators_present():
+        lines += _no_gpu_line(outcome, make_plan, dtype)
     if outcome.rank > 0:
         lines += _detected_cpu_line(outcome, max_memory, budgets_example)
         lines += _overhead_line(outcome)
     return lines
+
+
+def _fixes_in_order(error: PlacementError, lines: list[str]) -> str:
+    """The error's facts, then the worked-out fixes, then the error's own (the disk: the last resort)."""
+    said = str(error).replace(f" {DETECTED_CPU_NOTE}", "")  # said again in the lines, in flag names
+    problem = getattr(error, "problem", "")
+    if not problem or not said.startswith(problem):
+        return " ".join([said, *lines])
+    own = said[len(problem):].strip()
+    return f"{problem} Likeliest fixes first: " + " ".join(
+        f"({number}) {line}" for number, line in enumerate([*lines, own], start=1))
 
 
 def _attempt(make_plan: Callable[..., Plan], dtype: Optional[str]) -> Outcome:
@@ -101,6 +126,24 @@ def _bf16_line(outcome: Outcome, bf16: Outcome) -> list[str]:
         return []
     verdict = bf16.plan.verdict.headline.removeprefix("Verdict: ")
     return [f"This plan is in float32; in bfloat16 (--dtype bf16, half the bytes) it {verdict}"]
+
+
+def _no_gpu_line(outcome: Outcome, make_plan: TargetPlanner, dtype: Optional[str]) -> list[str]:
+    """No GPU here and no budgets given: the plan is for this machine's CPU. What GPUs would give, worked out
+    at example budgets (in bfloat16 when the plan is in float32)."""
+    from .args import budgets_arg
+    from .resolve import resolve_budgets_arg
+
+    reduced = dtype in _REDUCED or not _in_float32(outcome)
+    flags = f"{'' if reduced else '--dtype bf16 '}--max-memory {EXAMPLE_GPUS}"
+    budgets = resolve_budgets_arg(budgets_arg(EXAMPLE_GPUS), "--max-memory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the example's own plan: only its verdict is said
+        other = _attempt(dataclasses.replace(make_plan, max_memory=budgets, notes=[]), dtype if reduced else "bfloat16")
+    said = "This machine has no GPU, so this plan is for its CPU alone; to plan for the GPUs you will run on, give "
+    if other.plan is None or other.rank >= outcome.rank:
+        return [f"{said}their budgets, e.g. --max-memory {EXAMPLE_GPUS}."]
+    return [f"{said}their budgets: with {flags} it {other.plan.verdict.headline.removeprefix('Verdict: ')}"]
 
 
 def _detected_cpu_line(outcome: Outcome, max_memory: Optional[Mapping], budgets_example: str) -> list[str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
           "fp32": "float32", "float32": "float32"}
 BUDGET_EXAMPLE = "0=24GiB,1=24GiB,cpu=64GiB or 2x24GiB,cpu=64GiB"
 _REPEAT = re.compile(r"^(\d+)\s*x\s*(\S.*)$", re.IGNORECASE)
+_NEGATIVE = re.compile(r"-\s*\d+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,10 +46,62 @@ def budgets_arg(text: str) -> BudgetsArg:
             first = max(taken, default=-1) + 1
             items += [(str(first + i), repeat.group(2).strip()) for i in range(int(repeat.group(1)))]
         else:
-            raise argparse.ArgumentTypeError(f"{item!r} is not DEVICE=SIZE nor NxSIZE; write e.g. {BUDGET_EXAMPLE}.")
+            raise argparse.ArgumentTypeError(_not_a_budget(item))
+    negative = [device for device, _ in items if _NEGATIVE.fullmatch(device)]
+    if negative:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: device {negative[0]!r} is negative; GPUs are numbered from 0 (0=24GiB,1=24GiB), the host is "
+            "cpu=, the disk disk=.")
     if not items:
         raise argparse.ArgumentTypeError(f"no budget given; write e.g. {BUDGET_EXAMPLE}.")
     return BudgetsArg(text=text, items=tuple(items))
+
+
+def _not_a_budget(item: str) -> str:
+    """Why `item` is no budget item; a ':' typed for '=' (`0:24GiB`) gets its own words."""
+    device, colon, size = item.rpartition(":")
+    if colon and device.strip() and size.strip() and not size.strip().isdigit():
+        return f"{item!r} separates device and size with ':'; write {device.strip()}={size.strip()} (DEVICE=SIZE)."
+    return f"{item!r} is not DEVICE=SIZE nor NxSIZE; write e.g. {BUDGET_EXAMPLE}."
+
+
+def positive_int_arg(flag: str, example: str):
+    """An argument type: a whole number of 1 or more, refused in the flag's words (`--steps 0`)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; write e.g. {flag} {example}.") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{value} is not 1 or more; write e.g. {flag} {example}.")
+        return value
+    parse.__name__ = "positive whole number"  # argparse names the type in some messages
+    return parse
+
+
+def fraction_arg(text: str) -> float:
+    """--strength: a share of the steps, above 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; write e.g. --strength 0.6.") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0 and at most 1 (the share of the steps that run); "
+                                         "write e.g. --strength 0.6.")
+    return value
+
+
+def finite_float_arg(flag: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; write e.g. {flag} 3.5.")
+        return value
+    parse.__name__ = "number"
+    return parse
 
 
 def dtype_arg(text: str) -> str:
@@ -123,29 +178,33 @@ def output_arg(text: str) -> Path | str:
 
 
 def add_call_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--height", type=int, default=None, help="plan for a call at this image height")
-    parser.add_argument("--width", type=int, default=None, help="plan for a call at this image width")
-    parser.add_argument("--batch-size", type=int, default=None, help="prompts per call (with --height/--width)")
-    parser.add_argument("--num-images-per-prompt", type=int, default=None,
-                        help="images per prompt (with --height/--width; default 1)")
-    parser.add_argument("--guidance-scale", type=float, default=None,
+    whole = positive_int_arg
+    parser.add_argument("--height", type=whole("--height", "1024"), default=None,
+                        help="plan for a call at this image height (default: the pipeline's own)")
+    parser.add_argument("--width", type=whole("--width", "1024"), default=None,
+                        help="plan for a call at this image width (default: the pipeline's own)")
+    parser.add_argument("--batch-size", type=whole("--batch-size", "2"), default=None, help="prompts per call")
+    parser.add_argument("--num-images-per-prompt", type=whole("--num-images-per-prompt", "2"), default=None,
+                        help="images per prompt (default 1)")
+    parser.add_argument("--guidance-scale", type=finite_float_arg("--guidance-scale"), default=None,
                         help="above 1, classifier-free guidance doubles the denoiser's batch where the pipeline "
                              "batches negatives (default: the pipeline's own)")
-    parser.add_argument("--num-frames", type=int, default=None, help="video pipelines: frames per video")
-    parser.add_argument("--max-sequence-length", type=int, default=None,
+    parser.add_argument("--num-frames", type=whole("--num-frames", "49"), default=None,
+                        help="video pipelines: frames per video")
+    parser.add_argument("--max-sequence-length", type=whole("--max-sequence-length", "512"), default=None,
                         help="text tokens per prompt (diffusers pipelines; default: the pipeline's own)")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=whole("--steps", "28"), default=None,
                         help="denoising steps per call (num_inference_steps): how often the denoiser runs, which "
                              "weighs what streaming it costs (default: the pipeline's own)")
-    parser.add_argument("--strength", type=float, default=None,
+    parser.add_argument("--strength", type=fraction_arg, default=None,
                         help="pipelines that start from an image (img2img, inpaint): the share of the steps that "
                              "run, rounded as the pipeline rounds it (default: the pipeline's own)")
 
 
-def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> dict | None:
+def call_spec(args: argparse.Namespace) -> dict | None:
     """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
-    --num-frames/--max-sequence-length/--steps/--strength (None when none is given). --steps is
-    `num_inference_steps`."""
+    --num-frames/--max-sequence-length/--steps/--strength as given (None when none is given); --steps is
+    `num_inference_steps`. A size left out is the pipeline's own (`with_default_size`, once the target is known)."""
     given = {"height": args.height, "width": args.width, "batch_size": getattr(args, "batch_size", None),
              "num_images_per_prompt": getattr(args, "num_images_per_prompt", None),
              "guidance_scale": args.guidance_scale, "num_frames": getattr(args, "num_frames", None),
@@ -153,12 +212,29 @@ def call_spec(args: argparse.Namespace, parser: argparse.ArgumentParser | None =
              "num_inference_steps": getattr(args, "steps", None), "strength": getattr(args, "strength", None)}
     if all(value is None for value in given.values()):
         return None
-    if args.height is None or args.width is None:
-        message = "give both --height and --width to plan for a call."
-        if parser is not None:
-            parser.error(message)
-        raise SystemExit(f"placement {args.command}: error: {message}")
     return {key: value for key, value in given.items() if value is not None}
+
+
+def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | None:
+    """Why `flag`'s `path` cannot be written as a file (`folder` False) or used as a folder (made if absent), or
+    None: checked before any work, so that a typo does not cost a plan first."""
+    if path is None or path == "-":
+        return None
+    path = Path(path)
+    if path.exists():
+        if folder and not path.is_dir():
+            return f"{flag} {str(path)!r} is a file, not a folder; name a folder (it is made if it does not exist)."
+        if not folder and path.is_dir():
+            return f"{flag} {str(path)!r} is a folder; name a file in it, e.g. {str(path / 'plan.json')!r}."
+        if not os.access(path, os.W_OK):
+            return f"{flag} {str(path)!r}: cannot write there (permission denied)."
+        return None
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        return f"{flag} {str(path)!r}: cannot access it, {str(parent)!r} is a file, not a folder."
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {str(path)!r}: cannot create it in {str(parent)!r} (permission denied)."
+    return None
 
 
 def write_text(path: Path | str, text: str) -> None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from .targets import TargetPlanner
 
 KEYS = ("height", "width", "num_inference_steps", "guidance_scale")
 DENOISERS = ("transformer", "unet")
@@ -22,16 +25,19 @@ def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
     """{height, width, num_inference_steps, guidance_scale} the pipeline in `folder` uses when not told; a key
     whose value cannot be found is left out."""
     runtime = _runtime_class(folder, pipeline_class)
-    defaults = {}
-    if runtime is not None:
-        parameters = inspect.signature(runtime.__call__).parameters
-        defaults = {key: parameters[key].default for key in KEYS if key in parameters
-                    and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
+    defaults = {} if runtime is None else class_defaults(runtime)
     if "height" not in defaults or "width" not in defaults:
         side = _default_sample_pixels(folder)
         if side is not None:
             defaults = {"height": side, "width": side, **defaults}
     return {key: defaults[key] for key in KEYS if key in defaults}
+
+
+def class_defaults(runtime: type) -> dict[str, Any]:
+    """The numbers among KEYS that `runtime.__call__` gives as its defaults."""
+    parameters = inspect.signature(runtime.__call__).parameters
+    return {key: parameters[key].default for key in KEYS if key in parameters
+            and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
 
 
 def check_callable(folder: Path, pipeline_class: type) -> None:
@@ -88,3 +94,37 @@ def _config(component: Path) -> dict:
         return read_config_dict(component)
     except PlacementError:  # absent or unreadable: this default stays unknown (the load reports the rest)
         return {}
+
+
+def complete_call(planner: "TargetPlanner") -> list[str]:
+    """`planner.call`'s height and width where it lacks them: the pipeline's own default size (as a run of it
+    would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
+    from .resolve import CliArgumentError
+
+    call = planner.call
+    missing = [key for key in ("height", "width") if call is not None and key not in call]
+    if not missing:
+        return []
+    defaults = target_defaults(planner)
+    if any(key not in defaults for key in missing):
+        given = ", ".join("--" + _FLAGS.get(key, key).replace("_", "-") for key in call)
+        raise CliArgumentError(f"{given} plan(s) for a call, and {planner.target!r} has no default image size to "
+                               "make it at: give --height and --width too.")
+    planner.call = {**{key: call.get(key, defaults.get(key)) for key in ("height", "width")}, **call}
+    return missing
+
+
+def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:
+    """{height, width, num_inference_steps, guidance_scale} the target's pipeline uses when not told."""
+    from ..hf.quiet import hf_libraries, quiet
+    from ..text_to_image.pipeline import TextToImagePipeline
+    from .targets import is_preset, pipeline_class_of
+
+    if is_preset(planner.target):
+        return class_defaults(TextToImagePipeline)
+    folder = planner.folder()
+    with quiet(preload=hf_libraries(folder)):
+        return default_call(folder, pipeline_class_of(folder))
+
+
+_FLAGS = {"num_inference_steps": "steps"}  # call keys whose flag has another name

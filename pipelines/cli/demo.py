@@ -16,7 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .args import budgets_arg, image_output_arg
+from .args import budgets_arg, image_output_arg, positive_int_arg
 
 PROMPT = "a lighthouse on a cliff at sunset"
 
@@ -29,8 +29,9 @@ def register(subparsers) -> None:
     parser.add_argument("--simulate", type=budgets_arg, default=budgets_arg("2x24GiB"), metavar="BUDGETS",
                         help="budgets to show a plan for, as --max-memory takes them: 2x24GiB (default) or "
                              "0=24GiB,1=12GiB")
-    parser.add_argument("--size", type=int, default=128, help="image height and width in pixels (default 128)")
-    parser.add_argument("--steps", type=int, default=8, help="denoising steps (default 8)")
+    parser.add_argument("--size", type=positive_int_arg("--size", "128"), default=128,
+                        help="image height and width in pixels (default 128)")
+    parser.add_argument("--steps", type=positive_int_arg("--steps", "8"), default=8, help="denoising steps (default 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=image_output_arg, default=Path("demo.png"),
                         help="where to write the image: .png (default demo.png), .jpg, .webp, ... (plan.svg goes "

@@ -4,6 +4,10 @@
   every `--a_b` is read as `--a-b` when the parser knows that flag. The aliases are not listed in `--help`.
 - An unknown flag or subcommand is an error that names the closest known one: "unrecognized argument
   --max-memroy (did you mean --max-memory?)", "unknown command 'pln' (did you mean 'plan'?)".
+- An error is one line and a pointer to `--help` (argparse prints its usage block first; here only `--help`
+  prints the usage).
+- A flag's value that starts with "-" is its value, not a flag: `--max-memory -1=24GiB` reaches the budget
+  parser (which says a device id is never negative) instead of "expected one argument".
 
 Imports nothing beyond the standard library: `placement --help` and argument errors answer at once.
 """
@@ -21,11 +25,11 @@ _INVALID_CHOICE = re.compile(
 
 
 class ForgivingArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser (and, through `add_subparsers`, every subcommand's) with the two habits above."""
+    """An ArgumentParser (and, through `add_subparsers`, every subcommand's) with the habits above."""
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(self._hyphenated(args), namespace)
+        return super().parse_known_args(self._values_attached(self._hyphenated(args)), namespace)
 
     def parse_args(self, args: Sequence[str] | None = None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
@@ -40,7 +44,27 @@ class ForgivingArgumentParser(argparse.ArgumentParser):
             what = "command" if choice["argument"] == "COMMAND" else f"value for {choice['argument']}"
             message = f"unknown {what} {choice['given']!r}{suggestion(choice['given'], known)}; " \
                       f"the choices are {', '.join(known)}"
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _values_attached(self, args: list[str]) -> list[str]:
+        """`--flag -value` as `--flag=-value` where `--flag` takes one value and `-value` is no flag of this
+        parser (argparse reads only plain negative numbers as values)."""
+        takes_one = {option for action in self._actions if action.nargs is None for option in action.option_strings}
+        known = set(self._option_strings())
+        fixed: list[str] = []
+        position = 0
+        while position < len(args):
+            arg, following = args[position], args[position + 1] if position + 1 < len(args) else ""
+            if arg == "--":
+                return fixed + args[position:]
+            if arg in takes_one and following.startswith("-") and not following.startswith("--") \
+                    and following != "-" and following.partition("=")[0] not in known:
+                fixed.append(f"{arg}={following}")
+                position += 2
+                continue
+            fixed.append(arg)
+            position += 1
+        return fixed
 
     def _hyphenated(self, args: list[str]) -> list[str]:
         """`--a_b[=value]` as `--a-b[=value]` where this parser knows `--a-b` (or a flag it abbreviates);

@@ -24,6 +24,7 @@ from .args import (
     dtype_arg,
     layerwise_casting_arg,
     output_arg,
+    path_problem,
     strategy_arg,
     write_text,
 )
@@ -53,24 +54,28 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .advice import plan_with_advice
+    from .call_defaults import complete_call
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
     from .targets import TargetPlanner
 
     if args.json == "-" and args.svg == "-":
         args.parser.error("--json - and --svg - would both write to stdout; send one of them to a file.")
-    call = call_spec(args, args.parser)
     report = sys.stderr if "-" in (args.json, args.svg) else sys.stdout  # stdout carries the JSON or SVG alone
     example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
+    check_outputs(args)
     with warnings_once() as printed_anyway:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
-                                offload_folder=args.offload_folder, call=call,
+                                offload_folder=args.offload_folder, call=call_spec(args),
                                 layerwise_casting=args.layerwise_casting)
-        plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example)
+        defaulted = complete_call(planner)
+        plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
+                                        suggest_gpus=True)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
-    if call is not None:  # what the activation peaks below are for
-        print("Planned for the call: " + ", ".join(f"{key}={value}" for key, value in call.items()) + "\n",
-              file=report)
+    if planner.call is not None:  # what the activation peaks below are for
+        said = ", ".join(f"{key}={value}" for key, value in planner.call.items())
+        default = f" ({' and '.join(defaulted)}: the pipeline's default)" if defaulted else ""
+        print(f"Planned for the call: {said}{default}\n", file=report)
     print(in_flag_names(plan.explain()), file=report)
     for line in [*planner.notes, *advice]:
         print(f"\nhint: {in_flag_names(line)}", file=report)
@@ -82,6 +87,16 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.svg, plan.to_svg())
         print(f"Plan picture written to {_named(args.svg)} (open it in a browser)", file=report)
     return 0
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """--json, --svg and --offload-folder can be written: said before the plan, not after it."""
+    from .resolve import CliArgumentError
+
+    problems = [path_problem(args.json, flag="--json", folder=False), path_problem(args.svg, flag="--svg", folder=False),
+                path_problem(args.offload_folder, flag="--offload-folder", folder=True)]
+    for problem in filter(None, problems):
+        raise CliArgumentError(problem)
 
 
 def _named(path) -> str:

@@ -56,6 +56,8 @@ _FLAG_SPELLINGS = [
     (re.compile(r"\bmax_memory\b"), "--max-memory"),
     (re.compile(r"\boffload_folder\b"), "--offload-folder"),
     (re.compile(r"\bactivations= \(or call=\)"), "--height and --width"),
+    (re.compile(r"\bstrength=([\d.]+):"), r"--strength \1:"),
+    (re.compile(r"\bleave strength out\b"), "leave --strength out"),
 ]
 
 

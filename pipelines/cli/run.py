@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from .args import budgets_arg, dtype_arg, strategy_arg
+from .args import budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, strategy_arg
 
 EXIT_BAD_INPUT = 2
 
@@ -35,10 +35,13 @@ def register(subparsers) -> None:
     parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-unet, tiny-dit, ...)")
     parser.add_argument("--prompts", type=Path, required=True, metavar="FILE", help="one prompt per line")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where images and run.json go")
-    parser.add_argument("--height", type=int, default=None, help="image height (default: the pipeline's own)")
-    parser.add_argument("--width", type=int, default=None, help="image width (default: the pipeline's own)")
-    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's own)")
-    parser.add_argument("--guidance-scale", type=float, default=None,
+    parser.add_argument("--height", type=positive_int_arg("--height", "1024"), default=None,
+                        help="image height (default: the pipeline's own)")
+    parser.add_argument("--width", type=positive_int_arg("--width", "1024"), default=None,
+                        help="image width (default: the pipeline's own)")
+    parser.add_argument("--steps", type=positive_int_arg("--steps", "28"), default=None,
+                        help="denoising steps (default: the pipeline's own)")
+    parser.add_argument("--guidance-scale", type=finite_float_arg("--guidance-scale"), default=None,
                         help="classifier-free guidance scale (default: the pipeline's own)")
     parser.add_argument("--negative-prompt", default=None, help="what the images should not show (every prompt)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i is generated with seed SEED + i (default 0)")
@@ -48,10 +51,12 @@ def register(subparsers) -> None:
                              "a JSON dict")
     parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
                         help="one node's budgets, e.g. 0=80GiB,1=80GiB,cpu=512GiB (default: detected)")
-    parser.add_argument("--group-size", type=int, default=None,
+    parser.add_argument("--group-size", type=positive_int_arg("--group-size", "2"), default=None,
                         help="GPUs per replica under torchrun (default: the size that gives the most replicas)")
     parser.add_argument("--overwrite", action="store_true", help="make every image again, even those in DIR")
-    parser.add_argument("--timeout", type=float, default=1800.0,
+    parser.add_argument("--wait", action="store_true",
+                        help="another run writing into DIR: wait for it to finish, then go on (default: refuse)")
+    parser.add_argument("--timeout", type=finite_float_arg("--timeout"), default=1800.0,
                         help="seconds a rank waits for the others before giving up (default 1800)")
     parser.set_defaults(run=run, parser=parser)
 
@@ -60,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from ..distributed import ReplicaLoadError
     from ..distributed.images import ImageRunError, read_prompts
     from ..distributed.launch import Launch
+    from ..distributed.run_lock import run_lock
     from ..hf.quiet import quiet
     from .call_defaults import check_callable, default_call
+    from .resolve import CliArgumentError, resolve_budgets_arg, warnings_once
     from .run_job import RunJob
     from .targets import hf_libraries, pipeline_class_of
 
@@ -69,18 +76,25 @@ def run(args: argparse.Namespace) -> int:
     if args.group_size is not None and not launch.distributed:
         args.parser.error("--group-size sets the GPUs of each replica under torchrun; a plain run places one "
                           "pipeline over every GPU (use --max-memory to choose them).")
+    problem = path_problem(args.out, flag="--out", folder=True)
+    if problem is not None:
+        raise CliArgumentError(problem)
     prompts = read_prompts(args.prompts)
+    with warnings_once():
+        max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
     start = time.perf_counter()
     given = {"height": args.height, "width": args.width, "num_inference_steps": args.steps,
              "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt}
     given = {key: value for key, value in given.items() if value is not None}
-    with _pipeline_folder(args.target) as (source, configs, label):
+    # Rank 0 writes OUT: it holds OUT's lock from before anything is read or planned until its last write.
+    locked = run_lock(args.out, wait=args.wait) if launch.rank == 0 else nullcontext()
+    with locked, _pipeline_folder(args.target) as (source, configs, label):
         with quiet(preload=hf_libraries(configs)):  # reading the class may import diffusers: quietly
             cls = pipeline_class_of(configs)
             check_callable(configs, cls)
             call = {**default_call(configs, cls), **given}  # what the images are made with: plan and run.json
         job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,
-                     cls=cls, given=given, call=call)
+                     cls=cls, given=given, call=call, max_memory=max_memory)
         try:
             result = job.run()
         except (ReplicaLoadError, ImageRunError):

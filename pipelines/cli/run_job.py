@@ -20,7 +20,7 @@ from ..distributed.job import ImagesInterrupted, RunResult, make_images
 from ..distributed.launch import Launch
 from ..hf.quiet import quiet
 from .args import torch_dtype
-from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
+from .resolve import in_flag_names, warnings_once
 from .targets import STEPS, TargetPlanner, hf_libraries
 
 EXIT_INTERRUPTED = 130
@@ -37,18 +37,21 @@ class RunJob:
     cls: type
     given: dict[str, Any]  # the call arguments the user gave: the pipeline's own defaults apply to the rest
     call: dict[str, Any]  # the call the images are made with (given + defaults found): for the plan and run.json
+    max_memory: Optional[dict]  # --max-memory resolved (`resolve.resolve_budgets_arg`)
 
     def run(self) -> Optional[RunResult]:
         """The result on rank 0 (None on the others); ImagesInterrupted after a requested stop."""
         first = self.launch.rank == 0
         folder = RunFolder(self.args.out, source=self.label, call=self.call, seed=self.args.seed,
                            overwrite=self.args.overwrite) if first else None
-        if folder is not None and not self.launch.distributed and not folder.todo(self.prompts):
-            print(f"All {len(self.prompts)} image(s) are already in {self.args.out} (pass --overwrite to make "
-                  "them again).")
-            return RunResult(made=0, skipped=len(self.prompts), failed=())
+        if folder is not None and not self.launch.distributed:  # under torchrun: checked through rank 0, loaded
+            if not folder.todo(self.prompts):
+                print(f"All {len(self.prompts)} image(s) are already in {self.args.out} (pass --overwrite to make "
+                      "them again).")
+                return RunResult(made=0, skipped=len(self.prompts), failed=())
+            folder.note_unrecorded(self.prompts)
+        max_memory = self.max_memory
         with warnings_once():
-            max_memory = resolve_budgets_arg(self.args.max_memory, "--max-memory")
             strategy = self._plan(max_memory) if not self.launch.distributed else self.args.strategy
             replica = self._load(strategy, max_memory)
         with replica:

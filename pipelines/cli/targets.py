@@ -11,15 +11,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from placement import Plan
-from placement.errors import PlacementError
-
 from ..errors import LoadError
 
-from ..hf.quiet import quiet
+from ..hf.quiet import hf_libraries, quiet  # noqa: F401 - hf_libraries: the commands import it from here
 from .resolve import CliArgumentError
 
 STEPS = "num_inference_steps"
-HF_LIBRARIES = ("diffusers", "transformers")
 
 
 class PlanTargetError(LoadError, ValueError):
@@ -39,6 +36,10 @@ def target_folder(target: str) -> Path:
     from ..text_to_image.presets import PRESETS
 
     path = Path(target).expanduser()
+    typo = preset_typo(target) if not path.exists() else None
+    if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
+        raise PlanTargetError(f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESETS)}; "
+                              "otherwise give a folder or a Hub id owner/name)")
     if path.exists() or looks_like_a_path(target):
         if not path.exists():
             raise PlanTargetError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
@@ -55,19 +56,23 @@ def target_folder(target: str) -> Path:
         ) from error
 
 
-def hf_libraries(folder: Path) -> tuple[str, ...]:
-    """The Hugging Face libraries the folder's components (or its pipeline class) come from: the ones a plan or
-    load of it imports, so that `quiet(preload=...)` silences their import and their bars."""
-    from ..folder.model_index import ModelIndex
+def preset_typo(target: str) -> str | None:
+    """The preset `target` is one edit from (a letter added, dropped or changed, '_' for '-', case), or None."""
+    from ..text_to_image.presets import PRESETS
 
-    try:
-        index = ModelIndex.read(folder)
-    except PlacementError:  # the plan reads it again and reports the problem in its own words
-        return ()
-    named = {spec.library for spec in index.components.values()}
-    if "_diffusers_version" in index.metadata:
-        named.add("diffusers")
-    return tuple(library for library in HF_LIBRARIES if library in named)
+    spelled = target.lower().replace("_", "-")
+    return next((name for name in PRESETS if name != target and _one_edit(spelled, name)), None)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 def pipeline_class_of(folder: Path) -> type:
@@ -98,6 +103,11 @@ class TargetPlanner:
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
 
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = target_folder(self.target)
+        return self._folder
+
     def __call__(self, *, torch_dtype) -> Plan:
         from ..loading.planning import plan_pipeline
         from ..text_to_image.pipeline import TextToImagePipeline
@@ -111,9 +121,8 @@ class TargetPlanner:
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")
                 return plan_pipeline(pipe, pinned={}, **options)
-        if self._folder is None:
-            self._folder = target_folder(self.target)
+        folder = self.folder()
         if self.layerwise_casting:
             options["layerwise_casting"] = dict(self.layerwise_casting)
-        with quiet(preload=hf_libraries(self._folder)):
-            return pipeline_class_of(self._folder).plan_placement(self._folder, **options)
+        with quiet(preload=hf_libraries(folder)):
+            return pipeline_class_of(folder).plan_placement(folder, **options)

@@ -3,8 +3,10 @@
 OUT/00000.png, OUT/00001.png, ... are named by prompt index; OUT/run.json records the run (`source`, the
 `call` every image was made with, the base `seed`) and per image its prompt, seed, the rank and GPUs that made
 it, the seconds it took and its file (or its error). Both are written as soon as an image is made, through a
-temporary file renamed into place, so an interrupted or crashed run leaves every finished image and a
-run.json that lists exactly those, never half a file.
+temporary file renamed into place (with the mode the umask gives new files), so an interrupted or crashed run
+leaves every finished image and a run.json that lists at most those, never half a file; an image on disk that
+run.json does not list (the run stopped between the two writes) is said and made again by the next run. A write
+that fails names its path. One run writes into OUT at a time (`run_lock`).
 
 A rerun skips the prompts whose image is done (same prompt, its file present); one made with another source,
 call or seed is refused (its images would not belong together) unless `overwrite` starts the folder afresh.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -79,6 +81,7 @@ class RunFolder:
         self.header = {"source": source, "call": dict(call), "seed": seed}
         self.overwrite = overwrite
         self._entries: Optional[dict[int, dict[str, Any]]] = None
+        self._noted = False  # note_unrecorded said its piece
 
     @property
     def entries(self) -> dict[int, dict[str, Any]]:
@@ -114,31 +117,64 @@ class RunFolder:
     def todo(self, prompts: list[str]) -> list[int]:
         return [index for index, prompt in enumerate(prompts) if not self.is_done(index, prompt)]
 
+    def unrecorded(self, prompts: list[str]) -> list[str]:
+        """Images of these prompts in OUT that run.json does not list: written by a run that stopped (killed, a
+        full disk) before recording them. They are made again, as their prompt and seed cannot be vouched for."""
+        if self.overwrite or not self.out.is_dir():
+            return []
+        names = {image_name(index): index for index in range(len(prompts))}
+        return sorted(entry.name for entry in self.out.iterdir()
+                      if entry.name in names and names[entry.name] not in self.entries)
+
+    def note_unrecorded(self, prompts: list[str]) -> None:
+        """Say which images are made again because run.json does not list them (see `unrecorded`)."""
+        names = [] if self._noted else self.unrecorded(prompts)
+        self._noted = True
+        if names:
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            print(f"{len(names)} image(s) in {self.out} are not in {RUN_FILE} ({shown}): a run stopped before "
+                  "recording them; they are made again.", flush=True)
+
     def write(self, record: ImageRecord, *, world_size: int) -> None:
         """The image (when it was made) and run.json with its entry, each atomically."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(self.out, error) from error
         if record.error is None:
-            _write_atomically(self.out / image_name(record.index), record.png)
+            write_atomically(self.out / image_name(record.index), record.png)
         self.entries[record.index] = record.entry()
         summary = {**self.header, "world_size": world_size,
                    "images": [self.entries[index] for index in sorted(self.entries)]}
-        _write_atomically(self.out / RUN_FILE, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
+        write_atomically(self.out / RUN_FILE, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
 
     @property
     def path(self) -> Path:
         return self.out / RUN_FILE
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file in the same folder and a rename: readers (and a run cut
-    short) see the old file or the new one, never a part."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    short) see the old file or the new one, never a part. Made with the mode the umask gives new files (as any
+    program's output), not mkstemp's 0600. A failure (a full disk, an I/O error) names `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(handle, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise write_error(path, error) from error
         raise
+
+
+def write_error(path: Path, error: OSError) -> ImageRunError:
+    """A write that failed, in words that name the path and say that what was written before is kept."""
+    return ImageRunError(
+        f"Cannot write {str(path)!r}: {error.strerror or error}. The images written before it are kept and listed "
+        f"in {RUN_FILE}; fix that (free some space, or choose another --out) and run the same command again to "
+        "make the rest.")

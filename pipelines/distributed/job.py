@@ -68,6 +68,7 @@ def _shared_todo(replica: Replica, folder: Optional[RunFolder], prompts: list[st
     if folder is not None:
         try:
             mine = ("todo", folder.todo(prompts))
+            folder.note_unrecorded(prompts)
         except ImageRunError as error:  # every rank must reach the all_gather below, whatever went wrong
             mine = ("error", str(error))
     kind, value = replica.all_gather(mine)[0]

@@ -44,7 +44,7 @@ def folder_version(folder: Path) -> FolderVersion | None:
     try:
         folder_stat, index_stat = os.stat(folder), os.stat(index)
         content = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable now: the read itself says why
         return None
     save_id = content.get(SAVE_ID_KEY) if isinstance(content, dict) else None
     return FolderVersion(save_id=save_id if isinstance(save_id, str) else None, folder_inode=folder_stat.st_ino,

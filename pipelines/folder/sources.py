@@ -20,6 +20,7 @@ from .model_index import ComponentSpec, ModelIndex, resolve_class
 # What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
 PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]
 LOAD_PATTERNS = PLAN_PATTERNS + ["*/*.safetensors"]
+PICKLE_PATTERNS = ["*/*.bin", "*/*.bin.index.json"]  # fetched only on the explicit opt-in (use_safetensors=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,9 +15,10 @@ from tqdm.auto import tqdm
 from ..folder.class_registry import library_class
 from ..folder.components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
 from ..folder.pipeline_saving import save_pipeline
-from ..folder.sources import LOAD_PATTERNS, PLAN_PATTERNS
-from ..hf.hf_spellings import chosen_dtype, download_options
+from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
+from ..hf.hf_spellings import chosen_dtype, download_options, pickle_opt_in
 from ..hf.loading_keywords import take_foreign_keywords
+from ..hf.quiet import quiet
 from ..loading.pipeline_loader import load_pipeline, plan_folder
 from ..loading.request import Scope, resolve_request
 from .memory import PipelineMemoryMixin
@@ -43,8 +44,10 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
 
     def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
                         variant: str | None = None) -> None:
-        """Write model_index.json and one subfolder per component, atomically (see `saving`)."""
-        save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
+        components' own writers draw no bars: `hf.quiet`)."""
+        with quiet():
+            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
 
     @classmethod
     def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
@@ -74,10 +77,13 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
         module is imported, unless this is True (then the named modules are imported: their code runs).
         diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
-        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. diffusers' other loading
-        keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each load here does what they
-        ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`); any other keyword that is
-        not a component is an error naming the closest argument ("did you mean max_memory?").
+        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Pickle weights (a
+        `pytorch_model.bin` only) are refused with or without a device map; `use_safetensors=False` with
+        `device_map=None` is the explicit opt-in that lets their owner library read them (`weights_only=True`).
+        diffusers' other loading keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each
+        load here does what they ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`);
+        any other keyword that is not a component is an error naming the closest argument ("did you mean
+        max_memory?").
 
         Formats of their own: `quantization_config` (a diffusers `PipelineQuantizationConfig`, or `{component:
         config}` with each library's own config) quantizes components as they load, through their owner's
@@ -90,14 +96,17 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         (planned first, on meta), the other components from `config`.
         """
         components = take_foreign_keywords(components, entry=f"{cls.__name__}.from_pretrained")
-        hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
-                               cache_dir=cache_dir, local_files_only=local_files_only)
-        request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS, hub=hub, scope=Scope.PIPELINE,
-                                  device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
-                                  max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
-                                  progress=progress, trust_remote_code=trust_remote_code,
-                                  quantization_config=quantization_config, layerwise_casting=layerwise_casting, pin=pin,
-                                  config=config)
+        allow_pickle = pickle_opt_in(use_safetensors, device_map)
+        hub = download_options(use_safetensors=None if allow_pickle else use_safetensors, revision=revision,
+                               token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS + (PICKLE_PATTERNS if allow_pickle else []),
+                                  hub=hub,
+                                  scope=Scope.PIPELINE, device_map=device_map,
+                                  torch_dtype=chosen_dtype(torch_dtype, dtype), max_memory=max_memory, variant=variant,
+                                  offload_folder=offload_folder, call=call, progress=progress,
+                                  trust_remote_code=trust_remote_code, quantization_config=quantization_config,
+                                  layerwise_casting=layerwise_casting, pin=pin, config=config,
+                                  allow_pickle=allow_pickle)
         return load_pipeline(cls, request, passed=components, generic=generic)
 
     @classmethod

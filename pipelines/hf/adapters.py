@@ -23,14 +23,18 @@ After `reset_device_map()` the wrappers find nothing placed and behave as the me
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import nn
 
 from hooks import PlacedWeightsError, edit_placed_weights, weight_homes
 from hooks.hook_utils import hooks_of
+
+from ..checkpoint import CheckpointShapeError
 
 # Methods that edit a module's adapters, on the pipeline (diffusers' LoRA mixins) and on a model (diffusers'
 # PeftAdapterMixin, transformers' PeftAdapterMixin). Reading ones are listed too: between calls an offloaded
@@ -41,6 +45,7 @@ MODEL_METHODS = ("load_lora_adapter", "unload_lora", "fuse_lora", "unfuse_lora",
                  "add_adapter", "set_adapter", "enable_adapters", "disable_adapters", "enable_lora", "disable_lora",
                  "load_adapter", "delete_adapter", "save_lora_adapter")
 FUSING = ("fuse_lora",)
+LOADING = ("load_lora_weights", "load_lora_adapter", "load_adapter")
 REFUSED = ("set_lora_device",)
 _MARK = "_placement_follows_adapters"
 
@@ -79,9 +84,84 @@ def _editing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[s
         with ExitStack() as stack:
             for label, module in modules.items():
                 stack.enter_context(edit_placed_weights(module, what=f"{name}() on {label}"))
-            return method(*args, **kwargs)
+            if name not in LOADING:
+                return method(*args, **kwargs)
+            return _load_checked(method, name, modules, args, kwargs)
 
     return edit
+
+
+def _load_checked(method, name: str, modules: Mapping[str, nn.Module], args, kwargs):
+    """A load of adapters that leaves the pipeline as it was when it fails: peft raises on a tensor of the wrong
+    shape after it has wrapped the layers (the pipeline's keys changed). What the load added is removed again,
+    and a wrong shape is a `CheckpointShapeError` naming the LoRA, the keys and both shapes. (A lora_A wider
+    than its FLUX layer is diffusers' Control-LoRA expansion of that layer, by design: not refused here.)"""
+    before = {label: _AdapterState.of(module) for label, module in modules.items()}
+    source = args[0] if args else next((kwargs[key] for key in kwargs if key.startswith("pretrained_model")), None)
+    what = f"{str(source)!r}" if isinstance(source, (str, os.PathLike)) else "the state dict given"
+    try:
+        result = method(*args, **kwargs)
+    except (RuntimeError, ValueError) as error:
+        for label, module in modules.items():
+            before[label].restore(module)
+        if isinstance(error, CheckpointShapeError):  # a component's own load said it; say which file it was
+            raise CheckpointShapeError(f"{name}({what}): {str(error).split(': ', 1)[-1]}") from None
+        mismatches = [line.strip().rstrip(".") for line in str(error).splitlines() if "size mismatch" in line]
+        if not mismatches:
+            raise
+        raise CheckpointShapeError(
+            f"{name}({what}): the adapter does not fit the layers it adapts: {'; '.join(mismatches[:3])}"
+            f"{f' (and {len(mismatches) - 3} more)' if len(mismatches) > 3 else ''}. The pipeline is unchanged; "
+            "this adapter was made for another model (or another size of it)."
+        ) from None
+    return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class _AdapterState:
+    """What a module's adapters were before a load: the names, whether peft had wrapped any layer, and the
+    attributes peft and diffusers set on the module."""
+
+    names: frozenset
+    wrapped: bool
+    attributes: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "_AdapterState":
+        return cls(names=frozenset(getattr(module, "peft_config", None) or {}), wrapped=bool(_tuner_layers(module)),
+                   attributes={key: _copied(vars(module)[key]) for key in _PEFT_ATTRIBUTES if key in vars(module)})
+
+    def restore(self, module: nn.Module) -> None:
+        """Remove what a load added: its layers' wrappers (when there were none before) or its adapters."""
+        added = set(getattr(module, "peft_config", None) or {}) - self.names
+        if not self.wrapped:
+            from diffusers.utils import recurse_remove_peft_layers
+
+            recurse_remove_peft_layers(module)
+        else:
+            for layer in _tuner_layers(module).values():
+                for adapter in added:
+                    layer.delete_adapter(adapter)
+        for key in _PEFT_ATTRIBUTES:  # peft edits its dict in place: the copy taken before is put back
+            if key in self.attributes:
+                setattr(module, key, _copied(self.attributes[key]))
+            elif key in vars(module):
+                delattr(module, key)
+
+
+def _copied(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
+
+
+_PEFT_ATTRIBUTES = ("peft_config", "_hf_peft_config_loaded")
+
+
+def _tuner_layers(module: nn.Module) -> dict[str, nn.Module]:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return {}
+    return {path: layer for path, layer in module.named_modules() if isinstance(layer, BaseTunerLayer)}
 
 
 def _refusing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[str, str]]):

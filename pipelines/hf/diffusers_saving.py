@@ -22,6 +22,7 @@ from torch import nn
 
 from ..checkpoint.atomic import atomic_folder, check_target
 from ..folder.pipeline_saving import rewritten_entries, saving_placed
+from .quiet import quiet
 
 
 def save_placed(pipe: Any, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
@@ -35,7 +36,7 @@ def save_placed(pipe: Any, save_directory: str | Path, *args: Any, **kwargs: Any
     if arguments.get("push_to_hub"):
         kwargs.setdefault("repo_id", target.name)  # diffusers would name it after the staging folder
     modules = {name: obj for name, obj in pipe.components.items() if isinstance(obj, nn.Module)}
-    with atomic_folder(target, rewrites=rewritten_entries(pipe.components, variant)) as staging:
+    with quiet(), atomic_folder(target, rewrites=rewritten_entries(pipe.components, variant)) as staging:
         with ExitStack() as gathered:
             for name, module in modules.items():
                 gathered.enter_context(saving_placed(name, module))

@@ -39,6 +39,23 @@ SAFETENSORS_ONLY = ("weights are only ever read from safetensors: pickle (.bin/.
                     "leave it out")
 
 
+def pickle_opt_in(use_safetensors: bool | None, device_map: Any) -> bool:
+    """Whether a pipeline load may let a component's owner library read its pickle weights: only when asked
+    explicitly, `use_safetensors=False`, and only without `device_map` (the owner's `from_pretrained` then reads
+    them with `torch.load(weights_only=True)`; this library itself never unpickles). A placed load streams
+    safetensors only, so the opt-in is refused there with the reason."""
+    if use_safetensors is not False:
+        return False
+    if device_map is not None:
+        raise LoadArgumentError(
+            f"from_pretrained(use_safetensors=False, device_map={device_map!r}): a placed load reads safetensors "
+            "only, streaming each tensor to its device; pickle weights can be read by their owner library in a load "
+            "without device_map (device_map=None), or converted once to safetensors "
+            "(ModelClass.from_pretrained(folder).save_pretrained(folder))."
+        )
+    return True
+
+
 def download_options(*, use_safetensors: bool | None, revision: str | None, token: str | bool | None,
                      cache_dir: str | os.PathLike | None, local_files_only: bool) -> HubOptions:
     if use_safetensors is False:

@@ -59,9 +59,13 @@ class ComponentQuantization:
         return self.method in (QuantizationMethod.BITSANDBYTES_4BIT, QuantizationMethod.BITSANDBYTES_8BIT)
 
 
+def _as_dict(config: Any) -> Mapping:
+    return config if isinstance(config, Mapping) else config.to_dict()
+
+
 def method_of(config: Any) -> QuantizationMethod:
     """The format a diffusers or transformers quantization config (object or dict) asks for."""
-    as_dict = config if isinstance(config, Mapping) else config.to_dict()
+    as_dict = _as_dict(config)
     method = str(getattr(as_dict.get("quant_method"), "value", as_dict.get("quant_method")))
     if method == "bitsandbytes":
         method = "bitsandbytes_8bit" if as_dict.get("load_in_8bit") else "bitsandbytes_4bit"
@@ -71,11 +75,17 @@ def method_of(config: Any) -> QuantizationMethod:
         return QuantizationMethod.OTHER
 
 
-def folder_quantization(folder: Path) -> dict | None:
-    """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none)."""
+def folder_quantization(folder: Path, *, name: str = "", family: Family | None = None) -> dict | None:
+    """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none); with
+    `family`, checked by that owner's config class first (`owner_config`: a string, an unknown method, a field
+    missing is refused, never ignored)."""
     if not (folder / "config.json").is_file():
         return None  # a folder without its config fails where it is built, with its own message
     found = read_config_dict(folder).get("quantization_config")
+    if found is None:
+        return None
+    if family is not None and family is not Family.OWN:
+        owner_config(found, name=name, family=family, source=f"{str(folder / 'config.json')!r} quantization_config")
     return dict(found) if isinstance(found, Mapping) else None
 
 
@@ -86,12 +96,18 @@ def requested_quantization(quantization_config: Any, name: str, family: Family) 
     if quantization_config is None:
         return None
     if _is_pipeline_config(quantization_config):
-        if family is Family.OWN:
-            return None
-        return quantization_config._resolve_quant_config(is_diffusers=family is Family.DIFFUSERS, module_name=name)
-    if isinstance(quantization_config, Mapping):
+        # one of our own models gets what diffusers would give it, so that quantizing it is refused, not ignored
+        return quantization_config._resolve_quant_config(is_diffusers=family is not Family.TRANSFORMERS,
+                                                         module_name=name)
+    if isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
         return quantization_config.get(name)
     return quantization_config
+
+
+def is_config_dict(value: Any) -> bool:
+    """A quantization config written as a dict (`{"quant_method": ...}`, bitsandbytes' `load_in_4bit`), not a
+    mapping {component: config}."""
+    return isinstance(value, Mapping) and bool({"quant_method", "load_in_4bit", "load_in_8bit"} & set(value))
 
 
 def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
@@ -101,7 +117,7 @@ def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
         return
     if _is_pipeline_config(quantization_config):
         named = list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
-    elif isinstance(quantization_config, Mapping):
+    elif isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
         named = list(quantization_config)
     else:
         raise QuantizationConfigError(
@@ -126,7 +142,7 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
     """The quantization of one component: the folder's (pre-quantized) merged with a requested one as the owner
     merges them, or the requested one alone; None for a dense component."""
     requested = requested_quantization(quantization_config, name, family)
-    saved = folder_quantization(folder) if folder is not None else None
+    saved = folder_quantization(folder, name=name, family=family) if folder is not None else None
     if saved is None and requested is None:
         return None
     if family is Family.OWN:
@@ -134,12 +150,83 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
             f"Component {name!r} is a pipelines.ModelMixin; quantization is applied by diffusers' and transformers' "
             "quantizers to their own models only. Quantize it in memory and pass it in, or leave it dense."
         )
+    if requested is not None:
+        requested = owner_config(requested, name=name, family=family, source="quantization_config=")
     if saved is not None:
         config = _auto_quantizer(family).merge_quantization_configs(saved, requested)
     else:
         config = requested
     _check_library(config, name, family)
     return ComponentQuantization(config=config, pre_quantized=saved is not None, method=method_of(config))
+
+
+# What an owner's config class raises for a config it cannot take (torchao's asserts its quant_type's shape).
+_REFUSED_BY_OWNER = (ValueError, KeyError, TypeError, AssertionError, AttributeError, ImportError)
+
+
+def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
+    """`value` as its owner's config object, checked by the owner's config class (diffusers' or transformers'
+    `from_dict`); a config object is returned as it is (its class checked it when it was made). Anything the
+    owner would not apply as asked is a one-line `QuantizationConfigError` naming the component, the field and
+    the accepted values: not a dict, an unknown `quant_method`, a method whose library is not installed, a field
+    missing (a torchao config without its `quant_type`), contradictory fields (bitsandbytes' load_in_4bit and
+    load_in_8bit)."""
+    if not isinstance(value, Mapping):
+        if callable(getattr(value, "to_dict", None)):
+            return value
+        raise QuantizationConfigError(
+            f"Component {name!r}: {source} is {value!r}, not a quantization config; give an object with "
+            f"'quant_method' one of {_methods(family)}, as {family.value} writes it (its config's to_dict())."
+        )
+    method = _method_named(value)
+    if method not in _methods(family):
+        raise QuantizationConfigError(
+            f"Component {name!r}: {source} has quant_method={method!r}, which {family.value} does not know; the "
+            f"accepted values are {_methods(family)}."
+        )
+    try:
+        config = _auto_config(family).from_dict(dict(value))
+    except _REFUSED_BY_OWNER as error:
+        raise QuantizationConfigError(_refusal(name, source, method, error, family)) from None
+    return config
+
+
+def _method_named(value: Mapping) -> str:
+    if value.get("load_in_4bit") or value.get("load_in_8bit"):  # as the owners read bitsandbytes' flags
+        return "bitsandbytes_4bit" if value.get("load_in_4bit") else "bitsandbytes_8bit"
+    return str(getattr(value.get("quant_method"), "value", value.get("quant_method")))
+
+
+def _refusal(name: str, source: str, method: str, error: Exception, family: Family) -> str:
+    start = f"Component {name!r}: {source} (quant_method={method!r})"
+    if isinstance(error, KeyError):
+        example = (" as TorchAoConfig(Int8WeightOnlyConfig()).to_dict() writes it: {'default': {'_type': "
+                   "'Int8WeightOnlyConfig', '_data': {}}}" if method == "torchao" else "")
+        return f"{start} has no {error.args[0]!r} field, which {family.value}' config class needs; give it{example}."
+    if isinstance(error, ImportError):
+        return f"{start} needs a library that is not installed ({error}); install it, or choose another method."
+    detail = str(error).strip().rstrip(".") or type(error).__name__
+    return f"{start} is refused by {family.value}' own config class: {detail}. Fix that field."
+
+
+def _methods(family: Family) -> list[str]:
+    return sorted(str(method) for method in _quantizer_mapping(family))
+
+
+def _quantizer_mapping(family: Family) -> Mapping[str, type]:
+    if family is Family.DIFFUSERS:
+        from diffusers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+    else:
+        from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+    return AUTO_QUANTIZER_MAPPING
+
+
+def _auto_config(family: Family):
+    if family is Family.DIFFUSERS:
+        from diffusers.quantizers.auto import DiffusersAutoQuantizer
+        return DiffusersAutoQuantizer  # diffusers' config-from-dict lives on its auto quantizer
+    from transformers.quantizers.auto import AutoQuantizationConfig
+    return AutoQuantizationConfig
 
 
 def _check_library(config: Any, name: str, family: Family) -> None:
@@ -161,10 +248,17 @@ def _auto_quantizer(family: Family):
     return AutoHfQuantizer
 
 
-def owner_quantizer(quantization: ComponentQuantization, family: Family):
+def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name: str = ""):
     """The owner library's quantizer for `quantization` (its environment is not checked: planning for a GPU
-    machine works on a laptop; the owner's own load checks it)."""
-    return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
+    machine works on a laptop; the owner's own load checks it). A library it imports that is not installed is a
+    `QuantizationConfigError` naming the component."""
+    try:
+        return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
+    except ImportError as error:
+        raise QuantizationConfigError(
+            f"Component {name!r}: quant_method={_method_named(_as_dict(quantization.config))!r} needs a library "
+            f"that is not installed ({error}); install it, or choose another method."
+        ) from None
 
 
 def compute_dtype(quantizer, family: Family, dtype: torch.dtype | None) -> torch.dtype | None:
@@ -257,4 +351,5 @@ def format_label(quantization: ComponentQuantization) -> str:
 
 __all__ = ["ComponentQuantization", "QuantizationConfigError", "QuantizationMethod", "check_requested_names",
            "component_quantization", "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta",
-           "method_of", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]
+           "is_config_dict", "method_of", "owner_config", "owner_quantizer", "prepare_on_meta",
+           "quantized_parameter_names", "requested_quantization"]

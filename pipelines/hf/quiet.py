@@ -1,10 +1,11 @@
-"""`quiet()`: silence what other libraries print while we plan and load, when it says nothing to our user.
+"""`quiet()`: silence what other libraries print while we plan, load and save, when it says nothing to our user.
 
-Importing diffusers pulls in its quantizers, whose imports log that torchao's CUDA kernels or bitsandbytes'
-`kernels` package are missing on this machine; transformers warns that an image processor falls back from
-torchvision to PIL and draws its own "Loading weights" bar; torch warns about deprecated internals those
-libraries call. None of it is about the user's pipeline, and our own messages (the plan, its warnings, our
-load bar) already say what matters. Inside `with quiet():`
+Importing diffusers pulls in its quantizers, whose imports log that torchao's CUDA kernels cannot be loaded
+("Failed to load ..._C_mxfp8...so"), that torchao's tensor types cannot be imported, or that bitsandbytes'
+`kernels` package is missing; torch's `_pytree` logs that registering torchao's enums is deprecated;
+transformers warns that an image processor falls back from torchvision to PIL and draws its "Loading weights"
+and "Writing model shards" bars. None of it is about the user's pipeline, and our own messages (the plan, its
+warnings, our load bar) already say what matters. Inside `with quiet():`
 
 - the loggers of `THIRD_PARTY` packages pass errors only (a library imported inside the block is configured
   at its import: transformers and diffusers through their VERBOSITY variables, set for the block);
@@ -12,55 +13,130 @@ load bar) already say what matters. Inside `with quiet():`
 - transformers' and diffusers' progress bars are off (huggingface_hub's download bars stay: a download is
   worth watching).
 
-`preload` imports libraries inside the block, so that their import-time noise is silenced too and their bars
-can be switched off before the load uses them. Everything is restored on exit. Errors are never silenced.
+The library's plans, loads and saves run inside it (`pipeline_loader`, `single_model`, `Pipeline.save_pretrained`),
+as does the CLI; `preload` imports libraries inside the block (`hf_libraries(folder)`: the ones a folder's load
+will import), so that their import-time noise is silenced too and their bars are off before the load draws them.
+Blocks nest, in one thread or several: the outermost one sets everything and puts back exactly what it found
+when it ends (the user's own code after we return is never silenced). Errors are never silenced.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
 
 THIRD_PARTY = ("transformers", "diffusers", "accelerate", "torchao", "bitsandbytes", "optimum", "gguf", "peft",
                "torch")
-_BARS = ("transformers", "diffusers")  # libraries with a `utils.logging.disable_progress_bar()`
+HF_LIBRARIES = ("diffusers", "transformers")
 _VERBOSITY_VARIABLES = {"transformers": "TRANSFORMERS_VERBOSITY", "diffusers": "DIFFUSERS_VERBOSITY"}
 _THIRD_PARTY_MODULES = r"^(" + "|".join(re.escape(name) for name in THIRD_PARTY) + r")(\.|$)"
+
+
+class _Silence:
+    """What the outermost block changed, to put back: one per process, guarded by `lock`."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.depth = 0
+        self.variables: dict[str, Optional[str]] = {}
+        self.levels: dict[str, int] = {}
+        self.bars: dict[str, bool] = {}  # library -> its bars were on (switched off by a block)
+        self.filter: Optional[tuple] = None
+
+    def enter(self) -> None:
+        with self.lock:
+            self.depth += 1
+            if self.depth > 1:
+                return
+            self.variables = {name: os.environ.get(name) for name in _VERBOSITY_VARIABLES.values()}
+            os.environ.update({name: "error" for name in _VERBOSITY_VARIABLES.values()})
+            self.levels = {name: logging.getLogger(name).level for name in THIRD_PARTY}
+            warnings.filterwarnings("ignore", module=_THIRD_PARTY_MODULES)
+            self.filter = warnings.filters[0]
+            self.bars = {}
+
+    def settle(self) -> None:
+        """Third-party loggers at ERROR and bars off, again: a library imported since has set its own."""
+        with self.lock:
+            for name in THIRD_PARTY:
+                logging.getLogger(name).setLevel(logging.ERROR)
+            _bars_off(self.bars)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth > 0:
+                return
+            _restore_bars(self.bars)
+            for name, value in self.variables.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            for name, level in self.levels.items():
+                logging.getLogger(name).setLevel(level or _default_level(name))
+            if self.filter in warnings.filters:
+                warnings.filters.remove(self.filter)
+                mutated = getattr(warnings, "_filters_mutated", None)  # what filterwarnings itself calls
+                if mutated is not None:
+                    mutated()
+
+
+_SILENCE = _Silence()
 
 
 @contextmanager
 def quiet(preload: Iterable[str] = ()) -> Iterator[None]:
     """Third-party log lines below ERROR, their warnings and their progress bars off inside the block."""
-    saved_variables = {name: os.environ.get(name) for name in _VERBOSITY_VARIABLES.values()}
-    os.environ.update({name: "error" for name in _VERBOSITY_VARIABLES.values()})
-    saved_levels = {name: logging.getLogger(name).level for name in THIRD_PARTY}
-    for name in THIRD_PARTY:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    bars: dict[str, bool] = {}
+    _SILENCE.enter()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module=_THIRD_PARTY_MODULES)
-            for library in preload:
-                _import_if_installed(library)
-            for name in THIRD_PARTY:  # again: a library imported above has set its own level
-                logging.getLogger(name).setLevel(logging.ERROR)
-            bars = _bars_off()
-            yield
+        for library in preload:
+            _import_if_installed(library)
+        _SILENCE.settle()
+        yield
     finally:
-        _restore_bars(bars)
-        for name, value in saved_variables.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        for name, level in saved_levels.items():
-            logging.getLogger(name).setLevel(level or _default_level(name))
+        _SILENCE.leave()
+
+
+def hf_libraries(folder: Optional[Path]) -> tuple[str, ...]:
+    """The Hugging Face libraries a load of `folder` imports (a pipeline folder's components or class, a model
+    folder's config): what `quiet(preload=...)` should import inside the block."""
+    from ..folder.model_index import ModelIndex
+    from placement.errors import PlacementError
+
+    if folder is None or not Path(folder).is_dir():
+        return ()
+    folder = Path(folder)
+    if (folder / "model_index.json").is_file():
+        try:
+            index = ModelIndex.read(folder)
+        except PlacementError:  # the load reads it again and reports the problem in its own words
+            return ()
+        named = {spec.library for spec in index.components.values()}
+        named |= {"diffusers"} if "_diffusers_version" in index.metadata else set()
+    else:
+        named = _config_libraries(folder / "config.json")
+    return tuple(library for library in HF_LIBRARIES if library in named)
+
+
+def _config_libraries(path: Path) -> set[str]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(config, dict):
+        return set()
+    return ({"diffusers"} if "_diffusers_version" in config else set()) | (
+        {"transformers"} if "transformers_version" in config or "architectures" in config else set())
 
 
 def _import_if_installed(library: str) -> None:
@@ -80,7 +156,7 @@ def _default_level(name: str) -> int:
 
 
 def _bar_switches() -> dict:
-    """{library: its `utils.logging` module} for the libraries of `_BARS` already imported."""
+    """{library: its `utils.logging` module} for the libraries of HF_LIBRARIES already imported."""
     switches = {}
     if "transformers" in sys.modules:
         from transformers.utils import logging as transformers_logging
@@ -93,18 +169,17 @@ def _bar_switches() -> dict:
     return switches
 
 
-def _bars_off() -> dict[str, bool]:
-    """Switch off the bars of the imported libraries of `_BARS`; {library: was it on}."""
+def _bars_off(was_on: dict[str, bool]) -> None:
+    """Switch off the bars of the imported libraries not switched yet, recording in `was_on` whether they were."""
     from huggingface_hub import utils as hub
 
     hub_bars_were_on = not hub.are_progress_bars_disabled()
-    was_on = {}
     for library, switches in _bar_switches().items():
-        was_on[library] = switches.is_progress_bar_enabled()
-        switches.disable_progress_bar()
+        if library not in was_on:
+            was_on[library] = switches.is_progress_bar_enabled()
+            switches.disable_progress_bar()
     if hub_bars_were_on:  # their switch also turns off huggingface_hub's download bars: keep those
         hub.enable_progress_bars()
-    return was_on
 
 
 def _restore_bars(was_on: dict[str, bool]) -> None:

@@ -10,6 +10,7 @@ its layers and assigns each tensor in its load dtype, all on meta. So what is si
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import read_header
+from ..checkpoint.checkpoint_errors import list_names
 from ..errors import LoadError
 from .quantizers import ComponentQuantization, QuantizationMethod
 
@@ -82,9 +84,11 @@ def build_on_meta(cls: type, path: Path, config_folder: Path, *, dtype: torch.dt
                                  "device": "meta"}
     if quantization is not None:
         arguments["quantization_config"] = quantization.config
+    checkpoint = meta_checkpoint(path)
+    check_holds_model(cls, checkpoint, path, config_folder)
     try:
-        module = cls.from_single_file(meta_checkpoint(path), **arguments)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        module = cls.from_single_file(checkpoint, **arguments)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError) as error:
         raise SingleFileError(
             f"{path.name} could not be read as a {cls.__name__} with the config in {str(config_folder)!r}: "
             f"{type(error).__name__}: {error}"
@@ -97,6 +101,20 @@ def build_on_meta(cls: type, path: Path, config_folder: Path, *, dtype: torch.dt
 def holds_component(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path) -> bool:
     """Whether a single file's tensors (`meta_checkpoint`) hold every weight of a `cls` built from
     `config_folder`: its keys as they are, or once diffusers' mapping for the class converts them, on meta."""
+    found = _compare(cls, checkpoint, config_folder)
+    return found is not None and not found.missing
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Comparison:
+    expected: int  # how many weights the model has
+    missing: list[str]  # the model's weights the file lacks (all of them when its keys are another layout's)
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # key -> (the model's shape, the file's)
+
+
+def _compare(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path) -> _Comparison | None:
+    """The file's tensors against the weights of a `cls` built on meta from `config_folder` (after diffusers'
+    conversion of an original layout); None when diffusers reads no single file for `cls`."""
     from accelerate import init_empty_weights
     from diffusers.loaders.single_file_model import (
         SINGLE_FILE_LOADABLE_CLASSES, _get_single_file_loadable_mapping_class, _should_convert_state_dict_to_diffusers,
@@ -104,7 +122,7 @@ def holds_component(cls: type, checkpoint: dict[str, torch.Tensor], config_folde
 
     mapping = _get_single_file_loadable_mapping_class(cls)
     if mapping is None:
-        return False
+        return None
     config = cls.load_config(config_folder)
     with init_empty_weights():
         expected = cls.from_config(config).state_dict()
@@ -114,8 +132,36 @@ def holds_component(cls: type, checkpoint: dict[str, torch.Tensor], config_folde
             converted = SINGLE_FILE_LOADABLE_CLASSES[mapping]["checkpoint_mapping_fn"](
                 config=config, checkpoint=dict(checkpoint))
         except (KeyError, ValueError, IndexError, RuntimeError, TypeError):
-            return False  # the mapping found the keys it converts missing: another model's file
-    return set(expected) <= set(converted or ())
+            converted = checkpoint  # not an original layout it converts: compared as saved
+    converted = converted or {}
+    shapes = {name: (tuple(tensor.shape), tuple(converted[name].shape)) for name, tensor in expected.items()
+              if name in converted and type(converted[name]) in (torch.Tensor, nn.Parameter)
+              and tuple(converted[name].shape) != tuple(tensor.shape)}
+    return _Comparison(expected=len(expected), missing=sorted(set(expected) - set(converted)), shapes=shapes)
+
+
+def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path, config_folder: Path) -> None:
+    """A `SingleFileError` naming the file, the keys and the shapes when the file is not a whole `cls` of that
+    config: another model's file, one cut short, or one of other sizes (diffusers' conversion failed on such
+    files with a bare IndexError)."""
+    found = _compare(cls, checkpoint, config_folder)
+    if found is None:
+        return
+    start = f"{path.name} is not a {cls.__name__} of the config in {str(config_folder)!r}:"
+    if found.missing:
+        which = "none" if len(found.missing) == found.expected else f"{found.expected - len(found.missing)}"
+        raise SingleFileError(
+            f"{start} it holds {which} of its {found.expected} weights ({len(found.missing)} missing: "
+            f"{list_names(found.missing)}), as saved or in an original layout diffusers converts. Give the file of "
+            "this model (a file cut short, or another model's, cannot be loaded), or config= that model's folder."
+        )
+    if found.shapes:
+        named = ", ".join(f"{key!r} {list(model)} in the model, {list(stored)} in the file"
+                          for key, (model, stored) in sorted(found.shapes.items())[:5])
+        raise SingleFileError(
+            f"{start} {len(found.shapes)} tensor(s) have other shapes ({named}). The file is of another size of "
+            "this model: give config= the folder of the model it was saved from."
+        )
 
 
 def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
@@ -129,6 +175,6 @@ def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
     return max(by_dtype, key=by_dtype.get) if by_dtype else None
 
 
-__all__ = ["SINGLE_FILE_SUFFIXES", "SingleFileError", "build_on_meta", "check_single_file_class",
+__all__ = ["SINGLE_FILE_SUFFIXES", "SingleFileError", "build_on_meta", "check_holds_model", "check_single_file_class",
            "checkpoint_float_dtype", "gguf_quantization", "holds_component", "is_gguf", "is_single_file",
            "meta_checkpoint"]

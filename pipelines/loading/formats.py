@@ -28,9 +28,14 @@ from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKin
 from placement.quantized_sizing import tensor_format
 from placement.sizes import format_bytes
 
+from ..checkpoint import find_weights
+from ..checkpoint.naming import pickle_files_in
 from ..errors import LoadError
+from ..folder.component_classes import weights_name_for
 from ..hf.hf_interop import load_without_device_map
-from ..hf.quantizers import QuantizationMethod, check_requested_names, format_label, requested_quantization
+from ..hf.quantizers import (
+    QuantizationMethod, check_requested_names, component_quantization, format_label, requested_quantization,
+)
 from .layerwise import casting_config, layerwise_label
 from .meta_records import MetaComponent
 from .planning import caller_stacklevel
@@ -127,6 +132,11 @@ def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, n
     request or its folder says so), with layerwise casting applied when asked."""
     loaded = {}
     for name, source in opened.modules.items():
+        # checked as a placed load checks them (its weights are safetensors, or pickles only on the explicit
+        # opt-in; its folder's and the requested quantization), then read by the owner
+        if not (request.allow_pickle and pickle_files_in(source.folder, weights_name_for(source.cls))):
+            find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=request.variant)
+        component_quantization(request.quantization_config, name, source.family, source.folder)
         config = requested_quantization(request.quantization_config, name, source.family)
         module = load_without_device_map(source.cls, source.folder, family=source.family, dtype=opened.dtypes[name],
                                          variant=request.variant, quantization_config=config)

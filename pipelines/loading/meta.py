@@ -22,6 +22,7 @@ from torch import nn
 from placement.sizing import kept_fp32_module_names
 
 from ..checkpoint import (
+    CONFIG_NAME,
     WeightsIndex,
     WeightsNotFoundError,
     check_dtypes,
@@ -30,11 +31,13 @@ from ..checkpoint import (
     tie_weights,
     validate_weights,
 )
+from ..checkpoint.config_file import read_config_dict
 from ..folder.component_classes import Family, weights_name_for
 from ..folder.sources import ComponentSource
 from ..hf.hf_interop import construct, retie
 from ..hf.owner_loading import renames_explain
 from ..hf.quantizers import component_quantization
+from .build_limits import BuildLimit, bounded_construction, check_repeat_counts, fewest_bits
 from .layerwise import with_layerwise_casting
 from .meta_records import MetaComponent, WeightsReader
 from .owner_meta import build_owner_component
@@ -42,7 +45,7 @@ from .owner_meta import build_owner_component
 
 def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
                     variant: str | None, weights_required: bool, quantization_config: Any = None,
-                    layerwise_casting: torch.dtype | None = None) -> MetaComponent:
+                    layerwise_casting: torch.dtype | None = None, limit: BuildLimit | None = None) -> MetaComponent:
     """`cls` built on meta from `folder`, each tensor in its load dtype (the checkpoint's own unless `dtype`
     says otherwise; fp32-kept modules stay fp32), so planning sizes it exactly. Reads config.json and the
     safetensors headers only. Without weight files (a configs-only folder, when not `weights_required`) the
@@ -52,9 +55,11 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
     The reader is chosen here: a quantized component (its folder's `quantization_config`, or
     `quantization_config=` naming it) and a transformers checkpoint whose keys transformers renames on load
     are prepared and read by their owner (`owner_meta`); everything else is streamed by our loader.
-    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`layerwise`)."""
+    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`layerwise`). `limit`: all budgets of
+    the load together; an absurd config is refused before it is built (`build_limits`)."""
     quantization = component_quantization(quantization_config, name, family, folder)
-    with init_empty_weights(), _no_init_of_meta_tensors():
+    bits = fewest_bits(dtype, quantized=quantization is not None, layerwise=layerwise_casting is not None)
+    with init_empty_weights(), _no_init_of_meta_tensors(), _within(name, folder, limit, bits=bits):
         module = construct(cls, folder, family)
     retie(module, family)  # init_empty_weights() breaks the constructor's ties
     module.eval()
@@ -65,6 +70,19 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
     else:
         meta = _build_streamed(name, module, family, weights, dtype=dtype, weights_required=weights_required)
     return with_layerwise_casting(meta, layerwise_casting)
+
+
+@contextmanager
+def _within(name: str, folder: Path, limit: BuildLimit | None, *, bits: int) -> Iterator[None]:
+    """Its config's counts checked, then the constructor run with every tensor it asks for counted against
+    `limit` (`build_limits`); a folder without config.json fails in `construct` with its own message."""
+    if not (folder / CONFIG_NAME).is_file():
+        yield
+        return
+    config = read_config_dict(folder)
+    check_repeat_counts(name, folder / CONFIG_NAME, config)
+    with bounded_construction(name, folder / CONFIG_NAME, config, limit, bits=bits):
+        yield
 
 
 def _build_streamed(name: str, module: nn.Module, family: Family, weights: WeightsIndex | None, *,
@@ -107,11 +125,11 @@ def _all_tied_names(module: nn.Module) -> set[str]:
 
 def build_from_source(source: ComponentSource, *, dtype: torch.dtype | None, variant: str | None,
                       weights_required: bool, quantization_config: Any = None,
-                      layerwise_casting: torch.dtype | None = None) -> MetaComponent:
+                      layerwise_casting: torch.dtype | None = None, limit: BuildLimit | None = None) -> MetaComponent:
     """`build_component` of one component of a pipeline folder."""
     return build_component(source.name, source.cls, source.folder, family=source.family, dtype=dtype,
                            variant=variant, weights_required=weights_required, quantization_config=quantization_config,
-                           layerwise_casting=layerwise_casting)
+                           layerwise_casting=layerwise_casting, limit=limit)
 
 
 # The torch.nn.init functions modules call from their constructors (`reset_parameters`).

@@ -47,7 +47,7 @@ def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Pa
     else:
         load_dtype = dtype
     if quantization is not None:
-        quantizer = owner_quantizer(quantization, family)
+        quantizer = owner_quantizer(quantization, family, name=name)
         load_dtype = compute_dtype(quantizer, family, load_dtype)
         keep = sorted(kept_fp32_module_names(module, load_dtype)) if _quantizer_keeps_fp32(quantizer, family) else []
         files = None if weights is None else [str(path) for path in weights.files]

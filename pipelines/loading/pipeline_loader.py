@@ -31,12 +31,15 @@ from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
+from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
+from .build_limits import BuildLimit
 from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
 from .meta import MetaComponent, build_from_source
+from .missing_weights import missing_weights_notes
 from .single_files import build_single_file_component, single_file_sources
 from .placing import (
     PipelineLoadError, attach_plan_runtime, check_plan_devices, check_requested_devices, place_component,
@@ -83,24 +86,27 @@ def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, g
 
 def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_required: bool) -> dict[str, MetaComponent]:
     """Each module component on meta: from the single file when the load reads one and it holds that component
-    (`single_files.single_file_sources`), else from its folder."""
+    (`single_files.single_file_sources`), else from its folder, refused before it is built when its config asks
+    for more than all budgets hold (`build_limits`)."""
     from_file = single_file_sources(opened.modules, request.single_file)
+    limit = BuildLimit.of(request.max_memory, request.offload_folder, accelerators=request.accelerators.count)
     return {name: build_single_file_component(name, source.cls, request.single_file, source.folder,
                                               dtype=opened.dtypes[name], quantization_config=request.quantization_config,
                                               layerwise_casting=request.layerwise_casting.get(name))
             if name in from_file else
             build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
                               weights_required=weights_required, quantization_config=request.quantization_config,
-                              layerwise_casting=request.layerwise_casting.get(name))
+                              layerwise_casting=request.layerwise_casting.get(name), limit=limit)
             for name, source in opened.modules.items()}
 
 
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
     `generic`), each module placed on the plan's devices; from one save (see `snapshot`): reloaded if the
-    folder was saved over while it loaded."""
-    return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
-                         discard=lambda pipe: _discard(pipe, passed))
+    folder was saved over while it loaded. Quietly (`hf.quiet`): only our own bar and messages are printed."""
+    with quiet(preload=hf_libraries(request.folder)):
+        return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
+                             discard=lambda pipe: _discard(pipe, passed))
 
 
 def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool):
@@ -131,7 +137,8 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
 
 def plan_folder(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
+    with quiet(preload=hf_libraries(request.folder)):
+        return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
 
 
 def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool) -> Plan:
@@ -146,7 +153,11 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     metas = build_components(opened, request, weights_required=False)
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
-    return plan_folder_pipeline(pipe, request, metas, passed)
+    plan = plan_folder_pipeline(pipe, request, metas, passed)
+    if not request.local:  # a Hub pipeline is planned from its configs alone, by design
+        return plan
+    return with_notes(plan, missing_weights_notes(metas, opened.sources, variant=request.variant,
+                                                  saved_here=opened.index.save_id is not None))
 
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],

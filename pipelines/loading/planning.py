@@ -25,6 +25,7 @@ from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import capturable, is_capturable
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
+from .call_limits import check_call_limits
 from .layerwise import layerwise_label
 from .memory_techniques import FIT_ERRORS, PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope
@@ -70,6 +71,8 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     elif device_map.kind is DeviceMapKind.PINS:
         strategy = dict(strategy)  # a model's {submodule: device}, as accelerate takes it
     options, sizes = VaeOptions.split(call or {})
+    if call is not None:
+        check_call_limits(sizes, max_memory, pipe=pipe)  # an absurd call: refused before minutes of estimating
     module_order: dict[str, list[str]] = {}
     described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
                                                         dtypes=dtypes, estimating=estimating)

@@ -143,6 +143,10 @@ class LoadRequest:
     pin: tuple[str, ...] = ()
     # A single-file checkpoint read for the components it holds; `folder` is then its pipeline's config folder.
     single_file: Path | None = None
+    # use_safetensors=False without device_map: the owner library may read a component's pickle weights.
+    allow_pickle: bool = False
+    # Whether the folder was given as a local path (False: fetched from the Hub, configs only when planning).
+    local: bool = True
 
 
 def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[str] | None = None,
@@ -162,6 +166,7 @@ def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[s
         options["single_file"], pretrained = Path(pretrained), config
     folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
                                                               subfolder=subfolder, hub=hub)
+    options.setdefault("local", pretrained is None or Path(pretrained).expanduser().exists())
     if scope is Scope.PIPELINE and isinstance(device_map, Mapping) and set(device_map) == {""}:
         device_map = device_map[""]  # accelerate's key for "the whole model": for a pipeline, its one device
     if "layerwise_casting" in options:

@@ -25,13 +25,16 @@ from ..folder.hub import HubOptions
 from ..folder.sources import model_folder_class
 from ..hf.hf_spellings import with_hub_keywords
 from ..hf.loading_keywords import check_no_keywords_left
+from ..hf.quiet import hf_libraries, quiet
 from ..hf.single_file import SingleFileError, is_single_file
+from .build_limits import BuildLimit
 from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
 from .meta import build_component
 from .meta_records import MetaComponent
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .planning import component_origin, label_dtypes, plan_modules
+from .missing_weights import holds_weight_files, why_missing
+from .planning import component_origin, label_dtypes, plan_modules, with_notes
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
 from .single_files import build_single_file_component
 
@@ -54,16 +57,17 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
     accepted or refused by name (`hf.loading_keywords`), anything else is an error naming the closest argument."""
     hub = _keywords(keywords, hub, entry=load_model)
     check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
-    request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                           quantization_config=quantization_config, layerwise_casting=layerwise_casting,
-                           offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
-                           progress=progress, hub=hub, weights_required=True)
-    if request.device_map.kind is DeviceMapKind.NONE:
-        return place_component(meta, None, accelerators=request.accelerators, progress=progress).eval()
-    plan = _plan(meta, request)
-    check_plan_devices(plan, request.accelerators)
-    module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
-                             hooks=request.device_map.hooks, progress=progress, offload_folder=offload_folder)
+    with quiet(preload=_libraries(pretrained, config, subfolder)):  # only our own bar and messages
+        request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                               quantization_config=quantization_config, layerwise_casting=layerwise_casting,
+                               offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
+                               progress=progress, hub=hub, weights_required=True)
+        if request.device_map.kind is DeviceMapKind.NONE:
+            return place_component(meta, None, accelerators=request.accelerators, progress=progress).eval()
+        plan = _plan(meta, request)
+        check_plan_devices(plan, request.accelerators)
+        module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
+                                 hooks=request.device_map.hooks, progress=progress, offload_folder=offload_folder)
     module.placement_plan = plan
     return module.eval()
 
@@ -74,11 +78,23 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                subfolder: str | None = None, hub: HubOptions = HubOptions(), **keywords: Any) -> Plan:
     """The plan `load_model` would follow with the same arguments; reads configs and headers only."""
     hub = _keywords(keywords, hub, entry=plan_model)
-    request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
-                           quantization_config=quantization_config, layerwise_casting=layerwise_casting,
-                           offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
-                           progress=False, hub=hub, weights_required=False)
-    return _plan(meta, request)
+    with quiet(preload=_libraries(pretrained, config, subfolder)):
+        request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                               quantization_config=quantization_config, layerwise_casting=layerwise_casting,
+                               offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
+                               progress=False, hub=hub, weights_required=False)
+        plan = _plan(meta, request)
+    if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
+        plan = with_notes(plan, [f"{meta.name}: {why_missing(request.folder, type(meta.module), request.variant)} "
+                                 "The plan sized it from its config.json; loading it will fail until its weights "
+                                 "are there."])
+    return plan
+
+
+def _libraries(pretrained, config, subfolder) -> tuple[str, ...]:
+    """The Hugging Face libraries the load imports, when its config folder is local (`quiet` preloads them)."""
+    folder = Path(config if is_single_file(pretrained) and config is not None else pretrained)
+    return hf_libraries(folder / subfolder if subfolder else folder)
 
 
 def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weights_required, layerwise_casting,
@@ -100,7 +116,9 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
     name = cls.__name__
     meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
                            variant=request.variant, weights_required=weights_required,
-                           quantization_config=request.quantization_config, layerwise_casting=storage)
+                           quantization_config=request.quantization_config, layerwise_casting=storage,
+                           limit=BuildLimit.of(request.max_memory, request.offload_folder,
+                                                accelerators=request.accelerators.count))
     return request, meta
 
 

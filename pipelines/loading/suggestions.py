@@ -151,7 +151,7 @@ def _layerwise_copy(meta: MetaComponent) -> nn.Module:
 
 def _quantized_copy(meta: MetaComponent, quantization: ComponentQuantization) -> nn.Module:
     module = copy.deepcopy(meta.module)
-    quantizer = owner_quantizer(quantization, meta.family)
+    quantizer = owner_quantizer(quantization, meta.family, name=meta.name)
     prepare_on_meta(module, quantizer, meta.family, dtype=compute_dtype(meta), keep_in_fp32=list(meta.keep_in_fp32))
     materialize_on_meta(module, quantization, quantized_parameter_names(module, quantizer, meta.family))
     return module

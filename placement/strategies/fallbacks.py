@@ -120,10 +120,12 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
     cpu_room = ledger.room("cpu", transient=request.transient)
     if not context.has_offload_folder:
         cpu_left = f" The CPU has {format_bytes(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
-        raise OffloadFolderRequiredError(
+        error = OffloadFolderRequiredError(
             f"{why}{cpu_left} Its weights must go to disk, and no offload_folder was given. "
             "Pass offload_folder=..., a larger max_memory, or more devices."
         )
+        error.problem = f"{why}{cpu_left}"  # the facts without the fixes: a caller may order them (the CLI)
+        raise error
     if not ledger.fits("disk", weights=request.bytes):
         raise DoesNotFitError(
             f"{why} Not even the disk budget has room ({format_bytes(max(ledger.room('disk') or 0, 0))} left). "

@@ -4,6 +4,10 @@ One headline says what is wrong with the zig-zag map (it does not fit; it fills 
 possible; or it crosses devices on more model-graph edges), then one line per component placed elsewhere,
 with the numbers: "vae on GPU 1, not GPU 0 as in the zig-zag map: its 1.50 GiB activation peak does not fit
 beside transformer there (GPU 0 would peak at 25.10 GiB, budget 24.00 GiB)."
+
+`left_empty` says, per accelerator the map leaves empty, why (`Plan.left_empty`; the picture shows it on that
+GPU's bar): a newcomer planning two GPUs and seeing one empty should not have to guess that balanced kept the
+pipeline together for fewer crossing edges and one runtime overhead instead of two.
 """
 
 from __future__ import annotations
@@ -13,6 +17,33 @@ from typing import Sequence
 from ..devices import device_label
 from ..sizes import format_bytes
 from .assignment import TOLERANCE, Assignment, Problem, crossings, fullest_share, slot_peaks
+
+
+def left_empty(problem: Problem, chosen: Assignment) -> dict:
+    """{device: why it holds nothing} for the accelerators the chosen map leaves empty (held nothing before)."""
+    used = sorted(set(chosen.slots))
+    zigzag = problem.preferred
+    reasons = {}
+    for s, slot in enumerate(problem.slots):
+        if s in used or slot.used or slot.weights:
+            continue
+        label = device_label(slot.device)
+        if zigzag is None or s not in zigzag:
+            if len(problem.items) < len(problem.slots):
+                reasons[slot.device] = (f"{label} is left empty: each of the {len(problem.items)} component(s) is "
+                                        f"placed whole, and there are {len(problem.slots)} GPUs.")
+            continue
+        kept = " and ".join(device_label(problem.slots[u].device) for u in used)
+        share = fullest_share(problem, zigzag)
+        text = (f"{label} is left empty: this map keeps every component on {kept}, whose peak is "
+                f"{chosen.fullest:.1%} of its budget; the zig-zag map, which uses {label} too, peaks at {share:.1%}")
+        text += f" (not emptier by {TOLERANCE:.0%} or more)" if share * (1 + TOLERANCE) >= chosen.fullest else ""
+        text += f", with {crossings(problem, zigzag)} model-graph edges crossing devices (here {chosen.crossings})"
+        if slot.overhead:
+            text += (f" and {len(set(zigzag))} runtime overheads instead of {len(used)} ({format_bytes(slot.overhead)}"
+                     " each: every GPU in use keeps one)")
+        reasons[slot.device] = text + "."
+    return reasons
 
 
 def map_reasons(problem: Problem, chosen: Assignment, *, names: Sequence[str]) -> list[str]:

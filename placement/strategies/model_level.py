@@ -107,7 +107,7 @@ def _strategy_map(request: ComponentRequest, strategy: str, budgets: Budgets, di
 
 def _placeable_size(size: ComponentSize, class_name: str) -> ComponentSize:
     """The model's size; without `_no_split_modules` it is one unit (its own class never split), placed whole."""
-    if size.no_split_classes:
+    if size.declares_no_split:
         return size
     whole = (SplitUnit(path="", bytes=size.total),)
     return dataclasses.replace(size, split_units=whole, no_split_classes=(class_name,))

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from ..devices import Device
 from .assignment import Assignment, Item, Problem, Slot, best_assignment
 from .fallbacks import place_whole
-from .map_reasons import map_reasons
+from .map_reasons import left_empty, map_reasons
 from .request import ComponentRequest
 from .state import PlacementState, StrategyRequest
 
@@ -42,7 +42,8 @@ def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[
         device = search.problem.slots[found.slots[index]].device
         placements.add(place_whole(component, ledger, device))
     reasons = map_reasons(search.problem, found, names=[c.name for c in search.order])
-    return PlacementState.of(ledger, placements, map_reasons=tuple(reasons))
+    return PlacementState.of(ledger, placements, map_reasons=tuple(reasons),
+                             left_empty=left_empty(search.problem, found))
 
 
 def fill_from_first(problem: Problem, found: Assignment) -> Assignment:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
+from ..devices import Device
 from ..memory_model import Ledger
 from .cost import CostModel
 from .fallbacks import Context
@@ -53,12 +54,14 @@ class StrategyRequest:
 @dataclass(frozen=True, kw_only=True)
 class PlacementState:
     """What a strategy built: the ledger after placing, every placement (the starting ones included), the
-    warnings it raised, and why the map differs from the familiar zig-zag (`Plan.map_reasons`)."""
+    warnings it raised, why the map differs from the familiar zig-zag (`Plan.map_reasons`) and why an accelerator
+    holds nothing (`Plan.left_empty`)."""
 
     ledger: Ledger
     by_name: Mapping[str, Placed]
     warnings: tuple[str, ...] = ()
     map_reasons: tuple[str, ...] = field(default=())
+    left_empty: Mapping[Device, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ledger: Ledger, placements: Placements, **notes) -> "PlacementState":

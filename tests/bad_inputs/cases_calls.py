@@ -70,6 +70,48 @@ def offloaded_to_half(tmp: Path):
     pipe.to(torch.float16)
 
 
+def plan_tiny_dit(**options):
+    """Plan a saved tiny-dit folder with `options` (two 24 GiB GPUs and 64 GiB of RAM)."""
+    def run(tmp: Path):
+        tiny_dit().save_pretrained(tmp / "tiny-dit")
+        return TextToImagePipeline.plan_placement(tmp / "tiny-dit", max_memory={0: "24GiB", 1: "24GiB", "cpu": "64GiB"},
+                                                  **options)
+    return run
+
+
+def plan_wan_configs(call: dict):
+    """Plan the configs of Wan 2.1 T2V 1.3B (its depth cut to one block, the real widths) for `call`."""
+    def run(tmp: Path):
+        import sys
+
+        folders = str(Path(__file__).resolve().parents[1] / "pipelines")
+        if folders not in sys.path:
+            sys.path.insert(0, folders)
+        from family_folders import write_configs_folder
+
+        from pipelines import Pipeline
+
+        folder = write_configs_folder(tmp / "wan", "wan2.1-t2v-1.3b")
+        return Pipeline.plan_placement(folder, max_memory={0: "24GiB", "cpu": "64GiB"}, call=call)
+    return run
+
+
+def quantized_own_pipeline(tmp: Path):
+    import diffusers
+
+    tiny_dit().save_pretrained(tmp / "tiny-dit")
+    config = {"denoiser": diffusers.BitsAndBytesConfig(load_in_4bit=True)}
+    return TextToImagePipeline.from_pretrained(tmp / "tiny-dit", quantization_config=config, progress=False)
+
+
+def quantization_dict_for_a_model(tmp: Path):
+    import pipelines
+    from bad_input_models import tiny_flux_transformer
+
+    folder = tiny_flux_transformer(tmp / "flux")
+    return pipelines.plan_model(folder, max_memory={0: "1GiB"}, quantization_config={"quant_method": "int3"})
+
+
 two = {"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)}
 CLI = "catalogue.CliFailure"
 
@@ -130,4 +172,17 @@ CASES = [
     Case(name="cli: plan a folder naming an untrusted class",
          run=cli("plan", "{pipe}", folder_edit=lambda c: c.__setitem__("decoder", ["evil_cli_module", "X"])),
          error=CLI, words=("evil_cli_module",)),
+]
+CASES += [
+    Case(name="plan: call height=1000000, width=1000000", run=plan_tiny_dit(call={"height": 10**6, "width": 10**6}),
+         error="placement.errors.DoesNotFitError", words=("height=1000000, width=1000000", "largest budget")),
+    Case(name="plan: call max_sequence_length=1e12 (Wan)", run=plan_wan_configs({"max_sequence_length": 10**12}),
+         error="placement.errors.DoesNotFitError", words=("max_sequence_length=1000000000000", "token ids")),
+    Case(name="plan: call num_frames=1e8 (Wan)", run=plan_wan_configs({"height": 480, "width": 832,
+                                                                       "num_frames": 10**8}),
+         error="placement.errors.DoesNotFitError", words=("num_frames=100000000", "largest budget")),
+    Case(name="load: quantization_config= on our own pipeline without a device map", run=quantized_own_pipeline,
+         error="pipelines.hf.quantizers.QuantizationConfigError", words=("'denoiser'", "ModelMixin")),
+    Case(name="plan: a quantization config dict with an unknown quant_method", run=quantization_dict_for_a_model,
+         error="pipelines.hf.quantizers.QuantizationConfigError", words=("quant_method='int3'", "accepted values")),
 ]

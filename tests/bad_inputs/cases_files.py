@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from bad_input_models import CatalogueEncoder, CatalogueEncoderConfig, CataloguePipeline, NoLoader, tiny_pipeline
+from bad_input_models import (
+    CatalogueEncoder,
+    CatalogueEncoderConfig,
+    CataloguePipeline,
+    NoLoader,
+    tiny_flux_pipeline,
+    tiny_flux_transformer,
+    tiny_pipeline,
+    wrong_rank_lora,
+)
 from catalogue import Case
 from safetensors.torch import load_file, save_file
 
@@ -343,6 +353,179 @@ CASES = [
          error="placement.errors.PlacementError", words=("offload_folder",)),
     Case(name="weights: I/O error while reading a tensor", run=io_error_during_load,
          error=f"{CHECKPOINT}.CheckpointReadError", words=("Input/output error",)),
+]
+
+
+# ---- absurd configs, refused before any work (issue 30) --------------------------------------------------------
+
+def configs_only_with(component: str, **changes):
+    """Plan a configs-only copy of the catalogue pipeline whose `component` config.json has `changes`."""
+    def run(tmp: Path):
+        folder = saved(tmp)
+        for weights in folder.rglob("*.safetensors"):
+            weights.unlink()
+        edit_json(folder / component / "config.json", lambda content: content.update(changes))
+        return Pipeline.plan_placement(folder, max_memory={0: "24GiB", "cpu": "64GiB"})
+    return run
+
+
+def nested_without_end(file_name: str):
+    def run(tmp: Path):
+        folder = saved(tmp)
+        (folder / file_name).write_text("[" * 100_000 + "]" * 100_000)
+        return Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})
+    return run
+
+
+# ---- saves: every writer's error ---------------------------------------------------------------------------------
+
+def write_error_in(module_path: str, attribute: str, error: OSError, when=lambda *args: True):
+    def run(tmp: Path):
+        folder = saved(tmp)
+        (folder / "README.md").write_text("mine")
+        with failing("os", "link", OSError(18, "Invalid cross-device link"))():  # carried over by copies
+            with failing(module_path, attribute, error, when=when)():
+                tiny_pipeline(seed=1).save_pretrained(folder)
+    return run
+
+
+def readme_or_pipeline_lost(tmp: Path) -> bool:
+    return not (tmp / "pipe" / "README.md").is_file() or old_pipeline_lost(tmp)
+
+
+# ---- formats: quantization configs, single files, special files, adapters, pickles --------------------------------
+
+def quantized_folder(value):
+    def run(tmp: Path):
+        folder = tiny_flux_transformer(tmp / "flux")
+        edit_json(folder / "config.json", lambda content: content.__setitem__("quantization_config", value))
+        return pipelines.load_model(folder, device_map=None, progress=False)
+    return run
+
+
+def single_file_with_half_its_keys(tmp: Path):
+    folder = tiny_flux_transformer(tmp / "flux")
+    tensors = load_file(folder / WEIGHTS)
+    save_file(dict(sorted(tensors.items())[: len(tensors) // 2]), tmp / "half.safetensors")
+    return pipelines.load_model(tmp / "half.safetensors", config=folder, progress=False)
+
+
+def weights_file_replaced(make):
+    def run(tmp: Path):
+        folder = saved(tmp)
+        weights = folder / "encoder" / WEIGHTS
+        weights.unlink()
+        make(weights)
+        return CataloguePipeline.from_pretrained(folder, device_map="cpu")
+    return run
+
+
+def lora_of_the_wrong_rank(tmp: Path):
+    import diffusers
+
+    folder = tiny_flux_pipeline(tmp / "flux")
+    wrong_rank_lora(diffusers.FluxTransformer2DModel.from_pretrained(folder / "transformer"), tmp / "lora")
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={"cpu": "1GiB"}, progress=False)
+    keys = sorted(pipe.transformer.state_dict())
+    try:
+        pipe.load_lora_weights(tmp / "lora", adapter_name="wrong")
+    finally:
+        (tmp / "keys-changed").write_text(str(sorted(pipe.transformer.state_dict()) != keys))
+
+
+def pipeline_changed(tmp: Path) -> bool:
+    return (tmp / "keys-changed").read_text() != "False"
+
+
+def pickle_only_transformers_component(device_map):
+    def run(tmp: Path):
+        import transformers
+
+        encoder = transformers.CLIPTextModel(transformers.CLIPTextConfig(
+            hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=1, vocab_size=64,
+            max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1))
+        folder = saved(tmp)
+        shutil.rmtree(folder / "encoder")
+        encoder.config.architectures = ["CLIPTextModel"]
+        encoder.config.save_pretrained(folder / "encoder")
+        torch.save(encoder.state_dict(), folder / "encoder" / "pytorch_model.bin")
+        edit_json(folder / "model_index.json", lambda c: c.__setitem__("encoder", ["transformers", "CLIPTextModel"]))
+        return Pipeline.from_pretrained(folder, generic=True, device_map=device_map, progress=False)
+    return run
+
+
+def deleted_weights_plan(tmp: Path):
+    folder = saved(tmp)
+    (folder / "decoder" / WEIGHTS).unlink()
+    plan = Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})
+    (tmp / "warnings.txt").write_text("\n".join(plan.warnings))
+
+
+def missing_weights_unsaid(tmp: Path) -> bool:
+    said = (tmp / "warnings.txt").read_text() if (tmp / "warnings.txt").exists() else ""
+    return not ("decoder:" in said and WEIGHTS in said and "loading it will fail" in said)
+
+
+def tiny_dit_configs_only(tmp: Path, **changes):
+    """Plan a configs-only tiny-dit whose DiT config.json has `changes` (a denoiser with repeated blocks)."""
+    from pipelines import TextToImagePipeline
+
+    folder = tmp / "tiny-dit"
+    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
+    for weights in folder.rglob("*.safetensors"):
+        weights.unlink()
+    edit_json(folder / "denoiser" / "config.json", lambda content: content.update(changes))
+    return Pipeline.plan_placement(folder, max_memory={0: "24GiB", "cpu": "64GiB"})
+
+
+QUANTIZATION = "pipelines.hf.quantizers.QuantizationConfigError"
+HUGE = 10**12
+CASES += [
+    Case(name="limits: a config.json of 1e12 layers",
+         run=lambda tmp: tiny_dit_configs_only(tmp, num_single_layers=HUGE),
+         error=f"{CHECKPOINT}.InvalidConfigError", words=(f"num_single_layers={HUGE}", "the limit is 10000")),
+    Case(name="limits: a config.json 1e12 wide", run=configs_only_with("encoder", width=HUGE),
+         error="placement.errors.DoesNotFitError", words=(f"width={HUGE}", "more than all budgets together")),
+    Case(name="limits: model_index.json nested 100000 deep", run=nested_without_end("model_index.json"),
+         error=INDEX_ERROR, words=("model_index.json", "more than 64 levels")),
+    Case(name="limits: config.json nested 100000 deep", run=nested_without_end("encoder/config.json"),
+         error=f"{CHECKPOINT}.CorruptCheckpointError", words=("config.json", "more than 64 levels")),
+    Case(name="save: file too large from the JSON writer",
+         run=write_error_in("os", "replace", OSError(27, "File too large"),
+                            when=lambda source, *rest: ".saving-" in str(source)),
+         error=f"{CHECKPOINT}.CheckpointSaveError", words=("File too large", "unchanged"),
+         harm=readme_or_pipeline_lost),
+    Case(name="save: I/O error copying a carried-over README",
+         run=write_error_in("shutil", "copy2", OSError(5, "Input/output error")),
+         error=f"{CHECKPOINT}.CheckpointSaveError", words=("Input/output error", "unchanged"),
+         harm=readme_or_pipeline_lost),
+    Case(name="formats: quantization_config 'int8' (a string) in config.json", run=quantized_folder("int8"),
+         error=QUANTIZATION, words=("'int8'", "not a quantization config", "'torchao'")),
+    Case(name="formats: an unknown quant_method in config.json", run=quantized_folder({"quant_method": "int3"}),
+         error=QUANTIZATION, words=("quant_method='int3'", "accepted values")),
+    Case(name="formats: a torchao quantization_config without its type",
+         run=quantized_folder({"quant_method": "torchao"}), error=QUANTIZATION, words=("'quant_type'",)),
+    Case(name="formats: bitsandbytes load_in_4bit and load_in_8bit both",
+         run=quantized_folder({"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": True}),
+         error=QUANTIZATION, words=("load_in_4bit and load_in_8bit",)),
+    Case(name="formats: a single file with half its keys", run=single_file_with_half_its_keys,
+         error="pipelines.hf.single_file.SingleFileError", words=("half.safetensors", "missing")),
+    Case(name="formats: a FIFO as the weights file", run=weights_file_replaced(os.mkfifo),
+         error=f"{CHECKPOINT}.CorruptCheckpointError", words=(WEIGHTS, "a FIFO", "not a regular file")),
+    Case(name="formats: /dev/zero as the weights file",
+         run=weights_file_replaced(lambda path: path.symlink_to("/dev/zero")),
+         error=f"{CHECKPOINT}.CorruptCheckpointError", words=(WEIGHTS, "character device")),
+    Case(name="formats: a LoRA of the wrong rank on a placed pipeline", run=lora_of_the_wrong_rank,
+         error=f"{CHECKPOINT}.CheckpointShapeError", words=("lora", "size mismatch", "unchanged"),
+         harm=pipeline_changed),
+    Case(name="trust: a pickle-only component loaded without a device map",
+         run=pickle_only_transformers_component(None), error=f"{CHECKPOINT}.WeightsNotFoundError",
+         words=("pytorch_model.bin", "never unpickled", "use_safetensors=False"), harm_if_accepted=True),
+    Case(name="trust: a pickle-only component loaded with a device map",
+         run=pickle_only_transformers_component("balanced"), error=f"{CHECKPOINT}.WeightsNotFoundError",
+         words=("pytorch_model.bin", "never unpickled"), harm_if_accepted=True),
+    Case(name="plan: a local folder whose weights file was deleted", run=deleted_weights_plan, error=None,
+         harm=missing_weights_unsaid),
 ]
 
 

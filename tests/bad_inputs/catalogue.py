@@ -11,7 +11,8 @@ behind). Grades, worst first:
     vague      a `PlacementError`, but not the expected type or missing some of the words
     clear      the expected outcome
 
-To extend it, add a `Case(...)` to a table in `cases_files.py` or `cases_calls.py`; `test_bad_inputs.py` runs them
+To extend it, add a `Case(...)` to a table in `cases_files.py`, `cases_calls.py`, `cases_cli.py` or
+`cases_first_hour.py`; `test_bad_inputs.py` runs them
 all, and `python tests/bad_inputs/grade.py` prints the counts per grade (works on any checkout of the library).
 """
 
@@ -87,7 +88,7 @@ def _grade_error(case: Case, error: Exception) -> Outcome:
         return Outcome(grade=Grade.TRACEBACK, detail=message)
     expected = _resolve(case.error) if case.error else None
     if expected is None or not isinstance(error, expected):
-        if not isinstance(error, CliFailure):
+        if case.error is None or not isinstance(error, CliFailure):  # a command that should have succeeded too
             return Outcome(grade=Grade.VAGUE, detail=f"{message} (expected {case.error})")
     missing = [word for word in case.words if word.lower() not in str(error).lower()]
     if missing:

@@ -9,8 +9,9 @@ from catalogue import Grade, grade
 from cases_calls import CASES as CALL_CASES
 from cases_cli import CASES as CLI_CASES
 from cases_files import CASES as FILE_CASES
+from cases_first_hour import CASES as FIRST_HOUR_CASES
 
-ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES
+ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES + FIRST_HOUR_CASES
 
 
 def test_case_names_are_unique():

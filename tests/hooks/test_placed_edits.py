@@ -332,6 +332,21 @@ def test_nested_edits_of_one_module_are_one_edit(gpus, expected, tmp_path):
     assert_same_output(run(model), expected["lora"])
 
 
+def test_a_disk_homed_unit_loaded_for_its_phase_is_still_homed_on_disk(gpus, tmp_path):
+    """A per-call unit stays on its GPU after a call until its room is needed; its home is the checkpoint's file
+    all the same (read from its store: the tensors were on the GPU, so a fuse went ahead into stand-ins)."""
+    model = make()
+    index = on_disk(model, tmp_path, ["blocks.2."])
+    resident(model, RESIDENCY_MAP)
+    apply_residency(model, ResidencyConfig(execution_device=0, device_map=RESIDENCY_MAP,
+                                           per_call_modules=("blocks.0", "blocks.2"), streamed_modules=("blocks.1",),
+                                           disk_weights=index))
+    run(model)
+    assert model.get_submodule("blocks.2.attn").weight.device.type == "vgpu"  # loaded, and kept for the next call
+    homes = weight_homes(model)
+    assert homes["blocks.2.attn.weight"] == "disk" and homes["blocks.0.attn.weight"] == "cpu"
+
+
 @pytest.mark.parametrize("arrangement", ["served from disk", "group, leaves", "per-call residency"])
 def test_adapters_kept_in_containers_follow_the_layer_that_uses_them(arrangement, gpus, tmp_path):
     # LoKr keeps its factors in ParameterDicts, which never run a forward of their own.

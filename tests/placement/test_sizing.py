@@ -141,12 +141,15 @@ def test_split_units_follow_no_split_blocks_in_module_order():
     assert SplitUnit(path="act", bytes=0) in size.split_units
 
 
-def test_without_no_split_modules_every_leaf_is_a_unit():
+def test_without_no_split_modules_the_blocks_of_its_block_lists_are_kept_whole():
+    """A block's forward mixes its own tensors with its submodules' outputs (FLUX's `gate * ff(x)`): cut inside
+    one, a split met two devices in one op (FluxControlNetModel declares no `_no_split_modules`)."""
     net = Net()
     net._no_split_modules = None
     size = size_module(net)
-    assert size.no_split_classes == ()
-    assert "blocks.0.proj" in {unit.path for unit in size.split_units}
+    assert size.no_split_classes == ("Block",) and not size.declares_no_split
+    units = {unit.path for unit in size.split_units}
+    assert "blocks.0" in units and "blocks.0.proj" not in units
     assert isinstance(size, ComponentSize)
 
 

@@ -52,3 +52,28 @@ def test_a_plan_without_accelerators_draws_the_cpu():
         plan = placement.plan({"a": whole(1)}, max_memory={"cpu": "8GiB"})
     labels = texts(plan.to_svg())
     assert "CPU" in labels and "a" in labels and "budget 8.00 GiB" in labels
+
+
+def test_a_simulated_plan_and_an_empty_gpu_say_so_in_the_picture_and_in_explain(monkeypatch):
+    """The demo's plan: small components on two 24 GiB GPUs this machine lacks; balanced keeps them together."""
+    import placement.planner
+
+    monkeypatch.setattr(placement.planner, "accelerators_present", lambda: 0)
+    components = {"text_encoder": whole(0.01), "denoiser": whole(0.03), "vae": whole(0.02)}
+    plan = placement.plan(components, max_memory={0: "24GiB", 1: "24GiB", "cpu": "64GiB"},
+                          activations={"denoiser": GiB // 256}, graph=[("text_encoder", "denoiser"), ("denoiser", "vae")])
+    assert {c.execution_device for c in plan.components.values()} == {0} and plan.simulated_accelerators == [0, 1]
+    why = plan.left_empty[1]
+    assert why.startswith("GPU 1 is left empty: this map keeps every component on GPU 0")
+    assert "model-graph edges crossing devices (here 0)" in why and "2 runtime overheads instead of 1" in why
+    explained = plan.explain()
+    assert "Simulated: planned for GPU 0 and GPU 1, which the machine that planned it does not have (it has none)" \
+        in explained and why in explained
+    words = " ".join(texts(plan.to_svg()))
+    assert "Simulated: planned for GPU 0 and GPU 1" in words and why in words  # wrapped over lines, all there
+    again = placement.Plan.from_json(plan.to_json())
+    assert again.left_empty == plan.left_empty and again.simulated_accelerators == [0, 1]
+
+    monkeypatch.setattr(placement.planner, "accelerators_present", lambda: 2)  # a machine that has both
+    present = placement.plan(components, max_memory={0: "24GiB", 1: "24GiB", "cpu": "64GiB"})
+    assert not present.simulated_accelerators and "Simulated" not in present.explain() + present.to_svg()

@@ -208,3 +208,19 @@ def test_absent_accelerator_is_refused_before_loading(saved):
 
     with pytest.raises(InvalidDeviceError, match=r"asks for GPU 99 \(no GPU for 'cuda:99'\)"):
         load(saved, device_map={"": 99})
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a character device", "a folder"])
+@pytest.mark.parametrize("which", ["single file", "index", "shard"])
+def test_a_weights_name_that_is_no_regular_file_is_named_as_what_it_is(tmp_path, kind, which):
+    import os
+
+    folder = tmp_path / "m"
+    tiny_model().save_pretrained(folder, max_shard_size="10GB" if which == "single file" else 200)
+    path = {"single file": folder / WEIGHTS, "index": folder / INDEX,
+            "shard": next(iter(sorted(folder.glob("*-of-*"))), None)}[which]
+    path.unlink()
+    {"a FIFO": lambda: os.mkfifo(path), "a character device": lambda: os.symlink("/dev/zero", path),
+     "a folder": path.mkdir}[kind]()
+    with pytest.raises(CorruptCheckpointError, match=rf"{path.name}' is {kind}.*, not a regular file"):
+        find_weights(folder)  # never opened: a FIFO would block, /dev/zero read without end

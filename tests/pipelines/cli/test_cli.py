@@ -30,6 +30,11 @@ def test_demo_writes_the_image_and_prints_both_plans(tmp_path, monkeypatch, caps
     assert "GPU 0: 24 GiB, GPU 1: 24 GiB" in out and "wrote demo.png" in out
     assert "weights are random, so the image is noise" in out
     assert "That plan's picture: plan.svg" in out and (tmp_path / "plan.svg").read_text().startswith("<svg")
+    from placement.devices import accelerators_present
+
+    if accelerators_present() < 2:  # the two 24 GiB GPUs are simulated here; balanced keeps the tiny pipeline on one
+        assert "Simulated: planned for " in out and "GPU 1 is left empty: this map keeps every component on GPU 0" in out
+        assert "Simulated: planned for" in (tmp_path / "plan.svg").read_text()
 
 
 def test_plan_of_a_preset_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -70,9 +75,13 @@ def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, c
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     assert main(["plan", "someone/no-such-pipeline"]) == 2
     assert "not a preset (tiny-unet, tiny-dit, sdxl-like, flux-like)" in capsys.readouterr().err
-    assert main(["plan", "tiny-dtt"]) == 2  # a typo of a preset reads as a Hub id: say which preset was meant
+    assert main(["plan", "tiny-dat2"]) == 2  # two edits from a preset: tried as a Hub id, then the closest preset
     err = capsys.readouterr().err
     assert "did you mean 'tiny-dit'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
+    for typo in ("tiny-dtt", "tiny_dit", "Tiny-DiT", "flux-lik"):  # one edit: said at once, the Hub never asked
+        assert main(["plan", typo]) == 2
+        err = capsys.readouterr().err
+        assert f"{typo!r} is not a preset; did you mean" in err and "Hub did not" not in err and len(err) < 200
 
 
 def budgets(text):

@@ -144,9 +144,47 @@ def test_steps_plan_the_call_num_inference_steps(tmp_path, capsys):
 def test_strength_reaches_the_call_and_is_refused_where_nothing_starts_from_an_image(capsys):
     args = build_parser().parse_args(["plan", "x", "--height", "64", "--width", "64", "--strength", "0.3"])
     assert call_spec(args) == {"height": 64, "width": 64, "strength": 0.3}
-    assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--height", "64", "--width", "64",
-                 "--strength", "0.5"]) == 2
-    assert "TextToImagePipeline does not start from an image; leave strength out" in capsys.readouterr().err
+    for size in (["--height", "64", "--width", "64"], []):  # alone, planned at the pipeline's own size
+        assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", *size, "--strength", "0.5"]) == 2
+        err = capsys.readouterr().err
+        assert "--strength 0.5: TextToImagePipeline does not start from an image; leave --strength out" in err
+        assert "--height" not in err
+
+
+def test_call_flags_alone_plan_for_the_pipelines_own_size(tmp_path, capsys):
+    target = tmp_path / "plan.json"
+    assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--steps", "28", "--json", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "Planned for the call: height=512, width=512, num_inference_steps=28 (height and width: the pipeline's " \
+           "default)" in out
+    assert json.loads(target.read_text())["inputs"]["runs_per_call"]["denoiser"] == 28
+    assert main(["plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--height", "256"]) == 0
+    assert "Planned for the call: height=256, width=512 (width: the pipeline's default)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--steps", "0"], "argument --steps: 0 is not 1 or more; write e.g. --steps 28."),
+    (["--steps", "-3"], "argument --steps: -3 is not 1 or more"),
+    (["--height", "1.5"], "argument --height: '1.5' is not a whole number"),
+    (["--strength", "1.5"], "argument --strength: 1.5 is not above 0 and at most 1"),
+    (["--guidance-scale", "nan"], "argument --guidance-scale: 'nan' is not a finite number"),
+    (["--max-memory", "-1=24GiB"], "device '-1' is negative; GPUs are numbered from 0"),
+    (["--max-memory", "0:24GiB"], "'0:24GiB' separates device and size with ':'; write 0=24GiB"),
+])
+def test_argument_mistakes_are_one_line_with_their_own_words(capsys, argv, said):
+    code, err = argparse_exit(["plan", "tiny-dit", *argv], capsys)
+    assert code == 2 and said in err and err.count("\n") == 1, err
+    assert err.endswith("(see 'placement plan --help')\n") and "usage:" not in err
+
+
+def test_version_and_debug_are_listed_and_version_answers(capsys):
+    code, out = argparse_exit(["--version"], capsys)
+    assert code == 0 and out.startswith("placement ")
+    for argv in (["--help"], ["plan", "--help"], ["run", "--help"]):
+        code, out = argparse_exit(argv, capsys)
+        assert code == 0 and "--debug" in out and "usage:" in out  # the usage block: with --help only
+    code, out = argparse_exit(["--help"], capsys)
+    assert "--version" in out
 
 
 @pytest.mark.parametrize("target", ["./no-such-pipeline", "no-such-pipeline/"])
@@ -155,3 +193,19 @@ def test_a_bad_path_gets_its_own_message_and_no_advice_about_budgets(capsys, tar
     err = capsys.readouterr().err
     assert f"No such folder: {target!r}" in err and "CPU budget" not in err and "bfloat16" not in err
     assert "not a preset" not in err and "Repo id" not in err
+
+
+@pytest.mark.skipif(__import__("placement.devices").devices.accelerators_present() > 0,
+                    reason="about a machine without accelerators")
+def test_a_pipeline_too_big_for_a_cpu_machine_is_told_the_likeliest_fix_first(capsys, monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda: {"cpu": 16 * 2**30})  # a 16 GiB laptop
+    assert main(["plan", "flux-like"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Likeliest fixes first: (1) This machine has no GPU" in err
+    gpus = "with --dtype bf16 --max-memory 2x24GiB,cpu=64GiB it fits on accelerators"  # worked out, not guessed
+    assert gpus in err and err.index(gpus) < err.index("(2) Its weights must go to disk") < err.index(
+        "--offload-folder DIR")
+    assert main(["plan", "tiny-dit"]) == 0  # fits here, on the CPU: what GPUs would do is a hint after the plan
+    assert "hint: This machine has no GPU, so this plan is for its CPU alone" in capsys.readouterr().out

@@ -61,3 +61,42 @@ def test_a_run_of_a_diffusers_folder_prints_only_our_lines(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not [word for word in NOISE if word in done.stdout + done.stderr], done.stderr
     assert done.stdout.startswith("Verdict: ") and (tmp_path / "images" / "00000.png").is_file()
+
+
+def test_nested_blocks_put_back_exactly_what_the_outermost_found():
+    filters_before = list(warnings.filters)
+    transformers_level = logging.getLogger("transformers").level
+    with quiet():
+        with quiet():
+            assert logging.getLogger("transformers").level == logging.ERROR
+        assert logging.getLogger("transformers").level == logging.ERROR  # the inner block restored nothing
+    assert warnings.filters == filters_before and logging.getLogger("transformers").level == transformers_level
+
+
+LOAD_AND_PLAN = """
+import logging, sys, warnings
+import pipelines
+folder = sys.argv[1]
+budgets = {0: "2GiB", "cpu": "2GiB"}
+plan = pipelines.Pipeline.plan_placement(folder, max_memory=budgets)
+pipe = pipelines.Pipeline.from_pretrained(folder, device_map="balanced", max_memory=budgets)
+print("LOADED", type(pipe).__name__, plan.verdict.kind.value, flush=True)
+logging.getLogger("transformers").warning("the user's own transformers line")  # after we return: not ours to hush
+warnings.warn_explicit("the user's own diffusers warning", UserWarning, "user.py", 1, module="diffusers.user")
+"""
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_diffusers_load_and_plan_print_nothing_but_ours_and_leave_the_users_output_alone(tmp_path):
+    pytest.importorskip("transformers")
+    from test_diffusers_pipelines import build_sd
+
+    torch.manual_seed(0)
+    build_sd(tmp_path / "parts").save_pretrained(tmp_path / "sd")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLACEMENT_VIRTUAL_ACCELERATORS": "1"}
+    done = run_child([sys.executable, "-c", LOAD_AND_PLAN, str(tmp_path / "sd")], env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "LOADED StableDiffusionPipeline fits on accelerators\n"
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "the user's own transformers line" in lines[0] and "the user's own diffusers warning" in lines[1]
+    assert len(lines) == 2, done.stderr  # nothing else: no import notices, no bars

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.cli.call_defaults import default_call
-from pipelines.distributed.images import ImageRecord, RunFolder, _write_atomically
+from pipelines.distributed.images import ImageRecord, ImageRunError, RunFolder, write_atomically
 from pipelines.distributed.progress import counting_steps, run_bar
 
 from child_process import finish, run_child, wait_for
@@ -148,8 +148,8 @@ def test_a_write_cut_short_leaves_the_previous_file_whole(tmp_path, monkeypatch)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    with pytest.raises(OSError):
-        _write_atomically(target, b"new and longer")
+    with pytest.raises(ImageRunError, match=f"Cannot write {str(target)!r}: No space left on device"):
+        write_atomically(target, b"new and longer")
     assert target.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 

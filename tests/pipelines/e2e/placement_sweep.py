@@ -130,8 +130,11 @@ def denoiser_attribute(pipe) -> str:
 
 
 def takes_lora(pipe) -> bool:
-    """Whether the class loads a LoRA into its denoiser (diffusers' own lora loader mixin says so)."""
-    return hasattr(pipe, "load_lora_weights") and denoiser_attribute(pipe) in getattr(pipe, "_lora_loadable_modules", ())
+    """Whether the class loads a LoRA into its denoiser: its pipeline's lora loader names the denoiser, and the
+    denoiser takes peft adapters (Kandinsky 3's pipeline has a loader, its UNet no adapter support)."""
+    name = denoiser_attribute(pipe)
+    return hasattr(pipe, "load_lora_weights") and name in getattr(pipe, "_lora_loadable_modules", ()) \
+        and hasattr(getattr(pipe, name), "add_adapter")
 
 
 def make_lora(folder: Path, pipe, seed: int = 1) -> None:

@@ -67,3 +67,35 @@ def test_a_pickle_only_transformers_component_says_why_and_how_to_convert(saved,
         Pipeline.from_pretrained(folder, generic=True, device_map="balanced", progress=False)
     with pytest.raises(WeightsNotFoundError, match=says):
         pipelines.load_model(folder / "text_encoder", device_map="auto", progress=False)
+
+
+def test_pickle_only_is_one_policy_with_or_without_a_device_map_unless_opted_in(saved, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    encoder = transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=1, vocab_size=64,
+        max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved, folder)
+    shutil.rmtree(folder / "text_encoder")
+    encoder.config.architectures = ["CLIPTextModel"]
+    encoder.config.save_pretrained(folder / "text_encoder")
+    torch.save(encoder.state_dict(), folder / "text_encoder" / "pytorch_model.bin")  # pickle only
+    index = json.loads((folder / "model_index.json").read_text())
+    index["text_encoder"] = ["transformers", "CLIPTextModel"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    unpickled = []
+    original = torch.load
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "load", lambda *args, **kwargs: unpickled.append(kwargs) or original(*args, **kwargs))
+        for device_map in (None, "balanced"):
+            with pytest.raises(WeightsNotFoundError, match=r"pytorch_model.bin.*never unpickled here.*"
+                                                           r"use_safetensors=False"):
+                Pipeline.from_pretrained(folder, generic=True, device_map=device_map, progress=False)
+        assert unpickled == []  # refused before the owner library read the file
+        with pytest.raises(pipelines.LoadArgumentError, match="a placed load reads safetensors only"):
+            Pipeline.from_pretrained(folder, generic=True, device_map="balanced", use_safetensors=False)
+        pipe = Pipeline.from_pretrained(folder, generic=True, device_map=None, use_safetensors=False, progress=False)
+    assert unpickled and all(call.get("weights_only") is True for call in unpickled)  # read by transformers, safely
+    ids = torch.tensor([[0, 5, 9, 1]])
+    with torch.no_grad():
+        assert torch.equal(pipe.text_encoder(ids).last_hidden_state, encoder(ids).last_hidden_state)

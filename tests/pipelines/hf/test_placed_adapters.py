@@ -11,6 +11,7 @@ import torch
 
 from hooks import weight_homes
 from pipelines import Pipeline
+from pipelines.checkpoint import CheckpointShapeError
 from pipelines.hf.adapters import AdapterPlacementError
 from placement.plan_schema import ComponentTransfer, PlacementKind
 
@@ -194,6 +195,9 @@ def test_fusing_into_weights_on_disk_is_refused_before_anything_changes(placemen
     pipe = load(flux, placement)
     for call in WITHOUT_FUSE[:2]:
         step(pipe, call, flux)
+    # After a call, per-call units stay loaded on their GPU until their room is needed: still homed on disk (the
+    # refusal read the home from the tensors, which were on the GPU then, and the fuse wrote into stand-ins).
+    denoise(pipe)
     with pytest.raises(AdapterPlacementError, match=r"fuse_lora\(\): transformer .*on disk.*before placing"):
         pipe.fuse_lora(components=["transformer"])
     assert not pipe.transformer.get_submodule("transformer_blocks.0.attn.to_q").merged  # none fused, even in RAM
@@ -238,3 +242,24 @@ def test_a_text_encoder_lora_follows_a_text_encoder_on_disk(flux, gpus):
                                     max_memory=MEMORY, offload_folder=flux / "offload", progress=False)
     pipe.load_lora_weights(flux / "te")
     assert_same_output(generate(pipe), generate(reference))
+
+
+@pytest.mark.parametrize("placement", ["whole", "disk"])
+@pytest.mark.parametrize("with_a", [False, True])
+def test_a_lora_of_the_wrong_rank_is_named_and_leaves_the_pipeline_as_it_was(placement, with_a, flux, gpus):
+    state = diffusers.FluxPipeline.lora_state_dict(flux / "a")
+    state = state[0] if isinstance(state, tuple) else state
+    wrong = {key: torch.zeros(value.shape[0], 2 * value.shape[1]) if "lora_B" in key else value
+             for key, value in state.items()}  # lora_B of rank 8 beside lora_A of rank 4
+    diffusers.FluxPipeline.save_lora_weights(flux / "wrong", transformer_lora_layers={
+        key.removeprefix("transformer."): value for key, value in wrong.items()})
+    pipe = load(flux, placement)
+    if with_a:
+        pipe.load_lora_weights(flux / "a", adapter_name="a")
+    keys, output = set(pipe.transformer.state_dict()), denoise(pipe)
+    with pytest.raises(CheckpointShapeError, match=rf"load_lora_weights\('{flux / 'wrong'}'\).*size mismatch for "
+                                                   r"\S+lora_A\S*: .*torch.Size\(\[4, \d+\]\).*torch.Size\(\[8, "):
+        pipe.load_lora_weights(flux / "wrong", adapter_name="wrong")
+    assert set(pipe.transformer.state_dict()) == keys
+    assert set(getattr(pipe.transformer, "peft_config", {}) or {}) == ({"a"} if with_a else set())
+    assert_same_output(denoise(pipe), output)

@@ -67,3 +67,23 @@ def test_a_file_holding_none_of_the_pipelines_models_is_named(flux, tmp_path):
     save_file({"unrelated.weight": torch.zeros(4, 4)}, tmp_path / "other.safetensors")
     with pytest.raises(pipelines.SingleFileError, match="holds the weights of none"):
         pipelines.Pipeline.plan_placement(tmp_path / "other.safetensors", config=flux / "flux")
+
+
+@pytest.mark.parametrize("cut", ["half its keys", "another model's file", "another size"])
+def test_a_single_file_that_is_not_the_model_is_named_with_its_keys_and_shapes(flux, tmp_path, cut):
+    from safetensors.torch import load_file
+
+    state = load_file(flux / "flux-transformer.safetensors")
+    if cut == "half its keys":
+        state = dict(sorted(state.items())[: len(state) // 2])
+        says = rf"holds {len(state)} of its {2 * len(state)} weights \({len(state)} missing: '"
+    elif cut == "another model's file":
+        state = {f"encoder.{name}": tensor for name, tensor in state.items()}
+        says = r"holds none of its \d+ weights"
+    else:
+        state = {name: torch.zeros(*[2 * size for size in tensor.shape]) for name, tensor in state.items()}
+        says = r"tensor\(s\) have other shapes \('\S+' \[\d+(, \d+)*\] in the model, \[\d+(, \d+)*\] in the file"
+    save_file(state, tmp_path / "cut.safetensors")
+    for call in (pipelines.plan_model, pipelines.load_model):
+        with pytest.raises(pipelines.SingleFileError, match=rf"cut.safetensors is not a FluxTransformer2DModel .*{says}"):
+            call(tmp_path / "cut.safetensors", config=flux / "flux" / "transformer", max_memory={0: "1GiB"})
