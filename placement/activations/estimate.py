@@ -1,4 +1,5 @@
-"""estimate_activations: the peak memory one call of a module adds on top of its weights, without memory.
+"""estimate_call / estimate_activations: the peak memory one call of a module adds on top of its weights, and
+what it returns, without memory.
 
 The call runs for real — every op of the module's Python code, with its real shapes and dtypes — but on
 fake tensors (`torch._subclasses.FakeTensorMode`): no data is allocated, so a FLUX-size DiT on `meta` can
@@ -17,6 +18,7 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -27,6 +29,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
 from .isolation import accelerate_hooks_bypassed, torch_silenced
+from .meta_outputs import to_meta
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError
@@ -67,15 +70,26 @@ class InvalidActivationCallError(PlanError, ValueError):
     """The call to estimate is malformed: not a module, or a method the module does not have."""
 
 
-def estimate_activations(
+@dataclass(frozen=True, kw_only=True)
+class CallEstimate:
+    """One call estimated: its activation peak, and what it returned, made of plain `meta` tensors."""
+
+    peak_bytes: int
+    output: Any  # the call's return value, every tensor a meta tensor laid out alike (`meta_outputs.to_meta`)
+
+
+def estimate_call(
     module: nn.Module,
     args: Any,
     kwargs: Mapping[str, Any] | None = None,
     *,
     method: str = "forward",
     dtype: torch.dtype | None = None,
-) -> int:
-    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights.
+) -> CallEstimate:
+    """`module.<method>(*args, **kwargs)` run on fake tensors under `torch.inference_mode()`: the peak bytes it
+    adds on top of the weights, and its return value with every tensor a `meta` tensor of the same shape, dtype
+    and strides (usable outside the estimate; tuples, dicts, output classes and objects holding tensors keep
+    their types).
 
     `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`), hold real
     weights, or already be dispatched/offloaded with accelerate hooks (they are bypassed for the estimate and
@@ -84,10 +98,29 @@ def estimate_activations(
     matter. `method` names the method to call (`"decode"` for a VAE). `dtype`, when given, is the floating
     dtype the module will run in: floating weights and inputs are cast to it, except in the module's
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
+
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
+    with accelerate_hooks_bypassed(module):
+        return _run(module, method, args, kwargs, dtype)
+
+
+def estimate_activations(
+    module: nn.Module,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: str = "forward",
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights:
+    `estimate_call(...).peak_bytes` (see there for what each argument may be)."""
+    return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
+
+
+def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None) -> CallEstimate:
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -99,14 +132,14 @@ def estimate_activations(
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     try:
-        with torch_silenced(), accelerate_hooks_bypassed(module), shape_only_stand_ins(module):
+        with torch_silenced(), shape_only_stand_ins(module):
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
-                    getattr(module, method)(*fake_args, **fake_kwargs)
+                    output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise _failure(module, method, args, kwargs, error) from error
-    return tracker.peak_bytes
+    return CallEstimate(peak_bytes=tracker.peak_bytes, output=to_meta(output))
 
 
 class _FakeCopies:
@@ -158,7 +191,7 @@ def _defines(module: nn.Module, method: str) -> bool:
 def _check_call(module: nn.Module, method: str) -> None:
     if not isinstance(module, nn.Module):
         raise InvalidActivationCallError(
-            f"estimate_activations needs an nn.Module, got {type(module).__name__}."
+            f"An activation estimate needs an nn.Module, got {type(module).__name__}."
         )
     if not _defines(module, method):
         candidates = [name for name in _COMMON_CALLS if _defines(module, name)]
