@@ -18,6 +18,7 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -28,8 +29,10 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
+from .block_memo import BlockMemo, memo_enabled
 from .isolation import accelerate_hooks_bypassed, torch_silenced
 from .meta_outputs import to_meta
+from .observers import CallLog
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError
@@ -99,6 +102,8 @@ def estimate_call(
     dtype the module will run in: floating weights and inputs are cast to it, except in the module's
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
 
+    Identical blocks called with inputs seen before are replayed, not run (`block_memo`: the peak is the same
+    to the byte).
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
@@ -131,8 +136,11 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker = LiveStorageTracker()
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
+    log = CallLog()
+    memo = BlockMemo(tracker, log) if memo_enabled() else None
     try:
-        with torch_silenced(), shape_only_stand_ins(module):
+        with torch_silenced(), shape_only_stand_ins(module), log.on(module), \
+                memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
