@@ -19,6 +19,7 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -30,6 +31,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
 from .block_memo import BlockMemo, memo_enabled
+from .cache import CachedCall, cache_key, cached, remember
 from .isolation import accelerate_hooks_bypassed, torch_silenced
 from .meta_outputs import to_meta
 from .observers import CallLog
@@ -103,13 +105,20 @@ def estimate_call(
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
 
     Identical blocks called with inputs seen before are replayed, not run (`block_memo`: the peak is the same
-    to the byte).
+    to the byte), and a call estimated before on an unchanged module is answered from memory (`cache`).
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):
-        return _run(module, method, args, kwargs, dtype)
+        key = cache_key(module, method, (args, kwargs), dtype)
+        answer = cached(module, key)
+        if answer is None:
+            answer = _run(module, method, args, kwargs, dtype)
+            remember(module, key, answer)
+            if key is not None:  # the caller gets its own copy: what it does with it cannot reach the cache
+                answer = dataclasses.replace(answer, output=to_meta(answer.output))
+    return CallEstimate(peak_bytes=answer.peak_bytes, output=answer.output)
 
 
 def estimate_activations(
@@ -125,7 +134,7 @@ def estimate_activations(
     return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
 
 
-def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None) -> CallEstimate:
+def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None) -> CachedCall:
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -147,7 +156,7 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
                     output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise _failure(module, method, args, kwargs, error) from error
-    return CallEstimate(peak_bytes=tracker.peak_bytes, output=to_meta(output))
+    return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module))
 
 
 class _FakeCopies:

@@ -1,9 +1,10 @@
 """What an estimate's result depends on, as hashable keys: a call's inputs and a module's state.
 
 `call_signature((args, kwargs))`: the structure (a pytree spec: tuples, dicts, namedtuples, registered output
-classes), each tensor's shape, strides, storage offset, dtype, device type, storage size and which inputs share
-a storage or are the same object, and the values of plain leaves (numbers, strings, dtypes...). None when a leaf
-is anything else (a KV cache, a generator): such a call is never skipped, since we cannot tell what it would do.
+classes), each tensor's shape, strides, storage offset, dtype and storage size (not its device: an estimate
+runs on meta whatever it was on), which inputs share a storage or are the same object, and the values of
+plain leaves (numbers, strings, dtypes...). None when a leaf is anything else (a KV cache, a generator): such
+a call is never skipped, since we cannot tell what it would do.
 
 `module_state(module)`: everything of a module tree that can change what its call does, short of weight values:
 per submodule its class, its parameters' and buffers' shapes/dtypes/strides, its plain attributes (a VAE's
@@ -30,7 +31,8 @@ _DEPTH = 4  # how deep plain containers (configs) are described: enough for a co
 
 
 def tensor_state(tensor: torch.Tensor) -> tuple:
-    return (tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype, tensor.device.type)
+    # No device: an estimate runs every tensor on meta, whatever it was on.
+    return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype
 
 
 def call_signature(tree: Any) -> Hashable | None:
