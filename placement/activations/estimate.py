@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from .attention import FusedAttentionAccounting
 from .block_memo import BlockMemo, memo_enabled
 from .cache import CachedCall, cache_key, cached, remember
-from .isolation import accelerate_hooks_bypassed, torch_silenced
+from .isolation import accelerate_hooks_bypassed, collection_paused, torch_silenced
 from .meta_outputs import to_meta
 from .observers import CallLog
 from .stand_ins import MetaConstants, shape_only_stand_ins
@@ -148,7 +148,7 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     log = CallLog()
     memo = BlockMemo(tracker, log) if memo_enabled() else None
     try:
-        with torch_silenced(), shape_only_stand_ins(module), log.on(module), \
+        with collection_paused(), torch_silenced(), shape_only_stand_ins(module), log.on(module), \
                 memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
