@@ -5,8 +5,9 @@
 
 Each run is a fresh process: it imports torch, diffusers, transformers, placement and pipelines, and
 `torch._dynamo`, which torch loads on the first meta or fake op (~3 s on 2 cores, paid by any planner that
-estimates activations; its median is printed apart), builds what the row needs outside the clock, then times
-the row's work. The memo is turned off in the child by `PLACEMENT_BLOCK_MEMO=0`; runs alternate on / off, so a
+estimates activations; the imports' median is printed apart), builds what the row needs outside the clock
+(the modules the CLI imports lazily too), then times the row's work: wall seconds and the process's CPU
+seconds. The memo is turned off in the child by `PLACEMENT_BLOCK_MEMO=0`; runs alternate on / off, so a
 machine whose speed drifts affects both alike, and the ratio is taken per pair of runs (then the median).
 
 Rows (add one by appending a `Row` to `ROWS`: a name, what it measures, and `prepare()` returning the callable
@@ -49,6 +50,9 @@ class Row:
 
 
 def _cli() -> Callable[[], object]:
+    # What the command imports on its way (the CLI defers them so `placement --help` is quick): imports, not
+    # planning. Without .pyc files (PYTHONDONTWRITEBYTECODE, as on this project's machines) they cost 0.2-0.4 s.
+    from pipelines.cli import advice, resolve, targets  # noqa: F401
     from pipelines.cli import main
 
     def plan() -> int:
