@@ -19,6 +19,8 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 from __future__ import annotations
 
 import contextlib
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -30,8 +32,11 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
-from .isolation import accelerate_hooks_bypassed, module_state_kept, torch_silenced
+from .block_memo import BlockMemo, memo_enabled
+from .cache import CachedCall, cache_key, cached, remember
+from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
 from .meta_outputs import to_meta
+from .observers import CallLog
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError
@@ -110,12 +115,23 @@ def estimate_call(
     for models that size tensors by them (Lumina 2 reads each caption's length from its mask: `mask.sum(1)
     .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
     real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
+
+    Identical blocks called with inputs seen before are replayed, not run (`block_memo`: the peak is the same
+    to the byte), and a call estimated before on an unchanged module is answered from memory (`cache`; not a
+    call whose values are kept: its key holds shapes only).
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):
-        return _run(module, method, args, kwargs, dtype, keep_values)
+        key = None if keep_values else cache_key(module, method, (args, kwargs), dtype)
+        answer = cached(module, key)
+        if answer is None:
+            answer = _run(module, method, args, kwargs, dtype, keep_values)
+            remember(module, key, answer)
+            if key is not None:  # the caller gets its own copy: what it does with it cannot reach the cache
+                answer = dataclasses.replace(answer, output=to_meta(answer.output))
+    return CallEstimate(peak_bytes=answer.peak_bytes, output=answer.output)
 
 
 def estimate_activations(
@@ -132,7 +148,7 @@ def estimate_activations(
 
 
 def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
-         keep_values: bool = False) -> CallEstimate:
+         keep_values: bool = False) -> CachedCall:
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -143,16 +159,19 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker = LiveStorageTracker()
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
+    log = CallLog()
+    memo = BlockMemo(tracker, log) if memo_enabled() else None
     try:
-        with torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), _constants_propagated(keep_values), \
-                module_state_kept(module):
+        with collection_paused(), torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), \
+                _constants_propagated(keep_values), module_state_kept(module), log.on(module), \
+                memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                     output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise _failure(module, method, args, kwargs, error) from error
-    return CallEstimate(peak_bytes=tracker.peak_bytes, output=to_meta(output))
+    return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module))
 
 
 class _FakeCopies:
