@@ -18,7 +18,12 @@ to time):
 - flux1-dev: the activation estimates alone of FLUX.1-dev's four components built on meta from their real
   configs (benchmarks/data/real_pipelines.json) at 1024x1024, bf16, as `real_calls.py` calls them;
 - wan-14b: the estimate of a Wan 2.1 T2V 14B transformer (the config of each of Wan 2.2 A14B's two experts)
-  at 480x832x81 (21x60x104 latents, 512 text tokens, guidance's batch of 2), bf16.
+  at 480x832x81 (21x60x104 latents, 512 text tokens, guidance's batch of 2), bf16;
+- flux-folder: `Pipeline.plan_placement` of a FLUX.1-dev folder (real configs, full depth; stand-in tokenizers
+  and scheduler, `real_folders.py`) for `call={"height": 1024, "width": 1024, "num_inference_steps": 28}` on
+  one 24 GiB GPU in bf16: the whole plan, call capture (FluxPipeline's own __call__ on stand-ins) included;
+- wan22-folder: the same for a Wan 2.2 A14B folder (two 14B experts switching at boundary_ratio 0.875) at
+  480x832x81, 40 steps, on one 80 GiB GPU.
 """
 
 from __future__ import annotations
@@ -83,12 +88,40 @@ def _estimates(pipeline: str, components: tuple[str, ...]) -> Callable[[], objec
     return estimate
 
 
+def _folder_plan(key: str, call: dict, max_memory: dict, *, experts: int = 1) -> Callable[[], object]:
+    import shutil
+    import tempfile
+
+    import torch
+    from pipelines import Pipeline
+    from real_folders import write_folder
+
+    folder = write_folder(Path(tempfile.mkdtemp()) / key, key)
+    if experts == 2:  # Wan 2.2 A14B: a second expert of the same config, and the step where it takes over
+        shutil.copytree(folder / "transformer", folder / "transformer_2")
+        index = json.loads((folder / "model_index.json").read_text())
+        index.update(transformer_2=index["transformer"], boundary_ratio=0.875)
+        (folder / "model_index.json").write_text(json.dumps(index))
+
+    def plan():
+        return Pipeline.plan_placement(folder, max_memory=max_memory, torch_dtype=torch.bfloat16, call=call)
+
+    return plan
+
+
 ROWS = [
     Row(name="cli", measures=f"placement {CLI_ARGS}", prepare=_cli),
     Row(name="flux1-dev", measures="FLUX.1-dev: CLIP, T5-XXL, transformer, VAE decode estimates (1024x1024)",
         prepare=lambda: _estimates("flux1-dev", ("text_encoder", "text_encoder_2", "transformer", "vae"))),
     Row(name="wan-14b", measures="Wan 2.1 14B transformer estimate (480x832x81, batch 2)",
         prepare=lambda: _estimates("wan2.1-t2v-14b", ("transformer",))),
+    Row(name="flux-folder", measures="plan_placement of a FLUX.1-dev folder, call 1024x1024, 28 steps (capture)",
+        prepare=lambda: _folder_plan("flux1-dev", {"height": 1024, "width": 1024, "num_inference_steps": 28},
+                                     {0: "24GiB", "cpu": "64GiB"})),
+    Row(name="wan22-folder", measures="plan_placement of a Wan 2.2 A14B folder, call 480x832x81, 40 steps (capture)",
+        prepare=lambda: _folder_plan("wan2.1-t2v-14b", {"height": 480, "width": 832, "num_frames": 81,
+                                                         "num_inference_steps": 40},
+                                     {0: "80GiB", "cpu": "128GiB"}, experts=2)),
 ]
 
 

@@ -104,11 +104,20 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         raise
     for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    if call is not None:
+        plan = plan.with_inputs(call=recorded_call(call))
     if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
+        plan = plan.with_advice(_advice(plan, advise, replanning(outcome.activations)))
+    return plan
+
+
+def _advice(plan: placement.Plan, metas: Mapping[str, Any], replanning: Replanning):
+    """How `plan.advise()` works out its suggestions, when asked (they re-plan with each candidate storage)."""
+    def advice() -> list[str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = with_notes(plan, suggestions(plan, advise, replanning(outcome.activations)))
-    return plan if call is None else plan.with_inputs(call=recorded_call(call))
+            return suggestions(plan, metas, replanning)
+    return advice
 
 
 @dataclass(frozen=True, kw_only=True)

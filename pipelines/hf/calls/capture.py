@@ -145,8 +145,14 @@ class _Recorder:
 
     @staticmethod
     def _run(module: nn.Module, example: ExampleCall, dtype):
-        return estimate_call(module, example.args, dict(example.kwargs), method=example.method, dtype=dtype,
-                             keep_values=example.keep_values)
+        # The module's own methods while it is estimated: a wrapped `forward` would turn the estimate cache and
+        # the block memo off (they skip calls only of modules whose code they can see).
+        recorders = {name: vars(module).pop(name) for name in ("forward", *_ENTRY_METHODS) if name in vars(module)}
+        try:
+            return estimate_call(module, example.args, dict(example.kwargs), method=example.method, dtype=dtype,
+                                 keep_values=example.keep_values)
+        finally:
+            vars(module).update(recorders)
 
     def result(self) -> CapturedCall:
         return CapturedCall(calls={name: list(found.values()) for name, found in self.examples.items()},
