@@ -6,8 +6,9 @@
 Each family is built on meta, at full size, from its published configs (benchmarks/data/real_pipelines.json;
 families marked * from benchmarks/data/extra_pipelines.json, written without Hub access) in bf16. The call
 is the common one: 1024x1024 images, 480x832x49 video, batch 1, each pipeline's own default guidance and text
-length. Activation peaks come from `pipelines.hf.calls` (the per-family example calls) and
-`placement.estimate_activations`.
+length. Activation peaks come from call capture (`pipelines.hf.calls`: the pipeline's own `__call__` run on
+stand-ins, each component estimated by `placement.estimate_call` on fake tensors), with the stand-in tokenizers
+and schedulers of `real_folders.py`.
 
 For each GPU inventory, two placements and one memory model (ours: weights + the largest activation among
 the components executing on the GPU + 1 GiB runtime overhead per used GPU):
@@ -32,8 +33,9 @@ import placement
 from placement.devices import HOST_DEVICES
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
-from pipelines.hf.calls import family_calls
-from placement_quality import DTYPE, GiB, build_component, diffusers_assignment, gpu_budgets
+from pipelines.loading.planning import modules_and_edges
+from placement_quality import DTYPE, GiB, diffusers_assignment, gpu_budgets
+from real_folders import PIPELINES, captured, meta_pipeline
 
 DATA = Path(__file__).resolve().parent / "data"
 INVENTORIES = {"1x24": [24], "2x24": [24, 24], "4x24": [24] * 4, "1x48": [48], "2x16": [16, 16],
@@ -61,22 +63,19 @@ class Cell:
 
 def load_families(only: tuple[str, ...]) -> list[Family]:
     real = json.loads((DATA / "real_pipelines.json").read_text())["pipelines"]
-    extra = json.loads((DATA / "extra_pipelines.json").read_text())["pipelines"]
     families = []
-    for name, entry in [*real.items(), *((f"{k}*", v) for k, v in extra.items())]:
-        if only and name.rstrip("*") not in only:
+    for key, entry in PIPELINES.items():
+        if only and key not in only:
             continue
-        specs = {c: spec for c, spec in entry["components"].items() if not spec["optional"]}
-        declared = entry.get("execution_order", "").split("->")
-        order = [c for c in declared if c in specs] + [c for c in specs if c not in declared]
-        modules = {c: build_component(specs[c])[0].eval() for c in order}  # as pipelines run them
+        name = key if key in real else f"{key}*"
+        pipe = meta_pipeline(key)
+        modules, edges = modules_and_edges(pipe)  # in execution order, as pipelines run them
         video = any(word in entry["pipeline_class"] for word in ("Video", "Wan", "LTX"))
         started = time.perf_counter()
-        calls = family_calls(entry["pipeline_class"], modules, VIDEO_CALL if video else IMAGE_CALL)
-        activations = {c: max(run.estimate(modules[c], dtype=DTYPE) for run in runs) for c, runs in calls.items()}
-        families.append(Family(name=name, pipeline_class=entry["pipeline_class"], modules=modules,
-                               edges=list(zip(order, order[1:])), activations=activations,
-                               seconds=time.perf_counter() - started))
+        activations = dict(captured(pipe, {**(VIDEO_CALL if video else IMAGE_CALL), "num_inference_steps": 1},
+                                    dtype=DTYPE).peaks)
+        families.append(Family(name=name, pipeline_class=entry["pipeline_class"], modules=modules, edges=edges,
+                               activations=activations, seconds=time.perf_counter() - started))
         print(f"  {name}: estimated in {families[-1].seconds:.1f} s", file=sys.stderr)
     return families
 

@@ -9,7 +9,7 @@ the issue's reference policy and the lower bound of our memory model (issue 18).
 Pipelines: benchmarks/data/real_pipelines.json and extra_pipelines.json (marked *), built on meta at real
 size in bf16 (`placement_quality.build_component`). The call: 1024x1024 images, 480x832x49 video, batch 1,
 each family's own guidance and text length; 28 denoising steps (`--steps`), times the denoiser passes per
-step of the family (`pipelines.hf.calls.family_runs`: Wan runs guidance as a second pass, so its
+step of the family (learned from its own `__call__`, call capture: Wan runs guidance as a second pass, so its
 transformer runs 56 times). Activation peaks at that call (`placement.estimate_activations` through the family
 calls) are kept in data/transfer_activation_peaks.json. Every number is host -> GPU bytes per call in steady
 state (the pipeline is called again and again), and seconds at 25 GB/s (PCIe 4.0 x16). The memory model is
@@ -199,25 +199,26 @@ def ours(pipeline: Pipeline, gibs) -> tuple[int | None, float]:
 
 
 def load_pipelines(only, *, steps: int, estimate: bool) -> list[Pipeline]:
-    from pipelines.hf.calls import family_runs
     from placement_quality import build_component
+    from real_folders import PIPELINES, captured, meta_pipeline
 
     real = json.loads((DATA / "real_pipelines.json").read_text())["pipelines"]
-    extra = json.loads((DATA / "extra_pipelines.json").read_text())["pipelines"]
     peaks = json.loads(PEAKS.read_text())["peaks"] if PEAKS.exists() and not estimate else {}
     found = []
-    for name, entry in [*real.items(), *((f"{k}*", v) for k, v in extra.items())]:
-        key = name.rstrip("*")
+    for key, entry in PIPELINES.items():
         if only and key not in only:
             continue
+        name = key if key in real else f"{key}*"
         specs = {c: spec for c, spec in entry["components"].items() if not spec["optional"]}
         declared = entry.get("execution_order", "").split("->")
         order = [c for c in declared if c in specs] + [c for c in specs if c not in declared]
         built = {c: build_component(specs[c]) for c in order}
         modules = {c: module.eval() for c, (module, _) in built.items()}
         if key not in peaks:
-            peaks[key] = _estimate(entry["pipeline_class"], modules)
-        runs = family_runs(entry["pipeline_class"], {"num_inference_steps": steps}) or {}
+            peaks[key] = _estimate(key, entry["pipeline_class"], captured, meta_pipeline)
+        # Runs per call do not depend on depth or size: captured at depth 1 and a small call.
+        small = dict(SMALL_VIDEO_CALL if _is_video(entry["pipeline_class"]) else SMALL_IMAGE_CALL)
+        runs = captured(meta_pipeline(key, depth=1), {**small, "num_inference_steps": steps}).runs or {}
         runs = {c: r for c, r in runs.items() if c in modules}
         parts = tuple(_part(c, modules[c], size, peaks[key].get(c, 0), runs.get(c, 1))
                       for c, (_, size) in built.items())
@@ -228,12 +229,17 @@ def load_pipelines(only, *, steps: int, estimate: bool) -> list[Pipeline]:
     return found
 
 
-def _estimate(pipeline_class: str, modules) -> dict[str, int]:
-    from pipelines.hf.calls import family_calls
+SMALL_IMAGE_CALL = {"height": 256, "width": 256}
+SMALL_VIDEO_CALL = {"height": 64, "width": 64, "num_frames": 9}
 
-    video = any(word in pipeline_class for word in ("Video", "Wan", "LTX"))
-    calls = family_calls(pipeline_class, modules, VIDEO_CALL if video else IMAGE_CALL)
-    return {c: max(run.estimate(modules[c], dtype=DTYPE) for run in runs) for c, runs in calls.items()}
+
+def _is_video(pipeline_class: str) -> bool:
+    return any(word in pipeline_class for word in ("Video", "Wan", "LTX"))
+
+
+def _estimate(key: str, pipeline_class: str, captured, meta_pipeline) -> dict[str, int]:
+    call = VIDEO_CALL if _is_video(pipeline_class) else IMAGE_CALL
+    return dict(captured(meta_pipeline(key), {**call, "num_inference_steps": 1}, dtype=DTYPE).peaks)
 
 
 def _saved() -> dict:
@@ -242,8 +248,8 @@ def _saved() -> dict:
 
 def _save(peaks) -> None:
     about = ("Activation peaks (bytes, bf16) of the real pipelines' components at the call of benchmarks/transfers.py "
-             "(1024x1024 images, 480x832x49 video, batch 1), by placement.estimate_activations through "
-             "pipelines.hf.calls. Written by benchmarks/transfers.py (--estimate rebuilds it).")
+             "(1024x1024 images, 480x832x49 video, batch 1), by placement.estimate_call through call capture "
+             "(pipelines.hf.calls). Written by benchmarks/transfers.py (--estimate rebuilds it).")
     PEAKS.write_text(json.dumps({"_about": about, "peaks": {**_saved(), **peaks}}, indent=1, sort_keys=True) + "\n")
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from pipelines.hf.calls.shapes import latent_frames, spatial_factor
 from pipelines.hf.calls.spec import ExampleCall
 from pipelines.hf.calls.vae_techniques import WithTechniques, tile_description
 from placement.plan_schema import MemoryTechnique
@@ -52,6 +51,34 @@ def vae_of(family: str):
     raise KeyError(family)
 
 
+def _setting(vae, *names: str):
+    # Some VAEs derive a ratio in __init__ (LTX, DC-AE) and leave the config's None: the attribute is the truth.
+    for name in names:
+        value = vae.__dict__.get(name, vae.config.get(name))
+        if value is not None:
+            return value
+    return None
+
+
+def spatial_factor(vae) -> int:
+    """Pixels per latent cell along a side (diffusers' `vae_scale_factor` for this VAE class)."""
+    explicit = _setting(vae, "spatial_compression_ratio", "scale_factor_spatial")
+    if explicit is not None:
+        return int(explicit)
+    if vae.config.get("temperal_downsample") is not None:  # Wan / Qwen-Image VAEs: one halving per flag
+        return 2 ** len(vae.config["temperal_downsample"])
+    return 2 ** (len(_setting(vae, "block_out_channels", "encoder_block_out_channels")) - 1)
+
+
+def latent_frames(frames: int, vae) -> int:
+    """Latent frames of a video of `frames` frames: the first alone, then one per temporal step."""
+    factor = _setting(vae, "temporal_compression_ratio", "scale_factor_temporal")
+    if factor is None:
+        downsample = vae.config.get("temperal_downsample")
+        factor = 2 ** sum(bool(flag) for flag in downsample) if downsample is not None else 1
+    return (frames - 1) // int(factor) + 1
+
+
 def decode_call(vae, height: int, width: int, frames: int | None) -> ExampleCall:
     factor = spatial_factor(vae)
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
@@ -66,25 +93,12 @@ def timed(estimate) -> tuple[int, float]:
     return peak, time.perf_counter() - start
 
 
-def configs_folder(family: str, root: Path) -> Path:
-    """A configs-only folder of `family` at full size (model_index.json and each component's config.json)."""
-    entry = next(entries[family] for name in ("real_pipelines.json", "extra_pipelines.json")
-                 if family in (entries := json.loads((DATA / name).read_text())["pipelines"]))
-    index = {"_class_name": entry["pipeline_class"]}
-    for name, spec in entry["components"].items():
-        if not spec.get("optional"):
-            index[name] = [spec["library"], spec["class"]]
-            (root / name).mkdir(parents=True)
-            (root / name / "config.json").write_text(json.dumps({"_class_name": spec["class"], **spec["config"]}))
-    (root / "model_index.json").write_text(json.dumps(index))
-    return root
-
-
 def plans() -> None:
     from pipelines import Pipeline
+    from real_folders import write_folder
 
-    folder = configs_folder("hunyuanvideo", Path(tempfile.mkdtemp()) / "hunyuanvideo")
-    call = {"height": 720, "width": 1280, "num_frames": 129}
+    folder = write_folder(Path(tempfile.mkdtemp()) / "hunyuanvideo", "hunyuanvideo")
+    call = {"height": 720, "width": 1280, "num_frames": 129, "num_inference_steps": 1}
     print("\n| HunyuanVideo 720x1280x129, bf16 | CPU RAM | tiling | verdict or error | vae runs on | vae activations |")
     print("|---|---|---|---|---|---:|")
     for cpu in ("64GiB", "32GiB"):

@@ -1,6 +1,6 @@
 """Pure planning: sizes, devices, the model graph, strategies and the Plan. Never loads weights."""
 
-from .activations.estimate import estimate_activations
+from .activations.estimate import CallEstimate, estimate_activations, estimate_call
 from .planner import plan
 from .budgets import Budgets, resolve_budgets
 from .devices import Device, normalize_device
@@ -26,6 +26,7 @@ from .unit_order import trace_module_order
 __all__ = [
     "ACCELERATOR_RUNTIME_OVERHEAD",
     "Budgets",
+    "CallEstimate",
     "ComponentError",
     "ComponentPlan",
     "ComponentTransfer",
@@ -48,6 +49,7 @@ __all__ = [
     "StrategyError",
     "build_graph",
     "estimate_activations",
+    "estimate_call",
     "execution_order",
     "format_size",
     "normalize_device",

@@ -44,9 +44,10 @@ def explain_plan(plan: Plan) -> str:
         lines += [f"  {reason}" for reason in [*plan.map_reasons, *plan.left_empty.values()]]
     if plan.fallbacks:
         lines += ["", *fallback_lines(plan)]
-    if plan.warnings:
+    said = [*plan.warnings, *plan.advise()]  # the advice is worked out now, when a person reads the plan
+    if said:
         lines += ["", "Warnings:"]
-        lines += [f"  {warning}" for warning in plan.warnings]
+        lines += [f"  {warning}" for warning in said]
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ import json
 from enum import Enum
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field, model_validator
 
 from .device_breakdown import with_breakdown
 from .devices import Device, device_label, is_accelerator, normalize_device
@@ -367,6 +367,26 @@ class Plan(_Frozen):
             if entry.device == device:
                 return entry
         raise KeyError(f"The plan has no device {device!r}; it has {[d.device for d in self.devices]}.")
+
+    # What would do better, worked out when asked (`advise`): a loader attaches how to re-plan; not serialized.
+    _advice: Any = PrivateAttr(default=None)
+    _advised: Any = PrivateAttr(default=None)
+
+    def with_advice(self, advice) -> "Plan":
+        """A copy whose `advise()` calls `advice()` (once) for its lines."""
+        copy = self.model_copy()
+        copy._advice, copy._advised = advice, None
+        return copy
+
+    def advise(self) -> list[str]:
+        """The single changes that would do better than this plan ("Suggestion: with transformer in fp8 layerwise
+        casting (...) everything fits on GPU 0"), each found by planning again with that change: bfloat16 for a
+        plan in float32, then fp8 / int8 / nf4 storage of the largest components. Computed on the first call (it
+        re-plans several times), then kept; empty for a plan that fits resident, and for one made without its
+        components' sources (`placement.plan` alone: only a load's plan knows how to build the candidates)."""
+        if self._advised is None:
+            self._advised = [] if self._advice is None else list(self._advice())
+        return list(self._advised)
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

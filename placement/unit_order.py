@@ -18,29 +18,37 @@ import torch
 from torch import nn
 
 from .activations.estimate import estimate_activations
+from .activations.observers import CallObserver
 from .sizing import SplitUnit
 
 
 @contextlib.contextmanager
 def record_module_order(module: nn.Module, *, every_call: bool = False) -> Iterator[list[str]]:
     """Within the block, the paths of `module`'s submodules are appended to the yielded list the first time
-    each one is called (its own path "" included when its forward runs); with `every_call`, at every call."""
+    each one is called (its own path "" included when its forward runs); with `every_call`, at every call.
+    The recorders are `CallObserver`s: calls an estimate replays (identical blocks) or answers from its cache
+    are recorded too, in the order the real run made them."""
     order: list[str] = []
     seen: set[str] = set()
-
-    def recorder(path: str):
-        def record(_module, _args):
-            if every_call or path not in seen:
-                seen.add(path)
-                order.append(path)
-        return record
-
-    handles = [sub.register_forward_pre_hook(recorder(path)) for path, sub in module.named_modules()]
+    handles = [sub.register_forward_pre_hook(_PathRecorder(path, order, seen, every_call))
+               for path, sub in module.named_modules()]
     try:
         yield order
     finally:
         for handle in handles:
             handle.remove()
+
+
+class _PathRecorder(CallObserver):
+    """Appends its module's path to `order` at its first call (every call with `every_call`)."""
+
+    def __init__(self, path: str, order: list[str], seen: set[str], every_call: bool) -> None:
+        self._path, self._order, self._seen, self._every_call = path, order, seen, every_call
+
+    def called(self, module: nn.Module) -> None:
+        if self._every_call or self._path not in self._seen:
+            self._seen.add(self._path)
+            self._order.append(self._path)
 
 
 def trace_module_order(module: nn.Module, args: Any, kwargs: Mapping[str, Any] | None = None, *,

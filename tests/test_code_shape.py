@@ -1,4 +1,5 @@
-"""Files and functions stay small enough to read at once (the project's style: < 400 lines, < 60 lines)."""
+"""Files and functions stay small enough to read at once (the project's style: <= 600 lines, <= 80 lines; cut
+along seams, not to fit these numbers)."""
 
 import ast
 from pathlib import Path
@@ -6,8 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_FILE_LINES = 400
-MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
 
 
 def _sources(package: str):
@@ -25,7 +26,7 @@ def long_functions(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("package", ["placement", "hooks", "pipelines"])
-def test_no_file_over_400_lines_and_no_function_over_60(package):
+def test_no_file_over_600_lines_and_no_function_over_80(package):
     long_files = {
         str(path.relative_to(ROOT)): n for path in _sources(package)
         if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES

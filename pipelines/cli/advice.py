@@ -110,7 +110,7 @@ def _attempt(make_plan: Callable[..., Plan], dtype: Optional[str]) -> Outcome:
 
 def _said_bf16(outcome: Outcome) -> bool:
     """The library suggested bfloat16 already (a folder's plan, `loading.suggestions`): not said twice."""
-    said = [str(outcome.error)] if outcome.plan is None else outcome.plan.warnings
+    said = [str(outcome.error)] if outcome.plan is None else [*outcome.plan.warnings, *outcome.plan.advise()]
     return any(BF16_SUGGESTION in text for text in said)
 
 

@@ -54,11 +54,11 @@ def check_callable(folder: Path, pipeline_class: type) -> None:
 
 def describes_its_call(folder: Path, pipeline_class: type) -> bool:
     """Whether a plan can account for this pipeline's call: its class describes its inputs
-    (`activation_inputs`), or the folder names a diffusers family this library knows."""
-    from ..hf.calls.family_table import FAMILIES
+    (`activation_inputs`), or the folder names a diffusers pipeline (its own `__call__` is captured)."""
+    from ..hf.diffusers_pipeline import is_diffusers_folder
     from ..folder.model_index import ModelIndex
 
-    return hasattr(pipeline_class, "activation_inputs") or ModelIndex.read(folder).class_name in FAMILIES
+    return hasattr(pipeline_class, "activation_inputs") or is_diffusers_folder(ModelIndex.read(folder))
 
 
 def _runtime_class(folder: Path, pipeline_class: type) -> Optional[type]:

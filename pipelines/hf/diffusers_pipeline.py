@@ -154,3 +154,41 @@ def reset_placement(pipe: Any) -> None:
     pipe.hf_device_map = None
     pipe.placement_plan = None
     pipe._all_hooks = []
+
+
+def is_capturable(pipe: Any) -> bool:
+    """Whether `pipe`'s call can be learned by running a diffusers pipeline's own `__call__` (`calls.capture`): it
+    is a diffusers pipeline, or a generic pipeline of a folder naming one the installed diffusers has."""
+    try:
+        import diffusers
+    except ImportError:
+        return False
+    if isinstance(pipe, diffusers.DiffusionPipeline):
+        return True
+    found = getattr(diffusers, getattr(pipe, "folder_class_name", None) or "", None)
+    return isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline)
+
+
+def capturable(pipe: Any) -> Any:
+    """The diffusers pipeline whose `__call__` a capture runs: `pipe` itself, or for a generic pipeline of a
+    diffusers folder, that class built from its components; an error naming what the folder lacks (a configs-only
+    folder without its tokenizer or scheduler)."""
+    import diffusers
+
+    from .calls.spec import CallSpecError
+
+    if isinstance(pipe, diffusers.DiffusionPipeline):
+        return pipe
+    pipeline_class = getattr(diffusers, pipe.folder_class_name)
+    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
+    optional = set(pipeline_class._optional_components or ())
+    components = pipe.components
+    missing = [name for name in expected if components.get(name) is None and name not in optional]
+    if missing:
+        raise CallSpecError(
+            f"call= plans by running {pipeline_class.__name__}'s own __call__, which needs its {missing}: the folder "
+            "does not have them. Add them (tokenizers and schedulers are small files, fetched with the configs "
+            "from the Hub), or plan without call= (weights only)."
+        )
+    accepted = inspect.signature(pipeline_class.__init__).parameters
+    return pipeline_class(**{name: components.get(name) for name in expected if name in accepted})

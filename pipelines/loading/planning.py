@@ -7,19 +7,22 @@ import contextlib
 import functools
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from torch import nn
 
 import placement
+from placement.activations import ActivationEstimateError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
 from ..folder.components import PipelineComponentError, PipelineComponents
-from ..hf.calls import CallSpecError, family_calls, family_runs
+from ..hf.calls import CallSpecError, UnknownPipelineCallError, capture_call
+from ..hf.calls.arguments import recorded_call
 from ..hf.calls.spec import RUN_KEYS
+from ..hf.diffusers_pipeline import capturable, is_capturable
 from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
 from .call_limits import check_call_limits
@@ -71,10 +74,12 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     if call is not None:
         check_call_limits(sizes, max_memory, pipe=pipe)  # an absurd call: refused before minutes of estimating
     module_order: dict[str, list[str]] = {}
+    described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
+                                                        dtypes=dtypes, estimating=estimating)
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
                      pinned=dict(pinned) or None, scope=scope.value,
-                     runs_per_call=None if pipe is None else call_runs(pipe, modules, sizes))
+                     runs_per_call=None if described is None else described.runs)
 
     def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
         return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
@@ -83,7 +88,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
                                                             "module_order": module_order or None})
 
-    planned = None if call is None else _planned_call(pipe, modules, sizes, options, dtypes=dtypes,
+    planned = None if call is None else _planned_call(pipe, modules, sizes, options, described, dtypes=dtypes,
                                                       estimating=estimating, module_order=module_order)
     activations = None if planned is None else planned.activations
     try:
@@ -99,11 +104,20 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         raise
     for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
+    if call is not None:
+        plan = plan.with_inputs(call=recorded_call(call))
     if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
+        plan = plan.with_advice(_advice(plan, advise, replanning(outcome.activations)))
+    return plan
+
+
+def _advice(plan: placement.Plan, metas: Mapping[str, Any], replanning: Replanning):
+    """How `plan.advise()` works out its suggestions, when asked (they re-plan with each candidate storage)."""
+    def advice() -> list[str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = with_notes(plan, suggestions(plan, advise, replanning(outcome.activations)))
-    return plan if call is None else plan.with_inputs(call=dict(call))
+            return suggestions(plan, metas, replanning)
+    return advice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,15 +126,15 @@ class _Estimated:
     activations: dict[str, int]
 
 
-def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions, *, dtypes,
-                  estimating, module_order: dict[str, list[str]]) -> _Estimated:
+def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions,
+                  described: DescribedCall, *, dtypes, estimating, module_order: dict[str, list[str]]) -> _Estimated:
     """The call's runs of each component and their activation peaks (with what `call=` forces on the VAEs)."""
     with estimating():
-        runs = component_calls(pipe, modules, sizes)
-        activations = estimate_peaks(runs, modules, torch_dtype=dtypes, module_order=module_order,
-                                     techniques=options.forced_for(modules, runs))
-    planned = PlannedCall(runs=runs, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
-                          describe=lambda smaller: component_calls(pipe, modules, smaller))
+        activations = estimate_peaks(described, modules, torch_dtype=dtypes, module_order=module_order,
+                                     techniques=options.forced_for(modules, described.calls))
+    planned = PlannedCall(runs=described.calls, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
+                          describe=lambda smaller: describe_call(pipe, modules, smaller, dtypes=dtypes,
+                                                                 estimating=estimating).calls)
     return _Estimated(call=planned, activations=activations)
 
 
@@ -139,28 +153,66 @@ def _in_library(filename: str) -> bool:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
-    """Peak activation bytes per component for one call, estimated on meta from example inputs (see
-    `component_calls`; a component run several times counts its largest), with the VAE techniques `call`
-    turns on (`vae_tiling=True`, `vae_slicing=True`). When `module_order` is a dict, each component's submodule
-    paths are recorded into it in the order that call runs them (splits are cut in it)."""
+    """Peak activation bytes per component for one call (`describe_call`; a component run several times counts
+    its largest), with the VAE techniques `call` turns on (`vae_tiling=True`, `vae_slicing=True`). When
+    `module_order` is a dict, each component's submodule paths are recorded into it in the order that call runs
+    them (splits are cut in it)."""
     options, sizes = VaeOptions.split(call)
-    runs = component_calls(pipe, modules, sizes)
-    return estimate_peaks(runs, modules, torch_dtype=torch_dtype, module_order=module_order,
-                          techniques=options.forced_for(modules, runs))
+    described = describe_call(pipe, modules, sizes, dtypes=torch_dtype)
+    return estimate_peaks(described, modules, torch_dtype=torch_dtype, module_order=module_order,
+                          techniques=options.forced_for(modules, described.calls))
 
 
-def component_calls(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
-                    call: Mapping[str, Any]) -> dict[str, list]:
-    """What one call of the pipeline runs of each component: the pipeline's own description
-    (`activation_inputs(**call)` gives a call per component), else that of its diffusers family, looked up by
-    class name (`calls.family_calls`). `call` holds sizes only (`VaeOptions.split` takes the techniques out)."""
+@dataclass(frozen=True, kw_only=True)
+class DescribedCall:
+    """What one call of a pipeline runs: per component its example calls (on meta), how many times it runs (None:
+    unknown), and, when the call was captured, each component's activation peak and submodule order already
+    estimated (no technique on)."""
+
+    calls: dict[str, list]
+    runs: dict[str, int] | None
+    peaks: Mapping[str, int] = field(default_factory=dict)
+    module_order: Mapping[str, list[str]] = field(default_factory=dict)
+
+
+def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
+                  estimating=contextlib.nullcontext) -> DescribedCall:
+    """What `call` (None: the pipeline's defaults, for its runs only) runs of each component: a pipeline that
+    describes its inputs says so itself (`activation_inputs(**call)`, `runs_per_call(**call)`); a diffusers
+    pipeline is captured by running its own `__call__` on stand-ins (`hf.calls.capture_call`). `call` holds
+    what the pipeline's call takes (`VaeOptions.split` has taken the techniques out)."""
+    if hasattr(pipe, "activation_inputs") or hasattr(pipe, "runs_per_call") or not is_capturable(pipe):
+        return _self_described(pipe, modules, call)
+    try:
+        with estimating():
+            captured = capture_call(capturable(pipe), modules, call or {},
+                                    dtype_of=lambda name: dtype_for(dtypes, name))
+    except (CallSpecError, ActivationEstimateError) as error:
+        if call is not None:
+            raise
+        warnings.warn(f"Runs per call are not known, so the plan counts one run of each component: {error}",
+                      UserWarning, stacklevel=caller_stacklevel())
+        return DescribedCall(calls={}, runs=None)
+    # A module the call never runs (AnimateDiff's motion_adapter, merged into its UNet) needs no activations.
+    return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
+                         peaks={name: captured.peaks.get(name, 0) for name in modules},
+                         module_order=captured.module_order)
+
+
+def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:
+    runs = call_runs(pipe, modules, call)
+    if call is None:
+        return DescribedCall(calls={}, runs=runs)
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        return {name: list(examples) for name, examples in
-                family_calls(pipeline_class_name(pipe), modules, call).items()}
+        raise UnknownPipelineCallError(
+            f"call= is not known for {pipeline_class_name(pipe)}: give its class an `activation_inputs(self, "
+            "**call)` method returning {component: ExampleCall(args=..., kwargs=..., method=...)} with meta tensors "
+            "of the shapes its __call__ passes, or plan without call= (weights only)."
+        )
     sizes = {key: value for key, value in call.items() if key not in RUN_KEYS}  # runs, not sizes
     try:
-        return {name: [spec] for name, spec in describe(**sizes).items()}
+        return DescribedCall(calls={name: [spec] for name, spec in describe(**sizes).items()}, runs=runs)
     except TypeError as error:
         raise CallSpecError(
             f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
@@ -168,43 +220,47 @@ def component_calls(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
         ) from error
 
 
-def estimate_peaks(runs: Mapping[str, list], modules: Mapping[str, nn.Module], *, torch_dtype=None,
+def estimate_peaks(described: DescribedCall, modules: Mapping[str, nn.Module], *, torch_dtype=None,
                    module_order: dict[str, list[str]] | None = None,
                    techniques: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Each component's largest activation peak over its calls (with `techniques[name]` on, if any)."""
+    """Each component's largest activation peak over its calls (with `techniques[name]` on, if any); the peaks the
+    capture already estimated are used as they are where no technique is on."""
     peaks = {}
-    for name, examples in runs.items():
+    for name, examples in described.calls.items():
         if name not in modules:
             continue
-        with record_module_order(modules[name]) as order:
-            peaks[name] = component_peak(name, modules[name], examples, dtype_for(torch_dtype, name),
-                                         (techniques or {}).get(name, ()))
+        used = (techniques or {}).get(name, ())
+        if not examples:  # not run by this call
+            peaks[name], order = described.peaks.get(name, 0), []
+        elif not used and name in described.peaks:
+            peaks[name], order = described.peaks[name], list(described.module_order.get(name, ()))
+        else:
+            with record_module_order(modules[name]) as order:
+                peaks[name] = component_peak(name, modules[name], examples, dtype_for(torch_dtype, name), used)
         if module_order is not None:
             module_order[name] = order
     return peaks
 
 
 def call_runs(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """How many times each component runs per call (`placement.plan(runs_per_call=)`): the pipeline's own
-    `runs_per_call(**call)`, else its diffusers family's (`calls.family_runs`: steps x passes per step), with
-    the pipeline's defaults when `call` leaves them out (or is None); None when neither knows."""
+    """How many times each component runs per call (`placement.plan(runs_per_call=)`) by the pipeline's own
+    `runs_per_call(**call)`, with its defaults when `call` leaves them out (or is None); None when it has none."""
     call = dict(call or {})
     describe = getattr(pipe, "runs_per_call", None)
-    if describe is not None:
-        try:
-            runs = describe(**call)
-        except TypeError as error:
-            raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
-    else:
-        runs = family_runs(pipeline_class_name(pipe), call)
-    given = [key for key in RUN_KEYS if key in call]
-    if runs is None and given:
-        raise CallSpecError(
-            f"call= gives {' and '.join(given)}, but {pipeline_class_name(pipe)} does not say which component runs "
-            "at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
-            "returning {component: runs}, or pass runs_per_call= to placement.plan."
-        )
-    return None if runs is None else {name: count for name, count in runs.items() if name in modules}
+    if describe is None:
+        given = [key for key in RUN_KEYS if key in call]
+        if given:
+            raise CallSpecError(
+                f"call= gives {' and '.join(given)}, but {pipeline_class_name(pipe)} does not say which component "
+                "runs at each step: give its class a `runs_per_call(self, num_inference_steps=..., **call)` method "
+                "returning {component: runs}, or pass runs_per_call= to placement.plan."
+            )
+        return None
+    try:
+        runs = describe(**call)
+    except TypeError as error:
+        raise CallSpecError(f"call={call!r} does not fit {type(pipe).__name__}.runs_per_call: {error}.") from error
+    return {name: count for name, count in runs.items() if name in modules}
 
 
 def pipeline_class_name(pipe: PipelineComponents) -> str:

@@ -1,4 +1,5 @@
-"""estimate_activations: the peak memory one call of a module adds on top of its weights, without memory.
+"""estimate_call / estimate_activations: the peak memory one call of a module adds on top of its weights, and
+what it returns, without memory.
 
 The call runs for real — every op of the module's Python code, with its real shapes and dtypes — but on
 fake tensors (`torch._subclasses.FakeTensorMode`): no data is allocated, so a FLUX-size DiT on `meta` can
@@ -17,16 +18,25 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch._subclasses.fake_tensor as fake_tensor_module
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .attention import FusedAttentionAccounting
-from .isolation import accelerate_hooks_bypassed, torch_silenced
+from .block_memo import BlockMemo, memo_enabled
+from .cache import CachedCall, cache_key, cached, remember
+from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
+from .meta_outputs import to_meta
+from .observers import CallLog
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError
@@ -38,6 +48,10 @@ from ..sizing import kept_fp32_module_names
 # scaled_dot_product_attention never runs. What fake tensors cannot run at all (constants made on meta,
 # MoE routing by values) gets a documented shape-only stand-in (`stand_ins`).
 _FAKE_DEVICE = torch.device("meta")
+# With `keep_values`, the device the fake tensors claim: that of the constants they carry (see estimate_call).
+_VALUES_DEVICE = torch.device("cpu")
+# The most elements a constant made by an op on constants may have: fake mode's own limit is 1 (scalars).
+_VALUES_NUMEL_LIMIT = 1 << 20
 
 # Methods named in the error when the requested one does not exist.
 _COMMON_CALLS = ("forward", "encode", "decode")
@@ -67,15 +81,27 @@ class InvalidActivationCallError(PlanError, ValueError):
     """The call to estimate is malformed: not a module, or a method the module does not have."""
 
 
-def estimate_activations(
+@dataclass(frozen=True, kw_only=True)
+class CallEstimate:
+    """One call estimated: its activation peak, and what it returned, made of plain `meta` tensors."""
+
+    peak_bytes: int
+    output: Any  # the call's return value, every tensor a meta tensor laid out alike (`meta_outputs.to_meta`)
+
+
+def estimate_call(
     module: nn.Module,
     args: Any,
     kwargs: Mapping[str, Any] | None = None,
     *,
     method: str = "forward",
     dtype: torch.dtype | None = None,
-) -> int:
-    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights.
+    keep_values: bool = False,
+) -> CallEstimate:
+    """`module.<method>(*args, **kwargs)` run on fake tensors under `torch.inference_mode()`: the peak bytes it
+    adds on top of the weights, and its return value with every tensor a `meta` tensor of the same shape, dtype
+    and strides (usable outside the estimate; tuples, dicts, output classes and objects holding tensors keep
+    their types).
 
     `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`), hold real
     weights, or already be dispatched/offloaded with accelerate hooks (they are bypassed for the estimate and
@@ -84,37 +110,78 @@ def estimate_activations(
     matter. `method` names the method to call (`"decode"` for a VAE). `dtype`, when given, is the floating
     dtype the module will run in: floating weights and inputs are cast to it, except in the module's
     `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
+
+    `keep_values`: real integer and boolean inputs (token ids, attention masks, image sizes) keep their values,
+    for models that size tensors by them (Lumina 2 reads each caption's length from its mask: `mask.sum(1)
+    .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
+    real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
+
+    Identical blocks called with inputs seen before are replayed, not run (`block_memo`: the peak is the same
+    to the byte), and a call estimated before on an unchanged module is answered from memory (`cache`; not a
+    call whose values are kept: its key holds shapes only).
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
+    with accelerate_hooks_bypassed(module):
+        key = None if keep_values else cache_key(module, method, (args, kwargs), dtype)
+        answer = cached(module, key)
+        if answer is None:
+            answer = _run(module, method, args, kwargs, dtype, keep_values)
+            remember(module, key, answer)
+            if key is not None:  # the caller gets its own copy: what it does with it cannot reach the cache
+                answer = dataclasses.replace(answer, output=to_meta(answer.output))
+    return CallEstimate(peak_bytes=answer.peak_bytes, output=answer.output)
+
+
+def estimate_activations(
+    module: nn.Module,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: str = "forward",
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights:
+    `estimate_call(...).peak_bytes` (see there for what each argument may be)."""
+    return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
+
+
+def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
+         keep_values: bool = False) -> CachedCall:
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    copies = _FakeCopies(fake_mode, dtype)
+    copies = _FakeCopies(fake_mode, dtype, keep_values=keep_values)
     weights = copies.module_tensors(module)
     fake_args, fake_kwargs = copies.inputs((args, kwargs))
 
     tracker = LiveStorageTracker()
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
+    log = CallLog()
+    memo = BlockMemo(tracker, log) if memo_enabled() else None
     try:
-        with torch_silenced(), accelerate_hooks_bypassed(module), shape_only_stand_ins(module):
+        with collection_paused(), torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), \
+                _constants_propagated(keep_values), module_state_kept(module), log.on(module), \
+                memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 with FusedAttentionAccounting(), MetaConstants(), tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
-                    getattr(module, method)(*fake_args, **fake_kwargs)
+                    output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise _failure(module, method, args, kwargs, error) from error
-    return tracker.peak_bytes
+    return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module))
 
 
 class _FakeCopies:
     """Fake stand-ins for real or meta tensors: same shape and dtype (or `dtype`), no storage allocated."""
 
-    def __init__(self, fake_mode: FakeTensorMode, dtype: torch.dtype | None):
+    def __init__(self, fake_mode: FakeTensorMode, dtype: torch.dtype | None, *, keep_values: bool = False):
         self._fake_mode = fake_mode
         self._dtype = dtype
+        self._keep_values = keep_values
+        self._device = _VALUES_DEVICE if keep_values else _FAKE_DEVICE
         self._memo: dict[int, torch.Tensor] = {}  # id(original) -> fake, so tied weights stay tied
 
     def tensor(self, original: torch.Tensor, *, cast: bool) -> torch.Tensor:
@@ -123,8 +190,11 @@ class _FakeCopies:
             meta = original.detach().to("meta")  # free: a meta tensor has no data to copy
             if cast and self._dtype is not None and meta.is_floating_point():
                 meta = meta.to(self._dtype)
-            converter = self._fake_mode.fake_tensor_converter
-            self._memo[key] = converter.from_meta_and_device(self._fake_mode, meta, _FAKE_DEVICE)
+            if self._keep_values and _has_values(original):
+                self._memo[key] = FakeTensor(self._fake_mode, meta, self._device, constant=original.detach().cpu())
+            else:
+                converter = self._fake_mode.fake_tensor_converter
+                self._memo[key] = converter.from_meta_and_device(self._fake_mode, meta, self._device)
         return self._memo[key]
 
     def module_tensors(self, module: nn.Module) -> dict[str, torch.Tensor]:
@@ -144,6 +214,26 @@ class _FakeCopies:
         return tree_map_only(torch.Tensor, lambda t: self.tensor(t, cast=True), tree)
 
 
+def _has_values(tensor: torch.Tensor) -> bool:
+    """A real (not meta, not fake) integer or boolean tensor small enough to carry as a constant."""
+    return not tensor.is_meta and not isinstance(tensor, FakeTensor) and not tensor.is_floating_point() \
+        and not tensor.is_complex() and tensor.numel() <= _VALUES_NUMEL_LIMIT
+
+
+@contextlib.contextmanager
+def _constants_propagated(on: bool) -> Iterator[None]:
+    """Within it, ops on constants give constants of up to `_VALUES_NUMEL_LIMIT` elements (not only scalars)."""
+    if not on:
+        yield
+        return
+    limit = fake_tensor_module.CONSTANT_NUMEL_LIMIT
+    fake_tensor_module.CONSTANT_NUMEL_LIMIT = _VALUES_NUMEL_LIMIT
+    try:
+        yield
+    finally:
+        fake_tensor_module.CONSTANT_NUMEL_LIMIT = limit
+
+
 def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:
     # A weight stays fp32 when one of its path segments names a kept module.
     return bool(keep_fp32) and any(segment in keep_fp32 for segment in name.split("."))
@@ -158,7 +248,7 @@ def _defines(module: nn.Module, method: str) -> bool:
 def _check_call(module: nn.Module, method: str) -> None:
     if not isinstance(module, nn.Module):
         raise InvalidActivationCallError(
-            f"estimate_activations needs an nn.Module, got {type(module).__name__}."
+            f"An activation estimate needs an nn.Module, got {type(module).__name__}."
         )
     if not _defines(module, method):
         candidates = [name for name in _COMMON_CALLS if _defines(module, name)]

@@ -82,15 +82,22 @@ def _shape_only_unpatchify(self, x: torch.Tensor, img_sizes, is_training: bool) 
     return type(self).unpatchify(self, x, img_sizes, True)
 
 
+def sized_by_values(module: nn.Module) -> bool:
+    """Whether `module`'s output is sized by values it computes (3.): run with values kept (`estimate_call(...,
+    keep_values=True)`) its own code gives the real output shape, which the stand-in does not."""
+    return any(_unpatchifies_by_values(sub) and not _forces_inference_output(sub) for sub in module.modules())
+
+
 @contextmanager
-def shape_only_stand_ins(module: nn.Module) -> Iterator[None]:
-    """Within it, `module`'s MoE routing (2.) and value-sized unpatchify (3.) run without data."""
+def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Iterator[None]:
+    """Within it, `module`'s MoE routing (2.) and value-sized unpatchify (3.) run without data; with
+    `values_kept`, constants carry their values and the unpatchify runs as it is."""
     patched = []
     for sub in module.modules():
         if _routes_by_values(sub):
             sub.moe_infer = types.MethodType(_worst_case_moe_infer, sub)
             patched.append((sub, "moe_infer"))
-        if _unpatchifies_by_values(sub) and not _forces_inference_output(sub):
+        if _unpatchifies_by_values(sub) and not _forces_inference_output(sub) and not values_kept:
             sub.unpatchify = types.MethodType(_shape_only_unpatchify, sub)
             patched.append((sub, "unpatchify"))
     try:

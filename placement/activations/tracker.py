@@ -15,9 +15,11 @@ Storages registered with `exclude` (the weights) are never counted, even when an
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,8 +54,24 @@ class LiveStorageTracker(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self._count_storage(leaf.untyped_storage())
 
+    def counted_storages(self) -> frozenset[int]:
+        """The keys (`storage_key`) of the storages counted and alive now."""
+        return frozenset(self._counted)
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator["Window"]:
+        """Within it, the highest live bytes reached above those at entry are measured (`Window.transient_bytes`,
+        set on exit); `peak_bytes` is the same as without the window. Windows nest."""
+        saved, window = self.peak_bytes, Window(entry_bytes=self.live_bytes)
+        self.peak_bytes = self.live_bytes
+        try:
+            yield window
+        finally:
+            window.transient_bytes = self.peak_bytes - window.entry_bytes
+            self.peak_bytes = max(saved, self.peak_bytes)
+
     def _count_storage(self, storage: torch.UntypedStorage) -> None:
-        key = id(storage)
+        key = id(storage)  # = storage_key(tensor)
         if key in self._excluded or key in self._counted:
             return
         nbytes = storage.nbytes()
@@ -69,3 +87,16 @@ class LiveStorageTracker(TorchDispatchMode):
         result = func(*args, **(kwargs or {}))
         self.count(tree_leaves(result))
         return result
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """How the tracker tells storages apart (views of one tensor share it)."""
+    return id(tensor.untyped_storage())
+
+
+@dataclass(kw_only=True)
+class Window:
+    """A stretch of a tracked run (`LiveStorageTracker.window`): live bytes at its start, the most above them."""
+
+    entry_bytes: int
+    transient_bytes: int = 0

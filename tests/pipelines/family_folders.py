@@ -1,73 +1,38 @@
-"""Configs-only folders of the real diffusers families, at reduced depth and real widths, for call= tests.
+"""Folders and pipelines of the real diffusers families, at depth 1 and real widths, for call= tests.
 
-The configs are the published ones (benchmarks/data/real_pipelines.json) with their depth cut (`shallow`), plus
-for the families that file lacks, the classes' own defaults with the published widths (`EXTRA_FAMILIES`).
-A folder holds model_index.json and one config.json per module component; planning builds them on meta.
+The folders are `benchmarks/real_folders.py`'s (published configs, stand-in tokenizers and schedulers, no weights);
+`meta_pipeline(key)` is the diffusers pipeline of one, its modules built on meta as planning builds them, and
+`build_modules(key, device="cpu")` the same modules with random weights, for measuring real runs.
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import importlib.util
 from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
 
-_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
-REAL_PIPELINES = json.loads((_DATA / "real_pipelines.json").read_text())["pipelines"]
-EXTRA_FAMILIES = json.loads((_DATA / "extra_pipelines.json").read_text())["pipelines"]
+_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("real_folders", _BENCHMARKS / "real_folders.py")
+real_folders = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(real_folders)
 
-# Config keys that count repeated blocks, and the depth each keeps: the widths stay real.
-_DEPTH_KEYS = {"num_layers": 1, "num_single_layers": 1, "num_hidden_layers": 1, "num_decoder_layers": 1,
-               "num_refiner_layers": 1, "layers_per_block": 1, "depth": 1}
-
-
-def shallow(config: dict) -> dict:
-    """`config` with every block count cut to 1 (SDXL's per-block transformer depths to 1 each)."""
-    reduced = dict(config)
-    for key, depth in _DEPTH_KEYS.items():
-        if isinstance(reduced.get(key), int):
-            reduced[key] = depth
-    if isinstance(reduced.get("transformer_layers_per_block"), list):
-        reduced["transformer_layers_per_block"] = [1] * len(reduced["transformer_layers_per_block"])
-    if "llama_layers" in reduced:  # HiDream: one Llama layer's states per block, from the (one-layer) encoder
-        reduced["llama_layers"] = [0] * (reduced["num_layers"] + reduced["num_single_layers"])
-    if "fullatt_block_indexes" in reduced:  # Qwen2.5-VL's vision tower: indexes of its (now one) blocks
-        reduced["fullatt_block_indexes"] = [0]
-    for key in ("text_config", "vision_config"):  # composite configs (Qwen2.5-VL)
-        if isinstance(reduced.get(key), dict):
-            reduced[key] = shallow(reduced[key])
-    return reduced
-
-
-def family_components(key: str) -> tuple[str, dict[str, tuple[str, str, dict]]]:
-    """(pipeline class, {component: (library, class, shallow config)}) for a family key, required parts only."""
-    entry = REAL_PIPELINES[key] if key in REAL_PIPELINES else EXTRA_FAMILIES[key]
-    return entry["pipeline_class"], {
-        name: (spec["library"], spec["class"], shallow(spec["config"]))
-        for name, spec in entry["components"].items() if not spec.get("optional")
-    }
+PIPELINES = real_folders.PIPELINES
 
 
 def write_configs_folder(root: Path, key: str) -> Path:
-    """A configs-only pipeline folder (no weights) for family `key`; planning needs nothing else."""
-    pipeline_class, components = family_components(key)
-    root.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": pipeline_class, "_diffusers_version": "0.42.1"}
-    for name, (library, class_name, config) in components.items():
-        index[name] = [library, class_name]
-        (root / name).mkdir(exist_ok=True)
-        (root / name / "config.json").write_text(json.dumps({"_class_name": class_name, **config}))
-    (root / "model_index.json").write_text(json.dumps(index))
-    return root
+    """A folder of family `key` at depth 1 to plan (configs, tokenizers, scheduler; no weights)."""
+    return real_folders.write_folder(root, key, depth=1)
 
 
 def build_modules(key: str, *, device: str = "meta") -> tuple[str, dict[str, torch.nn.Module]]:
-    """The family's shallow modules, on meta or with real (random) weights in float32."""
+    """The family's depth-1 modules, on meta or with real (random) weights in float32."""
     import diffusers
     import transformers
 
-    pipeline_class, components = family_components(key)
+    pipeline_class, components = real_folders.module_specs(key, depth=1)
     modules = {}
     for name, (library, class_name, config) in components.items():
         cls = getattr(diffusers if library == "diffusers" else transformers, class_name)
@@ -79,6 +44,13 @@ def build_modules(key: str, *, device: str = "meta") -> tuple[str, dict[str, tor
             modules[name] = _as_measurable(_build(cls, library, config))
         modules[name].eval()
     return pipeline_class, modules
+
+
+@functools.cache
+def meta_pipeline(key: str):
+    """The diffusers pipeline of family `key` at depth 1 as planning builds it: modules on meta, the folder's
+    other parts (tokenizers, scheduler)."""
+    return real_folders.meta_pipeline(key, depth=1)
 
 
 def _as_measurable(module: torch.nn.Module) -> torch.nn.Module:
@@ -98,4 +70,3 @@ def _build(cls, library: str, config: dict):
     if library == "diffusers":
         return cls.from_config(config)
     return cls._from_config(cls.config_class(**config))
-

@@ -116,3 +116,31 @@ def test_the_pipeline_planner_records_each_components_call_order_during_its_acti
     blocks = [path for path in module_order["denoiser"] if path.count(".") == 1 and "blocks" in path]
     assert blocks and all(not hasattr(m, "_forward_pre_hooks") or not m._forward_pre_hooks
                           for m in modules["denoiser"].modules())  # the recording hooks are gone
+
+
+def test_blocks_the_estimate_replays_are_recorded_in_order_and_splits_cut_alike(monkeypatch):
+    """The block memo replays identical blocks (their submodules never run): the recorded order and the split
+    cut in it are those of a full run."""
+    from pipelines import TextToImagePipeline
+    from pipelines.loading.planning import call_activations
+    from placement.activations import block_memo, cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, "0")
+    replays = []
+    replay = block_memo._Record.replay
+    monkeypatch.setattr(block_memo._Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
+    modules = pipe.module_components
+    denoiser = modules["denoiser"]
+    plans, orders = [], []
+    for memo in ("1", "0"):
+        monkeypatch.setenv(block_memo.MEMO_ENV, memo)
+        module_order: dict[str, list[str]] = {}
+        call_activations(pipe, modules, {"height": 64, "width": 64}, module_order=module_order)
+        orders.append(module_order)
+        rooms = {device: f"{room}B" for device, room in two_rooms(size_module(denoiser)).items()}
+        plans.append(placement.plan({"denoiser": denoiser}, max_memory=rooms,
+                                    module_order={"denoiser": module_order["denoiser"]}))
+    assert replays and orders[0] == orders[1] and "single_blocks.1.qkv" in orders[0]["denoiser"]
+    assert plans[0].components["denoiser"].kind.value == "split"
+    assert plans[0].device_map == plans[1].device_map

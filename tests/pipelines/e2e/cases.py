@@ -1,5 +1,5 @@
 """The end-to-end cases: each tiny pipeline class (`tiny_dits`, `tiny_unets`, `tiny_videos`), the call the tests
-make of it, and the `call=` that plans for that call (None: the class has no call description here)."""
+make of it, and the `call=` that plans for that call (the same arguments)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,18 @@ STEPS = 2  # num_inference_steps of every call
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """`build(root)` the pipeline; `inputs()` its call's arguments (a fresh generator each time); `call` the
-    `call=` planning that call (its steps and strength too: the plan's runs per call are held to the real run's)."""
+    `call=` planning that call: the same arguments, as the pipeline's own `__call__` takes them (call capture runs
+    it), its steps and strength too (the plan's runs per call are held to the real run's)."""
 
     name: str
     build: Callable[[Any], Any]
     inputs: Callable[[], dict]
-    call: dict | None
     video: bool = False
     load: dict = field(default_factory=dict)  # from_pretrained keywords, ours and diffusers' alike
+
+    @property
+    def call(self) -> dict:
+        return {key: value for key, value in self.inputs().items() if key not in ("generator", "output_type")}
 
 
 def image(side: int) -> Image.Image:
@@ -52,22 +56,19 @@ def inputs(**extra) -> Callable[[], dict]:
                     "output_type": "pt", **{key: value() if callable(value) else value for key, value in extra.items()}}
 
 
-def _image_case(name, build, side, *, sequence=True, extra=None, call=True, **fields) -> Case:
+def _image_case(name, build, side, *, sequence=True, extra=None, **fields) -> Case:
     sizes = {"height": side, "width": side, **({"max_sequence_length": SEQUENCE} if sequence else {})}
-    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})),
-                call={**sizes, "num_inference_steps": STEPS} if call else None, **fields)
+    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})), **fields)
 
 
 def _video_case(name, build, side, frames, *, extra=None, **fields) -> Case:
     sizes = {"height": side, "width": side, "num_frames": frames, "max_sequence_length": SEQUENCE}
-    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})),
-                call={**sizes, "num_inference_steps": STEPS}, video=True, **fields)
+    return Case(name=name, build=build, inputs=inputs(**sizes, **(extra or {})), video=True, **fields)
 
 
 def _img2img_case(name, build, side) -> Case:
-    """SD/SDXL img2img take their size from the image; `call=` gives it as height and width."""
-    return Case(name=name, build=build, inputs=inputs(image=lambda: image(side), strength=0.5),  # one step of two
-                call={"height": side, "width": side, "num_inference_steps": STEPS, "strength": 0.5})
+    """SD/SDXL img2img take their size from the image."""
+    return Case(name=name, build=build, inputs=inputs(image=lambda: image(side), strength=0.5))  # one step of two
 
 
 CASES = [
@@ -78,9 +79,9 @@ CASES = [
     _video_case("CogVideoXPipeline", tiny_videos.cogvideox, 16, 9),
     _video_case("LTXPipeline", tiny_videos.ltx, 32, 9),
     _video_case("HunyuanVideoPipeline", tiny_videos.hunyuan_video, 16, 9),
-    Case(name="AnimateDiffPipeline", build=tiny_unets.animatediff, video=True, call=None,
+    Case(name="AnimateDiffPipeline", build=tiny_unets.animatediff, video=True,
          inputs=inputs(height=16, width=16, num_frames=4)),
-    _image_case("Kandinsky3Pipeline", tiny_unets.kandinsky3, 16, sequence=False, call=False),
+    _image_case("Kandinsky3Pipeline", tiny_unets.kandinsky3, 16, sequence=False),
     _image_case("QwenImagePipeline", tiny_dits.qwen_image, 32),
     _video_case("WanImageToVideoPipeline", tiny_videos.wan_i2v, 16, 9, extra={"image": lambda: image(16)}),
     _img2img_case("StableDiffusionXLImg2ImgPipeline", tiny_unets.sdxl_img2img, 16),
@@ -91,19 +92,18 @@ CASES = [
     _image_case("FluxImg2ImgPipeline", tiny_dits.flux_img2img, 16, extra={"image": lambda: image(16)}),
     _image_case("StableDiffusion3Pipeline", tiny_dits.sd3_without_t5, 16,
                 load={"text_encoder_3": None, "tokenizer_3": None}),
-    _image_case("StableDiffusion3ControlNetPipeline", tiny_dits.sd3_controlnet, 16, call=False,
+    _image_case("StableDiffusion3ControlNetPipeline", tiny_dits.sd3_controlnet, 16,
                 extra={"control_image": lambda: control(16)}, load={"text_encoder_3": None, "tokenizer_3": None}),
     _image_case("AuraFlowPipeline", tiny_dits.aura_flow, 16),
-    _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False, call=False),
-    _image_case("ZImagePipeline", tiny_dits.z_image, 32, call=False,
+    _image_case("Lumina2Pipeline", tiny_dits.lumina2, 16, sequence=False),
+    _image_case("ZImagePipeline", tiny_dits.z_image, 32,
                 extra={"negative_prompt": "bad quality", "guidance_scale": 3.0}),
     # the variants call= describes
     _img2img_case("StableDiffusionImg2ImgPipeline", tiny_unets.sd_img2img, 16),
     _image_case("StableDiffusionInpaintPipeline", tiny_unets.sd_inpaint, 16, sequence=False,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     Case(name="StableDiffusionXLImg2ImgPipeline (refiner)", build=tiny_unets.sdxl_refiner,
-         inputs=inputs(image=lambda: image(16), strength=0.5),
-         call={"height": 16, "width": 16, "num_inference_steps": STEPS, "strength": 0.5}),
+         inputs=inputs(image=lambda: image(16), strength=0.5)),
     _image_case("StableDiffusionXLInpaintPipeline", tiny_unets.sdxl_inpaint, 16, sequence=False,
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     _image_case("StableDiffusionXLControlNetPipeline", tiny_unets.sdxl_controlnet, 16, sequence=False,
@@ -115,4 +115,12 @@ CASES = [
                 extra={"image": lambda: image(16), "mask_image": lambda: mask(16)}),
     _video_case("WanVACEPipeline", tiny_videos.wan_vace, 16, 9,
                 extra={"video": lambda: [image(16)] * 9, "mask": lambda: [mask(16)] * 9}),
+    # classes the family table never described, and calls it could not say: two experts, true CFG
+    _image_case("ChromaPipeline", tiny_dits.chroma, 16),
+    _image_case("CogView4Pipeline", tiny_dits.cogview4, 32, sequence=False, extra={"negative_prompt": "bad quality"}),
+    _image_case("SanaSprintPipeline", tiny_dits.sana_sprint, 32,
+                extra={"complex_human_instruction": None, "use_resolution_binning": False}),
+    _video_case("WanPipeline (Wan 2.2, two experts)", tiny_videos.wan22, 16, 9),
+    _image_case("QwenImagePipeline (true CFG)", tiny_dits.qwen_image, 32,
+                extra={"negative_prompt": "bad quality", "true_cfg_scale": 4.0}),
 ]

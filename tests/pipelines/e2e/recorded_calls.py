@@ -1,5 +1,5 @@
 """The tensor shapes a pipeline call really gives its denoiser, ControlNet and VAE (recorded from a run), and
-those `call=` describes for the same call (`pipelines.hf.calls.family_calls`), in one format to compare:
+those `call=` captures for the same call (`pipelines.loading.planning.describe_call`), in one format to compare:
 {(component, method): sorted shapes of every tensor among the arguments}, first call of each method. Arguments
 named like a mask are left out: a pipeline drops a mask whose tokens are all valid (Qwen-Image), which the
 description keeps (it plans for the padded length)."""
@@ -11,8 +11,7 @@ import contextlib
 import torch
 from torch.utils._pytree import keystr, tree_flatten_with_path
 
-from pipelines.hf.calls import family_calls
-from pipelines.loading.planning import modules_and_edges
+from pipelines.loading.planning import describe_call, modules_and_edges
 
 WATCHED = ("unet", "transformer", "transformer_2", "controlnet", "vae")
 VAE_METHODS = ("encode", "decode")
@@ -26,26 +25,24 @@ def _shapes(args, kwargs) -> tuple:
 
 def recorded_shapes(pipe, inputs: dict, runs: dict | None = None) -> tuple[dict, object]:
     """The shapes `pipe(**inputs)` gives each watched component, and the call's output; `runs`, if given, gets
-    how many times each watched component ran ({component: count})."""
+    how many times each module component's forward ran ({component: count}, those that ran)."""
     found: dict = {}
     runs = {} if runs is None else runs
 
     def keep(key, args, kwargs):
-        found.setdefault(key, _shapes(args, kwargs))
-        runs[key[0]] = runs.get(key[0], 0) + (key[1] == "forward")
+        if key[0] in WATCHED:
+            found.setdefault(key, _shapes(args, kwargs))
+        if key[1] == "forward":
+            runs[key[0]] = runs.get(key[0], 0) + 1
 
+    modules, _ = modules_and_edges(pipe)
     with contextlib.ExitStack() as stack:
-        for name in WATCHED:
-            module = getattr(pipe, name, None)
-            if not isinstance(module, torch.nn.Module):
-                continue
-            if name == "vae":
-                for method in VAE_METHODS:
-                    stack.enter_context(_recording_method(module, method, keep))
-            else:
-                handle = module.register_forward_pre_hook(
-                    lambda _, args, kwargs, key=(name, "forward"): keep(key, args, kwargs), with_kwargs=True)
-                stack.callback(handle.remove)
+        for name, module in modules.items():
+            for method in VAE_METHODS if name == "vae" else ():
+                stack.enter_context(_recording_method(module, method, keep))
+            handle = module.register_forward_pre_hook(
+                lambda _, args, kwargs, key=(name, "forward"): keep(key, args, kwargs), with_kwargs=True)
+            stack.callback(handle.remove)
         with torch.no_grad():
             output = pipe(**inputs)
     return found, output
@@ -68,7 +65,7 @@ def _recording_method(module, method, keep):
 
 def described_shapes(pipe, call: dict) -> dict:
     modules, _ = modules_and_edges(pipe)
-    calls = family_calls(type(pipe).__name__, modules, call)
+    calls = describe_call(pipe, modules, call).calls
     described = {}
     for name in WATCHED:
         for example in calls.get(name, ()):

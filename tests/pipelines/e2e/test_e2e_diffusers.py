@@ -17,6 +17,7 @@ from pipelines import Pipeline
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
 from cases import CASES
+from pipelines.hf.calls.arguments import recorded_call
 from recorded_calls import described_shapes, recorded_shapes
 from same_output import assert_same_output
 
@@ -56,10 +57,10 @@ def saved(tmp_path_factory):
 def two_gpu_budgets(folder, case) -> dict:
     """Budgets that make "balanced" use both GPUs: each holds the largest component, or 60% of the weights,
     beside the largest activation and the runtime overhead (what a plan with `call=` charges), not all of it."""
-    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=case.call)
+    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=case.call, **case.load)
     sizes = [component.bytes for component in plan.components.values()]
     transient = max(component.activation_bytes or 0 for component in plan.components.values())
-    overhead = ACCELERATOR_RUNTIME_OVERHEAD if case.call is not None else 0
+    overhead = ACCELERATOR_RUNTIME_OVERHEAD
     budget = overhead + transient + max(max(sizes), int(0.6 * sum(sizes)))
     return {0: f"{budget}B", 1: f"{budget}B", "cpu": "4GiB"}  # exact bytes: tiny models, tiny budgets
 
@@ -87,8 +88,8 @@ def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case):
     runs: dict = {}
     recorded, output = recorded_shapes(reference, case.inputs(), runs)
     expected = result(output, case)
-    if case.call is not None:  # call= describes the tensors the pipeline really gives its denoiser, ControlNet, VAE
-        assert described_shapes(reference, case.call) == recorded
+    # call= captures the tensors the pipeline really gives its denoiser, ControlNet, VAE
+    assert described_shapes(reference, case.call) == recorded
     pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory=two_gpu_budgets(folder, case),
                                     progress=False, call=case.call, **case.load)
     assert type(pipe) is reference_class
@@ -96,10 +97,13 @@ def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case):
     modules = {name for name, obj in pipe.components.items() if isinstance(obj, torch.nn.Module)}
     assert set(plan.components) == modules
     assert {component.execution_device for component in plan.components.values()} == {0, 1}  # both GPUs used
-    if case.call is not None:  # and the runs of its denoiser and ControlNet (steps x passes, the strength share)
-        assert plan.activations_accounted and plan.inputs.call == case.call
-        assert plan.inputs.runs_per_call == {name: count for name, count in runs.items() if count and name != "vae"}
-        assert all(component.activation_bytes > 0 for component in plan.components.values())
+    # and the runs of every component (steps x passes, the strength share, encoders run for negatives)
+    assert plan.activations_accounted and plan.inputs.call == recorded_call(case.call)
+    assert plan.inputs.runs_per_call == runs
+    # activations for each component the call runs; none for one it never runs (AnimateDiff's motion adapter,
+    # merged into its UNet)
+    assert {name for name, component in plan.components.items() if component.activation_bytes > 0} == \
+        set(runs) | ({"vae"} & set(plan.components))
     assert_same_output(run(pipe, case), expected)
     pipe.reset_device_map()
     assert pipe.hf_device_map is None and not has_hooks(pipe)

@@ -1,16 +1,17 @@
 """call= for the variants that take an image: the activation estimate of every denoiser, ControlNet and VAE call
-(on meta, from the call description) is within 10% of torch's MemTracker on a real CPU run of the same call at
-64x64 (the shapes are held to the pipeline's own in test_e2e_diffusers); and what call= accepts and refuses."""
+(captured from the pipeline's own __call__, on meta) is within 10% of torch's MemTracker on a real CPU run of the
+same call at 64x64 (the shapes are held to the pipeline's own in test_e2e_diffusers); and what call= accepts and
+refuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from accelerate import init_empty_weights
+from PIL import Image
 from torch.utils._pytree import tree_map_with_path
 
-from pipelines.hf.calls import CallSpecError, family_calls
-from pipelines.loading.planning import modules_and_edges
+from pipelines.hf.calls import CallSpecError
+from pipelines.loading.planning import describe_call, modules_and_edges
 from placement.activations.measure import measure_activations
 
 import tiny_dits
@@ -25,7 +26,9 @@ VARIANTS = {
     "StableDiffusionXLControlNetPipeline": (tiny_unets.sdxl_controlnet, SIZE),
     "StableDiffusionInpaintPipeline": (tiny_unets.sd_inpaint, SIZE),
     "FluxControlNetPipeline": (tiny_dits.flux_controlnet, {**SIZE, "max_sequence_length": 8}),
-    "FluxKontextPipeline": (tiny_dits.flux_kontext, {**SIZE, "max_sequence_length": 8}),
+    # Kontext would resize its image to a preferred resolution and the call up to max_area (1024x1024): kept at 64
+    "FluxKontextPipeline": (tiny_dits.flux_kontext, {**SIZE, "max_sequence_length": 8, "_auto_resize": False,
+                                                     "max_area": 64 * 64}),
     "FluxFillPipeline": (tiny_dits.flux_fill, {**SIZE, "max_sequence_length": 8}),
 }
 
@@ -46,7 +49,7 @@ def test_estimates_are_within_ten_percent_of_a_real_run(tmp_path, name):
     build, call = VARIANTS[name]
     pipe = build(tmp_path)
     modules, _ = modules_and_edges(pipe)
-    for component, examples in family_calls(name, modules, call).items():
+    for component, examples in describe_call(pipe, modules, {**call, "num_inference_steps": 1}).calls.items():
         if component not in ("unet", "transformer", "controlnet", "vae"):
             continue
         for example in examples:
@@ -56,25 +59,26 @@ def test_estimates_are_within_ten_percent_of_a_real_run(tmp_path, name):
             assert abs(estimate - measured) <= 0.10 * measured, (component, example.method, estimate, measured)
 
 
-def test_a_multi_controlnet_is_refused_with_what_to_do(tmp_path):
+def test_a_multi_controlnet_is_planned_as_the_pipeline_runs_it(tmp_path):
+    """Two ControlNets in one MultiControlNetModel (the table refused it): capture runs the pipeline's own loop,
+    which calls the multi model once per step with both control images; its peak is at least one ControlNet's."""
     pipe = tiny_unets.sd_controlnet(tmp_path)
     modules, _ = modules_and_edges(pipe)
-    with init_empty_weights():
-        modules["controlnet"] = diffusers.MultiControlNetModel([pipe.controlnet, pipe.controlnet])
-    with pytest.raises(CallSpecError, match="one ControlNet.*MultiControlNetModel.*activations="):
-        family_calls("StableDiffusionControlNetPipeline", modules, SIZE)
+    single = describe_call(pipe, modules, {**SIZE, "num_inference_steps": 2})
+    pipe.controlnet = diffusers.MultiControlNetModel([pipe.controlnet, pipe.controlnet])
+    modules, _ = modules_and_edges(pipe)
+    control = Image.new("RGB", (64, 64))
+    multi = describe_call(pipe, modules, {**SIZE, "num_inference_steps": 2, "image": [control, control]})
+    assert multi.runs["controlnet"] == single.runs["controlnet"] == 2
+    assert multi.peaks["controlnet"] >= single.peaks["controlnet"]
 
 
-def test_num_inference_steps_is_accepted_and_a_missing_controlnet_named(tmp_path):
+def test_num_inference_steps_is_accepted_and_a_call_the_pipeline_refuses_is_named(tmp_path):
     pipe = tiny_unets.sd_controlnet(tmp_path)
     modules, _ = modules_and_edges(pipe)
-    assert "controlnet" in family_calls("StableDiffusionControlNetPipeline", modules,
-                                        {**SIZE, "num_inference_steps": 4})
-    with pytest.raises(CallSpecError, match=r"num_inference_steps must be a positive int"):
-        family_calls("StableDiffusionControlNetPipeline", modules, {**SIZE, "num_inference_steps": 0})
-    del modules["controlnet"]
-    with pytest.raises(CallSpecError, match=r"needs component\(s\) \['controlnet'\]"):
-        family_calls("StableDiffusionControlNetPipeline", modules, SIZE)
+    assert describe_call(pipe, modules, {**SIZE, "num_inference_steps": 4}).runs["controlnet"] == 4
+    with pytest.raises(CallSpecError, match=r"StableDiffusionControlNetPipeline.__call__ refuses this call.*divisible"):
+        describe_call(pipe, modules, {"height": 60, "width": 64, "num_inference_steps": 1})
 
 
 def test_our_pipelines_take_num_inference_steps_in_call_too():

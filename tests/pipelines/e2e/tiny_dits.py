@@ -160,3 +160,37 @@ def sd3_controlnet(root):
     parts["transformer"] = seeded(lambda: diffusers.SD3Transformer2DModel(num_layers=3, **transformer_config))
     parts["controlnet"] = seeded(lambda: diffusers.SD3ControlNetModel(num_layers=1, **transformer_config))
     return diffusers.StableDiffusion3ControlNetPipeline(**parts)
+
+
+# -------------------------------------------------------------------- classes the family table never described
+def chroma(root):
+    return diffusers.ChromaPipeline(
+        transformer=seeded(lambda: diffusers.ChromaTransformer2DModel(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=[4, 4, 8], approximator_hidden_dim=32,
+            approximator_layers=1, approximator_num_channels=16)),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), vae=seeded(lambda: flow_vae(1)),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def cogview4(root):
+    glm = transformers.GlmConfig(hidden_size=32, intermediate_size=8, num_hidden_layers=2, num_attention_heads=4,
+                                 head_dim=8, vocab_size=LLM_VOCAB, pad_token_id=0)
+    return diffusers.CogView4Pipeline(
+        transformer=seeded(lambda: diffusers.CogView4Transformer2DModel(
+            patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4, num_attention_heads=4, out_channels=4,
+            text_embed_dim=32, time_embed_dim=8, condition_dim=4)),
+        vae=seeded(lambda: flow_vae(4)), text_encoder=seeded(lambda: transformers.GlmModel(glm).eval()),
+        tokenizer=llm_tokenizer("PreTrainedTokenizerFast"),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256,
+                                                            use_dynamic_shifting=True, time_shift_type="linear"))
+
+
+def sana_sprint(root):
+    parts = sana(root)
+    return diffusers.SanaSprintPipeline(
+        transformer=seeded(lambda: diffusers.SanaTransformer2DModel(
+            patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=4,
+            num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
+            sample_size=32, qk_norm="rms_norm_across_heads", guidance_embeds=True)),
+        vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer, scheduler=diffusers.SCMScheduler())

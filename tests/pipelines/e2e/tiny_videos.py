@@ -78,3 +78,13 @@ def wan_vace(root):
             **{**WAN_TRANSFORMER, "num_layers": 3}, vace_layers=[0, 2], vace_in_channels=96)),
         vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
         tokenizer=t5_tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def wan22(root):
+    """Wan 2.2 text-to-video: two experts, the high-noise one (`transformer`) until the timestep falls under
+    `boundary_ratio` of the schedule, then the low-noise one (`transformer_2`)."""
+    return diffusers.WanPipeline(
+        transformer=seeded(lambda: diffusers.WanTransformer3DModel(**WAN_TRANSFORMER)),
+        transformer_2=seeded(lambda: diffusers.WanTransformer3DModel(**{**WAN_TRANSFORMER, "num_layers": 1})),
+        boundary_ratio=0.875, vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))

@@ -90,7 +90,7 @@ def test_a_plan_in_float32_that_would_fit_in_bfloat16_says_so(folder):
         warnings.simplefilter("ignore")
         offloaded = TextToImagePipeline.plan_placement(folder, max_memory={0: "500KiB", 1: "200KiB", "cpu": "100MiB"})
     assert offloaded.verdict.kind.value != "fits on accelerators"
-    said = [line for line in offloaded.warnings if line.startswith(BF16_SUGGESTION)]
+    said = [line for line in offloaded.advise() if line.startswith(BF16_SUGGESTION)]  # worked out when asked
     assert said and "fits on accelerators" in said[0]
     with pytest.raises(PlacementError, match=r"no offload_folder was given.*" + BF16_SUGGESTION.replace("(", r"\(")
                        .replace(")", r"\)") + " fits on accelerators"):

@@ -19,7 +19,7 @@ BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 
 
 def suggestions(plan) -> list[str]:
-    return [note for note in plan.warnings if note.startswith("Suggestion:")]
+    return [note for note in plan.advise() if note.startswith("Suggestion:")]
 
 
 def _between_cast_and_dense(folder) -> int:

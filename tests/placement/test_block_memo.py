@@ -1,0 +1,170 @@
+"""The block memo: identical blocks called with inputs seen before are replayed, and the estimate does not change:
+the peak equal to the byte, the module order recorded the same, call for call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate import init_empty_weights
+from torch import nn
+
+import placement
+from placement.activations import block_memo, cache
+from placement.unit_order import record_module_order
+
+
+def with_and_without_memo(monkeypatch, module, args, kwargs=None, *, method="forward", dtype=None):
+    """((peak, calls) with the memo, (peak, calls) without, how many calls were replayed): `calls` is every
+    submodule call in order, as `record_module_order(every_call=True)` sees it."""
+    monkeypatch.setenv(cache.CACHE_ENV, "0")  # each estimate a run of its own
+    replays = []
+    replay = block_memo._Record.replay
+    monkeypatch.setattr(block_memo._Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    results = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv(block_memo.MEMO_ENV, memo)
+        with record_module_order(module, every_call=True) as calls:
+            peak = placement.estimate_activations(module, args, kwargs, method=method, dtype=dtype)
+        results[memo] = (peak, list(calls))
+    return results["1"], results["0"], len(replays)
+
+
+def assert_same_estimate(monkeypatch, module, args, kwargs=None, *, replayed: int | None = None, **options):
+    with_memo, without, replays = with_and_without_memo(monkeypatch, module, args, kwargs, **options)
+    assert with_memo[0] == without[0]  # the peak, to the byte
+    assert with_memo[1] == without[1]  # every submodule call, in order
+    if replayed is None:
+        assert replays > 0
+    else:
+        assert replays == replayed
+    return with_memo[0]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.qkv, self.out = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).unflatten(-1, (3, 2, -1)).permute(2, 0, 3, 1, 4)
+        return x + self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+class Chain(nn.Module):
+    def __init__(self, block, depth: int = 4, **options):
+        super().__init__()
+        self.blocks = nn.ModuleList(block(**options) for _ in range(depth))
+
+    def forward(self, x, *extra):
+        for block in self.blocks:
+            x = block(x, *extra)
+        return x if isinstance(x, torch.Tensor) else x[0]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_identical_blocks_are_replayed_and_the_peak_is_the_full_runs(monkeypatch, dtype):
+    chain = Chain(lambda: nn.Sequential(Attention(16), nn.GELU(), Attention(16)))
+    # Blocks 1-3 whole, and in block 0 its second Attention (identical to its first, same inputs).
+    assert_same_estimate(monkeypatch, chain, (torch.empty(2, 10, 16),), dtype=dtype, replayed=4)
+
+
+class Passing(nn.Module):
+    """Returns its input itself, a view of it, and new tensors sharing one storage (chunks of one result)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 16)
+
+    def forward(self, x, *_):
+        first, second = self.linear(x).chunk(2, dim=-1)
+        return x, x[:, 1:], first, second.t() if second.dim() == 2 else second
+
+
+class Returning(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Passing() for _ in range(3))
+
+    def forward(self, x):
+        kept = []
+        for block in self.blocks:
+            x, tail, first, second = block(x)
+            kept += [tail, first, second]  # all alive to the end: the live bytes must be the full run's
+        return x, kept
+
+
+def test_outputs_that_alias_inputs_or_share_storage_are_rebuilt_alike(monkeypatch):
+    assert_same_estimate(monkeypatch, Returning(), (torch.empty(5, 8),), replayed=2)
+
+
+class Caching(nn.Module):
+    """Writes into the list it is given (a causal VAE's frame cache): never replayed."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, cache):
+        cache.append(self.linear(x))
+        return x + cache[-1]
+
+
+class Stashing(nn.Module):
+    """Keeps a tensor on itself: alive after the call, besides its output. Never replayed."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.kept = self.linear(x)
+        return x * 2
+
+
+class StashingChain(Chain):
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        for block in self.blocks:
+            del block.kept
+        return x
+
+
+def test_blocks_with_side_effects_run_every_time(monkeypatch):
+    cache: list = []
+    assert_same_estimate(monkeypatch, Chain(Caching), (torch.empty(4, 8), cache), replayed=0)
+    assert_same_estimate(monkeypatch, StashingChain(Stashing), (torch.empty(4, 8),), replayed=0)
+
+
+class Widening(nn.Module):
+    """Same class, same parameters; a plain attribute changes what it allocates."""
+
+    def __init__(self, copies: int):
+        super().__init__()
+        self.linear, self.copies = nn.Linear(8, 8), copies
+
+    def forward(self, x):
+        return self.linear(torch.cat([x] * self.copies)[: x.shape[0]])
+
+
+def test_blocks_differing_in_a_plain_attribute_are_not_identical(monkeypatch):
+    chain = Chain(Widening, depth=1, copies=1)
+    chain.blocks.extend([Widening(5), Widening(1), Widening(5)])
+    assert_same_estimate(monkeypatch, chain, (torch.empty(4, 8),), replayed=2)  # the third and the fourth
+
+
+def test_a_block_with_a_forward_hook_is_run_and_its_hook_sees_every_call(monkeypatch):
+    chain = Chain(Attention, dim=16)
+    seen = []
+    handles = [block.register_forward_hook(lambda m, a, out: seen.append(out.shape)) for block in chain.blocks]
+    assert_same_estimate(monkeypatch, chain, (torch.empty(2, 10, 16),), replayed=0)
+    assert len(seen) == 2 * len(chain.blocks)  # with and without the memo
+    for handle in handles:
+        handle.remove()
+
+
+def test_the_memo_leaves_the_module_as_it_was(monkeypatch):
+    chain = Chain(lambda: nn.Sequential(Attention(16)))
+    assert_same_estimate(monkeypatch, chain, (torch.empty(2, 10, 16),))
+    assert all("forward" not in vars(module) and not module._forward_pre_hooks for module in chain.modules())
