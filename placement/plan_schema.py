@@ -372,6 +372,15 @@ class Plan(_Frozen):
     _advice: Any = PrivateAttr(default=None)
     _advised: Any = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:
+        """Plans are equal when they place the same way: the advice a loader attaches is not part of the plan
+        (a plan read back from its JSON equals the one that was saved)."""
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = _Frozen.__hash__
+
     def with_advice(self, advice) -> "Plan":
         """A copy whose `advise()` calls `advice()` (once) for its lines."""
         copy = self.model_copy()

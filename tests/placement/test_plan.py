@@ -120,8 +120,9 @@ def test_a_pin_to_a_gpu_when_max_memory_lists_none_is_an_error_not_a_silent_cpu(
 
 def test_a_pin_to_a_gpu_on_a_machine_without_one_degrades_when_budgets_are_detected(monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "0")
+    tiny = {"text_encoder": whole(0.002), "denoiser": whole(0.004), "vae": whole(0.001)}  # fits any machine's RAM
     with pytest.warns(UserWarning, match="degrades to 'cpu'"):
-        plan = placement.plan(pipeline(), strategy={"vae": 0})
+        plan = placement.plan(tiny, strategy={"vae": 0})
     assert set(plan.device_map.values()) == {"cpu"}
 
 
