@@ -7,4 +7,5 @@ fill.py        partial residency: as many units resident as the other phases lea
 completion.py  every component's `ComponentTransfer` from its device map, for any strategy
 search.py      the residency levels x home accelerator candidates (`strategies.residency` builds them)
 reference.py   the issue's reference policy: the bar the planner never falls below (tests, benchmarks)
+What each choice costs (bytes per call, the stream buffer, the bounds) is `placement.cost`'s.
 """

@@ -17,10 +17,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
+from ..cost import minimum_phase_weights, stream_buffer_by_size
 from ..devices import Device
 from ..memory_model import Ledger
 from ..streaming import TransferUnit
-from .host_split import STREAM_BUFFER_BLOCKS, minimum_phase_weights
 
 
 @dataclass(kw_only=True)
@@ -38,7 +38,7 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
                   devices: Sequence[int], spread: Collection[str], in_order: bool = False) -> Filled:
     """Place as many `units` resident as fit (see the module doc), charge them to `ledger`, and return where.
     `spread`: the blocks that may sit on other accelerators than `home` (the others stay there or on the host).
-    `in_order`: blocks in execution order instead of largest first (the issue's reference policy's way)."""
+    `in_order`: blocks in execution order instead of largest first (the reference policy's way)."""
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
     everywhere = [home, *(d for d in devices if d != home)]
     filled = Filled()
@@ -100,18 +100,12 @@ class _FillState:
         for unit in units:
             if unit.block:
                 self.counts[unit.bytes] = self.counts.get(unit.bytes, 0) + 1
-        self.sizes = sorted(self.counts, reverse=True)
 
     def _buffer(self, size: int, taken: int) -> int:
-        """The two largest host blocks once `taken` blocks of `size` are resident."""
-        buffer, left = 0, STREAM_BUFFER_BLOCKS
-        for each in self.sizes:
-            count = self.counts[each] - (taken if each == size else 0)
-            used = min(count, left)
-            buffer, left = buffer + used * each, left - used
-            if not left:
-                break
-        return buffer
+        """The host blocks' stream buffer once `taken` blocks of `size` are resident."""
+        if not taken:
+            return stream_buffer_by_size(self.counts)
+        return stream_buffer_by_size({**self.counts, size: self.counts[size] - taken})
 
     def _fits(self, size: int, count: int, device: int, *, block: bool) -> bool:
         if device == self.home:
