@@ -16,8 +16,8 @@ What is not resident is split into loaded-per-call and streamed units in its own
 Every level x home combination is evaluated (3^n x accelerators; a denoiser pipeline has 3 to 6 components,
 so at most a few thousand) unless a lower bound rules it out: the components at STREAM move all their bytes at
 least once. Past EXACT_LIMIT combinations the smallest components are only tried at FILL and STREAM, and past
-that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the issue's reference
-policy (`reference`) on that home; it is one of the candidates, so the search never does worse than it.
+that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the reference policy
+(benchmarks/reference_policy.py) on that home; it is one of the candidates, so the search never does worse than it.
 The bound and the bytes are `cost`'s (`least_bytes_per_call`, `bytes_per_call`).
 Candidates compare by `cost.PlanCost` (bytes on the CPU, bytes per call, crossing edges, the fullest device);
 the strategy's own plan competes too (`strategies.fewest_transfers`).

@@ -1,19 +1,20 @@
-"""The issue's reference policy: the bar every plan of the residency search must clear (tests, benchmarks).
+"""The reference policy: a simple, explainable rule for what stays resident and what moves per call, the bar
+the planner's residency search must clear (tests/placement/test_transfer_properties.py holds every plan to it on
+random pipelines; benchmarks/transfers.py prints it beside ours). It lives beside the benchmarks, not in the
+package: the planner never calls it. `placement.transfers.search` evaluates the same rule as one of its
+candidates (all components at FILL, blocks taken in execution order), which is why a plan never moves more.
 
-Issue 18 states it for one accelerator; the choices it leaves open are made here, at block granularity:
+Stated for one accelerator, made precise at block granularity:
 - Each component k keeps `p_k` bytes resident across calls, chosen greedily: the component that runs most
   first (then the largest), each taking as many of its units as keep every phase able to run at its minimum
-  (activations + its host-homed working set, `cost.minimum_phase_weights`), units in order (the rest, then the
-  blocks in execution order, first fit), on the home accelerator (the one with the largest budget), then,
-  for a component whose layout may be cut across devices, on the others in index order (their phases: the
+  (activations + its host-homed working set, `placement.cost.minimum_phase_weights`), units in order (the rest,
+  then the blocks in execution order, first fit), on the home accelerator (the one with the largest budget),
+  then, for a component whose layout may be cut across devices, on the others in index order (their phases: the
   activations of the components with units there).
 - In k's phase the room left on the home is `budget - overhead - activations_k - sum_j p_j` (resident bytes of
-  every component on the home). If the rest of k fits there it is loaded once per call (cost `w_k - p_k`),
-  else k keeps what fits for its phase after its two largest host-homed blocks (`c_k`: its host-homed rest,
-  then blocks in execution order, first fit) and streams the remainder at every run (cost `c_k + runs_k x
-  (w_k - p_k - c_k)`).
-The planner never calls this: `transfers.search` evaluates the same rule as one of its candidates, so a plan
-never moves more than `reference_transfer` says (tests check it on random pipelines).
+  every component on the home). If the rest of k fits there it is loaded once per call, else k keeps loaded
+  what fits for its phase beside its stream buffer (`c_k`: its host-homed rest, then blocks in execution order,
+  first fit) and streams the remainder at every run. Either way the bytes are `placement.cost.bytes_per_call`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from ..cost import bytes_per_call, minimum_phase_weights
-from ..streaming import TransferUnit
+from placement.cost import bytes_per_call, minimum_phase_weights
+from placement.streaming import TransferUnit
 
 
 @dataclass(frozen=True, kw_only=True)
