@@ -1,14 +1,15 @@
 """Partial residency: as many of a component's units resident as the other phases leave room for.
 
 A component that cannot stay whole keeps units resident on its home accelerator (where it executes) and, for
-the blocks its layout allows to cut across devices (`rooms.spread_blocks`), on the others. A unit may go to a device only if every phase there
-still fits afterwards: the phases of the components already placed (`Ledger.phase_bytes`), and the
-component's own: on its home, its activations, its host-homed rest and two blocks in flight (the least it
-needs to run by streaming); elsewhere, its activations (a split charges them to every device it spans).
-Units are taken in order -- the rest first (it is needed for the whole run), then the blocks largest first
-(so the host keeps small ones: two in flight take little room) -- and one that fits nowhere is skipped for
-the smaller ones after it (first fit decreasing). What is not resident
-stays on the host; `host_split` then decides what of it is loaded per call and what streams.
+the blocks its layout allows to cut across devices (`rooms.spread_blocks`), on the others. A unit may go to a
+device only if every phase there still fits afterwards: the phases of the components already placed
+(`Ledger.phase_bytes`), and the component's own: on its home, its activations and its host-homed working set
+(`cost.minimum_phase_weights`: the rest and the blocks in flight, the least it needs to run by streaming);
+elsewhere, its activations (a split charges them to every device it spans). Units are taken in order -- the
+rest first (it is needed for the whole run), then the blocks largest first (so the host keeps small ones: the
+blocks in flight take little room) -- and one that fits nowhere is skipped for the smaller ones after it (first
+fit decreasing). What is not resident stays on the host; `host_split` then decides what of it is loaded per call
+and what streams.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     if in_order:
         for unit in blocks:
             _place_one(state, unit, everywhere if unit.path in spread else [home], filled)
-    else:  # the largest blocks first: what stays on the host is small, so two in flight take little room
+    else:  # the largest blocks first: what stays on the host is small, so the blocks in flight take little room
         for size in sorted({u.bytes for u in blocks}, reverse=True):
             members = [u for u in blocks if u.bytes == size]
             _place_size(state, [u for u in members if u.path not in spread], [home], filled)  # home first:
