@@ -116,8 +116,9 @@ def candidate_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterat
 
 
 def demotion_value(request: ComponentRequest, costs: CostModel) -> int:
-    """Bytes moved per call if `request` is demoted, at least: all of it homed on the host, moved at least once."""
-    return least_bytes_per_call(request.bytes, runs=costs.runs.get(request.name, 1))
+    """Bytes moved per call if `request` is demoted, at least: all of it homed on the host, moved at least once
+    (the blocks the call never runs move nothing: `active_bytes`)."""
+    return least_bytes_per_call(request.active_bytes, runs=costs.runs.get(request.name, 1))
 
 
 def best_first_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterator[tuple[ComponentRequest, ...]]:

@@ -14,7 +14,7 @@ another can load per call):
 What is not resident is split into loaded-per-call and streamed units in its own phase's room (`host_split`).
 
 Every level x home combination is evaluated (3^n x accelerators; a denoiser pipeline has 3 to 6 components,
-so at most a few thousand) unless a lower bound rules it out: the components at STREAM move all their bytes at
+so at most a few thousand) unless a lower bound rules it out: the components at STREAM move every byte their call runs at
 least once. Past EXACT_LIMIT combinations the smallest components are only tried at FILL and STREAM, and past
 that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the reference policy
 (benchmarks/reference_policy.py) on that home; it is one of the candidates, so the search never does worse than it.
@@ -89,8 +89,9 @@ def choices(order: Sequence, homes: Sequence[int], runs, limit: int = EXACT_LIMI
 
 
 def lower_bound(order: Sequence, levels: Sequence[Level], runs) -> int:
-    """Bytes per call a candidate moves at least: its STREAM components', all of their bytes homed on the host."""
-    return sum(least_bytes_per_call(request.bytes, runs=runs.get(request.name, 1))
+    """Bytes per call a candidate moves at least: its STREAM components', all of their bytes homed on the host
+    (the blocks the call never runs move nothing: `active_bytes`)."""
+    return sum(least_bytes_per_call(request.active_bytes, runs=runs.get(request.name, 1))
                for request, level in zip(order, levels) if level is Level.STREAM)
 
 

@@ -11,8 +11,13 @@ from placement.cost import (
     minimum_phase_weights, stream_buffer, stream_buffer_by_size, streaming_premium, working_set,
 )
 from placement.plan_schema import ComponentTransfer
-from placement.streaming import TransferUnit
+from placement.sizing import size_module
+from placement.strategies import CostModel, ComponentRequest
+from placement.strategies.demotion import demotion_value
+from placement.streaming import TransferUnit, streaming_working_set
 from placement.transfers.host_split import HostSplit, split_host_part
+from placement.transfers.search import Level, lower_bound
+from synthetic import component
 
 GiB = 1024**3
 sizes = st.lists(st.integers(1, 8), max_size=12)
@@ -72,3 +77,18 @@ def test_a_bound_compares_below_every_cost_with_those_bytes():
     bound = PlanCost.at_least(5 * GiB)
     assert bound <= PlanCost(cpu_bytes=0, transfer_bytes=5 * GiB, crossing_edges=0, fullest_share=0.3)
     assert bound < PlanCost(cpu_bytes=1, transfer_bytes=0, crossing_edges=0)
+
+
+def test_the_bounds_leave_out_the_blocks_the_call_never_runs():
+    # A VAE whose encoder the text-to-image call never runs: streamed, its idle blocks move nothing, so a bound
+    # that counted them would exceed what the candidate moves and prune it.
+    module = component([1, 1, 2, 2], head=1)
+    size = size_module(module)
+    request = ComponentRequest(name="vae", module=module, size=size, dtype=None, activation=0, position=0,
+                               streamed=streaming_working_set(module, size),
+                               idle=frozenset({"blocks.2", "blocks.3"}))
+    runs = {"vae": 1}
+    moved = split_host_part(request.layout_units, runs=1, room=None, idle=request.idle).bytes_per_call(1)
+    assert moved == request.active_bytes == 3 * GiB < request.bytes
+    assert lower_bound([request], [Level.STREAM], runs) == moved
+    assert demotion_value(request, CostModel(graph=None, runs=runs)) == moved
