@@ -39,6 +39,7 @@ from .errors import GraphError
 if TYPE_CHECKING:
     from .memory_model import Ledger
     from .plan_schema import ComponentPlan, ComponentTransfer
+    from .strategies.request import ComponentRequest
     from .streaming import TransferUnit
 
 STREAM_BUFFER_BLOCKS = 2  # one block computing, the next one prefetched (on CUDA, on a side stream)
@@ -125,9 +126,9 @@ class CostModel:
     runs: Mapping[str, int]  # runs_per_call per module component (1 when not given)
 
     @classmethod
-    def build(cls, graph: nx.DiGraph, requests: Sequence, runs: Optional[Mapping[str, int]] = None) -> "CostModel":
-        """`runs` as given (validated by the planner); else each graph node's `runs_per_call`, else 1.
-        `requests`: the components to place (anything with a `name`)."""
+    def build(cls, graph: nx.DiGraph, requests: Sequence[ComponentRequest],
+              runs: Optional[Mapping[str, int]] = None) -> "CostModel":
+        """`runs` as given (validated by the planner); else each graph node's `runs_per_call`, else 1."""
         given = dict(runs or {})
         known = {name: given.get(name, runs_per_call(graph, name)) for name in graph.nodes}
         known.update({r.name: given.get(r.name, known.get(r.name, 1)) for r in requests})
