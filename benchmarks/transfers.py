@@ -1,5 +1,5 @@
 """Bytes moved per call when the pipeline does not fit: ours vs diffusers' offloads, a hand-picked mix of them,
-the issue's reference policy and the lower bound of our memory model (issue 18).
+the reference policy (`reference_policy.py`) and the lower bound of our memory model.
 
     python benchmarks/transfers.py                  # every real pipeline x 8 inventories (a few minutes)
     python benchmarks/transfers.py --smoke          # 2 pipelines x 2 inventories, seconds
@@ -13,7 +13,8 @@ step of the family (learned from its own `__call__`, call capture: Wan runs guid
 transformer runs 56 times). Activation peaks at that call (`placement.estimate_activations` through the family
 calls) are kept in data/transfer_activation_peaks.json. Every number is host -> GPU bytes per call in steady
 state (the pipeline is called again and again), and seconds at 25 GB/s (PCIe 4.0 x16). The memory model is
-the planner's for everyone: a phase holds the resident weights + what the running component brings + its
+the planner's for everyone, and so is the count (`placement.cost.bytes_per_call`: what is loaded once per call
+plus runs x what streams per run): a phase holds the resident weights + what the running component brings + its
 activations + 1 GiB runtime overhead per GPU in use, within each GPU's budget; "-" where a technique does not
 fit (it would run out of memory); "cpu" where our plan has to compute a component on the CPU (a video VAE
 decode larger than the GPU, untiled).
@@ -31,12 +32,14 @@ What each anchor moves, from its semantics (diffusers 0.42):
   onto a GPU (`cpu_offload_with_hook`, chained: a model-offloaded component stays on its GPU until the next
   model-offloaded one runs), and group / sequential offload onto a GPU (same bytes; group where it fits). All
   combinations are tried; the cheapest that fits every phase wins.
-- reference: `placement.transfers.reference.reference_transfer` (the issue's p_k policy, at block granularity).
+- reference: `reference_policy.reference_transfer` (the p_k policy, at block granularity).
 - bound: what no plan of the memory model can beat. A component k whose weights exceed the GPUs' room in its
   phase (the best over the m roomiest GPUs of sum(budget - overhead - its activations): a split computes blocks,
-  with their activations, on every GPU it spans) streams at least the excess plus its two smallest blocks at
-  every run; every byte not resident moves at least once, and at most the pooled room less
-  the largest activation peak is resident: bound = sum_k (runs_k - 1) x forced_k + max(0, weights - resident).
+  with their activations, on every GPU it spans) streams at least the excess plus its smallest stream buffer at
+  every run (`placement.cost.least_streamed_per_run`: forced_k); every byte not resident moves at least once,
+  and at most the pooled room less the largest activation peak is resident: bound = sum_k premium(forced_k,
+  runs_k) + max(0, weights - resident), the premium being what streaming moves beyond loading once
+  (`placement.cost.streaming_premium`: (runs_k - 1) x forced_k).
 Ratios are ours / theirs over the scenarios where the pipeline does not fit resident and both fit (< 1: we
 move less); the summary gives their median and worst (largest).
 """
@@ -55,10 +58,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import placement
+from placement.cost import bytes_per_call, least_bytes_per_call, least_streamed_per_run, streaming_premium
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from placement.streaming import streaming_working_set, transfer_units
-from placement.transfers.reference import ReferenceComponent, reference_transfer
 from placement.transfers.search import spreadable
+from reference_policy import ReferenceComponent, reference_transfer
 
 GiB = 1024**3
 LINK = 25e9
@@ -82,9 +86,9 @@ class Part:
     bytes: int
     activation: int
     runs: int
-    working_set: int  # the rest + two largest blocks: what block-level offloading keeps on the GPU at once
+    working_set: int  # the rest + the blocks in flight: what block-level offloading keeps on the GPU at once
     largest_module: int  # the largest module's own tensors: what sequential offload keeps on the GPU at once
-    smallest_blocks: int  # its two smallest blocks: the least anything streaming it keeps in flight
+    blocks: tuple[int, ...] = ()  # its blocks' bytes: the least anything streaming it keeps in flight is theirs
     units: tuple = ()
     spreadable: bool = True
 
@@ -105,19 +109,29 @@ class Pipeline:
 def model_offload(parts, gibs) -> int | None:
     budget = max(gibs) * GiB - ACCELERATOR_RUNTIME_OVERHEAD
     fits = all(p.bytes + p.activation <= budget for p in parts)
-    return sum(p.bytes for p in parts) if fits else None
+    return sum(_loaded(p) for p in parts) if fits else None
 
 
 def group_offload(parts, gibs) -> int | None:
     budget = max(gibs) * GiB - ACCELERATOR_RUNTIME_OVERHEAD
     fits = all(p.working_set + p.activation <= budget for p in parts)
-    return sum(p.runs * p.bytes for p in parts) if fits else None
+    return sum(_streamed(p) for p in parts) if fits else None
 
 
 def sequential_offload(parts, gibs) -> int | None:
     budget = max(gibs) * GiB - ACCELERATOR_RUNTIME_OVERHEAD
     fits = all(p.largest_module + p.activation <= budget for p in parts)
-    return sum(p.runs * p.bytes for p in parts) if fits else None
+    return sum(_streamed(p) for p in parts) if fits else None
+
+
+def _loaded(part: Part) -> int:
+    """Bytes per call of a component moved whole to the GPU once per call."""
+    return bytes_per_call(loaded=part.bytes, streamed=0, runs=part.runs)
+
+
+def _streamed(part: Part) -> int:
+    """Bytes per call of a component moved whole to the GPU at every run."""
+    return bytes_per_call(loaded=0, streamed=part.bytes, runs=part.runs)
 
 
 def by_hand(parts, gibs) -> int | None:
@@ -125,7 +139,7 @@ def by_hand(parts, gibs) -> int | None:
     options = [(kind, gpu) for kind in ("resident", "model", "stream") for gpu in range(len(gibs))]
     best = None
     for choice in itertools.product(options, repeat=len(parts)):
-        cost = sum(0 if kind == "resident" else p.bytes if kind == "model" else p.runs * p.bytes
+        cost = sum(0 if kind == "resident" else _loaded(p) if kind == "model" else _streamed(p)
                    for p, (kind, _) in zip(parts, choice))
         if (best is None or cost < best) and _hand_fits(parts, choice, gibs):
             best = cost
@@ -164,13 +178,12 @@ def bound(parts, gibs) -> int | None:
     pooled = sum(g * GiB - ACCELERATOR_RUNTIME_OVERHEAD for g in gibs)
     forced = 0
     for p in parts:
-        room = _phase_room(p, gibs)
-        if p.bytes > room:
-            if not p.smallest_blocks:
-                return None  # nothing to stream: it cannot run at all
-            forced += (p.runs - 1) * (p.bytes - room + p.smallest_blocks)
+        streamed = least_streamed_per_run(p.bytes, _phase_room(p, gibs), p.blocks)
+        if streamed is None:
+            return None  # nothing to stream: it cannot run at all
+        forced += streaming_premium(streamed, p.runs)
     resident = max(0, pooled - max(p.activation for p in parts))
-    return forced + max(0, sum(p.bytes for p in parts) - resident)
+    return forced + least_bytes_per_call(max(0, sum(p.bytes for p in parts) - resident))
 
 
 def _phase_room(part: Part, gibs) -> int:
@@ -255,13 +268,13 @@ def _save(peaks) -> None:
 
 def _part(name, module, size, activation, runs) -> Part:
     units = transfer_units(module, size)
-    blocks = sorted(u.bytes for u in units if u.block)
+    blocks = tuple(u.bytes for u in units if u.block)
     own = [size.module_sizes.get(path, 0) - sum(size.module_sizes.get(f"{path}.{c}" if path else c, 0)
                                                 for c, _ in m.named_children())
            for path, m in module.named_modules()]
     return Part(name=name, bytes=size.total, activation=activation, runs=runs,
                 working_set=streaming_working_set(module, size), largest_module=max(own, default=size.total),
-                smallest_blocks=sum(blocks[:2]), units=units,
+                blocks=blocks, units=units,
                 spreadable=spreadable(SimpleNamespace(module=module, size=size)))
 
 

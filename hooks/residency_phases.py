@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from placement.cost import working_set
 from placement.devices import Device
-from placement.streaming import RESIDENT_BLOCKS
 
 from .group_offload.module_group import ModuleGroup
 from .group_offload.offload import GroupOffloadSession
@@ -143,10 +143,9 @@ class ComponentPhase:
     @property
     def stream_buffer_bytes(self) -> int:
         """What streaming keeps on the execution device at once: the units onloaded for the whole run, plus the
-        largest blocks (the running one and the prefetched one), as the planner counts it."""
+        blocks in flight (the running one and the prefetched one), as the planner counts it (`cost.working_set`)."""
         blocks = self.session.groups if self.session is not None else []
-        largest = sorted((group.num_bytes for group in blocks), reverse=True)[:RESIDENT_BLOCKS]
-        return sum(group.num_bytes for group in self.per_run) + sum(largest)
+        return working_set(sum(group.num_bytes for group in self.per_run), (group.num_bytes for group in blocks))
 
     def enter(self) -> None:
         self.depth += 1

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field, model_validator
 
+from .cost import bytes_per_call
 from .device_breakdown import with_breakdown
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import PlanError
@@ -92,8 +93,8 @@ class ComponentTransfer(_Frozen):
     streamed_per_run_bytes: int = 0
     per_call_modules: list[str] = []
     streamed_modules: list[str] = []
-    # The blocks in flight at once while streaming (the two largest streamed blocks: one computing, the next
-    # prefetched), on the execution device next to the per-call bytes; 0 when nothing streams.
+    # The blocks in flight at once while streaming (`cost.stream_buffer`: one computing, the next prefetched),
+    # on the execution device next to the per-call bytes; 0 when nothing streams.
     stream_buffer_bytes: int = 0
     # Per-call modules brought to another accelerator than the execution device (a component whose blocks may
     # run on several: its phase's room there), module -> accelerator; the others come to the execution device.
@@ -102,7 +103,8 @@ class ComponentTransfer(_Frozen):
     @property
     def bytes_per_call(self) -> int:
         """Host -> accelerator bytes one call moves for this component: loaded once, streamed at every run."""
-        return self.loaded_per_call_bytes + self.runs_per_call * self.streamed_per_run_bytes
+        return bytes_per_call(loaded=self.loaded_per_call_bytes, streamed=self.streamed_per_run_bytes,
+                              runs=self.runs_per_call)
 
 
 class MemoryTechnique(str, Enum):

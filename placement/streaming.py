@@ -20,12 +20,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .cost import working_set
 from .sizing import ComponentSize
 
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
-# On CUDA the runtime prefetches the next block on a side stream while the current one computes: two
-# blocks are resident at once (without streams one would be, so two is the bound the planner charges).
-RESIDENT_BLOCKS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,11 +135,9 @@ def streaming_working_set(module: nn.Module, size: ComponentSize) -> int:
     """Bytes an offloaded component keeps on its execution device at once while it runs.
 
     The rest stays on the device for the whole forward and the blocks move one at a time with the next one
-    prefetched, so the working set is the rest plus the two largest blocks. A module with no block list
-    streams nothing: its working set is all of it, and offloading it saves no accelerator memory.
-    Tied tensors are counted once, where `size` counts them (their first name).
+    prefetched, so the working set is the rest plus the blocks in flight (`cost.working_set`). A module with
+    no block list streams nothing: its working set is all of it, and offloading it saves no accelerator
+    memory. Tied tensors are counted once, where `size` counts them (their first name).
     """
     blocks = [size.module_sizes.get(path, 0) for path in block_groups(module).block_paths]
-    resident = sorted(blocks, reverse=True)[:RESIDENT_BLOCKS]
-    rest = size.total - sum(blocks)
-    return max(rest, 0) + sum(resident)
+    return working_set(max(size.total - sum(blocks), 0), blocks)

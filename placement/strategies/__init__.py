@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cost import CostModel, PlanCost
+from ..cost import CostModel, PlanCost
 from .fallbacks import Context
 from .registry import MODEL_STRATEGIES, STRATEGIES, place_free_components
 from .request import ComponentRequest, Placed, Placements

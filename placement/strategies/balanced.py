@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..cost import host_bytes
 from ..errors import PlacementError
-from .cost import host_bytes
 from .fallbacks import place_with_fallbacks
 from .optimal import largest_first, place_whole_optimally
 from .request import ComponentRequest

@@ -32,12 +32,12 @@ from itertools import combinations
 from types import MappingProxyType
 from typing import Iterator, Optional, Sequence
 
+from ..cost import CostModel, PlanCost, least_bytes_per_call
 from ..devices import device_label
 from ..errors import PlacementError
 from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
-from .cost import CostModel, PlanCost
 from .fallbacks import Context, place_streamed, streamed_text, streaming_device
 from .request import ComponentRequest, Placed, Placements
 from .state import PlacementState, Strategy, StrategyRequest
@@ -116,8 +116,9 @@ def candidate_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterat
 
 
 def demotion_value(request: ComponentRequest, costs: CostModel) -> int:
-    """Bytes moved per call if `request` is demoted, at least: all of it, once (loaded per call)."""
-    return request.bytes
+    """Bytes moved per call if `request` is demoted, at least: all of it homed on the host, moved at least once
+    (the blocks the call never runs move nothing: `active_bytes`)."""
+    return least_bytes_per_call(request.active_bytes, runs=costs.runs.get(request.name, 1))
 
 
 def best_first_sets(pool: Sequence[ComponentRequest], costs: CostModel) -> Iterator[tuple[ComponentRequest, ...]]:
@@ -142,11 +143,7 @@ def _with_bounds(sets: Iterator, costs: CostModel) -> Iterator[tuple[tuple[Compo
     """Each set with the least cost a candidate demoting it can have: nothing on the CPU, crossings none, its
     bytes moved once."""
     for demoted in sets:
-        at_least = PlanCost(
-            cpu_bytes=0, transfer_bytes=sum(demotion_value(r, costs) for r in demoted), crossing_edges=0,
-            fullest_share=0.0,
-        )
-        yield demoted, at_least
+        yield demoted, PlanCost.at_least(sum(demotion_value(r, costs) for r in demoted))
 
 
 def _candidate(
@@ -162,8 +159,7 @@ def _candidate(
         if placed is None:
             return None
         placements.add(placed)
-    ours = {r.name: r for r in request.requests}
-    cost = request.costs.cost(placements.by_name, set(ours), ledger, ours)
+    cost = request.cost(placements.by_name, ledger)
     state = replace(state, ledger=ledger, by_name=PlacementState.of(ledger, placements).by_name)
     return _Candidate(demoted=demoted, state=state, cost=cost)
 

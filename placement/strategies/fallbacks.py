@@ -4,7 +4,7 @@
 2. split: the component's split units over the accelerators' remaining room (no `_no_split_modules` block
    is ever cut; `splitting.split_device_map` asks accelerate first and packs exactly when it falls short);
 3. offloaded: weights in CPU RAM, executed on the accelerator with the most room for its streaming working
-   set (`streaming.streaming_working_set`: the non-block rest plus two blocks in flight);
+   set (`streaming.streaming_working_set`: the non-block rest plus the blocks in flight, `cost.working_set`);
 4. cpu: weights in CPU RAM and run there, when no accelerator can hold that working set;
 5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
 Each step past the first is recorded as a Fallback whose reason gives the numbers. When the chain leaves a

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..cost import PlanCost
 from ..errors import PlacementError
-from .cost import PlanCost
 from .residency import place_by_residency
 from .spec import StrategyKind
 from .state import PlacementState, Strategy, StrategyRequest
@@ -46,8 +46,7 @@ def place_fewest_transfers(strategy: Strategy, request: StrategyRequest) -> Plac
 
 
 def _cost(state: PlacementState, request: StrategyRequest) -> PlanCost:
-    ours = {r.name: r for r in request.requests}
-    return request.costs.cost(state.by_name, set(ours), state.ledger, ours)
+    return request.cost(state.by_name, state.ledger)
 
 
 def _kept(base: Optional[PlacementState], failure: Optional[PlacementError]) -> PlacementState:

@@ -58,6 +58,12 @@ class ComponentRequest:
     def bytes(self) -> int:
         return self.size.total
 
+    @cached_property
+    def active_bytes(self) -> int:
+        """Its bytes less the blocks the planned call never runs: what moves at least once per call when none
+        of it is resident (an idle block, streamed, moves nothing)."""
+        return self.bytes - sum(unit.bytes for unit in self.layout_units if unit.path in self.idle)
+
     @property
     def transient(self) -> int:
         return self.activation or 0

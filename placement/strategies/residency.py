@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..cost import PlanCost
 from ..device_maps import merge_to_prefixes
 from ..devices import device_label
 from ..memory_model import Ledger
@@ -22,7 +23,6 @@ from ..transfers.fill import Filled
 from ..transfers.search import (
     Choice, Evaluated, Level, choices, fill_and_split, lower_bound, priority_order, reserve_phases,
 )
-from .cost import PlanCost, fullest_share
 from .fallbacks import place_whole, try_split
 from .request import ComponentRequest, Placed, Placements, component_plan
 from .state import PlacementState, StrategyRequest
@@ -40,8 +40,8 @@ def place_by_residency(request: StrategyRequest, *, low_0: bool) -> Optional[tup
     """The cheapest candidate that executes every component on an accelerator, or None when none does."""
     search = _Search(request, low_0=low_0)
     best: Optional[Evaluated] = None
-    for choice in choices(search.order, search.homes):
-        if best is not None and lower_bound(search.order, choice.levels) > best.cost.transfer_bytes:
+    for choice in choices(search.order, search.homes, search.runs):
+        if best is not None and lower_bound(search.order, choice.levels, search.runs) > best.cost.transfer_bytes:
             break  # the choices come cheapest bound first: none left can beat the best
         evaluated = search.evaluate(choice)
         if evaluated is not None and (best is None or evaluated.cost < best.cost):
@@ -75,12 +75,8 @@ class _Search:
             return None
         executing = {name: placed.plan.execution_device for name, placed in stage.whole.items()}
         executing.update({name: choice.home for name in filled})
-        graph = self.request.costs.graph
-        crossings = sum(1 for a, b in graph.edges if a != b and a in executing and b in executing
-                        and executing[a] != executing[b])
         moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
-        cost = PlanCost(cpu_bytes=0, transfer_bytes=moved, crossing_edges=crossings,
-                        fullest_share=fullest_share(ledger))
+        cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger)
         return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=stage.whole, filled=filled, hosts=hosts,
                          splits=splits)
 

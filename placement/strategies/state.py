@@ -12,8 +12,9 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from ..devices import Device
+from ..cost import CostModel, PlanCost
 from ..memory_model import Ledger
-from .cost import CostModel
+from ..transfers.completion import component_transfers
 from .fallbacks import Context
 from .request import ComponentRequest, Placed, Placements
 from .spec import StrategySpec
@@ -49,6 +50,13 @@ class StrategyRequest:
     def start(self) -> tuple[Ledger, Placements]:
         """A private copy of the starting state to place into."""
         return self.ledger.copy(), Placements(by_name=dict(self.placed))
+
+    def cost(self, by_name: Mapping[str, Placed], ledger: Ledger) -> PlanCost:
+        """What the placements `by_name` (every component, the starting ones included) cost under `ledger`,
+        counting the components this request places."""
+        ours = {r.name: r for r in self.requests}
+        transfers = component_transfers(by_name, ours, ledger, self.costs.runs)
+        return self.costs.cost({name: placed.plan for name, placed in by_name.items()}, transfers, ledger)
 
 
 @dataclass(frozen=True, kw_only=True)

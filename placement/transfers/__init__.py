@@ -6,5 +6,5 @@ host_split.py  a component's host-homed units: loaded once per call or streamed 
 fill.py        partial residency: as many units resident as the other phases leave room for
 completion.py  every component's `ComponentTransfer` from its device map, for any strategy
 search.py      the residency levels x home accelerator candidates (`strategies.residency` builds them)
-reference.py   the issue's reference policy: the bar the planner never falls below (tests, benchmarks)
+What each choice costs (bytes per call, the stream buffer, the bounds) is `placement.cost`'s.
 """

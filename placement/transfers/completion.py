@@ -54,15 +54,12 @@ def _loads_more(split: Optional[HostSplit]) -> bool:
     return any(unit.block for unit in split.per_call)
 
 
-def transfer_bytes(by_name: Mapping, requests: Mapping, ledger: Ledger, runs: Mapping[str, int]) -> int:
-    """Host -> accelerator bytes per call of the placements `by_name` (a name -> Placed mapping) under
-    `ledger`, counting only the components in `requests`."""
-    total = 0
-    for name, request in requests.items():
-        plan = by_name[name].plan
-        transfer, _ = component_transfer(plan, request, runs.get(name, 1), ledger)
-        total += transfer.bytes_per_call
-    return total
+def component_transfers(by_name: Mapping, requests: Mapping, ledger: Ledger,
+                        runs: Mapping[str, int]) -> dict[str, ComponentTransfer]:
+    """The transfer of each component in `requests` among the placements `by_name` (a name -> Placed mapping)
+    under `ledger`: what `cost.CostModel.cost` prices."""
+    return {name: component_transfer(by_name[name].plan, request, runs.get(name, 1), ledger)[0]
+            for name, request in requests.items()}
 
 
 def component_transfer(plan: ComponentPlan, request, runs: int,

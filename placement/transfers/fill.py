@@ -1,14 +1,15 @@
 """Partial residency: as many of a component's units resident as the other phases leave room for.
 
 A component that cannot stay whole keeps units resident on its home accelerator (where it executes) and, for
-the blocks its layout allows to cut across devices (`rooms.spread_blocks`), on the others. A unit may go to a device only if every phase there
-still fits afterwards: the phases of the components already placed (`Ledger.phase_bytes`), and the
-component's own: on its home, its activations, its host-homed rest and two blocks in flight (the least it
-needs to run by streaming); elsewhere, its activations (a split charges them to every device it spans).
-Units are taken in order -- the rest first (it is needed for the whole run), then the blocks largest first
-(so the host keeps small ones: two in flight take little room) -- and one that fits nowhere is skipped for
-the smaller ones after it (first fit decreasing). What is not resident
-stays on the host; `host_split` then decides what of it is loaded per call and what streams.
+the blocks its layout allows to cut across devices (`rooms.spread_blocks`), on the others. A unit may go to a
+device only if every phase there still fits afterwards: the phases of the components already placed
+(`Ledger.phase_bytes`), and the component's own: on its home, its activations and its host-homed working set
+(`cost.minimum_phase_weights`: the rest and the blocks in flight, the least it needs to run by streaming);
+elsewhere, its activations (a split charges them to every device it spans). Units are taken in order -- the
+rest first (it is needed for the whole run), then the blocks largest first (so the host keeps small ones: the
+blocks in flight take little room) -- and one that fits nowhere is skipped for the smaller ones after it (first
+fit decreasing). What is not resident stays on the host; `host_split` then decides what of it is loaded per call
+and what streams.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
+from ..cost import minimum_phase_weights, stream_buffer_by_size
 from ..devices import Device
 from ..memory_model import Ledger
 from ..streaming import TransferUnit
-from .host_split import STREAM_BUFFER_BLOCKS, minimum_phase_weights
 
 
 @dataclass(kw_only=True)
@@ -38,7 +39,7 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
                   devices: Sequence[int], spread: Collection[str], in_order: bool = False) -> Filled:
     """Place as many `units` resident as fit (see the module doc), charge them to `ledger`, and return where.
     `spread`: the blocks that may sit on other accelerators than `home` (the others stay there or on the host).
-    `in_order`: blocks in execution order instead of largest first (the issue's reference policy's way)."""
+    `in_order`: blocks in execution order instead of largest first (the reference policy's way)."""
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
     everywhere = [home, *(d for d in devices if d != home)]
     filled = Filled()
@@ -48,7 +49,7 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     if in_order:
         for unit in blocks:
             _place_one(state, unit, everywhere if unit.path in spread else [home], filled)
-    else:  # the largest blocks first: what stays on the host is small, so two in flight take little room
+    else:  # the largest blocks first: what stays on the host is small, so the blocks in flight take little room
         for size in sorted({u.bytes for u in blocks}, reverse=True):
             members = [u for u in blocks if u.bytes == size]
             _place_size(state, [u for u in members if u.path not in spread], [home], filled)  # home first:
@@ -100,18 +101,12 @@ class _FillState:
         for unit in units:
             if unit.block:
                 self.counts[unit.bytes] = self.counts.get(unit.bytes, 0) + 1
-        self.sizes = sorted(self.counts, reverse=True)
 
     def _buffer(self, size: int, taken: int) -> int:
-        """The two largest host blocks once `taken` blocks of `size` are resident."""
-        buffer, left = 0, STREAM_BUFFER_BLOCKS
-        for each in self.sizes:
-            count = self.counts[each] - (taken if each == size else 0)
-            used = min(count, left)
-            buffer, left = buffer + used * each, left - used
-            if not left:
-                break
-        return buffer
+        """The host blocks' stream buffer once `taken` blocks of `size` are resident."""
+        if not taken:
+            return stream_buffer_by_size(self.counts)
+        return stream_buffer_by_size({**self.counts, size: self.counts[size] - taken})
 
     def _fits(self, size: int, count: int, device: int, *, block: bool) -> bool:
         if device == self.home:

@@ -5,7 +5,8 @@ accelerator brings them there in its phase. Two ways (docs/design.md, "When it d
 - loaded per call: moved when its phase starts, kept through its `runs` runs (a denoiser's steps), released
   after: one copy per call, but all of it on the device at once;
 - streamed: block by block at every run, the next block prefetched while one computes: `runs` copies per call,
-  but only two blocks on the device at once (`STREAM_BUFFER_BLOCKS`).
+  but only the blocks in flight on the device at once (`cost.stream_buffer`).
+What each costs, in bytes per call and in room, is `cost`'s; this module only chooses.
 The rest (everything outside the blocks) is needed for the whole run, so it is never streamed: it is loaded
 per call. With `room` bytes free in the phase (after the resident weights, the activations and the overhead),
 the split that moves the fewest bytes per call is chosen; a component that runs once moves the same bytes
@@ -24,10 +25,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping, Optional, Sequence
 
-from ..streaming import RESIDENT_BLOCKS, TransferUnit
+from ..cost import STREAM_BUFFER_BLOCKS, bytes_per_call, stream_buffer
+from ..streaming import TransferUnit
 from .idle import is_idle
-
-STREAM_BUFFER_BLOCKS = RESIDENT_BLOCKS  # one block computing, the next one prefetched
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +36,7 @@ class HostSplit:
 
     per_call: tuple[TransferUnit, ...]
     streamed: tuple[TransferUnit, ...]
-    fits: bool = True  # False: even the minimum (rest + two blocks) exceeds the room given
+    fits: bool = True  # False: even the minimum (the rest + the blocks in flight) exceeds the room given
     idle: tuple[TransferUnit, ...] = ()  # streamed, but never run by the planned call: nothing moves
     # Per-call units loaded onto another accelerator than the execution device: path -> accelerator.
     away: Mapping[str, int] = field(default_factory=dict)
@@ -64,7 +64,7 @@ class HostSplit:
 
     @cached_property
     def buffer_bytes(self) -> int:
-        """The blocks in flight at once: the two largest streamed ones."""
+        """The streamed blocks in flight at once."""
         return stream_buffer(unit.bytes for unit in self.streamed)
 
     @cached_property
@@ -73,16 +73,7 @@ class HostSplit:
         return self.loaded_bytes - sum(self.away_bytes().values()) + self.buffer_bytes
 
     def bytes_per_call(self, runs: int) -> int:
-        return self.loaded_bytes + runs * self.streamed_bytes
-
-
-def stream_buffer(block_bytes) -> int:
-    return sum(sorted(block_bytes, reverse=True)[:STREAM_BUFFER_BLOCKS])
-
-
-def minimum_phase_weights(host: Sequence[TransferUnit]) -> int:
-    """The least a component's host-homed units need on its execution device: the rest and two blocks."""
-    return sum(u.bytes for u in host if not u.block) + stream_buffer(u.bytes for u in host if u.block)
+        return bytes_per_call(loaded=self.loaded_bytes, streamed=self.streamed_bytes, runs=runs)
 
 
 def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[int],
@@ -136,8 +127,8 @@ def _send_away(blocks: Sequence[TransferUnit], *, over: int, away: Sequence[tupl
 
 
 def _in_order(blocks: Sequence[TransferUnit], *, room: int) -> list[TransferUnit]:
-    """The reference policy's split: room kept for the two largest blocks in flight, the blocks that fit in
-    what is left loaded per call (execution order, first fit), the others streamed."""
+    """The reference policy's split: room kept for the largest blocks in flight, the blocks that fit in what is
+    left loaded per call (execution order, first fit), the others streamed."""
     left = room - stream_buffer(u.bytes for u in blocks)
     streamed = []
     for unit in blocks:
@@ -149,31 +140,28 @@ def _in_order(blocks: Sequence[TransferUnit], *, room: int) -> list[TransferUnit
 
 
 def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[TransferUnit]:
-    """The blocks to stream, fewest bytes: beyond the two in flight (the two largest streamed ones), the streamed
+    """The blocks to stream, fewest bytes: beyond the ones in flight (the largest streamed ones), the streamed
     blocks must add up to `over` (what loading everything per call exceeds the room by).
 
-    For each block size as the smaller of the two in flight (the other one as small as the blocks allow), the
-    kept-out blocks are taken from the sizes no larger, largest first; the cheapest choice wins. Blocks of one
-    size (most models) give the obvious answer; two sizes (FLUX's double and single blocks) stream the small
-    ones with two small ones in flight when that moves less. Everything when nothing else fits."""
+    For each block size as the smallest in flight (the others as small as the blocks allow), the kept-out blocks
+    are taken from the sizes no larger, largest first; the cheapest choice wins. Blocks of one size (most
+    models) give the obvious answer; two sizes (FLUX's double and single blocks) stream the small ones with
+    small ones in flight when that moves less. Everything when nothing else fits."""
     sizes = sorted({unit.bytes for unit in blocks})
     counts = {size: sum(1 for unit in blocks if unit.bytes == size) for size in sizes}
     best = None
-    for index, low in enumerate(sizes):
-        high = low if counts[low] >= 2 else next((s for s in sizes[index + 1:]), None)
-        if high is None:
+    for index in range(len(sizes)):
+        flight = _in_flight(counts, sizes[index:])
+        if flight is None:
             continue
-        left = dict(counts)
-        left[low] -= 1
-        left[high] -= 1
-        taken = _cover(over, {size: left[size] for size in sizes[: index + 1]})
+        taken = _cover(over, {size: counts[size] - flight.get(size, 0) for size in sizes[: index + 1]})
         if taken is None:
             continue
-        total = low + high + sum(size * n for size, n in taken.items())
+        total = sum(size * n for size, n in (*flight.items(), *taken.items()))
         if best is None or total < best[0]:
             wanted = dict(taken)
-            for size in (low, high):
-                wanted[size] = wanted.get(size, 0) + 1
+            for size, n in flight.items():
+                wanted[size] = wanted.get(size, 0) + n
             best = (total, wanted)
     if best is None:
         return list(blocks)
@@ -184,6 +172,18 @@ def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[Trans
             wanted[unit.bytes] -= 1
             chosen.append(unit)
     return chosen
+
+
+def _in_flight(counts: dict[int, int], sizes: Sequence[int]) -> dict[int, int] | None:
+    """The smallest blocks in flight drawn from `sizes` (ascending, the first one included): size -> how many;
+    None when they hold too few blocks to fill the stream buffer."""
+    flight, need = {}, STREAM_BUFFER_BLOCKS
+    for size in sizes:
+        flight[size] = min(counts[size], need)
+        need -= flight[size]
+        if not need:
+            return flight
+    return None
 
 
 def _cover(over: int, available: dict[int, int]) -> dict[int, int] | None:

@@ -14,10 +14,11 @@ another can load per call):
 What is not resident is split into loaded-per-call and streamed units in its own phase's room (`host_split`).
 
 Every level x home combination is evaluated (3^n x accelerators; a denoiser pipeline has 3 to 6 components,
-so at most a few thousand) unless a lower bound rules it out: the components at STREAM move all their bytes at
+so at most a few thousand) unless a lower bound rules it out: the components at STREAM move every byte their call runs at
 least once. Past EXACT_LIMIT combinations the smallest components are only tried at FILL and STREAM, and past
-that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the issue's reference
-policy (`reference`) on that home; it is one of the candidates, so the search never does worse than it.
+that at FILL (the bound). All-FILL in priority order, blocks taken in execution order, is the reference policy
+(benchmarks/reference_policy.py) on that home; it is one of the candidates, so the search never does worse than it.
+The bound and the bytes are `cost`'s (`least_bytes_per_call`, `bytes_per_call`).
 Candidates compare by `cost.PlanCost` (bytes on the CPU, bytes per call, crossing edges, the fullest device);
 the strategy's own plan competes too (`strategies.fewest_transfers`).
 """
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator, Optional, Sequence
 
+from ..cost import least_bytes_per_call, minimum_phase_weights
 from ..memory_model import Ledger
 from .fill import Filled, fill_resident
-from .host_split import HostSplit, minimum_phase_weights, split_host_part
+from .host_split import HostSplit, split_host_part
 from .rooms import away_rooms, phase_room, spreadable  # spreadable: re-exported (benchmarks read it here)
 
 EXACT_LIMIT = 2_000  # level x home combinations evaluated exhaustively (each is a fraction of a millisecond)
@@ -55,7 +57,7 @@ class Evaluated:
     """One candidate, evaluated: its cost, the ledger, the resident placements and each other component's units."""
 
     choice: Choice
-    cost: object  # strategies.cost.PlanCost
+    cost: object  # cost.PlanCost
     ledger: Ledger
     whole: dict  # name -> Placed (WHOLE components, and the pinned ones placed before)
     filled: dict[str, Filled]  # FILL and STREAM components, in priority order
@@ -68,7 +70,7 @@ def priority_order(requests: Sequence, runs) -> list:
     return sorted(requests, key=lambda r: (-runs.get(r.name, 1), -r.bytes, r.position))
 
 
-def choices(order: Sequence, homes: Sequence[int], limit: int = EXACT_LIMIT) -> Iterator[Choice]:
+def choices(order: Sequence, homes: Sequence[int], runs, limit: int = EXACT_LIMIT) -> Iterator[Choice]:
     """Every level x home combination (within `limit`, the smallest components get fewer levels), those with
     the fewest bytes certainly moved (the STREAM ones') first."""
     options = [tuple(Level) for _ in order]
@@ -78,7 +80,7 @@ def choices(order: Sequence, homes: Sequence[int], limit: int = EXACT_LIMIT) -> 
             if _count(options) * len(homes) <= limit:
                 break
             options[i] = reduced
-    combos = sorted(itertools.product(*options), key=lambda levels: lower_bound(order, levels))
+    combos = sorted(itertools.product(*options), key=lambda levels: lower_bound(order, levels, runs))
     for levels in combos:
         for home in homes:
             yield Choice(levels=levels, home=home)
@@ -86,9 +88,11 @@ def choices(order: Sequence, homes: Sequence[int], limit: int = EXACT_LIMIT) -> 
             yield from (Choice(levels=levels, home=home, in_order=True) for home in homes)
 
 
-def lower_bound(order: Sequence, levels: Sequence[Level]) -> int:
-    """Bytes per call a candidate moves at least: its STREAM components' bytes, each once."""
-    return sum(request.bytes for request, level in zip(order, levels) if level is Level.STREAM)
+def lower_bound(order: Sequence, levels: Sequence[Level], runs) -> int:
+    """Bytes per call a candidate moves at least: its STREAM components', all of their bytes homed on the host
+    (the blocks the call never runs move nothing: `active_bytes`)."""
+    return sum(least_bytes_per_call(request.active_bytes, runs=runs.get(request.name, 1))
+               for request, level in zip(order, levels) if level is Level.STREAM)
 
 
 def _count(options) -> int:

@@ -208,7 +208,7 @@ def test_demotion_search_finds_the_best_resident_set_past_eight_components():
 
 
 def test_best_first_sets_visit_every_subset_once_cheapest_first():
-    from placement.strategies.cost import CostModel
+    from placement.cost import CostModel
     from placement.strategies.demotion import best_first_sets, demotion_value
     from placement.strategies.request import ComponentRequest
     from placement.sizing import size_module

@@ -1,19 +1,20 @@
-"""The issue's reference policy: the bar every plan of the residency search must clear (tests, benchmarks).
+"""The reference policy: a simple, explainable rule for what stays resident and what moves per call, the bar
+the planner's residency search must clear (tests/placement/test_transfer_properties.py holds every plan to it on
+random pipelines; benchmarks/transfers.py prints it beside ours). It lives beside the benchmarks, not in the
+package: the planner never calls it. `placement.transfers.search` evaluates the same rule as one of its
+candidates (all components at FILL, blocks taken in execution order), which is why a plan never moves more.
 
-Issue 18 states it for one accelerator; the choices it leaves open are made here, at block granularity:
+Stated for one accelerator, made precise at block granularity:
 - Each component k keeps `p_k` bytes resident across calls, chosen greedily: the component that runs most
   first (then the largest), each taking as many of its units as keep every phase able to run at its minimum
-  (activations + host-homed rest + its two largest host-homed blocks), units in order (the rest, then the
-  blocks in execution order, first fit), on the home accelerator (the one with the largest budget), then,
-  for a component whose layout may be cut across devices, on the others in index order (their phases: the
+  (activations + its host-homed working set, `placement.cost.minimum_phase_weights`), units in order (the rest,
+  then the blocks in execution order, first fit), on the home accelerator (the one with the largest budget),
+  then, for a component whose layout may be cut across devices, on the others in index order (their phases: the
   activations of the components with units there).
 - In k's phase the room left on the home is `budget - overhead - activations_k - sum_j p_j` (resident bytes of
-  every component on the home). If the rest of k fits there it is loaded once per call (cost `w_k - p_k`),
-  else k keeps what fits for its phase after its two largest host-homed blocks (`c_k`: its host-homed rest,
-  then blocks in execution order, first fit) and streams the remainder at every run (cost `c_k + runs_k x
-  (w_k - p_k - c_k)`).
-The planner never calls this: `transfers.search` evaluates the same rule as one of its candidates, so a plan
-never moves more than `reference_transfer` says (tests check it on random pipelines).
+  every component on the home). If the rest of k fits there it is loaded once per call, else k keeps loaded
+  what fits for its phase beside its stream buffer (`c_k`: its host-homed rest, then blocks in execution order,
+  first fit) and streams the remainder at every run. Either way the bytes are `placement.cost.bytes_per_call`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from ..streaming import TransferUnit
-from .host_split import stream_buffer
+from placement.cost import bytes_per_call, minimum_phase_weights
+from placement.streaming import TransferUnit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,9 +61,7 @@ class _State:
 
     def need(self, component: ReferenceComponent, device: int) -> int:
         if device == self.home:
-            host = self.host[component.name]
-            blocks = [u.bytes for u in host if u.block]
-            return component.activation + sum(u.bytes for u in host if not u.block) + stream_buffer(blocks)
+            return component.activation + minimum_phase_weights(self.host[component.name])
         return component.activation if device in self.spans[component.name] else 0
 
     def fits(self, components: Sequence[ReferenceComponent], device: int) -> bool:
@@ -107,16 +106,18 @@ def _take(state: _State, components, component: ReferenceComponent, unit: Transf
 
 
 def _phase_cost(state: _State, component: ReferenceComponent) -> int:
+    """Bytes per call of `component` in its phase: what is left on the host loaded once when it fits the room,
+    else loaded what fits beside the stream buffer (the rest, then blocks in execution order) and the rest
+    streamed."""
     host = state.host[component.name]
     remaining = sum(u.bytes for u in host)
     room = state.budgets[state.home] - state.overhead - component.activation - state.weights[state.home]
     if remaining <= room:
-        return remaining
-    blocks = [u for u in host if u.block]
-    left = room - stream_buffer(u.bytes for u in blocks) - sum(u.bytes for u in host if not u.block)
+        return bytes_per_call(loaded=remaining, streamed=0, runs=component.runs)
+    left = room - minimum_phase_weights(host)
     kept = sum(u.bytes for u in host if not u.block)
-    for unit in blocks:
+    for unit in (u for u in host if u.block):
         if unit.bytes <= left:
             left -= unit.bytes
             kept += unit.bytes
-    return kept + component.runs * (remaining - kept)
+    return bytes_per_call(loaded=kept, streamed=remaining - kept, runs=component.runs)

@@ -1,0 +1,177 @@
+"""What a plan costs: the one formula for the bytes a call moves, the stream buffer streaming needs, the bounds
+derived from them, and the order in which candidate plans compare.
+
+Bytes per call (docs/design.md, "When it does not fit"): a component that executes on an accelerator with weights
+homed on the host moves what it loads once per call (`loaded`), plus, at each of its `runs` runs, what it streams
+block by block (`streamed`): `bytes_per_call`. While it streams, its execution device holds its host-homed rest
+(needed for the whole run) and the blocks in flight: one block computes while the next is prefetched, so the
+STREAM_BUFFER_BLOCKS largest streamed blocks (`stream_buffer`, `working_set`). The Plan, the transfer model, the
+searches and their bounds, the runtime's room bookkeeping and the benchmarks all read these functions, so how
+bytes are counted and how deep the prefetch goes are decided here and nowhere else.
+
+Candidates are compared by `PlanCost`, field by field (lexicographically), lowest first:
+
+1. `cpu_bytes`: weights of the components that execute on the CPU. A CPU forward is one to two orders
+   of magnitude slower than streaming the same weights over the bus, so this dominates everything else.
+2. `transfer_bytes`: host -> accelerator bytes per call in steady state, `bytes_per_call` summed over the
+   components. A component that runs every step (`runs_per_call`) thus weighs its runs times more than one
+   that runs once.
+3. `crossing_edges`: model-graph edges whose two ends run on different devices (a copy per call each).
+4. `fullest_share`: the fullest accelerator's predicted peak / budget (the balanced objective).
+
+Only the components the strategy places count toward 1-2 (components passed in already placed are the
+same in every candidate). Ties go to the candidate tried first.
+
+This module imports nothing of the transfer model or the strategies (they import it): what it reads of their
+objects is typed under TYPE_CHECKING only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
+
+import networkx as nx
+
+from .devices import Device, is_accelerator
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .memory_model import Ledger
+    from .plan_schema import ComponentPlan, ComponentTransfer
+    from .strategies.request import ComponentRequest
+    from .streaming import TransferUnit
+
+STREAM_BUFFER_BLOCKS = 2  # one block computing, the next one prefetched (on CUDA, on a side stream)
+
+
+def bytes_per_call(*, loaded: int, streamed: int, runs: int) -> int:
+    """Host -> accelerator bytes one call moves for a component: `loaded` once, `streamed` at each of its runs."""
+    return loaded + runs * streamed
+
+
+def stream_buffer(block_bytes: Iterable[int]) -> int:
+    """The streamed blocks in flight at once (the largest ones): what streaming holds beyond the rest."""
+    return sum(sorted(block_bytes, reverse=True)[:STREAM_BUFFER_BLOCKS])
+
+
+def stream_buffer_by_size(counts: Mapping[int, int]) -> int:
+    """`stream_buffer` of blocks given as size -> how many (a search that moves blocks in and out by size)."""
+    buffer, left = 0, STREAM_BUFFER_BLOCKS
+    for size in sorted(counts, reverse=True):
+        used = min(max(counts[size], 0), left)
+        buffer, left = buffer + used * size, left - used
+        if not left:
+            break
+    return buffer
+
+
+def working_set(rest: int, block_bytes: Iterable[int]) -> int:
+    """What a component that streams `block_bytes` holds on its execution device at once besides activations:
+    its `rest` (everything it needs for the whole run) and the blocks in flight."""
+    return rest + stream_buffer(block_bytes)
+
+
+def minimum_phase_weights(host: Iterable[TransferUnit]) -> int:
+    """The least a component's host-homed units need on its execution device: they all stream (the rest cannot:
+    it is loaded), so its working set."""
+    units = list(host)
+    return working_set(sum(u.bytes for u in units if not u.block), (u.bytes for u in units if u.block))
+
+
+def least_bytes_per_call(host: int, *, runs: int = 1) -> int:
+    """The least a component with `host` bytes homed off the accelerators moves per call (whatever its split):
+    each of them once, all loaded per call (streaming them moves as much or more). The searches prune with it."""
+    return bytes_per_call(loaded=host, streamed=0, runs=runs)
+
+
+def streaming_premium(streamed: int, runs: int) -> int:
+    """What streaming `streamed` bytes at every run moves beyond loading them once per call."""
+    return bytes_per_call(loaded=0, streamed=streamed, runs=runs) - bytes_per_call(loaded=streamed, streamed=0,
+                                                                                  runs=runs)
+
+
+def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) -> Optional[int]:
+    """The fewest bytes a component of `weights` must stream per run when its phase can hold at most `room` of
+    them: the excess, plus the room the blocks in flight take at the least (its smallest blocks). None when it
+    has no block to stream (it cannot run in that room at all); 0 when it fits."""
+    if weights <= room:
+        return 0
+    if not block_bytes:
+        return None
+    return weights - room + stream_buffer(sorted(block_bytes)[:STREAM_BUFFER_BLOCKS])
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class PlanCost:
+    """Lower is better; compared field by field in this order (see the module doc)."""
+
+    cpu_bytes: int
+    transfer_bytes: int
+    crossing_edges: int
+    fullest_share: float = 0.0
+
+    @classmethod
+    def at_least(cls, transfer_bytes: int) -> "PlanCost":
+        """The least cost a candidate that moves at least `transfer_bytes` per call can have: nothing on the
+        CPU, no edge crossing devices, every accelerator empty."""
+        return cls(cpu_bytes=0, transfer_bytes=transfer_bytes, crossing_edges=0, fullest_share=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """What the cost needs to know of the pipeline: its graph and how often each component runs per call."""
+
+    graph: nx.DiGraph
+    runs: Mapping[str, int]  # runs_per_call per module component (1 when not given)
+
+    @classmethod
+    def build(cls, graph: nx.DiGraph, requests: Sequence[ComponentRequest],
+              runs: Optional[Mapping[str, int]] = None) -> "CostModel":
+        """`runs` as given (validated by the planner); else each graph node's `runs_per_call`, else 1."""
+        given = dict(runs or {})
+        known = {name: given.get(name, runs_per_call(graph, name)) for name in graph.nodes}
+        known.update({r.name: given.get(r.name, known.get(r.name, 1)) for r in requests})
+        return cls(graph=graph, runs=known)
+
+    def cost(self, plans: Mapping[str, ComponentPlan], transfers: Mapping[str, ComponentTransfer],
+             ledger: Ledger) -> PlanCost:
+        """The cost of a complete set of placements: `plans` of every component placed, `transfers` of the
+        components the strategy placed (the ones that count)."""
+        cpu = sum(plans[name].bytes for name in transfers if not is_accelerator(plans[name].execution_device))
+        executing = {name: plan.execution_device for name, plan in plans.items()}
+        moved = sum(transfer.bytes_per_call for transfer in transfers.values())
+        return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger)
+
+    def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Ledger) -> PlanCost:
+        """The cost from its parts: `executing` maps each placed component to its execution device."""
+        return PlanCost(cpu_bytes=cpu_bytes, transfer_bytes=transfer_bytes,
+                        crossing_edges=crossings(self.graph, executing), fullest_share=fullest_share(ledger))
+
+
+def crossings(graph: nx.DiGraph, executing: Mapping[str, Device]) -> int:
+    """How many edges between placed components join two different execution devices (self-loops never do)."""
+    return sum(1 for a, b in graph.edges
+               if a != b and a in executing and b in executing and executing[a] != executing[b])
+
+
+def fullest_share(ledger: Ledger) -> float:
+    """The fullest budgeted accelerator's predicted peak as a share of its budget."""
+    shares = [ledger.peak(d) / ledger.loads[d].budget for d in ledger.accelerators if ledger.loads[d].budget]
+    return max(shares, default=0.0)
+
+
+def runs_per_call(graph: nx.DiGraph, name: str) -> int:
+    """The node's `runs_per_call` (a denoiser runs once per step), 1 when absent; anything else is an error."""
+    runs = graph.nodes[name].get("runs_per_call", 1) if name in graph else 1
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise GraphError(
+            f"Model graph node {name!r} has runs_per_call={runs!r}; it must be an int >= 1 (how many times "
+            "the component runs per pipeline call, e.g. the number of denoising steps). Fix or drop it."
+        )
+    return runs
+
+
+def host_bytes(plan: ComponentPlan) -> int:
+    """Weight bytes the plan keeps off the accelerators (CPU RAM, disk)."""
+    return sum(n for device, n in plan.placed_bytes.items() if not is_accelerator(device))
