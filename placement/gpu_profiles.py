@@ -59,8 +59,8 @@ class GpuProfile(BaseModel):
 
     @property
     def link_bytes_per_s(self) -> float:
-        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link)."""
-        return PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes * 1e9 * LINK_EFFICIENCY
+        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), to 0.1 GB/s."""
+        return round(PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes * LINK_EFFICIENCY, 1) * 1e9
 
     @property
     def link_label(self) -> str:
@@ -68,15 +68,24 @@ class GpuProfile(BaseModel):
         return f"PCIe {self.pcie_gen}.0 x{self.pcie_lanes}, {raw:.1f} GB/s x {LINK_EFFICIENCY:g}"
 
     def flops_per_s(self, dtype: Optional[str]) -> float:
-        """FLOP/s a forward in `dtype` reaches (`COMPUTE_EFFICIENCY` of the peak). fp32 runs on the plain cores
-        (PyTorch does not use TF32 for matmuls by default); every other dtype computes in 16 bits: fp8 layerwise
-        casting and int8/nf4 quantization store weights small but upcast them to bf16 for the matmul."""
-        peak = self.fp32_tflops if dtype in ("float32", "float64") else self.bf16_tflops
+        """FLOP/s a forward in `dtype` (a plan's dtype label: "bfloat16 (requested)", "float32 (as built)",
+        "nf4 (bitsandbytes), compute bfloat16 (checkpoint)") reaches: `COMPUTE_EFFICIENCY` of the peak. fp32 runs
+        on the plain cores (PyTorch does not use TF32 for matmuls by default); every other dtype computes in 16
+        bits: fp8 layerwise casting and int8/nf4 quantization store weights small but upcast them for the matmul."""
+        peak = self.fp32_tflops if compute_dtype(dtype) in ("float32", "float64") else self.bf16_tflops
         return peak * 1e12 * COMPUTE_EFFICIENCY
 
     @property
     def memory_bytes_per_s(self) -> float:
         return self.memory_gb_s * 1e9 * MEMORY_EFFICIENCY
+
+
+def compute_dtype(label: Optional[str]) -> Optional[str]:
+    """The dtype a component computes in, from a plan's dtype label (`gpu_profiles.GpuProfile.flops_per_s`)."""
+    if not label:
+        return None
+    found = re.search(r"compute (\w+)", label)
+    return found.group(1) if found else re.split(r"[ +(]", label, maxsplit=1)[0]
 
 
 def _profile(key, name, bf16, fp8, fp32, memory, gen) -> GpuProfile:
@@ -147,15 +156,27 @@ def match_device_name(device_name: str) -> Optional[GpuProfile]:
     return PROFILES[_BY_NORMAL[max(contained, key=len)]]
 
 
-def present_gpu(index: int = 0) -> Optional[GpuProfile]:
-    """The profile of this machine's CUDA GPU `index`, by `torch.cuda.get_device_name()`; None without CUDA or
-    for a GPU the table does not know."""
-    import torch
+def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
+    """The profile a plan's seconds assume, and where it came from, in words: `gpu` as named; else the CUDA GPU of
+    this process the plan's first accelerator is (by `torch.cuda.get_device_name()`, when the table knows it);
+    else `DEFAULT_GPU`, assumed."""
+    if gpu is not None:
+        return gpu_profile(gpu), "named by gpu="
+    from .devices import detect_accelerators, is_accelerator
 
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        return None
-    return match_device_name(torch.cuda.get_device_name(index))
+    used = sorted(d for d in accelerators if is_accelerator(d))
+    present = detect_accelerators()
+    if used and not present.virtual and present.kind == "cuda" and used[-1] < present.count:
+        import torch
+
+        name = torch.cuda.get_device_name(used[0])
+        found = match_device_name(name)
+        if found is not None:
+            return found, f"detected: cuda:{used[0]} is {name}"
+        return PROFILES[DEFAULT_GPU], (f"assumed: cuda:{used[0]} is {name!r}, which the profiles do not know; "
+                                       "name the closest with gpu=")
+    return PROFILES[DEFAULT_GPU], f"assumed: no GPU named (gpu=) or present"
 
 
-__all__ = ["COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
-           "PROFILES", "UnknownGpuError", "gpu_profile", "match_device_name", "present_gpu"]
+__all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
+           "PROFILES", "UnknownGpuError", "gpu_profile", "match_device_name"]
