@@ -161,7 +161,7 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     this process the plan's first accelerator is (by `torch.cuda.get_device_name()`, when the table knows it);
     else `DEFAULT_GPU`, assumed."""
     if gpu is not None:
-        return gpu_profile(gpu), "named by gpu="
+        return gpu_profile(gpu), "named (gpu=)"
     from .devices import detect_accelerators, is_accelerator
 
     used = sorted(d for d in accelerators if is_accelerator(d))
@@ -175,7 +175,7 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
             return found, f"detected: cuda:{used[0]} is {name}"
         return PROFILES[DEFAULT_GPU], (f"assumed: cuda:{used[0]} is {name!r}, which the profiles do not know; "
                                        "name the closest with gpu=")
-    return PROFILES[DEFAULT_GPU], f"assumed: no GPU named (gpu=) or present"
+    return PROFILES[DEFAULT_GPU], "assumed: no GPU named (gpu=) or present"
 
 
 __all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
