@@ -35,12 +35,13 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field, model_validator
 
 from .device_breakdown import with_breakdown
-from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile
+from .gpu_profiles import GpuProfile, gpu_profile
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import PlanError
 from .sizes import format_bytes
 from .plan_inputs import PlanDevice, PlanInputs
-from .verdict import PCIE_BYTES_PER_S, fullest_device, time_line, verdict_warnings
+from .time_model import plan_time, time_line
+from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
 # 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
@@ -354,9 +355,6 @@ class Plan(_Frozen):
     def time_per_call(self, gpu: "GpuProfile | str | None" = None):
         """The seconds per call per component (`time_model.CallTime`: compute, copies, exposed copies), on the
         plan's GPU profile or on `gpu` (a name, as `gpu=` takes it)."""
-        from .gpu_profiles import gpu_profile
-        from .time_model import plan_time
-
         return plan_time(self, None if gpu is None else gpu_profile(gpu))
 
     def with_inputs(self, **changes: Any) -> "Plan":
@@ -453,8 +451,3 @@ class Plan(_Frozen):
         from .explain import explain_plan  # explain imports this module; import here to avoid a cycle
 
         return explain_plan(self)
-
-
-def plan_gpu(plan: Plan) -> GpuProfile:
-    """The profile a plan's seconds assume: its own, else (a file before v4) the default."""
-    return plan.gpu or PROFILES[DEFAULT_GPU]

@@ -8,7 +8,7 @@ The costs quoted for streamed and CPU components are what a user needs to judge 
 from host memory to the execution device per call (`ComponentPlan.transfer`: loaded once per call, plus the
 runs times what streams at every run), and the time that takes at the plan's link bandwidth (25 GB/s, PCIe 4.0
 x16, unless given); then the total per call. Plans written before the transfer model quote the bytes per run.
-With FLOPs known (a plan for a call), the verdict also says the predicted seconds per call (`time_line`).
+With FLOPs known (a plan for a call), the verdict also says the predicted seconds per call (`time_model.time_line`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .devices import device_label, is_accelerator
 from .sizes import format_bytes
 
 if TYPE_CHECKING:  # plan_schema.py builds the verdict from its own records; the types are for readers only
-    from .plan_schema import ComponentPlan, DevicePlan, Plan
+    from .plan_schema import ComponentPlan, DevicePlan
 
 # A device with less than this share of its budget left gets a warning: the activation estimates are
 # measured to within a few percent, and the caching allocator's rounding is of the same order, so a plan with
@@ -98,17 +98,6 @@ def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source:
                      f"{_seconds(moved / bandwidth)} at {bandwidth / 1e9:g} GB/s{where}; prefetching overlaps part "
                      "of it with compute.")
     return notes
-
-
-def time_line(plan: Plan) -> Optional[str]:
-    """"Predicted: about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed (named
-    by gpu=)."; None when no component's FLOPs are known (a plan without a call: only bytes are known)."""
-    if plan.seconds_per_call is None:
-        return None
-    from .time_model import short_name  # time_model reads plan records; imported when a plan has FLOPs
-
-    time = plan.time_per_call()
-    return f"Predicted: {time.summary()} ({plan.gpu_source})."
 
 
 def _moves(component: ComponentPlan) -> str:
