@@ -7,12 +7,14 @@
     device  budget  weights  activations  streaming working set  (loaded per call)  runtime overhead
             predicted peak  left  peak while
     component  runs  resident  loaded per call  streamed per run  per call  time
+    component  runs  compute  copies  exposed  total
 
 It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
 table is one word of the plan's memory vocabulary (see `plan_schema`): the device's resident weights, and the
 activations / streaming working set of the phase that sets its peak ("peak while": the component running
 then). The transfer table says what crosses from host memory to the accelerators per call, per component and
-in total, and the time at the plan's link bandwidth. The reasons use the same words.
+in total, and the time at the plan's link bandwidth; the time table, with FLOPs known (a plan for a call), the
+predicted seconds per call (`time_model`). The reasons use the same words.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def explain_plan(plan: Plan) -> str:
     lines += _component_table(plan)
     lines += ["", *_device_table(plan)]
     lines += transfer_lines(plan)
+    lines += time_lines(plan)
     lines += ["", _activation_note(plan)]
     lines += budget_source_lines(plan)
     if plan.crossing_edges:
@@ -122,7 +125,26 @@ def _time(seconds: float) -> str:
 def verdict_lines(plan: Plan) -> list[str]:
     """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
     verdict = plan.verdict
-    return [verdict.headline, *[f"  ! {warning}" for warning in verdict.warnings]]
+    time = [] if verdict.time is None else [verdict.time]
+    return [verdict.headline, *time, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def time_lines(plan: Plan) -> list[str]:
+    """Per component and in total: predicted compute, copies and the copies compute does not hide, per call
+    (`time_model`); nothing for a plan without FLOPs (planned without a call)."""
+    if plan.seconds_per_call is None:
+        return []
+    from .time_model import OVERLAP_MODEL, short_name  # it reads plan records
+
+    time = plan.time_per_call()
+    title = (f"Predicted time per call on {short_name(time.gpu)} ({plan.gpu_source}; {time.gpu.bf16_tflops:g} bf16 / {time.gpu.fp32_tflops:g} fp32 "
+             f"TFLOPS, {time.gpu.memory_gb_s:g} GB/s memory, at the efficiencies of placement.gpu_profiles; "
+             f"{OVERLAP_MODEL}):")
+    header = ["component", "runs", "compute", "copies", "exposed", "total"]
+    rows = [[c.name, str(c.runs), "?" if c.compute_s is None else _time(c.compute_s) + (" (CPU)" if c.on_cpu else ""),
+             _time(c.copy_s), _time(c.exposed_s), _time(c.total_s)] for c in time.components]
+    rows.append(["total", "", _time(time.compute_s), _time(time.copy_s), _time(time.exposed_s), _time(time.seconds)])
+    return ["", title, *aligned_columns(header, rows, left=1)]
 
 
 def simulated_lines(plan: Plan) -> list[str]:

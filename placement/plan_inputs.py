@@ -23,18 +23,19 @@ class PlanInputs(BaseModel):
     offload_folder: Optional[str] = None
     runs_per_call: Optional[dict[str, int]] = None  # as given (components not named run once)
     link_bandwidth: Optional[float] = None  # bytes/s as given (None: the default was assumed)
+    gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
     # The accelerators the planning machine had (virtual ones included); a plan for more is simulated for them
     # (`Plan.simulated_accelerators`). None in files written before it was recorded.
     accelerators_present: Optional[int] = None
 
     @classmethod
     def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
-               link_bandwidth=None, accelerators_present=None) -> "PlanInputs":
+               link_bandwidth=None, accelerators_present=None, gpu=None) -> "PlanInputs":
         """The inputs as JSON can hold them: devices and dtypes as strings, budgets in bytes."""
         return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
                    offload_folder=None if offload_folder is None else str(offload_folder), call=call,
                    runs_per_call=None if runs_per_call is None else dict(runs_per_call),
-                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present)
+                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu)
 
 
 def _plain(value: Any) -> Any:

@@ -19,6 +19,11 @@ What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_pe
 accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s: the caller's; else
 measured when the plan moves weights to this machine's CUDA GPUs, `transfers.link_speed`; else 25 GB/s, PCIe
 4.0 x16, assumed; `link_bandwidth_source` says which).
+
+Seconds per call (`Plan.seconds_per_call`, `Plan.time_per_call()`: `time_model`) add compute to the copies: each
+component's FLOPs per run at the call's shapes (`ComponentPlan.flops_per_run`, counted with the activation
+estimate), on the plan's GPU profile (`Plan.gpu`: named by the caller, else this machine's CUDA GPU by its name,
+else `gpu_profiles.DEFAULT_GPU` assumed; `gpu_source` says which), with the copies that compute does not hide.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field, model_v
 
 from .cost import bytes_per_call
 from .device_breakdown import with_breakdown
+from .gpu_profiles import GpuProfile, gpu_profile
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .errors import PlanError
 from .sizes import format_bytes
 from .plan_inputs import PlanDevice, PlanInputs
+from .time_model import plan_time, time_line
 from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
@@ -42,7 +49,9 @@ from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
 # 3: adds the transfer model: ComponentPlan.transfer, Plan.link_bandwidth (and its source), the derived
 #    Plan.transfer_bytes_per_call / transfer_seconds_per_call, DevicePlan.phases and .loaded_per_call,
 #    PlanInputs.runs_per_call / link_bandwidth. Older files load with transfer None and no phases.
-SCHEMA_VERSION = 3
+# 4: adds the time model: ComponentPlan.flops_per_run / bytes_touched_per_run, Plan.gpu (and its source), the
+#    derived Plan.seconds_per_call, PlanInputs.gpu. Older files load with no FLOPs (seconds_per_call None).
+SCHEMA_VERSION = 4
 # Host -> accelerator bandwidth assumed when none is given: PCIe 4.0 x16 with pinned memory, sustained.
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
@@ -145,6 +154,9 @@ class ComponentPlan(_Frozen):
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy
     transfer: Optional[ComponentTransfer] = None  # None in files written before the transfer model existed
     memory_techniques: list[PlannedTechnique] = []  # turned on by the plan, applied by the load (VAE tiling)
+    # What one run computes and touches at the planned call (None: not known, planned without a call or before v4).
+    flops_per_run: Optional[int] = None
+    bytes_touched_per_run: Optional[int] = None
 
 
 class DevicePlan(_Frozen):
@@ -225,6 +237,8 @@ class Verdict(_Frozen):
     fullest_peak: Optional[int] = None
     fullest_budget: Optional[int] = None
     warnings: list[str]
+    # The predicted seconds per call in one line, with the GPU they assume (None: no FLOPs known, `time_line`).
+    time: Optional[str] = None
 
     @property
     def headline(self) -> str:
@@ -238,7 +252,8 @@ class Verdict(_Frozen):
         return text + "."
 
 
-_DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call")
+_DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "seconds_per_call")
+DEFAULT_GPU_SOURCE = "assumed: no GPU named (gpu=) or present"
 
 
 class Plan(_Frozen):
@@ -261,6 +276,9 @@ class Plan(_Frozen):
     # Host -> accelerator bytes/s the seconds of `transfer_seconds_per_call` assume, and where it came from.
     link_bandwidth: float = DEFAULT_LINK_BANDWIDTH
     link_bandwidth_source: str = DEFAULT_LINK_SOURCE
+    # The GPU profile the seconds assume (None in files before v4: the default), and where it came from.
+    gpu: Optional[GpuProfile] = None
+    gpu_source: str = DEFAULT_GPU_SOURCE
 
     @model_validator(mode="before")
     @classmethod
@@ -306,6 +324,7 @@ class Plan(_Frozen):
             fullest_budget=None if fullest is None else fullest.budget,
             warnings=verdict_warnings(components, devices, link_bandwidth=self.link_bandwidth,
                                       link_source=self.link_bandwidth_source),
+            time=time_line(self),
         )
 
     @computed_field
@@ -325,6 +344,20 @@ class Plan(_Frozen):
         overlaps it with compute (prefetching hides part of it on a GPU)."""
         moved = self.transfer_bytes_per_call
         return None if moved is None else moved / self.link_bandwidth
+
+    @computed_field
+    @property
+    def seconds_per_call(self) -> Optional[float]:
+        """Predicted seconds of one call on `gpu`: compute plus the copies compute does not hide (`time_model`);
+        None when no component's FLOPs are known (planned without a call, or a file written before v4)."""
+        if all(c.flops_per_run is None for c in self.components.values()):
+            return None
+        return self.time_per_call().seconds
+
+    def time_per_call(self, gpu: "GpuProfile | str | None" = None):
+        """The seconds per call per component (`time_model.CallTime`: compute, copies, exposed copies), on the
+        plan's GPU profile or on `gpu` (a name, as `gpu=` takes it)."""
+        return plan_time(self, None if gpu is None else gpu_profile(gpu))
 
     def with_inputs(self, **changes: Any) -> "Plan":
         """A copy whose `inputs` record `changes` (e.g. `call=`) on top of what was recorded."""

@@ -16,6 +16,8 @@ from .transfers.completion import complete_transfers
 from .transfers.idle import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .transfers.link_speed import link_speed
+from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
+from .time_model import check_per_run, short_name
 from .errors import ComponentError, DoesNotFitError, InvalidDtypeError, OffloadFolderRequiredError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
@@ -51,7 +53,8 @@ def plan(
     pinned: Optional[Mapping[str, Pin]] = None,
     scope: str = "pipeline",
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
-    runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None,
+    runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None, gpu=None,
+    flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -70,12 +73,22 @@ def plan(
     runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 with guidance as a second
         pass); others once. Not fitting resident, the plan moves the fewest bytes per call (what runs most stays).
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
-        None: measured if the plan moves weights to this machine's CUDA GPUs, else 25 GB/s assumed (it says).
+        None: measured if the plan moves weights to this machine's CUDA GPUs, else the named GPU's host link, else
+        25 GB/s assumed (it says).
+    gpu: the GPU the seconds per call assume ("rtx4090", "h100", ...: `gpu_profiles.PROFILES`); None: this
+        machine's CUDA GPU where the plan uses it, else `gpu_profiles.DEFAULT_GPU` assumed (the plan says which).
+    flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
+        the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
+        call (`Plan.seconds_per_call`), without them only bytes.
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
     runs = check_runs_per_call(runs_per_call, modules)
     bandwidth = check_link_bandwidth(link_bandwidth)
+    work = {name: (check_per_run(flops_per_run, modules, "flops_per_run").get(name),
+                   check_per_run(bytes_touched_per_run, modules, "bytes_touched_per_run").get(name))
+            for name in modules}
+    profile = None if gpu is None else gpu_profile(gpu)  # a misspelt name fails before any planning
     spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
@@ -96,9 +109,11 @@ def plan(
         raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                max_memory=None if max_memory is None else budgets.given(),
-                               runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth)
+                               runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
+                               gpu=None if profile is None else profile.key)
     return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
-                     activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth)
+                     activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
+                     gpu=profile, work=work)
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
@@ -115,19 +130,25 @@ def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, Comp
 
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
-              activations_accounted: bool, bandwidth: Optional[float]) -> Plan:
+              activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
+              work: Mapping[str, tuple]) -> Plan:
     """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
-    measured where the plan moves weights to this machine's GPUs (`transfers.link_speed`), else assumed."""
+    measured where the plan moves weights to this machine's GPUs (`transfers.link_speed`), else the named GPU's
+    host link, else assumed; the GPU profile the seconds assume (`gpu_profiles.choose_gpu`)."""
     by_name = state.by_name
-    components = {name: _with_dtype(by_name[name].plan, requests[name]) for name in order}
+    components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}
+    profile, profile_source = choose_gpu(gpu, state.ledger.accelerators)
     link = {} if bandwidth is None else {"link_bandwidth": bandwidth, "link_bandwidth_source": "given"}
     if bandwidth is None:
         moves = any(c.transfer is not None and c.transfer.bytes_per_call for c in components.values())
         measured = link_speed(state.ledger.accelerators, moves=moves)
         if measured is not None:
             link = {"link_bandwidth": measured[0], "link_bandwidth_source": measured[1]}
+        elif gpu is not None:
+            link = {"link_bandwidth": gpu.link_bytes_per_s,
+                    "link_bandwidth_source": f"{short_name(gpu)}'s host link: {gpu.link_label}"}
     return Plan(
-        **link,
+        **link, gpu=profile, gpu_source=profile_source,
         strategy=spec.label,
         components=components,
         devices=state.ledger.device_plans(),
@@ -184,9 +205,11 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
     )
 
 
-def _with_dtype(component: ComponentPlan, request: ComponentRequest) -> ComponentPlan:
-    """Every component states the dtype its bytes assume (requested, or its tensors' own)."""
-    return component.model_copy(update={"dtype": dtype_label(request.module, request.dtype)})
+def _finished(component: ComponentPlan, request: ComponentRequest, work: tuple) -> ComponentPlan:
+    """Every component states the dtype its bytes assume (requested, or its tensors' own), and what one run
+    computes and touches where the caller counted it (`work`: FLOPs, bytes touched)."""
+    return component.model_copy(update={"dtype": dtype_label(request.module, request.dtype),
+                                        "flops_per_run": work[0], "bytes_touched_per_run": work[1]})
 
 
 def _module_components(components) -> dict[str, nn.Module]:

@@ -1,6 +1,6 @@
 """`Plan.to_svg()`: the plan as a picture, in plain SVG (no plotting dependency; opens in any browser).
 
-Top: the verdict, and whether the plan is simulated (for accelerators the planning machine lacks). Then one bar
+Top: the verdict (with the predicted seconds per call when FLOPs are known), and whether the plan is simulated (for accelerators the planning machine lacks). Then one bar
 per device, the full width being its budget: each component's weights on it
 (one colour per component), the activations, the streaming working set, the runtime overhead and what is
 left, each labelled with its size (in the bar when it is wide enough, always in the line under it); under an
@@ -47,6 +47,9 @@ def plan_svg(plan: Plan) -> str:
         parts.append(_text(MARGIN, y + 14, line, size=16, weight="bold", clip=WIDTH - 2 * MARGIN))
         y += 22
     y += 2
+    if plan.verdict.time is not None:
+        parts.append(_text(MARGIN, y + 13, plan.verdict.time, size=13, weight="bold", clip=WIDTH - 2 * MARGIN))
+        y += 19
     for warning in plan.verdict.warnings:
         parts.append(_text(MARGIN, y + 12, "! " + warning, size=11, fill="#A00000", clip=WIDTH - 2 * MARGIN))
         y += 16

@@ -8,6 +8,7 @@ The costs quoted for streamed and CPU components are what a user needs to judge 
 from host memory to the execution device per call (`ComponentPlan.transfer`: loaded once per call, plus the
 runs times what streams at every run), and the time that takes at the plan's link bandwidth (25 GB/s, PCIe 4.0
 x16, unless given); then the total per call. Plans written before the transfer model quote the bytes per run.
+With FLOPs known (a plan for a call), the verdict also says the predicted seconds per call (`time_model.time_line`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prom
 diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation
 peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call, of
 which `--strength` runs a share in pipelines that start from an image (img2img, inpaint).
-Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. The plan opens with its
+Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size. With a call, the plan predicts
+the seconds per call (compute, copies and the copies compute does not hide) on --gpu NAME (rtx4090, h100, ...),
+by default on this machine's GPU, else on a stated default. The plan opens with its
 verdict; what would do better follows it (bf16 when the plan is in fp32, a CPU budget detected on this
 machine). --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back); FILE "-" is stdout (the
 table then goes to stderr, so that stdout is the JSON or SVG alone).
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from placement.gpu_profiles import DEFAULT_GPU, PROFILES, UnknownGpuError, gpu_profile
 
 from .args import (
     add_call_arguments,
@@ -44,6 +48,9 @@ def register(subparsers) -> None:
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
     parser.add_argument("--layerwise-casting", type=layerwise_casting_arg, default=None, metavar="COMPONENT=DTYPE",
                         help="store a component's Linear/Conv weights in fp8, e.g. transformer=fp8_e4m3fn (folders)")
+    parser.add_argument("--gpu", type=gpu_arg, default=None, metavar="NAME",
+                        help="the GPU the predicted seconds per call assume, e.g. rtx4090, h100 (default: this "
+                             f"machine's, else {DEFAULT_GPU}, stated); known: {', '.join(PROFILES)}")
     add_call_arguments(parser)
     parser.add_argument("--json", type=output_arg, default=None, metavar="FILE",
                         help="also write the plan as JSON ('-': to stdout)")
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
                                 offload_folder=args.offload_folder, call=call_spec(args),
-                                layerwise_casting=args.layerwise_casting)
+                                layerwise_casting=args.layerwise_casting, gpu=args.gpu)
         defaulted = complete_call(planner)
         plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
                                         suggest_gpus=True)
@@ -87,6 +94,14 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.svg, plan.to_svg())
         print(f"Plan picture written to {_named(args.svg)} (open it in a browser)", file=report)
     return 0
+
+
+def gpu_arg(text: str) -> str:
+    """--gpu NAME: a known GPU profile's key (argparse says the error: the names known, the closest first)."""
+    try:
+        return gpu_profile(text).key
+    except UnknownGpuError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("gpu=", "--gpu ")) from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -58,6 +58,7 @@ _FLAG_SPELLINGS = [
     (re.compile(r"\bactivations= \(or call=\)"), "--height and --width"),
     (re.compile(r"\bstrength=([\d.]+):"), r"--strength \1:"),
     (re.compile(r"\bleave strength out\b"), "leave --strength out"),
+    (re.compile(r"\(gpu=\)"), "(--gpu)"),
 ]
 
 

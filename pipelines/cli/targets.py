@@ -100,6 +100,7 @@ class TargetPlanner:
     offload_folder: Optional[Path]
     call: Optional[Mapping[str, Any]]
     layerwise_casting: Optional[Mapping[str, str]] = None
+    gpu: Optional[str] = None  # --gpu: the GPU the plan's seconds per call assume
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
 
@@ -113,7 +114,7 @@ class TargetPlanner:
         from ..text_to_image.pipeline import TextToImagePipeline
 
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
-                       offload_folder=self.offload_folder, call=self.call)
+                       offload_folder=self.offload_folder, call=self.call, gpu=self.gpu)
         if is_preset(self.target):
             if self.layerwise_casting:
                 raise CliArgumentError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "

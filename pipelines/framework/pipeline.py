@@ -57,7 +57,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                         local_files_only: bool = False, revision: str | None = None, token: str | bool | None = None,
                         cache_dir: str | Path | None = None, quantization_config: Any = None,
                         layerwise_casting: Mapping[str, Any] | None = None, pin: Sequence[str] = (),
-                        config: str | Path | None = None, **components: Any):
+                        config: str | Path | None = None, gpu=None, **components: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -93,7 +93,8 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         (one whose own map puts weights on an accelerator is kept there anyway). A single-file checkpoint
         (`.safetensors` of an original layout, or `.gguf`) as `pretrained`, with `config=` the folder or Hub id of
         its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
-        (planned first, on meta), the other components from `config`.
+        (planned first, on meta), the other components from `config`. `gpu` ("rtx4090", "h100", ...) names the GPU
+        the plan's predicted seconds per call assume (`placement.plan(gpu=)`; default: this machine's, else stated).
         """
         components = take_foreign_keywords(components, entry=f"{cls.__name__}.from_pretrained")
         allow_pickle = pickle_opt_in(use_safetensors, device_map)
@@ -106,7 +107,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                                   offload_folder=offload_folder, call=call, progress=progress,
                                   trust_remote_code=trust_remote_code, quantization_config=quantization_config,
                                   layerwise_casting=layerwise_casting, pin=pin, config=config,
-                                  allow_pickle=allow_pickle)
+                                  allow_pickle=allow_pickle, gpu=gpu)
         return load_pipeline(cls, request, passed=components, generic=generic)
 
     @classmethod
@@ -116,10 +117,11 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                        dtype=None, local_files_only: bool = False, revision: str | None = None,
                        token: str | bool | None = None, cache_dir: str | Path | None = None,
                        quantization_config: Any = None, layerwise_casting: Mapping[str, Any] | None = None,
-                       pin: Sequence[str] = (), config: str | Path | None = None, **components: Any):
+                       pin: Sequence[str] = (), config: str | Path | None = None, gpu=None, **components: Any):
         """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
         a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized components are sized as their
-        quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`)."""
+        quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`). `gpu` names
+        the GPU its predicted seconds per call assume, for a plan made for another machine (`--gpu` of the CLI)."""
         components = take_foreign_keywords(components, entry=f"{cls.__name__}.plan_placement")
         hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
                                local_files_only=local_files_only)
@@ -127,7 +129,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
                                   device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
                                   max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
                                   trust_remote_code=trust_remote_code, quantization_config=quantization_config,
-                                  layerwise_casting=layerwise_casting, pin=pin, config=config)
+                                  layerwise_casting=layerwise_casting, pin=pin, config=config, gpu=gpu)
         return plan_folder(cls, request, passed=components, generic=generic)
 
 

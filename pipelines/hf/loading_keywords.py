@@ -123,7 +123,7 @@ def unknown_keyword_error(names: Iterable[str], *, entry: str, arguments: Iterab
 # The keywords of `Pipeline.from_pretrained` and `Pipeline.plan_placement` (tests/pipelines/hf/test_loading_keywords
 # holds this equal to their signatures): what a keyword that is no component may have meant.
 PIPELINE_ARGUMENTS = (
-    "cache_dir", "call", "config", "device_map", "dtype", "generic", "layerwise_casting", "local_files_only",
+    "cache_dir", "call", "config", "device_map", "dtype", "generic", "gpu", "layerwise_casting", "local_files_only",
     "max_memory", "offload_folder", "pin", "progress", "quantization_config", "revision", "token", "torch_dtype",
     "trust_remote_code", "use_safetensors", "variant",
 )

@@ -173,6 +173,7 @@ def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, Me
         plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
                             max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
                             pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
+                            gpu=request.gpu,
                             sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
                                            for name in modules})
         return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from torch import nn
 
 import placement
+from placement import estimate_call
 from placement.activations import ActivationEstimateError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
@@ -37,7 +38,7 @@ _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("p
 
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
-                  modules: Mapping[str, nn.Module] | None = None, edges=None) -> placement.Plan:
+                  modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None) -> placement.Plan:
     """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta):
     its model graph, and activations when `call` is given. `device_map` is interpreted here (it may also be a
     saved plan: a `Plan` or the path of its JSON, used as it is after checking it fits these components, or a
@@ -46,13 +47,13 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
         modules, edges = modules_and_edges(pipe)
     return plan_modules(pipe, modules, edges=edges, device_map=DeviceMapRequest.interpret(device_map),
                         dtypes=torch_dtype, max_memory=max_memory, offload_folder=offload_folder, call=call,
-                        pinned=pinned)
+                        pinned=pinned, gpu=gpu)
 
 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
-                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None) -> placement.Plan:
+                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
     interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
     `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
@@ -62,7 +63,8 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     activation peak for that call is planned for, and a VAE whose decode does not fit is planned tiled or sliced
     (`memory_techniques`; `call={"vae_tiling": False}` forbids it). `advise`: the `MetaComponent`s of the
     components built by this load: when the plan does not fit resident, its warnings (or the error) say which
-    single change to one of them would (`suggestions`)."""
+    single change to one of them would (`suggestions`). `gpu`: the GPU the plan's seconds per call assume
+    (`placement.plan(gpu=)`); with `call`, each component's FLOPs per run at that call are planned with."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -79,7 +81,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
                      pinned=dict(pinned) or None, scope=scope.value,
-                     runs_per_call=None if described is None else described.runs)
+                     runs_per_call=None if described is None else described.runs, gpu=gpu)
 
     def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
         return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
@@ -91,6 +93,8 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     planned = None if call is None else _planned_call(pipe, modules, sizes, options, described, dtypes=dtypes,
                                                       estimating=estimating, module_order=module_order)
     activations = None if planned is None else planned.activations
+    if planned is not None:
+        arguments.update(work_arguments(described, modules, dtypes=dtypes, estimating=estimating))
     try:
         outcome = attempt(plan_for, None) if planned is None else \
             plan_with_vae_techniques(plan_for, planned.call, activations, options)
@@ -173,6 +177,7 @@ class DescribedCall:
     runs: dict[str, int] | None
     peaks: Mapping[str, int] = field(default_factory=dict)
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
+    work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
 
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
@@ -196,7 +201,7 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     # A module the call never runs (AnimateDiff's motion_adapter, merged into its UNet) needs no activations.
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
-                         module_order=captured.module_order)
+                         module_order=captured.module_order, work=captured.work_per_run())
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:
@@ -218,6 +223,28 @@ def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, A
             f"call={dict(call)!r} does not fit {type(pipe).__name__}.activation_inputs: {error}. "
             "Give e.g. {'height': 1024, 'width': 1024, 'batch_size': 1}."
         ) from error
+
+
+def work_arguments(described: DescribedCall, modules: Mapping[str, nn.Module], *, dtypes=None,
+                   estimating=contextlib.nullcontext) -> dict[str, dict[str, int]]:
+    """`placement.plan`'s `flops_per_run` and `bytes_touched_per_run` for the call: captured ones as counted
+    (`CapturedCall.work_per_run`), a self-described component's from its call's estimate (the estimate cache answers
+    it: the peak's estimate ran the same call), a component the call never runs 0."""
+    flops, touched = {}, {}
+    for name, examples in described.calls.items():
+        if name not in modules:
+            continue
+        if name in described.work or not examples:
+            flops[name], touched[name] = described.work.get(name, (0, 0))
+            continue
+        first = examples[0]
+        if not all(hasattr(first, field) for field in ("args", "kwargs", "method")):
+            continue  # an object with only `estimate(module, dtype)`: its FLOPs stay unknown (no time predicted)
+        with estimating():
+            estimate = estimate_call(modules[name], tuple(first.args), dict(first.kwargs), method=first.method,
+                                     dtype=dtype_for(dtypes, name), keep_values=getattr(first, "keep_values", False))
+        flops[name], touched[name] = estimate.flops, estimate.bytes_touched
+    return {"flops_per_run": flops, "bytes_touched_per_run": touched}
 
 
 def estimate_peaks(described: DescribedCall, modules: Mapping[str, nn.Module], *, torch_dtype=None,

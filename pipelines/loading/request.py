@@ -130,6 +130,7 @@ class LoadRequest:
     dtypes: DtypeRequest
     accelerators: Accelerators
     max_memory: Mapping | None = None
+    gpu: Any = None  # the GPU the plan's seconds per call assume (`placement.plan(gpu=)`): a name or a profile
     variant: str | None = None
     offload_folder: str | Path | None = None
     call: Mapping[str, Any] | None = None

@@ -15,6 +15,8 @@ under-estimated by the score matrix.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -54,10 +56,21 @@ def fused_attention_output(
 
 
 class FusedAttentionAccounting(TorchFunctionMode):
-    """Within this mode, `F.scaled_dot_product_attention` allocates like the fused kernels (see module doc)."""
+    """Within this mode, `F.scaled_dot_product_attention` allocates like the fused kernels (see module doc), and
+    `on_call(query, key, value, output)`, when given, is told of each call (the FLOP tally counts it: no aten
+    attention op reaches dispatch)."""
+
+    def __init__(self, on_call: Callable[..., None] | None = None) -> None:
+        super().__init__()
+        self._on_call = on_call
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return fused_attention_output(*args, **kwargs)
+            output = fused_attention_output(*args, **kwargs)
+            if self._on_call is not None:
+                query, key, value = [args[i] if i < len(args) else kwargs[name]
+                                     for i, name in enumerate(("query", "key", "value"))]
+                self._on_call(query, key, value, output)
+            return output
         return func(*args, **kwargs)

@@ -12,6 +12,7 @@ out) was called before with the same inputs (`signatures.call_signature`), the c
 - its outputs: new empty tensors of the recorded shapes, strides, offsets and dtypes, storages shared as they
   were; an output that was an input (a block returning its input) is that input again, a view of an input is
   the same view of it, so the live bytes after the call are the full run's too;
+- its FLOPs and bytes touched (`flops.FlopTally`): the first run's, counted again;
 - its submodules' calls, in order, reported to their `CallObserver`s (`record_module_order`), so the order a
   split is cut in does not change.
 
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .flops import FlopTally
 from .observers import CallLog, notify_paths, only_observed
 from .signatures import BLOCK_INDEX_ATTRIBUTES, call_signature, module_state
 from .tracker import LiveStorageTracker, storage_key
@@ -52,8 +54,8 @@ def memo_enabled() -> bool:
 class BlockMemo:
     """The records of one estimate: {(block identity, input signature): how to replay that call}."""
 
-    def __init__(self, tracker: LiveStorageTracker, log: CallLog) -> None:
-        self._tracker, self._log = tracker, log
+    def __init__(self, tracker: LiveStorageTracker, log: CallLog, tally: FlopTally | None = None) -> None:
+        self._tracker, self._log, self._tally = tracker, log, tally or FlopTally()
         self._records: dict[Hashable, _Record] = {}
         # Candidates whose first runs were not replayable (a causal VAE's blocks writing into their cache
         # list), by group: after `_GIVE_UP` of those, the group runs without the memo's bookkeeping.
@@ -84,8 +86,11 @@ class BlockMemo:
         identity = module_state(block, ignore=_IDENTITY_IGNORES)
         record = self._records.get((identity, signature))
         if record is not None:
-            return record.replay(block, args, kwargs)
+            self._tally.add(record.flops, record.bytes_touched)  # the same work as its first run
+            with self._tally.paused():  # its stand-in tensors are no work
+                return record.replay(block, args, kwargs)
         before, start = self._tracker.counted_storages(), len(self._log.calls)
+        flops, touched = self._tally.flops, self._tally.bytes_touched
         with self._tracker.window() as window:
             output = forward(*args, **kwargs)
         unchanged = call_signature((args, kwargs)) == signature and \
@@ -95,7 +100,8 @@ class BlockMemo:
             self._failures[group] = self._failures.get(group, 0) + 1
         else:
             self._records[(identity, signature)] = _Record(
-                transient_bytes=window.transient_bytes, outputs=outputs,
+                transient_bytes=window.transient_bytes, outputs=outputs, flops=self._tally.flops - flops,
+                bytes_touched=self._tally.bytes_touched - touched,
                 children=self._log.paths(block, start, len(self._log.calls)))
         return output
 
@@ -120,6 +126,8 @@ def repeated_blocks(root: nn.Module) -> dict[Hashable, list[nn.Module]]:
 class _Record:
     transient_bytes: int
     outputs: "_Outputs"
+    flops: int = 0  # what its first run computed and touched, counted again at each replay
+    bytes_touched: int = 0
     children: tuple[str, ...]  # the block's submodules called, in order, by path under the block
 
     def replay(self, block: nn.Module, args: tuple, kwargs: dict) -> Any:

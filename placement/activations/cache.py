@@ -40,6 +40,8 @@ class CachedCall:
     peak_bytes: int
     output: Any  # meta tensors (`to_meta`), copied again for each answer so no caller sees another's changes
     calls: tuple[str, ...]  # the module's submodules called, in order, by path (for the observers)
+    flops: int = 0  # what the call computes and touches (`flops.FlopTally`)
+    bytes_touched: int = 0
 
 
 _entries: "weakref.WeakKeyDictionary[nn.Module, OrderedDict[Hashable, CachedCall]]" = weakref.WeakKeyDictionary()
@@ -66,7 +68,8 @@ def cached(module: nn.Module, key: Hashable | None) -> CachedCall | None:
     if entry is None:
         return None
     notify_paths(module, entry.calls)
-    return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls)
+    return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls,
+                      flops=entry.flops, bytes_touched=entry.bytes_touched)
 
 
 def remember(module: nn.Module, key: Hashable | None, call: CachedCall) -> None:

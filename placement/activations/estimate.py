@@ -19,7 +19,6 @@ a non-contiguous input, or layer norm's per-row statistics, are not seen (small 
 from __future__ import annotations
 
 import contextlib
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -34,6 +33,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from .attention import FusedAttentionAccounting
 from .block_memo import BlockMemo, memo_enabled
 from .cache import CachedCall, cache_key, cached, remember
+from .flops import FlopTally
 from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
 from .meta_outputs import to_meta
 from .observers import CallLog
@@ -87,6 +87,9 @@ class CallEstimate:
 
     peak_bytes: int
     output: Any  # the call's return value, every tensor a meta tensor laid out alike (`meta_outputs.to_meta`)
+    # What the call computes and touches (`flops.FlopTally`): for the plan's time model.
+    flops: int = 0
+    bytes_touched: int = 0
 
 
 def estimate_call(
@@ -131,7 +134,8 @@ def estimate_call(
             remember(module, key, answer)
             if key is not None:  # the caller gets its own copy: what it does with it cannot reach the cache
                 answer = dataclasses.replace(answer, output=to_meta(answer.output))
-    return CallEstimate(peak_bytes=answer.peak_bytes, output=answer.output)
+    return CallEstimate(peak_bytes=answer.peak_bytes, output=answer.output, flops=answer.flops,
+                        bytes_touched=answer.bytes_touched)
 
 
 def estimate_activations(
@@ -159,19 +163,21 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker = LiveStorageTracker()
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
-    log = CallLog()
-    memo = BlockMemo(tracker, log) if memo_enabled() else None
+    log, tally = CallLog(), FlopTally()
+    memo = BlockMemo(tracker, log, tally) if memo_enabled() else None
     try:
         with collection_paused(), torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), \
                 _constants_propagated(keep_values), module_state_kept(module), log.on(module), \
                 memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
-                with FusedAttentionAccounting(), MetaConstants(), tracker:
+                # The tally below the tracker: the tracker sees each op whole, as the tally's module doc says.
+                with FusedAttentionAccounting(tally.attention), MetaConstants(), tally, tracker:
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                     output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
         raise _failure(module, method, args, kwargs, error) from error
-    return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module))
+    return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module),
+                      flops=tally.flops, bytes_touched=tally.bytes_touched)
 
 
 class _FakeCopies:

@@ -54,6 +54,15 @@ class CapturedCall:
     runs: dict[str, int]
     peaks: dict[str, int]
     module_order: dict[str, list[str]] = field(default_factory=dict)
+    # Per component, what all its calls of this pipeline call compute and touch together: (FLOPs, bytes touched),
+    # from each distinct call's estimate times how often it was made (`placement.estimate_call(...).flops`).
+    work: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def work_per_run(self) -> dict[str, tuple[int, int]]:
+        """(FLOPs, bytes touched) per run: the call's total over the component's runs (its `forward`s; a VAE's
+        decode counts as its one run)."""
+        return {name: (flops // max(self.runs.get(name, 1), 1), touched // max(self.runs.get(name, 1), 1))
+                for name, (flops, touched) in self.work.items()}
 
 
 def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
@@ -84,6 +93,8 @@ class _Recorder:
         self.examples: dict[str, dict[tuple, ExampleCall]] = {}
         self.outputs: dict[tuple, Any] = {}
         self.peaks: dict[str, int] = {}
+        self.work: dict[str, tuple[int, int]] = {}  # component -> FLOPs, bytes touched, over all its calls
+        self.work_of: dict[tuple, tuple[int, int]] = {}  # a distinct call -> its FLOPs, bytes touched
         self.orders: dict[str, list[str]] = {}
         self.runs: Counter = Counter()
         self.last: str | None = None  # the component called last (for an error's message)
@@ -121,8 +132,11 @@ class _Recorder:
                 example, estimate = self._estimate(name, module, example)
             self.examples.setdefault(name, {})[key] = example
             self.outputs[key] = estimate.output
+            self.work_of[key] = (estimate.flops, estimate.bytes_touched)
             self.peaks[name] = max(self.peaks.get(name, 0), estimate.peak_bytes)
             self.orders.setdefault(name, order)
+        flops, touched = self.work.get(name, (0, 0))
+        self.work[name] = (flops + self.work_of[key][0], touched + self.work_of[key][1])
         return map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
                            self.outputs[key])
 
@@ -157,7 +171,7 @@ class _Recorder:
     def result(self) -> CapturedCall:
         return CapturedCall(calls={name: list(found.values()) for name, found in self.examples.items()},
                             runs={name: count for name, count in self.runs.items() if count},
-                            peaks=dict(self.peaks), module_order=dict(self.orders))
+                            peaks=dict(self.peaks), module_order=dict(self.orders), work=dict(self.work))
 
 
 def _reads_values(error: ActivationEstimateError) -> bool:

@@ -1,0 +1,182 @@
+"""Device profiles: what one GPU computes and moves per second, so a plan can turn FLOPs and bytes into seconds.
+
+Each row is a datasheet's peak: dense tensor-core throughput (no 2:4 sparsity) for 16-bit (bf16/fp16 with fp32
+accumulate, what PyTorch's GEMMs use: on GeForce cards that is half the fp16-accumulate figure NVIDIA quotes first)
+and fp8 where the chip has it, plain fp32, the memory bandwidth and the host link (PCIe generation x lanes). Sources:
+NVIDIA's Ampere/Ada/Blackwell architecture whitepapers (RTX 3090/4090/5090), the L4, L20, L40S, A100, H100 and H200
+datasheets, AMD's MI300X datasheet. Nobody reaches a peak: the `*_EFFICIENCY` constants below say what share a real
+run typically gets, and the time model (`time_model`) multiplies by them.
+
+A profile is chosen by `gpu=` ("rtx4090", "H100", "NVIDIA GeForce RTX 4090": names are matched loosely), else by
+`torch.cuda.get_device_name()` when the plan runs on this machine's CUDA GPU, else `DEFAULT_GPU` is assumed and the
+plan says so, as it does for the link speed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import PlanError
+
+# Share of the datasheet's dense peak a diffusion model's forward reaches: large bf16 GEMMs run at 70-80% of peak,
+# attention (flash) at 50-70%, the normalisations and elementwise ops between them at memory speed; end to end a
+# DiT step lands near 60% on the GPUs measured by the field (e.g. FLUX.1-dev at 1024x1024 on an H100).
+COMPUTE_EFFICIENCY = 0.6
+# Share of the peak memory bandwidth a streaming kernel reaches (STREAM-like copies reach 80-90%).
+MEMORY_EFFICIENCY = 0.8
+# Share of the PCIe link a pinned host -> GPU copy sustains: protocol overhead (TLP headers, flow control) takes
+# ~15%, and copies of a few hundred MiB see ~25 GB/s on PCIe 4.0 x16 (31.5 GB/s raw) and ~50 GB/s on 5.0 x16.
+LINK_EFFICIENCY = 0.8
+# GB/s per lane and direction, after line coding (128b/130b from gen 3 on).
+PCIE_LANE_GB_S = {3: 0.985, 4: 1.969, 5: 3.938}
+# What a component on the CPU computes per second: a desktop CPU's realistic PyTorch GEMM rate (16 cores with
+# AVX-512/AMX reach 1-2 TFLOPS fp32 at peak; half of it in bf16 models' mixed ops). 10-100x below any GPU here.
+CPU_FLOPS = 0.5e12
+DEFAULT_GPU = "rtx4090"  # what a plan made without a GPU named or present assumes (PCIe 4.0 x16, like the link)
+
+
+class UnknownGpuError(PlanError, ValueError):
+    """`gpu=` names no profile this library knows (the message lists them, with the closest names)."""
+
+
+class GpuProfile(BaseModel):
+    """One GPU's datasheet peaks (module doc) and its host link."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str  # the short name `gpu=` takes: "rtx4090"
+    name: str  # as the vendor writes it: "NVIDIA GeForce RTX 4090"
+    bf16_tflops: float  # dense, fp32 accumulate
+    fp8_tflops: Optional[float] = None  # dense; None: the chip has no fp8 tensor cores
+    fp32_tflops: float
+    memory_gb_s: float
+    pcie_gen: int
+    pcie_lanes: int = 16
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), to 0.1 GB/s."""
+        return round(PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes * LINK_EFFICIENCY, 1) * 1e9
+
+    @property
+    def link_label(self) -> str:
+        raw = PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes
+        return f"PCIe {self.pcie_gen}.0 x{self.pcie_lanes}, {raw:.1f} GB/s x {LINK_EFFICIENCY:g}"
+
+    def flops_per_s(self, dtype: Optional[str]) -> float:
+        """FLOP/s a forward in `dtype` (a plan's dtype label: "bfloat16 (requested)", "float32 (as built)",
+        "nf4 (bitsandbytes), compute bfloat16 (checkpoint)") reaches: `COMPUTE_EFFICIENCY` of the peak. fp32 runs
+        on the plain cores (PyTorch does not use TF32 for matmuls by default); every other dtype computes in 16
+        bits: fp8 layerwise casting and int8/nf4 quantization store weights small but upcast them for the matmul."""
+        peak = self.fp32_tflops if compute_dtype(dtype) in ("float32", "float64") else self.bf16_tflops
+        return peak * 1e12 * COMPUTE_EFFICIENCY
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.memory_gb_s * 1e9 * MEMORY_EFFICIENCY
+
+
+def compute_dtype(label: Optional[str]) -> Optional[str]:
+    """The dtype a component computes in, from a plan's dtype label (`gpu_profiles.GpuProfile.flops_per_s`)."""
+    if not label:
+        return None
+    found = re.search(r"compute (\w+)", label)
+    return found.group(1) if found else re.split(r"[ +(]", label, maxsplit=1)[0]
+
+
+def _profile(key, name, bf16, fp8, fp32, memory, gen) -> GpuProfile:
+    return GpuProfile(key=key, name=name, bf16_tflops=bf16, fp8_tflops=fp8, fp32_tflops=fp32, memory_gb_s=memory,
+                      pcie_gen=gen)
+
+
+PROFILES: dict[str, GpuProfile] = {p.key: p for p in (
+    #         key         name                              bf16    fp8     fp32   GB/s   PCIe
+    _profile("rtx3090", "NVIDIA GeForce RTX 3090", 71.0, None, 35.6, 936, 4),
+    _profile("rtx4090", "NVIDIA GeForce RTX 4090", 165.2, 330.3, 82.6, 1008, 4),
+    _profile("rtx5090", "NVIDIA GeForce RTX 5090", 209.5, 419.0, 104.8, 1792, 5),
+    _profile("l4", "NVIDIA L4", 121.0, 242.5, 30.3, 300, 4),
+    _profile("l20", "NVIDIA L20", 119.5, 239.0, 59.8, 864, 4),
+    _profile("l40s", "NVIDIA L40S", 362.05, 733.0, 91.6, 864, 4),
+    _profile("a100-40gb", "NVIDIA A100 40GB", 312.0, None, 19.5, 1555, 4),
+    _profile("a100-80gb", "NVIDIA A100 80GB", 312.0, None, 19.5, 2039, 4),
+    _profile("h100", "NVIDIA H100 80GB HBM3", 989.4, 1978.9, 66.9, 3350, 5),
+    _profile("h200", "NVIDIA H200", 989.4, 1978.9, 66.9, 4800, 5),
+    _profile("mi300x", "AMD Instinct MI300X", 1307.4, 2614.9, 163.4, 5300, 5),
+)}
+# Other spellings of a key (after `_normalise`): "a100" alone is the 80 GB card, the more common one today.
+_ALIASES = {"a100": "a100-80gb", "a10040g": "a100-40gb", "a10080g": "a100-80gb", "a100sxm440gb": "a100-40gb",
+            "a100sxm480gb": "a100-80gb", "a100pcie40gb": "a100-40gb", "a100pcie80gb": "a100-80gb",
+            "h100sxm": "h100", "h100sxm5": "h100", "h10080gbhbm3": "h100", "h200141gb": "h200"}
+
+
+def _normalise(text: str) -> str:
+    """"NVIDIA GeForce RTX 4090" -> "rtx4090": lowercase, vendor and brand words and punctuation dropped."""
+    text = text.lower()
+    for word in ("nvidia", "geforce", "amd", "instinct", "tesla"):
+        text = text.replace(word, "")
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+_BY_NORMAL = {**{_normalise(k): k for k in PROFILES}, **{_normalise(p.name): k for k, p in PROFILES.items()},
+              **_ALIASES}
+
+
+def gpu_profile(name: "str | GpuProfile") -> GpuProfile:
+    """The profile `name` names (its key, its vendor name, or `torch.cuda.get_device_name()`'s answer); a profile
+    is returned as it is. Raises `UnknownGpuError` listing the known ones, closest first."""
+    if isinstance(name, GpuProfile):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownGpuError(f"gpu= takes a GPU name such as 'rtx4090'; got {name!r}. Known: {', '.join(PROFILES)}.")
+    found = match_device_name(name)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(_normalise(name), list(_BY_NORMAL), n=3, cutoff=0.5)
+    keys = list(dict.fromkeys(_BY_NORMAL[c] for c in close))
+    hint = f" Did you mean {' or '.join(repr(key) for key in keys)}?" if keys else ""
+    raise UnknownGpuError(f"gpu={name!r} names no GPU profile this library knows.{hint} Known: "
+                          f"{', '.join(PROFILES)}. For another GPU, pass link_bandwidth= for its host link; the "
+                          "compute times then assume the closest profile you name.")
+
+
+def match_device_name(device_name: str) -> Optional[GpuProfile]:
+    """The profile for a device name as CUDA reports it ("NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-40GB"), or None. Exact after normalising, else the longest key the name contains
+    ("NVIDIA H100 PCIe" -> h100: the same chip, its PCIe card a little slower)."""
+    normal = _normalise(device_name)
+    if normal in _BY_NORMAL:
+        return PROFILES[_BY_NORMAL[normal]]
+    contained = [key for key in _BY_NORMAL if re.search(re.escape(key) + r"(?![0-9])", normal)]  # l4 not in l40s
+    if not contained:
+        return None
+    return PROFILES[_BY_NORMAL[max(contained, key=len)]]
+
+
+def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
+    """The profile a plan's seconds assume, and where it came from, in words: `gpu` as named; else the CUDA GPU of
+    this process the plan's first accelerator is (by `torch.cuda.get_device_name()`, when the table knows it);
+    else `DEFAULT_GPU`, assumed."""
+    if gpu is not None:
+        return gpu_profile(gpu), "named (gpu=)"
+    from .devices import detect_accelerators, is_accelerator
+
+    used = sorted(d for d in accelerators if is_accelerator(d))
+    present = detect_accelerators()
+    if used and not present.virtual and present.kind == "cuda" and used[-1] < present.count:
+        import torch
+
+        name = torch.cuda.get_device_name(used[0])
+        found = match_device_name(name)
+        if found is not None:
+            return found, f"detected: cuda:{used[0]} is {name}"
+        return PROFILES[DEFAULT_GPU], (f"assumed: cuda:{used[0]} is {name!r}, which the profiles do not know; "
+                                       "name the closest with gpu=")
+    return PROFILES[DEFAULT_GPU], "assumed: no GPU named (gpu=) or present"
+
+
+__all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
+           "PROFILES", "UnknownGpuError", "gpu_profile", "match_device_name"]

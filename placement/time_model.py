@@ -1,0 +1,192 @@
+"""Seconds per call: compute, copies, and the part of the copies that compute does not hide.
+
+Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per component and per call:
+
+- compute: `runs x max(FLOPs / FLOP/s, bytes touched / memory bandwidth)` per run, a roofline over the whole run
+  (FLOPs and bytes counted on the estimate's fake tensors, `activations.flops`; the device's rates from its profile,
+  `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
+- copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
+  ones at no more than the disk's read speed).
+- exposed copies, after overlap, as today's runtime moves them:
+  - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
+    starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
+  - streamed blocks prefetch one ahead (depth 1): the copy of block i+1 overlaps the compute of block i, so each
+    block's copy is exposed by what it exceeds that compute, and the first streamed block of a run by what it
+    exceeds the compute of the block before it. The runtime runs a component's resident and per-call blocks first
+    and its streamed blocks last, so "the block before" the first streamed one is a resident block when there is
+    one (nothing when all stream). Blocks are taken as equal in size and in compute per byte (what a DiT's blocks
+    are); a block's compute is its share of the component's weight bytes times the run's compute.
+  Synchronous copies (sequential offload, group offload without streams: `overlap=False`) are exposed whole.
+
+`seconds_per_call` = sum over components of compute + exposed copies (components run one after another).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from .errors import ComponentError
+from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
+from .verdict import DISK_BYTES_PER_S
+
+if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
+    from .plan_schema import ComponentPlan, Plan
+
+OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks prefetched one ahead, each copy hidden by the "
+                 "compute of the block before it")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentTime:
+    """One component's seconds per call (module doc). `compute_s` is None when its FLOPs are not known."""
+
+    name: str
+    runs: int
+    compute_s: Optional[float]
+    copy_s: float
+    exposed_s: float
+    on_cpu: bool = False
+
+    @property
+    def total_s(self) -> float:
+        return (self.compute_s or 0.0) + self.exposed_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallTime:
+    """A plan's seconds per call on `gpu`, per component in execution order."""
+
+    gpu: GpuProfile
+    link_bandwidth: float
+    components: tuple[ComponentTime, ...]
+
+    @property
+    def compute_s(self) -> float:
+        return sum(c.compute_s or 0.0 for c in self.components)
+
+    @property
+    def copy_s(self) -> float:
+        return sum(c.copy_s for c in self.components)
+
+    @property
+    def exposed_s(self) -> float:
+        return sum(c.exposed_s for c in self.components)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.exposed_s
+
+    @property
+    def uncounted(self) -> list[str]:
+        """Components whose compute is not known (no FLOPs: planned without a call, or a plan before v4)."""
+        return [c.name for c in self.components if c.compute_s is None]
+
+    def summary(self) -> str:
+        """"about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed"."""
+        text = (f"about {seconds_text(self.seconds)} per call on {short_name(self.gpu)}: compute "
+                f"{seconds_text(self.compute_s)}")
+        if self.copy_s:
+            text += f", copies {seconds_text(self.copy_s)} of which {seconds_text(self.exposed_s)} exposed"
+        if self.uncounted:
+            text += f" (compute of {', '.join(self.uncounted)} not known)"
+        return text
+
+
+def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProfile, dtype: Optional[str], *,
+                on_cpu: bool = False) -> Optional[float]:
+    """Seconds of one run: a roofline over the run (module doc); None without FLOPs."""
+    if flops is None:
+        return None
+    if on_cpu:
+        return flops / CPU_FLOPS
+    memory = (bytes_touched or 0) / gpu.memory_bytes_per_s
+    return max(flops / gpu.flops_per_s(dtype), memory)
+
+
+def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
+                         streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
+    """Copy seconds per call that compute does not hide (module doc): the per-call loads, plus at every run the
+    streamed blocks' copies beyond the compute of the block before each."""
+    exposed = loaded_bytes / link
+    if not streamed_bytes:
+        return exposed
+    if not overlap or streamed_blocks < 1:
+        return exposed + runs * streamed_bytes / link
+    block_bytes = streamed_bytes / streamed_blocks
+    copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
+    before_first = min(compute, run_s * (weight_bytes - streamed_bytes) / max(weight_bytes, 1))
+    per_run = max(0.0, copy - before_first) + (streamed_blocks - 1) * max(0.0, copy - compute)
+    return exposed + runs * per_run
+
+
+def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> ComponentTime:
+    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s."""
+    transfer = component.transfer
+    runs = 1 if transfer is None else transfer.runs_per_call
+    on_cpu = component.execution_device == "cpu"
+    run_s = run_seconds(component.flops_per_run, component.bytes_touched_per_run, gpu, component.dtype,
+                        on_cpu=on_cpu)
+    if transfer is None or on_cpu or not transfer.bytes_per_call:
+        return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
+                             copy_s=0.0, exposed_s=0.0, on_cpu=on_cpu)
+    speed = min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+    exposed = exposed_copy_seconds(
+        run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
+        streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
+        runs=runs, link=speed)
+    return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
+                         copy_s=transfer.bytes_per_call / speed, exposed_s=exposed)
+
+
+def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
+    """The plan's seconds per call on `gpu` (default: the plan's own profile; a file before v4 has none: the
+    default) at the plan's link bandwidth."""
+    gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
+    return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
+                    components=tuple(component_time(c, gpu, plan.link_bandwidth) for c in plan.components.values()))
+
+
+def time_line(plan: Plan) -> Optional[str]:
+    """"Predicted: about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed (named
+    (gpu=))."; None when no component's FLOPs are known (a plan without a call: only bytes are known)."""
+    if plan.seconds_per_call is None:
+        return None
+    time = plan.time_per_call()
+    return f"Predicted: {time.summary()} ({plan.gpu_source})."
+
+
+def check_per_run(values, modules, argument: str) -> dict[str, int]:
+    """`{component: count}` as given to `placement.plan` (`flops_per_run=`, `bytes_touched_per_run=`): every
+    name a module component, every value an int >= 0."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ComponentError(f"{argument} must be a dict {{component: count per run}}, got {values!r}.")
+    unknown = [name for name in values if name not in modules]
+    if unknown:
+        raise ComponentError(f"{argument} names components that do not exist: {unknown}. The module components "
+                             f"are {list(modules)}.")
+    bad = {name: value for name, value in values.items()
+           if isinstance(value, bool) or not isinstance(value, int) or value < 0}
+    if bad:
+        raise ComponentError(f"{argument} values must be ints >= 0 (counted per run at the planned call, e.g. by "
+                             f"placement.estimate_call(...).flops); got {bad}.")
+    return dict(values)
+
+
+def short_name(gpu: GpuProfile) -> str:
+    """"NVIDIA GeForce RTX 4090" -> "RTX 4090"."""
+    return gpu.name.replace("NVIDIA GeForce ", "").replace("NVIDIA ", "").replace("AMD Instinct ", "")
+
+
+def seconds_text(seconds: float) -> str:
+    if seconds < 0.01:
+        return f"{seconds * 1000:.2g} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+
+
+__all__ = ["CallTime", "ComponentTime", "OVERLAP_MODEL", "check_per_run", "time_line", "component_time", "exposed_copy_seconds", "plan_time",
+           "run_seconds", "short_name", "seconds_text"]

@@ -1,0 +1,36 @@
+"""`placement plan --gpu NAME`: the predicted seconds per call on a named GPU (issue 29)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
+
+
+def test_plan_with_a_call_on_a_named_gpu_prints_the_seconds_per_call(tmp_path, capsys):
+    target = tmp_path / "plan.json"
+    code = main(["plan", "tiny-dit", "--max-memory", "0=1GiB,cpu=8GiB", "--height", "64", "--width", "64",
+                 "--steps", "4", "--gpu", "H100", "--json", str(target)])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith("Predicted: about"))
+    assert "per call on H100 80GB HBM3: compute" in line and line.endswith("(named (--gpu)).")
+    assert "Predicted time per call on H100" in out
+    saved = json.loads(target.read_text())
+    assert saved["gpu"]["key"] == "h100" and saved["inputs"]["gpu"] == "h100" and saved["seconds_per_call"] > 0
+    assert all(c["flops_per_run"] > 0 for c in saved["components"].values())
+
+
+def test_plan_without_a_call_says_no_time_and_an_unknown_gpu_is_refused_with_the_known_ones(capsys):
+    assert main(["plan", "tiny-dit", "--max-memory", "0=1GiB,cpu=8GiB", "--gpu", "rtx4090"]) == 0
+    assert "Predicted" not in capsys.readouterr().out  # weights only: no FLOPs, no seconds
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "tiny-dit", "--gpu", "rtx4080"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gpu 'rtx4080' names no GPU profile" in err and "Did you mean 'rtx4090'" in err
+    assert "Traceback" not in err
