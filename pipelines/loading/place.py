@@ -23,7 +23,8 @@ from .layerwise import casting_config
 from .pipeline_loader import place_pipeline
 from .placing import check_plan_devices, check_requested_devices
 from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
-from .request import Scope, resolve_request
+from .options import LoadOptions, Scope
+from .request import resolve_request
 
 
 def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
@@ -43,14 +44,14 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
             "pipe.reset_device_map() before placing it again."
         )
-    request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
-                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False,
-                              layerwise_casting=layerwise_casting, pin=pin)
+    options = LoadOptions(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder, call=call,
+                          progress=False, layerwise_casting=layerwise_casting, pin=pin)
+    request = resolve_request(None, options, scope=Scope.PIPELINE)
     check_requested_devices(request.device_map, request.accelerators)
     modules, edges = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
-    pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement
-    for name, storage in request.layerwise_casting.items():
+    pins, notes = passed_pins(modules, pin=request.options.pin)  # before casting: its hooks are not a placement
+    for name, storage in request.options.layerwise_casting.items():
         module = modules[name]
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
 
@@ -65,7 +66,7 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
         check_plan_devices(plan, request.accelerators)
         place_pipeline(pipe, plan, {}, modules, request)
     except BaseException:
-        for name in request.layerwise_casting:  # nothing half-done: the casting this call applied comes off
+        for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
             remove_layerwise_casting(modules[name])
         raise
     if not isinstance(pipe, PipelineComponents):
