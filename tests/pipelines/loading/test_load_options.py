@@ -147,3 +147,33 @@ def test_a_diffusers_class_with_a_call_loads_the_plan_plan_placement_gives(stric
     plan = assert_loaded_as_planned(Pipeline, tmp_path / "sd", device_map="balanced", torch_dtype=torch.float32,
                                     max_memory={0: TILED, 1: TILED, "cpu": "8GiB"}, call={"height": 256, "width": 256})
     assert [t.technique.value for t in plan.components["vae"].memory_techniques] == ["vae_tiling"]
+
+
+def test_both_entries_plan_through_the_one_function_with_equal_options(strict_two_gpus, preset, tmp_path,
+                                                                       monkeypatch):
+    """By construction, not by luck: each entry pair calls one planning function once, with equal options (a
+    pipeline's VAE techniques and format retries run inside it, so neither entry can re-plan apart)."""
+    import pipelines.loading.model_loader as model_loader
+    import pipelines.loading.pipeline_loader as pipeline_loader
+
+    seen = []
+    for module, name in ((pipeline_loader, "plan_folder_pipeline"), (model_loader, "_plan")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _original=original, **k: seen.append(
+            (_original.__name__, _request_of(a, k).options)) or _original(*a, **k))
+    keywords = dict(device_map="balanced", max_memory={0: TIGHT, 1: TIGHT, "cpu": "8GiB"}, call={"height": 64, "width": 64},
+                    progress=False)
+    TextToImagePipeline.plan_placement(preset, **keywords)
+    TextToImagePipeline.from_pretrained(preset, **keywords).reset_device_map()
+    tiny_model().save_pretrained(tmp_path / "model")
+    TinyModel.plan_placement(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
+    TinyModel.from_pretrained(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
+    (pipe_plan, pipe_load, model_plan, model_load) = seen
+    assert pipe_plan == pipe_load and pipe_plan[0] == "plan_folder_pipeline"
+    assert model_plan == model_load and model_plan[0] == "_plan"
+
+
+def _request_of(args, kwargs):
+    from pipelines.loading.request import LoadRequest
+
+    return next(value for value in [*args, *kwargs.values()] if isinstance(value, LoadRequest))
