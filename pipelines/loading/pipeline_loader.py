@@ -34,7 +34,9 @@ from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .build_limits import BuildLimit
-from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
+from .formats import (
+    Formats, check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats,
+)
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
@@ -163,23 +165,33 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],
                          passed: Mapping[str, Any]) -> Plan:
-    """The plan of a pipeline built from a folder: components passed in keep their own dtype, and those already
-    dispatched are pinned where they are; each component's plan says which dtype it assumed, and why."""
+    """The plan of a pipeline built from a folder (`from_pretrained` and `plan_placement` both call this):
+    components passed in keep their own dtype, and those already dispatched are pinned where they are."""
+    pins, notes = passed_pins(passed, pin=request.options.pin)
+    return plan_components(pipe, request, metas, pins=pins, notes=notes, formats=formats_of_metas(metas),
+                           passed_origin="passed in, as it is")
+
+
+def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent], *,
+                    pins: Mapping[str, Any], notes: list[str], formats: Formats, passed_origin: str) -> Plan:
+    """The one plan of a pipeline's module components for a request, whether loaded, planned or placed as built
+    (`pipelines.place`): the VAE-technique retries run in `plan_modules`, the re-plans around formats that cannot
+    be offloaded in `respect_formats`, both here, so no entry re-plans apart. Each component's plan says which
+    dtype it assumed and why (`metas`: those built by this load; the others are the caller's, as they are)."""
     modules, edges = modules_and_edges(pipe)
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
-    pins, notes = passed_pins(passed, pin=request.options.pin)
-    origins = {name: component_origin(metas[name]) if name in metas else "passed in, as it is" for name in modules}
+    origins = {name: component_origin(metas[name]) if name in metas else passed_origin for name in modules}
+    options = request.options
 
     def plan_with(kept: Mapping[str, Any]) -> Plan:
         plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
-                            max_memory=request.options.max_memory, offload_folder=request.options.offload_folder,
-                            call=request.options.call,
+                            max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call,
                             pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
                             sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
                                            for name in modules})
         return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
 
-    return respect_formats(plan_with({}), formats_of_metas(metas), plan_with, request.device_map)
+    return respect_formats(plan_with({}), formats, plan_with, request.device_map)
 
 
 def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],
