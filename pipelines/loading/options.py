@@ -161,7 +161,11 @@ def entry_signature(entry: Entry, *, rest: str | None = None) -> Callable[[Calla
     `inspect.signature` and editors show every keyword and default); `rest`: the name of what else it takes by
     keyword (a pipeline's components)."""
     def decorate(function: Callable) -> Callable:
-        first = list(inspect.signature(function).parameters.values())[:2]  # cls, pretrained
+        parameters = list(inspect.signature(function).parameters.values())
+        first, own = parameters[:2], parameters[2:]  # (cls, pretrained), then **keywords only
+        if [p.kind for p in own] != [inspect.Parameter.VAR_KEYWORD]:  # a keyword of its own would be hidden
+            raise TypeError(f"{function.__qualname__} must take (cls, pretrained, **keywords): its keywords are "
+                            "the fields of LoadOptions")
         defaults = {**{f.name: _default(f) for f in dataclasses.fields(LoadOptions)}, **entry.defaults}
         keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name])
                     for name in entry.arguments]

@@ -177,3 +177,21 @@ def _request_of(args, kwargs):
     from pipelines.loading.request import LoadRequest
 
     return next(value for value in [*args, *kwargs.values()] if isinstance(value, LoadRequest))
+
+
+def test_an_entry_cannot_declare_a_keyword_of_its_own_beside_the_options():
+    from pipelines.loading.options import entry_signature
+
+    def from_pretrained(cls, pretrained, *, fast=False, **keywords):
+        return None
+
+    with pytest.raises(TypeError, match="must take \\(cls, pretrained, \\*\\*keywords\\)"):
+        entry_signature(PIPELINE_LOAD)(from_pretrained)
+
+
+def test_the_other_entries_spell_their_keywords_as_the_options_do():
+    """`pipelines.load_model` / `plan_model` / `place` keep signatures of their own (a model file's
+    `layerwise_casting` is one dtype, `hub=` a HubOptions); each keyword they take is still an option's name."""
+    fields = {option.name for option in dataclasses.fields(LoadOptions)}
+    for entry in (pipelines.load_model, pipelines.plan_model, pipelines.place):
+        assert set(keyword_names(entry)) - {"hub"} <= fields, entry.__name__
