@@ -14,10 +14,9 @@ from ..checkpoint import WeightsNaming, atomic_folder, save_weights
 from ..checkpoint.config_file import write_config
 from ..checkpoint.naming import CONFIG_NAME
 from ..folder.component_classes import OwnModel
-from ..hf.hf_spellings import chosen_dtype, download_options
-from ..hf.loading_keywords import check_no_keywords_left
 from ..loading.model_loader import load_model, plan_model
-from ..loading.request import Scope, resolve_request
+from ..loading.options import MODEL_LOAD, MODEL_PLAN, Entry, LoadOptions, Scope, entry_signature
+from ..loading.request import LoadRequest, resolve_request
 from .config import ModelConfig
 from .model_memory import ModelMemoryMethods
 
@@ -84,49 +83,17 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
                 offloaded=offloaded)
 
     @classmethod
-    def plan_placement(
-        cls,
-        pretrained: str | Path,
-        *,
-        device_map="auto",
-        max_memory: Mapping | None = None,
-        torch_dtype: torch.dtype | None = None,
-        offload_folder: str | Path | None = None,
-        variant: str | None = None,
-        subfolder: str | None = None,
-        **keywords: Any,
-    ) -> Plan:
-        """The plan `from_pretrained(..., device_map=...)` would follow: a one-component `placement.Plan`
+    @entry_signature(MODEL_PLAN)
+    def plan_placement(cls, pretrained: str | Path, **keywords: Any) -> Plan:
+        """The plan `from_pretrained` with the same keywords follows (the same `LoadOptions`, planned by the same
+        function); without `device_map`, the plan of `device_map="auto"`: a one-component `placement.Plan`
         (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
         reads config.json and the safetensors headers only (from the Hub: config and index only)."""
-        check_no_keywords_left(keywords, entry=cls.plan_placement, label=f"{cls.__name__}.plan_placement")
-        naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
-        request = resolve_request(
-            pretrained, allow_patterns=[p for p in naming.allow_patterns(subfolder) if p.endswith(".json")],
-            subfolder=subfolder, scope=Scope.MODEL, device_map=device_map, torch_dtype=torch_dtype,
-            max_memory=max_memory, offload_folder=offload_folder, variant=variant)
-        return plan_model(cls, request)
+        return plan_model(cls, _request(cls, pretrained, keywords, entry=MODEL_PLAN))
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained: str | Path,
-        *,
-        torch_dtype: torch.dtype | None = None,
-        device_map=None,
-        max_memory: Mapping | None = None,
-        offload_folder: str | Path | None = None,
-        variant: str | None = None,
-        subfolder: str | None = None,
-        progress: bool = True,
-        dtype: torch.dtype | None = None,
-        use_safetensors: bool | None = None,
-        local_files_only: bool = False,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        cache_dir: str | Path | None = None,
-        **keywords: Any,
-    ):
+    @entry_signature(MODEL_LOAD)
+    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
         """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
 
         `pretrained`: a folder or a Hub id. `device_map`: None (everything on the CPU, no hooks), a single
@@ -136,20 +103,22 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         `model.placement_plan`) and run by the same hooks as a pipeline component of that kind.
         `torch_dtype` None keeps the checkpoint's dtypes. Disk-offloaded weights are read from the checkpoint
         files themselves, so no offload folder is written. Every failure raises before a half-loaded model
-        (or one with hooks) can escape. diffusers' other loading keywords (`low_cpu_mem_usage`, ...) are accepted
-        or refused by name (`hf.loading_keywords`); any other keyword is an error naming the closest argument.
+        (or one with hooks) can escape. diffusers' spellings work too: `dtype=` for `torch_dtype=`;
+        `use_safetensors`, `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Its other
+        loading keywords (`low_cpu_mem_usage`, ...) are accepted or refused by name (`hf.loading_keywords`); any
+        other keyword is an error naming the closest argument.
         """
-        check_no_keywords_left(keywords, entry=cls.from_pretrained, label=f"{cls.__name__}.from_pretrained")
-        # diffusers' spellings too: `dtype=` for `torch_dtype=`; use_safetensors, local_files_only, revision,
-        # token, cache_dir for the Hub download (`hf_spellings`). A dtype or its name; else a typed error.
-        hub = download_options(use_safetensors=use_safetensors, revision=revision, token=token,
-                               cache_dir=cache_dir, local_files_only=local_files_only)
-        naming = WeightsNaming(weights_name=cls.weights_name, variant=variant)
-        request = resolve_request(
-            pretrained, allow_patterns=naming.allow_patterns(subfolder), subfolder=subfolder, hub=hub,
-            scope=Scope.MODEL, device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
-            max_memory=max_memory, offload_folder=offload_folder, variant=variant, progress=progress)
-        return load_model(cls, request)
+        return load_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
+
+
+def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *, entry: Entry) -> LoadRequest:
+    """The request both entries make from the same keywords; only the files fetched from the Hub differ (a plan
+    reads config.json and the safetensors index)."""
+    options, _ = LoadOptions.take(keywords, entry=entry, label=f"{cls.__name__}.{entry.method}")
+    patterns = WeightsNaming(weights_name=cls.weights_name, variant=options.variant).allow_patterns(options.subfolder)
+    if entry.plans:
+        patterns = [pattern for pattern in patterns if pattern.endswith(".json")]
+    return resolve_request(pretrained, options, scope=Scope.MODEL, allow_patterns=patterns)
 
 
 __all__ = ["ModelMixin"]

@@ -8,7 +8,7 @@ resolved once, then `load_pipeline` / `plan_folder`) and `folder.pipeline_saving
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -16,11 +16,10 @@ from ..folder.class_registry import library_class
 from ..folder.components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
 from ..folder.pipeline_saving import save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
-from ..hf.hf_spellings import chosen_dtype, download_options, pickle_opt_in
-from ..hf.loading_keywords import take_foreign_keywords
 from ..hf.quiet import quiet
+from ..loading.options import PIPELINE_LOAD, PIPELINE_PLAN, Entry, LoadOptions, Scope, entry_signature
 from ..loading.pipeline_loader import load_pipeline, plan_folder
-from ..loading.request import Scope, resolve_request
+from ..loading.request import LoadRequest, resolve_request
 from .memory import PipelineMemoryMixin
 
 
@@ -50,14 +49,8 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
             save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
 
     @classmethod
-    def from_pretrained(cls, pretrained: str | Path, *, device_map=None, max_memory=None, torch_dtype=None,
-                        variant: str | None = None, offload_folder: str | Path | None = None,
-                        call: Mapping[str, Any] | None = None, progress: bool = True, generic: bool = False,
-                        trust_remote_code: bool = False, dtype=None, use_safetensors: bool | None = None,
-                        local_files_only: bool = False, revision: str | None = None, token: str | bool | None = None,
-                        cache_dir: str | Path | None = None, quantization_config: Any = None,
-                        layerwise_casting: Mapping[str, Any] | None = None, pin: Sequence[str] = (),
-                        config: str | Path | None = None, gpu=None, **components: Any):
+    @entry_signature(PIPELINE_LOAD, rest="components")
+    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
         """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
 
         `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
@@ -93,44 +86,31 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         (one whose own map puts weights on an accelerator is kept there anyway). A single-file checkpoint
         (`.safetensors` of an original layout, or `.gguf`) as `pretrained`, with `config=` the folder or Hub id of
         its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
-        (planned first, on meta), the other components from `config`. `gpu` ("rtx4090", "h100", ...) names the GPU
-        the plan's predicted seconds per call assume (`placement.plan(gpu=)`; default: this machine's, else stated).
+        (planned first, on meta), the other components from `config`.
         """
-        components = take_foreign_keywords(components, entry=f"{cls.__name__}.from_pretrained")
-        allow_pickle = pickle_opt_in(use_safetensors, device_map)
-        hub = download_options(use_safetensors=None if allow_pickle else use_safetensors, revision=revision,
-                               token=token, cache_dir=cache_dir, local_files_only=local_files_only)
-        request = resolve_request(pretrained, allow_patterns=LOAD_PATTERNS + (PICKLE_PATTERNS if allow_pickle else []),
-                                  hub=hub,
-                                  scope=Scope.PIPELINE, device_map=device_map,
-                                  torch_dtype=chosen_dtype(torch_dtype, dtype), max_memory=max_memory, variant=variant,
-                                  offload_folder=offload_folder, call=call, progress=progress,
-                                  trust_remote_code=trust_remote_code, quantization_config=quantization_config,
-                                  layerwise_casting=layerwise_casting, pin=pin, config=config,
-                                  allow_pickle=allow_pickle, gpu=gpu)
-        return load_pipeline(cls, request, passed=components, generic=generic)
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_LOAD)
+        return load_pipeline(cls, request, passed=components, generic=request.options.generic)
 
     @classmethod
-    def plan_placement(cls, pretrained: str | Path, *, device_map="balanced", max_memory=None, torch_dtype=None,
-                       variant: str | None = None, offload_folder: str | Path | None = None,
-                       call: Mapping[str, Any] | None = None, generic: bool = False, trust_remote_code: bool = False,
-                       dtype=None, local_files_only: bool = False, revision: str | None = None,
-                       token: str | bool | None = None, cache_dir: str | Path | None = None,
-                       quantization_config: Any = None, layerwise_casting: Mapping[str, Any] | None = None,
-                       pin: Sequence[str] = (), config: str | Path | None = None, gpu=None, **components: Any):
-        """The `placement.Plan` that `from_pretrained` would follow; builds on meta and reads no weights (nor runs
-        a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized components are sized as their
-        quantizer will load them, layerwise-cast ones at their stored size (see `from_pretrained`). `gpu` names
-        the GPU its predicted seconds per call assume, for a plan made for another machine (`--gpu` of the CLI)."""
-        components = take_foreign_keywords(components, entry=f"{cls.__name__}.plan_placement")
-        hub = download_options(use_safetensors=None, revision=revision, token=token, cache_dir=cache_dir,
-                               local_files_only=local_files_only)
-        request = resolve_request(pretrained, allow_patterns=PLAN_PATTERNS, hub=hub, scope=Scope.PIPELINE,
-                                  device_map=device_map, torch_dtype=chosen_dtype(torch_dtype, dtype),
-                                  max_memory=max_memory, variant=variant, offload_folder=offload_folder, call=call,
-                                  trust_remote_code=trust_remote_code, quantization_config=quantization_config,
-                                  layerwise_casting=layerwise_casting, pin=pin, config=config, gpu=gpu)
-        return plan_folder(cls, request, passed=components, generic=generic)
+    @entry_signature(PIPELINE_PLAN, rest="components")
+    def plan_placement(cls, pretrained: str | Path, **keywords: Any):
+        """The `placement.Plan` that `from_pretrained` with the same keywords follows (the same `LoadOptions`,
+        planned by the same function); without `device_map`, the plan of `device_map="balanced"`. Builds on meta
+        and reads no weights (nor runs a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized
+        components are sized as their quantizer will load them, layerwise-cast ones at their stored size."""
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
+        return plan_folder(cls, request, passed=components, generic=request.options.generic)
+
+
+def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *,
+             entry: Entry) -> tuple[LoadRequest, dict[str, Any]]:
+    """The request both entries make from the same keywords (only the files fetched from the Hub differ: a
+    plan reads configs and headers), and the components passed in."""
+    options, components = LoadOptions.take(keywords, entry=entry, label=f"{cls.__name__}.{entry.method}")
+    request = resolve_request(pretrained, options, scope=Scope.PIPELINE,
+                              allow_patterns=PLAN_PATTERNS if entry.plans else LOAD_PATTERNS,
+                              pickle_patterns=PICKLE_PATTERNS)
+    return request, components
 
 
 __all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]

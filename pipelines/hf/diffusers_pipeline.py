@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from torch import nn
 
@@ -75,9 +75,10 @@ def diffusers_pipeline_class(index: ModelIndex) -> type:
     return found
 
 
-def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: Mapping[str, Any]) -> None:
+def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: Mapping[str, Any], *,
+                               arguments: Iterable[str]) -> None:
     """Before anything is built: every component the class requires is in the folder or passed, and every
-    passed name is one of its components."""
+    passed name is one of its components (else the closest of them or of the entry's `arguments`)."""
     expected, _ = pipeline_class._get_signature_keys(pipeline_class)
     optional = set(pipeline_class._optional_components or ())
     present = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
@@ -92,7 +93,8 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
         )
     unknown = [name for name in passed if name not in expected]
     if unknown:
-        raise unknown_pipeline_keywords(unknown, pipeline=pipeline_class.__name__, components=expected)
+        raise unknown_pipeline_keywords(unknown, pipeline=pipeline_class.__name__, components=expected,
+                                        arguments=arguments)
 
 
 def build_diffusers_pipeline(pipeline_class: type, index: ModelIndex, components: Mapping[str, Any], *,

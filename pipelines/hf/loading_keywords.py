@@ -120,19 +120,11 @@ def unknown_keyword_error(names: Iterable[str], *, entry: str, arguments: Iterab
     return UnknownKeywordError(f"{entry}: unknown {noun} {', '.join(described)}: {known}.")
 
 
-# The keywords of `Pipeline.from_pretrained` and `Pipeline.plan_placement` (tests/pipelines/hf/test_loading_keywords
-# holds this equal to their signatures): what a keyword that is no component may have meant.
-PIPELINE_ARGUMENTS = (
-    "cache_dir", "call", "config", "device_map", "dtype", "generic", "gpu", "layerwise_casting", "local_files_only",
-    "max_memory", "offload_folder", "pin", "progress", "quantization_config", "revision", "token", "torch_dtype",
-    "trust_remote_code", "use_safetensors", "variant",
-)
-
-
-def unknown_pipeline_keywords(names: Iterable[str], *, pipeline: str, components: Iterable[str]) -> UnknownKeywordError:
-    """Keywords given to a pipeline's from_pretrained/plan_placement that are neither its arguments nor components
-    of `pipeline` (the class name)."""
-    return unknown_keyword_error(names, entry=f"{pipeline}.from_pretrained/plan_placement", arguments=PIPELINE_ARGUMENTS,
+def unknown_pipeline_keywords(names: Iterable[str], *, pipeline: str, components: Iterable[str],
+                              arguments: Iterable[str]) -> UnknownKeywordError:
+    """Keywords given to a pipeline's from_pretrained/plan_placement that are neither its `arguments` (the fields
+    of `loading.options.LoadOptions` a pipeline takes) nor components of `pipeline` (the class name)."""
+    return unknown_keyword_error(names, entry=f"{pipeline}.from_pretrained/plan_placement", arguments=arguments,
                                  components=components, owner=pipeline)
 
 
@@ -146,5 +138,5 @@ def check_no_keywords_left(keywords: Mapping[str, Any], *, entry: Callable, labe
         raise unknown_keyword_error(rest, entry=label, arguments=arguments)
 
 
-__all__ = ["FOREIGN_KEYWORDS", "PIPELINE_ARGUMENTS", "ForeignKeyword", "UnknownKeywordError", "check_no_keywords_left",
+__all__ = ["FOREIGN_KEYWORDS", "ForeignKeyword", "UnknownKeywordError", "check_no_keywords_left",
            "take_foreign_keywords", "unknown_keyword_error", "unknown_pipeline_keywords"]

@@ -1,6 +1,9 @@
 """The one loader of models and pipelines: a request resolved once, one meta builder, one plan, one placer.
 
-request.py          LoadRequest: folder (after the Hub), device_map as what it is, dtypes, accelerators, ...
+options.py          LoadOptions: every keyword of from_pretrained / plan_placement, written once (the entries'
+                    signatures are made from it)
+request.py          LoadRequest: the options, and the folder (after the Hub), device_map as what it is, dtypes,
+                    accelerators, ...
 meta.py             build_component -> MetaComponent: the module on meta in its load dtypes, its weights index,
                     and its reader (meta_records.py): ours (streaming) or the format's owner (owner_meta.py)
 owner_meta.py       components prepared on meta as their owner prepares them (quantizers, renamed keys)

@@ -23,6 +23,7 @@ from ..hf.diffusers_pipeline import (
     known_execution_order,
 )
 from ..hf.loading_keywords import unknown_pipeline_keywords
+from .options import PIPELINE_ARGUMENTS
 
 
 def target_class(cls: type, index: ModelIndex, generic: bool) -> type:
@@ -45,7 +46,7 @@ def check_components(target: type, cls: type, index: ModelIndex, passed: Mapping
     if target is cls:
         check_constructor(cls, index, passed, trust_remote_code=trust_remote_code)
     else:
-        check_diffusers_components(target, index, passed)
+        check_diffusers_components(target, index, passed, arguments=PIPELINE_ARGUMENTS)
 
 
 def construct(target: type, index: ModelIndex, components: Mapping[str, Any], folder: Path | str) -> Any:
@@ -71,7 +72,8 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *
     if is_generic(cls):
         unknown = [name for name in passed if name not in index.components]
         if unknown:
-            raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=index.components)
+            raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=index.components,
+                                            arguments=PIPELINE_ARGUMENTS)
         _check_passed_modules(index, passed, trust_remote_code)
         return
     parameters = _constructor_parameters(cls)
@@ -85,7 +87,8 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *
         )
     unknown = [name for name in passed if name not in parameters]
     if unknown:
-        raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=parameters)
+        raise unknown_pipeline_keywords(unknown, pipeline=cls.__name__, components=parameters,
+                                        arguments=PIPELINE_ARGUMENTS)
     _check_passed_modules(index, passed, trust_remote_code)
 
 

@@ -96,24 +96,24 @@ def runtime_of(component: ComponentPlan, plan: Plan) -> Runtime:
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
     """Before anything is built: each option names components this load has (quantization: those read from
     the folder; layerwise casting: any module component; pins: those passed in)."""
-    quantized_passed = [name for name in passed if _names(request.quantization_config, name)]
+    quantized_passed = [name for name in passed if _names(request.options.quantization_config, name)]
     if quantized_passed:
         raise FormatOptionError(
             f"quantization_config names {quantized_passed}, which were passed in: a component passed in is placed "
             "as it is; quantize it yourself (its owner's quantizer) or let the load read it from the folder."
         )
-    check_requested_names(request.quantization_config, built + passed)
+    check_requested_names(request.options.quantization_config, built + passed)
     modules = built + passed
-    unknown = sorted(set(request.layerwise_casting) - set(modules))
+    unknown = sorted(set(request.options.layerwise_casting) - set(modules))
     if unknown:
         raise FormatOptionError(
             f"layerwise_casting names {unknown}, which are not module components of this pipeline; its module "
             f"components are {sorted(modules)}."
         )
-    stray = sorted(set(request.pin) - set(passed))
+    stray = sorted(set(request.options.pin) - set(passed))
     if stray:
         raise FormatOptionError(
-            f"pin={list(request.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
+            f"pin={list(request.options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
             f"(e.g. transformer=my_model) where it is. Passed in: {sorted(passed) or 'nothing'}."
         )
 
@@ -135,12 +135,12 @@ def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, n
         # checked as a placed load checks them (its weights are safetensors, or pickles only on the explicit
         # opt-in; its folder's and the requested quantization), then read by the owner
         if not (request.allow_pickle and pickle_files_in(source.folder, weights_name_for(source.cls))):
-            find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=request.variant)
-        component_quantization(request.quantization_config, name, source.family, source.folder)
-        config = requested_quantization(request.quantization_config, name, source.family)
+            find_weights(source.folder, weights_name=weights_name_for(source.cls), variant=request.options.variant)
+        component_quantization(request.options.quantization_config, name, source.family, source.folder)
+        config = requested_quantization(request.options.quantization_config, name, source.family)
         module = load_without_device_map(source.cls, source.folder, family=source.family, dtype=opened.dtypes[name],
-                                         variant=request.variant, quantization_config=config)
-        storage = request.layerwise_casting.get(name)
+                                         variant=request.options.variant, quantization_config=config)
+        storage = request.options.layerwise_casting.get(name)
         if storage is not None:
             compute = opened.dtypes[name] or _floating_dtype(module)
             apply_layerwise_casting(module, casting_config(module, storage, compute))

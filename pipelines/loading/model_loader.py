@@ -36,12 +36,12 @@ def load_model(cls: type, request: LoadRequest):
     check_requested_devices(request.device_map, request.accelerators)
     meta = _build(cls, request, weights_required=True)
     if request.device_map.kind is DeviceMapKind.NONE:
-        place_component(meta, None, accelerators=request.accelerators, progress=request.progress)
+        place_component(meta, None, accelerators=request.accelerators, progress=request.options.progress)
         return meta.module.eval()
     plan = _plan(meta, request)
     check_plan_devices(plan, request.accelerators)
     place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
-                    hooks=request.device_map.hooks, progress=request.progress)
+                    hooks=request.device_map.hooks, progress=request.options.progress)
     meta.module.placement_plan = plan
     return meta.module.eval()
 
@@ -62,15 +62,15 @@ def _build(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaCo
     request.dtypes.check_names([name], of=f"model (a {name})")
     _warn_on_other_class(cls, request.folder)
     return build_component(name, cls, request.folder, family=Family.OWN, dtype=request.dtypes.for_component(name),
-                           variant=request.variant, weights_required=weights_required)
+                           variant=request.options.variant, weights_required=weights_required)
 
 
 def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
     # As for a pipeline (and accelerate), `offload_folder` is what permits planning onto "disk"; nothing is
     # written there: the checkpoint's own safetensors files serve the disk-offloaded weights.
     return plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
-                        dtypes={meta.name: meta.dtype}, max_memory=request.max_memory,
-                        offload_folder=request.offload_folder, call=None, pinned={}, scope=request.scope)
+                        dtypes={meta.name: meta.dtype}, max_memory=request.options.max_memory,
+                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope)
 
 
 def _warn_on_other_class(cls: type, folder: Path) -> None:

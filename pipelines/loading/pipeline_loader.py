@@ -34,7 +34,9 @@ from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
 from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .build_limits import BuildLimit
-from .formats import check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats
+from .formats import (
+    Formats, check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats,
+)
 from .layerwise import computing_on_meta
 from .joined_outputs import deliver_joined_outputs
 from .memory_techniques import apply_memory_techniques
@@ -74,8 +76,8 @@ class OpenedFolder:
 def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, generic: bool) -> OpenedFolder:
     index = ModelIndex.read(request.folder)
     target = target_class(cls, index, generic)
-    check_components(target, cls, index, passed, trust_remote_code=request.trust_remote_code)
-    sources = component_sources(index, request.folder, skip=passed, trust_remote_code=request.trust_remote_code)
+    check_components(target, cls, index, passed, trust_remote_code=request.options.trust_remote_code)
+    sources = component_sources(index, request.folder, skip=passed, trust_remote_code=request.options.trust_remote_code)
     modules = [name for name, source in sources.items() if source.is_module]
     passed_modules = [name for name, obj in passed.items() if isinstance(obj, nn.Module)]
     request.dtypes.check_names(modules + passed_modules, of="pipeline")
@@ -89,14 +91,15 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
     (`single_files.single_file_sources`), else from its folder, refused before it is built when its config asks
     for more than all budgets hold (`build_limits`)."""
     from_file = single_file_sources(opened.modules, request.single_file)
-    limit = BuildLimit.of(request.max_memory, request.offload_folder, accelerators=request.accelerators.count)
+    options = request.options
+    limit = BuildLimit.of(options.max_memory, options.offload_folder, accelerators=request.accelerators.count)
     return {name: build_single_file_component(name, source.cls, request.single_file, source.folder,
-                                              dtype=opened.dtypes[name], quantization_config=request.quantization_config,
-                                              layerwise_casting=request.layerwise_casting.get(name))
+                                              dtype=opened.dtypes[name], quantization_config=options.quantization_config,
+                                              layerwise_casting=options.layerwise_casting.get(name))
             if name in from_file else
-            build_from_source(source, dtype=opened.dtypes[name], variant=request.variant,
-                              weights_required=weights_required, quantization_config=request.quantization_config,
-                              layerwise_casting=request.layerwise_casting.get(name), limit=limit)
+            build_from_source(source, dtype=opened.dtypes[name], variant=options.variant,
+                              weights_required=weights_required, quantization_config=options.quantization_config,
+                              layerwise_casting=options.layerwise_casting.get(name), limit=limit)
             for name, source in opened.modules.items()}
 
 
@@ -118,7 +121,7 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
             components.update(load_modules_without_device_map(opened, request))
         else:  # each component read to the CPU by its reader (the file's by from_single_file)
             components.update({name: place_component(meta, None, accelerators=request.accelerators,
-                                                     progress=request.progress)
+                                                     progress=request.options.progress)
                                for name, meta in build_components(opened, request, weights_required=True).items()})
         return construct(opened.target, opened.index, {**components, **passed}, request.folder)
     metas = build_components(opened, request, weights_required=True)
@@ -156,29 +159,40 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     plan = plan_folder_pipeline(pipe, request, metas, passed)
     if not request.local:  # a Hub pipeline is planned from its configs alone, by design
         return plan
-    return with_notes(plan, missing_weights_notes(metas, opened.sources, variant=request.variant,
+    return with_notes(plan, missing_weights_notes(metas, opened.sources, variant=request.options.variant,
                                                   saved_here=opened.index.save_id is not None))
 
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],
                          passed: Mapping[str, Any]) -> Plan:
-    """The plan of a pipeline built from a folder: components passed in keep their own dtype, and those already
-    dispatched are pinned where they are; each component's plan says which dtype it assumed, and why."""
+    """The plan of a pipeline built from a folder (`from_pretrained` and `plan_placement` both call this):
+    components passed in keep their own dtype, and those already dispatched are pinned where they are."""
+    pins, notes = passed_pins(passed, pin=request.options.pin)
+    return plan_components(pipe, request, metas, pins=pins, notes=notes, formats=formats_of_metas(metas),
+                           passed_origin="passed in, as it is")
+
+
+def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent], *,
+                    pins: Mapping[str, Any], notes: list[str], formats: Formats, passed_origin: str) -> Plan:
+    """The one plan of a pipeline's module components for a request, whether loaded, planned or placed as built
+    (`pipelines.place`): the VAE-technique retries run in `plan_modules`, the re-plans around formats that cannot
+    be offloaded in `respect_formats`, both here, so no entry re-plans apart. Each component's plan says which
+    dtype it assumed and why (`metas`: those built by this load; the others are the caller's, as they are)."""
     modules, edges = modules_and_edges(pipe)
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
-    pins, notes = passed_pins(passed, pin=request.pin)
-    origins = {name: component_origin(metas[name]) if name in metas else "passed in, as it is" for name in modules}
+    origins = {name: component_origin(metas[name]) if name in metas else passed_origin for name in modules}
+    options = request.options
 
     def plan_with(kept: Mapping[str, Any]) -> Plan:
         plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
-                            max_memory=request.max_memory, offload_folder=request.offload_folder, call=request.call,
+                            max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call,
                             pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
-                            gpu=request.gpu,
+                            gpu=options.gpu,
                             sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
                                            for name in modules})
         return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
 
-    return respect_formats(plan_with({}), formats_of_metas(metas), plan_with, request.device_map)
+    return respect_formats(plan_with({}), formats, plan_with, request.device_map)
 
 
 def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],
@@ -194,11 +208,11 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
     hooks = request.device_map.hooks
     try:
-        with load_progress(read_bytes, enabled=request.progress):
+        with load_progress(read_bytes, enabled=request.options.progress):
             for name in plan.execution_order:
                 component = plan.components[name]
                 if component.pinned and name in passed and (
-                        getattr(passed[name], "hf_device_map", None) or name in request.pin):  # stays where it is
+                        getattr(passed[name], "hf_device_map", None) or name in request.options.pin):  # stays where it is
                     if hooks and hook_inputs_of_pinned(passed[name], component):  # placed by its owner: never moved
                         hooked_pinned.append(passed[name])
                     continue
@@ -206,8 +220,8 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                 if name in metas:  # its weights only (hooks=False records its map): the runtime comes below
                     _check_registered(pipe, metas[name])
                     module, disk_weights[name] = read_component(
-                        metas[name], component, accelerators=request.accelerators, progress=request.progress,
-                        offload_folder=request.offload_folder)
+                        metas[name], component, accelerators=request.accelerators, progress=request.options.progress,
+                        offload_folder=request.options.offload_folder)
                     if module is not metas[name].module:  # read by its owner: its module replaces the meta one
                         install_component(pipe, name, module)
                 else:

@@ -18,12 +18,13 @@ from ..errors import DeviceMappedError
 from ..folder.components import PipelineComponents, module_dtype
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left
-from .formats import check_format_options, formats_of_modules, respect_formats
+from .formats import check_format_options, formats_of_modules
 from .layerwise import casting_config
-from .pipeline_loader import place_pipeline
+from .pipeline_loader import place_pipeline, plan_components
 from .placing import check_plan_devices, check_requested_devices
-from .planning import label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes
-from .request import Scope, resolve_request
+from .planning import modules_and_edges, passed_pins
+from .options import LoadOptions, Scope
+from .request import resolve_request
 
 
 def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
@@ -43,29 +44,24 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
             "pipe.reset_device_map() before placing it again."
         )
-    request = resolve_request(None, scope=Scope.PIPELINE, device_map=device_map, torch_dtype=None,
-                              max_memory=max_memory, offload_folder=offload_folder, call=call, progress=False,
-                              layerwise_casting=layerwise_casting, pin=pin)
+    options = LoadOptions(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder, call=call,
+                          progress=False, layerwise_casting=layerwise_casting, pin=pin)
+    request = resolve_request(None, options, scope=Scope.PIPELINE)
     check_requested_devices(request.device_map, request.accelerators)
-    modules, edges = modules_and_edges(pipe)
+    modules, _ = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
-    pins, notes = passed_pins(modules, pin=request.pin)  # before casting: its hooks are not a placement
-    for name, storage in request.layerwise_casting.items():
+    pins, notes = passed_pins(modules, pin=request.options.pin)  # before casting: its hooks are not a placement
+    for name, storage in request.options.layerwise_casting.items():
         module = modules[name]
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
 
-    def plan_with(kept: Mapping[str, Any]) -> Plan:
-        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=None,
-                            max_memory=max_memory, offload_folder=offload_folder, call=call, pinned={**pins, **kept})
-        plan = label_dtypes(plan, modules, None, {name: "as it is, placed by pipelines.place" for name in modules})
-        return with_notes(plan, notes)
-
     try:
-        plan = respect_formats(plan_with({}), formats_of_modules(modules), plan_with, request.device_map)
+        plan = plan_components(pipe, request, {}, pins=pins, notes=notes, formats=formats_of_modules(modules),
+                               passed_origin="as it is, placed by pipelines.place")
         check_plan_devices(plan, request.accelerators)
         place_pipeline(pipe, plan, {}, modules, request)
     except BaseException:
-        for name in request.layerwise_casting:  # nothing half-done: the casting this call applied comes off
+        for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
             remove_layerwise_casting(modules[name])
         raise
     if not isinstance(pipe, PipelineComponents):

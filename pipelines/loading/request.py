@@ -1,6 +1,8 @@
 """One load, resolved once at its entry (`from_pretrained` / `plan_placement` of pipelines and models): every
 argument turned into what it is before any module is built, then handed down as one frozen `LoadRequest`.
 
+- the options: as the caller gave them (`options.LoadOptions`, each keyword written there once);
+
 - the folder: local, after the Hub download (the download options are fields, never carried implicitly);
 - `device_map`: None, a saved plan, pins, a strategy or a single device (`DeviceMapRequest`), decided once;
 - `torch_dtype`: validated once (`DtypeRequest`); its keys are checked against the module components in one
@@ -25,16 +27,10 @@ from placement.errors import InvalidDtypeError
 from placement.sizing import dtype_for
 
 from ..folder.hub import HubOptions, resolve_folder
+from ..hf.hf_spellings import download_options, pickle_opt_in
 from ..hf.single_file import SingleFileError, is_single_file
-from .layerwise import parse_layerwise_casting
+from .options import LoadOptions, Scope
 from .saved_plans import saved_plan
-
-
-class Scope(str, Enum):
-    """What the strategy names mean (`placement.plan(scope=...)`): a pipeline's, or accelerate's for one model."""
-
-    PIPELINE = "pipeline"
-    MODEL = "model"
 
 
 class DeviceMapKind(Enum):
@@ -120,28 +116,17 @@ def refuse_storage_only(dtype: torch.dtype | None, key: str) -> torch.dtype | No
 
 @dataclass(frozen=True, kw_only=True)
 class LoadRequest:
-    """Everything one load or plan needs, resolved once. `folder` is None for `pipelines.place` (modules already
-    built: nothing is read)."""
+    """Everything one load or plan needs, resolved once: the caller's `options` as given (`LoadOptions`), and
+    what they resolve to against the folder and the machine. `folder` is None for `pipelines.place` (modules
+    already built: nothing is read)."""
 
+    options: LoadOptions
     folder: Path | None
     hub: HubOptions
     scope: Scope
     device_map: DeviceMapRequest
     dtypes: DtypeRequest
     accelerators: Accelerators
-    max_memory: Mapping | None = None
-    gpu: Any = None  # the GPU the plan's seconds per call assume (`placement.plan(gpu=)`): a name or a profile
-    variant: str | None = None
-    offload_folder: str | Path | None = None
-    call: Mapping[str, Any] | None = None
-    progress: bool = True
-    trust_remote_code: bool = False
-    # Formats of their own: a diffusers PipelineQuantizationConfig / {component: config} / one model's config, as
-    # given (resolved per component by `hf.quantizers`); {component: storage dtype} for fp8 layerwise casting;
-    # the components passed in to keep where they are whatever their map says.
-    quantization_config: Any = None
-    layerwise_casting: Mapping[str, torch.dtype] = field(default_factory=lambda: MappingProxyType({}))
-    pin: tuple[str, ...] = ()
     # A single-file checkpoint read for the components it holds; `folder` is then its pipeline's config folder.
     single_file: Path | None = None
     # use_safetensors=False without device_map: the owner library may read a component's pickle weights.
@@ -150,29 +135,33 @@ class LoadRequest:
     local: bool = True
 
 
-def resolve_request(pretrained: str | Path | None, *, allow_patterns: Sequence[str] | None = None,
-                    subfolder: str | None = None, hub: HubOptions = HubOptions(), scope: Scope,
-                    device_map: Any, torch_dtype: Any, config: str | Path | None = None,
-                    **options: Any) -> LoadRequest:
-    """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only; None for
-    modules already built; a single-file checkpoint, with `config` the folder or Hub id of its pipeline's
-    configs). `options`: the other `LoadRequest` fields, as given."""
+def resolve_request(pretrained: str | Path | None, options: LoadOptions, *, scope: Scope,
+                    allow_patterns: Sequence[str] | None = None, pickle_patterns: Sequence[str] = ()) -> LoadRequest:
+    """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only, and
+    `pickle_patterns` too where a pipeline load opts in to pickle weights; None for modules already built; a
+    single-file checkpoint, with `options.config` the folder or Hub id of its pipeline's configs)."""
+    allow_pickle = scope is Scope.PIPELINE and pickle_opt_in(options.use_safetensors, options.device_map)
+    hub = download_options(use_safetensors=None if allow_pickle else options.use_safetensors,
+                           revision=options.revision, token=options.token, cache_dir=options.cache_dir,
+                           local_files_only=options.local_files_only)
+    single_file = None
     if pretrained is not None and is_single_file(pretrained):
-        if config is None:
+        if options.config is None:
             raise SingleFileError(
                 f"{Path(pretrained).name} is a single-file checkpoint: give config= the folder (or Hub id) of its "
                 "pipeline's configs (model_index.json and each component's config.json; components the file does "
                 "not hold need their weights there too), so that nothing is guessed or fetched unasked."
             )
-        options["single_file"], pretrained = Path(pretrained), config
+        single_file, pretrained = Path(pretrained), options.config
+    if allow_patterns is not None and allow_pickle:
+        allow_patterns = [*allow_patterns, *pickle_patterns]
     folder = None if pretrained is None else resolve_folder(pretrained, allow_patterns=allow_patterns,
-                                                              subfolder=subfolder, hub=hub)
-    options.setdefault("local", pretrained is None or Path(pretrained).expanduser().exists())
+                                                              subfolder=options.subfolder, hub=hub)
+    device_map = options.device_map
     if scope is Scope.PIPELINE and isinstance(device_map, Mapping) and set(device_map) == {""}:
         device_map = device_map[""]  # accelerate's key for "the whole model": for a pipeline, its one device
-    if "layerwise_casting" in options:
-        options["layerwise_casting"] = MappingProxyType(parse_layerwise_casting(options["layerwise_casting"]))
-    if "pin" in options:
-        options["pin"] = tuple(options["pin"] or ())
-    return LoadRequest(folder=folder, hub=hub, scope=scope, device_map=DeviceMapRequest.interpret(device_map),
-                       dtypes=DtypeRequest.parse(torch_dtype), accelerators=detect_accelerators(), **options)
+    return LoadRequest(options=options, folder=folder, hub=hub, scope=scope,
+                       device_map=DeviceMapRequest.interpret(device_map),
+                       dtypes=DtypeRequest.parse(options.torch_dtype),
+                       accelerators=detect_accelerators(), single_file=single_file, allow_pickle=allow_pickle,
+                       local=pretrained is None or Path(pretrained).expanduser().exists())

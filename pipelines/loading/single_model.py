@@ -11,6 +11,7 @@ diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would foll
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,7 +36,8 @@ from .meta_records import MetaComponent
 from .placing import check_plan_devices, check_requested_devices, place_component
 from .missing_weights import holds_weight_files, why_missing
 from .planning import component_origin, label_dtypes, plan_modules, with_notes
-from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, Scope, resolve_request
+from .options import LoadOptions, Scope
+from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, resolve_request
 from .single_files import build_single_file_component
 
 MODEL_PATTERNS = ["*.json", "*.safetensors"]
@@ -85,7 +87,8 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                                progress=False, hub=hub, weights_required=False)
         plan = _plan(meta, request)
     if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
-        plan = with_notes(plan, [f"{meta.name}: {why_missing(request.folder, type(meta.module), request.variant)} "
+        missing = why_missing(request.folder, type(meta.module), request.options.variant)
+        plan = with_notes(plan, [f"{meta.name}: {missing} "
                                  "The plan sized it from its config.json; loading it will fail until its weights "
                                  "are there."])
     return plan
@@ -101,8 +104,9 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
            **options) -> tuple[LoadRequest, MetaComponent]:
     single = is_single_file(pretrained)
     patterns = [f"{subfolder}/{pattern}" if subfolder else pattern for pattern in MODEL_PATTERNS]
-    request = resolve_request(None if single else pretrained, allow_patterns=patterns, subfolder=subfolder,
-                              hub=hub, scope=Scope.MODEL, device_map=device_map, torch_dtype=torch_dtype, **options)
+    options = LoadOptions(device_map=device_map, torch_dtype=torch_dtype, config=config, subfolder=subfolder,
+                          **dataclasses.asdict(hub), **options)
+    request = resolve_request(None if single else pretrained, options, scope=Scope.MODEL, allow_patterns=patterns)
     storage = _storage_dtype(layerwise_casting)
     if single:
         config_folder = _config_folder(Path(pretrained), config, subfolder)
@@ -110,14 +114,15 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
         name = cls.__name__
         meta = build_single_file_component(name, cls, Path(pretrained), config_folder,
                                            dtype=request.dtypes.for_component(name),
-                                           quantization_config=request.quantization_config, layerwise_casting=storage)
+                                           quantization_config=request.options.quantization_config,
+                                           layerwise_casting=storage)
         return request, meta
     cls = model_folder_class(request.folder)
     name = cls.__name__
     meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
-                           variant=request.variant, weights_required=weights_required,
-                           quantization_config=request.quantization_config, layerwise_casting=storage,
-                           limit=BuildLimit.of(request.max_memory, request.offload_folder,
+                           variant=request.options.variant, weights_required=weights_required,
+                           quantization_config=request.options.quantization_config, layerwise_casting=storage,
+                           limit=BuildLimit.of(request.options.max_memory, request.options.offload_folder,
                                                 accelerators=request.accelerators.count))
     return request, meta
 
@@ -151,8 +156,8 @@ def _config_folder(path: Path, config: str | Path | None, subfolder: str | None)
 
 def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
     plan = plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
-                        dtypes={meta.name: meta.dtype}, max_memory=request.max_memory,
-                        offload_folder=request.offload_folder, call=None, pinned={}, scope=request.scope,
+                        dtypes={meta.name: meta.dtype}, max_memory=request.options.max_memory,
+                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope,
                         estimating=lambda: computing_on_meta({meta.name: meta}), advise={meta.name: meta},
                         sizing_dtypes={meta.name: meta.sizing_dtype})
     plan = label_dtypes(plan, {meta.name: meta.module}, {meta.name: meta.dtype}, {meta.name: component_origin(meta)})

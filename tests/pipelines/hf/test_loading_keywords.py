@@ -10,7 +10,7 @@ import pytest
 
 import pipelines
 from pipelines import LoadArgumentError, Pipeline, TextToImagePipeline, UnknownKeywordError
-from pipelines.hf.loading_keywords import PIPELINE_ARGUMENTS
+from pipelines.loading.options import PIPELINE_ARGUMENTS
 
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset

@@ -11,7 +11,8 @@ import torch
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset
 from pipelines import TextToImagePipeline
-from pipelines.loading.request import DeviceMapKind, DeviceMapRequest, DtypeRequest, Scope, resolve_request
+from pipelines.loading.options import LoadOptions, Scope
+from pipelines.loading.request import DeviceMapKind, DeviceMapRequest, DtypeRequest, resolve_request
 from placement.errors import InvalidDtypeError
 
 
@@ -82,8 +83,10 @@ def test_a_model_takes_a_torch_dtype_dict_keyed_by_its_class_name(tmp_path):
 def test_the_request_is_frozen_and_carries_the_hub_options_and_accelerators(tmp_path, monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
     tiny_model().save_pretrained(tmp_path / "m")
-    request = resolve_request(tmp_path / "m", scope=Scope.MODEL, device_map="auto", torch_dtype=None)
+    request = resolve_request(tmp_path / "m", LoadOptions(device_map="auto"), scope=Scope.MODEL)
     assert request.folder == tmp_path / "m" and request.accelerators.count == 2 and request.accelerators.virtual
     assert request.hub.revision is None and request.device_map.kind is DeviceMapKind.STRATEGY
     with pytest.raises(dataclasses.FrozenInstanceError):
-        request.variant = "fp16"
+        request.folder = tmp_path
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.options.variant = "fp16"
