@@ -17,6 +17,10 @@
 3. Unpatchifying by sizes held in a tensor (HiDream-I1: `unpatchify(x, img_sizes, is_training)` slices each
    image by `img_sizes[i]`'s values). Its other branch (`is_training=True`) computes the same output bytes by
    reshapes alone; `shape_only_unpatchify` takes it for the length of the estimate.
+4. bitsandbytes layers built on meta (`Linear4bit`, `Linear8bitLt`): their quantization state is made when the
+   weights are quantized on a device, so their `forward` fails without it (an assert in `fix_4bit_weight_quant_state
+   _from_module`). For the estimate they compute as bitsandbytes computes a batch of tokens: the weight
+   dequantized into a temporary of the compute dtype, then one `F.linear` (`_dequantized_linear`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+_BITSANDBYTES_LINEARS = ("Linear4bit", "LinearFP4", "LinearNF4", "Linear8bitLt")
 
 
 class MetaConstants(TorchFunctionMode):
@@ -82,6 +89,23 @@ def _shape_only_unpatchify(self, x: torch.Tensor, img_sizes, is_training: bool) 
     return type(self).unpatchify(self, x, img_sizes, True)
 
 
+def _quantized_without_state(module: nn.Module) -> bool:
+    """A bitsandbytes linear whose weight has no quantization state yet (built on meta; see module doc, 4.)."""
+    if type(module).__name__ not in _BITSANDBYTES_LINEARS or not type(module).__module__.startswith("bitsandbytes"):
+        return False
+    weight = getattr(module, "weight", None)
+    return getattr(weight, "quant_state", None) is None and getattr(weight, "CB", None) is None
+
+
+def _dequantized_linear(self, x: torch.Tensor) -> torch.Tensor:
+    """What a bitsandbytes linear allocates for a batch of tokens: its weight dequantized to the compute dtype
+    (a temporary), then the matmul; the output in the input's dtype, as bitsandbytes returns it."""
+    dtype = getattr(self, "compute_dtype", None) or x.dtype
+    weight = torch.empty(self.out_features, self.in_features, dtype=dtype, device=x.device)
+    bias = None if self.bias is None else torch.empty(self.out_features, dtype=dtype, device=x.device)
+    return F.linear(x.to(dtype), weight, bias).to(x.dtype)
+
+
 def sized_by_values(module: nn.Module) -> bool:
     """Whether `module`'s output is sized by values it computes (3.): run with values kept (`estimate_call(...,
     keep_values=True)`) its own code gives the real output shape, which the stand-in does not."""
@@ -90,10 +114,14 @@ def sized_by_values(module: nn.Module) -> bool:
 
 @contextmanager
 def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Iterator[None]:
-    """Within it, `module`'s MoE routing (2.) and value-sized unpatchify (3.) run without data; with
-    `values_kept`, constants carry their values and the unpatchify runs as it is."""
+    """Within it, `module`'s MoE routing (2.) and value-sized unpatchify (3.) run without data, and its
+    bitsandbytes layers without quantization state (4.) as the dequantized matmul; with `values_kept`,
+    constants carry their values and the unpatchify runs as it is."""
     patched = []
     for sub in module.modules():
+        if _quantized_without_state(sub):
+            sub.forward = types.MethodType(_dequantized_linear, sub)
+            patched.append((sub, "forward"))
         if _routes_by_values(sub):
             sub.moe_infer = types.MethodType(_worst_case_moe_infer, sub)
             patched.append((sub, "moe_infer"))

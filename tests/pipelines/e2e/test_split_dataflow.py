@@ -42,9 +42,11 @@ def test_a_denoiser_split_where_its_forward_mixes_runs_equal_to_diffusers(saved,
 
 
 # The classes whose denoiser the planner splits at the budgets below (the others fit whole, or go elsewhere).
-# Without the glue, LTX's, AnimateDiff's (and SD3 ControlNet's, above) failed with DeviceMismatchError.
+# Without the glue, LTX's, AnimateDiff's (and SD3 ControlNet's, above) failed with DeviceMismatchError. Lumina2's
+# denoiser fits whole here: its Gemma2 encoder's activation at the captured prompt length is the largest
+# transient, and the budget below leaves room for it.
 SPLIT_BY_THE_PLANNER = {"PixArtSigmaPipeline", "LTXPipeline", "AnimateDiffPipeline", "FluxKontextPipeline",
-                        "FluxImg2ImgPipeline", "Lumina2Pipeline", "FluxInpaintPipeline", "FluxFillPipeline"}
+                        "FluxImg2ImgPipeline", "ChromaPipeline", "FluxInpaintPipeline", "FluxFillPipeline"}
 
 
 def split_budgets(folder, case) -> dict:

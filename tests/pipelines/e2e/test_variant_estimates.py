@@ -77,8 +77,10 @@ def test_num_inference_steps_is_accepted_and_a_call_the_pipeline_refuses_is_name
     pipe = tiny_unets.sd_controlnet(tmp_path)
     modules, _ = modules_and_edges(pipe)
     assert describe_call(pipe, modules, {**SIZE, "num_inference_steps": 4}).runs["controlnet"] == 4
-    with pytest.raises(CallSpecError, match=r"StableDiffusionControlNetPipeline.__call__ refuses this call.*divisible"):
-        describe_call(pipe, modules, {"height": 60, "width": 64, "num_inference_steps": 1})
+    refused = {**SIZE, "control_guidance_start": 0.8, "control_guidance_end": 0.2}  # diffusers' check_inputs says no
+    with pytest.raises(CallSpecError,
+                       match=r"StableDiffusionControlNetPipeline.__call__ refuses this call.*cannot be larger or equal"):
+        describe_call(pipe, modules, refused)
 
 
 def test_our_pipelines_take_num_inference_steps_in_call_too():
