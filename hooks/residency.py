@@ -12,8 +12,10 @@ The three residency levels of `placement.ComponentTransfer`, at module granulari
   where the component's phase has room -- when the component's phase starts (its first run of a call), kept
   through all its runs, released only when another component's phase on that device needs the room:
   diffusers' model offload, at block granularity and within the budget. The component's start loads them all;
-- streamed: homed on the host, moved block by block at every run with the next block prefetched on a side
-  stream where CUDA is (group offloading's groups and hooks, on the streamed blocks only).
+- streamed: homed on the host, moved block by block at every run (group offloading's groups and hooks, on the
+  streamed blocks only): each run's first streamed block sent when the run starts, the next one when one starts
+  computing, so each copy runs behind the compute since then -- the resident blocks the planner interleaved
+  between them included -- on a side stream where CUDA is (`placement.time_model` counts it so).
 A listed module holding block lists (a `ModuleList`/`Sequential` at any depth, as `placement.streaming`
 finds them) is cut into its blocks and the rest, so per-call releases and streaming go block by block; a
 listed block is one unit. The rest of a streamed module is needed through the whole run: the start of each

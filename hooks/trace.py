@@ -174,9 +174,5 @@ def _group_label(group) -> BlockLabel:
     return label or BlockLabel(component="", path=group.name, place=group.onload_place)
 
 
-def tracing() -> bool:
-    return _ACTIVE is not None
-
-
 __all__ = ["BlockLabel", "CallTrace", "TraceEvent", "compute_started", "copy_done", "copy_issued", "label_block",
-           "label_group", "trace_calls", "tracing"]
+           "label_group", "trace_calls"]
