@@ -14,13 +14,14 @@ Every column is predicted by one time model (`placement.time_model`) on one GPU 
 datasheet peaks at the stated efficiencies; the host link is the profile's PCIe link at 0.8), so the columns differ
 only by what each technique moves and whether its copies overlap compute:
 - ours: `placement.plan(..., gpu=)` on one GPU of that many GiB (what stays resident, what loads per call, what streams);
-  `plan.seconds_per_call` (copies of streamed blocks prefetched one ahead, per-call loads exposed);
+  `plan.seconds_per_call` (streamed blocks interleaved with the kept ones, each copy sent when the streamed block
+  before it starts; per-call loads exposed);
 - compute: the compute alone, every weight resident (no technique is faster on that GPU);
 - model offload (`enable_model_cpu_offload`): each component moved whole when it runs: every byte once per call,
   synchronously (exposed);
 - group (`enable_group_offload(offload_type="block_level")`) without streams: every block at every run, synchronously;
   with streams (`use_stream=True`): the same bytes, the next block prefetched: each copy hidden by the compute of the
-  block before it, as ours;
+  block before it (every block streams: no kept blocks between them, unlike ours);
 - sequential offload (`enable_sequential_cpu_offload`): every module at every run, synchronously.
 "-": the technique does not fit that budget (transfers.py's fit rules); "cpu": our plan computes a component on the CPU.
 Ratios are ours / theirs where both fit and ours moves weights (< 1: we are faster).

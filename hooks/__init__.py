@@ -6,6 +6,9 @@ per-call residency) and meters what it moves. Every technique has one calling sh
     with hooks.measure_transfers() as meter:
         pipe(...)
     meter.host_to_accelerator_bytes, meter.weights, meter.inputs
+    with hooks.trace_calls() as trace:        # what it did, when: copies and block compute, per device
+        pipe(...)
+    trace.save("run.json")                    # Chrome trace JSON (Perfetto); plan.timeline() is the predicted one
     with hooks.edit_placed_weights(dit):      # in-place edits (adapters) follow each layer's placement
         dit.load_lora_adapter(...)
 """
@@ -37,6 +40,7 @@ from .residency import DeviceCoordinator, ResidencyConfig, apply_residency, remo
 from .sequential_offload import SequentialOffloadConfig, apply_sequential_cpu_offload, remove_sequential_cpu_offload
 from .technique_table import OFFLOADING, TECHNIQUES, apply_to_each, remove_technique, technique_for
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, techniques_on
+from .trace import CallTrace, TraceEvent, trace_calls
 from .transfer_meter import Traffic, TransferMeter, measure_transfers
 
 __all__ = [
@@ -57,8 +61,8 @@ __all__ = [
     "DeviceCoordinator", "ResidencyConfig", "apply_residency", "remove_residency",
     # diffusers' keyword spellings, devices
     "group_offloading_fields", "layerwise_casting_fields", "execution_place", "resolve_execution_device",
-    # the transfer meter
-    "Traffic", "TransferMeter", "measure_transfers",
+    # the transfer meter, the call trace
+    "Traffic", "TransferMeter", "measure_transfers", "CallTrace", "TraceEvent", "trace_calls",
     # errors
     "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacedWeightsError", "PlacementRuntimeError",
     "TransferPlanError",

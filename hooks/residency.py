@@ -12,8 +12,10 @@ The three residency levels of `placement.ComponentTransfer`, at module granulari
   where the component's phase has room -- when the component's phase starts (its first run of a call), kept
   through all its runs, released only when another component's phase on that device needs the room:
   diffusers' model offload, at block granularity and within the budget. The component's start loads them all;
-- streamed: homed on the host, moved block by block at every run with the next block prefetched on a side
-  stream where CUDA is (group offloading's groups and hooks, on the streamed blocks only).
+- streamed: homed on the host, moved block by block at every run (group offloading's groups and hooks, on the
+  streamed blocks only): each run's first streamed block sent when the run starts, the next one when one starts
+  computing, so each copy runs behind the compute since then -- the resident blocks the planner interleaved
+  between them included -- on a side stream where CUDA is (`placement.time_model` counts it so).
 A listed module holding block lists (a `ModuleList`/`Sequential` at any depth, as `placement.streaming`
 finds them) is cut into its blocks and the rest, so per-call releases and streaming go block by block; a
 listed block is one unit. The rest of a streamed module is needed through the whole run: the start of each
@@ -48,6 +50,7 @@ from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
+from . import trace
 from . import transfer_meter as meter
 from .hook_utils import add_hook_first, add_hook_last, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
@@ -102,7 +105,9 @@ class ResidencyConfig:
     accelerator than the execution device; `disk_weights` serves the "disk" ones; `coordinators` (one per
     accelerator) are shared by the components of a pipeline (an accelerator without one gets its own, with
     unlimited room); `activation_bytes` is what its runs need besides weights, on every accelerator it runs
-    blocks on; `use_stream` None means on CUDA."""
+    blocks on; `use_stream` None means on CUDA. Streamed blocks are prefetched in any case: the next one when
+    one starts, each run's first one when the run starts (blocking copies, e.g. on virtual accelerators, then
+    only come earlier; the order is the one a CUDA side stream overlaps)."""
 
     execution_device: Device
     device_map: Mapping[str, Device]
@@ -113,6 +118,7 @@ class ResidencyConfig:
     coordinators: Mapping[Device, DeviceCoordinator] = field(default_factory=dict)
     activation_bytes: int = 0
     use_stream: bool | None = None
+    name: str = ""  # what traces call the component (`hooks.trace_calls`); its class name when empty
 
 
 def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
@@ -131,7 +137,7 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     session, here = None, transfers.of(place)
     if blocks:
         session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
-                                      groups=blocks, prefetches=here.prefetches, disk_folder=None)
+                                      groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
     phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session,
                            activation_bytes=config.activation_bytes, config=config)
     for device in _devices_used(place, device_map, away):
@@ -140,6 +146,7 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
         for group in [*phase.per_call, *streamed]:
             group.take_weights()
         _install(module, phase, device_map, away, blocks)
+        _label(module, phase, device_map, away, blocks, per_call)
     except BaseException:
         remove_residency(module)
         phase.close()
@@ -289,6 +296,21 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
                        module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
 
 
+def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
+           blocks: list[ModuleGroup], per_call: Mapping[Device, list[ModuleGroup]]) -> None:
+    """Name the component's run, its blocks and its units in traces (`hooks.trace_calls`)."""
+    keys, name = [key for key in device_map if key], phase.config.name or phase.name
+    streamed = {id(member) for group in blocks for member in group.modules}
+    trace.label_block(module, trace.BlockLabel(component=name, path="", place=phase.place))
+    for path, block in (pair for listed in block_groups(module).block_lists for pair in listed.blocks):
+        home = device_map.get(owning_key(path, keys) or "", device_map.get(""))
+        where = away.get(path) or (home if is_accelerator(home) else phase.place)
+        trace.label_block(block, trace.BlockLabel(component=name, path=path, place=where,
+                                                  streamed=id(block) in streamed))
+    for group in [*blocks, *phase.per_run, *(g for groups in per_call.values() for g in groups)]:
+        trace.label_group(group, trace.BlockLabel(component=name, path=group.name, place=group.onload_place))
+
+
 def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Device,
                  away: Mapping[str, Device]) -> list[tuple[nn.Module, Device, Device | None]]:
     """(called module, the accelerator it runs on, where its outputs go back to or None) for every module whose
@@ -355,7 +377,8 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
                            per_call_modules=tuple(transfer.per_call_modules),
                            streamed_modules=tuple(transfer.streamed_modules),
                            per_call_devices=dict(transfer.per_call_devices), disk_weights=context.disk_weights,
-                           coordinators=coordinators, activation_bytes=component.activation_bytes or 0)
+                           coordinators=coordinators, activation_bytes=component.activation_bytes or 0,
+                           name=component.name)
 
 
 SPEC = TechniqueSpec(

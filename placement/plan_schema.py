@@ -42,6 +42,7 @@ from .errors import PlanError
 from .sizes import format_bytes
 from .plan_inputs import PlanDevice, PlanInputs
 from .time_model import plan_time, time_line
+from .timeline import timeline as predicted_timeline
 from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
@@ -358,6 +359,12 @@ class Plan(_Frozen):
         """The seconds per call per component (`time_model.CallTime`: compute, copies, exposed copies), on the
         plan's GPU profile or on `gpu` (a name, as `gpu=` takes it)."""
         return plan_time(self, None if gpu is None else gpu_profile(gpu))
+
+    def timeline(self, gpu: "GpuProfile | str | None" = None) -> dict:
+        """The predicted call as Chrome trace JSON (`{"traceEvents": [...]}`, opens in Perfetto): each block's
+        compute and each copy on its device, as the time model sees them (`placement.timeline`), in the format
+        `hooks.trace_calls()` records a real call in."""
+        return predicted_timeline(self, None if gpu is None else gpu_profile(gpu))
 
     def with_inputs(self, **changes: Any) -> "Plan":
         """A copy whose `inputs` record `changes` (e.g. `call=`) on top of what was recorded."""

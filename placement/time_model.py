@@ -10,12 +10,15 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
 - exposed copies, after overlap, as today's runtime moves them:
   - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
     starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
-  - streamed blocks prefetch one ahead (depth 1): the copy of block i+1 overlaps the compute of block i, so each
-    block's copy is exposed by what it exceeds that compute, and the first streamed block of a run by what it
-    exceeds the compute of the block before it. The runtime runs a component's resident and per-call blocks first
-    and its streamed blocks last, so "the block before" the first streamed one is a resident block when there is
-    one (nothing when all stream). Blocks are taken as equal in size and in compute per byte (what a DiT's blocks
-    are); a block's compute is its share of the component's weight bytes times the run's compute.
+  - streamed blocks sit evenly between the blocks that stay on the device (resident or loaded per call: the
+    planner interleaves them, `transfers.interleave`), and the runtime sends each one when the streamed block
+    before it starts computing (the run's first one when the run starts): a copy hides behind the compute of
+    the streamed block before it and of the kept blocks between the two (the first one, behind the kept blocks
+    before it only), and is exposed by what it exceeds them. The compute that stays is spread evenly over the
+    gaps: `g = run x (weights - streamed) / weights / streamed blocks` before each; one copy is on the way at a
+    time (one side stream), so two streamed blocks are on the device at once, as the plan's buffers count.
+    Blocks are taken as equal in size and in compute per byte (what a DiT's blocks are); a block's compute is
+    its share of the component's weight bytes times the run's compute.
   Synchronous copies (sequential offload, group offload without streams: `overlap=False`) are exposed whole.
 
 `seconds_per_call` = sum over components of compute + exposed copies (components run one after another).
@@ -33,8 +36,8 @@ from .verdict import DISK_BYTES_PER_S
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
     from .plan_schema import ComponentPlan, Plan
 
-OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks prefetched one ahead, each copy hidden by the "
-                 "compute of the block before it")
+OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
+                 "streamed block before them starts, each copy hidden by the compute since then")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +110,7 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
 def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
                          streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
     """Copy seconds per call that compute does not hide (module doc): the per-call loads, plus at every run the
-    streamed blocks' copies beyond the compute of the block before each."""
+    streamed blocks' copies beyond the compute since each was sent (interleaved layout)."""
     exposed = loaded_bytes / link
     if not streamed_bytes:
         return exposed
@@ -115,8 +118,8 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
         return exposed + runs * streamed_bytes / link
     block_bytes = streamed_bytes / streamed_blocks
     copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
-    before_first = min(compute, run_s * (weight_bytes - streamed_bytes) / max(weight_bytes, 1))
-    per_run = max(0.0, copy - before_first) + (streamed_blocks - 1) * max(0.0, copy - compute)
+    gap = run_s * max(weight_bytes - streamed_bytes, 0) / max(weight_bytes, 1) / streamed_blocks  # kept, before each
+    per_run = max(0.0, copy - gap) + (streamed_blocks - 1) * max(0.0, copy - compute - gap)
     return exposed + runs * per_run
 
 

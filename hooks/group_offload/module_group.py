@@ -17,6 +17,7 @@ from placement.devices import Device
 
 from .storage import CheckpointStore, DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
+from .. import trace
 from .. import transfer_meter as meter
 from ..places import place_of_device
 from ..tensor_slots import ModelTensor
@@ -82,7 +83,10 @@ class ModuleGroup:
         if self.state is not GroupState.OFFLOADED:
             return False
         sources = self.store.read(pinned=self.transfer.uses_pinned_memory, device=self.onload_device)
+        side = getattr(self.transfer, "stream", None)  # a CUDA side stream times the copy itself
+        trace.copy_issued(self, self.onload_device, side)
         self._pending = self.transfer.copy(sources, self.onload_device)
+        trace.copy_done(self, self.onload_device, side)
         meter.record(meter.Payload.WEIGHTS, self.num_bytes, source=self.store.home, target=self.onload_place)
         for entry in self.entries:
             entry.set(self._pending.tensors[entry.key])

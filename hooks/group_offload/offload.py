@@ -37,6 +37,7 @@ from .module_group import ModuleGroup
 from .regroup import Regrouped, regroup
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
+from .. import trace
 from .. import transfer_meter as meter
 from ..diffusers_compat import group_offloading_fields
 from ..errors import OffloadConfigError
@@ -120,11 +121,14 @@ class GroupOffloadSession:
     """The state shared by all hooks of one `apply_group_offloading` call: the groups and the prefetch chain."""
 
     def __init__(self, *, config: GroupOffloadingConfig, groups: list[ModuleGroup], prefetches: bool,
-                 disk_folder: str | None) -> None:
+                 disk_folder: str | None, prefetch_first: bool = False) -> None:
         self.config = config
         self.groups = groups
         self.disk_folder = disk_folder
         self._prefetches = prefetches
+        # Per-call residency: each run's first group is sent when the run starts, behind the blocks before it.
+        self._prefetch_first = prefetch_first
+        self._first: ModuleGroup | None = None
         self._trace: list[ModuleGroup] | None = None
         self._next_group: dict[int, ModuleGroup] = {}
         self._traced = False
@@ -153,6 +157,8 @@ class GroupOffloadSession:
             group.reset()
         if self._prefetches and not self._traced:
             self._trace = []
+        elif self._prefetch_first and self._first is not None:
+            self._first.onload()
 
     def group_first_used(self, group: ModuleGroup) -> None:
         if self._trace is not None and all(group is not seen for seen in self._trace):
@@ -167,6 +173,7 @@ class GroupOffloadSession:
             group.reset()
         if self._trace is not None:
             self._next_group = {id(a): b for a, b in zip(self._trace, self._trace[1:])}
+            self._first = self._trace[0] if self._trace else None
             self._trace, self._traced = None, True
 
     def close(self) -> None:
@@ -199,7 +206,7 @@ class GroupOffloadSession:
                     hook.group = None  # the root hook still runs the session
             remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
         self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
-        self._trace, self._next_group, self._traced = None, {}, False
+        self._trace, self._next_group, self._traced, self._first = None, {}, False, None
         return result
 
 
@@ -229,6 +236,7 @@ class GroupMemberHook(ModelHook):
             if self.group.enter():
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
+            trace.compute_started(module)
         device, place = self.session.onload_device, self.session.onload_place
         moved = move_to_device(args, device, place), move_to_device(kwargs, device, place)
         self._entered = self.is_root and meter.enter_place(place)

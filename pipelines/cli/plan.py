@@ -9,13 +9,15 @@ Budgets: --max-memory 0=24GiB,1=24GiB,cpu=64GiB, or 2x24GiB for two of one size.
 the seconds per call (compute, copies and the copies compute does not hide) on --gpu NAME (rtx4090, h100, ...),
 by default on this machine's GPU, else on a stated default. The plan opens with its
 verdict; what would do better follows it (bf16 when the plan is in fp32, a CPU budget detected on this
-machine). --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back); FILE "-" is stdout (the
-table then goes to stderr, so that stdout is the JSON or SVG alone).
+machine). --svg FILE draws it, --json FILE saves it (Plan.from_json reads it back), --timeline FILE writes the
+predicted call as a Chrome trace (Perfetto opens it; hooks.trace_calls() records a real call in the same format);
+FILE "-" is stdout (the table then goes to stderr, so that stdout is the JSON, SVG or trace alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -56,6 +58,8 @@ def register(subparsers) -> None:
                         help="also write the plan as JSON ('-': to stdout)")
     parser.add_argument("--svg", type=output_arg, default=None, metavar="FILE",
                         help="also draw the plan as an SVG picture ('-': to stdout)")
+    parser.add_argument("--timeline", type=output_arg, default=None, metavar="FILE",
+                        help="also write the predicted call as a Chrome trace JSON, for Perfetto ('-': to stdout)")
     parser.set_defaults(run=run, parser=parser)
 
 
@@ -65,9 +69,12 @@ def run(args: argparse.Namespace) -> int:
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
     from .targets import TargetPlanner
 
-    if args.json == "-" and args.svg == "-":
-        args.parser.error("--json - and --svg - would both write to stdout; send one of them to a file.")
-    report = sys.stderr if "-" in (args.json, args.svg) else sys.stdout  # stdout carries the JSON or SVG alone
+    outputs = {"--json": args.json, "--svg": args.svg, "--timeline": args.timeline}
+    to_stdout = [flag for flag, path in outputs.items() if path == "-"]
+    if len(to_stdout) > 1:
+        args.parser.error(f"{' and '.join(f'{flag} -' for flag in to_stdout)} would all write to stdout; send all "
+                          "but one of them to a file.")
+    report = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON, SVG or trace alone
     example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
     check_outputs(args)
     with warnings_once() as printed_anyway:
@@ -93,7 +100,16 @@ def run(args: argparse.Namespace) -> int:
     if args.svg is not None:
         write_text(args.svg, plan.to_svg())
         print(f"Plan picture written to {_named(args.svg)} (open it in a browser)", file=report)
+    if args.timeline is not None:
+        _write_timeline(args.timeline, plan, report)
     return 0
+
+
+def _write_timeline(path, plan, report) -> None:
+    """--timeline FILE: the predicted call (`Plan.timeline()`); without a call only bytes are known, said so."""
+    write_text(path, json.dumps(plan.timeline()))
+    known = "" if plan.seconds_per_call is not None else " (no call planned: copies only, compute not known)"
+    print(f"Predicted timeline written to {_named(path)}{known} (open it in https://ui.perfetto.dev)", file=report)
 
 
 def gpu_arg(text: str) -> str:
@@ -105,10 +121,11 @@ def gpu_arg(text: str) -> str:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """--json, --svg and --offload-folder can be written: said before the plan, not after it."""
+    """--json, --svg, --timeline and --offload-folder can be written: said before the plan, not after it."""
     from .resolve import CliArgumentError
 
     problems = [path_problem(args.json, flag="--json", folder=False), path_problem(args.svg, flag="--svg", folder=False),
+                path_problem(args.timeline, flag="--timeline", folder=False),
                 path_problem(args.offload_folder, flag="--offload-folder", folder=True)]
     for problem in filter(None, problems):
         raise CliArgumentError(problem)

@@ -148,6 +148,8 @@ def _placed(request: ComponentRequest, filled: Filled, best: Evaluated, runs: in
     home, host = best.choice.home, best.hosts.get(request.name)
     units = {unit.path: device for device, taken in filled.resident.items() for unit in taken}
     units.update({unit.path: host for unit in filled.host})
+    # In execution order: interleaved resident and host-homed blocks read as they run (`transfers.interleave`).
+    units = dict(sorted(units.items(), key=lambda item: request.unit_rank.get(item[0], len(request.unit_rank))))
     placed = {device: filled.resident_bytes(device) for device in filled.resident}
     if host is not None:
         placed[host] = sum(unit.bytes for unit in filled.host)

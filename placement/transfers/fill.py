@@ -8,8 +8,9 @@ device only if every phase there still fits afterwards: the phases of the compon
 elsewhere, its activations (a split charges them to every device it spans). Units are taken in order -- the
 rest first (it is needed for the whole run), then the blocks largest first (so the host keeps small ones: the
 blocks in flight take little room) -- and one that fits nowhere is skipped for the smaller ones after it (first
-fit decreasing). What is not resident stays on the host; `host_split` then decides what of it is loaded per call
-and what streams.
+fit decreasing). The blocks of one size kept on the home are spread evenly between those left on the host
+(`interleave`), so every streamed block has resident compute before it. What is not resident stays on the host;
+`host_split` then decides what of it is loaded per call and what streams.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..cost import minimum_phase_weights, stream_buffer_by_size
 from ..devices import Device
 from ..memory_model import Ledger
 from ..streaming import TransferUnit
+from .interleave import kept_evenly
 
 
 @dataclass(kw_only=True)
@@ -52,8 +54,10 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     else:  # the largest blocks first: what stays on the host is small, so the blocks in flight take little room
         for size in sorted({u.bytes for u in blocks}, reverse=True):
             members = [u for u in blocks if u.bytes == size]
-            _place_size(state, [u for u in members if u.path not in spread], [home], filled)  # home first:
-            _place_size(state, [u for u in members if u.path in spread], everywhere, filled)  # no other choice
+            _place_size(state, [u for u in members if u.path not in spread], [home], filled,  # home first:
+                        interleave=True)  # no other choice; kept blocks spread between the streamed ones
+            _place_size(state, [u for u in members if u.path in spread], everywhere, filled,
+                        interleave=len(everywhere) == 1)
     for device, taken in filled.resident.items():
         spans = device != home  # its phase there: its activations
         ledger.add(device, weights=sum(u.bytes for u in taken), transient=activation if spans else 0, phase=name)
@@ -71,16 +75,20 @@ def _place_one(state: "_FillState", unit: TransferUnit, order: Sequence[int], fi
     filled.resident.setdefault(device, []).append(unit)
 
 
-def _place_size(state: "_FillState", members: list[TransferUnit], order: Sequence[int], filled: Filled) -> None:
-    """Blocks of one size: as many as fit on each device in turn (first fit, counted rather than tried)."""
+def _place_size(state: "_FillState", members: list[TransferUnit], order: Sequence[int], filled: Filled, *,
+                interleave: bool = False) -> None:
+    """Blocks of one size: as many as fit on each device in turn (first fit, counted rather than tried). With
+    `interleave` (one device), the kept ones spread evenly between those left on the host (`interleave`), so
+    each streamed block's copy has resident compute before it; across devices, first come, so hops stay few."""
     for device in order:
         if not members:
             return
         count = state.count_fitting(members[0].bytes, len(members), device, block=True)
         if count:
             state.take(members[0].bytes, count, device, block=True)
-            filled.resident.setdefault(device, []).extend(members[:count])
-            members = members[count:]
+            kept = kept_evenly(members, count) if interleave else members[:count]
+            filled.resident.setdefault(device, []).extend(kept)
+            members = [unit for unit in members if all(unit is not k for k in kept)]
     filled.host.extend(members)
 
 

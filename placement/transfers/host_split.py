@@ -9,8 +9,9 @@ accelerator brings them there in its phase. Two ways (docs/design.md, "When it d
 What each costs, in bytes per call and in room, is `cost`'s; this module only chooses.
 The rest (everything outside the blocks) is needed for the whole run, so it is never streamed: it is loaded
 per call. With `room` bytes free in the phase (after the resident weights, the activations and the overhead),
-the split that moves the fewest bytes per call is chosen; a component that runs once moves the same bytes
-either way, so it streams every block (the lower peak). Blocks the planned call never runs (`idle`) are
+the split that moves the fewest bytes per call is chosen, its streamed blocks spread evenly between the ones
+loaded per call (`interleave`: each copy then has compute before it to hide behind); a component that runs
+once moves the same bytes either way, so it streams every block (the lower peak). Blocks the planned call never runs (`idle`) are
 streamed too: they move nothing and take no room in flight (`transfers.idle`).
 
 A component whose blocks may run on several accelerators (`search.spreadable`) may also load blocks per call
@@ -21,6 +22,7 @@ rest always comes to the execution device.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping, Optional, Sequence
@@ -28,6 +30,7 @@ from typing import Mapping, Optional, Sequence
 from ..cost import STREAM_BUFFER_BLOCKS, bytes_per_call, stream_buffer
 from ..streaming import TransferUnit
 from .idle import is_idle
+from .interleave import moved_evenly
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +105,8 @@ def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[i
         return HostSplit(per_call=tuple(host), streamed=(), idle=unused, away=sent)
     over = minimum.loaded_bytes + sum(b.bytes for b in kept) - room
     candidates = [_fewest_streamed(kept, over=over), _in_order(kept, room=room - minimum.loaded_bytes)]
-    streamed = min(candidates, key=lambda chosen: sum(u.bytes for u in chosen))
+    fewest = min(candidates, key=lambda chosen: sum(u.bytes for u in chosen))
+    streamed = moved_evenly(kept, Counter(unit.bytes for unit in fewest))  # same sizes, spread (`interleave`)
     chosen = {id(unit) for unit in streamed}
     return HostSplit(per_call=tuple(u for u in host if id(u) not in chosen),
                      streamed=tuple(u for u in kept if id(u) in chosen), idle=unused, away=sent)
@@ -165,13 +169,7 @@ def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[Trans
             best = (total, wanted)
     if best is None:
         return list(blocks)
-    wanted = best[1]
-    chosen = []
-    for unit in reversed(blocks):  # the last ones in execution order stream; the first ones load per call
-        if wanted.get(unit.bytes, 0):
-            wanted[unit.bytes] -= 1
-            chosen.append(unit)
-    return chosen
+    return moved_evenly(blocks, best[1])  # spread between the ones loaded per call (`interleave`)
 
 
 def _in_flight(counts: dict[int, int], sizes: Sequence[int]) -> dict[int, int] | None:

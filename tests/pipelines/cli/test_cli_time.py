@@ -34,3 +34,24 @@ def test_plan_without_a_call_says_no_time_and_an_unknown_gpu_is_refused_with_the
     err = capsys.readouterr().err
     assert "--gpu 'rtx4080' names no GPU profile" in err and "Did you mean 'rtx4090'" in err
     assert "Traceback" not in err
+
+
+def test_plan_timeline_writes_the_predicted_call_as_a_chrome_trace(tmp_path, capsys):
+    target = tmp_path / "timeline.json"
+    code = main(["plan", "tiny-dit", "--max-memory", "0=1GiB,cpu=8GiB", "--height", "64", "--width", "64",
+                 "--steps", "4", "--gpu", "rtx4090", "--timeline", str(target)])
+    out = capsys.readouterr().out
+    assert code == 0 and f"Predicted timeline written to {target}" in out
+    events = json.loads(target.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    runs = [e for e in spans if e["args"]["component"] == "denoiser" and e["args"]["block"] == ""]
+    assert len(runs) == 4 and all(e["dur"] > 0 for e in runs)  # one span per step, with its compute
+    assert [e["ts"] for e in runs] == sorted(e["ts"] for e in runs)
+    assert {e["args"]["name"] for e in events if e["ph"] == "M"} >= {"compute", "copy"}
+
+
+def test_only_one_output_may_go_to_stdout(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "tiny-dit", "--json", "-", "--timeline", "-"])
+    assert exit_.value.code == 2
+    assert "--json - and --timeline - would all write to stdout" in capsys.readouterr().err

@@ -1,0 +1,178 @@
+"""A trace of what the runtime does per call: copies issued and done, blocks computing, per block and device.
+
+    with hooks.trace_calls() as trace:
+        pipe(...)
+    trace.save("run.json")          # Chrome trace JSON: open in https://ui.perfetto.dev or chrome://tracing
+    trace.events                    # the raw events, in the order the runtime made them
+
+The plan promises an order (docs/design.md, "Seconds, not only bytes"): each streamed block's copy issued
+before the compute that should hide it starts, resident blocks interleaved with streamed ones, nothing copied
+twice in a run. Bytes alone (`measure_transfers`) cannot show any of that; this trace can, and the tests read
+it on virtual accelerators. `Plan.timeline()` writes the predicted trace in the same format, so the two open
+side by side.
+
+What is recorded, only while a trace is on (nothing runs otherwise but one `None` check per copy):
+- `copy_issued` / `copy_done`: a unit's weights sent to an accelerator (`ModuleGroup.onload`: per-call units,
+  the rest of a streamed module, streamed blocks). With a CUDA side stream the two are events on that stream,
+  so they time the copy itself; a blocking copy is done when it returns.
+- `compute_start` / `compute_end`: a block of a placed component (the blocks of its block lists, labelled when
+  the placement is applied: `label_blocks`) and each run of the component itself. A streamed block starts
+  computing once its copy is waited for (its group hook says so), the others when they are called.
+Times on a GPU are CUDA events on the stream that did the work, resolved when the trace ends; elsewhere the
+host clock. Under virtual accelerators nothing overlaps (the CPU copies when asked): the order is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from placement.chrome_trace import COMPUTE_END, COMPUTE_START, COPY_DONE, COPY_ISSUED, TraceEvent, chrome_trace
+from placement.devices import Device, is_accelerator, torch_device
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockLabel:
+    """What a traced module is: its component, its path there ("" for the component's own run), where it runs,
+    and whether it streams (its group hook then marks when it starts computing)."""
+
+    component: str
+    path: str
+    place: Device
+    streamed: bool = False
+
+
+_BLOCKS: "weakref.WeakKeyDictionary[nn.Module, BlockLabel]" = weakref.WeakKeyDictionary()
+_GROUPS: "weakref.WeakKeyDictionary[object, BlockLabel]" = weakref.WeakKeyDictionary()
+_ACTIVE: "CallTrace | None" = None
+
+
+def label_block(module: nn.Module, label: BlockLabel) -> None:
+    """Name `module` in traces (applied placements call this for each block and the component itself)."""
+    _BLOCKS[module] = label
+
+
+def label_group(group, label: BlockLabel) -> None:
+    """Name a unit's copies in traces (a `ModuleGroup`: its weights move together)."""
+    _GROUPS[group] = label
+
+
+class CallTrace:
+    """The events recorded while `trace_calls()` was on; `to_chrome()` / `save()` for Perfetto."""
+
+    def __init__(self) -> None:
+        self._raw: list[tuple[TraceEvent, object]] = []  # (event, host seconds or a CUDA event)
+        self._base_host = time.perf_counter()
+        self._base_cuda: dict[torch.device, torch.cuda.Event] = {}
+        self.events: list[TraceEvent] = []
+
+    def record(self, kind: str, label: BlockLabel, *, nbytes: int = 0, device: torch.device | None = None,
+               stream=None) -> None:
+        event = TraceEvent(kind=kind, component=label.component, block=label.path, place=label.place,
+                           nbytes=nbytes)
+        self._raw.append((event, self._stamp(device, stream)))
+
+    def _stamp(self, device: torch.device | None, stream):
+        """Host seconds, or on CUDA a timing event on `stream` (the current one when None)."""
+        if device is None or device.type != "cuda":
+            return time.perf_counter()
+        if device not in self._base_cuda:
+            base = torch.cuda.Event(enable_timing=True)
+            base.record(torch.cuda.current_stream(device))
+            self._base_cuda[device] = base
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(stream if stream is not None else torch.cuda.current_stream(device))
+        return device, mark
+
+    def finish(self) -> None:
+        """Resolve the times (CUDA events once the device is done) into `events`."""
+        if self._base_cuda:
+            torch.cuda.synchronize()
+        resolved = []
+        for event, stamp in self._raw:
+            if isinstance(stamp, tuple):
+                device, mark = stamp
+                micros = self._base_cuda[device].elapsed_time(mark) * 1000.0
+            else:
+                micros = (stamp - self._base_host) * 1e6
+            resolved.append(replace(event, time_us=max(micros, 0.0)))
+        self.events = resolved
+
+    def to_chrome(self) -> dict:
+        """`{"traceEvents": [...]}`: per device a compute and a copy track, one span per block visit."""
+        return chrome_trace(self.events)
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_chrome(), file)
+
+
+@contextmanager
+def trace_calls() -> Iterator[CallTrace]:
+    """Record what the runtime does while the block runs (module doc); the trace is complete on exit."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("trace_calls() is already on; traces do not nest.")
+    trace = CallTrace()
+    handles = [nn.modules.module.register_module_forward_pre_hook(_called),
+               nn.modules.module.register_module_forward_hook(_returned, always_call=True)]
+    _ACTIVE = trace
+    try:
+        yield trace
+    finally:
+        _ACTIVE = None
+        for handle in handles:
+            handle.remove()
+        trace.finish()
+
+
+def _device_of(label: BlockLabel) -> torch.device:
+    """Where the block computes: its stamps go on that device's clock (CUDA events on its current stream)."""
+    return torch_device(label.place) if is_accelerator(label.place) else torch.device("cpu")
+
+
+def _called(module: nn.Module, args) -> None:
+    label = _BLOCKS.get(module)
+    if label is not None and not label.streamed and _ACTIVE is not None:
+        _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+
+
+def _returned(module: nn.Module, args, output) -> None:
+    label = _BLOCKS.get(module)
+    if label is not None and _ACTIVE is not None:
+        _ACTIVE.record(COMPUTE_END, label, device=_device_of(label))
+
+
+def compute_started(module: nn.Module) -> None:
+    """A streamed block's weights are ready and it computes now (called by its group hook)."""
+    if _ACTIVE is not None:
+        label = _BLOCKS.get(module)
+        if label is not None:
+            _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+
+
+def copy_issued(group, device: torch.device, stream=None) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.record(COPY_ISSUED, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
+
+
+def copy_done(group, device: torch.device, stream=None) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.record(COPY_DONE, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
+
+
+def _group_label(group) -> BlockLabel:
+    label = _GROUPS.get(group)
+    return label or BlockLabel(component="", path=group.name, place=group.onload_place)
+
+
+__all__ = ["BlockLabel", "CallTrace", "TraceEvent", "compute_started", "copy_done", "copy_issued", "label_block",
+           "label_group", "trace_calls"]
