@@ -91,12 +91,12 @@ def run(args: argparse.Namespace) -> int:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """--json, --svg and --offload-folder can be written: said before the plan, not after it."""
-    from .resolve import CliArgumentError
+    from ..errors import LoadError
 
     problems = [path_problem(args.json, flag="--json", folder=False), path_problem(args.svg, flag="--svg", folder=False),
                 path_problem(args.offload_folder, flag="--offload-folder", folder=True)]
     for problem in filter(None, problems):
-        raise CliArgumentError(problem)
+        raise LoadError(problem)
 
 
 def _named(path) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from ..folder.class_registry import library_class
-from ..folder.components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
+from ..folder.components import PipelineComponents, module_dtype, module_execution_device
 from ..folder.pipeline_saving import save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
 from ..hf.hf_spellings import chosen_dtype, download_options, pickle_opt_in
@@ -131,4 +131,4 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         return plan_folder(cls, request, passed=components, generic=generic)
 
 
-__all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]
+__all__ = ["Pipeline", "module_dtype", "module_execution_device"]
