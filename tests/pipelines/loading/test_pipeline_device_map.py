@@ -14,8 +14,8 @@ import pipelines.loading.placing as placing
 import pipelines.loading.pipeline_loader as pipeline_loading
 from hooks.errors import OffloadConflictError
 from pipelines import DiT, Pipeline, TextToImagePipeline
-from pipelines.errors import CallSpecError, FolderError, PipelineLoadError
-from placement.errors import PlanError
+from pipelines.errors import CallSpecError, FolderError
+from placement.errors import InvalidDeviceError, PlanError
 from placement.sizing import size_module
 from placement.streaming import streaming_working_set
 
@@ -83,7 +83,7 @@ def test_plan_for_two_fictitious_gpus_spans_both_and_loses_nothing(saved):
     assert all(c.kind.value in ("whole", "split") for c in plan.components.values())
     assert set(name.split(".")[0] for name in plan.device_map) == set(sizes)
     # Loading that plan here is refused with a clear error: this machine has no such GPUs.
-    with pytest.raises(PipelineLoadError, match=r"accelerator\(s\) \[0, 1\].*plan_placement"):
+    with pytest.raises(InvalidDeviceError, match=r"accelerator\(s\) \[0, 1\].*plan_placement"):
         load(folder, max_memory={0: f"{budget}B", 1: f"{budget}B"})
 
 
