@@ -15,14 +15,8 @@ per-call residency) and meters what it moves. Every technique has one calling sh
 
 from .diffusers_compat import group_offloading_fields, layerwise_casting_fields
 from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
-from .editing import PlacedWeightsError, edit_placed_weights, refresh_placement, weight_homes
-from .errors import (
-    DispatchError,
-    OffloadConfigError,
-    OffloadConflictError,
-    PlacementRuntimeError,
-    TransferPlanError,
-)
+from .editing import edit_placed_weights, refresh_placement, weight_homes
+from .errors import OffloadConfigError, OffloadConflictError, PlacementRuntimeError
 from .group_offload.offload import (
     GroupOffloadHook,
     GroupOffloadingConfig,
@@ -64,6 +58,5 @@ __all__ = [
     # the transfer meter, the call trace
     "Traffic", "TransferMeter", "measure_transfers", "CallTrace", "TraceEvent", "trace_calls",
     # errors
-    "DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacedWeightsError", "PlacementRuntimeError",
-    "TransferPlanError",
+    "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError",
 ]

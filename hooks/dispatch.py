@@ -47,7 +47,7 @@ from placement.device_maps import flatten_device_map, owning_key
 from placement.plan_schema import ComponentPlan, PlacementKind
 
 from . import transfer_meter as meter
-from .errors import DispatchError
+from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, find_hooks
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
 from .parent_glue import glue_parent_forward, remove_glue
@@ -249,7 +249,7 @@ def _check_complete(module: nn.Module, device_map: Mapping[str, Device]) -> None
     unplaced = [name for name, _ in named_module_tensors(module, include_buffers=True, recurse=True)
                 if owning_key(name, device_map) is None]
     if unplaced:
-        raise DispatchError(
+        raise OffloadConfigError(
             f"The device map for {type(module).__name__} places no device for {len(unplaced)} tensor(s), e.g. "
             f"{unplaced[:3]}. Add keys covering them (the key \"\" covers everything not otherwise mapped)."
         )
@@ -271,12 +271,12 @@ def _place_direct_tensors(
     hooks modules only, so it would leave such a tensor where it is, on meta when planned for "disk". Each one
     is put where it executes instead: its accelerator, else the execution device (offloading one tensor saves
     too little to be worth a hook). Returns the map with those keys pointing where their tensor now is; a key
-    naming neither a module nor a tensor is a DispatchError."""
+    naming neither a module nor a tensor is an OffloadConfigError."""
     modules = dict(module.named_modules())
     tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
     unknown = [key for key in device_map if key not in modules and key not in tensors]
     if unknown:
-        raise DispatchError(
+        raise OffloadConfigError(
             f"device_map keys {unknown} name neither a submodule nor a tensor of {type(module).__name__}; "
             f"its top-level names are {[name for name, _ in module.named_children()]}. Use paths from "
             "named_modules()."
@@ -289,7 +289,7 @@ def _place_direct_tensors(
         target = device if is_accelerator(device) else main
         value = served[key] if tensors[key].device.type == "meta" and key in served else tensors[key]
         if value.device.type == "meta":
-            raise DispatchError(f"{key!r} is on meta and no disk_weights entry serves it: load it first.")
+            raise OffloadConfigError(f"{key!r} is on meta and no disk_weights entry serves it: load it first.")
         set_module_tensor_to_device(module, key, torch_device(target), value=value, dtype=value.dtype)
         placed[key] = target
     return placed
@@ -306,7 +306,7 @@ def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weight
     ]
     unserved = [name for name in parameters if disk_weights is None or name not in disk_weights]
     if unserved:
-        raise DispatchError(
+        raise OffloadConfigError(
             f"The device map puts {', '.join(repr(p) for p in disk_prefixes)} on 'disk', but no disk_weights "
             f"entry serves {len(unserved)} of their parameters (e.g. {unserved[0]!r}). Pass the checkpoint's "
             "offload index (WeightsIndex.offload_index) as disk_weights."
@@ -355,5 +355,5 @@ SPEC = TechniqueSpec(
     plan_config=_plan_config,
 )
 
-__all__ = ["SPEC", "DeviceMapConfig", "DispatchError", "ServeWeightsHook", "apply_device_map", "dispatch",
-           "serve_from_host", "serve_weights", "undispatch"]
+__all__ = ["SPEC", "DeviceMapConfig", "ServeWeightsHook", "apply_device_map", "dispatch", "serve_from_host",
+           "serve_weights", "undispatch"]

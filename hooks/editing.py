@@ -14,7 +14,7 @@ runs inside `edit_placed_weights`, which gives every technique on the module a c
 - close: new tensors follow their layer (its device for whole/split/cpu entries; its offload group, its
   streamed entry's served set, its per-call or streamed unit otherwise), removed ones are forgotten, replaced
   ones re-stored; input-moving hooks of layers that were wrapped move up to the wrapper.
-What cannot be followed raises `PlacedWeightsError` naming the tensors, after the module is consistent again:
+What cannot be followed raises `OffloadConflictError` naming the tensors, after the module is consistent again:
 a write to disk-homed weights (their new values are dropped; the checkpoint's serve the layer), tensors with
 no data. The editors are found by the hooks on the module (`dispatch_edit`, `residency_edit`, group
 offloading's `refresh`); a module without placement hooks is edited as it is. Nested edits of one module
@@ -33,16 +33,12 @@ from placement.devices import Device
 from .dispatch import ServeWeightsHook
 from .dispatch_edit import DeviceMapEdit
 from .edit_support import named_tensors, open_groups, store_home
-from .errors import PlacementRuntimeError
+from .errors import OffloadConflictError
 from .group_offload.offload import GroupOffloadSession, group_offloading_session
 from .hook_utils import add_hook_last, find_hooks, hooks_of
 from .input_moving import MoveInputsHook
 from .residency_edit import ResidencyEdit, residency_phase
 from .stand_ins import StandIns
-
-
-class PlacedWeightsError(PlacementRuntimeError, RuntimeError):
-    """An edit of a placed module that its placement cannot follow (e.g. writing into weights read from disk)."""
 
 
 _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit of one module is the same edit)
@@ -51,7 +47,7 @@ _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit o
 @contextmanager
 def edit_placed_weights(module: nn.Module, *, what: str = "the edit") -> Iterator[None]:
     """Run the body as an edit of `module`'s tensors that its placement follows (see the module docstring);
-    `what` names the edit in errors. Raises `PlacedWeightsError` (after closing) for what cannot be followed."""
+    `what` names the edit in errors. Raises `OffloadConflictError` (after closing) for what cannot be followed."""
     if id(module) in _EDITING:
         yield
         return
@@ -65,7 +61,7 @@ def edit_placed_weights(module: nn.Module, *, what: str = "the edit") -> Iterato
         _EDITING.discard(id(module))
         problems = [problem for editor in reversed(editors) for problem in editor.close()]
     if problems:
-        raise PlacedWeightsError(
+        raise OffloadConflictError(
             f"{type(module).__name__}: {what} left {len(problems)} tensor(s) its placement cannot serve: "
             f"{problems[:4]}. Weights read from disk cannot change: place the module in RAM or on accelerators "
             "(device_map / reset_device_map()), or make the change before placing it."
@@ -158,4 +154,4 @@ class WrappedLayers:
         return {}
 
 
-__all__ = ["PlacedWeightsError", "edit_placed_weights", "refresh_placement", "weight_homes"]
+__all__ = ["edit_placed_weights", "refresh_placement", "weight_homes"]

@@ -1,7 +1,8 @@
-"""Typed errors of the runtime (`hooks`): one mid-level base, `PlacementRuntimeError`, under `PlacementError`.
+"""Typed errors of the runtime (`hooks`): one stage base, `PlacementRuntimeError`, under `PlacementError`.
 
-Each error also derives from the builtin that fits (ValueError for a setting or a plan that cannot work,
-RuntimeError for a state that refuses the operation), so callers that catch those keep working.
+Two types below it, because callers tell them apart: a setting or a plan that cannot work (a `ValueError`: fix
+the argument), and an operation refused because a placement holds the module's weights (a `RuntimeError`: undo
+the placement first).
 """
 
 from placement.errors import PlacementError
@@ -12,21 +13,15 @@ class PlacementRuntimeError(PlacementError):
 
 
 class OffloadConfigError(PlacementRuntimeError, ValueError):
-    """An offloading or casting setting that cannot work (bad device, stream without CUDA, bad dtype, ...)."""
+    """A setting that cannot work: an offloading or casting option (bad device, stream without CUDA, bad dtype),
+    a device map that cannot be applied, or a transfer plan that does not match its module."""
 
 
 class OffloadConflictError(PlacementRuntimeError, RuntimeError):
-    """Two techniques that would fight over the same weights, e.g. group offload on top of accelerate offload."""
+    """An operation that would fight a placement over a module's weights: a second technique on top of another,
+    `.to()` or an offload method on a device-mapped pipeline, an edit of weights the placement cannot serve, an
+    adapter moved or fused where its layer is placed. The message says what to remove first
+    (`reset_device_map()`)."""
 
 
-class DispatchError(PlacementRuntimeError, ValueError):
-    """A device map that cannot be applied: incomplete, disk entries without weights to serve, bad devices."""
-
-
-class TransferPlanError(PlacementRuntimeError, ValueError):
-    """A component's transfer plan (`ComponentTransfer`) that does not match its module or its device map:
-    a listed module that does not exist or is not homed on the host, or a host-homed tensor in no list."""
-
-
-__all__ = ["DispatchError", "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError",
-           "TransferPlanError"]
+__all__ = ["OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError"]

@@ -44,7 +44,7 @@ from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 from placement.streaming import block_groups
 
 from .dispatch import _called_modules as called_modules
-from .errors import TransferPlanError
+from .errors import OffloadConfigError
 from .group_offload.grouping import GroupSpec, OffloadType, plan_groups, whole_group
 from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
@@ -126,7 +126,7 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     check_compatible(module, SPEC)
     place = normalize_device(config.execution_device)
     if not is_accelerator(place):
-        raise TransferPlanError(f"Per-call residency executes on an accelerator, not {place!r}.")
+        raise OffloadConfigError(f"Per-call residency executes on an accelerator, not {place!r}.")
     device_map = flatten_device_map(module, {key: normalize_device(d) for key, d in config.device_map.items()})
     away = {path: normalize_device(d) for path, d in config.per_call_devices.items()}
     _check_lists(module, device_map, config, away)
@@ -195,16 +195,16 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     modules = dict(module.named_modules())
     unknown = [path for path in listed if path not in modules and _held_tensor(module, path) is None]
     if unknown:
-        raise TransferPlanError(f"{what}: the transfer plan lists {unknown}, which are neither submodules of it "
+        raise OffloadConfigError(f"{what}: the transfer plan lists {unknown}, which are neither submodules of it "
                                 "nor tensors its modules hold.")
     loose = [path for path in config.streamed_modules if path not in modules]
     if loose:
-        raise TransferPlanError(f"{what}: the transfer plan streams {loose}, tensors held outside any block; only "
+        raise OffloadConfigError(f"{what}: the transfer plan streams {loose}, tensors held outside any block; only "
                                 "blocks stream (load them per call). Re-plan.")
     strays = {path: device for path, device in away.items()
               if path not in config.per_call_modules or path not in modules or not is_accelerator(device)}
     if strays:
-        raise TransferPlanError(f"{what}: per_call_devices {strays} must name per-call modules (of "
+        raise OffloadConfigError(f"{what}: per_call_devices {strays} must name per-call modules (of "
                                 f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
     homes = tensor_devices(module, device_map)  # a tied tensor once, under its first name
     names_of = {names[0]: names for names in distinct_tensor_names(module)}
@@ -220,7 +220,7 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
                            ("are listed twice (per-call and streamed lists overlap)", twice),
                            ("are homed on the host but in neither per_call_modules nor streamed_modules", missing)):
         if names:
-            raise TransferPlanError(f"{what}: {len(names)} tensor(s) {problem}, e.g. {names[:3]}. Re-plan, or list "
+            raise OffloadConfigError(f"{what}: {len(names)} tensor(s) {problem}, e.g. {names[:3]}. Re-plan, or list "
                                     "each host-homed module in exactly one of the two lists.")
 
 

@@ -8,7 +8,7 @@ loading/        the one loader of models and pipelines: request, meta build, pla
 hf/             the diffusers/transformers bridge, and the calls of diffusers' pipeline families
 folder/         what a folder is: model_index.json, component sources, the Hub, snapshots, class registry, saving
 checkpoint/     the file format only: safetensors shards and index, config files, atomic save, streaming
-errors.py       the middle of the error tree (FolderError, LoadError); every error is exported here by name
+errors.py       the error tree: a base per stage and the types callers catch; all exported here by name
 
 Names are imported on first use (PEP 562), so that `placement --help` (the console script lives in
 `pipelines.cli`) does not import torch. The class registry (`folder.class_registry`) is told here which library
@@ -42,58 +42,31 @@ _EXPORTS = {
     "plan_model": ".loading.single_model",
 }
 
-# Every error of this package, by the module that defines it: `pipelines.WeightsNotFoundError`, ...
-_ERRORS = {
-    ".errors": ("CallError", "DeviceMappedError", "FolderError", "LoadError"),
-    ".checkpoint.checkpoint_errors": (
-        "CheckpointDtypeError", "CheckpointError", "CheckpointKeysError", "CheckpointReadError",
-        "CheckpointSaveError", "CheckpointShapeError", "CorruptCheckpointError", "InvalidConfigError",
-        "UnsafeCheckpointPathError", "VariantNotFoundError", "WeightsNotFoundError",
-    ),
-    ".folder.component_classes": ("ComponentBuildError", "MissingConfigError"),
-    ".folder.components": ("PipelineComponentError",),
-    ".folder.model_index": ("ModelIndexError", "UntrustedClassError"),
-    ".folder.pipeline_saving": ("PipelineSaveError",),
-    ".folder.snapshot": ("FolderChangedError",),
-    ".folder.hub": ("FolderNotFoundError",),
-    ".hf.adapters": ("AdapterPlacementError",),
-    ".hf.calls": ("CallSpecError", "UnknownPipelineCallError"),
-    ".hf.diffusers_pipeline": ("DiffusersPipelineError", "MissingComponentsError"),
-    ".hf.hf_spellings": ("LoadArgumentError",),
-    ".hf.loading_keywords": ("UnknownKeywordError",),
-    ".loading.placing": ("AcceleratorsMissingError", "PipelineLoadError"),
-    ".loading.formats": ("FormatOptionError", "FormatPlacementError"),
-    ".loading.model_loader": ("ForeignModelFolderError",),
-    ".loading.owner_reading": ("OwnerPlacementError",),
-    ".hf.owner_loading": ("OwnerLoadError",),
-    ".hf.quantizers": ("QuantizationConfigError",),
-    ".hf.single_file": ("SingleFileError",),
-    ".folder.sources": ("ComponentFolderLoopError", "ModelFolderError"),
-    ".loading.saved_plans": ("SavedPlanError",),
-    ".framework.memory": ("VaeFeatureError",),
-    ".text_to_image.conditioning": ("TextConditioningError",),
-    ".text_to_image.inputs": ("ActivationInputsError",),
-    ".text_to_image.models.inputs": ("ModelInputError",),
-    ".text_to_image.pipeline": ("PipelineCallError",),
-    ".text_to_image.presets": ("UnknownPresetError",),
-    ".text_to_image.schedulers": ("SchedulerError",),
-    ".text_to_image.tokenizers": ("TokenizerError",),
-    ".distributed.images": ("ImageRunError",),
-    ".distributed.replica": ("ReplicaLoadError",),
-}
-_EXPORTS.update({name: module for module, names in _ERRORS.items() for name in names})
+# The errors: every name in the `__all__` of these modules (the error tree is drawn in `errors.py`), so that a
+# type added there is exported here without a second list.
+_ERROR_MODULES = (".errors", ".checkpoint.checkpoint_errors")
+
+
+@functools.cache
+def _errors() -> dict[str, str]:
+    """{error name: its module}. Importing the errors modules imports torch (through `placement`), so this runs
+    when a name is first looked up, never for `placement --help`."""
+    return {name: module for module in _ERROR_MODULES for name in importlib.import_module(module, __name__).__all__}
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name == "__all__":
+        return sorted([*_EXPORTS, *_errors()])
+    module = _EXPORTS.get(name) or _errors().get(name)
+    if module is None:
         raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_errors()])
 
 
 def import_library_classes() -> None:
@@ -106,4 +79,3 @@ _class_registry.declare_library_classes(
     {name: functools.partial(importlib.import_module, module, __name__) for name, module in _LIBRARY_CLASSES.items()}
 )
 
-__all__ = sorted(_EXPORTS)

@@ -1,34 +1,87 @@
-"""The middle of the error tree of `pipelines`: every subpackage's errors derive from one of these.
+"""The errors of `pipelines`: one base per stage, and the few types that callers catch.
 
     placement.errors.PlacementError
-    ├── FolderError        what a saved folder holds, or saving one: checkpoint files, model_index.json, classes
-    ├── LoadError          a load or plan request that cannot be carried out (arguments, plans, devices)
-    ├── CallError          a pipeline called with inputs it cannot take (prompts, sizes, schedulers, its VAE)
-    └── DeviceMappedError  an operation that would move weights of a device-mapped pipeline or model
+    ├── FolderError             what a saved folder holds, or saving one (ValueError)
+    │   ├── UntrustedClassError       model_index.json names a class the folder may not run (caught: skipped when
+    │   │                             the caller passes that component)
+    │   ├── FolderChangedError        saved over during every attempt to load it (RuntimeError; retry the load)
+    │   └── (checkpoint.checkpoint_errors) WeightsNotFoundError, CheckpointShapeError, CheckpointSaveError
+    ├── LoadError               a load or plan request that cannot be carried out (ValueError)
+    │   ├── UnknownKeywordError       a keyword no entry takes (TypeError, as Python says it)
+    │   ├── CallSpecError             a `call=` the pipeline cannot be planned for (caught: plan without it)
+    │   ├── MissingComponentsError    the folder lacks components its diffusers class needs (caught: plan anyway)
+    │   ├── PipelineLoadError         a load that failed while running (RuntimeError)
+    │   └── ReplicaLoadError          ranks of a launch that could not load their replica (RuntimeError)
+    └── CallError               a pipeline called with inputs it cannot take (ValueError)
+        └── ImageRunError             a `placement run` whose prompts, folder or images failed (RuntimeError)
 
-Each concrete error keeps its own `ValueError` / `RuntimeError` / ... base beside these (bad input vs a failure
-while running), so `except ValueError` clauses keep working. This module sits below every subpackage (it imports
-none of them); `pipelines.SomeError` (the package face) exports every concrete error by name.
+Everything else is said by the message (which names the input, the numbers and the fix), not by a type. This
+module sits below every subpackage (it imports none of them); the package face exports every name in
+`__all__` here and in `checkpoint.checkpoint_errors`.
 """
 
 from placement.errors import PlacementError
 
 
-class FolderError(PlacementError):
-    """Base of the errors about a saved folder: its files, its model_index.json, its classes, saving it."""
+class FolderError(PlacementError, ValueError):
+    """A saved folder that cannot be read as asked: its files, its model_index.json, its classes, its
+    components' folders, or a save that cannot be done."""
 
 
-class LoadError(PlacementError):
-    """Base of the errors of a load or plan request that cannot be carried out as asked."""
+class UntrustedClassError(FolderError):
+    """model_index.json names a class outside this library, diffusers, transformers and the registered classes.
+    Its own type because a load that is passed that component catches it and never imports the class."""
 
 
-class CallError(PlacementError):
-    """Base of the errors of calling a pipeline (or one of its models, tokenizer, scheduler) with inputs it cannot
+class FolderChangedError(FolderError, RuntimeError):
+    """The folder was saved over during every attempt to load it, so no consistent snapshot could be read.
+    Its own type because the caller's remedy is to load again once the saving stops."""
+
+
+class LoadError(PlacementError, ValueError):
+    """A load or plan request that cannot be carried out as asked: its arguments, formats, quantization, saved
+    plans, single files, presets, or the folder given to the command."""
+
+
+class UnknownKeywordError(LoadError, TypeError):
+    """A keyword argument that is no argument of the entry, no component and no loading keyword of diffusers.
+    A `TypeError`, as Python raises for an unexpected keyword."""
+
+
+class CallSpecError(LoadError):
+    """A `call=` the pipeline cannot be planned for (the message says which keyword, and why). Its own type
+    because planning catches it to fall back to a plan without the call."""
+
+
+class MissingComponentsError(LoadError):
+    """The folder lacks components its diffusers class requires (`missing`); planning, which needs only the
+    models, catches it and goes ahead without them."""
+
+    def __init__(self, message: str, *, missing: list[str]):
+        super().__init__(message)
+        self.missing = missing
+
+
+class PipelineLoadError(LoadError, RuntimeError):
+    """A load that failed while running, not for its arguments: a component built without weights, a component
+    its owner library refused or could not place, a pipeline that could not be assembled."""
+
+
+class ReplicaLoadError(LoadError, RuntimeError):
+    """One or more ranks of a launch could not plan or load their replica; the message names each and why.
+    Every rank raises it alike, so that the command reports it once (from rank 0)."""
+
+
+class CallError(PlacementError, ValueError):
+    """A pipeline (or one of its models, tokenizer, scheduler, its VAE's features) called with inputs it cannot
     take; raised before any work is done."""
 
 
-class DeviceMappedError(PlacementError, RuntimeError):
-    """An operation that would move weights (`.to()`, an offload method) on a device-mapped pipeline/model."""
+class ImageRunError(CallError, RuntimeError):
+    """A prompts file that gives no prompt, an output folder made by another run, or images that failed on
+    some rank (the message says which). Every rank raises it alike, so that the command reports it once."""
 
 
-__all__ = ["CallError", "DeviceMappedError", "FolderError", "LoadError"]
+__all__ = ["CallError", "CallSpecError", "FolderChangedError", "FolderError", "ImageRunError", "LoadError",
+           "MissingComponentsError", "PipelineLoadError", "ReplicaLoadError", "UnknownKeywordError",
+           "UntrustedClassError"]

@@ -1,52 +1,38 @@
 """Pure planning: sizes, devices, the model graph, strategies and the Plan. Never loads weights."""
 
-from .activations.estimate import CallEstimate, estimate_activations, estimate_call
+from .activations.estimate import ActivationEstimateError, CallEstimate, estimate_activations, estimate_call
 from .planner import plan
-from .budgets import Budgets, resolve_budgets
+from .budgets import Budgets, ZeroBudgetWarning, resolve_budgets
 from .devices import Device, normalize_device
-from .errors import (
-    ComponentError,
-    DoesNotFitError,
-    GraphError,
-    InvalidDeviceError,
-    InvalidSizeError,
-    OffloadFolderRequiredError,
-    PlacementError,
-    PlanError,
-    StrategyError,
-)
+from .errors import DoesNotFitError, InvalidDeviceError, PlacementError, PlanError
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from .plan_schema import ComponentPlan, ComponentTransfer, DevicePlan, Fallback, PlacementKind, Plan
-from .replica_plan import ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan
+from .replica_plan import ReplicaFit, ReplicaGroup, ReplicaPlan
 from .replicas import plan_replicas
 from .sizes import format_size, parse_size
 from .unit_order import trace_module_order
 
 __all__ = [
     "ACCELERATOR_RUNTIME_OVERHEAD",
+    "ActivationEstimateError",
     "Budgets",
     "CallEstimate",
-    "ComponentError",
     "ComponentPlan",
     "ComponentTransfer",
     "Device",
     "DevicePlan",
     "DoesNotFitError",
     "Fallback",
-    "GraphError",
     "InvalidDeviceError",
-    "InvalidSizeError",
-    "OffloadFolderRequiredError",
     "PlacementError",
     "PlanError",
     "PlacementKind",
     "Plan",
-    "ReplicaError",
     "ReplicaFit",
     "ReplicaGroup",
     "ReplicaPlan",
-    "StrategyError",
+    "ZeroBudgetWarning",
     "build_graph",
     "estimate_activations",
     "estimate_call",

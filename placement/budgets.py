@@ -29,7 +29,7 @@ from typing import Mapping, Optional
 import torch
 
 from .devices import Device, detect_accelerators, device_label, device_sort_key, is_accelerator, normalize_device
-from .errors import InvalidDeviceError, InvalidSizeError
+from .errors import InvalidDeviceError, PlanError
 from .sizes import format_size, parse_budget
 
 ACCELERATOR_MARGIN = 0.10
@@ -73,7 +73,7 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
     if max_memory is None:
         return detect_budgets()
     if not isinstance(max_memory, Mapping):
-        raise InvalidSizeError(
+        raise PlanError(
             f"max_memory must be a dict such as {{0: '24GiB', 1: '24GiB', 'cpu': '64GiB'}}, got {max_memory!r}."
         )
     limits: dict[Device, Optional[int]] = {}
@@ -194,8 +194,8 @@ def warn_zero_budgets(devices, *, stacklevel: int = 2) -> None:
 def _size(key, value) -> int:
     try:
         return parse_budget(value)
-    except InvalidSizeError as error:
-        raise InvalidSizeError(f"max_memory[{key!r}]: {error}") from None
+    except PlanError as error:
+        raise PlanError(f"max_memory[{key!r}]: {error}") from None
 
 
 def _ordered(limits: dict[Device, Optional[int]]) -> dict[Device, Optional[int]]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 import networkx as nx
 
 from .devices import Device, is_accelerator
-from .errors import GraphError
+from .errors import PlanError
 
 if TYPE_CHECKING:
     from .memory_model import Ledger
@@ -165,7 +165,7 @@ def runs_per_call(graph: nx.DiGraph, name: str) -> int:
     """The node's `runs_per_call` (a denoiser runs once per step), 1 when absent; anything else is an error."""
     runs = graph.nodes[name].get("runs_per_call", 1) if name in graph else 1
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise GraphError(
+        raise PlanError(
             f"Model graph node {name!r} has runs_per_call={runs!r}; it must be an int >= 1 (how many times "
             "the component runs per pipeline call, e.g. the number of denoising steps). Fix or drop it."
         )

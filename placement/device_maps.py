@@ -17,10 +17,6 @@ from .devices import Device, check_can_execute, normalize_device
 from .errors import InvalidDeviceError, PlanError
 
 
-class IncompleteDeviceMapError(PlanError, ValueError):
-    """A device map that leaves some tensors of its module without a device."""
-
-
 def owning_key(path: str, keys: Collection[str]) -> str | None:
     """The longest of `keys` that contains `path` (itself or a module prefix of it; "" contains everything),
     or None: the key of a device map that places `path`."""
@@ -80,7 +76,7 @@ def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -
     (None: everything on the CPU). A tied tensor (one tensor under several names, e.g. T5's `shared.weight` and
     `encoder.embed_tokens.weight`) is one tensor: listed once, under its first name, placed by the first of its
     names a key covers (sizing counts it once, under that first name, and a map may name either module). A tensor
-    no key covers is an IncompleteDeviceMapError."""
+    no key covers is a PlanError."""
     normalized = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
     devices, unmapped = {}, []
     for names in distinct_tensor_names(module):
@@ -90,7 +86,7 @@ def tensor_devices(module: nn.Module, device_map: Mapping[str, Device] | None) -
         else:
             devices[names[0]] = normalized[owner]
     if unmapped:
-        raise IncompleteDeviceMapError(
+        raise PlanError(
             f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
             f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
         )
@@ -136,16 +132,5 @@ def is_single_device(device_map) -> bool:
         return False
 
 
-__all__ = [
-    "IncompleteDeviceMapError",
-    "check_can_execute",
-    "distinct_tensor_names",
-    "flatten_device_map",
-    "is_single_device",
-    "merge_to_prefixes",
-    "needs_hooks",
-    "owning_key",
-    "prefixes",
-    "single_device",
-    "tensor_devices",
-]
+__all__ = ["check_can_execute", "distinct_tensor_names", "flatten_device_map", "is_single_device", "merge_to_prefixes",
+           "needs_hooks", "owning_key", "prefixes", "single_device", "tensor_devices"]

@@ -1,57 +1,38 @@
-"""Typed errors of the planning layer (sizes, devices, dtypes, strategies, graphs, components, fitting).
+"""Typed errors of the planning layer, and the root of every error of this library.
 
-Every error says what was wrong (quoting the input), the numbers involved, and what to do instead.
-They subclass ValueError or RuntimeError so callers that already catch those keep working.
+A type exists where a caller catches it: the stage bases, a device that is not one, a placement that does not
+fit. Everything else is said by the message, which quotes the input, gives the numbers and says what to do.
+The stage bases of bad input are `ValueError`s, so callers that catch those keep working.
 """
 
 
 class PlacementError(Exception):
-    """Base of every error raised by pipeline-placement. Below it, one mid-level base per stage, so a caller can
-    tell a bad plan request from a failed load or a runtime conflict:
+    """Base of every error raised by pipeline-placement. Below it, one base per stage, so a caller can tell a bad
+    plan request from a bad folder, a failed load or a runtime conflict:
 
         PlanError               placement: sizes, devices, dtypes, strategies, graphs, fitting, plan files
-        PlacementRuntimeError   hooks: offload techniques, dispatch, transfer plans
+        PlacementRuntimeError   hooks: offload techniques, dispatch, transfer plans (hooks.errors)
         FolderError, LoadError  pipelines: what a folder holds; loading it (pipelines.errors)
         CallError               pipelines: calling a pipeline with inputs it cannot take (pipelines.errors)
     """
 
 
-class PlanError(PlacementError):
-    """Planning could not be done as asked: a bad size, device, dtype, strategy, graph or component argument,
-    a placement that does not fit, an activation estimate that failed, a plan file this version cannot read."""
+class PlanError(PlacementError, ValueError):
+    """Planning could not be done as asked: a bad size, dtype, strategy, graph, component, activation call or
+    replica argument, or a plan file this version cannot read. The message names the argument and the fix."""
 
 
-class InvalidSizeError(PlanError, ValueError):
-    """A memory size (e.g. a `max_memory` value) that cannot be parsed."""
+class InvalidDeviceError(PlanError):
+    """A device key or device spec that is not an accelerator index, "cpu" or "disk", or an accelerator this
+    machine lacks. Its own type because callers catch it to say which argument named the device."""
 
 
-class InvalidDeviceError(PlanError, ValueError):
-    """A device key or device spec that is not an accelerator index, "cpu" or "disk"."""
+class DoesNotFitError(PlanError):
+    """The pipeline does not fit the budgets as asked: a single device or a dict strategy exceeds a budget, a
+    component fits nowhere (not even on disk), or only the disk would hold it and no `offload_folder` was given.
+    Its own type because "too big" is what callers handle (offer a dtype, more memory, offloading).
 
-
-class InvalidDtypeError(PlanError, ValueError):
-    """A `torch_dtype` that is not a floating dtype, None, or a {component: dtype, "default": dtype} dict."""
-
-
-class StrategyError(PlanError, ValueError):
-    """A strategy that is not supported, or a dict strategy that is inconsistent with the components."""
-
-
-class GraphError(PlanError, ValueError):
-    """A model graph that names unknown components, is malformed, or has a cycle other than a self-loop."""
-
-
-class ComponentError(PlanError, ValueError):
-    """A `components`, `activations` or `pinned` argument that does not describe the pipeline's modules."""
-
-
-class OffloadFolderRequiredError(PlanError, ValueError):
-    """A component can only be placed on disk, and no `offload_folder` was given. `problem`: the message's facts
-    without its fixes (so that a caller that knows likelier ones, as the CLI does, can put them first)."""
+    `problem`: where the disk is the way out, the message's facts without its fixes, so that a caller that
+    knows likelier fixes (the CLI) can put them first; "" otherwise."""
 
     problem: str = ""
-
-
-class DoesNotFitError(PlanError, ValueError):
-    """A placement the caller asked for (a single device, a dict strategy) exceeds a device's budget, or a
-    component fits nowhere at all (not even on disk)."""

@@ -39,10 +39,6 @@ CPU_FLOPS = 0.5e12
 DEFAULT_GPU = "rtx4090"  # what a plan made without a GPU named or present assumes (PCIe 4.0 x16, like the link)
 
 
-class UnknownGpuError(PlanError, ValueError):
-    """`gpu=` names no profile this library knows (the message lists them, with the closest names)."""
-
-
 class GpuProfile(BaseModel):
     """One GPU's datasheet peaks (module doc) and its host link."""
 
@@ -127,18 +123,18 @@ _BY_NORMAL = {**{_normalise(k): k for k in PROFILES}, **{_normalise(p.name): k f
 
 def gpu_profile(name: "str | GpuProfile") -> GpuProfile:
     """The profile `name` names (its key, its vendor name, or `torch.cuda.get_device_name()`'s answer); a profile
-    is returned as it is. Raises `UnknownGpuError` listing the known ones, closest first."""
+    is returned as it is. Raises `PlanError` listing the known ones, closest first."""
     if isinstance(name, GpuProfile):
         return name
     if not isinstance(name, str) or not name.strip():
-        raise UnknownGpuError(f"gpu= takes a GPU name such as 'rtx4090'; got {name!r}. Known: {', '.join(PROFILES)}.")
+        raise PlanError(f"gpu= takes a GPU name such as 'rtx4090'; got {name!r}. Known: {', '.join(PROFILES)}.")
     found = match_device_name(name)
     if found is not None:
         return found
     close = difflib.get_close_matches(_normalise(name), list(_BY_NORMAL), n=3, cutoff=0.5)
     keys = list(dict.fromkeys(_BY_NORMAL[c] for c in close))
     hint = f" Did you mean {' or '.join(repr(key) for key in keys)}?" if keys else ""
-    raise UnknownGpuError(f"gpu={name!r} names no GPU profile this library knows.{hint} Known: "
+    raise PlanError(f"gpu={name!r} names no GPU profile this library knows.{hint} Known: "
                           f"{', '.join(PROFILES)}. For another GPU, pass link_bandwidth= for its host link; the "
                           "compute times then assume the closest profile you name.")
 
@@ -179,4 +175,4 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
 
 
 __all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
-           "PROFILES", "UnknownGpuError", "gpu_profile", "match_device_name"]
+           "PROFILES", "gpu_profile", "match_device_name"]

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping, Sequence
 import networkx as nx
 
 from .devices import Device
-from .errors import GraphError
+from .errors import PlanError
 
 
 def build_graph(names: Sequence[str], graph: nx.DiGraph | Iterable | None) -> nx.DiGraph:
@@ -25,7 +25,7 @@ def build_graph(names: Sequence[str], graph: nx.DiGraph | Iterable | None) -> nx
     known = set(names)
     unknown = sorted(str(node) for node in built.nodes if node not in known)
     if unknown:
-        raise GraphError(
+        raise PlanError(
             f"The model graph names components that do not exist: {unknown}. "
             f"Known module components: {list(names)}."
         )
@@ -53,7 +53,7 @@ def _from_edges(edges) -> nx.DiGraph:
     built = nx.DiGraph()
     for edge in edges:
         if isinstance(edge, str) or not hasattr(edge, "__len__") or len(edge) != 2:
-            raise GraphError(
+            raise PlanError(
                 f"Malformed model graph edge {edge!r}: expected a pair (producer, consumer) such as "
                 "('text_encoder', 'denoiser'), or pass a networkx.DiGraph."
             )
@@ -67,7 +67,7 @@ def _reject_cycles(graph: nx.DiGraph) -> None:
     except nx.NetworkXNoCycle:
         return
     path = " -> ".join([str(a) for a, _ in cycle] + [str(cycle[0][0])])
-    raise GraphError(
+    raise PlanError(
         f"The model graph has a cycle: {path}. Only a self-loop (a component consuming its own output) is "
         "allowed; remove one of these edges so the graph gives an execution order."
     )

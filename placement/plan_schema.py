@@ -58,10 +58,6 @@ DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 
 
-class PlanSchemaError(PlanError, ValueError):
-    """A plan JSON file written by a newer version of this library, or not a plan at all."""
-
-
 class PlacementKind(str, Enum):
     """How a component's weights are placed (docs/design.md, "placement kinds")."""
 
@@ -290,7 +286,7 @@ class Plan(_Frozen):
             data = {key: value for key, value in data.items() if key not in _DERIVED}
             version = data.get("schema_version", 1)
             if not isinstance(version, int) or version > SCHEMA_VERSION:
-                raise PlanSchemaError(
+                raise PlanError(
                     f"This plan has schema_version {version!r}; this library reads versions 1 to {SCHEMA_VERSION}. "
                     "Upgrade pipeline-placement or re-plan with this version."
                 )
@@ -448,13 +444,13 @@ class Plan(_Frozen):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise PlanSchemaError(f"Not a plan JSON file: {error}.") from error
+            raise PlanError(f"Not a plan JSON file: {error}.") from error
         except RecursionError:
-            raise PlanSchemaError("Not a plan JSON file: it nests deeper than a JSON reader can follow.") from None
+            raise PlanError("Not a plan JSON file: it nests deeper than a JSON reader can follow.") from None
         if not isinstance(data, dict):
-            raise PlanSchemaError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
+            raise PlanError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
         if not isinstance(data.get("schema_version", 1), int) or data.get("schema_version", 1) > SCHEMA_VERSION:
-            cls._read_version(data)  # raises the PlanSchemaError itself, outside pydantic's wrapping
+            cls._read_version(data)  # raises the PlanError itself, outside pydantic's wrapping
         return cls.model_validate(data)
 
     def to_svg(self) -> str:

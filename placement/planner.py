@@ -10,6 +10,7 @@ from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .devices import Device, accelerators_present, is_accelerator
+from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
@@ -18,7 +19,6 @@ from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .transfers.link_speed import link_speed
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
 from .time_model import check_per_run, short_name
-from .errors import ComponentError, DoesNotFitError, InvalidDtypeError, OffloadFolderRequiredError, StrategyError
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -105,7 +105,7 @@ def plan(
         _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
         state = _place_the_rest(spec, requests, ledger, context, placements, CostModel.build(
             model_graph, [*requests.values()], runs))
-    except (DoesNotFitError, OffloadFolderRequiredError) as error:  # what the message cannot say by itself
+    except DoesNotFitError as error:  # what the message cannot say by itself
         raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                max_memory=None if max_memory is None else budgets.given(),
@@ -168,7 +168,7 @@ def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs:
 def _parse_strategy(strategy, scope: str, modules: Mapping[str, nn.Module]) -> StrategySpec:
     spec = parse_strategy(strategy, scope=scope)
     if spec.scope is StrategyScope.MODEL and len(modules) != 1:
-        raise ComponentError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
+        raise PlanError(f"scope='model' places one model; got {len(modules)} components: {list(modules)}.")
     return spec
 
 
@@ -183,7 +183,7 @@ def _component_pins(spec: StrategySpec, requests, budgets: Budgets, *, given: bo
     absent = {name: device for name, device_map in pins.items() for device in device_map.values()
               if is_accelerator(device) and device not in budgets.accelerators}
     if given and absent and not budgets.accelerators:  # with some GPUs, pinned.check_budgets_exist says it
-        raise StrategyError(
+        raise PlanError(
             f"device_map pins {', '.join(f'{name!r} to GPU {device}' for name, device in absent.items())}, but "
             f"max_memory gives no budget for {'it' if len(set(absent.values())) == 1 else 'them'} (its devices: "
             f"{list(budgets.limits)}). Add the GPU to max_memory (e.g. {{{next(iter(absent.values()))}: '24GiB'}}) "
@@ -214,19 +214,19 @@ def _finished(component: ComponentPlan, request: ComponentRequest, work: tuple) 
 
 def _module_components(components) -> dict[str, nn.Module]:
     if not isinstance(components, Mapping):
-        raise ComponentError(
+        raise PlanError(
             f"components must be a mapping of names to nn.Modules, got {type(components).__name__}."
         )
     others = {name: type(value).__name__ for name, value in components.items() if not isinstance(value, nn.Module)}
     if others:
-        raise ComponentError(
+        raise PlanError(
             f"Only nn.Module components are placed; these are not modules: {others}. "
             "Leave tokenizers, schedulers and other non-module components out of plan()."
         )
     named = {str(name): module for name, module in components.items()}
     if len(named) != len(components):
         clashes = sorted({str(n) for n in components if sum(str(m) == str(n) for m in components) > 1})
-        raise ComponentError(
+        raise PlanError(
             f"Component names {clashes} collide once written as strings ({[repr(n) for n in components]}); "
             "a plan names components by string, so one would be dropped. Give every component a distinct name."
         )
@@ -239,7 +239,7 @@ def _check_dtype_keys(dtype, modules: Mapping[str, nn.Module]) -> None:
         return
     unknown = sorted(str(key) for key in dtype if key != "default" and str(key) not in modules)
     if unknown:
-        raise InvalidDtypeError(
+        raise PlanError(
             f"dtype names {unknown}, which are not components of this plan; its components are {sorted(modules)}. "
             "Fix the key(s), or use 'default' for every other component."
         )
@@ -249,10 +249,10 @@ def _activations(activations, modules: Mapping[str, nn.Module]) -> dict[str, int
     if activations is None:
         return {}
     if not isinstance(activations, Mapping):
-        raise ComponentError(f"activations must be a dict {{component: bytes}}, got {activations!r}.")
+        raise PlanError(f"activations must be a dict {{component: bytes}}, got {activations!r}.")
     unknown = [name for name in activations if name not in modules]
     if unknown:
-        raise ComponentError(
+        raise PlanError(
             f"activations names components that do not exist: {unknown}. The module components are "
             f"{list(modules)}."
         )
@@ -292,7 +292,7 @@ def _place_pins(asked, pinned, requests, ledger, context, placements, notes) -> 
         return
     both = sorted(set(asked) & set(already))
     if both:
-        raise StrategyError(
+        raise PlanError(
             f"device_map pins {both}, which were passed in already placed; leave them out of the device_map."
         )
     check_budgets_exist(asked, ledger, source="device_map", has_offload_folder=context.has_offload_folder)

@@ -17,11 +17,6 @@ from .plan_schema import PlacementKind, Plan
 from .sizes import format_bytes
 
 
-class ReplicaError(PlanError, ValueError):
-    """Replicas asked of an inventory that cannot give them: no accelerators, a bad group size, or a replica
-    (a local rank) beyond the plan's groups."""
-
-
 class ReplicaFit(str, Enum):
     """How a group's plan runs. Only these two make a replica: a plan that executes a component on the CPU or
     serves weights from disk is too slow to be worth a copy."""
@@ -75,7 +70,7 @@ class ReplicaPlan(_Frozen):
 
     def group(self, replica: int) -> ReplicaGroup:
         if not 0 <= replica < len(self.groups):
-            raise ReplicaError(
+            raise PlanError(
                 f"Replica {replica} does not exist: the plan has {len(self.groups)} replica(s) "
                 f"({self.verdict}). Launch at most {len(self.groups)} process(es) per node."
             )

@@ -37,8 +37,8 @@ from torch import nn
 from .planner import plan as plan_placement
 from .budgets import ZeroBudgetWarning, exact_budgets, resolve_budgets
 from .plan_schema import Plan
-from .errors import DoesNotFitError, OffloadFolderRequiredError
-from .replica_plan import GroupSizeOption, ReplicaError, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
+from .errors import DoesNotFitError, PlanError
+from .replica_plan import GroupSizeOption, ReplicaFit, ReplicaGroup, ReplicaPlan, replica_fit
 from .strategies.spec import NAMED_STRATEGIES, parse_strategy
 
 Group = tuple[int, ...]  # accelerator indices, ascending
@@ -67,7 +67,7 @@ def plan_replicas(
     budgets = resolve_budgets(max_memory)
     inventory = _even_out_detected({index: budgets.limit(index) for index in budgets.accelerators}, budgets.detected)
     if not inventory:
-        raise ReplicaError(
+        raise PlanError(
             "Replicas need accelerators, and max_memory has none (no integer keys, or no GPU is visible). "
             "Pass max_memory={0: '24GiB', 1: '24GiB', ...} for the GPUs of one machine."
         )
@@ -101,7 +101,7 @@ def _even_out_detected(inventory: dict[int, int], detected: frozenset) -> dict[i
 def _check_strategy(strategy) -> None:
     spec = parse_strategy(strategy)
     if spec.kind not in NAMED_STRATEGIES:
-        raise ReplicaError(
+        raise PlanError(
             f"Replicas are planned with a named strategy ('balanced', 'auto', 'sequential', 'balanced_low_0'), "
             f"not {strategy!r}: a device map or a single device names GPUs that only one group contains."
         )
@@ -111,7 +111,7 @@ def _group_sizes(group_size: Optional[int], count: int) -> list[int]:
     if group_size is None:
         return list(range(1, count + 1))
     if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= count:
-        raise ReplicaError(
+        raise PlanError(
             f"group_size={group_size!r}: expected a whole number of GPUs from 1 to {count} (the accelerators in "
             "max_memory), or None to choose the size that gives the most replicas."
         )
@@ -142,7 +142,7 @@ class _GroupPlanner:
                 with warnings.catch_warnings():  # a GPU of no room was named once, when the budgets were read
                     warnings.simplefilter("ignore", ZeroBudgetWarning)
                     self._plans[key] = self._plan_group(exact_budgets({**group, "cpu": cpu}))
-            except (DoesNotFitError, OffloadFolderRequiredError):
+            except DoesNotFitError:
                 self._plans[key] = None  # needs the disk (no offload folder is given) or fits nowhere
         return self._plans[key]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidSizeError
+from .errors import PlanError
 
 _UNITS = {
     "b": 1,
@@ -38,7 +38,7 @@ MIN_BARE_BUDGET = MiB  # a bare-number budget below this (and above 0) is taken 
 def parse_size(value: int | float | str) -> int:
     """Bytes for `value`: an int of bytes or a string such as "24GiB", "10GB", "512 MiB", "1024"."""
     if isinstance(value, bool):
-        raise InvalidSizeError(f"Invalid memory size {value!r}: expected bytes (int) or a string like '24GiB'.")
+        raise PlanError(f"Invalid memory size {value!r}: expected bytes (int) or a string like '24GiB'.")
     if isinstance(value, int):
         return _non_negative(value, value)
     if isinstance(value, float) and value.is_integer():
@@ -48,7 +48,7 @@ def parse_size(value: int | float | str) -> int:
         unit = match.group(2).lower() if match else None
         if match and (unit == "" or unit in _UNITS):
             return _non_negative(int(float(match.group(1)) * _UNITS.get(unit, 1)), value)
-    raise InvalidSizeError(
+    raise PlanError(
         f"Invalid memory size {value!r}: expected bytes (int) or a number followed by one of "
         "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '24GiB'."
     )
@@ -61,7 +61,7 @@ def parse_budget(value: int | float | str) -> int:
     size = parse_size(value)
     if 0 < size < MIN_BARE_BUDGET and _is_bare_number(value):
         guess = f"{size}GiB" if size < 4096 else f"{size}MiB"
-        raise InvalidSizeError(
+        raise PlanError(
             f"{value!r} means {size} byte{'s' if size > 1 else ''} (a number without a unit counts bytes): did you "
             f"mean {guess!r}? "
             f"Write the unit: {guess!r}, or {f'{size}B'!r} if you do mean bytes."
@@ -78,7 +78,7 @@ def _is_bare_number(value) -> bool:
 
 def _non_negative(n: int, original) -> int:
     if n < 0:
-        raise InvalidSizeError(f"Invalid memory size {original!r}: a size cannot be negative.")
+        raise PlanError(f"Invalid memory size {original!r}: a size cannot be negative.")
     return n
 
 

@@ -27,7 +27,7 @@ from accelerate.utils import compute_module_sizes
 from accelerate.utils.modeling import dtype_byte_size, named_module_tensors
 from torch import nn
 
-from .errors import InvalidDtypeError
+from .errors import PlanError
 from .quantized_sizing import is_quantized_tensor, quantization_label, storage_bytes
 
 
@@ -185,7 +185,7 @@ def _resolve_dtype(spec, *, where: str) -> torch.dtype | None:
         dtype = getattr(torch, spec.strip().removeprefix("torch."), None)
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
-    raise InvalidDtypeError(
+    raise PlanError(
         f"Invalid {where} = {spec!r}: expected a floating torch.dtype such as torch.bfloat16 (or its name, "
         "'bfloat16'), None to keep each tensor's own dtype, or a dict {component: dtype, 'default': dtype}."
     )

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional
 
-from .errors import ComponentError
+from .errors import PlanError
 from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
 from .verdict import DISK_BYTES_PER_S
 
@@ -165,15 +165,15 @@ def check_per_run(values, modules, argument: str) -> dict[str, int]:
     if values is None:
         return {}
     if not isinstance(values, Mapping):
-        raise ComponentError(f"{argument} must be a dict {{component: count per run}}, got {values!r}.")
+        raise PlanError(f"{argument} must be a dict {{component: count per run}}, got {values!r}.")
     unknown = [name for name in values if name not in modules]
     if unknown:
-        raise ComponentError(f"{argument} names components that do not exist: {unknown}. The module components "
+        raise PlanError(f"{argument} names components that do not exist: {unknown}. The module components "
                              f"are {list(modules)}.")
     bad = {name: value for name, value in values.items()
            if isinstance(value, bool) or not isinstance(value, int) or value < 0}
     if bad:
-        raise ComponentError(f"{argument} values must be ints >= 0 (counted per run at the planned call, e.g. by "
+        raise PlanError(f"{argument} values must be ints >= 0 (counted per run at the planned call, e.g. by "
                              f"placement.estimate_call(...).flops); got {bad}.")
     return dict(values)
 

@@ -10,19 +10,7 @@ Works for any `nn.Module` (ours, diffusers', transformers'):
     load_weights(module, weights, device_map={"": "cpu"}, dtype=torch.float16, keep_in_fp32=("norm",))
 """
 
-from .checkpoint_errors import (
-    CheckpointError,
-    CheckpointDtypeError,
-    CheckpointKeysError,
-    CheckpointReadError,
-    CheckpointSaveError,
-    CheckpointShapeError,
-    CorruptCheckpointError,
-    InvalidConfigError,
-    UnsafeCheckpointPathError,
-    VariantNotFoundError,
-    WeightsNotFoundError,
-)
+from .checkpoint_errors import CheckpointSaveError, CheckpointShapeError, WeightsNotFoundError
 from .index import TensorEntry, WeightsIndex, find_weights, read_header
 from .dtypes import check_dtypes
 from .streaming import load_dtypes, load_weights, stream_weights, target_dtype, tie_weights
@@ -34,17 +22,9 @@ __all__ = [
     "CONFIG_NAME",
     "DIFFUSERS_WEIGHTS_NAME",
     "TRANSFORMERS_WEIGHTS_NAME",
-    "CheckpointError",
-    "CheckpointDtypeError",
-    "CheckpointKeysError",
-    "CheckpointReadError",
     "CheckpointSaveError",
     "CheckpointShapeError",
-    "CorruptCheckpointError",
-    "InvalidConfigError",
     "TensorEntry",
-    "UnsafeCheckpointPathError",
-    "VariantNotFoundError",
     "WeightsIndex",
     "WeightsNaming",
     "WeightsNotFoundError",

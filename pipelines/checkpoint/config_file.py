@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .checkpoint_errors import CorruptCheckpointError, InvalidConfigError, WeightsNotFoundError
+from ..errors import FolderError
+from .checkpoint_errors import WeightsNotFoundError
 from .naming import CONFIG_NAME
 
 CLASS_NAME_KEY = "_class_name"
@@ -57,24 +58,24 @@ def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[s
     try:
         content = parse_json(path.read_text(encoding="utf-8"), path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CorruptCheckpointError(f"{str(path)!r} is not valid JSON ({error}).") from error
+        raise FolderError(f"{str(path)!r} is not valid JSON ({error}).") from error
     except OSError as error:
-        raise CorruptCheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
+        raise FolderError(f"Cannot read {str(path)!r}: {error}.") from error
     if not isinstance(content, dict):
-        raise CorruptCheckpointError(f"{str(path)!r} must hold a JSON object, got {type(content).__name__}.")
+        raise FolderError(f"{str(path)!r} must hold a JSON object, got {type(content).__name__}.")
     return content
 
 
 def parse_json(text: str, path: Path) -> Any:
     """`json.loads(text)`, refusing a document nested deeper than `MAX_JSON_DEPTH` with a
-    `CorruptCheckpointError` naming `path` (invalid JSON raises `json.JSONDecodeError` as usual)."""
+    `FolderError` naming `path` (invalid JSON raises `json.JSONDecodeError` as usual)."""
     try:
         content = json.loads(text)
         too_deep = json_depth(content) > MAX_JSON_DEPTH
     except RecursionError:  # the reader itself ran out of stack (about 1000 levels)
         too_deep = True
     if too_deep:
-        raise CorruptCheckpointError(
+        raise FolderError(
             f"{str(path)!r} nests its JSON more than {MAX_JSON_DEPTH} levels deep, the limit (real configs nest "
             "under 10). The file is damaged or not a config: restore it from the original save or download."
         )
@@ -105,7 +106,7 @@ def read_config(
     try:
         return config_class.model_validate(fields)
     except ValidationError as error:
-        raise InvalidConfigError(
+        raise FolderError(
             f"{str(folder / file_name)!r} does not validate as {config_class.__name__}: "
             f"{describe_validation_error(error)}. Fix or remove these fields."
         ) from error

@@ -14,20 +14,21 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from .checkpoint_errors import CheckpointDtypeError, list_names
+from ..errors import FolderError
+from .checkpoint_errors import list_names
 from .index import TensorEntry, WeightsIndex
 
 
 def check_dtypes(module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype | None,
                  keep_in_fp32: Iterable[str] = (), model_tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-    """Raise `CheckpointDtypeError` for tensors of `weights` the model `module` (on meta) cannot take.
+    """Raise `FolderError` for tensors of `weights` the model `module` (on meta) cannot take.
     `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already."""
     model = dict(module.state_dict(keep_vars=True)) if model_tensors is None else model_tensors
     matched = {name: entry for name, entry in weights.tensors.items() if name in model}
     kinds = [f"{name!r}: checkpoint {_short(entry.dtype)}, model {_short(model[name].dtype)}"
              for name, entry in sorted(matched.items()) if _kind_differs(entry.dtype, model[name].dtype)]
     if kinds:
-        raise CheckpointDtypeError(
+        raise FolderError(
             f"Checkpoint {str(weights.folder)!r} holds tensors of another kind than the model's: {'; '.join(kinds)}. "
             "Integer and bool tensors are never cast; re-save the checkpoint with the model's dtypes."
         )
@@ -46,7 +47,7 @@ def _check_one_float_dtype(floats: dict[str, TensorEntry], weights: WeightsIndex
         return
     dominant = counts.most_common(1)[0][0]
     odd = [f"{name} ({_short(entry.dtype)})" for name, entry in floats.items() if entry.dtype != dominant]
-    raise CheckpointDtypeError(
+    raise FolderError(
         f"Checkpoint {str(weights.folder)!r} mixes float dtypes: {len(floats) - len(odd)} parameter(s) are "
         f"{_short(dominant)} but {len(odd)} are not: {list_names(odd)}. Loaded as is, the model would fail at its "
         f"first call; pass torch_dtype (e.g. torch_dtype=torch.{_short(dominant)}) to cast them all, or re-save it."

@@ -16,14 +16,8 @@ from typing import Iterable, Mapping
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .checkpoint_errors import (
-    CheckpointKeysError,
-    CorruptCheckpointError,
-    UnsafeCheckpointPathError,
-    VariantNotFoundError,
-    WeightsNotFoundError,
-    list_names,
-)
+from ..errors import FolderError
+from .checkpoint_errors import WeightsNotFoundError, list_names
 from .config_file import parse_json
 from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, pickle_files_in, variants_in
 
@@ -91,7 +85,7 @@ class WeightsIndex:
             sources = {name: name if name in self.tensors else tied.get(name, name) for name in names}
         unserved = sorted(name for name, source in sources.items() if source not in self.tensors)
         if unserved:
-            raise CheckpointKeysError(
+            raise FolderError(
                 f"No tensor of the checkpoint in {str(self.folder)!r} can serve {list_names(unserved)} from disk; "
                 "if they are tied weights, pass tied_weights={tied name: source name}."
             )
@@ -112,8 +106,8 @@ def find_weights(
     """The weights of the model saved in `folder`: the single file, or the shards its index json lists.
 
     `weights_name` is the file stem: "diffusion_pytorch_model" (diffusers, ours) or "model" (transformers).
-    Raises `WeightsNotFoundError` / `VariantNotFoundError` (naming the files or listing the variants that exist)
-    or `CorruptCheckpointError` (naming the file) before any tensor is read.
+    Raises `WeightsNotFoundError` (naming the files, or listing the variants that exist)
+    or `FolderError` (naming the file) before any tensor is read.
     """
     folder = Path(folder)
     naming = WeightsNaming(weights_name=weights_name, variant=variant)
@@ -138,7 +132,7 @@ def read_header(path: Path) -> list[TensorEntry]:
         with safe_open(str(path), framework="pt") as handle:
             return [_entry(handle, name, path) for name in handle.offset_keys()]
     except SafetensorError as error:
-        raise CorruptCheckpointError(
+        raise FolderError(
             f"Safetensors file {str(path)!r} is corrupt or truncated ({error}). "
             "Re-download or re-save this file."
         ) from error
@@ -150,7 +144,7 @@ def _entry(handle, name: str, path: Path) -> TensorEntry:
     tensor_slice = handle.get_slice(name)
     code = tensor_slice.get_dtype()
     if code not in SAFETENSORS_DTYPES:
-        raise CorruptCheckpointError(f"Tensor {name!r} in {str(path)!r} has unsupported dtype {code!r}.")
+        raise FolderError(f"Tensor {name!r} in {str(path)!r} has unsupported dtype {code!r}.")
     return TensorEntry(name=name, file=path, shape=tuple(tensor_slice.get_shape()), dtype=SAFETENSORS_DTYPES[code])
 
 
@@ -158,15 +152,15 @@ def _read_index(index_path: Path) -> dict[str, str]:
     try:
         content = parse_json(index_path.read_text(encoding="utf-8"), index_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CorruptCheckpointError(f"Index file {str(index_path)!r} is not valid JSON ({error}).") from error
+        raise FolderError(f"Index file {str(index_path)!r} is not valid JSON ({error}).") from error
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CorruptCheckpointError(
+        raise FolderError(
             f"Index file {str(index_path)!r} has no 'weight_map' object of tensor name -> shard file name."
         )
     outside = sorted({file for file in weight_map.values() if not is_plain_file_name(file)})
     if outside:
-        raise UnsafeCheckpointPathError(
+        raise FolderError(
             f"Index file {str(index_path)!r} names shard file(s) {list_names(outside)}, which are not plain file "
             "names in its folder (no '/', '\\', '..' or absolute paths allowed); nothing was read from them. "
             "Fix the index's weight_map to name files next to it."
@@ -189,7 +183,7 @@ def _refuse_special_files(paths: Iterable[Path]) -> None:
         except OSError:  # absent (or a dangling link): the caller says what is missing
             continue
         if not stat.S_ISREG(mode):
-            raise CorruptCheckpointError(
+            raise FolderError(
                 f"{str(path)!r} is {_kind_of(mode)}, not a regular file: weights are read from regular safetensors "
                 "files only. Put the real file there (re-download or re-save the checkpoint)."
             )
@@ -216,7 +210,7 @@ def _tensors_from_index(folder: Path, index_path: Path, weight_map: dict[str, st
         wanted = [name for name, file in weight_map.items() if file == shard_name]
         absent = [name for name in wanted if name not in in_file]
         if absent:
-            raise CorruptCheckpointError(
+            raise FolderError(
                 f"Index {index_path.name!r} says shard {shard_name!r} holds {list_names(absent)}, "
                 "but that file does not contain them. The index and shards come from different saves."
             )
@@ -233,7 +227,7 @@ def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundErr
             f"{naming.index_file!r} is missing, so the shards cannot be assembled. Re-download or re-save it."
         )
     if variants:
-        return VariantNotFoundError(
+        return WeightsNotFoundError(
             f"No {wanted!r} variant of {naming.weights_name!r} weights in {str(folder)!r} "
             f"(looked for {naming.single_file!r} or {naming.index_file!r}). Variants present: "
             f"{', '.join(variants)}; pass variant= one of them ('default' means variant=None)."

@@ -25,10 +25,12 @@ from accelerate.utils import set_module_tensor_to_device
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from placement.device_maps import IncompleteDeviceMapError, owning_key
+from placement.device_maps import owning_key
 from placement.devices import Accelerators, Device, detect_accelerators, is_accelerator, normalize_device, torch_device
+from placement.errors import PlanError
 
-from .checkpoint_errors import CheckpointReadError, CorruptCheckpointError
+from ..errors import FolderError
+from .checkpoint_errors import WeightsNotFoundError
 from .index import TensorEntry, WeightsIndex
 from .progress import reading
 from .validation import validate_weights
@@ -184,7 +186,7 @@ def _reads(module: nn.Module, weights: WeightsIndex, device_map: Mapping[str, De
         reads.append(_Read(entry=entry, device=device, target=targets[device], dtype=load_dtypes[name],
                            owner=owner, attribute=attribute))
     if unmapped:
-        raise IncompleteDeviceMapError(
+        raise PlanError(
             f"The device_map does not place {len(unmapped)} tensor(s) of {type(module).__name__}, e.g. "
             f"{unmapped[0]!r}. Map every submodule (or '' for the whole model) to a device."
         )
@@ -216,9 +218,9 @@ def _stream_file(path: Path, items: list[_Read], *, on_tensor: Callable[[int], o
                     mapped += item.entry.nbytes
                     on_tensor(item.loaded_bytes)
     except SafetensorError as error:
-        raise CorruptCheckpointError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
+        raise FolderError(f"Reading {str(path)!r} failed ({error}); the file is corrupt.") from error
     except OSError as error:  # an I/O error, a file removed or unreadable mid-load
-        raise CheckpointReadError(
+        raise WeightsNotFoundError(
             f"Reading {str(path)!r} failed: {error.strerror or error}. Nothing was kept loaded; check the disk and "
             "the file's permissions, then load again."
         ) from error

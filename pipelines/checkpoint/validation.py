@@ -8,7 +8,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from .checkpoint_errors import CheckpointKeysError, CheckpointShapeError, list_names
+from ..errors import FolderError
+from .checkpoint_errors import CheckpointShapeError, list_names
 from .index import WeightsIndex
 
 
@@ -46,7 +47,7 @@ def validate_weights(
             parts.append(f"missing {len(missing)} key(s) the model needs: {list_names(missing)}")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected key(s) the model does not have: {list_names(unexpected)}")
-        raise CheckpointKeysError(
+        raise FolderError(
             f"Checkpoint {where} does not match {type(module).__name__}: {'; '.join(parts)}. "
             "Check that the config and the weights come from the same model."
         )

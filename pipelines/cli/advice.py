@@ -12,7 +12,7 @@
   fragmentation); GPUs whose budgets do not exceed it hold nothing, and the message says that is why.
 
 `Outcome` is one attempt (a plan, or the error that stopped it); `advise` returns the lines to print after
-the plan, `AdvisedError` carries them with the error, the likeliest fix first: the dtype, then budgets, then
+the plan, and a `DoesNotFitError` carries them with the error, the likeliest fix first: the dtype, then budgets, then
 the disk (the library's own fix for a pipeline that needs it, `--offload-folder`).
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN, DETECTED_CPU_NOTE
 from placement.devices import accelerators_present, device_label, is_accelerator
-from placement.errors import DoesNotFitError, OffloadFolderRequiredError, PlacementError, PlanError
+from placement.errors import DoesNotFitError, PlacementError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
 from placement.verdict import TIGHT_SHARE
@@ -35,15 +35,10 @@ from ..loading.suggestions import BF16_SUGGESTION
 
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
-FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)  # the errors of a pipeline too big for the budgets
 EXAMPLE_GPUS = "2x24GiB,cpu=64GiB"  # the GPUs a plan on a machine without any is worked out for
 
 if TYPE_CHECKING:
     from .targets import TargetPlanner
-
-
-class AdvisedError(PlanError, ValueError):
-    """A planning error with what would help appended (the original error is its __cause__)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +55,7 @@ class Outcome:
 def plan_with_advice(make_plan: TargetPlanner, *, dtype: Optional[str], max_memory: Optional[Mapping],
                      budgets_example: str, suggest_gpus: bool = False) -> tuple[Plan, list[str]]:
     """`make_plan(torch_dtype=...)` at `dtype` (a name or None) and the advice for its outcome; a planning
-    error is raised again as an `AdvisedError` when there is advice to add, the likeliest fix first (the dtype,
+    error is raised again as a `DoesNotFitError` when there is advice to add, the likeliest fix first (the dtype,
     then budgets, then the disk). `suggest_gpus`: on a machine without GPUs and no budgets given, work out what
     GPU budgets would give (`placement plan`; not for a run, which can only use what is here)."""
     outcome = _attempt(make_plan, dtype)
@@ -69,13 +64,13 @@ def plan_with_advice(make_plan: TargetPlanner, *, dtype: Optional[str], max_memo
     if outcome.error is not None:
         if not lines:
             raise outcome.error
-        raise AdvisedError(_fixes_in_order(outcome.error, lines)) from outcome.error
+        raise DoesNotFitError(_fixes_in_order(outcome.error, lines)) from outcome.error
     return outcome.plan, lines
 
 
 def advise(outcome: Outcome, *, make_plan: TargetPlanner, dtype: Optional[str], max_memory: Optional[Mapping],
            budgets_example: str, suggest_gpus: bool = False) -> list[str]:
-    if outcome.error is not None and not isinstance(outcome.error, FIT_ERRORS):
+    if outcome.error is not None and not isinstance(outcome.error, DoesNotFitError):
         return []  # a bad input (a path, a key): its message is the whole story
     lines = []
     if outcome.rank > 0 and dtype not in _REDUCED and _in_float32(outcome) and not _said_bf16(outcome):

@@ -42,10 +42,10 @@ def class_defaults(runtime: type) -> dict[str, Any]:
 
 def check_callable(folder: Path, pipeline_class: type) -> None:
     """A folder loaded as a generic pipeline (its class is neither ours nor diffusers') has no `__call__`."""
-    from .targets import PlanTargetError
+    from ..errors import LoadError
 
     if _runtime_class(folder, pipeline_class) is None:
-        raise PlanTargetError(
+        raise LoadError(
             f"{str(folder)!r} loads as a generic pipeline (its model_index.json names a class that is neither this "
             "library's nor diffusers'), which cannot be called to make images. Load it in your own script with "
             "its class, or register the class (pipelines.register_class)."
@@ -99,7 +99,7 @@ def _config(component: Path) -> dict:
 def complete_call(planner: "TargetPlanner") -> list[str]:
     """`planner.call`'s height and width where it lacks them: the pipeline's own default size (as a run of it
     would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
-    from .resolve import CliArgumentError
+    from ..errors import LoadError
 
     call = planner.call
     missing = [key for key in ("height", "width") if call is not None and key not in call]
@@ -108,7 +108,7 @@ def complete_call(planner: "TargetPlanner") -> list[str]:
     defaults = target_defaults(planner)
     if any(key not in defaults for key in missing):
         given = ", ".join("--" + _FLAGS.get(key, key).replace("_", "-") for key in call)
-        raise CliArgumentError(f"{given} plan(s) for a call, and {planner.target!r} has no default image size to "
+        raise LoadError(f"{given} plan(s) for a call, and {planner.target!r} has no default image size to "
                                "make it at: give --height and --width too.")
     planner.call = {**{key: call.get(key, defaults.get(key)) for key in ("height", "width")}, **call}
     return missing

@@ -21,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from placement.gpu_profiles import DEFAULT_GPU, PROFILES, UnknownGpuError, gpu_profile
+from placement.errors import PlanError
+from placement.gpu_profiles import DEFAULT_GPU, PROFILES, gpu_profile
 
 from .args import (
     add_call_arguments,
@@ -116,19 +117,19 @@ def gpu_arg(text: str) -> str:
     """--gpu NAME: a known GPU profile's key (argparse says the error: the names known, the closest first)."""
     try:
         return gpu_profile(text).key
-    except UnknownGpuError as error:
+    except PlanError as error:
         raise argparse.ArgumentTypeError(str(error).replace("gpu=", "--gpu ")) from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """--json, --svg, --timeline and --offload-folder can be written: said before the plan, not after it."""
-    from .resolve import CliArgumentError
+    from ..errors import LoadError
 
     problems = [path_problem(args.json, flag="--json", folder=False), path_problem(args.svg, flag="--svg", folder=False),
                 path_problem(args.timeline, flag="--timeline", folder=False),
                 path_problem(args.offload_folder, flag="--offload-folder", folder=True)]
     for problem in filter(None, problems):
-        raise CliArgumentError(problem)
+        raise LoadError(problem)
 
 
 def _named(path) -> str:

@@ -19,10 +19,6 @@ from ..errors import LoadError
 from .args import BUDGET_EXAMPLE, BudgetsArg
 
 
-class CliArgumentError(LoadError, ValueError):
-    """A flag's value that the library refuses (a size, a device, a device named twice)."""
-
-
 def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
     """{0: "…B", 1: "…B", "cpu": "…B"} (exact bytes, `placement.budgets.exact_budgets`) from a parsed flag; a bad
     size or a device named twice is an error that names the flag."""
@@ -35,9 +31,9 @@ def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
             device, size = normalize_device(device_text), parse_budget(size_text)
         except PlacementError as error:
             example = "" if "did you mean" in str(error) else f" Write e.g. {flag} {BUDGET_EXAMPLE}."
-            raise CliArgumentError(f"{flag} {budgets.text}: {error}{example}") from error
+            raise LoadError(f"{flag} {budgets.text}: {error}{example}") from error
         if device in resolved:
-            raise CliArgumentError(
+            raise LoadError(
                 f"{flag} {budgets.text} names {device_label(device)} twice ({spelled[device]!r} and {device_text!r}); "
                 "keep one."
             )

@@ -62,13 +62,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed import ReplicaLoadError
-    from ..distributed.images import ImageRunError, read_prompts
+    from ..distributed.images import read_prompts
     from ..distributed.launch import Launch
     from ..distributed.run_lock import run_lock
+    from ..errors import ImageRunError, LoadError, ReplicaLoadError
     from ..hf.quiet import quiet
     from .call_defaults import check_callable, default_call
-    from .resolve import CliArgumentError, resolve_budgets_arg, warnings_once
+    from .resolve import resolve_budgets_arg, warnings_once
     from .run_job import RunJob
     from .targets import hf_libraries, pipeline_class_of
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                           "pipeline over every GPU (use --max-memory to choose them).")
     problem = path_problem(args.out, flag="--out", folder=True)
     if problem is not None:
-        raise CliArgumentError(problem)
+        raise LoadError(problem)
     prompts = read_prompts(args.prompts)
     with warnings_once():
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")

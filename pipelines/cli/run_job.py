@@ -15,9 +15,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from ..distributed.images import ImageRunError, RunFolder
+from ..distributed.images import RunFolder
 from ..distributed.job import ImagesInterrupted, RunResult, make_images
 from ..distributed.launch import Launch
+from ..errors import ImageRunError
 from ..hf.quiet import quiet
 from .args import torch_dtype
 from .resolve import in_flag_names, warnings_once

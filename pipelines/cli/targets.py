@@ -14,13 +14,8 @@ from placement import Plan
 from ..errors import LoadError
 
 from ..hf.quiet import hf_libraries, quiet  # noqa: F401 - hf_libraries: the commands import it from here
-from .resolve import CliArgumentError
 
 STEPS = "num_inference_steps"
-
-
-class PlanTargetError(LoadError, ValueError):
-    """A `placement plan`/`inspect`/`run` target that is neither a preset, a folder nor a reachable Hub id."""
 
 
 def is_preset(target: str) -> bool:
@@ -38,11 +33,11 @@ def target_folder(target: str) -> Path:
     path = Path(target).expanduser()
     typo = preset_typo(target) if not path.exists() else None
     if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
-        raise PlanTargetError(f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESETS)}; "
+        raise LoadError(f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESETS)}; "
                               "otherwise give a folder or a Hub id owner/name)")
     if path.exists() or looks_like_a_path(target):
         if not path.exists():
-            raise PlanTargetError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
+            raise LoadError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
                                   "a Hub id is written owner/name.")
         return resolve_pipeline_folder(path, weights=False)
     try:
@@ -50,7 +45,7 @@ def target_folder(target: str) -> Path:
     except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
         close = difflib.get_close_matches(target, PRESETS, n=1)
         guess = f"; did you mean {close[0]!r}?" if close else ""
-        raise PlanTargetError(
+        raise LoadError(
             f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}), nor a local folder, and the Hub did not "
             f"give it: {type(error).__name__}: {error}"
         ) from error
@@ -117,7 +112,7 @@ class TargetPlanner:
                        offload_folder=self.offload_folder, call=self.call, gpu=self.gpu)
         if is_preset(self.target):
             if self.layerwise_casting:
-                raise CliArgumentError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
+                raise LoadError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
                                        "preset first (placement demo saves one), then plan that folder.")
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")

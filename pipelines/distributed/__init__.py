@@ -1,6 +1,7 @@
 """Replicas of a placed pipeline over GPU groups and nodes, under `torchrun` (see `replica.load_replica`)."""
 
+from ..errors import ReplicaLoadError
 from .launch import Launch
-from .replica import Replica, ReplicaLoadError, load_replica
+from .replica import Replica, load_replica
 
 __all__ = ["Launch", "Replica", "ReplicaLoadError", "load_replica"]

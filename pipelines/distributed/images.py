@@ -21,14 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..errors import CallError
+from ..errors import ImageRunError
 
 RUN_FILE = "run.json"
-
-
-class ImageRunError(CallError, RuntimeError):
-    """A prompts file that gives no prompt, an output folder made by another run, or images that failed on
-    some rank (the message says which)."""
 
 
 @dataclass(frozen=True, kw_only=True)

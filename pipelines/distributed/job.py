@@ -17,7 +17,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from .images import ImageRecord, ImageRunError, RunFolder
+from ..errors import ImageRunError
+from .images import ImageRecord, RunFolder
 from .interrupt import stop_requests
 from .progress import counting_steps, run_bar
 from .replica import Replica

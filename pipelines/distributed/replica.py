@@ -33,14 +33,10 @@ from placement.budgets import exact_budgets
 from placement.devices import detect_accelerators, device_label, is_accelerator
 from placement.errors import PlacementError
 
-from ..errors import LoadError
+from ..errors import ReplicaLoadError
 from ..framework.pipeline import Pipeline
 from .launch import DEFAULT_TIMEOUT, Exchange, Launch
 from .replica_planning import folder_pipeline_class, plan_pipeline_replicas
-
-
-class ReplicaLoadError(LoadError, RuntimeError):
-    """One or more ranks of a launch could not plan or load their replica; the message names each and why."""
 
 
 @dataclass(kw_only=True)

@@ -20,7 +20,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
-from .images import ImageRunError, write_error
+from ..errors import ImageRunError
+from .images import write_error
 
 LOCK_NAME = ".placement-run.lock"
 _TEMPORARY = re.compile(r"^\.(\d{5}\.png|run\.json)\..+\.tmp$")

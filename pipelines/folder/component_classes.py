@@ -17,16 +17,8 @@ from typing import ClassVar
 from pydantic import BaseModel
 from torch import nn
 
-from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNotFoundError
+from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME
 from ..errors import FolderError
-
-
-class ComponentBuildError(FolderError, ValueError):
-    """A component class that cannot be built from its folder's config."""
-
-
-class MissingConfigError(ComponentBuildError, WeightsNotFoundError):
-    """A component folder without its config.json (caught as either: what cannot be built, or a missing file)."""
 
 
 class OwnModel(nn.Module):
@@ -64,7 +56,7 @@ def family_of(cls: type) -> Family:
         return Family.DIFFUSERS
     if top_level == "transformers":
         return Family.TRANSFORMERS
-    raise ComponentBuildError(
+    raise FolderError(
         f"{cls.__module__}.{cls.__name__} is an nn.Module but neither a pipelines.ModelMixin nor a diffusers or "
         "transformers model, so it cannot be built from a config.json; derive it from pipelines.ModelMixin."
     )

@@ -13,19 +13,15 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from hooks import OFFLOADING, group_offloading_session, techniques_on
+from hooks import OFFLOADING, OffloadConflictError, group_offloading_session, techniques_on
 from placement.devices import torch_device
-from placement.errors import GraphError
+from placement.errors import PlanError
 from placement.graph import build_graph, execution_order
 
-from ..errors import DeviceMappedError, FolderError
+from ..errors import FolderError
 from .component_origins import origins_of, restore_components
 
 OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose hooks hold their own weights
-
-
-class PipelineComponentError(FolderError, ValueError):
-    """A component or model-graph edge that a pipeline cannot accept."""
 
 
 class PipelineComponents:
@@ -49,7 +45,7 @@ class PipelineComponents:
         """Register components (modules, non-modules, or None for an absent optional one) as attributes."""
         for name, component in named.items():
             if name.startswith("_") or not name.isidentifier():
-                raise PipelineComponentError(f"Component name {name!r} must be a public Python identifier.")
+                raise FolderError(f"Component name {name!r} must be a public Python identifier.")
             if name not in self._component_names:
                 self._component_names.append(name)
             setattr(self, name, component)
@@ -73,7 +69,7 @@ class PipelineComponents:
         for producer, consumer in self.model_graph:
             for name in (producer, consumer):
                 if name not in components:
-                    raise PipelineComponentError(
+                    raise FolderError(
                         f"{type(self).__name__}.model_graph names {name!r}, which is not a registered component "
                         f"(registered: {', '.join(components) or 'none'})."
                     )
@@ -87,8 +83,8 @@ class PipelineComponents:
         modules = [name for name, obj in self.components.items() if isinstance(obj, nn.Module)]
         try:
             return execution_order(build_graph(modules, self.graph_edges), modules)
-        except GraphError as error:
-            raise PipelineComponentError(f"{type(self).__name__}.model_graph: {error}") from error
+        except PlanError as error:
+            raise FolderError(f"{type(self).__name__}.model_graph: {error}") from error
 
     # ------------------------------------------------------------------------------------------ devices
     def component_execution_device(self, name: str) -> torch.device:
@@ -128,7 +124,7 @@ class PipelineComponents:
 
     def _refuse_if_device_mapped(self, operation: str) -> None:
         if self.hf_device_map is not None:
-            raise DeviceMappedError(
+            raise OffloadConflictError(
                 f"{operation} on a device-mapped {type(self).__name__} (hf_device_map={self.hf_device_map}) "
                 "would break its placement; call pipe.reset_device_map() first."
             )
@@ -141,7 +137,7 @@ class PipelineComponents:
         on = {name: found for name, found in on.items() if found}
         if on:
             listed = ", ".join(f"{name} ({', '.join(found)})" for name, found in on.items())
-            raise DeviceMappedError(
+            raise OffloadConflictError(
                 f"{operation} on {type(self).__name__} while offloading is on: {listed}. The offload hooks hold "
                 "their own copies of the weights; call pipe.reset_device_map() to remove them, then .to(...), "
                 "then enable offloading again."

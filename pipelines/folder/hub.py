@@ -47,7 +47,7 @@ def resolve_folder(
         return _with_subfolder(local, subfolder)
     repo_id = str(name_or_path)
     if isinstance(name_or_path, os.PathLike) or looks_like_a_path(repo_id) or not _is_repo_id(repo_id):
-        raise FolderNotFoundError(
+        raise WeightsNotFoundError(
             f"No such folder: {repo_id!r} (looked for {str(local.absolute())!r}). Check the path; a Hugging Face "
             "Hub id is written owner/name."
         )
@@ -66,10 +66,6 @@ def resolve_folder(
             "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
         ) from error
     return _with_subfolder(Path(snapshot), subfolder)
-
-
-class FolderNotFoundError(WeightsNotFoundError):
-    """A local path that does not exist (and could not be a Hub id)."""
 
 
 def looks_like_a_path(text: str) -> bool:

@@ -21,21 +21,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..checkpoint.config_file import read_config_dict, write_json
-from ..checkpoint.checkpoint_errors import CorruptCheckpointError
-from ..errors import FolderError
+from ..errors import FolderError, UntrustedClassError
 from .class_registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
 
 MODEL_INDEX_NAME = "model_index.json"
 SAVE_ID_KEY = "_save_id"
 HF_LIBRARIES = ("diffusers", "transformers")
-
-
-class ModelIndexError(FolderError, ValueError):
-    """A model_index.json that is missing, malformed, or names a class that cannot be imported."""
-
-
-class UntrustedClassError(ModelIndexError):
-    """model_index.json names a class outside this library, diffusers, transformers and the registered classes."""
 
 
 class ComponentSpec(BaseModel):
@@ -67,10 +58,10 @@ class ModelIndex(BaseModel):
     @classmethod
     def from_dict(cls, data: Any, *, source: str = MODEL_INDEX_NAME) -> "ModelIndex":
         if not isinstance(data, dict):
-            raise ModelIndexError(f"{source} must hold a JSON object, got {type(data).__name__}.")
+            raise FolderError(f"{source} must hold a JSON object, got {type(data).__name__}.")
         class_name = data.get("_class_name")
         if not isinstance(class_name, str) or not class_name:
-            raise ModelIndexError(
+            raise FolderError(
                 f"{source}: '_class_name' is {class_name!r}; a pipeline folder's index must name its class as a "
                 'string, e.g. "_class_name": "TextToImagePipeline".'
             )
@@ -97,14 +88,11 @@ class ModelIndex(BaseModel):
     def read(cls, folder: str | Path) -> "ModelIndex":
         path = Path(folder) / MODEL_INDEX_NAME
         if not path.is_file():
-            raise ModelIndexError(
+            raise FolderError(
                 f"{path} not found: a pipeline folder needs a {MODEL_INDEX_NAME} (write one with "
                 "pipe.save_pretrained(folder)); for a single model use ModelMixin.from_pretrained."
             )
-        try:
-            data = read_config_dict(folder, MODEL_INDEX_NAME)  # the one JSON reader of the folder format
-        except CorruptCheckpointError as error:
-            raise ModelIndexError(str(error)) from error
+        data = read_config_dict(folder, MODEL_INDEX_NAME)  # the one JSON reader of the folder format
         return cls.from_dict(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,7 +111,7 @@ def _component_spec(name: str, value: list | tuple, source: str) -> "ComponentSp
         all(part is None for part in value) or all(isinstance(part, str) and part for part in value)
     )
     if not valid:
-        raise ModelIndexError(
+        raise FolderError(
             f"{source}: component {name!r} is {list(value)!r}; expected [library, ClassName] as two strings "
             '(e.g. ["pipelines", "AutoencoderKL"]), or [null, null] for an absent optional component.'
         )
@@ -137,7 +125,7 @@ def _model_graph(graph: Any, source: str) -> list[tuple[str, str]] | None:
     bad = [edge for edge in edges if not (isinstance(edge, (list, tuple)) and len(edge) == 2
                                           and all(isinstance(node, str) for node in edge))]
     if bad or not isinstance(graph, list):
-        raise ModelIndexError(
+        raise FolderError(
             f"{source}: '_model_graph' must be a list of [producer, consumer] component-name pairs, e.g. "
             f'[["text_encoder", "denoiser"], ["denoiser", "vae"]]; got {(bad or [graph])[0]!r}. Fix or remove it.'
         )
@@ -155,7 +143,7 @@ def spec_for(obj: Any) -> ComponentSpec:
     if is_library_class(cls):
         return ComponentSpec(library=LIBRARY, class_name=cls.__name__)
     if cls.__module__ == "__main__":
-        raise ModelIndexError(
+        raise FolderError(
             f"{cls.__name__} is defined in __main__, so a saved folder could not import it again; "
             "move the class into an importable module."
         )
@@ -175,7 +163,7 @@ def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: boo
     if library == LIBRARY:
         found = find_library_class(class_name)
         if found is None:
-            raise ModelIndexError(
+            raise FolderError(
                 f"Component {component!r}: class {class_name!r} is not part of the 'pipelines' library; "
                 "check model_index.json, or register your class with pipelines.register_class."
             )
@@ -206,13 +194,13 @@ def _import_library(library: str, component: str):
             if library in HF_LIBRARIES
             else f" Install the package that defines {library!r}, or add its folder to PYTHONPATH."
         )
-        raise ModelIndexError(f"Component {component!r}: cannot import library {library!r} ({error}).{hint}") from error
+        raise FolderError(f"Component {component!r}: cannot import library {library!r} ({error}).{hint}") from error
 
 
 def _class_in(module, library: str, class_name: str, component: str) -> type:
     found = getattr(module, class_name, None)
     if not isinstance(found, type):
-        raise ModelIndexError(
+        raise FolderError(
             f"Component {component!r}: {library!r} has no class {class_name!r}; check model_index.json."
         )
     return found

@@ -28,8 +28,8 @@ from placement.errors import PlacementError
 from placement.sizes import parse_size
 
 from ..checkpoint.atomic import atomic_folder
+from ..checkpoint.checkpoint_errors import CheckpointSaveError
 from ..checkpoint.naming import CONFIG_NAME, WeightsNaming
-from ..errors import FolderError
 from .component_classes import OwnModel, weights_name_for
 from .model_index import MODEL_INDEX_NAME, SAVE_ID_KEY, ModelIndex, spec_for
 
@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from .components import PipelineComponents
 
 FORMAT_VERSION = "1"
-
-
-class PipelineSaveError(FolderError, RuntimeError):
-    """A component that cannot be saved (no save_pretrained, or weights not materialised)."""
 
 
 def save_pipeline(pipe: "PipelineComponents", target: Path, *, max_shard_size: int | str, variant: str | None) -> None:
@@ -86,7 +82,7 @@ def _weights_name(module: nn.Module) -> str:
 def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, variant: str | None) -> None:
     save = getattr(obj, "save_pretrained", None)
     if save is None:
-        raise PipelineSaveError(
+        raise CheckpointSaveError(
             f"Component {name!r} ({type(obj).__name__}) has no save_pretrained(folder) method, so it cannot be "
             "saved; give its class save_pretrained/from_pretrained or register it as None."
         )
@@ -106,7 +102,7 @@ def saving_placed(name: str, module: nn.Module) -> Iterator[None]:
     transformers' warning about saving offloaded modules is not shown (the weights are all there)."""
     unserved = unserved_placeholders(module, offloaded_weights(module))
     if unserved:
-        raise PipelineSaveError(
+        raise CheckpointSaveError(
             f"Component {name!r} has {len(unserved)} weights that were never loaded (e.g. {unserved[0]!r}: on the "
             "meta device, and no offload hook or store holds them); load them before saving."
         )

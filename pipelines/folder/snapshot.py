@@ -19,15 +19,11 @@ from typing import Callable, TypeVar
 
 from placement.errors import PlacementError
 
-from ..errors import FolderError
+from ..errors import FolderChangedError
 from .model_index import MODEL_INDEX_NAME, SAVE_ID_KEY
 
 Result = TypeVar("Result")
 ATTEMPTS = 5
-
-
-class FolderChangedError(FolderError, RuntimeError):
-    """The folder was saved over during every attempt to load it, so no consistent snapshot could be read."""
 
 
 @dataclass(frozen=True, kw_only=True)

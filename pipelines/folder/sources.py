@@ -13,7 +13,6 @@ from ..checkpoint.naming import CONFIG_NAME
 from ..errors import FolderError
 from .class_registry import LIBRARY, find_library_class
 from .component_classes import Family, family_of
-from .components import PipelineComponentError
 from .hub import HubOptions, resolve_folder
 from .model_index import ComponentSpec, ModelIndex, resolve_class
 
@@ -56,16 +55,12 @@ def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any
         subfolder = folder / name
         _check_not_a_loop(subfolder, folder, name)
         if not subfolder.is_dir():
-            raise PipelineComponentError(
+            raise FolderError(
                 f"model_index.json lists component {name!r} ({spec.library}.{spec.class_name}) but the folder "
                 f"{str(subfolder)!r} is missing; restore it, or pass {name}=... to from_pretrained."
             )
         sources[name] = ComponentSource(name=name, cls=cls, family=family_of(cls), folder=subfolder)
     return sources
-
-
-class ComponentFolderLoopError(PipelineComponentError):
-    """A component subfolder that is a symlink loop, or a link back to its pipeline folder (or above it)."""
 
 
 def _check_not_a_loop(subfolder: Path, folder: Path, name: str) -> None:
@@ -80,7 +75,7 @@ def _check_not_a_loop(subfolder: Path, folder: Path, name: str) -> None:
         if target != root and target not in root.parents:
             return
         where = f"{str(target)!r}: the pipeline folder or a folder above it"
-    raise ComponentFolderLoopError(
+    raise FolderError(
         f"Component {name!r}: its folder {str(subfolder)!r} is a symlink to {where}, so it holds no component. "
         f"Point the link at the component's own folder (or restore that folder), or pass {name}=... to "
         "from_pretrained."
@@ -100,7 +95,7 @@ def _is_loop(path: Path) -> bool:
 def _check_subfolder_name(name: str) -> None:
     """A component name is a subfolder of the pipeline folder: never a path that leaves it."""
     if name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
-        raise PipelineComponentError(
+        raise FolderError(
             f"model_index.json names component {name!r}, which is not a plain folder name; component names may "
             "not contain '/', '\\' or be '..'. Fix model_index.json."
         )
@@ -109,7 +104,7 @@ def _check_subfolder_name(name: str) -> None:
 def load_non_module(source: ComponentSource) -> Any:
     """A tokenizer/scheduler/...: ours must load; a diffusers/transformers one that fails is reported and skipped."""
     if not callable(getattr(source.cls, "from_pretrained", None)):
-        raise PipelineComponentError(
+        raise FolderError(
             f"Component {source.name!r}: class {source.cls.__module__}.{source.cls.__name__} has no "
             "from_pretrained(folder) method, so it cannot be loaded from the folder; give the class one, or pass "
             f"{source.name}=... to from_pretrained."
@@ -127,10 +122,6 @@ def load_non_module(source: ComponentSource) -> Any:
         return None
 
 
-class ModelFolderError(PipelineComponentError):
-    """A model folder (or single-file config folder) whose config.json does not say which class it holds."""
-
-
 def model_folder_class(folder: Path) -> type:
     """The class a single model's folder holds, from its config.json: a diffusers model (`_class_name`, written
     with `_diffusers_version`), a transformers model (`architectures`) or one of this library's (`_class_name`),
@@ -145,7 +136,7 @@ def model_folder_class(folder: Path) -> type:
     elif architectures and isinstance(architectures[0], str):
         spec = ComponentSpec(library="transformers", class_name=architectures[0])
     else:
-        raise ModelFolderError(
+        raise FolderError(
             f"{folder / CONFIG_NAME} names no model class (no '_class_name' as diffusers and this library write, no "
             "'architectures' as transformers writes); load it with its own class's from_pretrained."
         )

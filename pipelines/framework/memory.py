@@ -19,16 +19,13 @@ from hooks import (
     GroupOffloadingConfig,
     ModelOffloadChain,
     ModelOffloadConfig,
+    OffloadConflictError,
     SequentialOffloadConfig,
     Technique,
     apply_to_each,
     execution_place,
 )
-from ..errors import CallError, DeviceMappedError
-
-
-class VaeFeatureError(CallError, TypeError):
-    """A VAE slicing/tiling method on a pipeline whose `vae` is missing or does not offer the feature."""
+from ..errors import CallError
 
 
 class PipelineMemoryMixin:
@@ -109,7 +106,7 @@ class PipelineMemoryMixin:
     # ------------------------------------------------------------------------------------------- helpers
     def _refuse_offload_when_device_mapped(self, method: str) -> None:
         if self.hf_device_map is not None:
-            raise DeviceMappedError(
+            raise OffloadConflictError(
                 f"{type(self).__name__}.{method}() on a device-mapped pipeline (hf_device_map="
                 f"{self.hf_device_map}) would fight its placement hooks; call pipe.reset_device_map() first."
             )
@@ -119,8 +116,8 @@ class PipelineMemoryMixin:
         feature = getattr(vae, method, None)
         if not callable(feature):
             what = "has no vae component" if vae is None else f"has a vae ({type(vae).__name__}) without {method}()"
-            raise VaeFeatureError(f"{type(self).__name__} {what}; VAE slicing/tiling needs an AutoencoderKL-like vae.")
+            raise CallError(f"{type(self).__name__} {what}; VAE slicing/tiling needs an AutoencoderKL-like vae.")
         return feature
 
 
-__all__ = ["PipelineMemoryMixin", "VaeFeatureError"]
+__all__ = ["PipelineMemoryMixin"]

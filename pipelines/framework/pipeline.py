@@ -13,7 +13,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..folder.class_registry import library_class
-from ..folder.components import PipelineComponentError, PipelineComponents, module_dtype, module_execution_device
+from ..folder.components import PipelineComponents, module_dtype, module_execution_device
 from ..folder.pipeline_saving import save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
 from ..hf.quiet import quiet
@@ -113,4 +113,4 @@ def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *,
     return request, components
 
 
-__all__ = ["Pipeline", "PipelineComponentError", "module_dtype", "module_execution_device"]
+__all__ = ["Pipeline", "module_dtype", "module_execution_device"]

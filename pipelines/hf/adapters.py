@@ -13,7 +13,7 @@ pipeline's and each module component's): each call runs inside `hooks.edit_place
 components it may touch, which places new tensors beside their layer (its device, its offload group, its
 served set, its per-call or streamed unit) and forgets removed ones.
 
-What cannot follow is refused before anything changes, with `AdapterPlacementError`:
+What cannot follow is refused before anything changes, with `OffloadConflictError`:
 - fusing (`fuse_lora`) into layers whose weights are read from disk (the checkpoint's files cannot be
   rewritten): the LoRA still works unfused, or fuse before placing;
 - `set_lora_device`: on a placed pipeline adapters live where their layer is placed.
@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from hooks import PlacedWeightsError, edit_placed_weights, weight_homes
+from hooks import OffloadConflictError, edit_placed_weights, weight_homes
 from hooks.hook_utils import hooks_of
 
 from ..checkpoint import CheckpointShapeError
@@ -48,10 +48,6 @@ FUSING = ("fuse_lora",)
 LOADING = ("load_lora_weights", "load_lora_adapter", "load_adapter")
 REFUSED = ("set_lora_device",)
 _MARK = "_placement_follows_adapters"
-
-
-class AdapterPlacementError(PlacedWeightsError):
-    """An adapter operation a placed component cannot follow (fusing into weights on disk, moving adapters)."""
 
 
 def follow_adapters(pipe: Any) -> None:
@@ -170,7 +166,7 @@ def _refusing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[
         placed = {label: kinds().get(label, "placed") for label, module in touched(args, kwargs).items()
                   if _is_placed(module)}
         if placed:
-            raise AdapterPlacementError(
+            raise OffloadConflictError(
                 f"{name}(): on a placed pipeline each adapter lives where its layer is placed ({placed}); moving it "
                 "would be undone or break the next call. To free an adapter's memory use delete_adapters(name); to "
                 "choose devices yourself, call reset_device_map() first."
@@ -193,7 +189,7 @@ def _refuse_fusing_disk_weights(name: str, modules: Mapping[str, nn.Module], kin
     for label, module in modules.items():
         on_disk = _adapter_layers_on_disk(module)
         if on_disk:
-            raise AdapterPlacementError(
+            raise OffloadConflictError(
                 f"{name}(): {label} is placed with weights on disk (placement: {kinds.get(label, 'disk')}); "
                 f"{len(on_disk)} adapter layer(s) read their weights from the checkpoint files at each forward, "
                 f"e.g. {on_disk[:3]}, and fusing would have to rewrite them. The adapter works unfused (applied at "
@@ -238,4 +234,4 @@ def _is_placed(module: nn.Module) -> bool:
     return any(hooks_of(submodule) for submodule in module.modules())
 
 
-__all__ = ["AdapterPlacementError", "MODEL_METHODS", "PIPELINE_METHODS", "follow_adapters"]
+__all__ = ["MODEL_METHODS", "PIPELINE_METHODS", "follow_adapters"]

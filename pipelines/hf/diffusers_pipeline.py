@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from torch import nn
 
-from ..errors import LoadError
+from ..errors import LoadError, MissingComponentsError
 from ..folder.component_origins import origins_of, restore_components
 from ..folder.class_registry import find_library_class
 from ..folder.model_index import ModelIndex
@@ -27,10 +27,6 @@ from .diffusers_saving import save_placed
 from .loading_keywords import unknown_pipeline_keywords
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
-
-
-class DiffusersPipelineError(LoadError, ValueError):
-    """A diffusers pipeline folder that cannot be built as its diffusers class."""
 
 
 def is_diffusers_folder(index: ModelIndex) -> bool:
@@ -48,27 +44,18 @@ def is_diffusers_folder(index: ModelIndex) -> bool:
     return isinstance(getattr(diffusers, index.class_name, None), type)
 
 
-class MissingComponentsError(DiffusersPipelineError):
-    """The folder lacks components its diffusers class requires (`missing`); planning, which needs only the
-    models, can go ahead without them."""
-
-    def __init__(self, message: str, *, missing: list[str]):
-        super().__init__(message)
-        self.missing = missing
-
-
 def diffusers_pipeline_class(index: ModelIndex) -> type:
     """The diffusers class `_class_name` names; an error naming it when the installed diffusers lacks it."""
     try:
         import diffusers
     except ImportError as error:
-        raise DiffusersPipelineError(
+        raise LoadError(
             f"model_index.json names the diffusers pipeline {index.class_name!r}, but diffusers is not installed: "
             f"pip install 'pipeline-placement[hf]', or {GENERIC_HINT}."
         ) from error
     found = getattr(diffusers, index.class_name, None)
     if not (isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline)):
-        raise DiffusersPipelineError(
+        raise LoadError(
             f"model_index.json names the pipeline class {index.class_name!r}, which diffusers "
             f"{diffusers.__version__} does not have; upgrade diffusers, or {GENERIC_HINT}."
         )
@@ -177,7 +164,7 @@ def capturable(pipe: Any) -> Any:
     folder without its tokenizer or scheduler)."""
     import diffusers
 
-    from .calls.spec import CallSpecError
+    from ..errors import CallSpecError
 
     if isinstance(pipe, diffusers.DiffusionPipeline):
         return pipe

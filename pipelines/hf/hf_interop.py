@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from ..checkpoint import tie_weights
+from ..checkpoint.checkpoint_errors import WeightsNotFoundError
 from ..checkpoint.config_file import read_config
-from ..folder.component_classes import Family, MissingConfigError
+from ..folder.component_classes import Family
 
 CONFIG_FILE = "config.json"
 
@@ -26,7 +27,7 @@ def construct(cls: type, folder: Path, family: Family) -> nn.Module:
     weights stay on meta: no memory, no init cost)."""
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
-        raise MissingConfigError(f"{config_path} not found: component folder {folder.name!r} needs its config.json.")
+        raise WeightsNotFoundError(f"{config_path} not found: component folder {folder.name!r} needs its config.json.")
     if family is Family.OWN:
         return cls(read_config(folder, cls.config_class))
     if family is Family.DIFFUSERS:

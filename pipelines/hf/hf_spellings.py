@@ -17,16 +17,12 @@ from ..errors import LoadError
 from ..folder.hub import HubOptions
 
 
-class LoadArgumentError(LoadError, ValueError):
-    """A from_pretrained argument that contradicts another or asks for something this library refuses."""
-
-
 def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:
     """The dtype spec from `torch_dtype=` or diffusers' `dtype=` (both: they must agree)."""
     if dtype is None:
         return torch_dtype
     if torch_dtype is not None and torch_dtype != dtype:
-        raise LoadArgumentError(
+        raise LoadError(
             f"from_pretrained got torch_dtype={torch_dtype!r} and dtype={dtype!r}; they are two spellings of one "
             "argument, pass one."
         )
@@ -47,7 +43,7 @@ def pickle_opt_in(use_safetensors: bool | None, device_map: Any) -> bool:
     if use_safetensors is not False:
         return False
     if device_map is not None:
-        raise LoadArgumentError(
+        raise LoadError(
             f"from_pretrained(use_safetensors=False, device_map={device_map!r}): a placed load reads safetensors "
             "only, streaming each tensor to its device; pickle weights can be read by their owner library in a load "
             "without device_map (device_map=None), or converted once to safetensors "
@@ -59,7 +55,7 @@ def pickle_opt_in(use_safetensors: bool | None, device_map: Any) -> bool:
 def download_options(*, use_safetensors: bool | None, revision: str | None, token: str | bool | None,
                      cache_dir: str | os.PathLike | None, local_files_only: bool) -> HubOptions:
     if use_safetensors is False:
-        raise LoadArgumentError(f"from_pretrained(use_safetensors=False) is not supported: {SAFETENSORS_ONLY}.")
+        raise LoadError(f"from_pretrained(use_safetensors=False) is not supported: {SAFETENSORS_ONLY}.")
     return HubOptions(revision=revision, token=token, cache_dir=cache_dir, local_files_only=bool(local_files_only))
 
 

@@ -17,15 +17,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from .hf_spellings import SAFETENSORS_ONLY, LoadArgumentError
+from ..errors import LoadError, UnknownKeywordError
+from .hf_spellings import SAFETENSORS_ONLY
 
 logger = logging.getLogger(__name__)
 
 ANY_VALUE = None  # `ForeignKeyword.accepted`: every value is fine
-
-
-class UnknownKeywordError(LoadArgumentError, TypeError):
-    """A keyword argument that is no argument of the entry, no component and no loading keyword of diffusers."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +84,7 @@ FOREIGN_KEYWORDS: dict[str, ForeignKeyword] = {keyword.name: keyword for keyword
 
 def take_foreign_keywords(keywords: Mapping[str, Any], *, entry: str, own: Iterable[str] = ()) -> dict[str, Any]:
     """`keywords` without the diffusers loading keywords they hold: accepted ones dropped (logged with what we do
-    instead), refused ones a `LoadArgumentError` naming the keyword and why. `own`: names that mean something
+    instead), refused ones a `LoadError` naming the keyword and why. `own`: names that mean something
     else at this entry (components of the pipeline), left as they are."""
     rest, own = {}, set(own)
     for name, value in keywords.items():
@@ -97,7 +94,7 @@ def take_foreign_keywords(keywords: Mapping[str, Any], *, entry: str, own: Itera
         elif keyword.takes(value):
             logger.info("%s(%s=%r): accepted and not needed: %s.", entry, name, value, keyword.why)
         else:
-            raise LoadArgumentError(f"{entry}({name}={value!r}) is not supported: {keyword.why}.")
+            raise LoadError(f"{entry}({name}={value!r}) is not supported: {keyword.why}.")
     return rest
 
 
@@ -138,5 +135,5 @@ def check_no_keywords_left(keywords: Mapping[str, Any], *, entry: Callable, labe
         raise unknown_keyword_error(rest, entry=label, arguments=arguments)
 
 
-__all__ = ["FOREIGN_KEYWORDS", "ForeignKeyword", "UnknownKeywordError", "check_no_keywords_left",
+__all__ = ["FOREIGN_KEYWORDS", "ForeignKeyword", "check_no_keywords_left",
            "take_foreign_keywords", "unknown_keyword_error", "unknown_pipeline_keywords"]

@@ -21,13 +21,9 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import LoadError
+from ..errors import PipelineLoadError
 from ..folder.component_classes import Family
 from .quantizers import ComponentQuantization, QuantizationMethod
-
-
-class OwnerLoadError(LoadError, RuntimeError):
-    """The owner library refused or failed to load a component (its message is kept, with the component's name)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +58,7 @@ def load_with_owner(owner: OwnerLoad, device_map: Mapping[str, Any], *, name: st
     try:
         module = _single_file(owner, device_map) if owner.single_file else _from_pretrained(owner, device_map)
     except (OSError, ValueError, RuntimeError, ImportError, TypeError, KeyError) as error:
-        raise OwnerLoadError(
+        raise PipelineLoadError(
             f"Component {name!r}: {owner.cls.__name__} could not be loaded by {owner.family.value} from "
             f"{str(owner.source)!r}: {type(error).__name__}: {error}"
         ) from error
@@ -118,4 +114,4 @@ def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowe
     return not missing
 
 
-__all__ = ["OwnerLoad", "OwnerLoadError", "load_with_owner", "remove_owner_state", "renames_explain"]
+__all__ = ["OwnerLoad", "load_with_owner", "remove_owner_state", "renames_explain"]

@@ -29,10 +29,6 @@ from ..errors import LoadError
 from ..folder.component_classes import Family
 
 
-class QuantizationConfigError(LoadError, ValueError):
-    """A `quantization_config=` this load cannot apply (an unknown component, a config of the wrong library...)."""
-
-
 class QuantizationMethod(str, Enum):
     """The formats this library plans and places, by the owner libraries' `quant_method` names."""
 
@@ -120,14 +116,14 @@ def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
     elif isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
         named = list(quantization_config)
     else:
-        raise QuantizationConfigError(
+        raise LoadError(
             f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
             "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
             "components_to_quantize=[...]) or a mapping {component: config}."
         )
     unknown = sorted(set(named) - set(modules))
     if unknown:
-        raise QuantizationConfigError(
+        raise LoadError(
             f"quantization_config names {unknown}, which are not module components of this pipeline; its module "
             f"components are {sorted(modules)}."
         )
@@ -146,7 +142,7 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
     if saved is None and requested is None:
         return None
     if family is Family.OWN:
-        raise QuantizationConfigError(
+        raise LoadError(
             f"Component {name!r} is a pipelines.ModelMixin; quantization is applied by diffusers' and transformers' "
             "quantizers to their own models only. Quantize it in memory and pass it in, or leave it dense."
         )
@@ -167,27 +163,27 @@ _REFUSED_BY_OWNER = (ValueError, KeyError, TypeError, AssertionError, AttributeE
 def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
     """`value` as its owner's config object, checked by the owner's config class (diffusers' or transformers'
     `from_dict`); a config object is returned as it is (its class checked it when it was made). Anything the
-    owner would not apply as asked is a one-line `QuantizationConfigError` naming the component, the field and
+    owner would not apply as asked is a one-line `LoadError` naming the component, the field and
     the accepted values: not a dict, an unknown `quant_method`, a method whose library is not installed, a field
     missing (a torchao config without its `quant_type`), contradictory fields (bitsandbytes' load_in_4bit and
     load_in_8bit)."""
     if not isinstance(value, Mapping):
         if callable(getattr(value, "to_dict", None)):
             return value
-        raise QuantizationConfigError(
+        raise LoadError(
             f"Component {name!r}: {source} is {value!r}, not a quantization config; give an object with "
             f"'quant_method' one of {_methods(family)}, as {family.value} writes it (its config's to_dict())."
         )
     method = _method_named(value)
     if method not in _methods(family):
-        raise QuantizationConfigError(
+        raise LoadError(
             f"Component {name!r}: {source} has quant_method={method!r}, which {family.value} does not know; the "
             f"accepted values are {_methods(family)}."
         )
     try:
         config = _auto_config(family).from_dict(dict(value))
     except _REFUSED_BY_OWNER as error:
-        raise QuantizationConfigError(_refusal(name, source, method, error, family)) from None
+        raise LoadError(_refusal(name, source, method, error, family)) from None
     return config
 
 
@@ -233,7 +229,7 @@ def _check_library(config: Any, name: str, family: Family) -> None:
     library = type(config).__module__.split(".")[0]
     if isinstance(config, Mapping) or library == family.value:
         return
-    raise QuantizationConfigError(
+    raise LoadError(
         f"Component {name!r} is a {family.value} model but its quantization config is {library}' "
         f"{type(config).__name__}; use {family.value}' own (e.g. {family.value}.BitsAndBytesConfig), as "
         "diffusers' PipelineQuantizationConfig(quant_mapping=...) requires."
@@ -251,11 +247,11 @@ def _auto_quantizer(family: Family):
 def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name: str = ""):
     """The owner library's quantizer for `quantization` (its environment is not checked: planning for a GPU
     machine works on a laptop; the owner's own load checks it). A library it imports that is not installed is a
-    `QuantizationConfigError` naming the component."""
+    `LoadError` naming the component."""
     try:
         return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
     except ImportError as error:
-        raise QuantizationConfigError(
+        raise LoadError(
             f"Component {name!r}: quant_method={_method_named(_as_dict(quantization.config))!r} needs a library "
             f"that is not installed ({error}); install it, or choose another method."
         ) from None
@@ -349,7 +345,6 @@ def format_label(quantization: ComponentQuantization) -> str:
     return f"{quantization.method.value}"
 
 
-__all__ = ["ComponentQuantization", "QuantizationConfigError", "QuantizationMethod", "check_requested_names",
-           "component_quantization", "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta",
-           "is_config_dict", "method_of", "owner_config", "owner_quantizer", "prepare_on_meta",
-           "quantized_parameter_names", "requested_quantization"]
+__all__ = ["ComponentQuantization", "QuantizationMethod", "check_requested_names", "component_quantization",
+           "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta", "is_config_dict", "method_of",
+           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]

@@ -25,11 +25,6 @@ from .quantizers import ComponentQuantization, QuantizationMethod
 SINGLE_FILE_SUFFIXES = (".safetensors", ".sft", ".gguf")
 
 
-class SingleFileError(LoadError, ValueError):
-    """A single-file checkpoint that cannot be read as asked (no config folder, a class without single-file
-    support, an unreadable file)."""
-
-
 def is_single_file(path: str | Path) -> bool:
     path = Path(path)
     return path.is_file() and path.suffix.lower() in SINGLE_FILE_SUFFIXES
@@ -69,7 +64,7 @@ def gguf_quantization(dtype: torch.dtype | None) -> ComponentQuantization:
 
 def check_single_file_class(cls: type, path: Path) -> None:
     if not callable(getattr(cls, "from_single_file", None)):
-        raise SingleFileError(
+        raise LoadError(
             f"{path.name} is a single-file checkpoint, but {cls.__module__}.{cls.__name__} cannot be read from one "
             "(diffusers reads single files for its models that support from_single_file); save the model as a "
             "folder (save_pretrained) and load that."
@@ -89,7 +84,7 @@ def build_on_meta(cls: type, path: Path, config_folder: Path, *, dtype: torch.dt
     try:
         module = cls.from_single_file(checkpoint, **arguments)
     except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError) as error:
-        raise SingleFileError(
+        raise LoadError(
             f"{path.name} could not be read as a {cls.__name__} with the config in {str(config_folder)!r}: "
             f"{type(error).__name__}: {error}"
         ) from error
@@ -117,7 +112,9 @@ def _compare(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path
     conversion of an original layout); None when diffusers reads no single file for `cls`."""
     from accelerate import init_empty_weights
     from diffusers.loaders.single_file_model import (
-        SINGLE_FILE_LOADABLE_CLASSES, _get_single_file_loadable_mapping_class, _should_convert_state_dict_to_diffusers,
+        SINGLE_FILE_LOADABLE_CLASSES,
+        _get_single_file_loadable_mapping_class,
+        _should_convert_state_dict_to_diffusers,
     )
 
     mapping = _get_single_file_loadable_mapping_class(cls)
@@ -141,7 +138,7 @@ def _compare(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path
 
 
 def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path, config_folder: Path) -> None:
-    """A `SingleFileError` naming the file, the keys and the shapes when the file is not a whole `cls` of that
+    """A `LoadError` naming the file, the keys and the shapes when the file is not a whole `cls` of that
     config: another model's file, one cut short, or one of other sizes (diffusers' conversion failed on such
     files with a bare IndexError)."""
     found = _compare(cls, checkpoint, config_folder)
@@ -150,7 +147,7 @@ def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path
     start = f"{path.name} is not a {cls.__name__} of the config in {str(config_folder)!r}:"
     if found.missing:
         which = "none" if len(found.missing) == found.expected else f"{found.expected - len(found.missing)}"
-        raise SingleFileError(
+        raise LoadError(
             f"{start} it holds {which} of its {found.expected} weights ({len(found.missing)} missing: "
             f"{list_names(found.missing)}), as saved or in an original layout diffusers converts. Give the file of "
             "this model (a file cut short, or another model's, cannot be loaded), or config= that model's folder."
@@ -158,7 +155,7 @@ def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path
     if found.shapes:
         named = ", ".join(f"{key!r} {list(model)} in the model, {list(stored)} in the file"
                           for key, (model, stored) in sorted(found.shapes.items())[:5])
-        raise SingleFileError(
+        raise LoadError(
             f"{start} {len(found.shapes)} tensor(s) have other shapes ({named}). The file is of another size of "
             "this model: give config= the folder of the model it was saved from."
         )
@@ -175,6 +172,6 @@ def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
     return max(by_dtype, key=by_dtype.get) if by_dtype else None
 
 
-__all__ = ["SINGLE_FILE_SUFFIXES", "SingleFileError", "build_on_meta", "check_holds_model", "check_single_file_class",
+__all__ = ["SINGLE_FILE_SUFFIXES", "build_on_meta", "check_holds_model", "check_single_file_class",
            "checkpoint_float_dtype", "gguf_quantization", "holds_component", "is_gguf", "is_single_file",
            "meta_checkpoint"]

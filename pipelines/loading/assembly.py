@@ -12,9 +12,10 @@ from typing import Any, Mapping
 
 from torch import nn
 
+from ..errors import FolderError, UntrustedClassError
 from ..folder.component_classes import Family, family_of
-from ..folder.components import PipelineComponentError, PipelineComponents, is_generic
-from ..folder.model_index import ComponentSpec, ModelIndex, UntrustedClassError, resolve_class
+from ..folder.components import PipelineComponents, is_generic
+from ..folder.model_index import ComponentSpec, ModelIndex, resolve_class
 from ..hf.diffusers_pipeline import (
     build_diffusers_pipeline,
     check_diffusers_components,
@@ -30,7 +31,7 @@ def target_class(cls: type, index: ModelIndex, generic: bool) -> type:
     """`Pipeline.from_pretrained` of a diffusers folder builds the diffusers class (unless `generic`)."""
     if not is_generic(cls):
         if generic:
-            raise PipelineComponentError(
+            raise FolderError(
                 f"generic=True loads a folder as the generic pipelines.Pipeline; {cls.__name__} is a pipeline "
                 "class of its own: call pipelines.Pipeline.from_pretrained(folder, generic=True) instead."
             )
@@ -80,7 +81,7 @@ def check_constructor(cls: type, index: ModelIndex, passed: Mapping[str, Any], *
     available = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
     missing = [name for name, p in parameters.items() if p.default is inspect.Parameter.empty and name not in available]
     if missing:
-        raise PipelineComponentError(
+        raise FolderError(
             f"{cls.__name__} needs component(s) {missing} but the folder's model_index.json provides "
             f"{sorted(index.components)}; pass them to from_pretrained (e.g. {missing[0]}=...) or use a complete "
             "folder."
@@ -101,7 +102,7 @@ def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any], trust_re
             continue
         saved = _saved_class(spec, name, trust_remote_code)
         if isinstance(saved, type) and family_of(saved) is not Family.NON_MODULE:
-            raise PipelineComponentError(
+            raise FolderError(
                 f"from_pretrained({name}=...) got a {type(value).__name__}, but {name!r} is a model in this folder "
                 f"({spec.library}.{spec.class_name}); pass an nn.Module (e.g. {spec.class_name}.from_pretrained"
                 f"(...)), or None to leave it out."

@@ -34,7 +34,7 @@ from placement.devices import device_label
 from placement.errors import DoesNotFitError
 from placement.sizes import format_bytes
 
-from ..checkpoint import InvalidConfigError
+from ..errors import FolderError
 
 MAX_REPEATS = 10_000
 ACCELERATOR_BOUND = 1024**4  # more memory than any accelerator has (the largest hold under 300 GB)
@@ -80,11 +80,11 @@ def _free_space(folder: Path) -> int:
 
 
 def check_repeat_counts(name: str, path: Path, config: Mapping[str, Any]) -> None:
-    """A field counting repeated blocks above `MAX_REPEATS` is an `InvalidConfigError` naming the field, its
+    """A field counting repeated blocks above `MAX_REPEATS` is a `FolderError` naming the field, its
     value and the limit (nested configs such as `text_config` included)."""
     for field, value in _repeat_counts(config):
         if value > MAX_REPEATS:
-            raise InvalidConfigError(
+            raise FolderError(
                 f"Component {name!r}: {str(path)!r} sets {field}={value}, more blocks than any model has (the limit "
                 f"is {MAX_REPEATS}; released models have at most a few hundred layers or experts of one kind), and "
                 "building them would take hours. Fix the number in that config.json."

@@ -42,14 +42,6 @@ from .planning import caller_stacklevel
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
 
-class FormatPlacementError(LoadError, ValueError):
-    """A plan that puts a quantized component where its format cannot run (e.g. bitsandbytes offloaded)."""
-
-
-class FormatOptionError(LoadError, ValueError):
-    """`quantization_config=`, `layerwise_casting=` or `pin=` naming what the load does not have."""
-
-
 class Runtime(str, Enum):
     """How our runtime runs a placement, as far as formats care: whole modules moved (whole, split, cpu),
     group offloading from host RAM (offloaded, all weights in RAM), per-module weight streaming (a model-level
@@ -98,7 +90,7 @@ def check_format_options(request: LoadRequest, *, built: list[str], passed: list
     the folder; layerwise casting: any module component; pins: those passed in)."""
     quantized_passed = [name for name in passed if _names(request.options.quantization_config, name)]
     if quantized_passed:
-        raise FormatOptionError(
+        raise LoadError(
             f"quantization_config names {quantized_passed}, which were passed in: a component passed in is placed "
             "as it is; quantize it yourself (its owner's quantizer) or let the load read it from the folder."
         )
@@ -106,13 +98,13 @@ def check_format_options(request: LoadRequest, *, built: list[str], passed: list
     modules = built + passed
     unknown = sorted(set(request.options.layerwise_casting) - set(modules))
     if unknown:
-        raise FormatOptionError(
+        raise LoadError(
             f"layerwise_casting names {unknown}, which are not module components of this pipeline; its module "
             f"components are {sorted(modules)}."
         )
     stray = sorted(set(request.options.pin) - set(passed))
     if stray:
-        raise FormatOptionError(
+        raise LoadError(
             f"pin={list(request.options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
             f"(e.g. transformer=my_model) where it is. Passed in: {sorted(passed) or 'nothing'}."
         )
@@ -205,7 +197,7 @@ def check_planned_formats(plan: Plan, formats: Formats) -> None:
     with the numbers and what to do."""
     refused = refused_components(plan, formats)
     if refused:
-        raise FormatPlacementError(next(iter(refused.values())))
+        raise LoadError(next(iter(refused.values())))
 
 
 def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
@@ -244,6 +236,5 @@ def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], P
     return retried.model_copy(update={"warnings": [*retried.warnings, note]})
 
 
-__all__ = ["FormatOptionError", "FormatPlacementError", "check_format_options", "check_planned_formats",
-           "formats_of_metas", "formats_of_modules", "load_modules_without_device_map", "plan_around_formats",
-           "refused_components", "respect_formats"]
+__all__ = ["check_format_options", "check_planned_formats", "formats_of_metas", "formats_of_modules",
+           "load_modules_without_device_map", "plan_around_formats", "refused_components", "respect_formats"]

@@ -21,7 +21,7 @@ from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
 from hooks.layerwise_casting import CASTABLE_LAYERS, LayerwiseCastingConfig, apply_layerwise_casting
-from placement.errors import InvalidDtypeError
+from placement.errors import PlanError
 from placement.sizing import dtype_for
 
 from .meta_records import MetaComponent
@@ -36,7 +36,7 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
     if layerwise_casting is None:
         return {}
     if not isinstance(layerwise_casting, Mapping):
-        raise InvalidDtypeError(
+        raise PlanError(
             f"layerwise_casting={layerwise_casting!r}: give a dict {{component: storage dtype}}, e.g. "
             "{'transformer': torch.float8_e4m3fn}."
         )
@@ -44,14 +44,14 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
     for name, value in layerwise_casting.items():
         try:
             dtype = dtype_for(value, str(name))
-        except InvalidDtypeError:  # its words are torch_dtype's: say it for layerwise_casting below
+        except PlanError:  # its words are torch_dtype's: say it for layerwise_casting below
             dtype = None
         floating_bytes = dtype.itemsize if dtype is not None and dtype.is_floating_point else None
         if floating_bytes != 1:
             # Only fp8 storage works: a 16-bit one meets the compute dtype's inputs unconverted at the first call
             # ("mat1 and mat2 must have the same dtype"), and would save no more than torch_dtype does.
             half = " For 16-bit weights, load with torch_dtype=torch.bfloat16 instead." if floating_bytes == 2 else ""
-            raise InvalidDtypeError(
+            raise PlanError(
                 f"layerwise_casting[{name!r}]={value!r}: the storage dtype must be an fp8 dtype, "
                 f"torch.float8_e4m3fn or torch.float8_e5m2 (the weights are upcast per layer to compute).{half}"
             )

@@ -26,12 +26,12 @@ from torch import nn
 
 import placement
 from placement.activations import ActivationEstimateError
-from placement.errors import DoesNotFitError, OffloadFolderRequiredError
+from placement.errors import DoesNotFitError
 from placement.plan_schema import MemoryTechnique, PlacementKind, PlannedTechnique, VerdictKind
 from placement.sizes import format_bytes
 from placement.sizing import dtype_for
 
-from ..hf.calls import CallSpecError
+from ..errors import CallSpecError
 from ..hf.calls.spec import TECHNIQUE_KEYS as CALL_TECHNIQUE_KEYS
 from ..hf.calls.vae_techniques import (WithTechniques, enable_techniques, is_on, supported_techniques,
                                        tile_description)
@@ -40,7 +40,6 @@ from .vae_fit_advice import activation_does_not_fit
 TECHNIQUE_KEYS = {key: MemoryTechnique(key) for key in CALL_TECHNIQUE_KEYS}  # "vae_tiling" -> VAE_TILING, ...
 _WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
 _VAE_METHODS = ("decode", "encode")
-FIT_ERRORS = (DoesNotFitError, OffloadFolderRequiredError)
 _OFF_ACCELERATORS = (PlacementKind.OFFLOADED, PlacementKind.DISK, PlacementKind.CPU)
 
 
@@ -133,7 +132,7 @@ def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcom
         warnings.simplefilter("always")
         try:
             plan = plan_for(activations)
-        except FIT_ERRORS as error:
+        except DoesNotFitError as error:
             return Outcome(error=error, warnings=tuple(caught), activations=activations)
     return Outcome(plan=plan, warnings=tuple(caught), activations=activations)
 

@@ -190,7 +190,7 @@ def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
 def _cast_meta(module: nn.Module, weights: WeightsIndex, dtypes: Mapping[str, torch.dtype],
                tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> None:
     """Give every meta tensor the dtype it will be loaded as, so that sizing (`compute_module_sizes`) is exact.
-    Costs nothing (meta tensors hold no memory). `CheckpointDtypeError` first for a checkpoint tensor the model
+    Costs nothing (meta tensors hold no memory). `FolderError` first for a checkpoint tensor the model
     cannot take (`check_dtypes`)."""
     check_dtypes(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32, model_tensors=tensors)
     for name, target in dtypes.items():

@@ -46,15 +46,11 @@ def load_model(cls: type, request: LoadRequest):
     return meta.module.eval()
 
 
-class ForeignModelFolderError(LoadError, ValueError):
-    """A diffusers or transformers model folder given to a `pipelines.ModelMixin` class."""
-
-
 def _build(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaComponent:
     name = cls.__name__
     foreign = foreign_model_folder(request.folder, cls)
     if foreign is not None:
-        raise ForeignModelFolderError(
+        raise LoadError(
             f"{request.folder} holds a {foreign} (saved by its own library), not a {name}: load it with "
             "pipelines.load_model(folder, device_map=...), which returns the folder's own class placed by this "
             "library's planner."

@@ -26,13 +26,9 @@ from hooks.dispatch import DiskWeights, undispatch
 from placement.device_maps import flatten_device_map, owning_key
 from placement.devices import Accelerators, Device, is_accelerator, torch_device
 
-from ..errors import LoadError
+from ..errors import PipelineLoadError
 from ..hf.owner_loading import OwnerLoad, load_with_owner, remove_owner_state
 from .meta_records import MetaComponent
-
-
-class OwnerPlacementError(LoadError, RuntimeError):
-    """A component loaded by its owner that cannot be placed as planned (e.g. "disk" without an offload folder)."""
 
 
 def read_with_owner(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, accelerators: Accelerators,
@@ -108,7 +104,7 @@ def write_disk_entries(module: nn.Module, flat: Mapping[str, Device], name: str,
     if not disk_keys:
         return None
     if offload_folder is None:
-        raise OwnerPlacementError(
+        raise PipelineLoadError(
             f"Component {name!r} is planned partly on 'disk', but no offload_folder was given to write its weights "
             "to (its format is read by its owner, not served from its own checkpoint files). Pass offload_folder=."
         )
@@ -127,4 +123,4 @@ def write_disk_entries(module: nn.Module, flat: Mapping[str, Device], name: str,
     return index
 
 
-__all__ = ["OwnerPlacementError", "owner_device_map", "read_with_owner"]
+__all__ = ["owner_device_map", "read_with_owner"]

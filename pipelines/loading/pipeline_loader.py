@@ -24,13 +24,14 @@ from placement.devices import Accelerators, torch_device
 from placement.plan_schema import Plan
 
 from ..checkpoint.progress import load_progress
+from ..errors import MissingComponentsError, PipelineLoadError
 from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
 from ..folder.components import PipelineComponents
 from ..folder.model_index import ModelIndex
 from ..folder.snapshot import read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import follow_adapters
-from ..hf.diffusers_pipeline import MissingComponentsError, attach_reset
+from ..hf.diffusers_pipeline import attach_reset
 from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .build_limits import BuildLimit
@@ -44,12 +45,17 @@ from .meta import MetaComponent, build_from_source
 from .missing_weights import missing_weights_notes
 from .single_files import build_single_file_component, single_file_sources
 from .placing import (
-    PipelineLoadError, attach_plan_runtime, check_plan_devices, check_requested_devices, place_component,
-    read_component, unplace,
+    attach_plan_runtime, check_plan_devices, check_requested_devices, place_component, read_component, unplace,
 )
 from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
-    caller_stacklevel, component_origin, label_dtypes, modules_and_edges, passed_pins, plan_modules, with_notes,
+    caller_stacklevel,
+    component_origin,
+    label_dtypes,
+    modules_and_edges,
+    passed_pins,
+    plan_modules,
+    with_notes,
 )
 from .request import DeviceMapKind, LoadRequest
 

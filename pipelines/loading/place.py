@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hooks.errors import OffloadConflictError
 from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
 from placement.plan_schema import Plan
 
-from ..errors import DeviceMappedError
 from ..folder.components import PipelineComponents, module_dtype
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left
@@ -40,7 +40,7 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
     closest argument."""
     check_no_keywords_left(keywords, entry=place, label="pipelines.place")
     if getattr(pipe, "hf_device_map", None) is not None:
-        raise DeviceMappedError(
+        raise OffloadConflictError(
             f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
             "pipe.reset_device_map() before placing it again."
         )

@@ -26,20 +26,11 @@ from placement.errors import InvalidDeviceError
 from placement.plan_schema import ComponentPlan, Plan
 
 from ..checkpoint import stream_weights
-from ..errors import LoadError
+from ..errors import PipelineLoadError
 from .layerwise import apply_casting
 from .meta_records import MetaComponent, WeightsReader
 from .owner_reading import read_with_owner
 from .request import DeviceMapKind, DeviceMapRequest
-
-
-class PipelineLoadError(LoadError, RuntimeError):
-    """A plan that cannot be carried out on this machine (e.g. it names an accelerator that is not here)."""
-
-
-class AcceleratorsMissingError(PipelineLoadError, InvalidDeviceError):
-    """A plan that puts weights on accelerators this machine lacks (planning for them is fine; loading is not).
-    Caught as either `PipelineLoadError` or placement's `InvalidDeviceError`."""
 
 
 def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
@@ -51,7 +42,7 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
     absent = sorted({d for devices in absent_by_component.values() for d in devices})
     if absent:
         names = ", ".join(name for name, devices in absent_by_component.items() if devices)
-        raise AcceleratorsMissingError(
+        raise InvalidDeviceError(
             f"The plan puts {names} on accelerator(s) {absent}, but this machine has {accelerators.count} "
             "accelerator(s). To see where it would go on other hardware, call plan_placement(...) instead; to load "
             "here, give max_memory only for the accelerators present (or device_map='cpu'); to run this plan's "
@@ -72,7 +63,7 @@ def check_requested_devices(device_map: DeviceMapRequest, accelerators: Accelera
     have = ("no accelerator (no CUDA, XPU or MPS device is visible)" if accelerators.count == 0 else
             f"{accelerators.count} accelerator(s): GPU {', GPU '.join(map(str, range(accelerators.count)))}")
     spelled = dict(device_map.value) if isinstance(device_map.value, Mapping) else device_map.value
-    raise AcceleratorsMissingError(
+    raise InvalidDeviceError(
         f"device_map={spelled!r} asks for {', '.join(f'GPU {d}' for d in absent)} (no GPU for "
         f"{', '.join(repr(f'cuda:{d}') for d in absent)}), but this machine has {have}. Load onto what is here "
         "(device_map='cpu', or a strategy such as 'balanced'); to see where it would go on other hardware, call "

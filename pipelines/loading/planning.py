@@ -16,11 +16,13 @@ from torch import nn
 import placement
 from placement import estimate_call
 from placement.activations import ActivationEstimateError
+from placement.errors import DoesNotFitError
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
-from ..folder.components import PipelineComponentError, PipelineComponents
-from ..hf.calls import CallSpecError, UnknownPipelineCallError, capture_call
+from ..errors import CallSpecError, FolderError
+from ..folder.components import PipelineComponents
+from ..hf.calls import capture_call
 from ..hf.calls.arguments import recorded_call
 from ..hf.calls.spec import RUN_KEYS
 from ..hf.diffusers_pipeline import capturable, is_capturable
@@ -28,7 +30,7 @@ from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
 from ..hf.diffusers_pipeline import module_components as diffusers_module_components
 from .call_limits import check_call_limits
 from .layerwise import layerwise_label
-from .memory_techniques import FIT_ERRORS, PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
+from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope
 from .saved_plans import check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
@@ -99,7 +101,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         outcome = attempt(plan_for, None) if planned is None else \
             plan_with_vae_techniques(plan_for, planned.call, activations, options)
         plan = outcome.result()
-    except FIT_ERRORS as error:
+    except DoesNotFitError as error:
         if advise and device_map.kind is DeviceMapKind.STRATEGY:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -210,7 +212,7 @@ def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, A
         return DescribedCall(calls={}, runs=runs)
     describe = getattr(pipe, "activation_inputs", None)
     if describe is None:
-        raise UnknownPipelineCallError(
+        raise CallSpecError(
             f"call= is not known for {pipeline_class_name(pipe)}: give its class an `activation_inputs(self, "
             "**call)` method returning {component: ExampleCall(args=..., kwargs=..., method=...)} with meta tensors "
             "of the shapes its __call__ passes, or plan without call= (weights only)."
@@ -315,7 +317,7 @@ def passed_pins(passed: Mapping[str, Any], *, pin: Sequence[str] = ()) -> tuple[
             notes.append(f"{name} was passed in with hf_device_map={dict(device_map)} (a default load, everything "
                          "on the CPU): placed like the other components (pin=[...] keeps it where it is).")
         elif hooked:
-            raise PipelineComponentError(
+            raise FolderError(
                 f"Component {name!r} was passed in with accelerate hooks but no hf_device_map placing weights on an "
                 "accelerator, so where it runs is unknown; remove its hooks (accelerate.hooks.remove_hook_from_module"
                 "(m, recurse=True)), load it with its own device_map, or pin it (pin=[...])."

@@ -23,12 +23,13 @@ import torch
 
 from placement.device_maps import is_single_device
 from placement.devices import Accelerators, detect_accelerators
-from placement.errors import InvalidDtypeError
+from placement.errors import PlanError
 from placement.sizing import dtype_for
 
+from ..errors import LoadError
 from ..folder.hub import HubOptions, resolve_folder
 from ..hf.hf_spellings import download_options, pickle_opt_in
-from ..hf.single_file import SingleFileError, is_single_file
+from ..hf.single_file import is_single_file
 from .options import LoadOptions, Scope
 from .saved_plans import saved_plan
 
@@ -92,7 +93,7 @@ class DtypeRequest:
         modules = sorted(modules)
         unknown = sorted(key for key in self.named if key not in modules)
         if unknown:
-            raise InvalidDtypeError(
+            raise PlanError(
                 f"torch_dtype names {unknown}, which are not module components of this {of}; its module "
                 f"components are {modules}. Fix the key(s), or use 'default' for every other component."
             )
@@ -107,7 +108,7 @@ def refuse_storage_only(dtype: torch.dtype | None, key: str) -> torch.dtype | No
     if dtype is None or dtype.itemsize > 1:
         return dtype
     component = "transformer" if key == "default" else key
-    raise InvalidDtypeError(
+    raise PlanError(
         f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {str(dtype).removeprefix('torch.')} is a "
         "storage dtype: layers cannot compute in it. Store weights in it with layerwise casting and compute in "
         f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{str(dtype).removeprefix('torch.')}}}."
@@ -147,7 +148,7 @@ def resolve_request(pretrained: str | Path | None, options: LoadOptions, *, scop
     single_file = None
     if pretrained is not None and is_single_file(pretrained):
         if options.config is None:
-            raise SingleFileError(
+            raise LoadError(
                 f"{Path(pretrained).name} is a single-file checkpoint: give config= the folder (or Hub id) of its "
                 "pipeline's configs (model_index.json and each component's config.json; components the file does "
                 "not hold need their weights there too), so that nothing is guessed or fetched unasked."

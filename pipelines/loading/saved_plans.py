@@ -22,10 +22,6 @@ from placement.sizing import dtype_for, size_module
 from ..errors import LoadError
 
 
-class SavedPlanError(LoadError, ValueError):
-    """A plan given as `device_map=` that cannot be read or does not fit the components being placed."""
-
-
 def is_plan_path(device_map: Any) -> bool:
     """A path (or a string ending in .json) names a saved plan; strategy and device names never do."""
     return isinstance(device_map, Path) or (isinstance(device_map, str) and device_map.endswith(".json"))
@@ -39,21 +35,21 @@ def saved_plan(device_map: Any) -> Plan | None:
         return None
     path = Path(device_map)
     if not path.is_file():
-        raise SavedPlanError(
+        raise LoadError(
             f"device_map={str(device_map)!r} looks like a plan file but {path} does not exist; write one with "
             "Path(...).write_text(plan.to_json()) (or `placement plan ... --json plan.json`)."
         )
     try:
         return Plan.from_json(path.read_text())
     except ValidationError as error:
-        raise SavedPlanError(f"{path} is not a placement plan (plan.to_json()): {error}") from error
+        raise LoadError(f"{path} is not a placement plan (plan.to_json()): {error}") from error
 
 
 def check_saved_plan(plan: Plan, modules: Mapping[str, nn.Module], torch_dtype) -> Plan:
     """`plan` itself, once its components and byte counts are those of `modules` at `torch_dtype`."""
     planned, present = set(plan.components), set(modules)
     if planned != present:
-        raise SavedPlanError(
+        raise LoadError(
             f"The plan given as device_map places {sorted(planned)}, but this pipeline's module components are "
             f"{sorted(present)} (missing from the plan: {sorted(present - planned)}, not in the pipeline: "
             f"{sorted(planned - present)}); make the plan from the same folder with plan_placement(...)."
@@ -63,7 +59,7 @@ def check_saved_plan(plan: Plan, modules: Mapping[str, nn.Module], torch_dtype) 
         size = size_module(module, dtype).total
         expected = plan.components[name]
         if size != expected.bytes:
-            raise SavedPlanError(
+            raise LoadError(
                 f"The plan given as device_map sized {name!r} at {format_bytes(expected.bytes)} "
                 f"({expected.dtype}), but loaded with torch_dtype={dtype} it takes {format_bytes(size)}; pass the "
                 "torch_dtype the plan was made with, or plan again."
@@ -81,11 +77,11 @@ def nest_flat_device_map(device_map: Any, modules: Mapping[str, nn.Module]) -> A
         component, dot, path = str(key).partition(".")
         if not dot or component not in modules:
             if isinstance(nested.get(key), dict):
-                raise SavedPlanError(f"device_map places {key!r} whole and also submodules of it: {nested[key]}.")
+                raise LoadError(f"device_map places {key!r} whole and also submodules of it: {nested[key]}.")
             nested[key] = device
             continue
         if component in nested and not isinstance(nested[component], dict):
-            raise SavedPlanError(
+            raise LoadError(
                 f"device_map places {component!r} whole ({nested[component]!r}) and also its submodule {path!r}; "
                 "give either the component or its submodules."
             )

@@ -8,12 +8,13 @@ from typing import Any, Mapping
 
 import torch
 
+from ..errors import LoadError
 from ..folder.component_classes import Family, family_of
 from ..hf.owner_loading import OwnerLoad
 from ..hf.quantizers import ComponentQuantization, method_of, requested_quantization
 from ..folder.sources import ComponentSource
 from ..hf.single_file import (
-    SingleFileError, build_on_meta, checkpoint_float_dtype, gguf_quantization, holds_component, is_gguf, meta_checkpoint,
+    build_on_meta, checkpoint_float_dtype, gguf_quantization, holds_component, is_gguf, meta_checkpoint,
 )
 from .layerwise import with_layerwise_casting
 from .meta_records import MetaComponent, WeightsReader
@@ -25,14 +26,14 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
     """Component `name` (a `cls`) as diffusers' `from_single_file(path, config=config_folder)` loads it, on meta;
     a GGUF file with diffusers' GGUF quantizer (its packed blocks kept, layers computing in `dtype`)."""
     if family_of(cls) is not Family.DIFFUSERS:
-        raise SingleFileError(
+        raise LoadError(
             f"{path.name}: single-file checkpoints are read by diffusers for its own models; {cls.__name__} is not "
             "one. Load its folder instead."
         )
     requested = requested_quantization(quantization_config, name, Family.DIFFUSERS)
     if is_gguf(path):
         if requested is not None:
-            raise SingleFileError(f"{path.name} is quantized already (GGUF); leave quantization_config out for {name!r}.")
+            raise LoadError(f"{path.name} is quantized already (GGUF); leave quantization_config out for {name!r}.")
         load_dtype = dtype or torch.bfloat16
         quantization = gguf_quantization(load_dtype)
     else:
@@ -58,7 +59,7 @@ def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | Non
             if source.family is Family.DIFFUSERS and holds_component(source.cls, checkpoint, source.folder)}
     if not held:
         models = {name: source.cls.__name__ for name, source in sources.items()}
-        raise SingleFileError(
+        raise LoadError(
             f"{path.name} holds the weights of none of this pipeline's diffusers models {models} (as saved, or in "
             "an original layout diffusers converts); check that config= is the pipeline this file belongs to."
         )

@@ -21,13 +21,14 @@ from torch import nn
 from placement.devices import detect_accelerators
 from placement.plan_schema import Plan
 
+from ..errors import LoadError
 from ..folder.component_classes import family_of
 from ..folder.hub import HubOptions
 from ..folder.sources import model_folder_class
 from ..hf.hf_spellings import with_hub_keywords
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.quiet import hf_libraries, quiet
-from ..hf.single_file import SingleFileError, is_single_file
+from ..hf.single_file import is_single_file
 from .build_limits import BuildLimit
 from .formats import check_planned_formats, formats_of_metas
 from .layerwise import computing_on_meta
@@ -143,14 +144,14 @@ def _storage_dtype(layerwise_casting: Any) -> torch.dtype | None:
 def _config_folder(path: Path, config: str | Path | None, subfolder: str | None) -> Path:
     """The local folder holding the single file's model config.json (`config=`, or its `subfolder`)."""
     if config is None:
-        raise SingleFileError(
+        raise LoadError(
             f"{path.name} is a single-file checkpoint: give config= the local folder of its model's config.json "
             "(e.g. the transformer/ folder of the pipeline it belongs to, saved or downloaded once), so that nothing "
             "is fetched from the Hub."
         )
     folder = Path(config) / subfolder if subfolder else Path(config)
     if not (folder / "config.json").is_file():
-        raise SingleFileError(f"config={str(folder)!r} holds no config.json; give the model's own config folder.")
+        raise LoadError(f"config={str(folder)!r} holds no config.json; give the model's own config folder.")
     return folder
 
 

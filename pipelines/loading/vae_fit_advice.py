@@ -12,7 +12,7 @@ from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from placement.plan_schema import MemoryTechnique
 from placement.sizes import format_bytes
 
-from ..hf.calls import CallSpecError
+from ..errors import CallSpecError
 from ..hf.calls.vae_techniques import tile_description
 
 # How far a smaller call is looked for: sides and frames are halved at most this many times each.

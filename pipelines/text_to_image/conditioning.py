@@ -17,10 +17,6 @@ import torch
 from ..errors import CallError
 
 
-class TextConditioningError(CallError, ValueError):
-    """Text encoders whose widths do not fit the denoiser's conditioning inputs."""
-
-
 class SequenceSource(str, Enum):
     FIRST = "first"  # text_encoder's hidden states
     SECOND = "second"  # text_encoder_2's hidden states
@@ -48,7 +44,7 @@ def denoiser_text_widths(denoiser) -> tuple[int, int | None]:
     config = denoiser.config
     width = getattr(config, "cross_attention_dim", None) or getattr(config, "joint_attention_dim", None)
     if width is None:
-        raise TextConditioningError(
+        raise CallError(
             f"{type(denoiser).__name__}.config has neither cross_attention_dim nor joint_attention_dim, so the "
             "pipeline cannot tell how wide its text conditioning is."
         )
@@ -67,7 +63,7 @@ def text_conditioning_for(encoders: list, denoiser) -> TextConditioning:
     elif len(encoders) == 2 and hidden[1] == width:
         sequence = SequenceSource.SECOND
     else:
-        raise TextConditioningError(
+        raise CallError(
             f"The text encoders' hidden sizes {hidden} do not fit {type(denoiser).__name__}'s text width {width}: "
             "one encoder must match it, or two encoders must sum to it (SDXL) or the second must match (Flux)."
         )
@@ -77,7 +73,7 @@ def text_conditioning_for(encoders: list, denoiser) -> TextConditioning:
     for index in reversed(range(len(encoders))):
         if pooled[index] == pooled_width:
             return TextConditioning(sequence=sequence, pooled_from=index)
-    raise TextConditioningError(
+    raise CallError(
         f"{type(denoiser).__name__} needs a pooled text embedding of width {pooled_width}, but the encoders' pooled "
         f"widths are {pooled}; configure an encoder's projection_dim to {pooled_width}."
     )

@@ -28,10 +28,6 @@ _META = torch.device("meta")
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 
 
-class ActivationInputsError(LoadError, ValueError):
-    """A call spec (height, width, batch size, ...) that the pipeline cannot run."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class ComponentCall:
     """One component's part of a pipeline call: `getattr(module, method)(*args, **kwargs)`, tensors on meta."""
@@ -87,10 +83,10 @@ def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, strength: f
     """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
     step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
     if strength is not None:  # a run key, so activation_inputs never sees it: refused here, not ignored
-        raise ActivationInputsError(
+        raise LoadError(
             f"strength={strength!r}: {type(pipe).__name__} does not start from an image; leave strength out.")
     if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-        raise ActivationInputsError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
+        raise LoadError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
     return {"denoiser": num_inference_steps}
 
 
@@ -119,12 +115,12 @@ def _denoiser_call(denoiser, batch: int, latent_side: tuple[int, int], sequence,
 def _check_spec(pipe, height: int, width: int, batch_size: int, num_images_per_prompt: int) -> None:
     for name, value in (("batch_size", batch_size), ("num_images_per_prompt", num_images_per_prompt)):
         if not isinstance(value, int) or value < 1:
-            raise ActivationInputsError(f"activation_inputs: {name} must be a positive int, got {value!r}.")
+            raise LoadError(f"activation_inputs: {name} must be a positive int, got {value!r}.")
     multiple = pipe.image_size_multiple
     for name, value in (("height", height), ("width", width)):
         if not isinstance(value, int) or value <= 0 or value % multiple:
             nearest = max(multiple, round(value / multiple) * multiple) if isinstance(value, (int, float)) else 1024
-            raise ActivationInputsError(
+            raise LoadError(
                 f"activation_inputs: {name}={value!r} must be a positive multiple of {multiple} (the VAE's "
                 f"downsampling factor {pipe.vae_scale_factor} times the {type(pipe.denoiser).__name__}'s "
                 f"{multiple // pipe.vae_scale_factor}); try {nearest}."

@@ -25,10 +25,6 @@ from .inputs import text_to_image_activation_inputs, text_to_image_runs_per_call
 from ..folder.class_registry import library_class
 
 
-class PipelineCallError(CallError, ValueError):
-    """A pipeline call with arguments that cannot work (sizes, counts, output type)."""
-
-
 class OutputType(str, Enum):
     PIL = "pil"
     NP = "np"
@@ -93,7 +89,7 @@ class TextToImagePipeline(Pipeline):
         """Generate images; guidance_scale > 1 runs classifier-free guidance (the denoiser sees a doubled batch)."""
         output_type = _output_type(output_type)
         if not isinstance(prompt, (str, list, tuple)):
-            raise PipelineCallError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}.")
+            raise CallError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}.")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         _check_numbers(height=height, width=width, num_inference_steps=num_inference_steps,
                        num_images_per_prompt=num_images_per_prompt, guidance_scale=guidance_scale)
@@ -133,7 +129,7 @@ class TextToImagePipeline(Pipeline):
             noise_device = generator.device if generator is not None else torch.device("cpu")
             latents = torch.randn(shape, generator=generator, device=noise_device, dtype=torch.float32)
         elif tuple(latents.shape) != shape:
-            raise PipelineCallError(f"latents have shape {tuple(latents.shape)}; this call needs {shape}.")
+            raise CallError(f"latents have shape {tuple(latents.shape)}; this call needs {shape}.")
         return latents.to(self.component_execution_device("denoiser"), module_dtype(self.denoiser))
 
     def denoise(self, latents: torch.Tensor, sequence: torch.Tensor, pooled: torch.Tensor | None, steps: int,
@@ -169,15 +165,15 @@ class TextToImagePipeline(Pipeline):
 
     def _check_call(self, prompts: list[str], height: int, width: int, steps: int, per_prompt: int) -> None:
         if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise PipelineCallError(f"prompt must be a string or a non-empty list of strings, got {prompts!r}.")
+            raise CallError(f"prompt must be a string or a non-empty list of strings, got {prompts!r}.")
         multiple = self.image_size_multiple
         if height <= 0 or width <= 0 or height % multiple or width % multiple:
-            raise PipelineCallError(
+            raise CallError(
                 f"height={height} and width={width} must be positive multiples of {multiple} (the VAE's factor "
                 f"{self.vae_scale_factor} times the denoiser's); try {max(multiple, height // multiple * multiple)}."
             )
         if steps < 1 or per_prompt < 1:
-            raise PipelineCallError(
+            raise CallError(
                 f"num_inference_steps ({steps}) and num_images_per_prompt ({per_prompt}) must be at least 1."
             )
 
@@ -187,10 +183,10 @@ def _check_numbers(*, guidance_scale, **integers) -> None:
     would only show as black images, a string only as a TypeError deep in the denoising loop."""
     for name, value in integers.items():
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PipelineCallError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+            raise CallError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
     if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) \
             or not math.isfinite(guidance_scale):
-        raise PipelineCallError(
+        raise CallError(
             f"guidance_scale must be a finite number (e.g. 4.0; 1.0 or less turns guidance off), got {guidance_scale!r}."
         )
 
@@ -200,7 +196,7 @@ def _output_type(value: OutputType | str) -> OutputType:
         return OutputType(value)
     except ValueError:
         supported = ", ".join(repr(kind.value) for kind in OutputType)
-        raise PipelineCallError(f"output_type={value!r} is not supported; use one of {supported}.") from None
+        raise CallError(f"output_type={value!r} is not supported; use one of {supported}.") from None
 
 
 def _negative_prompts(negative_prompt: str | list[str] | None, count: int) -> list[str]:
@@ -208,5 +204,5 @@ def _negative_prompts(negative_prompt: str | list[str] | None, count: int) -> li
         return [""] * count
     negatives = [negative_prompt] * count if isinstance(negative_prompt, str) else list(negative_prompt)
     if len(negatives) != count:
-        raise PipelineCallError(f"{len(negatives)} negative prompts for {count} prompts; give one per prompt.")
+        raise CallError(f"{len(negatives)} negative prompts for {count} prompts; give one per prompt.")
     return negatives

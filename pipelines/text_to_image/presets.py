@@ -23,10 +23,6 @@ from .schedulers import FlowMatchEulerScheduler, FlowMatchEulerSchedulerConfig
 from .tokenizers import ByteTokenizer
 
 
-class UnknownPresetError(LoadError, ValueError):
-    """A preset name that does not exist, or a device a preset cannot be built on."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class PipelinePreset:
     text_encoder: ModelConfig
@@ -64,7 +60,7 @@ DEVICES = ("cpu", "meta")
 
 def preset(name: str) -> PipelinePreset:
     if name not in PRESETS:
-        raise UnknownPresetError(f"Unknown preset {name!r}; the presets are {', '.join(PRESETS)}.")
+        raise LoadError(f"Unknown preset {name!r}; the presets are {', '.join(PRESETS)}.")
     return PRESETS[name]
 
 
@@ -72,7 +68,7 @@ def build_preset_components(name: str, *, device: str = "cpu", seed: int = 0) ->
     """The components of preset `name`: random weights from `seed` on the CPU, or no memory at all on meta."""
     spec = preset(name)
     if device not in DEVICES:
-        raise UnknownPresetError(
+        raise LoadError(
             f"from_preset(device={device!r}): presets are built on {' or '.join(DEVICES)}; build on 'cpu' and "
             "call .to(...), or save the pipeline and load it with device_map=... to place it."
         )

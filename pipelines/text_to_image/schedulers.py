@@ -23,10 +23,6 @@ from ..folder.class_registry import library_class
 SCHEDULER_CONFIG_NAME = "scheduler_config.json"
 
 
-class SchedulerError(CallError, ValueError):
-    """A scheduler misused: bad settings, a step before `set_timesteps`, or a timestep not in the schedule."""
-
-
 class FlowMatchEulerSchedulerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,11 +38,11 @@ class FlowMatchEulerScheduler:
 
     def __init__(self, config: FlowMatchEulerSchedulerConfig | None = None, **fields):
         if config is not None and fields:
-            raise SchedulerError("Pass either a FlowMatchEulerSchedulerConfig or keyword fields, not both.")
+            raise CallError("Pass either a FlowMatchEulerSchedulerConfig or keyword fields, not both.")
         try:
             self._config = config or FlowMatchEulerSchedulerConfig(**fields)
         except ValidationError as error:
-            raise SchedulerError(f"FlowMatchEulerScheduler: {describe_validation_error(error)}.") from error
+            raise CallError(f"FlowMatchEulerScheduler: {describe_validation_error(error)}.") from error
         self._sigmas: torch.Tensor | None = None
 
     @property
@@ -70,7 +66,7 @@ class FlowMatchEulerScheduler:
 
     def set_timesteps(self, num_inference_steps: int) -> None:
         if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise SchedulerError(
+            raise CallError(
                 f"num_inference_steps must be a positive integer, got {num_inference_steps!r}."
             )
         total = self._config.num_train_timesteps
@@ -82,7 +78,7 @@ class FlowMatchEulerScheduler:
     def step(self, model_output: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor) -> torch.Tensor:
         """The sample at the next noise level; computed in float32, returned in the sample's dtype."""
         if model_output.shape != sample.shape:
-            raise SchedulerError(
+            raise CallError(
                 f"model_output has shape {tuple(model_output.shape)} but sample has {tuple(sample.shape)}."
             )
         index = self.index_for_timestep(timestep)
@@ -103,7 +99,7 @@ class FlowMatchEulerScheduler:
         for index, candidate in enumerate(timesteps.tolist()):
             if math.isclose(candidate, value, rel_tol=1e-5, abs_tol=1e-3):
                 return index
-        raise SchedulerError(
+        raise CallError(
             f"timestep {value} is not in this schedule ({len(timesteps)} steps from {timesteps[0]:.2f} to "
             f"{timesteps[-1]:.2f}); call step() with the values of scheduler.timesteps."
         )
@@ -119,7 +115,7 @@ class FlowMatchEulerScheduler:
 
     def _require_schedule(self) -> torch.Tensor:
         if self._sigmas is None:
-            raise SchedulerError("No schedule yet: call scheduler.set_timesteps(num_inference_steps) first.")
+            raise CallError("No schedule yet: call scheduler.set_timesteps(num_inference_steps) first.")
         return self._sigmas
 
     def __repr__(self) -> str:

@@ -22,10 +22,6 @@ from ..folder.class_registry import library_class
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 
-class TokenizerError(CallError, ValueError):
-    """Texts or settings the tokenizer cannot honour (not strings, too long without truncation, bad padding)."""
-
-
 class Padding(str, Enum):
     MAX_LENGTH = "max_length"  # every row padded to max_length
     LONGEST = "longest"  # rows padded to the longest text of the batch
@@ -48,11 +44,11 @@ class ByteTokenizer:
 
     def __init__(self, config: ByteTokenizerConfig | None = None, **fields):
         if config is not None and fields:
-            raise TokenizerError("Pass either a ByteTokenizerConfig or keyword fields, not both.")
+            raise CallError("Pass either a ByteTokenizerConfig or keyword fields, not both.")
         try:
             self._config = config or ByteTokenizerConfig(**fields)
         except ValidationError as error:
-            raise TokenizerError(f"ByteTokenizer: {describe_validation_error(error)}.") from error
+            raise CallError(f"ByteTokenizer: {describe_validation_error(error)}.") from error
 
     @property
     def config(self) -> ByteTokenizerConfig:
@@ -74,11 +70,11 @@ class ByteTokenizer:
         if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence) or not texts or not all(
             isinstance(text, str) for text in texts
         ):
-            raise TokenizerError(f"ByteTokenizer takes a string or a non-empty list of strings, got {texts!r}.")
+            raise CallError(f"ByteTokenizer takes a string or a non-empty list of strings, got {texts!r}.")
         padding = _parse_padding(padding)
         max_length = self.model_max_length if max_length is None else max_length
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise TokenizerError(f"max_length must be an integer >= 2 (room for BOS and EOS), got {max_length!r}.")
+            raise CallError(f"max_length must be an integer >= 2 (room for BOS and EOS), got {max_length!r}.")
         rows = [self._encode_one(index, text, max_length, truncation) for index, text in enumerate(texts)]
         length = max_length if padding is Padding.MAX_LENGTH else max(len(row) for row in rows)
         input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
@@ -93,7 +89,7 @@ class ByteTokenizer:
         room = max_length - 2
         if len(content) > room:
             if not truncation:
-                raise TokenizerError(
+                raise CallError(
                     f"Text {index} is {len(content) + 2} tokens (with BOS/EOS) but max_length is {max_length}; "
                     f"pass truncation=True or a larger max_length."
                 )
@@ -126,4 +122,4 @@ def _parse_padding(padding: Padding | str) -> Padding:
         return Padding(padding)
     except ValueError:
         allowed = ", ".join(repr(member.value) for member in Padding)
-        raise TokenizerError(f"padding={padding!r} is not supported; use one of {allowed}.") from None
+        raise CallError(f"padding={padding!r} is not supported; use one of {allowed}.") from None

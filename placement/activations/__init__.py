@@ -15,9 +15,7 @@ measure.py       the reference: torch's MemTracker on real tensors, for tests an
 Switches for A/B runs (read at each estimate): `PLACEMENT_BLOCK_MEMO=0`, `PLACEMENT_ESTIMATE_CACHE=0`.
 """
 
-from .estimate import (ActivationEstimateError, CallEstimate, InvalidActivationCallError, estimate_activations,
-                       estimate_call)
+from .estimate import ActivationEstimateError, CallEstimate, estimate_activations, estimate_call
 from .observers import CallObserver
 
-__all__ = ["ActivationEstimateError", "CallEstimate", "CallObserver", "InvalidActivationCallError",
-           "estimate_activations", "estimate_call"]
+__all__ = ["ActivationEstimateError", "CallEstimate", "CallObserver", "estimate_activations", "estimate_call"]

@@ -77,10 +77,6 @@ class ActivationEstimateError(PlanError, RuntimeError):
         )
 
 
-class InvalidActivationCallError(PlanError, ValueError):
-    """The call to estimate is malformed: not a module, or a method the module does not have."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class CallEstimate:
     """One call estimated: its activation peak, and what it returned, made of plain `meta` tensors."""
@@ -253,12 +249,12 @@ def _defines(module: nn.Module, method: str) -> bool:
 
 def _check_call(module: nn.Module, method: str) -> None:
     if not isinstance(module, nn.Module):
-        raise InvalidActivationCallError(
+        raise PlanError(
             f"An activation estimate needs an nn.Module, got {type(module).__name__}."
         )
     if not _defines(module, method):
         candidates = [name for name in _COMMON_CALLS if _defines(module, name)]
-        raise InvalidActivationCallError(
+        raise PlanError(
             f"{type(module).__name__} has no method {method!r} to estimate; pass method= the method the "
             f"pipeline calls (this module has: {', '.join(candidates)})."
         )

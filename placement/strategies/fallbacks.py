@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..devices import Device, device_label
+from ..errors import DoesNotFitError
 from ..memory_model import Ledger
 from ..plan_schema import Fallback, PlacementKind
-from ..errors import DoesNotFitError, OffloadFolderRequiredError
 from ..sizes import format_bytes
 from ..splitting import split_device_map
 from .request import ComponentRequest, Placed, component_plan
@@ -120,7 +120,7 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
     cpu_room = ledger.room("cpu", transient=request.transient)
     if not context.has_offload_folder:
         cpu_left = f" The CPU has {format_bytes(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
-        error = OffloadFolderRequiredError(
+        error = DoesNotFitError(
             f"{why}{cpu_left} Its weights must go to disk, and no offload_folder was given. "
             "Pass offload_folder=..., a larger max_memory, or more devices."
         )

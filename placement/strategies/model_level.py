@@ -34,7 +34,7 @@ from accelerate.utils.modeling import named_module_tensors
 from ..budgets import Budgets
 from ..device_maps import merge_to_prefixes, owning_key
 from ..devices import HOST_DEVICES, Device, device_label, is_accelerator, normalize_device
-from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
+from ..errors import DoesNotFitError, InvalidDeviceError, PlanError
 from ..memory_model import Ledger
 from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
@@ -185,7 +185,7 @@ def _does_not_fit(request: ComponentRequest, size: ComponentSize, budgets: Budge
     )
     needs = f"{request.needs()} (largest block {format_bytes(size.largest_unit)})"
     if not disk_allowed:
-        return OffloadFolderRequiredError(
+        return DoesNotFitError(
             f"{needs}; the budgets ({parts}) cannot hold it without the disk. Pass offload_folder=... to offload "
             "the rest to disk, or a larger max_memory."
         )
@@ -202,7 +202,7 @@ def _explicit_map(request: ComponentRequest, pins: Mapping, budgets: Budgets, di
         if not isinstance(key, str) or key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise StrategyError(f"device_map key {key!r} is not a submodule or tensor of {name}.{hint}")
+            raise PlanError(f"device_map key {key!r} is not a submodule or tensor of {name}.{hint}")
         try:
             result[key] = normalize_device(value)
         except InvalidDeviceError as error:
@@ -210,14 +210,14 @@ def _explicit_map(request: ComponentRequest, pins: Mapping, budgets: Budgets, di
     owners = {tensor: owning_key(tensor, result) for tensor in tensors}
     missing = [tensor for tensor, owner in owners.items() if owner is None]
     if missing:
-        raise StrategyError(
+        raise PlanError(
             f"device_map for {name} gives no device to {len(missing)} tensor(s) ({', '.join(missing[:5])}"
             f"{f', and {len(missing) - 5} more' if len(missing) > 5 else ''}). Add keys covering them "
             "(the key \"\" covers everything else)."
         )
     if "disk" in result.values() and not disk_allowed:
         on_disk = [key for key, device in result.items() if device == "disk"]
-        raise OffloadFolderRequiredError(
+        raise DoesNotFitError(
             f"device_map for {name} puts {', '.join(on_disk)} on 'disk' but no offload_folder was given; pass one."
         )
     placed = _bytes_per_device(request, result)

@@ -11,7 +11,7 @@ import warnings
 from typing import Mapping
 
 from ..devices import Device, device_label, is_accelerator, normalize_device
-from ..errors import DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
+from ..errors import DoesNotFitError, InvalidDeviceError, PlanError
 from ..memory_model import Ledger
 from ..plan_schema import PlacementKind
 from ..sizes import format_bytes
@@ -25,7 +25,7 @@ def normalize_pins(
     """`{component: {relative path: device}}`, every name, path and device checked; errors quote `source`."""
     unknown = [name for name in pins if name not in requests]
     if unknown:
-        raise StrategyError(
+        raise PlanError(
             f"{source} names components that do not exist: {unknown}. The module components are "
             f"{list(requests)}."
         )
@@ -48,12 +48,12 @@ def check_budgets_exist(
     for name, device_map in pins.items():
         for device in dict.fromkeys(device_map.values()):
             if not ledger.has(device):
-                raise StrategyError(
+                raise PlanError(
                     f"{source} puts {name!r} on {device_label(device)}, which has no budget: the devices are "
                     f"{list(ledger.loads)}. Add {device!r} to max_memory or pick one of those devices."
                 )
             if device == "disk" and not has_offload_folder:
-                raise OffloadFolderRequiredError(
+                raise DoesNotFitError(
                     f"{source} puts {name!r} (or part of it) on 'disk', and no offload_folder was given. "
                     "Pass offload_folder=... or pin it to another device."
                 )
@@ -118,7 +118,7 @@ def _device(value, source: str, where: str) -> Device:
     try:
         return normalize_device(value)
     except InvalidDeviceError as error:
-        raise StrategyError(f"{source}[{where!r}]: {error}") from None
+        raise PlanError(f"{source}[{where!r}]: {error}") from None
 
 
 def _tensor_names(request: ComponentRequest) -> list[str]:
@@ -131,13 +131,13 @@ def _check_paths(device_map: Mapping[str, Device], request: ComponentRequest, so
     missing = [path for path in device_map if path not in known and not _is_submodule(request, path)]
     if missing:
         top = sorted({key.split(".")[0] for key in known if key})[:12]
-        raise StrategyError(
+        raise PlanError(
             f"{source} for {request.name!r} names submodules that do not exist: {missing}. "
             f"Its top-level submodules are {top}."
         )
     uncovered = [name for name in _tensor_names(request) if owning_key(name, device_map) is None]
     if uncovered:
-        raise StrategyError(
+        raise PlanError(
             f"{source} for {request.name!r} leaves {len(uncovered)} tensors without a device, e.g. "
             f"{uncovered[:5]}. Map their modules too, or map '' to a default device."
         )

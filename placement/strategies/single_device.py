@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..devices import device_label
-from ..errors import StrategyError
+from ..errors import PlanError
 from .fallbacks import place_whole
 from .pinned import enforce
 from .state import PlacementState, StrategyRequest
@@ -13,7 +13,7 @@ def place_single_device(request: StrategyRequest) -> PlacementState:
     """Everything on the spec's device: over an explicit budget is an error, over a detected one a warning."""
     device = request.spec.device
     if not request.ledger.has(device):
-        raise StrategyError(
+        raise PlanError(
             f"Strategy {device_label(device)} names a device without a budget; the devices are "
             f"{list(request.ledger.loads)}. Add {device!r} to max_memory or pick one of those."
         )

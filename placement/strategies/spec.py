@@ -10,7 +10,7 @@ from typing import Mapping, Optional
 
 from ..device_maps import single_device
 from ..devices import Device, is_accelerator
-from ..errors import InvalidDeviceError, StrategyError
+from ..errors import InvalidDeviceError, PlanError
 
 
 class StrategyKind(str, Enum):
@@ -63,7 +63,7 @@ class StrategySpec:
 def parse_strategy(strategy, *, scope: StrategyScope | str = StrategyScope.PIPELINE) -> StrategySpec:
     """The one parser of `strategy` / `device_map` arguments. At model scope a dict maps submodule (or
     tensor) paths of the one model to devices; a single device means the same at both scopes.
-    "disk" as a single device is a StrategyError quoting `check_can_execute`: it cannot execute."""
+    "disk" as a single device is a PlanError quoting `check_can_execute`: it cannot execute."""
     scope = StrategyScope(scope)
     if isinstance(strategy, Mapping):
         return StrategySpec(kind=StrategyKind.DICT, pins=strategy, scope=scope)
@@ -72,10 +72,10 @@ def parse_strategy(strategy, *, scope: StrategyScope | str = StrategyScope.PIPEL
     try:
         device = single_device(strategy)
     except InvalidDeviceError as error:  # "disk": the one check says why; the strategy list says what instead
-        raise StrategyError(f"Unknown placement strategy {strategy!r} ({error}). Supported: {SUPPORTED}.") from None
+        raise PlanError(f"Unknown placement strategy {strategy!r} ({error}). Supported: {SUPPORTED}.") from None
     if device is not None:
         return StrategySpec(kind=StrategyKind.DEVICE, device=device, scope=scope)
-    raise StrategyError(f"Unknown placement strategy {strategy!r}{_did_you_mean(strategy)}. Supported: {SUPPORTED}.")
+    raise PlanError(f"Unknown placement strategy {strategy!r}{_did_you_mean(strategy)}. Supported: {SUPPORTED}.")
 
 
 def _did_you_mean(strategy) -> str:

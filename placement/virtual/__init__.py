@@ -8,7 +8,6 @@ devices out.
 """
 
 from .backend import BACKEND_NAME, ensure_backend
-from .rules import DeviceMismatchError
 from .tensor import VirtualTensor, is_virtual
 
-__all__ = ["BACKEND_NAME", "DeviceMismatchError", "VirtualTensor", "ensure_backend", "is_virtual"]
+__all__ = ["BACKEND_NAME", "VirtualTensor", "ensure_backend", "is_virtual"]

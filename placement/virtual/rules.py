@@ -23,12 +23,8 @@ CPU_INDICES_ALLOWED = frozenset({aten.index, aten.index_put, aten.index_put_, at
                                  aten._unsafe_index, aten._unsafe_index_put})
 
 
-class DeviceMismatchError(RuntimeError):
-    """An operation mixed tensors of two devices (RuntimeError, as torch raises it on CUDA)."""
-
-
 def common_device(func, tensors: Sequence[torch.Tensor], *, cpu_indices: Sequence[torch.Tensor] = ()) -> torch.device:
-    """The one device of `tensors` (in argument order; CPU scalars aside), else DeviceMismatchError naming the
+    """The one device of `tensors` (in argument order; CPU scalars aside), else a RuntimeError (as torch raises on CUDA) naming the
     first two devices found. `cpu_indices` are index tensors that may stay on the CPU (CPU_INDICES_ALLOWED)."""
     allowed = {id(tensor) for tensor in cpu_indices}
     found: torch.device | None = None
@@ -39,7 +35,7 @@ def common_device(func, tensors: Sequence[torch.Tensor], *, cpu_indices: Sequenc
         if found is None:
             found = device
         elif device != found:
-            raise DeviceMismatchError(
+            raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
                 f"{found} and {device}! (in {func}, on virtual accelerators: PLACEMENT_VIRTUAL_ACCELERATORS)"
             )
@@ -50,7 +46,7 @@ def check_generator(func, generator, device: torch.device) -> None:
     """A random op on `device` draws from a generator of that device type (CUDA: "Expected a 'cuda' device type
     for generator but found 'cpu'"); draw on the CPU and move the result instead, as diffusers' randn_tensor does."""
     if generator is not None and generator.device.type != device.type:
-        raise DeviceMismatchError(
+        raise RuntimeError(
             f"Expected a '{device.type}' device type for generator but found '{generator.device.type}' (in {func}, "
             "on virtual accelerators: draw on the generator's device and move the result)"
         )

@@ -10,8 +10,9 @@ from accelerate.utils import set_module_tensor_to_device
 from safetensors.torch import save_file
 from torch import nn
 
+from hooks.errors import OffloadConfigError
 from placement.errors import InvalidDeviceError
-from hooks.dispatch import DispatchError, dispatch, undispatch
+from hooks.dispatch import dispatch, undispatch
 from same_output import assert_same_output
 
 
@@ -92,7 +93,7 @@ def test_undispatch_removes_every_hook_and_brings_disk_weights_back(tmp_path):
 
 def test_disk_entries_without_weights_to_serve_them(tmp_path):
     _, model, _ = stack_with_disk_layers(tmp_path, disk_layers=[1])
-    with pytest.raises(DispatchError, match=r"'layers\.1'.*disk_weights"):
+    with pytest.raises(OffloadConfigError, match=r"'layers\.1'.*disk_weights"):
         dispatch(model, {"layers.0": "cpu", "layers.1": "disk", "layers.2": "cpu"})
     assert hooked(model) == []
 
@@ -194,6 +195,6 @@ def test_a_whole_component_streamed_serves_the_tensors_held_by_its_root(home, tm
 
 def test_a_key_naming_neither_module_nor_tensor_is_refused_before_any_hook():
     model = WithOwnTensors()
-    with pytest.raises(DispatchError, match=r"\['layers.9'\] name neither a submodule nor a tensor.*'layers'"):
+    with pytest.raises(OffloadConfigError, match=r"\['layers.9'\] name neither a submodule nor a tensor.*'layers'"):
         dispatch(model, {"": "cpu", "layers.9": "cpu"})
     assert hooked(model) == []

@@ -17,9 +17,9 @@ from peft import LoKrConfig, LoraConfig, inject_adapter_in_model  # noqa: E402
 from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: E402
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict  # noqa: E402
 
-from hooks import (  # noqa: E402
+from hooks import (
     GroupOffloadingConfig,
-    PlacedWeightsError,
+    OffloadConflictError,
     ResidencyConfig,
     apply_group_offloading,
     apply_residency,
@@ -310,7 +310,7 @@ def test_writing_into_disk_homed_weights_is_refused_and_the_disk_copy_serves(arr
     with pytest.raises(RuntimeError):  # in place: torch refuses to write into the stand-in
         with edit_placed_weights(model):
             layer.merge()
-    with pytest.raises(PlacedWeightsError, match=r"on disk; the edit tried to change them"):
+    with pytest.raises(OffloadConflictError, match=r"on disk; the edit tried to change them"):
         with edit_placed_weights(model):  # a new tensor given as the weight's data: noticed, dropped
             model.get_submodule("blocks.2.attn.base_layer").weight.data = torch.ones(8, 8)
     assert_same_output(run(model), expected["lora"])
@@ -320,7 +320,7 @@ def test_writing_into_disk_homed_weights_is_refused_and_the_disk_copy_serves(arr
 def test_an_edit_made_outside_leaves_tensors_without_data_which_refresh_reports(gpus, tmp_path):
     model = served_from_disk(tmp_path)
     load_lora(model)  # peft creates the LoRA beside meta placeholders: its values are dropped
-    with pytest.raises(PlacedWeightsError, match=r"no data"):
+    with pytest.raises(OffloadConflictError, match=r"no data"):
         refresh_placement(model)
 
 

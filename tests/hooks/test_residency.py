@@ -9,7 +9,7 @@ import torch
 from hooks import (
     GroupOffloadHook,
     Technique,
-    TransferPlanError,
+    OffloadConfigError,
     apply_plan,
     measure_transfers,
     techniques_on,
@@ -244,15 +244,15 @@ def test_a_transfer_plan_that_does_not_cover_the_host_homed_modules_is_refused_a
     components = [component("encoder", modules["encoder"], {"": "cpu"}, per_call=("layers",)),  # embed, norm?
                   component("denoiser", modules["denoiser"], {"": 0}),
                   component("decoder", modules["decoder"], {"": 0})]
-    with pytest.raises(TransferPlanError, match=r"Encoder: 4 tensor\(s\) are homed on the host but in neither"):
+    with pytest.raises(OffloadConfigError, match=r"Encoder: 4 tensor\(s\) are homed on the host but in neither"):
         apply_plan(modules, plan(components, {0: 10**6}))
     assert all(techniques_on(module) == {} for module in modules.values())
     bad = [component("encoder", modules["encoder"], {"": "cpu"}, per_call=("",), streamed=("layers.0",)),
            *components[1:]]
-    with pytest.raises(TransferPlanError, match="listed twice"):
+    with pytest.raises(OffloadConfigError, match="listed twice"):
         apply_plan(modules, plan(bad, {0: 10**6}))
     resident = [component("encoder", modules["encoder"], {"": 0}, per_call=("layers",)), *components[1:]]
-    with pytest.raises(TransferPlanError, match="resident"):
+    with pytest.raises(OffloadConfigError, match="resident"):
         apply_plan(modules, plan(resident, {0: 10**6}))
     assert all(techniques_on(module) == {} for module in modules.values())
 

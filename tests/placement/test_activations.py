@@ -11,7 +11,8 @@ from torch import nn
 import placement
 from placement.activations.attention import fused_attention_output
 from placement.activations.measure import measure_activations
-from placement.activations.estimate import ActivationEstimateError, InvalidActivationCallError, estimate_activations
+from placement.activations.estimate import ActivationEstimateError, estimate_activations
+from placement.errors import PlanError
 
 
 class AttentionBlock(nn.Module):
@@ -197,7 +198,7 @@ def test_exported_from_the_package():
 
 
 def test_unknown_method_is_a_clear_error():
-    with pytest.raises(InvalidActivationCallError, match=r"TinyDecoder has no method 'forward'.*decode"):
+    with pytest.raises(PlanError, match=r"TinyDecoder has no method 'forward'.*decode"):
         estimate_activations(TinyDecoder(), (torch.empty(1, 4, 8, 8, device="meta"),))
 
 

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from placement import InvalidDeviceError, InvalidSizeError
+from placement import InvalidDeviceError, PlanError
 from placement.budgets import (
     ACCELERATOR_MARGIN,
     CPU_MARGIN,
@@ -43,7 +43,7 @@ def test_missing_cpu_key_is_detected_with_margin():
 
 
 def test_malformed_size_names_the_key_and_quotes_the_value():
-    with pytest.raises(InvalidSizeError, match=r"max_memory\[1\].*'24 gigs'"):
+    with pytest.raises(PlanError, match=r"max_memory\[1\].*'24 gigs'"):
         resolve_budgets({0: "24GiB", 1: "24 gigs"})
 
 
@@ -58,7 +58,7 @@ def test_two_spellings_of_one_device_are_rejected():
 
 
 def test_max_memory_must_be_a_mapping():
-    with pytest.raises(InvalidSizeError, match="must be a dict"):
+    with pytest.raises(PlanError, match="must be a dict"):
         resolve_budgets(["24GiB"])
 
 
@@ -89,9 +89,9 @@ def test_detection_on_this_machine_has_a_cpu_budget():
 
 
 def test_a_budget_typed_without_a_unit_names_the_key_and_the_unit_it_lacks():
-    with pytest.raises(InvalidSizeError, match=r"max_memory\[0\]: '24' means 24 bytes .*did you mean '24GiB'"):
+    with pytest.raises(PlanError, match=r"max_memory\[0\]: '24' means 24 bytes .*did you mean '24GiB'"):
         resolve_budgets({0: "24", "cpu": "64GiB"})
-    with pytest.raises(InvalidSizeError, match=r"max_memory\[0\]: 24 means 24 bytes .*did you mean '24GiB'"):
+    with pytest.raises(PlanError, match=r"max_memory\[0\]: 24 means 24 bytes .*did you mean '24GiB'"):
         resolve_budgets({0: 24, "cpu": "64GiB"})
     assert resolve_budgets({0: "24B", "cpu": "1B"}).limit(0) == 24  # tiny budgets say their unit
 

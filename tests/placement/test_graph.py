@@ -3,7 +3,7 @@
 import networkx as nx
 import pytest
 
-from placement import GraphError
+from placement import PlanError
 from placement.graph import build_graph, crossing_edges, execution_order
 
 NAMES = ["text_encoder", "denoiser", "vae"]
@@ -40,18 +40,18 @@ def test_self_loops_are_allowed():
 
 
 def test_unknown_names_are_listed():
-    with pytest.raises(GraphError, match=r"\['unet'\].*Known module components"):
+    with pytest.raises(PlanError, match=r"\['unet'\].*Known module components"):
         build_graph(NAMES, [("text_encoder", "unet")])
 
 
 def test_cycles_are_rejected_with_the_cycle():
-    with pytest.raises(GraphError, match="denoiser -> vae -> denoiser"):
+    with pytest.raises(PlanError, match="denoiser -> vae -> denoiser"):
         build_graph(NAMES, [("text_encoder", "denoiser"), ("denoiser", "vae"), ("vae", "denoiser")])
 
 
 @pytest.mark.parametrize("edge", ["text_encoder->denoiser", ("a",), ("a", "b", "c"), 3])
 def test_malformed_edges_are_quoted(edge):
-    with pytest.raises(GraphError, match="Malformed model graph edge"):
+    with pytest.raises(PlanError, match="Malformed model graph edge"):
         build_graph(NAMES, [edge])
 
 

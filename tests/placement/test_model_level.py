@@ -13,8 +13,8 @@ from accelerate.utils import get_balanced_memory
 from torch import nn
 
 from placement.devices import accelerators_present
+from placement.errors import DoesNotFitError, InvalidDeviceError, PlanError
 from placement.plan_schema import PlacementKind
-from placement.errors import ComponentError, DoesNotFitError, InvalidDeviceError, OffloadFolderRequiredError, StrategyError
 from placement.sizing import size_module
 
 GB = 1000**3
@@ -148,7 +148,7 @@ def test_cpu_budget_of_40_percent_gives_a_cpu_and_disk_map():
     assert set(device_map.values()) == {"cpu", "disk"}
     assert _used(model, device_map)["cpu"] <= budgets["cpu"]
     _devices_of_blocks(device_map, 6)
-    with pytest.raises(OffloadFolderRequiredError, match="offload_folder"):
+    with pytest.raises(DoesNotFitError, match="offload_folder"):
         model_device_map(model, "auto", max_memory=budgets)
 
 
@@ -196,12 +196,12 @@ def test_single_device_over_its_budget_is_an_error():
 @pytest.mark.parametrize(
     ("device_map", "error", "message"),
     [
-        ("balance", StrategyError, r"Unknown placement strategy 'balance' \(did you mean 'balanced'\?\)\. Supported: 'balanced'"),
-        ("disk", StrategyError, "device_map='disk': 'disk' holds weights but cannot execute"),
-        ({"blokcs": 0, "": 1}, StrategyError, r"'blokcs' is not a submodule or tensor of Net\. Did you mean 'blocks'"),
-        ({"embed": 0}, StrategyError, r"gives no device to \d+ tensor\(s\) \(blocks\.0\.attn\.weight"),
+        ("balance", PlanError, r"Unknown placement strategy 'balance' \(did you mean 'balanced'\?\)\. Supported: 'balanced'"),
+        ("disk", PlanError, "device_map='disk': 'disk' holds weights but cannot execute"),
+        ({"blokcs": 0, "": 1}, PlanError, r"'blokcs' is not a submodule or tensor of Net\. Did you mean 'blocks'"),
+        ({"embed": 0}, PlanError, r"gives no device to \d+ tensor\(s\) \(blocks\.0\.attn\.weight"),
         ({"": "gpu"}, InvalidDeviceError, r"device_map\[''\]: Invalid device 'gpu'"),
-        ({"blocks": "disk", "": 0}, OffloadFolderRequiredError, "puts blocks on 'disk'"),
+        ({"blocks": "disk", "": 0}, DoesNotFitError, "puts blocks on 'disk'"),
     ],
 )
 def test_bad_device_maps_are_typed_errors_naming_the_culprit(device_map, error, message):
@@ -269,7 +269,7 @@ def test_the_ledger_records_what_the_model_level_strategy_placed():
 
 
 def test_model_scope_places_exactly_one_model():
-    with pytest.raises(ComponentError, match="scope='model' places one model; got 2"):
+    with pytest.raises(PlanError, match="scope='model' places one model; got 2"):
         placement.plan({"a": _meta(), "b": _meta()}, strategy="auto", max_memory={0: "1GiB"}, scope="model")
 
 

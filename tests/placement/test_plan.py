@@ -99,7 +99,7 @@ def test_single_device_over_an_explicit_budget_is_an_error_quoting_numbers():
 
 
 def test_single_device_without_budget_is_an_error():
-    with pytest.raises(placement.StrategyError, match="GPU 3"):
+    with pytest.raises(placement.PlanError, match="GPU 3"):
         placement.plan(pipeline(), max_memory=TWO_GPUS, strategy="cuda:3")
 
 
@@ -114,7 +114,7 @@ def test_no_accelerator_degrades_to_cpu_with_one_warning(strategy):
 
 
 def test_a_pin_to_a_gpu_when_max_memory_lists_none_is_an_error_not_a_silent_cpu():
-    with pytest.raises(placement.StrategyError, match=r"pins 'vae' to GPU 0, but max_memory gives no budget"):
+    with pytest.raises(placement.PlanError, match=r"pins 'vae' to GPU 0, but max_memory gives no budget"):
         placement.plan(pipeline(), max_memory={"cpu": "64GiB"}, strategy={"vae": 0})
 
 
@@ -144,12 +144,12 @@ def test_detected_budgets_say_so():
 
 
 def test_non_module_components_are_rejected():
-    with pytest.raises(placement.ComponentError, match="scheduler"):
+    with pytest.raises(placement.PlanError, match="scheduler"):
         placement.plan({"vae": whole(1), "scheduler": object()}, max_memory=TWO_GPUS)
 
 
 def test_activations_for_unknown_components_are_rejected():
-    with pytest.raises(placement.ComponentError, match="'unet'"):
+    with pytest.raises(placement.PlanError, match="'unet'"):
         placement.plan(pipeline(), max_memory=TWO_GPUS, activations={"unet": 10})
 
 

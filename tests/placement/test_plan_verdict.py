@@ -7,7 +7,8 @@ import pytest
 
 import placement
 from placement import Plan
-from placement.plan_schema import SCHEMA_VERSION, PlanSchemaError, VerdictKind
+from placement.errors import PlanError
+from placement.plan_schema import SCHEMA_VERSION, VerdictKind
 from placement.sizes import GiB, format_bytes
 
 from synthetic import component, whole
@@ -142,9 +143,9 @@ def test_a_file_written_before_schema_version_still_loads():
 
 def test_a_newer_or_broken_file_is_refused_with_a_typed_error():
     data = json.loads(FIXTURE_V1.read_text())
-    with pytest.raises(PlanSchemaError, match="schema_version 99; this library reads versions 1 to"):
+    with pytest.raises(PlanError, match="schema_version 99; this library reads versions 1 to"):
         Plan.from_json(json.dumps({**data, "schema_version": 99}))
-    with pytest.raises(PlanSchemaError, match="Not a plan JSON file"):
+    with pytest.raises(PlanError, match="Not a plan JSON file"):
         Plan.from_json("[1, 2]")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import placement
-from placement import ReplicaError, ReplicaFit, ReplicaPlan
+from placement import PlanError, ReplicaFit, ReplicaPlan
 from synthetic import whole
 
 GiB = 1024**3
@@ -74,7 +74,7 @@ def test_nothing_fits_gives_an_empty_plan_that_says_so():
     replicas = placement.plan_replicas(pipeline(), max_memory=gpus(1, 1, cpu=2))
     assert replicas.replicas == 0 and replicas.unused == [0, 1]
     assert replicas.verdict.startswith("no replica fits")
-    with pytest.raises(ReplicaError, match="Replica 0 does not exist"):
+    with pytest.raises(PlanError, match="Replica 0 does not exist"):
         replicas.group(0)
 
 
@@ -87,17 +87,17 @@ def test_json_round_trip_keeps_real_indices():
 
 @pytest.mark.parametrize("group_size", [0, 3, 1.5, True])
 def test_bad_group_size_is_a_typed_error(group_size):
-    with pytest.raises(ReplicaError, match="group_size"):
+    with pytest.raises(PlanError, match="group_size"):
         placement.plan_replicas(pipeline(), max_memory=gpus(16, 16), group_size=group_size)
 
 
 def test_no_accelerators_is_a_typed_error():
-    with pytest.raises(ReplicaError, match="need accelerators"):
+    with pytest.raises(PlanError, match="need accelerators"):
         placement.plan_replicas(pipeline(), max_memory={"cpu": 64 * GiB})
 
 
 def test_a_device_map_strategy_is_refused():
-    with pytest.raises(ReplicaError, match="named strategy"):
+    with pytest.raises(PlanError, match="named strategy"):
         placement.plan_replicas(pipeline(), max_memory=gpus(16, 16), strategy={"encoder": 0})
 
 

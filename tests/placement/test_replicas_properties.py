@@ -93,7 +93,7 @@ def brute_force(modules, gpus, cpu, activations, strategy, size):
                 activations=activations,
             )
             fits[group] = replica_fit(plan)
-        except (placement.DoesNotFitError, placement.OffloadFolderRequiredError):
+        except placement.DoesNotFitError:
             fits[group] = None
     for fit, accepted in ((ReplicaFit.RESIDENT, {ReplicaFit.RESIDENT}), (ReplicaFit.STREAMED, set(ReplicaFit))):
         count = most_groups(tuple(sorted(gpus)), size, {g for g, f in fits.items() if f in accepted})

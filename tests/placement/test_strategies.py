@@ -183,7 +183,7 @@ def test_no_room_to_stream_runs_on_the_cpu():
 
 def test_disk_needed_without_offload_folder_is_an_error():
     comps = {"a": whole(4), "b": whole(6, 6)}
-    with pytest.raises(placement.OffloadFolderRequiredError, match=r"b needs 6.00 GiB.*offload_folder"):
+    with pytest.raises(placement.DoesNotFitError, match=r"b needs 6.00 GiB.*offload_folder"):
         placement.plan(comps, max_memory={0: "4GiB", "cpu": "2GiB"})
 
 
@@ -223,26 +223,26 @@ def test_dict_strategy_whole_device_and_string_devices():
 
 
 def test_dict_strategy_naming_a_missing_component():
-    with pytest.raises(placement.StrategyError, match=r"\['unet'\].*\['a', 'b'\]"):
+    with pytest.raises(placement.PlanError, match=r"\['unet'\].*\['a', 'b'\]"):
         placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB"}, strategy={"unet": 0})
 
 
 def test_dict_strategy_naming_a_device_without_budget():
-    with pytest.raises(placement.StrategyError, match=r"GPU 3, which has no budget"):
+    with pytest.raises(placement.PlanError, match=r"GPU 3, which has no budget"):
         placement.plan({"a": whole(1)}, max_memory={0: "4GiB", "cpu": "1GiB"}, strategy={"a": 3})
 
 
 def test_dict_strategy_with_a_bad_device_or_submodule():
-    with pytest.raises(placement.StrategyError, match="'gpu'"):
+    with pytest.raises(placement.PlanError, match="'gpu'"):
         placement.plan({"a": whole(1)}, max_memory={0: "4GiB"}, strategy={"a": "gpu"})
-    with pytest.raises(placement.StrategyError, match=r"\['blocks.7'\]"):
+    with pytest.raises(placement.PlanError, match=r"\['blocks.7'\]"):
         placement.plan({"a": whole(2, 2)}, max_memory={0: "4GiB"}, strategy={"a": {"blocks.0": 0, "blocks.7": 0}})
-    with pytest.raises(placement.StrategyError, match="without a device.*blocks.1"):
+    with pytest.raises(placement.PlanError, match="without a device.*blocks.1"):
         placement.plan({"a": whole(2, 2)}, max_memory={0: "4GiB"}, strategy={"a": {"blocks.0": 0}})
 
 
 def test_dict_strategy_disk_needs_offload_folder(tmp_path):
-    with pytest.raises(placement.OffloadFolderRequiredError, match="'a'"):
+    with pytest.raises(placement.DoesNotFitError, match="'a'"):
         placement.plan({"a": whole(1)}, max_memory={0: "4GiB"}, strategy={"a": "disk"})
     plan = placement.plan({"a": whole(1)}, max_memory={0: "4GiB"}, strategy={"a": "disk"}, offload_folder=tmp_path)
     assert plan.components["a"].kind is PlacementKind.DISK
@@ -276,7 +276,7 @@ def test_pinned_over_budget_is_a_warning_not_an_error():
 
 
 def test_pinned_and_dict_strategy_may_not_both_name_a_component():
-    with pytest.raises(placement.StrategyError, match=r"\['a'\]"):
+    with pytest.raises(placement.PlanError, match=r"\['a'\]"):
         placement.plan({"a": whole(1)}, max_memory={0: "4GiB"}, strategy={"a": 0}, pinned={"a": 0})
 
 
@@ -285,21 +285,21 @@ def test_pinned_and_dict_strategy_may_not_both_name_a_component():
 
 @pytest.mark.parametrize("strategy", ["fastest", "disk", "gpu", None, 1.5, True])
 def test_unknown_strategy_lists_the_supported_ones(strategy):
-    with pytest.raises(placement.StrategyError, match=r"Unknown placement strategy .*'balanced', 'auto', 'sequential', 'balanced_low_0'"):
+    with pytest.raises(placement.PlanError, match=r"Unknown placement strategy .*'balanced', 'auto', 'sequential', 'balanced_low_0'"):
         placement.plan({"a": whole(1)}, max_memory={0: "4GiB"}, strategy=strategy)
 
 
 def test_malformed_size_and_unknown_device_key():
-    with pytest.raises(placement.InvalidSizeError, match="'4 gigs'"):
+    with pytest.raises(placement.PlanError, match="'4 gigs'"):
         placement.plan({"a": whole(1)}, max_memory={0: "4 gigs"})
     with pytest.raises(placement.InvalidDeviceError, match="'tpu'"):
         placement.plan({"a": whole(1)}, max_memory={"tpu": "4GiB"})
 
 
 def test_graph_errors_surface_from_plan():
-    with pytest.raises(placement.GraphError, match="cycle"):
+    with pytest.raises(placement.PlanError, match="cycle"):
         placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB"}, graph=[("a", "b"), ("b", "a")])
-    with pytest.raises(placement.GraphError, match="'c'"):
+    with pytest.raises(placement.PlanError, match="'c'"):
         placement.plan({"a": whole(1), "b": whole(1)}, max_memory={0: "4GiB"}, graph=[("a", "c")])
 
 

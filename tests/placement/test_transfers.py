@@ -138,7 +138,7 @@ def test_sequential_and_pinned_plans_get_transfer_numbers():
     ([("denoiser", 3)], r"runs_per_call must be a dict"),
 ])
 def test_bad_runs_per_call_is_a_clear_error(runs, match):
-    with pytest.raises(placement.ComponentError, match=match):
+    with pytest.raises(placement.PlanError, match=match):
         placement.plan(pipeline(), max_memory={0: "12GiB", "cpu": "64GiB"}, runs_per_call=runs)
 
 
@@ -153,7 +153,7 @@ def test_link_bandwidth_is_stated_and_turns_bytes_into_seconds(monkeypatch):
     assert measured.transfer_seconds_per_call == pytest.approx(2 * assumed.transfer_seconds_per_call)
     assert measured.inputs.link_bandwidth == 12.5e9 and measured.inputs.runs_per_call == {"denoiser": 28}
     for bad in (0, -1, "fast", True):
-        with pytest.raises(placement.InvalidSizeError, match="link_bandwidth"):
+        with pytest.raises(placement.PlanError, match="link_bandwidth"):
             placement.plan(pipeline(), link_bandwidth=bad, **kwargs)
 
 

@@ -13,8 +13,7 @@ vae_techniques.py  VAE tiling/slicing: which VAEs offer them, and a VAE call est
 
 from __future__ import annotations
 
-from .capture import CallCaptureError, CapturedCall, capture_call
-from .spec import CallSpecError, ExampleCall, UnknownPipelineCallError
+from .capture import CapturedCall, capture_call
+from .spec import ExampleCall
 
-__all__ = ["CallCaptureError", "CallSpecError", "CapturedCall", "ExampleCall", "UnknownPipelineCallError",
-           "capture_call"]
+__all__ = ["CapturedCall", "ExampleCall", "capture_call"]

@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 from PIL import Image
 
+from ...errors import CallSpecError
 from .overrides import STAND_IN_INPUTS, VIDEO_INPUTS
-from .spec import CallSpecError
 
 OUR_KEYS = ("batch_size",)
 # One spelling for every pipeline: a video pipeline's `num_videos_per_prompt` taken as `num_images_per_prompt` too.

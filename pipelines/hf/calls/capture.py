@@ -32,16 +32,13 @@ from placement.activations.meta_outputs import map_tensors
 from placement.activations.stand_ins import sized_by_values
 from placement.unit_order import record_module_order
 
+from ...errors import CallSpecError
 from .arguments import call_arguments
 from .overrides import blank_results_not_converted, libraries_quiet, optional_text_cleaning, progress_bar_off
-from .spec import CallSpecError, ExampleCall
+from .spec import ExampleCall
 
 _ENTRY_METHODS = ("encode", "decode")  # besides forward: what pipelines call on a VAE
 _CPU = torch.device("cpu")
-
-
-class CallCaptureError(CallSpecError):
-    """The pipeline's `__call__` could not run on stand-ins for planning (the message names the step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,7 +234,7 @@ def _capture_failure(pipe: Any, recorder: _Recorder, error: Exception) -> CallSp
                              "says.")
     where = _pipeline_frame(error)
     after = f" after {recorder.last}" if recorder.last else " before any component ran"
-    return CallCaptureError(
+    return CallSpecError(
         f"call= for {name}: its __call__ could not run on stand-in components to plan for the call ({reason}, "
         f"at {where}{after}). Plan without call= (weights only), or give the pipeline an "
         "`activation_inputs(**call)` method describing each component's inputs."

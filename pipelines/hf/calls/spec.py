@@ -9,20 +9,11 @@ import torch
 from torch import nn
 
 from placement import estimate_call
-from ...errors import LoadError
 
 # Keys of `call=` that say how many times the denoiser runs, not what it runs on (our pipelines' `runs_per_call`).
 RUN_KEYS = ("num_inference_steps", "strength")
 # Keys of `call=` that choose memory techniques rather than sizes (`pipelines.loading.memory_techniques`).
 TECHNIQUE_KEYS = ("vae_tiling", "vae_slicing")
-
-
-class CallSpecError(LoadError, ValueError):
-    """A `call=` the pipeline cannot be planned for (the message says which keyword, and why)."""
-
-
-class UnknownPipelineCallError(CallSpecError):
-    """A pipeline whose call this library cannot learn: not a diffusers pipeline, and no `activation_inputs`."""
 
 
 @dataclass(frozen=True, kw_only=True)

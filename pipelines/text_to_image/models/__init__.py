@@ -5,7 +5,6 @@ Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_h
 
 from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
 from .dit import DiT, DiTConfig
-from .inputs import ModelInputError
 from .layers import Activation, NormKind
 from .text_encoder import Pooling, TextEncoder, TextEncoderConfig, TextEncoderOutput
 from .unet import UNet, UNetConfig
@@ -18,7 +17,6 @@ __all__ = [
     "DiT",
     "DiTConfig",
     "DiagonalGaussian",
-    "ModelInputError",
     "NormKind",
     "Pooling",
     "TextEncoder",

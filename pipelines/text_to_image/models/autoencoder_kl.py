@@ -24,9 +24,10 @@ import torch
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
+from ...errors import CallError
 from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
-from .inputs import ModelInputError, check_channels, check_rank, check_spatial_multiple
+from .inputs import check_channels, check_rank, check_spatial_multiple
 from .tiling import blend_tiles
 from .vae_blocks import Decoder, DiagonalGaussian, Encoder
 from ...folder.class_registry import library_class
@@ -128,12 +129,12 @@ class AutoencoderKL(ModelMixin):
         overlap = self.config.tile_overlap_factor if overlap_factor is None else overlap_factor
         factor = self.downsampling_factor
         if size <= 0 or size % factor:
-            raise ModelInputError(
+            raise CallError(
                 f"AutoencoderKL.enable_tiling: tile_sample_size {size} must be a positive multiple of the "
                 f"downsampling factor {factor}."
             )
         if not 0.0 < overlap <= 0.5 or int(size * overlap) < factor:
-            raise ModelInputError(
+            raise CallError(
                 f"AutoencoderKL.enable_tiling: overlap_factor {overlap} must be in (0, 0.5] and give at least "
                 f"{factor} pixels of overlap on {size}-pixel tiles (it gives {int(size * overlap)})."
             )

@@ -1,4 +1,4 @@
-"""Checks of forward inputs, shared by the reference models: each failure is a ModelInputError that says
+"""Checks of forward inputs, shared by the reference models: each failure is a CallError that says
 which model and argument, what the config expects and what was given."""
 
 from __future__ import annotations
@@ -8,23 +8,16 @@ import torch
 from ...errors import CallError
 
 
-class ModelInputError(CallError, ValueError):
-    """A call argument (an input tensor, a tiling setting) that does not match what the model can take.
-
-    The message names the model, the argument, what the config expects and what was given.
-    """
-
-
 def check_rank(model: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
     if tensor.ndim != rank:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `{name}` must be a {rank}-d tensor {layout}, got shape {tuple(tensor.shape)}."
         )
 
 
 def check_last_dim(model: str, name: str, tensor: torch.Tensor, expected: int, config_field: str) -> None:
     if tensor.shape[-1] != expected:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `{name}` has last dimension {tensor.shape[-1]} but config.{config_field} is {expected} "
             f"(shape {tuple(tensor.shape)}); pass embeddings from an encoder of that width."
         )
@@ -32,7 +25,7 @@ def check_last_dim(model: str, name: str, tensor: torch.Tensor, expected: int, c
 
 def check_channels(model: str, name: str, tensor: torch.Tensor, expected: int, config_field: str) -> None:
     if tensor.shape[1] != expected:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `{name}` has {tensor.shape[1]} channels but config.{config_field} is {expected} "
             f"(shape {tuple(tensor.shape)})."
         )
@@ -41,7 +34,7 @@ def check_channels(model: str, name: str, tensor: torch.Tensor, expected: int, c
 def check_spatial_multiple(model: str, name: str, tensor: torch.Tensor, multiple: int) -> None:
     height, width = tensor.shape[-2:]
     if height % multiple or width % multiple:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `{name}` is {height}x{width}; both sides must be multiples of {multiple}. "
             f"Choose an image size whose latents divide evenly."
         )
@@ -51,13 +44,13 @@ def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | No
     """`pooled` is required exactly when the config has a `pooled_projection_dim`."""
     if expected_dim is None:
         if pooled is not None:
-            raise ModelInputError(
+            raise CallError(
                 f"{model}: got `pooled` but config.pooled_projection_dim is None (this model takes no pooled "
                 f"text embedding); drop the argument or use a config with pooled_projection_dim set."
             )
         return
     if pooled is None:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: config.pooled_projection_dim is {expected_dim}, so `pooled` (B, {expected_dim}) is required."
         )
     check_rank(model, "pooled", pooled, 2, f"(B, {expected_dim})")
@@ -81,7 +74,7 @@ def check_denoiser_inputs(
 
 def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None:
     if tensor.shape[0] != batch:
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `{name}` has batch size {tensor.shape[0]} but the latents have {batch}."
         )
 
@@ -94,7 +87,7 @@ def timesteps_for_batch(
     if t.ndim == 0:
         t = t.expand(batch)
     if t.ndim != 1 or t.shape[0] not in (1, batch):
-        raise ModelInputError(
+        raise CallError(
             f"{model}: `timestep` must be a number or a tensor of shape () or ({batch},), got {tuple(t.shape)}."
         )
     return t.to(dtype=torch.float32).expand(batch)

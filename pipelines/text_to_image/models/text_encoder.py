@@ -16,9 +16,10 @@ import torch
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
+from ...errors import CallError
 from ...framework.config import ModelConfig
 from ...framework.modeling import ModelMixin
-from .inputs import ModelInputError, check_rank
+from .inputs import check_rank
 from .layers import Activation, Attention, FeedForward, NormKind, make_norm
 from ...folder.class_registry import library_class
 
@@ -171,19 +172,19 @@ class TextEncoder(ModelMixin):
         name, config = type(self).__name__, self.config
         check_rank(name, "input_ids", input_ids, 2, "(batch, sequence)")
         if input_ids.shape[1] > config.max_position_embeddings:
-            raise ModelInputError(
+            raise CallError(
                 f"{name}: input_ids has {input_ids.shape[1]} tokens but config.max_position_embeddings is "
                 f"{config.max_position_embeddings}; tokenize with max_length <= {config.max_position_embeddings}."
             )
         if input_ids.numel() and not input_ids.is_meta:
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= config.vocab_size:
-                raise ModelInputError(
+                raise CallError(
                     f"{name}: token ids span [{low}, {high}] but config.vocab_size is {config.vocab_size}; "
                     f"use a tokenizer whose vocabulary fits."
                 )
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
-            raise ModelInputError(
+            raise CallError(
                 f"{name}: attention_mask has shape {tuple(attention_mask.shape)} but input_ids has "
                 f"{tuple(input_ids.shape)}; they must match."
             )

@@ -130,7 +130,7 @@ def test_config_round_trip_and_from_config():
 
 
 def test_offload_index_serves_tied_weights_from_their_source(tmp_path):
-    from pipelines.checkpoint import CheckpointKeysError
+    from pipelines.errors import FolderError
 
     tiny_model().save_pretrained(tmp_path / "m")
     weights = find_weights(tmp_path / "m")
@@ -145,7 +145,7 @@ def test_offload_index_serves_tied_weights_from_their_source(tmp_path):
         "weight_name": "blocks.0.fc1.weight",
         "dtype": "float16",
     }
-    with pytest.raises(CheckpointKeysError, match="'head.weight'.*tied_weights"):
+    with pytest.raises(FolderError, match="'head.weight'.*tied_weights"):
         weights.offload_index(["head.weight"], lambda entry: entry.dtype)
 
 

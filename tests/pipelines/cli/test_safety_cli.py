@@ -29,7 +29,7 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
     folder = str(_broken_folder(tmp_path))
     assert cli.main(["plan", folder, "--debug"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" in err and "ModelIndexError" in err
+    assert "Traceback" in err and "FolderError" in err
 
 
 def test_an_internal_error_is_exit_code_1_with_a_hint(tmp_path, capsys, monkeypatch):

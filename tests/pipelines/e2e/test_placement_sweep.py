@@ -22,7 +22,7 @@ from test_e2e_diffusers import run, saved, two_virtual_gpus  # noqa: F401 (fixtu
 
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("peft")
-from pipelines.hf.adapters import AdapterPlacementError  # noqa: E402
+from hooks.errors import OffloadConflictError
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
 # For the default suite, a UNet with a ControlNet and a video transformer with a parameter at its root (LTX's
@@ -83,7 +83,7 @@ def adapt_fuse_and_unload(pipe, case, swept: Swept) -> None:
     denoiser = denoiser_attribute(pipe)
     try:  # only the denoiser holds the LoRA (AuraFlow's own default would name a text encoder it cannot fuse)
         pipe.fuse_lora(components=[denoiser])
-    except AdapterPlacementError as refusal:
+    except OffloadConflictError as refusal:
         assert "disk" in pipe.placement_plan.components[denoiser].devices and "on disk" in str(refusal)
     else:
         assert_same_output(run(pipe, case), swept.with_lora)

@@ -1,7 +1,7 @@
 """Splits of denoisers whose own forward combines tensors between blocks. SD3's transformer adds the ControlNet's
 residuals to its hidden state after each block, in its own forward: with blocks on a second GPU, the hidden state
 comes back from GPU 1 and meets a residual on GPU 0, where no input-moving hook of a block reaches (it raised
-DeviceMismatchError in aten.add). A split component's forward now runs glued (hooks/parent_glue.py): pinned
+a device-mismatch RuntimeError in aten.add). A split component's forward now runs glued (hooks/parent_glue.py): pinned
 splits of the classes that crashed, and every split the planner makes of the e2e classes, equal diffusers' run."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_a_denoiser_split_where_its_forward_mixes_runs_equal_to_diffusers(saved,
 
 
 # The classes whose denoiser the planner splits at the budgets below (the others fit whole, or go elsewhere).
-# Without the glue, LTX's, AnimateDiff's (and SD3 ControlNet's, above) failed with DeviceMismatchError. Lumina2's
+# Without the glue, LTX's, AnimateDiff's (and SD3 ControlNet's, above) failed with a device mismatch. Lumina2's
 # denoiser fits whole here: its Gemma2 encoder's activation at the captured prompt length is the largest
 # transient, and the budget below leaves room for it.
 SPLIT_BY_THE_PLANNER = {"PixArtSigmaPipeline", "LTXPipeline", "AnimateDiffPipeline", "FluxKontextPipeline",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipelines import Pipeline
-from pipelines.hf.calls import CallSpecError
+from pipelines.errors import CallSpecError
 from placement import Plan
 from placement.errors import DoesNotFitError
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD as OVERHEAD

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch.utils._pytree import tree_map_with_path
 
-from pipelines.hf.calls import CallSpecError
+from pipelines.errors import CallSpecError
 from pipelines.loading.planning import describe_call, modules_and_edges
 from placement.activations.measure import measure_activations
 

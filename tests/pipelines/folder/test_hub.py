@@ -63,7 +63,7 @@ def test_local_folder_never_calls_the_hub(tmp_path, monkeypatch):
 
 
 def test_neither_folder_nor_hub_id_is_a_clear_error(tmp_path):
-    with pytest.raises(hub.FolderNotFoundError, match=r"No such folder: .*place'"):
+    with pytest.raises(hub.WeightsNotFoundError, match=r"No such folder: .*place'"):
         hub.resolve_folder(str(tmp_path / "no" / "such" / "place"))
 
 
@@ -77,10 +77,10 @@ def test_a_missing_path_is_no_such_folder_not_the_hub_rules(tmp_path, monkeypatc
 
     monkeypatch.setattr(hub.huggingface_hub, "snapshot_download", refuse)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(hub.FolderNotFoundError, match=r"^No such folder: .*\(looked for .*Check the path") as caught:
+    with pytest.raises(hub.WeightsNotFoundError, match=r"^No such folder: .*\(looked for .*Check the path") as caught:
         TextToImagePipeline.from_pretrained(spelled)
     assert "Repo id" not in str(caught.value) and isinstance(caught.value, WeightsNotFoundError)
-    with pytest.raises(hub.FolderNotFoundError):
+    with pytest.raises(hub.WeightsNotFoundError, match="No such folder"):
         TinyModel.plan_placement(Path(spelled))
 
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from hooks.errors import OffloadConflictError
 from pipelines import Pipeline, UnknownKeywordError
-from pipelines.errors import DeviceMappedError
 from pipelines.checkpoint import CheckpointSaveError
-from pipelines.folder.model_index import ModelIndexError
-from pipelines.framework.pipeline import PipelineComponentError
+from pipelines.errors import FolderError
 from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler
 
 from pipeline_fixtures import USER_IDS, Decoder, DecoderConfig, TinyUserPipeline, tiny_user_pipeline
@@ -57,7 +56,7 @@ def test_graph_naming_an_unknown_component_or_with_a_cycle_is_an_error():
             super().__init__()
             self.register_components(encoder=linear(), denoiser=linear())
 
-    with pytest.raises(PipelineComponentError, match="denoisr"):
+    with pytest.raises(FolderError, match="denoisr"):
         Typo().execution_order
 
     class Cycle(Pipeline):
@@ -67,7 +66,7 @@ def test_graph_naming_an_unknown_component_or_with_a_cycle_is_an_error():
             super().__init__()
             self.register_components(a=linear(), b=linear())
 
-    with pytest.raises(PipelineComponentError, match="cycle"):
+    with pytest.raises(FolderError, match="cycle"):
         Cycle().execution_order
 
 
@@ -82,7 +81,7 @@ def test_to_moves_and_casts_every_module_when_not_device_mapped():
 def test_guard_refuses_to_on_a_device_mapped_pipeline():
     pipe = tiny_user_pipeline()
     pipe.hf_device_map = {"encoder": "cpu"}
-    with pytest.raises(DeviceMappedError, match="reset_device_map"):
+    with pytest.raises(OffloadConflictError, match="reset_device_map"):
         pipe.to(torch.float16)
 
 
@@ -137,7 +136,7 @@ def test_missing_component_folder_is_an_error_naming_it(tmp_path):
     for path in (tmp_path / "user" / "decoder").iterdir():
         path.unlink()
     (tmp_path / "user" / "decoder").rmdir()
-    with pytest.raises(PipelineComponentError, match="'decoder'.*missing"):
+    with pytest.raises(FolderError, match="'decoder'.*missing"):
         TinyUserPipeline.from_pretrained(tmp_path / "user")
     # Passing the missing component in instead is fine.
     loaded = TinyUserPipeline.from_pretrained(tmp_path / "user", decoder=Decoder(DecoderConfig()))
@@ -150,7 +149,7 @@ def test_required_component_absent_from_the_index_is_an_error(tmp_path):
     index = json.loads(index_path.read_text())
     del index["denoiser"]
     index_path.write_text(json.dumps(index))
-    with pytest.raises(PipelineComponentError, match=r"needs component\(s\) \['denoiser'\]"):
+    with pytest.raises(FolderError, match=r"needs component\(s\) \['denoiser'\]"):
         TinyUserPipeline.from_pretrained(tmp_path / "user")
 
 
@@ -169,12 +168,12 @@ def test_unknown_library_or_class_is_a_clear_error(tmp_path, entry, message):
     index = json.loads(index_path.read_text())
     index["decoder"] = entry
     index_path.write_text(json.dumps(index))
-    with pytest.raises(ModelIndexError, match=message):
+    with pytest.raises(FolderError, match=message):
         TinyUserPipeline.from_pretrained(tmp_path / "user")
 
 
 def test_folder_without_model_index_is_an_error(tmp_path):
-    with pytest.raises(ModelIndexError, match="model_index.json"):
+    with pytest.raises(FolderError, match="model_index.json"):
         Pipeline.from_pretrained(tmp_path)
 
 
@@ -196,7 +195,7 @@ def test_a_passed_non_module_where_the_folder_holds_a_model_is_an_error(tmp_path
     (a wrapped or quantized model) and None stay allowed."""
     tiny_user_pipeline().save_pretrained(tmp_path / "user")
     for cls in (TinyUserPipeline, Pipeline):
-        with pytest.raises(PipelineComponentError, match=r"decoder=\.\.\.\) got a str, but 'decoder' is a model "
+        with pytest.raises(FolderError, match=r"decoder=\.\.\.\) got a str, but 'decoder' is a model "
                                                          r"in this folder \(pipeline_fixtures.Decoder\)"):
             cls.from_pretrained(tmp_path / "user", decoder="decoder/")
     other = nn.Linear(8, 3)

@@ -11,16 +11,15 @@ import pytest
 import torch
 
 import pipelines
+from hooks.errors import OffloadConflictError
 from pipelines import Pipeline
-from pipelines.errors import DeviceMappedError
-from pipelines.hf.diffusers_pipeline import DiffusersPipelineError
-from pipelines.loading.saved_plans import SavedPlanError
+from pipelines.errors import LoadError
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
 
-from tiny_parts import clip_config, clip_tokenizer, flow_vae, t5_encoder, t5_tokenizer  # noqa: E402
 from same_output import assert_same_output
+from tiny_parts import clip_config, clip_tokenizer, flow_vae, t5_encoder, t5_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for", "ignore::FutureWarning")
 
@@ -220,7 +219,7 @@ def test_a_missing_component_is_named_with_the_class_and_generic_loads_on_reques
     index = json.loads((partial / "model_index.json").read_text())
     del index["vae"]
     (partial / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(DiffusersPipelineError, match=r"FluxPipeline needs component\(s\) \['vae'\].*generic=True"):
+    with pytest.raises(LoadError, match=r"FluxPipeline needs component\(s\) \['vae'\].*generic=True"):
         Pipeline.from_pretrained(partial, device_map="balanced", progress=False)
     pipe = Pipeline.from_pretrained(partial, device_map="balanced", progress=False, generic=True)
     assert type(pipe) is Pipeline and set(pipe.hf_device_map) == {"text_encoder", "text_encoder_2", "transformer"}
@@ -231,7 +230,7 @@ def test_a_class_the_installed_diffusers_lacks_is_named(folders, tmp_path):
     shutil.copytree(folders["sd"], other)
     index = json.loads((other / "model_index.json").read_text())
     (other / "model_index.json").write_text(json.dumps({**index, "_class_name": "FuturePipeline"}))
-    with pytest.raises(DiffusersPipelineError, match="'FuturePipeline'.*generic=True"):
+    with pytest.raises(LoadError, match="'FuturePipeline'.*generic=True"):
         Pipeline.plan_placement(other, max_memory=TWO_GPUS)
     assert type(Pipeline.from_pretrained(other, generic=True, progress=False)) is Pipeline
 
@@ -247,7 +246,7 @@ def test_a_plan_round_trips_as_plan_json_file_and_flat_map(folders, tmp_path):
     assert Pipeline.plan_placement(folder, device_map=str(tmp_path / "plan.json")) == plan
     flat = Pipeline.plan_placement(folder, device_map=plan.device_map, max_memory={0: f"{budget}B", 1: f"{budget}B"})
     assert flat.device_map == plan.device_map
-    with pytest.raises(SavedPlanError, match="sized 'text_encoder' at .* torch_dtype=torch.float16"):
+    with pytest.raises(LoadError, match="sized 'text_encoder' at .* torch_dtype=torch.float16"):
         Pipeline.plan_placement(folder, device_map=plan, torch_dtype=torch.float16)
 
 
@@ -266,7 +265,7 @@ def test_place_a_pipeline_the_user_built_without_reloading(folders):
     assert built.transformer is transformer  # placed, not reloaded
     assert built.hf_device_map == plan.device_map and built.placement_plan is plan
     assert plan.components["transformer"].dtype == "float32 (as it is, placed by pipelines.place)"
-    with pytest.raises(DeviceMappedError, match="reset_device_map"):
+    with pytest.raises(OffloadConflictError, match="reset_device_map"):
         pipelines.place(built)
     reference = diffusers.FluxPipeline.from_pretrained(folders["flux"])
     assert_same_output(generate(built, "flux"), generate(reference, "flux"))

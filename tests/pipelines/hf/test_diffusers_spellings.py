@@ -14,7 +14,7 @@ import pipelines.folder.hub as hub
 from hooks.group_offload import GroupOffloadingConfig, apply_group_offloading, remove_group_offloading
 from hooks import OffloadConfigError
 from pipelines import TextToImagePipeline
-from pipelines.hf.hf_spellings import LoadArgumentError
+from pipelines.errors import LoadError
 
 from checkpoint_models import PlainConfig, PlainModel, TinyModel, tiny_ids, tiny_model
 from pipeline_fixtures import save_preset
@@ -36,7 +36,7 @@ def test_dtype_is_torch_dtype(folder):
     same = TextToImagePipeline.plan_placement(folder, dtype=torch.float16, torch_dtype=torch.float16,
                                               max_memory={0: "1GiB"})
     assert same.components == plan.components
-    with pytest.raises(LoadArgumentError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
+    with pytest.raises(LoadError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
         TextToImagePipeline.from_pretrained(folder, torch_dtype=torch.float32, dtype=torch.float16)
 
 
@@ -45,7 +45,7 @@ def test_model_dtype_and_use_safetensors(tmp_path):
     model = TinyModel.from_pretrained(tmp_path / "model", dtype=torch.float16, use_safetensors=True, progress=False)
     assert model.blocks[0].fc1.weight.dtype == torch.float16
     assert model.norm_out.weight.dtype == torch.float32  # _keep_in_fp32_modules still honoured
-    with pytest.raises(LoadArgumentError, match="never unpickles"):
+    with pytest.raises(LoadError, match="never unpickles"):
         TinyModel.from_pretrained(tmp_path / "model", use_safetensors=False)
 
 

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_map_with_path
 
 from family_folders import build_modules, meta_pipeline, write_configs_folder
 from pipelines import Pipeline
-from pipelines.hf.calls import CallSpecError, UnknownPipelineCallError
+from pipelines.errors import CallSpecError
 from pipelines.loading.planning import describe_call, modules_and_edges
 from placement.activations.measure import measure_activations
 
@@ -102,7 +102,7 @@ def test_a_pipeline_of_unknown_calls_says_how_to_describe_its_inputs():
         model_graph = []
 
     pipe = MyPipeline()
-    with pytest.raises(UnknownPipelineCallError, match="MyPipeline.*activation_inputs"):
+    with pytest.raises(CallSpecError, match="MyPipeline.*activation_inputs"):
         describe_call(pipe, {}, {"height": 512, "width": 512})
 
 

@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 import pipelines
-from pipelines import LoadArgumentError, Pipeline, TextToImagePipeline, UnknownKeywordError
+from pipelines import LoadError, Pipeline, TextToImagePipeline, UnknownKeywordError
 from pipelines.loading.options import PIPELINE_ARGUMENTS
 
 from checkpoint_models import TinyModel, tiny_model
@@ -89,9 +89,9 @@ def test_diffusers_loading_keywords_that_ask_for_what_we_do_are_accepted(folder,
     ("ignore_mismatched_sizes", True, "CheckpointShapeError"),
 ])
 def test_diffusers_loading_keywords_we_cannot_honour_are_refused_by_name(folder, model_folder, keyword, value, reason):
-    with pytest.raises(LoadArgumentError, match=rf"from_pretrained\({keyword}=.*\) is not supported: .*{reason}"):
+    with pytest.raises(LoadError, match=rf"from_pretrained\({keyword}=.*\) is not supported: .*{reason}"):
         TextToImagePipeline.from_pretrained(folder, **{keyword: value})
-    with pytest.raises(LoadArgumentError, match=rf"TinyModel.from_pretrained\({keyword}=.*{reason}"):
+    with pytest.raises(LoadError, match=rf"TinyModel.from_pretrained\({keyword}=.*{reason}"):
         TinyModel.from_pretrained(model_folder, **{keyword: value})
 
 

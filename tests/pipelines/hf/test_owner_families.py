@@ -114,13 +114,13 @@ def test_a_checkpoint_whose_keys_no_rename_explains_still_names_them(saved, tmp_
     tensors = load_file(folder / "model.safetensors")
     tensors["model.not_a_layer.weight"] = tensors.pop("model.embed_tokens.weight")
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(pipelines.CheckpointKeysError, match="embed_tokens"):
+    with pytest.raises(pipelines.FolderError, match="embed_tokens"):
         pipelines.load_model(broken, device_map="auto", progress=False)
 
 
 def test_model_mixin_points_a_transformers_or_diffusers_folder_to_load_model(saved):
     folder, _ = saved["t5"]
-    with pytest.raises(pipelines.ForeignModelFolderError, match=r"transformers T5EncoderModel.*load_model"):
+    with pytest.raises(pipelines.LoadError, match=r"transformers T5EncoderModel.*load_model"):
         pipelines.ModelMixin.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     assert "architectures" in config

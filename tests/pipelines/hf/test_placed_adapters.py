@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from hooks import weight_homes
+from hooks.errors import OffloadConflictError
 from pipelines import Pipeline
 from pipelines.checkpoint import CheckpointShapeError
-from pipelines.hf.adapters import AdapterPlacementError
 from placement.plan_schema import ComponentTransfer, PlacementKind
 
 peft = pytest.importorskip("peft")
 diffusers = pytest.importorskip("diffusers")
 from peft import LoraConfig  # noqa: E402
 from peft.utils import get_peft_model_state_dict  # noqa: E402
-from test_diffusers_pipelines import build_flux  # noqa: E402
 from same_output import assert_same_output
+from test_diffusers_pipelines import build_flux  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:No LoRA keys", "ignore:Already unmerged")
 MEMORY = {0: "1GiB", 1: "1GiB", "cpu": "4GiB"}
@@ -198,18 +198,18 @@ def test_fusing_into_weights_on_disk_is_refused_before_anything_changes(placemen
     # After a call, per-call units stay loaded on their GPU until their room is needed: still homed on disk (the
     # refusal read the home from the tensors, which were on the GPU then, and the fuse wrote into stand-ins).
     denoise(pipe)
-    with pytest.raises(AdapterPlacementError, match=r"fuse_lora\(\): transformer .*on disk.*before placing"):
+    with pytest.raises(OffloadConflictError, match=r"fuse_lora\(\): transformer .*on disk.*before placing"):
         pipe.fuse_lora(components=["transformer"])
     assert not pipe.transformer.get_submodule("transformer_blocks.0.attn.to_q").merged  # none fused, even in RAM
     assert_same_output(denoise(pipe), expected[WITHOUT_FUSE][2])
-    with pytest.raises(AdapterPlacementError, match=r"fuse_lora\(\): transformer"):
+    with pytest.raises(OffloadConflictError, match=r"fuse_lora\(\): transformer"):
         pipe.transformer.fuse_lora()  # the model's own method too
 
 
 def test_set_lora_device_is_refused_on_a_placed_pipeline(flux, gpus):
     pipe = load(flux, "whole")
     pipe.load_lora_weights(flux / "a", adapter_name="a")
-    with pytest.raises(AdapterPlacementError, match=r"set_lora_device.*'transformer'.*reset_device_map"):
+    with pytest.raises(OffloadConflictError, match=r"set_lora_device.*'transformer'.*reset_device_map"):
         pipe.set_lora_device(["a"], "cpu")
 
 

@@ -59,13 +59,13 @@ def test_a_single_file_transformer_loads_into_its_pipeline_as_diffusers_does(flu
 
 
 def test_a_single_file_needs_its_config_folder(flux):
-    with pytest.raises(pipelines.SingleFileError, match="config="):
+    with pytest.raises(pipelines.LoadError, match="config="):
         pipelines.Pipeline.from_pretrained(flux / "flux-transformer.safetensors", device_map="balanced")
 
 
 def test_a_file_holding_none_of_the_pipelines_models_is_named(flux, tmp_path):
     save_file({"unrelated.weight": torch.zeros(4, 4)}, tmp_path / "other.safetensors")
-    with pytest.raises(pipelines.SingleFileError, match="holds the weights of none"):
+    with pytest.raises(pipelines.LoadError, match="holds the weights of none"):
         pipelines.Pipeline.plan_placement(tmp_path / "other.safetensors", config=flux / "flux")
 
 
@@ -85,5 +85,5 @@ def test_a_single_file_that_is_not_the_model_is_named_with_its_keys_and_shapes(f
         says = r"tensor\(s\) have other shapes \('\S+' \[\d+(, \d+)*\] in the model, \[\d+(, \d+)*\] in the file"
     save_file(state, tmp_path / "cut.safetensors")
     for call in (pipelines.plan_model, pipelines.load_model):
-        with pytest.raises(pipelines.SingleFileError, match=rf"cut.safetensors is not a FluxTransformer2DModel .*{says}"):
+        with pytest.raises(pipelines.LoadError, match=rf"cut.safetensors is not a FluxTransformer2DModel .*{says}"):
             call(tmp_path / "cut.safetensors", config=flux / "flux" / "transformer", max_memory={0: "1GiB"})

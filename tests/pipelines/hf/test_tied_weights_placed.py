@@ -1,6 +1,6 @@
 """A tied weight is one tensor in every plan: T5's `encoder.embed_tokens` shares `shared`'s embedding, and FLUX
 with one usable GPU (the most common consumer case) split, streamed or loaded per call its T5 with that module in
-no list (`IncompleteDeviceMapError`, `TransferPlanError` at load). At every budget the planner accepts, the placed
+no list (`PlanError`, `OffloadConfigError` at load). At every budget the planner accepts, the placed
 pipeline now loads, runs equal to diffusers' own, takes a LoRA into its transformer wherever the plan put it
 (whole, streamed, loaded per call, CPU) and gives what diffusers gives with it, keeps the tie and resets clean."""
 

@@ -11,7 +11,7 @@ import pytest
 import pipelines
 import placement
 from placement.budgets import DETECTED_CPU_NOTE, ZeroBudgetWarning
-from placement.errors import InvalidSizeError, PlacementError
+from placement.errors import PlacementError, PlanError
 from pipelines import TextToImagePipeline
 from pipelines.loading.suggestions import BF16_SUGGESTION
 
@@ -45,7 +45,7 @@ def entries(folder, pipe):
 @pytest.mark.parametrize("entry", ["from_pretrained", "plan_placement", "placement.plan", "place", "load_model",
                                    "plan_replicas"])
 def test_a_bare_int_under_one_mib_is_a_unit_left_out_at_every_entry(folder, pipe, entry):
-    with pytest.raises(InvalidSizeError, match=UNIT_LEFT_OUT):
+    with pytest.raises(PlanError, match=UNIT_LEFT_OUT):
         entries(folder, pipe)[entry]({0: 24, "cpu": "1GiB"})
     assert getattr(pipe, "hf_device_map", None) is None
 

@@ -10,7 +10,7 @@ import torch
 import pipelines
 from hooks.layerwise_casting import LayerwiseCastingHook
 from pipelines import TextToImagePipeline
-from placement.errors import InvalidDtypeError
+from placement.errors import PlanError
 from placement.sizing import size_module
 
 from pipeline_fixtures import generate, save_preset
@@ -66,7 +66,7 @@ def _casting_hook(module) -> bool:
 
 def test_an_fp8_torch_dtype_is_refused_with_the_hint(tmp_path):
     folder, _ = save_preset(tmp_path / "tiny-dit")
-    with pytest.raises(InvalidDtypeError, match=r"storage dtype.*layerwise_casting=\{'denoiser': torch.float8_e4m3fn\}"):
+    with pytest.raises(PlanError, match=r"storage dtype.*layerwise_casting=\{'denoiser': torch.float8_e4m3fn\}"):
         TextToImagePipeline.from_pretrained(folder, device_map="balanced", torch_dtype={"denoiser": FP8})
     with pytest.raises(ValueError, match="layerwise_casting names \\['unet'\\]"):
         TextToImagePipeline.plan_placement(folder, layerwise_casting={"unet": FP8})
@@ -76,7 +76,7 @@ def test_an_fp8_torch_dtype_is_refused_with_the_hint(tmp_path):
 def test_a_storage_dtype_that_is_not_fp8_is_refused_at_plan_time(storage, tmp_path):
     """A 16-bit storage dtype was accepted, and the first call failed ("mat1 and mat2 must have the same dtype")."""
     folder, _ = save_preset(tmp_path / "tiny-dit")
-    with pytest.raises(InvalidDtypeError, match=r"layerwise_casting\['denoiser'\]=.*must be an fp8 dtype"):
+    with pytest.raises(PlanError, match=r"layerwise_casting\['denoiser'\]=.*must be an fp8 dtype"):
         TextToImagePipeline.plan_placement(folder, layerwise_casting={"denoiser": storage}, max_memory={0: "1GiB"})
 
 

@@ -65,7 +65,7 @@ def test_every_option_is_taken_by_some_entry_and_read_by_the_loader():
 def test_a_keyword_is_validated_once_with_the_same_words_at_every_entry():
     assert LoadOptions(dtype=torch.float16).torch_dtype is torch.float16
     assert LoadOptions(pin=["vae"]).pin == ("vae",)
-    with pytest.raises(pipelines.LoadArgumentError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
+    with pytest.raises(pipelines.LoadError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
         LoadOptions(torch_dtype=torch.float32, dtype=torch.float16)
     options, rest = LoadOptions.take({"max_memory": {0: "1GiB"}, "vae": None, "low_cpu_mem_usage": True},
                                      entry=PIPELINE_PLAN, label="P.plan_placement")

@@ -13,7 +13,7 @@ from pipeline_fixtures import save_preset
 from pipelines import TextToImagePipeline
 from pipelines.loading.options import LoadOptions, Scope
 from pipelines.loading.request import DeviceMapKind, DeviceMapRequest, DtypeRequest, resolve_request
-from placement.errors import InvalidDtypeError
+from placement.errors import PlanError
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +47,13 @@ def test_torch_dtype_values_are_checked_once_with_the_key_named():
     request = DtypeRequest.parse({"vae": torch.float32, "default": "float16"})
     assert (request.for_component("vae"), request.for_component("denoiser")) == (torch.float32, torch.float16)
     assert DtypeRequest.parse(None).for_component("vae") is None
-    with pytest.raises(InvalidDtypeError, match=r"torch_dtype\['vae'\] = 'int8'"):
+    with pytest.raises(PlanError, match=r"torch_dtype\['vae'\] = 'int8'"):
         DtypeRequest.parse({"vae": "int8"})
 
 
 def test_torch_dtype_keys_are_checked_in_one_place_with_one_message():
     request = DtypeRequest.parse({"vea": torch.float16, "default": torch.float32})
-    with pytest.raises(InvalidDtypeError) as raised:
+    with pytest.raises(PlanError) as raised:
         request.check_names(["vae", "denoiser"], of="pipeline")
     assert str(raised.value) == (
         "torch_dtype names ['vea'], which are not module components of this pipeline; its module components are "
@@ -66,7 +66,7 @@ def test_a_misspelt_torch_dtype_key_fails_before_anything_is_built(tmp_path, mon
     folder, _ = save_preset(tmp_path / "p")
     monkeypatch.setattr(pipeline_loader, "build_from_source", lambda *a, **k: pytest.fail("built a component"))
     for entry in (TextToImagePipeline.from_pretrained, TextToImagePipeline.plan_placement):
-        with pytest.raises(InvalidDtypeError, match=r"\['vea'\].*'vae'"):
+        with pytest.raises(PlanError, match=r"\['vea'\].*'vae'"):
             entry(folder, device_map="balanced", torch_dtype={"vea": torch.float16})
 
 
@@ -76,7 +76,7 @@ def test_a_model_takes_a_torch_dtype_dict_keyed_by_its_class_name(tmp_path):
     assert model.blocks[0].fc1.weight.dtype is torch.float16
     assert TinyModel.from_pretrained(tmp_path / "m", torch_dtype={"default": "float16"},
                                      progress=False).blocks[0].fc1.weight.dtype is torch.float16
-    with pytest.raises(InvalidDtypeError, match=r"\['Tiny'\].*\['TinyModel'\]"):
+    with pytest.raises(PlanError, match=r"\['Tiny'\].*\['TinyModel'\]"):
         TinyModel.from_pretrained(tmp_path / "m", torch_dtype={"Tiny": torch.float16}, progress=False)
 
 

@@ -66,5 +66,5 @@ def test_a_map_on_an_accelerator_is_kept_there(two_gpus, saved):
 
 def test_pin_names_only_components_passed_in(saved):
     folder, _ = saved
-    with pytest.raises(pipelines.FormatOptionError, match=r"pin=\['vae'\] names \['vae'\], which were not passed"):
+    with pytest.raises(pipelines.LoadError, match=r"pin=\['vae'\] names \['vae'\], which were not passed"):
         TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, pin=["vae"])

@@ -1,6 +1,6 @@
 """A quantization config, in a folder's config.json or given as an argument, is checked by its owner's config
 class before anything is built: what the owner would not apply as asked (a string, an unknown quant_method, a
-method whose library is missing, a field missing, contradictory fields) is one QuantizationConfigError line
+method whose library is missing, a field missing, contradictory fields) is one LoadError line
 naming the component, the field and the accepted values, for a plan and for every kind of load; never ignored
 (a string quantization_config loaded the model dense)."""
 
@@ -11,7 +11,7 @@ import json
 import pytest
 
 import pipelines
-from pipelines import QuantizationConfigError, TextToImagePipeline
+from pipelines import LoadError, TextToImagePipeline
 
 from pipeline_fixtures import save_preset
 from quantized_models import diffusers, save_flux, save_t5
@@ -53,7 +53,7 @@ def test_a_folder_config_the_owner_cannot_apply_is_refused_for_plans_and_loads(d
         for attempt in (lambda: pipelines.plan_model(folder, max_memory=BUDGETS),
                         lambda: pipelines.load_model(folder, device_map="cpu", progress=False),
                         lambda: pipelines.load_model(folder, device_map=None, progress=False)):
-            with pytest.raises(QuantizationConfigError) as raised:
+            with pytest.raises(LoadError) as raised:
                 attempt()
             message = str(raised.value)
             assert "\n" not in message and message.startswith("Component '")
@@ -66,7 +66,7 @@ def test_a_method_whose_library_is_missing_is_named_with_what_to_install(dense):
     folder = dense["transformers"]
     original = with_quantization(folder, {"quant_method": "gptq", "bits": 4})
     try:
-        with pytest.raises(QuantizationConfigError, match=r"'T5EncoderModel': quant_method='gptq' needs a library "
+        with pytest.raises(LoadError, match=r"'T5EncoderModel': quant_method='gptq' needs a library "
                                                           r"that is not installed \(No module named"):
             pipelines.plan_model(folder, max_memory=BUDGETS)
     finally:
@@ -74,7 +74,7 @@ def test_a_method_whose_library_is_missing_is_named_with_what_to_install(dense):
 
 
 def test_a_config_dict_given_for_one_model_is_checked_not_ignored(dense):
-    with pytest.raises(QuantizationConfigError, match=r"quantization_config= has quant_method='int3'"):
+    with pytest.raises(LoadError, match=r"quantization_config= has quant_method='int3'"):
         pipelines.plan_model(dense["diffusers"], max_memory=BUDGETS, quantization_config={"quant_method": "int3"})
     torchao = pytest.importorskip("torchao.quantization")
     as_dict = diffusers.TorchAoConfig(torchao.Int8WeightOnlyConfig()).to_dict()
@@ -84,7 +84,7 @@ def test_a_config_dict_given_for_one_model_is_checked_not_ignored(dense):
 
 def test_a_config_dict_for_a_whole_pipeline_must_name_its_components(tmp_path):
     folder = save_preset(tmp_path / "tiny-dit")[0]
-    with pytest.raises(QuantizationConfigError, match="must say which components it quantizes"):
+    with pytest.raises(LoadError, match="must say which components it quantizes"):
         TextToImagePipeline.plan_placement(folder, quantization_config={"quant_method": "torchao"})
 
 
@@ -93,6 +93,6 @@ def test_quantizing_our_own_models_is_the_documented_error_for_every_load(tmp_pa
     folder = save_preset(tmp_path / "tiny-dit")[0]
     config = diffusers.PipelineQuantizationConfig(quant_backend="bitsandbytes_4bit", quant_kwargs={"load_in_4bit": True})
     for given in ({"denoiser": diffusers.BitsAndBytesConfig(load_in_4bit=True)}, config):
-        with pytest.raises(QuantizationConfigError, match=r"is a pipelines.ModelMixin"):
+        with pytest.raises(LoadError, match=r"is a pipelines.ModelMixin"):
             TextToImagePipeline.from_pretrained(folder, device_map=device_map, quantization_config=given,
                                                 progress=False)

@@ -161,13 +161,13 @@ def test_bitsandbytes_offloaded_is_refused_when_planned(one_cpu_backed_gpu, tmp_
     config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=BF16)
     streamed = {"shared": 0, "encoder.block.0": 0, "encoder.block.1": "cpu", "encoder.final_layer_norm": 0}
     refused = r"'T5EncoderModel' \(fp4 \(bitsandbytes\).*offloaded.*cannot be offloaded apart"
-    with pytest.raises(pipelines.FormatPlacementError, match=refused):
+    with pytest.raises(pipelines.LoadError, match=refused):
         pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, device_map=streamed,
                              max_memory={0: "1GiB", "cpu": "1GiB"})
     quantized = transformers.T5EncoderModel.from_pretrained(folder, quantization_config=config, dtype=BF16)
     pipe = pipelines.Pipeline()
     pipe.register_components(model=quantized)
-    with pytest.raises(pipelines.FormatPlacementError, match=r"'model' \(fp4 \(bitsandbytes\)"):
+    with pytest.raises(pipelines.LoadError, match=r"'model' \(fp4 \(bitsandbytes\)"):
         pipelines.place(pipe, device_map={"model": streamed}, max_memory={0: "1GiB", "cpu": "1GiB"})
     assert pipe.hf_device_map is None  # refused before anything moved
     whole = pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, max_memory={0: "1GiB"})
@@ -177,7 +177,7 @@ def test_bitsandbytes_offloaded_is_refused_when_planned(one_cpu_backed_gpu, tmp_
 def test_a_quantized_component_on_disk_is_refused_when_planned(one_cpu_backed_gpu, tmp_path):
     folder = save_flux(tmp_path)
     config = diffusers.TorchAoConfig(torchao.Int8WeightOnlyConfig())
-    with pytest.raises(pipelines.FormatPlacementError, match="disk.*safetensors files, which hold plain tensors only"):
+    with pytest.raises(pipelines.LoadError, match="disk.*safetensors files, which hold plain tensors only"):
         pipelines.plan_model(folder, quantization_config=config, torch_dtype=BF16, offload_folder=tmp_path / "off",
                              max_memory={0: "8KiB", "cpu": "8KiB"})
 
@@ -186,7 +186,7 @@ def test_fp8_layerwise_casting_on_disk_is_refused_when_planned(one_cpu_backed_gp
     """The disk copy would be written before the fp8 cast: served from it, the layers would compute at full
     precision, so a plan putting a cast component on disk is refused before anything is read."""
     folder = save_flux(tmp_path, layers=4)
-    with pytest.raises(pipelines.FormatPlacementError, match=r"layerwise float8_e4m3fn.*on disk.*max_memory\['cpu'\]"):
+    with pytest.raises(pipelines.LoadError, match=r"layerwise float8_e4m3fn.*on disk.*max_memory\['cpu'\]"):
         pipelines.plan_model(folder, torch_dtype=BF16, layerwise_casting=torch.float8_e4m3fn,
                              offload_folder=tmp_path / "off", max_memory={0: "8KiB", "cpu": "8KiB"})
 

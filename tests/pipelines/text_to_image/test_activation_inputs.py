@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map_only
 
+from pipelines.errors import LoadError
 from pipelines.text_to_image.pipeline import TextToImagePipeline
-from pipelines.text_to_image.inputs import ActivationInputsError, ComponentCall, text_to_image_activation_inputs
+from pipelines.text_to_image.inputs import ComponentCall, text_to_image_activation_inputs
 from placement.activations.measure import measure_activations
 
 SIDES = (32, 64, 128)  # pixels; the tiny VAE downsamples by 2, so latents are 16..64 a side
@@ -123,7 +124,7 @@ def test_an_offloaded_vae_decode_is_estimated_like_a_plain_one():
 )
 def test_bad_call_specs_are_clear_errors(spec, message):
     pipe = TextToImagePipeline.from_preset("tiny-unet", device="meta")
-    with pytest.raises(ActivationInputsError, match=message):
+    with pytest.raises(LoadError, match=message):
         text_to_image_activation_inputs(pipe, **spec)
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from pipelines.checkpoint import CheckpointError
-from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler, SchedulerError
+from pipelines.errors import CallError, FolderError
+from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler
 from same_output import assert_same_output
 
 
@@ -69,48 +69,48 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_using_the_schedule_before_set_timesteps_is_an_error():
     scheduler = FlowMatchEulerScheduler()
-    with pytest.raises(SchedulerError, match="set_timesteps"):
+    with pytest.raises(CallError, match="set_timesteps"):
         scheduler.timesteps
-    with pytest.raises(SchedulerError, match="set_timesteps"):
+    with pytest.raises(CallError, match="set_timesteps"):
         scheduler.step(torch.zeros(1), 1000.0, torch.zeros(1))
 
 
 def test_a_timestep_outside_the_schedule_is_an_error():
     scheduler = FlowMatchEulerScheduler()
     scheduler.set_timesteps(4)
-    with pytest.raises(SchedulerError, match="not in this schedule"):
+    with pytest.raises(CallError, match="not in this schedule"):
         scheduler.step(torch.zeros(1), 123.0, torch.zeros(1))
 
 
 def test_mismatched_shapes_are_an_error():
     scheduler = FlowMatchEulerScheduler()
     scheduler.set_timesteps(4)
-    with pytest.raises(SchedulerError, match=r"\(1, 2\)"):
+    with pytest.raises(CallError, match=r"\(1, 2\)"):
         scheduler.step(torch.zeros(1, 2), scheduler.timesteps[0], torch.zeros(1, 3))
 
 
 @pytest.mark.parametrize("steps", [0, -3, 2.5, True, "10"])
 def test_bad_step_counts_are_refused(steps):
-    with pytest.raises(SchedulerError, match="num_inference_steps"):
+    with pytest.raises(CallError, match="num_inference_steps"):
         FlowMatchEulerScheduler().set_timesteps(steps)
 
 
 @pytest.mark.parametrize("fields, name", [({"shift": 0}, "shift"), ({"num_train_timesteps": -1}, "num_train_timesteps"),
                                           ({"beta_start": 0.1}, "beta_start")])
 def test_bad_settings_name_the_field(fields, name):
-    with pytest.raises(SchedulerError, match=name):
+    with pytest.raises(CallError, match=name):
         FlowMatchEulerScheduler(**fields)
 
 
 def test_bad_config_files_name_the_file_and_the_field(tmp_path):
-    with pytest.raises(CheckpointError, match="No scheduler_config.json"):
+    with pytest.raises(FolderError, match="No scheduler_config.json"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    with pytest.raises(FolderError, match="not valid JSON"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text(json.dumps({"shift": -2}))
-    with pytest.raises(CheckpointError, match="'shift'"):
+    with pytest.raises(FolderError, match="'shift'"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text(json.dumps({"use_karras": True}))
-    with pytest.raises(CheckpointError, match="unknown field 'use_karras'"):
+    with pytest.raises(FolderError, match="unknown field 'use_karras'"):
         FlowMatchEulerScheduler.from_pretrained(tmp_path)

@@ -8,9 +8,8 @@ import torch
 from PIL import Image
 
 from pipelines import TextEncoder, TextToImagePipeline
-from pipelines.text_to_image.conditioning import SequenceSource, TextConditioningError, text_conditioning_for
-from pipelines.text_to_image.pipeline import PipelineCallError
-from pipelines.text_to_image.presets import UnknownPresetError
+from pipelines.errors import CallError, LoadError
+from pipelines.text_to_image.conditioning import SequenceSource, text_conditioning_for
 
 from pipeline_fixtures import generate
 from same_output import assert_same_output
@@ -61,11 +60,11 @@ def test_guidance_runs_the_denoiser_on_a_doubled_batch(tiny_unet):
 
 
 def test_bad_call_arguments_are_clear_errors(tiny_dit):
-    with pytest.raises(PipelineCallError, match="output_type='jpeg'.*'pil', 'np', 'pt'"):
+    with pytest.raises(CallError, match="output_type='jpeg'.*'pil', 'np', 'pt'"):
         generate(tiny_dit, output_type="jpeg")
-    with pytest.raises(PipelineCallError, match="multiples of 4"):
+    with pytest.raises(CallError, match="multiples of 4"):
         generate(tiny_dit, height=30)
-    with pytest.raises(PipelineCallError, match="negative prompts"):
+    with pytest.raises(CallError, match="negative prompts"):
         tiny_dit(["a", "b"], negative_prompt=["x"], height=32, width=32, num_inference_steps=1)
 
 
@@ -81,9 +80,9 @@ def test_presets_on_meta_have_their_real_sizes_and_conditioning():
 
 
 def test_unknown_preset_or_device_lists_what_exists():
-    with pytest.raises(UnknownPresetError, match="tiny-unet, tiny-dit, sdxl-like, flux-like"):
+    with pytest.raises(LoadError, match="tiny-unet, tiny-dit, sdxl-like, flux-like"):
         TextToImagePipeline.from_preset("sd3")
-    with pytest.raises(UnknownPresetError, match="cpu or meta"):
+    with pytest.raises(LoadError, match="cpu or meta"):
         TextToImagePipeline.from_preset("tiny-dit", device="cuda")
 
 
@@ -101,10 +100,10 @@ def test_presets_are_seeded_and_leave_the_global_rng_alone():
 
 def test_encoders_that_do_not_fit_the_denoiser_are_reported(tiny_unet):
     narrow = TextEncoder(TextEncoder.presets["tiny"].model_copy(update={"hidden_size": 16, "projection_dim": None}))
-    with pytest.raises(TextConditioningError, match=r"hidden sizes \[16\].*text width 32"):
+    with pytest.raises(CallError, match=r"hidden sizes \[16\].*text width 32"):
         text_conditioning_for([narrow], tiny_unet.denoiser)
     small_pooled = TextEncoder(TextEncoder.presets["tiny"].model_copy(update={"projection_dim": 16}))
-    with pytest.raises(TextConditioningError, match=r"pooled text embedding of width 32.*\[16\]"):
+    with pytest.raises(CallError, match=r"pooled text embedding of width 32.*\[16\]"):
         text_conditioning_for([small_pooled], tiny_unet.denoiser)
 
 
@@ -134,7 +133,7 @@ def test_every_call_sends_model_offloaded_components_back_even_a_failed_one(monk
     monkeypatch.setattr(chain_class, "offload_all", lambda chain: (visits.append("call"), offload_all(chain)))
     generate(pipe)
     assert visits == ["call"]
-    with pytest.raises(PipelineCallError, match="latents have shape"):
+    with pytest.raises(CallError, match="latents have shape"):
         pipe("a", height=16, width=16, num_inference_steps=1, latents=torch.zeros(1, 1, 1, 1))
     assert visits == ["call", "call"]
     pipe.reset_device_map()

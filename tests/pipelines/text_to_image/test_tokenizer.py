@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.checkpoint import CheckpointError
-from pipelines.text_to_image.tokenizers import ByteTokenizer, TokenizerError
+from pipelines.errors import CallError, FolderError
+from pipelines.text_to_image.tokenizers import ByteTokenizer
 
 BOS, EOS, PAD = ByteTokenizer.bos_token_id, ByteTokenizer.eos_token_id, ByteTokenizer.pad_token_id
 
@@ -60,7 +60,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_too_long_without_truncation_names_the_text():
-    with pytest.raises(TokenizerError, match=r"Text 1 is 12 tokens .* max_length is 8"):
+    with pytest.raises(CallError, match=r"Text 1 is 12 tokens .* max_length is 8"):
         ByteTokenizer()(["ok", "0123456789"], max_length=8, truncation=False)
 
 
@@ -76,15 +76,15 @@ def test_too_long_without_truncation_names_the_text():
     ],
 )
 def test_bad_calls_raise_a_typed_error(texts, kwargs, message):
-    with pytest.raises(TokenizerError, match=message):
+    with pytest.raises(CallError, match=message):
         ByteTokenizer()(texts, **kwargs)
 
 
 def test_bad_settings_and_files(tmp_path):
-    with pytest.raises(TokenizerError, match="model_max_length"):
+    with pytest.raises(CallError, match="model_max_length"):
         ByteTokenizer(model_max_length=0)
-    with pytest.raises(CheckpointError, match="No tokenizer_config.json"):
+    with pytest.raises(FolderError, match="No tokenizer_config.json"):
         ByteTokenizer.from_pretrained(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"vocab_file": "x.txt"}))
-    with pytest.raises(CheckpointError, match="unknown field 'vocab_file'"):
+    with pytest.raises(FolderError, match="unknown field 'vocab_file'"):
         ByteTokenizer.from_pretrained(tmp_path)

@@ -7,7 +7,8 @@ import torch
 from accelerate import cpu_offload
 from accelerate.hooks import remove_hook_from_module
 
-from pipelines.text_to_image.models import AutoencoderKL, DiagonalGaussian, ModelInputError
+from pipelines.errors import CallError
+from pipelines.text_to_image.models import AutoencoderKL, DiagonalGaussian
 from pipelines.text_to_image.models.tiling import TileGrid
 
 from reference_inputs import tiny
@@ -122,7 +123,7 @@ def test_slicing_and_tiling_together(vae):
 
 @pytest.mark.parametrize("size, overlap, message", [(31, 0.25, "multiple"), (32, 0.6, "overlap"), (8, 0.1, "overlap")])
 def test_bad_tiling_settings_are_refused(vae, size, overlap, message):
-    with pytest.raises(ModelInputError, match=message):
+    with pytest.raises(CallError, match=message):
         vae.enable_tiling(size, overlap)
     assert not vae.use_tiling
 
@@ -137,7 +138,7 @@ def test_bad_tiling_settings_are_refused(vae, size, overlap, message):
     ],
 )
 def test_bad_inputs_raise_a_typed_error(vae, call, message):
-    with pytest.raises(ModelInputError, match=message):
+    with pytest.raises(CallError, match=message):
         call(vae)
 
 

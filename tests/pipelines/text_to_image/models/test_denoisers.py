@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.text_to_image.models import DiT, ModelInputError, UNet
+from pipelines.errors import CallError
+from pipelines.text_to_image.models import DiT, UNet
 
 from reference_inputs import denoiser_inputs, tiny
 from same_output import assert_same_output
@@ -92,7 +93,7 @@ def test_dit_image_tokens_see_each_other_and_positions_matter():
 def test_bad_inputs_raise_a_typed_error_naming_the_problem(denoiser, mutate, message):
     latents, timestep, context, pooled = denoiser_inputs(denoiser)
     latents, context, pooled = mutate(latents, context, pooled)
-    with pytest.raises(ModelInputError, match=message):
+    with pytest.raises(CallError, match=message):
         denoiser(latents, timestep, context, pooled)
 
 
@@ -102,11 +103,11 @@ def test_pooled_is_refused_by_a_model_without_pooled_conditioning():
     latents, timestep, context, pooled = denoiser_inputs(with_pooled)
     with torch.no_grad():
         assert model(latents, timestep, context).shape == latents.shape
-    with pytest.raises(ModelInputError, match="pooled_projection_dim is None"):
+    with pytest.raises(CallError, match="pooled_projection_dim is None"):
         model(latents, timestep, context, pooled)
 
 
 def test_bad_timestep_shape(denoiser):
     latents, _, context, pooled = denoiser_inputs(denoiser)
-    with pytest.raises(ModelInputError, match="timestep"):
+    with pytest.raises(CallError, match="timestep"):
         denoiser(latents, torch.ones(3), context, pooled)

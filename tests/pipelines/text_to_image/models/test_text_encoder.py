@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.text_to_image.models import ModelInputError, TextEncoder, TextEncoderOutput
+from pipelines.errors import CallError
+from pipelines.text_to_image.models import TextEncoder, TextEncoderOutput
 from pipelines.text_to_image.tokenizers import ByteTokenizer
 
 from reference_inputs import text_inputs, tiny
@@ -88,5 +89,5 @@ def test_byte_tokenizer_output_feeds_every_tiny_encoder(encoder):
 )
 def test_bad_inputs_raise_a_typed_error_naming_the_problem(make_args, message):
     model = tiny(TextEncoder, "tiny")
-    with pytest.raises(ModelInputError, match=message):
+    with pytest.raises(CallError, match=message):
         model(*make_args(model))
