@@ -74,12 +74,14 @@ class Entry:
         return [leaf if key is None else leaf() for leaf, key in zip(self.leaves, self.keys)]
 
 
-def _containers(inputs: Any) -> tuple[tuple | None, tuple]:
-    """The lists and dicts in `inputs` (each once) and the walk's layout; (None, layout) when a node is of another
-    kind (its changes could not be replayed)."""
+def _containers(inputs: tuple[tuple, dict]) -> tuple[tuple | None, tuple]:
+    """The lists and dicts in a call's `(args, kwargs)` (each once) and the walk's layout; (None, layout) when a
+    node is of another kind (its changes could not be replayed). The `kwargs` dict itself is not one: Python makes
+    it for the call, and no caller sees what the callee does to it."""
     found: list = []
     layout: list[int] = []
-    plain = _walk(inputs, found, layout)
+    args, kwargs = inputs
+    plain = all([_walk(node, found, layout) for node in (args, *kwargs.values())])
     return (tuple(found) if plain else None), tuple(layout)
 
 
@@ -198,6 +200,12 @@ class _Describer:
         self._given, self._containers = given, containers
         self._allocated, self._users = allocated, users
         self._shared: dict[int, tuple[int, int]] = {}  # storage key -> (index in storages, bytes)
+        self._owners: dict[int, int] = {}  # storage key -> the first input tensor alive on it
+        self._same: dict[int, int] = {}  # id of an input alive -> its index
+        for index, leaf in enumerate(given):
+            if isinstance(leaf, torch.Tensor):
+                self._owners.setdefault(storage_key(leaf), index)
+                self._same.setdefault(id(leaf), index)
         self.failed = False
 
     def __call__(self, leaf: Any, *, nested: bool = False) -> tuple | None:
@@ -214,12 +222,11 @@ class _Describer:
             return None if index is None else ("container", index)
         if not isinstance(leaf, torch.Tensor):
             return ("plain", leaf) if isinstance(leaf, _PLAIN) else None
-        same = next((i for i, given in enumerate(self._given) if given is leaf), None)
+        same = self._same.get(id(leaf))  # ids of inputs alive: no other object can have one
         if same is not None:
             return "same", same
         key, layout = storage_key(leaf), (tuple(leaf.shape), tuple(leaf.stride()))
-        owner = next((i for i, given in enumerate(self._given)
-                      if isinstance(given, torch.Tensor) and storage_key(given) == key), None)
+        owner = self._owners.get(key)
         if owner is not None:
             if self._given[owner].dtype != leaf.dtype:
                 return None

@@ -246,3 +246,28 @@ def test_the_memo_leaves_the_module_as_it_was(monkeypatch):
     chain = Chain(lambda: nn.Sequential(Attention(16)))
     assert_same_estimate(monkeypatch, chain, (torch.empty(2, 10, 16),))
     assert all("forward" not in vars(module) and not module._forward_pre_hooks for module in chain.modules())
+
+
+class Rotary(nn.Module):
+    """Takes its rotary tables as a tuple keyword argument, as FLUX's blocks take `image_rotary_emb`."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, *, rotary):
+        cos, sin = rotary
+        return self.linear(x * cos + x * sin)
+
+
+class RotaryChain(Chain):
+    def forward(self, x):
+        rotary = (x.new_ones(8), x.new_zeros(8))
+        for block in self.blocks:
+            x = block(x, rotary=rotary)
+        return x
+
+
+def test_blocks_taking_a_tuple_keyword_are_replayed(monkeypatch):
+    # The keyword arguments' dict is the call's own: what a block does to it is no write to replay.
+    assert_same_estimate(monkeypatch, RotaryChain(Rotary), (torch.empty(4, 8),), replayed=3)
