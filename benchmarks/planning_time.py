@@ -19,6 +19,9 @@ to time):
   configs (benchmarks/data/real_pipelines.json) at 1024x1024, bf16, as `real_calls.py` calls them;
 - wan-14b: the estimate of a Wan 2.1 T2V 14B transformer (the config of each of Wan 2.2 A14B's two experts)
   at 480x832x81 (21x60x104 latents, 512 text tokens, guidance's batch of 2), bf16;
+- wan-vae: the decode estimate of Wan 2.2 A14B's VAE (AutoencoderKLWan, Wan 2.1's config) at 480x832x81, bf16:
+  a causal loop calling its decoder once per latent frame (21 calls), which the memo runs 3 times and replays
+  18 (`placement/activations/call_effects.py`); memo off, every frame runs on fake tensors;
 - flux-folder: `Pipeline.plan_placement` of a FLUX.1-dev folder (real configs, full depth; stand-in tokenizers
   and scheduler, `real_folders.py`) for `call={"height": 1024, "width": 1024, "num_inference_steps": 28}` on
   one 24 GiB GPU in bf16: the whole plan, call capture (FluxPipeline's own __call__ on stand-ins) included;
@@ -115,6 +118,8 @@ ROWS = [
         prepare=lambda: _estimates("flux1-dev", ("text_encoder", "text_encoder_2", "transformer", "vae"))),
     Row(name="wan-14b", measures="Wan 2.1 14B transformer estimate (480x832x81, batch 2)",
         prepare=lambda: _estimates("wan2.1-t2v-14b", ("transformer",))),
+    Row(name="wan-vae", measures="Wan 2.2 A14B VAE decode estimate (480x832x81: 21 latent frames)",
+        prepare=lambda: _estimates("wan2.1-t2v-14b", ("vae",))),
     Row(name="flux-folder", measures="plan_placement of a FLUX.1-dev folder, call 1024x1024, 28 steps (capture)",
         prepare=lambda: _folder_plan("flux1-dev", {"height": 1024, "width": 1024, "num_inference_steps": 28},
                                      {0: "24GiB", "cpu": "64GiB"})),

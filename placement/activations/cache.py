@@ -9,6 +9,9 @@ the inputs' signature, the dtype the weights are cast to, torch's default dtype,
 on. So weights re-cast, a technique toggled or a processor swapped in between give another key: a changed
 module never gets a stale answer.
 
+A module whose state equals one estimated before gets that one's answer: the key holds everything the estimate
+depends on, so Wan 2.2 A14B's two experts (one config, other weights) are one estimate, not two.
+
 Entries are held per module, weakly (a module freed drops its entries), at most `_PER_MODULE` of them. A call is
 never cached when its inputs hold something other than tensors and plain values, or when a module in it carries
 hooks other than `CallObserver`s (they would not see a call answered from memory; the observers are told the
@@ -45,6 +48,9 @@ class CachedCall:
 
 
 _entries: "weakref.WeakKeyDictionary[nn.Module, OrderedDict[Hashable, CachedCall]]" = weakref.WeakKeyDictionary()
+# Every entry by its key, whichever module it was estimated on: an identical module's answer (held while a module
+# keeps it in `_entries`).
+_by_key: "weakref.WeakValueDictionary[Hashable, CachedCall]" = weakref.WeakValueDictionary()
 
 
 def cache_enabled() -> bool:
@@ -64,9 +70,14 @@ def cache_key(module: nn.Module, method: str, inputs: Any, dtype: torch.dtype | 
 
 def cached(module: nn.Module, key: Hashable | None) -> CachedCall | None:
     """The remembered call (its observers told of its calls, its output a fresh copy), or None."""
-    entry = None if key is None else _entries.get(module, {}).get(key)
-    if entry is None:
+    if key is None:
         return None
+    entry = _entries.get(module, {}).get(key)
+    if entry is None:
+        entry = _by_key.get(key)  # estimated on another module in the same state (module doc)
+        if entry is None:
+            return None
+        remember(module, key, entry)
     notify_paths(module, entry.calls)
     return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls,
                       flops=entry.flops, bytes_touched=entry.bytes_touched)
@@ -76,7 +87,7 @@ def remember(module: nn.Module, key: Hashable | None, call: CachedCall) -> None:
     if key is None:
         return
     entries = _entries.setdefault(module, OrderedDict())
-    entries[key] = call
+    entries[key] = _by_key[key] = call
     while len(entries) > _PER_MODULE:
         entries.popitem(last=False)
 
@@ -85,5 +96,6 @@ def forget(module: nn.Module | None = None) -> None:
     """Drop the remembered calls of `module` (of every module when None)."""
     if module is None:
         _entries.clear()
+        _by_key.clear()
     else:
         _entries.pop(module, None)

@@ -36,7 +36,7 @@ from .cache import CachedCall, cache_key, cached, remember
 from .flops import FlopTally
 from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
 from .meta_outputs import to_meta
-from .observers import CallLog
+from .observers import CallLog, notify_paths, observers_deferred
 from .stand_ins import MetaConstants, shape_only_stand_ins
 from .tracker import LiveStorageTracker
 from ..errors import PlanError
@@ -115,9 +115,11 @@ def estimate_call(
     .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
     real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
 
-    Identical blocks called with inputs seen before are replayed, not run (`block_memo`: the peak is the same
-    to the byte), and a call estimated before on an unchanged module is answered from memory (`cache`; not a
-    call whose values are kept: its key holds shapes only).
+    Identical blocks called with inputs seen before, and a video VAE's decoder called again frame after frame
+    on a cache of the same shapes, are replayed, not run (`block_memo`: the peak is the same to the byte; a
+    replay that would not be exact makes the estimate run again without them), and a call estimated before on
+    an unchanged module is answered from memory (`cache`; not a call whose values are kept: its key holds shapes
+    only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
     """
     _check_call(module, method)
     args = args if isinstance(args, tuple) else (args,)
@@ -149,6 +151,19 @@ def estimate_activations(
 
 def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
          keep_values: bool = False) -> CachedCall:
+    # The module's observers are told the calls of the run that counts, after it (`observers_deferred`).
+    with observers_deferred(module):
+        answer = _run_once(module, method, args, kwargs, dtype, keep_values, with_memo=True) \
+            if memo_enabled() else None
+        if answer is None:  # the memo off, or a replay that would not have been exact (`block_memo`): a full run
+            answer = _run_once(module, method, args, kwargs, dtype, keep_values, with_memo=False)
+    notify_paths(module, answer.calls)
+    return answer
+
+
+def _run_once(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
+              keep_values: bool, *, with_memo: bool) -> CachedCall | None:
+    """The call on fake tensors; None when the block memo found a replay would not be exact."""
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -160,7 +175,7 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     tracker.exclude(weights.values())
     tracker.count(tree_leaves((fake_args, fake_kwargs)))
     log, tally = CallLog(), FlopTally()
-    memo = BlockMemo(tracker, log, tally) if memo_enabled() else None
+    memo = BlockMemo(tracker, log, tally) if with_memo else None
     try:
         with collection_paused(), torch_silenced(), shape_only_stand_ins(module, values_kept=keep_values), \
                 _constants_propagated(keep_values), module_state_kept(module), log.on(module), \
@@ -171,7 +186,11 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                     output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
+        if memo is not None and memo.diverged:
+            return None
         raise _failure(module, method, args, kwargs, error) from error
+    if memo is not None and memo.diverged:  # raised inside the model's code, and caught there
+        return None
     return CachedCall(peak_bytes=tracker.peak_bytes, output=to_meta(output), calls=log.paths(module),
                       flops=tally.flops, bytes_touched=tally.bytes_touched)
 

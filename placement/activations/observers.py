@@ -60,6 +60,26 @@ def _own_forward(module: nn.Module) -> bool:
                                and forward.__func__ is getattr(type(module), "forward", None))
 
 
+@contextlib.contextmanager
+def observers_deferred(root: nn.Module) -> Iterator[None]:
+    """Within it, the `CallObserver`s on `root`'s submodules are set aside (other hooks stay, in their order); the
+    caller tells them the calls afterwards (`notify_paths`). An estimate that abandons a run for another
+    (`block_memo`'s `ReplayDiverged`) thus reports one run's calls, as a cache hit does."""
+    saved = []
+    for module in root.modules():
+        hooks = module._forward_pre_hooks
+        if any(isinstance(hook, CallObserver) for hook in hooks.values()):
+            saved.append((module, dict(hooks)))
+            for key in [key for key, hook in hooks.items() if isinstance(hook, CallObserver)]:
+                del hooks[key]
+    try:
+        yield
+    finally:
+        for module, hooks in saved:
+            module._forward_pre_hooks.clear()
+            module._forward_pre_hooks.update(hooks)
+
+
 class CallLog(CallObserver):
     """The modules called, in order, every call (replayed ones too: `notify` reaches this observer as well)."""
 

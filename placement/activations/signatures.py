@@ -35,8 +35,9 @@ def tensor_state(tensor: torch.Tensor) -> tuple:
     return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype
 
 
-def call_signature(tree: Any) -> Hashable | None:
-    """The key of a call's inputs (module doc), or None when a leaf is neither a tensor nor plain."""
+def call_signature(tree: Any, *, offsets: bool = True) -> Hashable | None:
+    """The key of a call's inputs (module doc), or None when a leaf is neither a tensor nor plain. `offsets=False`
+    leaves out where each tensor starts in its storage (the block memo's key: see `call_effects`)."""
     leaves, spec = tree_flatten(tree)
     storages: dict[int, int] = {}
     objects: dict[int, int] = {}
@@ -47,7 +48,8 @@ def call_signature(tree: Any) -> Hashable | None:
                 storage = leaf.untyped_storage()
             except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
                 return None
-            parts.append((tensor_state(leaf), storage.nbytes(), storages.setdefault(id(storage), len(storages)),
+            state = tensor_state(leaf) if offsets else (*tensor_state(leaf)[:2], leaf.dtype)
+            parts.append((state, storage.nbytes(), storages.setdefault(id(storage), len(storages)),
                           objects.setdefault(id(leaf), len(objects))))
         elif isinstance(leaf, _PLAIN):
             parts.append((type(leaf), leaf))  # the type too: 1, 1.0 and True are equal keys otherwise

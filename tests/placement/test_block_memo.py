@@ -132,9 +132,87 @@ class StashingChain(Chain):
 
 
 def test_blocks_with_side_effects_run_every_time(monkeypatch):
-    cache: list = []
+    cache: list = []  # it grows: no call sees the list another call saw
     assert_same_estimate(monkeypatch, Chain(Caching), (torch.empty(4, 8), cache), replayed=0)
     assert_same_estimate(monkeypatch, StashingChain(Stashing), (torch.empty(4, 8),), replayed=0)
+
+
+class CausalStep(nn.Module):
+    """One step of a causal loop, as a video VAE's decoder runs per frame: reads the cache its caller keeps,
+    replaces each entry (the old one freed), advances the index, and returns a new tensor."""
+
+    def __init__(self, keep_view: bool = False):
+        super().__init__()
+        self.first, self.second, self.keep_view = nn.Linear(8, 8), nn.Linear(8, 8), keep_view
+
+    def forward(self, x, cache, index):
+        for layer in (self.first, self.second):
+            previous = cache[index[0]]
+            tail = x[-2:] if self.keep_view else x[-2:].clone()  # a view of the input, or a copy
+            x = layer(x if previous is None else torch.cat([previous, x])[-x.shape[0]:])
+            cache[index[0]] = tail
+            index[0] += 1
+        return x
+
+
+class CausalLoop(nn.Module):
+    """Calls its step once per frame with one cache list and one index list, like AutoencoderKLWan._decode;
+    `held` frames keep a reference to the cache's first entry (a replay must then not count it freed)."""
+
+    def __init__(self, held: tuple[int, ...] = (), **options):
+        super().__init__()
+        self.step, self.held = CausalStep(**options), held
+
+    def forward(self, x):
+        cache, outputs, kept = [None, None], [], []
+        for frame in range(x.shape[0]):
+            if frame in self.held:
+                kept.append(cache[0])
+            outputs.append(self.step(x[frame], cache, [0]))
+        return torch.cat(outputs)
+
+
+@pytest.mark.parametrize("keep_view", [False, True])
+def test_a_call_writing_into_its_cache_list_is_replayed_with_its_writes(monkeypatch, keep_view):
+    # Frame 0 sees an empty cache, frames 1+ a full one of the same shapes: 1 + 1 runs, the rest replayed (the
+    # input is a different frame of `x` each call: where a view starts is not part of the key).
+    for frames in (1, 2, 3, 6):
+        assert_same_estimate(monkeypatch, CausalLoop(keep_view=keep_view), (torch.empty(frames, 5, 8),),
+                             replayed=max(frames - 2, 0))
+
+
+def test_a_replay_that_would_free_otherwise_gives_way_to_a_full_run(monkeypatch):
+    # At frame 3 the caller holds the cache entry the step replaces; the run recorded at frame 1 freed it. Frame 2
+    # is replayed, frame 3's replay finds the entry alive and the estimate runs again without the memo: the peak
+    # and the calls observed are the full run's.
+    x = (torch.empty(6, 5, 8),)
+    peak = assert_same_estimate(monkeypatch, CausalLoop(held=(3,)), x, replayed=2)
+    assert peak > assert_same_estimate(monkeypatch, CausalLoop(), x, replayed=4)  # holding it costs bytes
+
+
+class DictStep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, cache):
+        out = self.linear(x if "last" not in cache else x + cache["last"])
+        cache["last"] = out[-1:].clone()
+        return out
+
+
+class DictLoop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.step = DictStep()  # a child with submodules: a candidate
+
+    def forward(self, x):
+        cache: dict = {}
+        return torch.cat([self.step(x[frame], cache) for frame in range(x.shape[0])])
+
+
+def test_writes_into_a_dict_are_replayed(monkeypatch):
+    assert_same_estimate(monkeypatch, DictLoop(), (torch.empty(5, 4, 8),), replayed=3)
 
 
 class Widening(nn.Module):
@@ -168,3 +246,28 @@ def test_the_memo_leaves_the_module_as_it_was(monkeypatch):
     chain = Chain(lambda: nn.Sequential(Attention(16)))
     assert_same_estimate(monkeypatch, chain, (torch.empty(2, 10, 16),))
     assert all("forward" not in vars(module) and not module._forward_pre_hooks for module in chain.modules())
+
+
+class Rotary(nn.Module):
+    """Takes its rotary tables as a tuple keyword argument, as FLUX's blocks take `image_rotary_emb`."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, *, rotary):
+        cos, sin = rotary
+        return self.linear(x * cos + x * sin)
+
+
+class RotaryChain(Chain):
+    def forward(self, x):
+        rotary = (x.new_ones(8), x.new_zeros(8))
+        for block in self.blocks:
+            x = block(x, rotary=rotary)
+        return x
+
+
+def test_blocks_taking_a_tuple_keyword_are_replayed(monkeypatch):
+    # The keyword arguments' dict is the call's own: what a block does to it is no write to replay.
+    assert_same_estimate(monkeypatch, RotaryChain(Rotary), (torch.empty(4, 8),), replayed=3)

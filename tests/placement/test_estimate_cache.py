@@ -116,3 +116,18 @@ def test_calls_with_hooks_or_opaque_inputs_and_the_switch_are_never_cached(runs,
     placement.estimate_activations(module, (x,))
     placement.estimate_activations(module, (x,))
     assert len(runs) == 6
+
+
+def test_an_identical_module_gets_the_answer_of_the_first_and_a_different_one_does_not(runs):
+    # Wan 2.2 A14B's two experts: one config, other weights: one estimate.
+    first, twin, other = Tiling(), Tiling(), Tiling()
+    other.use_tiling = True
+    x = torch.empty(16, 8)
+    peaks = [placement.estimate_activations(module, (x,)) for module in (first, twin, other)]
+    assert len(runs) == 2 and peaks[0] == peaks[1] != peaks[2]
+    with record_module_order(twin, every_call=True) as calls:
+        placement.estimate_activations(twin, (x,))
+    assert len(runs) == 2 and calls[:2] == ["blocks.0", "blocks.0.0"]  # its observers are told the calls
+    del first
+    gc.collect()
+    assert placement.estimate_activations(twin, (x,)) == peaks[0] and len(runs) == 2  # kept for the twin

@@ -1,0 +1,270 @@
+"""What one call did, described so that a replay does it again: what it returned, and what it wrote into the lists
+and dicts it was given (the block memo's record of a call; `block_memo` decides which calls are replayed).
+
+A causal video VAE decodes frame by frame: AutoencoderKLWan's `_decode` calls its decoder once per latent frame
+with `feat_cache` (a list holding the last frames each causal convolution saw) and `feat_idx` (a one-int list);
+the decoder replaces the list's entries with new tensors and advances the index. From the third latent frame on,
+every call finds a cache of the same shapes and does the same thing, so Wan's 21 latent frames (81 video frames)
+cost 3 runs on fake tensors and 18 replays, not 21 runs. A replay leaves behind what the run would have:
+
+- `Entry` (taken as the call begins): the input pytree's leaves, tensors by weak reference (a strong one would
+  keep a replaced cache entry alive through the call, and the peak would change), their storages and layouts, and
+  the lists and dicts among the inputs (`layout`: which of them are the same object, part of the memo's key).
+- `Effects.of` (as it ends): each output leaf and each item of each list and dict, as a plain value, an input
+  ("same"), a view of an input's storage ("view"), a tensor alone in a storage the call allocated ("fresh") or a
+  view of one several share ("new"), a list or dict of the inputs ("container"); and which inputs' storages the
+  call freed (cache entries it replaced, held by nothing else). Not described (None: the call runs every time): a
+  call that freed any other storage alive at its entry, left one alive that it neither returned nor wrote into a
+  list or dict, changed an input tensor's layout, put a new list, dict or other object into a list, or changed
+  its inputs when they hold nodes other than tuples, lists and dicts (a dataclass, a model output).
+- `Effects.apply` (a replay): the views of inputs first, then the lists and dicts emptied (what the run freed is
+  freed now, checked input by input against the record), then the new storages allocated and the lists, dicts
+  and outputs filled. The live bytes end where the run's ended, and never rise above the run's peak on the way
+  (the memo emits that peak first; the end state of a run is never above its peak). A replay that finds other
+  storages freed (an old cache entry held elsewhere this time) raises `ReplayDiverged`, and the estimate runs
+  again without the memo: a replay is exact or does not count.
+
+Where an input view starts in its storage (`x[:, :, i:i+1]`, another frame each call) is not part of the memo's
+key (`call_signature(offsets=False)`): no op allocates by it. A view of an input that a call returns or caches is
+rebuilt at the same distance from that input's own start.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .signatures import tensor_state
+from .tracker import LiveStorageTracker, storage_key
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class ReplayDiverged(RuntimeError):
+    """A replay found the inputs' storages freed otherwise than the run it replays did (module doc)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """The inputs of a call as it begins (module doc)."""
+
+    leaves: tuple  # per pytree leaf: a weak reference for a tensor, the value itself otherwise
+    keys: tuple  # per leaf: its storage's key for a tensor, None otherwise
+    states: tuple  # per leaf: `tensor_state` for a tensor, None otherwise
+    containers: tuple | None  # the lists and dicts among the inputs, in walk order; None: another kind of node
+    layout: tuple  # per list or dict met in the walk, which of `containers` it is (aliasing is part of the key)
+
+    @classmethod
+    def of(cls, inputs: Any) -> "Entry":
+        leaves = tree_flatten(inputs)[0]
+        tensors = [leaf if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+        containers, layout = _containers(inputs)
+        return cls(leaves=tuple(weakref.ref(leaf) if tensor is not None else leaf
+                                for leaf, tensor in zip(leaves, tensors)),
+                   keys=tuple(None if tensor is None else storage_key(tensor) for tensor in tensors),
+                   states=tuple(None if tensor is None else tensor_state(tensor) for tensor in tensors),
+                   containers=containers, layout=layout)
+
+    def alive(self) -> list:
+        """The leaves now; a tensor that died since is None."""
+        return [leaf if key is None else leaf() for leaf, key in zip(self.leaves, self.keys)]
+
+
+def _containers(inputs: tuple[tuple, dict]) -> tuple[tuple | None, tuple]:
+    """The lists and dicts in a call's `(args, kwargs)` (each once) and the walk's layout; (None, layout) when a
+    node is of another kind (its changes could not be replayed). The `kwargs` dict itself is not one: Python makes
+    it for the call, and no caller sees what the callee does to it."""
+    found: list = []
+    layout: list[int] = []
+    args, kwargs = inputs
+    plain = all([_walk(node, found, layout) for node in (args, *kwargs.values())])
+    return (tuple(found) if plain else None), tuple(layout)
+
+
+def _walk(node: Any, found: list, layout: list[int]) -> bool:
+    # A module-level function, not a closure calling itself: that would be a reference cycle holding `found`, and
+    # estimates run with the cyclic collector paused (`isolation.collection_paused`): the lists would stay alive.
+    if type(node) in (list, dict):
+        index = next((i for i, known in enumerate(found) if known is node), None)
+        if index is None:
+            index = len(found)
+            found.append(node)
+        layout.append(index)
+        return all([_walk(child, found, layout) for child in (node.values() if isinstance(node, dict) else node)])
+    if isinstance(node, tuple):
+        return all([_walk(child, found, layout) for child in node])
+    return isinstance(node, (torch.Tensor, *_PLAIN))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Effects:
+    """A call's outputs and writes, described against its inputs (module doc)."""
+
+    spec: Any
+    leaves: tuple  # the output pytree's leaves, described
+    items: tuple  # per container: ("list", descriptions) or ("dict", ((key, description), ...))
+    storages: tuple[int, ...]  # bytes of each storage the call allocated that several tensors share
+    freed: frozenset[int]  # the input leaves whose storages the call freed
+    grown: int  # live bytes at the call's exit minus those at its entry
+
+    @classmethod
+    def of(cls, output: Any, inputs: Any, entry: Entry, before: frozenset[int], after: frozenset[int],
+           grown: int) -> "Effects | None":
+        """The description, or None when the call did something a replay could not redo (module doc)."""
+        given = entry.alive()
+        if not before - after <= set(entry.keys) or not _layouts_kept(given, entry):
+            return None
+        if entry.containers is None and not _unchanged(inputs, given):
+            return None
+        contents = () if entry.containers is None else tuple(_contents(c) for c in entry.containers)
+        if not all(isinstance(key, _PLAIN) for kind, pairs in contents if kind == "dict" for key, _ in pairs):
+            return None  # a key a replay would have to rebuild
+        outputs, spec = tree_flatten(output)
+        users: dict[int, int] = {}  # storage key -> how many tensors left behind use it
+        for leaf in (*outputs, *(item for _, items in contents for _, item in items)):
+            if isinstance(leaf, torch.Tensor):
+                users[storage_key(leaf)] = users.get(storage_key(leaf), 0) + 1
+        if not after - before <= set(users):
+            return None  # it left something alive besides its outputs and what it wrote
+        describe = _Describer(given, entry.containers or (), after - before, users)
+        leaves = tuple(describe(leaf) for leaf in outputs)
+        items = tuple((kind, tuple((key, describe(item, nested=True)) for key, item in pairs))
+                      for kind, pairs in contents)
+        if describe.failed:
+            return None
+        return cls(spec=spec, leaves=leaves, items=items, storages=describe.storages(),
+                   freed=frozenset(i for i, key in enumerate(entry.keys) if key in before - after), grown=grown)
+
+    def apply(self, inputs: Any, tracker: LiveStorageTracker) -> Any:
+        """Do it again on `inputs` (the replayed call's): returns the output (module doc for the order)."""
+        entry_bytes = tracker.live_bytes
+        containers = _containers(inputs)[0] or ()
+        bound, keys = self._bind(inputs)
+        for container in containers:
+            container.clear()
+        alive = tracker.counted_storages()
+        if frozenset(i for i, key in enumerate(keys) if key is not None and key not in alive) != self.freed:
+            raise ReplayDiverged("a replayed call freed other inputs than the run it replays")
+        bases = [torch.empty(nbytes, dtype=torch.uint8, device="meta") for nbytes in self.storages]
+        leaves = [_build(what, bound, bases, containers) for what in self.leaves]
+        for container, (kind, pairs) in zip(containers, self.items):
+            built = [(key, _build(what, bound, bases, containers)) for key, what in pairs]
+            if kind == "list":
+                container.extend(item for _, item in built)
+            else:
+                container.update(built)
+        if tracker.live_bytes - entry_bytes != self.grown:
+            raise ReplayDiverged("a replayed call left other live bytes than the run it replays")
+        return tree_unflatten(leaves, self.spec)
+
+    def _bind(self, inputs: Any) -> tuple[dict[int, torch.Tensor], list]:
+        """The inputs the description refers to (by leaf index) and every leaf's storage key; nothing else of the
+        inputs is held, so emptying the lists frees what the run freed."""
+        leaves = tree_flatten(inputs)[0]
+        keys = [storage_key(leaf) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+        bound: dict[int, torch.Tensor] = {}  # id of a "same" or "view" description -> its tensor
+        for what in (*self.leaves, *(what for _, pairs in self.items for _, what in pairs)):
+            if what[0] == "same":
+                bound[id(what)] = leaves[what[1]]
+            elif what[0] == "view":
+                bound[id(what)] = _view(leaves[what[1]], *what[2:])
+        return bound, keys
+
+
+def _contents(container: list | dict) -> tuple[str, tuple]:
+    """A list's items, or a dict's (key, item) pairs."""
+    if isinstance(container, dict):
+        return "dict", tuple(container.items())
+    return "list", tuple((None, item) for item in container)
+
+
+def _layouts_kept(given: list, entry: Entry) -> bool:
+    """Whether every input tensor still alive has the shape, strides and offset it came with."""
+    return all(leaf is None or state is None or tensor_state(leaf) == state for leaf, state in zip(given, entry.states))
+
+
+def _unchanged(inputs: Any, given: list) -> bool:
+    """Whether the inputs hold exactly the objects they held when the call began."""
+    now = tree_flatten(inputs)[0]
+    return len(now) == len(given) and all(a is b for a, b in zip(now, given))
+
+
+class _Describer:
+    """Describes the tensors a call left behind against its inputs (`Effects.of`)."""
+
+    def __init__(self, given: list, containers: tuple, allocated: frozenset[int], users: dict[int, int]) -> None:
+        self._given, self._containers = given, containers
+        self._allocated, self._users = allocated, users
+        self._shared: dict[int, tuple[int, int]] = {}  # storage key -> (index in storages, bytes)
+        self._owners: dict[int, int] = {}  # storage key -> the first input tensor alive on it
+        self._same: dict[int, int] = {}  # id of an input alive -> its index
+        for index, leaf in enumerate(given):
+            if isinstance(leaf, torch.Tensor):
+                self._owners.setdefault(storage_key(leaf), index)
+                self._same.setdefault(id(leaf), index)
+        self.failed = False
+
+    def __call__(self, leaf: Any, *, nested: bool = False) -> tuple | None:
+        described = self._describe(leaf, nested)
+        self.failed |= described is None
+        return described
+
+    def storages(self) -> tuple[int, ...]:
+        return tuple(nbytes for _, nbytes in sorted(self._shared.values()))
+
+    def _describe(self, leaf: Any, nested: bool) -> tuple | None:
+        if nested and type(leaf) in (list, dict):
+            index = next((i for i, known in enumerate(self._containers) if known is leaf), None)
+            return None if index is None else ("container", index)
+        if not isinstance(leaf, torch.Tensor):
+            return ("plain", leaf) if isinstance(leaf, _PLAIN) else None
+        same = self._same.get(id(leaf))  # ids of inputs alive: no other object can have one
+        if same is not None:
+            return "same", same
+        key, layout = storage_key(leaf), (tuple(leaf.shape), tuple(leaf.stride()))
+        owner = self._owners.get(key)
+        if owner is not None:
+            if self._given[owner].dtype != leaf.dtype:
+                return None
+            return "view", owner, *layout, leaf.storage_offset() - self._given[owner].storage_offset()
+        nbytes = leaf.untyped_storage().nbytes()
+        if key not in self._allocated or leaf.device.type != "meta" or nbytes % leaf.element_size():
+            return None  # a view of something else alive (a weight, a stashed tensor): not replayable
+        if self._users[key] == 1 and leaf.storage_offset() == 0 and nbytes == _strided_bytes(leaf):
+            return "fresh", leaf.dtype, *layout  # what empty_strided gives back: one op to rebuild
+        index, _ = self._shared.setdefault(key, (len(self._shared), nbytes))
+        return "new", index, leaf.dtype, *layout, leaf.storage_offset()
+
+
+def _view(tensor: torch.Tensor, shape: tuple, stride: tuple, distance: int) -> torch.Tensor:
+    offset = tensor.storage_offset() + distance
+    extent = sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else -1
+    if offset < 0 or (offset + extent + 1) * tensor.element_size() > tensor.untyped_storage().nbytes():
+        raise ReplayDiverged("a view a replayed call returns would lie outside its input's storage")
+    return tensor.as_strided(shape, stride, offset)
+
+
+def _build(what: tuple, bound: dict, bases: list, containers: tuple) -> Any:
+    kind = what[0]
+    if kind == "plain":
+        return what[1]
+    if kind in ("same", "view"):
+        return bound[id(what)]
+    if kind == "container":
+        return containers[what[1]]
+    if kind == "fresh":
+        return torch.empty_strided(what[2], what[3], dtype=what[1], device="meta")
+    _, index, dtype, shape, stride, offset = what
+    return bases[index].view(dtype).as_strided(shape, stride, offset)
+
+
+def _strided_bytes(tensor: torch.Tensor) -> int:
+    """The bytes `torch.empty_strided(tensor.shape, tensor.stride())` allocates."""
+    if tensor.numel() == 0:
+        return 0
+    return (1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))) \
+        * tensor.element_size()
