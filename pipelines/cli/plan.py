@@ -21,8 +21,6 @@ import json
 import sys
 from pathlib import Path
 
-from placement.errors import PlanError
-from placement.gpu_profiles import DEFAULT_GPU, PROFILES, gpu_profile
 
 from .args import (
     add_call_arguments,
@@ -51,9 +49,9 @@ def register(subparsers) -> None:
     parser.add_argument("--offload-folder", type=Path, default=None, help="allow disk offload into this folder")
     parser.add_argument("--layerwise-casting", type=layerwise_casting_arg, default=None, metavar="COMPONENT=DTYPE",
                         help="store a component's Linear/Conv weights in fp8, e.g. transformer=fp8_e4m3fn (folders)")
-    parser.add_argument("--gpu", type=gpu_arg, default=None, metavar="NAME",
-                        help="the GPU the predicted seconds per call assume, e.g. rtx4090, h100 (default: this "
-                             f"machine's, else {DEFAULT_GPU}, stated); known: {', '.join(PROFILES)}")
+    parser.add_argument("--gpu", default=None, metavar="NAME",
+                        help="the GPU the predicted seconds per call assume, e.g. rtx4090, h100, a100-80gb "
+                             "(default: this machine's, else a stated default; a wrong name lists the known ones)")
     add_call_arguments(parser)
     parser.add_argument("--json", type=output_arg, default=None, metavar="FILE",
                         help="also write the plan as JSON ('-': to stdout)")
@@ -78,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     report = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON, SVG or trace alone
     example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
     check_outputs(args)
+    args.gpu = checked_gpu(args)
     with warnings_once() as printed_anyway:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
@@ -113,12 +112,19 @@ def _write_timeline(path, plan, report) -> None:
     print(f"Predicted timeline written to {_named(path)}{known} (open it in https://ui.perfetto.dev)", file=report)
 
 
-def gpu_arg(text: str) -> str:
-    """--gpu NAME: a known GPU profile's key (argparse says the error: the names known, the closest first)."""
+def checked_gpu(args: argparse.Namespace) -> str | None:
+    """--gpu NAME: a known GPU profile's key, or argparse's one-line error naming the known ones, closest first.
+    Checked when the command runs, not while parsing: the profiles live in `placement`, which imports torch, and
+    help and argument errors answer without it."""
+    from placement.errors import PlanError
+    from placement.gpu_profiles import gpu_profile
+
+    if args.gpu is None:
+        return None
     try:
-        return gpu_profile(text).key
+        return gpu_profile(args.gpu).key
     except PlanError as error:
-        raise argparse.ArgumentTypeError(str(error).replace("gpu=", "--gpu ")) from None
+        args.parser.error(str(error).replace("gpu=", "--gpu "))
 
 
 def check_outputs(args: argparse.Namespace) -> None:

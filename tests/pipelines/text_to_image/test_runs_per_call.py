@@ -1,6 +1,6 @@
 """Runs per call for our own pipeline: `num_inference_steps` (its `__call__` default when absent) is how many times
 its denoiser runs (`runs_per_call`); the others run once. Diffusers pipelines' runs are learned by running their own
-__call__ (tests/pipelines/e2e/test_runs_per_call.py)."""
+__call__ (tests/pipelines/e2e/test_diffusers_runs_per_call.py)."""
 
 from __future__ import annotations
 
