@@ -22,7 +22,6 @@ then never fills one GPU to 98% while the next has gigabytes free (accelerate fi
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -30,6 +29,7 @@ from accelerate import infer_auto_device_map
 from accelerate.utils import find_tied_parameters
 from torch import nn
 
+from .activations.isolation import loggers_at_error
 from .device_maps import merge_to_prefixes, owning_key, prefixes
 from .devices import Device, normalize_device
 from .sizing import ComponentSize, SplitUnit, fp32_kept_tensors
@@ -185,12 +185,5 @@ def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set
 @contextlib.contextmanager
 def quiet_accelerate():
     """Silence accelerate's "Device 1 is not available" warnings: planning for absent GPUs is intended."""
-    loggers = [logging.getLogger(name) for name in _ACCELERATE_LOGGERS]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
+    with loggers_at_error(*_ACCELERATE_LOGGERS):
         yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)

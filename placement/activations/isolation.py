@@ -63,6 +63,20 @@ def accelerate_hooks_bypassed(module: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
+def loggers_at_error(*names: str) -> Iterator[None]:
+    """Within it, the loggers `names` say errors only; their own levels are put back on exit."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+@contextmanager
 def torch_silenced() -> Iterator[None]:
     loggers = [logging.getLogger(_TORCH)] + [
         logger for name, logger in list(logging.Logger.manager.loggerDict.items())

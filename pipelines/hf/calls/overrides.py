@@ -7,10 +7,11 @@ for planning, must be helped. Nothing here names a pipeline class.
 from __future__ import annotations
 
 import contextlib
-import logging
 import sys
 import types
 from typing import Any, Iterator
+
+from placement.activations.isolation import loggers_at_error
 
 # Inputs a call needs that `call=` may leave out: without them an img2img, inpaint, ControlNet or image-to-video
 # pipeline refuses to run (or, for an optional conditioning image such as FLUX Kontext's, plans a smaller call
@@ -84,12 +85,5 @@ def progress_bar_off(pipe: Any) -> Iterator[None]:
 def libraries_quiet() -> Iterator[None]:
     """diffusers' and transformers' warnings about the call (a long prompt truncated at the maximum sequence
     length, which the default prompt is on purpose) say nothing about the plan: silenced while capturing."""
-    loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
+    with loggers_at_error("diffusers", "transformers"):
         yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
