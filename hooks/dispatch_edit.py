@@ -21,11 +21,10 @@ from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset, set_module
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.device_maps import owning_key
 from placement.devices import Device, torch_device
 
 from .dispatch import ServeWeightsHook, serve_from_host
-from .edit_support import is_streamed, settle
+from .edit_support import is_streamed, mapped_homes, settle
 from .hook_utils import find_hooks, hooks_of, runs_forward
 from .input_moving import MoveInputsHook
 from .stand_ins import StandIns
@@ -89,15 +88,16 @@ class DeviceMapEdit:
     def homes(self) -> dict[str, Device]:
         """Where each weight lives between calls: its entry's device, "cpu" (served from RAM) or "disk"."""
         found: dict[str, Device] = {}
+        mapped = mapped_homes(self.module, self.device_map)
         for path, submodule in self.module.named_modules():
             prefix = f"{path}." if path else ""
             hooks = [hook for hook in hooks_of(submodule) if isinstance(hook, ServeWeightsHook)]
-            for name, _ in named_module_tensors(submodule, recurse=False):
+            for name, tensor in named_module_tensors(submodule, recurse=False):
                 if hooks:
                     store, key = _store_of(hooks[0].weights_map, name)
                     found[prefix + name] = "cpu" if store is not None and key in store else "disk"
                 else:  # in a streamed entry without a hook: kept where it runs (see _serve_new)
-                    home = _entry_device(prefix + name, self.device_map)
+                    home = mapped.get(id(tensor), "cpu")
                     found[prefix + name] = self.main if is_streamed(home, self.main) else home
         return found
 
@@ -108,11 +108,6 @@ def execution_place_of(module: nn.Module) -> Device:
         if isinstance(hook, MoveInputsHook):
             return hook.place
     return "cpu"
-
-
-def _entry_device(name: str, device_map) -> Device:
-    key = owning_key(name, device_map)
-    return device_map[key] if key is not None else "cpu"
 
 
 def _store_of(weights_map, name: str):

@@ -50,12 +50,13 @@ def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, cove
     caller to serve, and the names of tensors that have no data (meta) and nothing to serve them."""
     streamed: list[tuple[str, nn.Module]] = []
     no_data: list[str] = []
+    mapped = mapped_homes(root, device_map)
     for path, module in root.named_modules():
         direct = [(name, tensor) for name, tensor in _direct_tensors(module) if id(tensor) not in covered]
         if not direct:
             continue
         prefix = f"{path}." if path else ""
-        homes = {name: _home(prefix + name, device_map) for name, _ in direct}
+        homes = {name: mapped.get(id(tensor), device_map.get("", "cpu")) for name, tensor in direct}
         no_data += [prefix + name for name, tensor in direct if tensor.is_meta]
         if any(is_streamed(home, main) for home in homes.values()):
             streamed.append((path, module))
@@ -72,9 +73,16 @@ def is_streamed(home: Device, main: Device) -> bool:
     return home == "disk" or (home == "cpu" and is_accelerator(main))
 
 
-def _home(name: str, device_map: Mapping[str, Device]) -> Device:
-    key = owning_key(name, device_map)
-    return device_map[key] if key is not None else device_map.get("", "cpu")
+def mapped_homes(root: nn.Module, device_map: Mapping[str, Device]) -> dict[int, Device]:
+    """Each tensor's device-map home, by identity: a tied tensor (T5's `encoder.embed_tokens` is `shared`) is
+    homed by whichever of its names the map covers, so the alias the map does not name is not taken for a
+    tensor of the root entry."""
+    homes: dict[int, Device] = {}
+    for name, tensor in named_tensors(root):
+        key = owning_key(name, device_map)
+        if key is not None:
+            homes.setdefault(id(tensor), device_map[key])
+    return homes
 
 
 def _direct_tensors(module: nn.Module) -> Sequence[tuple[str, object]]:
@@ -82,4 +90,4 @@ def _direct_tensors(module: nn.Module) -> Sequence[tuple[str, object]]:
             *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
-__all__ = ["is_streamed", "named_tensors", "open_groups", "settle"]
+__all__ = ["is_streamed", "mapped_homes", "named_tensors", "open_groups", "settle"]

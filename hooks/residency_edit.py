@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from placement.device_maps import owning_key
 from placement.devices import Device, normalize_device
 from placement.streaming import block_groups
 
-from .edit_support import named_tensors, open_groups, store_home, settle
+from .edit_support import mapped_homes, named_tensors, open_groups, settle, store_home
 from .group_offload.grouping import GroupSpec
 from .group_offload.module_group import ModuleGroup, ReleaseRule
 from .group_offload.regroup import regroup
@@ -116,8 +115,8 @@ def residency_phase(module: nn.Module) -> ComponentPhase | None:
 
 
 def _resident_homes(module: nn.Module) -> dict[str, Device]:
-    device_map = dict(module.hf_device_map)
-    return {name: device_map.get(owning_key(name, device_map), "cpu") for name, _ in named_tensors(module)}
+    mapped = mapped_homes(module, dict(module.hf_device_map))
+    return {name: mapped.get(id(tensor), "cpu") for name, tensor in named_tensors(module)}
 
 
 __all__ = ["ResidencyEdit", "residency_phase"]

@@ -374,3 +374,31 @@ def test_on_a_gpu_a_lora_joins_pinned_groups_prefetched_on_a_side_stream(offload
     for _ in range(2):  # the first call traces the order, the second prefetches
         with torch.no_grad():
             torch.testing.assert_close(model(X.to("cuda:0")).cpu(), expected["lora"], atol=1e-5, rtol=0)
+
+
+class TiedNet(Net):
+    """T5's shape: `shared` and `encoder.embed` are one Parameter, and device maps name only `shared`."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Embedding(5, 6)
+        self.encoder = nn.Module()
+        self.encoder.embed = self.shared
+
+    def forward(self, x):
+        return super().forward(x + self.encoder.embed.weight[:1])
+
+
+def test_an_edit_keeps_a_tied_alias_the_device_map_does_not_name_where_its_tensor_lives(gpus):
+    torch.manual_seed(0)
+    model = TiedNet()
+    expected = run(model)
+    device_map = {"shared": 0, **RESIDENCY_MAP, "blocks.2": "cpu"}
+    resident(model, device_map)
+    apply_residency(model, ResidencyConfig(execution_device=0, device_map=device_map, per_call_modules=("blocks.0",),
+                                           streamed_modules=("blocks.1", "blocks.2")))
+    with edit_placed_weights(model):  # before the fix: "encoder.embed (host-homed, in no per-call or streamed unit)"
+        pass
+    assert_same_output(run(model), expected)
+    homes = weight_homes(model)
+    assert homes["shared.weight"] == homes["encoder.embed.weight"] == 0
