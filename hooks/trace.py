@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from placement.chrome_trace import COMPUTE_END, COMPUTE_START, COPY_DONE, COPY_ISSUED, TraceEvent, chrome_trace
+from placement.drawings import COMPUTE_END, COMPUTE_START, COPY_DONE, COPY_ISSUED, TraceEvent, chrome_trace
 from placement.devices import Device, is_accelerator, torch_device
 
 

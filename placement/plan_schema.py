@@ -30,20 +30,18 @@ from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Any, Optional
+from typing import Annotated, Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr, StrictInt, computed_field, model_validator
 
 from .cost import bytes_per_call
-from .device_breakdown import with_breakdown
-from .gpu_profiles import GpuProfile, gpu_profile
 from .devices import Device, device_label, is_accelerator, normalize_device
+from .drawings import plan_svg, timeline as predicted_timeline
 from .errors import PlanError
+from .gpu_profiles import GpuProfile, gpu_profile
+from .reports import explain_plan, fullest_device, verdict_warnings, with_breakdown
 from .sizes import format_bytes
-from .plan_inputs import PlanDevice, PlanInputs
-from .time_model import plan_time, time_line
-from .timeline import timeline as predicted_timeline
-from .verdict import PCIE_BYTES_PER_S, fullest_device, verdict_warnings
+from .time_model import PCIE_BYTES_PER_S, plan_time, time_line
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
 # 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
@@ -56,6 +54,45 @@ SCHEMA_VERSION = 4
 # Host -> accelerator bandwidth assumed when none is given: PCIe 4.0 x16 with pinned memory, sustained.
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
+
+
+PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
+
+
+class PlanInputs(BaseModel):
+    """What the plan was asked for, so that a JSON file says what it answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: Any  # as given: a name, a device, or {component: device | {submodule: device}}
+    max_memory: Optional[dict[PlanDevice, int]]  # in bytes; None: detected on the planning machine
+    dtype: Union[None, str, dict[str, Optional[str]]]  # None: each tensor's own dtype
+    call: Optional[dict[str, Any]] = None  # the call planned for (None: weights only)
+    offload_folder: Optional[str] = None
+    runs_per_call: Optional[dict[str, int]] = None  # as given (components not named run once)
+    link_bandwidth: Optional[float] = None  # bytes/s as given (None: the default was assumed)
+    gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
+    # The accelerators the planning machine had (virtual ones included); a plan for more is simulated for them
+    # (`Plan.simulated_accelerators`). None in files written before it was recorded.
+    accelerators_present: Optional[int] = None
+
+    @classmethod
+    def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
+               link_bandwidth=None, accelerators_present=None, gpu=None) -> "PlanInputs":
+        """The inputs as JSON can hold them: devices and dtypes as strings, budgets in bytes."""
+        return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
+                   offload_folder=None if offload_folder is None else str(offload_folder), call=call,
+                   runs_per_call=None if runs_per_call is None else dict(runs_per_call),
+                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu)
+
+
+def _plain(value: Any) -> Any:
+    """torch.device / torch.dtype -> "cuda:1" / "bfloat16"; dicts recursively; ints, strings and None as they are."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (int, str)):
+        return value
+    return str(value).removeprefix("torch.")
 
 
 class PlacementKind(str, Enum):
@@ -358,7 +395,7 @@ class Plan(_Frozen):
 
     def timeline(self, gpu: "GpuProfile | str | None" = None) -> dict:
         """The predicted call as Chrome trace JSON (`{"traceEvents": [...]}`, opens in Perfetto): each block's
-        compute and each copy on its device, as the time model sees them (`placement.timeline`), in the format
+        compute and each copy on its device, as the time model sees them (`drawings.timeline`), in the format
         `hooks.trace_calls()` records a real call in."""
         return predicted_timeline(self, None if gpu is None else gpu_profile(gpu))
 
@@ -456,12 +493,8 @@ class Plan(_Frozen):
     def to_svg(self) -> str:
         """The plan as a picture: a bar per device against its budget, and the components with the edges that
         cross devices. Plain SVG (opens in a browser)."""
-        from .svg import plan_svg  # svg imports this module's types only for reading; import here
-
         return plan_svg(self)
 
     def explain(self) -> str:
         """A table a person reads at a glance: components x devices in GiB, per-device peaks, then reasons."""
-        from .explain import explain_plan  # explain imports this module; import here to avoid a cycle
-
         return explain_plan(self)

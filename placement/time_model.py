@@ -31,11 +31,14 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 from .errors import PlanError
 from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
-from .verdict import DISK_BYTES_PER_S
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
     from .plan_schema import ComponentPlan, Plan
 
+# Typical sustained host-to-device bandwidth (PCIe 4.0 x16, pinned memory) and NVMe read bandwidth, to turn
+# bytes moved per run into a time a user can weigh. Real machines vary by 2x either way; the bytes are exact.
+PCIE_BYTES_PER_S = 25e9
+DISK_BYTES_PER_S = 3e9
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
                  "streamed block before them starts, each copy hidden by the compute since then")
 
@@ -123,6 +126,11 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     return exposed + runs * per_run
 
 
+def copy_bandwidth(component: ComponentPlan, link: float) -> float:
+    """The bytes/s a component's copies get: the link's, capped at the disk's read speed for disk-homed ones."""
+    return min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+
+
 def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> ComponentTime:
     """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s."""
     transfer = component.transfer
@@ -133,7 +141,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> Co
     if transfer is None or on_cpu or not transfer.bytes_per_call:
         return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                              copy_s=0.0, exposed_s=0.0, on_cpu=on_cpu)
-    speed = min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+    speed = copy_bandwidth(component, link)
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
@@ -191,5 +199,6 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
 
 
-__all__ = ["CallTime", "ComponentTime", "OVERLAP_MODEL", "check_per_run", "time_line", "component_time", "exposed_copy_seconds", "plan_time",
-           "run_seconds", "short_name", "seconds_text"]
+__all__ = ["CallTime", "ComponentTime", "DISK_BYTES_PER_S", "OVERLAP_MODEL", "PCIE_BYTES_PER_S", "check_per_run",
+           "component_time", "copy_bandwidth", "exposed_copy_seconds", "plan_time", "run_seconds", "seconds_text",
+           "short_name", "time_line"]

@@ -29,7 +29,7 @@ from placement.devices import accelerators_present, device_label, is_accelerator
 from placement.errors import DoesNotFitError, PlacementError
 from placement.plan_schema import PlacementKind, VerdictKind
 from placement.sizes import format_bytes
-from placement.verdict import TIGHT_SHARE
+from placement.reports import TIGHT_SHARE
 
 from ..loading.suggestions import BF16_SUGGESTION
 

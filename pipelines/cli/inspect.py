@@ -43,7 +43,7 @@ class ComponentFacts:
 def run(args: argparse.Namespace) -> int:
     from placement.budgets import resolve_budgets
     from placement.devices import device_label
-    from placement.explain import aligned_columns  # the table layout of Plan.explain()
+    from placement.reports import aligned_columns  # the table layout of Plan.explain()
     from placement.sizes import format_bytes
 
     from .resolve import in_flag_names, resolve_budgets_arg, warnings_once

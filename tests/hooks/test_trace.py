@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from hooks import apply_plan, trace_calls
-from placement.chrome_trace import COMPUTE_START, COPY_DONE, COPY_ISSUED
-from placement.timeline import predicted_events
+from placement.drawings import COMPUTE_START, COPY_DONE, COPY_ISSUED, predicted_events
 from transfer_pipeline import STEPS, assert_decoded, component, make, place_resident, plan, run
 
 BLOCKS = [f"blocks.{i}" for i in range(6)]

@@ -15,8 +15,7 @@ from hooks import trace_calls
 from pipelines import TextToImagePipeline
 from pipelines.text_to_image.models.dit import DiT
 from pipelines.text_to_image.presets import build_preset_components
-from placement.chrome_trace import COMPUTE_START, COPY_ISSUED
-from placement.timeline import predicted_events
+from placement.drawings import COMPUTE_START, COPY_ISSUED, predicted_events
 
 from pipeline_fixtures import CALL, generate
 from same_output import assert_same_output

@@ -1,0 +1,383 @@
+"""The Plan's text reports: the verdict it opens with, each device's peak in the plan's vocabulary, and
+`Plan.explain()`. `plan_schema` builds the first two into the Plan's derived fields and calls the third.
+
+The verdict: does the pipeline fit, how tightly, and what runs slowly. Four outcomes, from best to worst: every
+component on accelerators; some weights streamed from CPU RAM or disk (fits with offloading); some component
+executing on the CPU; a device over its budget (does not fit: only components passed in already placed can
+cause it, the strategies raise instead). The costs quoted for streamed and CPU components are what a user
+needs to judge them: the bytes that move from host memory to the execution device per call
+(`ComponentPlan.transfer`: loaded once per call, plus the runs times what streams at every run), and the time
+that takes at the plan's link bandwidth (25 GB/s, PCIe 4.0 x16, unless given); then the total per call. Plans
+without a transfer model (schema version < 3) quote the bytes per run. With FLOPs known (a plan for a call),
+the verdict also says the predicted seconds per call (`time_model.time_line`).
+
+The device breakdown (`with_breakdown`): a device's largest phase split into activations, streaming working
+set (and the part of it loaded once per call), derived from the components, so files of any version get it.
+The phase that sets the device's peak is `DevicePlan.peak_phase` (files before version 3 have no phases: the
+component with the largest transient there is taken). Its parts on this device:
+- executing here: its activations, and when it has host-homed weights, its streaming working set (what it
+  loads for the call plus its blocks in flight: `ComponentPlan.streamed_unit_bytes`), of which
+  `transfer.loaded_per_call_bytes` is loaded per call;
+- holding resident parts here while executing elsewhere (a split, or resident blocks of an offloaded
+  component): its activations (charged to every accelerator it spans, as the memory model does);
+- loading blocks per call here while executing elsewhere (`transfer.per_call_devices`): its activations and
+  those blocks (streaming working set, all of it loaded per call: the rest of its phase here).
+Hand-made or pinned plans whose parts do not add up to the device's transient keep the sum exact, streaming
+first.
+
+`Plan.explain()` (`explain_plan`): an aligned table a person reads at a glance, then the reasons.
+
+    component     kind   dtype                 runs on  GPU 0  GPU 1   CPU
+    text_encoder  whole  bfloat16 (requested)  GPU 1        .   9.00     .
+    denoiser      split  bfloat16 (requested)  GPU 0    20.00   4.00     .
+    ...
+    device  budget  weights  activations  streaming working set  (loaded per call)  runtime overhead
+            predicted peak  left  peak while
+    component  runs  resident  loaded per call  streamed per run  per call  time
+    component  runs  compute  copies  exposed  total
+
+It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
+table is one word of the plan's memory vocabulary (see `plan_schema`): the device's resident weights, and the
+activations / streaming working set of the phase that sets its peak ("peak while": the component running
+then). The transfer table says what crosses from host memory to the accelerators per call, per component and
+in total, and the time at the plan's link bandwidth; the time table, with FLOPs known (a plan for a call), the
+predicted seconds per call (`time_model`). The reasons use the same words.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from .devices import device_label, is_accelerator
+from .sizes import format_bytes
+from .time_model import OVERLAP_MODEL, PCIE_BYTES_PER_S, DISK_BYTES_PER_S, copy_bandwidth, short_name
+
+if TYPE_CHECKING:  # plan_schema imports this module for the Plan's derived fields and reports
+    from .plan_schema import ComponentPlan, DevicePlan, Plan
+
+
+# A device with less than this share of its budget left gets a warning: the activation estimates are
+# measured to within a few percent, and the caching allocator's rounding is of the same order, so a plan with
+# less than 5% to spare may still run out of memory on the real call.
+TIGHT_SHARE = 0.05
+
+
+def fullest_device(devices: list[DevicePlan]) -> Optional[DevicePlan]:
+    """The device whose predicted peak is the largest share of its budget: the accelerators in use first (that
+    is the question asked), the host only when no accelerator holds or runs anything."""
+    budgeted = [d for d in devices if d.budget]
+    candidates = [d for d in budgeted if is_accelerator(d.device) and d.predicted_peak] or [
+        d for d in budgeted if d.device == "cpu"]
+    return max(candidates, key=lambda d: d.predicted_peak / d.budget, default=None)
+
+
+def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan], *,
+                     link_bandwidth: float = PCIE_BYTES_PER_S, link_source: str = "") -> list[str]:
+    """A device with less than 5% of its budget left, over its budget, and each component that moves weights
+    per call or executes on the CPU, with what that costs per call (and the total)."""
+    notes = []
+    for device in devices:
+        if not device.budget or not (device.weight_bytes or device.predicted_peak):
+            continue
+        label = device_label(device.device)
+        if device.left is not None and device.left < 0:
+            notes.append(f"{label} is over its budget: predicted peak {format_bytes(device.predicted_peak)} of "
+                         f"{format_bytes(device.budget)} ({format_bytes(-device.left)} too much).")
+        elif device.left is not None and device.left < TIGHT_SHARE * device.budget:
+            notes.append(f"{label} is tight: {format_bytes(device.left)} left of {format_bytes(device.budget)} "
+                         f"({device.left / device.budget:.1%}, under {TIGHT_SHARE:.0%}); the activation estimate's "
+                         "error can exceed that. Give it a larger budget or plan with a smaller call.")
+    notes += [note for component in components for note in technique_notes(component)]
+    if components and all(c.execution_device == "cpu" for c in components):
+        total = format_bytes(sum(c.bytes for c in components))
+        return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
+                        "slower than on a GPU)."]
+    if any(c.transfer is not None for c in components):
+        return notes + transfer_warnings(components, link_bandwidth, link_source)
+    slow = [note for component in components if (note := _slow_component(component))]
+    if slow:
+        slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")
+    return notes + slow
+
+
+_TECHNIQUE_WORDS = {"vae_tiling": "VAE tiling", "vae_slicing": "VAE slicing"}
+
+
+def technique_notes(component: ComponentPlan) -> list[str]:
+    """One line per memory technique the plan turned on for `component` (the load applies it), with why."""
+    return [f"{component.name}: {_TECHNIQUE_WORDS.get(used.technique.value, used.technique.value)} on "
+            f"(the load turns it on): {used.reason}" for used in component.memory_techniques]
+
+
+def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str) -> list[str]:
+    """Per component that moves weights or computes on the CPU, what and how long per call; then the total."""
+    notes = []
+    for component in components:
+        if component.execution_device == "cpu":
+            notes.append(f"{component.name} executes on the CPU: {format_bytes(component.bytes)} of weights computed "
+                         "at CPU speed on every run, typically 10-100x slower than on a GPU.")
+            continue
+        transfer = component.transfer
+        if transfer is None or not transfer.bytes_per_call:
+            continue
+        notes.append(f"{component.name} {_moves(component)}: {format_bytes(transfer.bytes_per_call)} per call, "
+                     f"about {_seconds(transfer.bytes_per_call / copy_bandwidth(component, bandwidth))}.")
+    moved = sum(c.transfer.bytes_per_call for c in components if c.transfer is not None)
+    if moved:
+        where = f" ({source})" if source else ""
+        notes.append(f"Per call, {format_bytes(moved)} cross from host memory to the accelerators, about "
+                     f"{_seconds(moved / bandwidth)} at {bandwidth / 1e9:g} GB/s{where}; prefetching overlaps part "
+                     "of it with compute.")
+    return notes
+
+
+def _moves(component: ComponentPlan) -> str:
+    """"keeps 9.24 GiB resident on GPU 0, loads 0.79 GiB per call and streams 12.92 GiB at each of its 28 runs"."""
+    transfer = component.transfer
+    runs_on = device_label(component.execution_device)
+    parts = [f"keeps {format_bytes(transfer.resident_bytes)} resident"] if transfer.resident_bytes else []
+    source = "disk" if component.kind.value == "disk" else "CPU RAM"
+    if transfer.loaded_per_call_bytes:
+        parts.append(f"loads {format_bytes(transfer.loaded_per_call_bytes)} from {source} to {runs_on} per call")
+    if transfer.streamed_per_run_bytes:
+        each = f"each of its {transfer.runs_per_call} runs" if transfer.runs_per_call > 1 else "its one run"
+        parts.append(f"streams {format_bytes(transfer.streamed_per_run_bytes)} from {source} to {runs_on} at {each}")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def _slow_component(component: ComponentPlan) -> Optional[str]:
+    size = format_bytes(component.bytes)
+    runs_on = device_label(component.execution_device)
+    if component.execution_device == "cpu":
+        return (f"{component.name} executes on the CPU: {size} of weights computed at CPU speed on every run, "
+                "typically 10-100x slower than on a GPU.")
+    if component.kind.value == "offloaded":
+        seconds = component.bytes / PCIE_BYTES_PER_S
+        return (f"{component.name} is offloaded: {size} move from CPU RAM to {runs_on} on every run, "
+                f"about {seconds * 1000:.0f} ms at {PCIE_BYTES_PER_S / 1e9:.0f} GB/s.")
+    if component.kind.value == "disk":
+        seconds = component.bytes / DISK_BYTES_PER_S
+        return (f"{component.name} is served from disk: {size} read and moved to {runs_on} on every run, "
+                f"about {seconds * 1000:.0f} ms at {DISK_BYTES_PER_S / 1e9:.0f} GB/s.")
+    return None
+
+
+_STREAMED_KINDS = ("offloaded", "disk")
+
+
+def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
+    """`device` with `activations`, `streaming_working_set` and `loaded_per_call` filled from its peak phase."""
+    parts = {name: _parts(component, device.device, device.phases.get(name)) for name, component in
+             plan.components.items()}
+    peak = device.peak_phase
+    chosen = parts.get(peak) if peak is not None else None
+    if chosen is None:
+        chosen = max(parts.values(), default=(0, 0, 0, 0))
+    total, activation, streamed, loaded = chosen
+    if total != device.activation_peak:  # pinned or hand-made plans: keep the sum exact, streaming first
+        streamed = min(streamed, device.activation_peak)
+        activation = device.activation_peak - streamed
+        loaded = min(loaded, streamed)
+    return device.model_copy(update={
+        "activations": activation if plan.activations_accounted else None,
+        "streaming_working_set": streamed,
+        "loaded_per_call": loaded,
+    })
+
+
+def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, int, int, int]:
+    """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`
+    (`phase`: what the plan says that phase brings there, when it says)."""
+    activation = component.activation_bytes or 0
+    transfer = component.transfer
+    if transfer is not None and device != component.execution_device and device in transfer.per_call_devices.values():
+        loaded = max((phase or 0) - activation, 0)
+        return activation + loaded, activation, loaded, loaded
+    if component.execution_device == device:
+        streamed = component.streamed_unit_bytes if component.kind.value in _STREAMED_KINDS else 0
+        transfer = component.transfer
+        loaded = min(transfer.loaded_per_call_bytes, streamed) if transfer is not None and streamed else 0
+        return activation + streamed, activation, streamed, loaded
+    spans = is_accelerator(device) and device in component.placed_bytes and component.kind.value != "whole"
+    if spans:
+        return activation, activation, 0, 0
+    return 0, 0, 0, 0
+
+
+EMPTY = "."
+
+
+def explain_plan(plan: Plan) -> str:
+    lines = [*verdict_lines(plan), *simulated_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
+    lines += _component_table(plan)
+    lines += ["", *_device_table(plan)]
+    lines += transfer_lines(plan)
+    lines += time_lines(plan)
+    lines += ["", _activation_note(plan)]
+    lines += budget_source_lines(plan)
+    if plan.crossing_edges:
+        lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
+    else:
+        lines.append("Edges crossing devices: none")
+    if plan.map_reasons or plan.left_empty:
+        lines += ["", "Why this map:"]
+        lines += [f"  {reason}" for reason in [*plan.map_reasons, *plan.left_empty.values()]]
+    if plan.fallbacks:
+        lines += ["", *fallback_lines(plan)]
+    said = [*plan.warnings, *plan.advise()]  # the advice is worked out now, when a person reads the plan
+    if said:
+        lines += ["", "Warnings:"]
+        lines += [f"  {warning}" for warning in said]
+    return "\n".join(lines)
+
+
+def _component_table(plan: Plan) -> list[str]:
+    devices = [entry.device for entry in plan.devices]
+    # With a call spec, each component's own activation peak: which one sets a device's "activations" below.
+    activations = ["activations"] if plan.activations_accounted else []
+    header = ["component", "kind", "dtype", "runs on", *activations, *[device_label(d) for d in devices]]
+    rows = []
+    for name, component in plan.components.items():
+        cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
+        kind = component.kind.value + (" (pinned)" if component.pinned else "")
+        own = [EMPTY if component.activation_bytes is None else format_bytes(component.activation_bytes)]
+        dtype = component.dtype or "as built"  # plans saved before every component stated its dtype
+        rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
+    totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]
+    rows.append(["total weights", "", "", "", *[""] * len(activations), *totals])
+    return aligned_columns(header, rows, left=4)
+
+
+def _device_table(plan: Plan) -> list[str]:
+    # "activations" only when a call was planned for: otherwise the transient is the streaming working set alone.
+    activations = ["activations"] if plan.activations_accounted else []
+    header = ["device", "budget", "weights", *activations, "streaming working set", "(loaded per call)",
+              "runtime overhead", "predicted peak", "left", "peak while"]
+    rows = []
+    for entry in plan.devices:
+        budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
+        budget += " (detected)" if entry.detected else ""
+        own = [format_bytes(entry.activations or 0)][: len(activations)]
+        rows.append([
+            device_label(entry.device),
+            budget,
+            format_bytes(entry.weight_bytes),
+            *own,
+            format_bytes(entry.streaming_working_set),
+            format_bytes(entry.loaded_per_call),
+            format_bytes(entry.overhead),
+            format_bytes(entry.predicted_peak),
+            EMPTY if entry.left is None else format_bytes(entry.left),
+            entry.peak_phase or EMPTY,
+        ])
+    return aligned_columns(header, rows, left=1)
+
+
+def transfer_lines(plan: Plan) -> list[str]:
+    """Per component and in total: what crosses host -> accelerator per call, and how long at the link speed."""
+    if plan.transfer_bytes_per_call is None:
+        return []  # a plan written before the transfer model
+    if plan.transfer_bytes_per_call == 0:  # a table of zeros says less than one line
+        return ["", "Moved per call: nothing (every weight the accelerators use stays resident across calls)."]
+    speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
+    title = f"Moved per call, host -> accelerator, steady state (time at {speed}):"
+    header = ["component", "runs", "resident", "loaded per call", "streamed per run", "per call", "time"]
+    rows = []
+    for name, component in plan.components.items():
+        transfer = component.transfer
+        if transfer is None:
+            continue
+        rows.append([name, str(transfer.runs_per_call), format_bytes(transfer.resident_bytes),
+                     format_bytes(transfer.loaded_per_call_bytes), format_bytes(transfer.streamed_per_run_bytes),
+                     format_bytes(transfer.bytes_per_call), format_seconds(transfer.bytes_per_call / plan.link_bandwidth)])
+    rows.append(["total", "", "", "", "", format_bytes(plan.transfer_bytes_per_call),
+                 format_seconds(plan.transfer_seconds_per_call)])
+    return ["", title, *aligned_columns(header, rows, left=1)]
+
+
+def format_seconds(seconds: float) -> str:
+    """Milliseconds under a second, else seconds to the hundredth (the tables' and the drawing's unit)."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def verdict_lines(plan: Plan) -> list[str]:
+    """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
+    verdict = plan.verdict
+    time = [] if verdict.time is None else [verdict.time]
+    return [verdict.headline, *time, *[f"  ! {warning}" for warning in verdict.warnings]]
+
+
+def time_lines(plan: Plan) -> list[str]:
+    """Per component and in total: predicted compute, copies and the copies compute does not hide, per call
+    (`time_model`); nothing for a plan without FLOPs (planned without a call)."""
+    if plan.seconds_per_call is None:
+        return []
+    time = plan.time_per_call()
+    title = (f"Predicted time per call on {short_name(time.gpu)} ({plan.gpu_source}; {time.gpu.bf16_tflops:g} bf16 / {time.gpu.fp32_tflops:g} fp32 "
+             f"TFLOPS, {time.gpu.memory_gb_s:g} GB/s memory, at the efficiencies of placement.gpu_profiles; "
+             f"{OVERLAP_MODEL}):")
+    header = ["component", "runs", "compute", "copies", "exposed", "total"]
+    rows = [[c.name, str(c.runs), "?" if c.compute_s is None else format_seconds(c.compute_s) + (" (CPU)" if c.on_cpu else ""),
+             format_seconds(c.copy_s), format_seconds(c.exposed_s), format_seconds(c.total_s)] for c in time.components]
+    rows.append(["total", "", format_seconds(time.compute_s), format_seconds(time.copy_s), format_seconds(time.exposed_s), format_seconds(time.seconds)])
+    return ["", title, *aligned_columns(header, rows, left=1)]
+
+
+def simulated_lines(plan: Plan) -> list[str]:
+    """A plan for accelerators the planning machine did not have says so, at the top: what it shows is where
+    the pipeline would go there, not what this machine can run."""
+    simulated = plan.simulated_accelerators
+    if not simulated:
+        return []
+    present = plan.inputs.accelerators_present
+    has = f"it has {present}" if present else "it has none"
+    names = " and ".join(device_label(d) for d in simulated)
+    return [f"Simulated: planned for {names}, which the machine that planned it does not have ({has}); this is where "
+            "the pipeline would go on such a machine."]
+
+
+def fallback_lines(plan: Plan) -> list[str]:
+    """The fallbacks in the order the strategy placed the components: a reason's "left" is what the device had
+    when that component was placed, so only components placed later can have changed it since."""
+    order = {name: i for i, name in enumerate(plan.placement_order or plan.components)}
+    fallbacks = sorted(plan.fallbacks, key=lambda fb: order.get(fb.component, len(order)))
+    lines = ["Fallbacks:"]
+    lines += [f"  {fb.component} -> {fb.kind.value}{' (demoted)' if fb.demoted else ''}: {fb.reason}"
+              for fb in fallbacks]
+    return lines + ["  (in placement order; a reason's 'left' is the device's left when that component was placed)"]
+
+
+def budget_source_lines(plan: Plan) -> list[str]:
+    """Where each budget came from: given in max_memory, detected (with the margin), or unlimited."""
+    sources = ", ".join(f"{device_label(d.device)} {d.budget_source}" for d in plan.devices)
+    margin = f" The {plan.budget_margin}." if plan.budget_margin else ""
+    return [f"Budgets: {sources}.{margin}"]
+
+
+def _activation_note(plan: Plan) -> str:
+    if plan.activations_accounted:
+        return (
+            "Activations accounted for: predicted peak = weights + activations + streaming working set (of the "
+            "component with the largest transient executing there) + runtime overhead (accelerators in use)."
+        )
+    return (
+        "Activations NOT accounted for (no call spec given): predicted peak = weights + streaming working set "
+        "only; a large input can still run out of memory. Pass activations= (or call=) to plan for the call."
+    )
+
+
+def aligned_columns(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> list[str]:
+    """Columns padded to their widest cell; the first `left` columns left-aligned, numbers right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(
+            str(cell).ljust(width) if i < left else str(cell).rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return [line(header), *[line(row) for row in rows]]
