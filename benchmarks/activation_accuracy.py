@@ -6,7 +6,7 @@
 Table 1 (accuracy, CPU): for each component of the reference pipelines, at several image sizes, our estimate
 (`placement.estimate_activations` on the meta-built component, inputs from
 `TextToImagePipeline.activation_inputs`) against the peak measured by really running the component on CPU
-under torch's MemTracker (`placement.activations.measure`). "math path" is what a plain meta/fake run gives when
+under torch's MemTracker (`placement.activations.estimate.measure_activations`). "math path" is what a plain meta/fake run gives when
 attention is left to the math fallback (the N x N score matrix), as ratios to the measured peak. The tiny
 presets have the real architectures at small widths; the "sd-vae" rows use the real SDXL VAE.
 
@@ -30,8 +30,8 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from pipelines.text_to_image.models import AutoencoderKL
 from pipelines.text_to_image.pipeline import TextToImagePipeline
 from pipelines.text_to_image.inputs import ComponentCall, text_to_image_activation_inputs
-from placement.activations.measure import activation_peak, measure_activations
-from placement.activations.tracker import LiveStorageTracker
+from placement.activations.estimate import activation_peak, measure_activations
+from placement.activations.tracking import LiveStorageTracker
 from placement.activations.estimate import _FakeCopies
 
 MiB = 2**20
@@ -102,7 +102,7 @@ def memtracker_estimate(module, call: ComponentCall, dtype) -> int:
     """The same fake run measured by torch's MemTracker instead of LiveStorageTracker (for the timing)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from placement.activations.attention import FusedAttentionAccounting
+    from placement.activations.fake_tensors import FusedAttentionAccounting
 
     fake_mode = FakeTensorMode()
     copies = _FakeCopies(fake_mode, dtype)

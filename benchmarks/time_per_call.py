@@ -8,7 +8,7 @@
 The pipelines, their call and their bytes are benchmarks/transfers.py's (built on meta at real size in bf16; 1024x1024
 images, 480x832x49 video, batch 1; 28 steps, times the denoiser's passes per step learned by call capture). What each
 component computes per run at that call (FLOPs and bytes touched) is counted on the same fake tensors as its activation
-estimate (`placement.activations.flops`, through call capture), kept in data/time_per_call_work.json.
+estimate (`placement.activations.tracking.FlopTally`, through call capture), kept in data/time_per_call_work.json.
 
 Every column is predicted by one time model (`placement.time_model`) on one GPU profile (`placement.gpu_profiles`:
 datasheet peaks at the stated efficiencies; the host link is the profile's PCIe link at 0.8), so the columns differ

@@ -3,7 +3,7 @@
 Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per component and per call:
 
 - compute: `runs x max(FLOPs / FLOP/s, bytes touched / memory bandwidth)` per run, a roofline over the whole run
-  (FLOPs and bytes counted on the estimate's fake tensors, `activations.flops`; the device's rates from its profile,
+  (FLOPs and bytes counted on the estimate's fake tensors, `activations.tracking.FlopTally`; the device's rates from its profile,
   `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
 - copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
   ones at no more than the disk's read speed).

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .activations.estimate import estimate_activations
-from .activations.observers import CallObserver
+from .activations.tracking import CallObserver
 from .sizing import SplitUnit
 
 

@@ -14,6 +14,14 @@ Not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, the 
 adds a documented per-device overhead for those), and temporaries private to one composite op: under
 inference mode the tracker sees `aten.linear` or `aten.layer_norm` whole, so e.g. the copy `linear` makes of
 a non-contiguous input, or layer norm's per-row statistics, are not seen (small next to the tensors that are).
+
+`measure_activations` (the reference): the same quantity `estimate_activations` predicts, measured on a real run.
+
+It runs the call for real (real tensors, real kernels) under
+`torch.distributed._tools.mem_tracker.MemTracker` — torch's own tracker, a different implementation from
+the estimator's — and reads its peak snapshot without the parameter and buffer bytes. Tests and
+`benchmarks/activation_accuracy.py` use it as the reference the estimate must match; it needs the memory
+the call really takes, so use it on small configs.
 """
 
 from __future__ import annotations
@@ -27,18 +35,14 @@ import torch
 from torch import nn
 import torch._subclasses.fake_tensor as fake_tensor_module
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from .attention import FusedAttentionAccounting
-from .block_memo import BlockMemo, memo_enabled
-from .cache import CachedCall, cache_key, cached, remember
-from .flops import FlopTally
+from .fake_tensors import FusedAttentionAccounting, MetaConstants, shape_only_stand_ins, to_meta
 from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
-from .meta_outputs import to_meta
-from .observers import CallLog, notify_paths, observers_deferred
-from .stand_ins import MetaConstants, shape_only_stand_ins
-from .tracker import LiveStorageTracker
+from .memo import BlockMemo, CachedCall, cache_key, cached, memo_enabled, remember
+from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, observers_deferred
 from ..errors import PlanError
 from ..sizing import kept_fp32_module_names
 
@@ -46,7 +50,7 @@ from ..sizing import kept_fp32_module_names
 # meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
 # values, could not run. Attention is accounted for by FusedAttentionAccounting, so meta's math path for
 # scaled_dot_product_attention never runs. What fake tensors cannot run at all (constants made on meta,
-# MoE routing by values) gets a documented shape-only stand-in (`stand_ins`).
+# MoE routing by values) gets a documented shape-only stand-in (`fake_tensors`).
 _FAKE_DEVICE = torch.device("meta")
 # With `keep_values`, the device the fake tensors claim: that of the constants they carry (see estimate_call).
 _VALUES_DEVICE = torch.device("cpu")
@@ -82,8 +86,8 @@ class CallEstimate:
     """One call estimated: its activation peak, and what it returned, made of plain `meta` tensors."""
 
     peak_bytes: int
-    output: Any  # the call's return value, every tensor a meta tensor laid out alike (`meta_outputs.to_meta`)
-    # What the call computes and touches (`flops.FlopTally`): for the plan's time model.
+    output: Any  # the call's return value, every tensor a meta tensor laid out alike (`fake_tensors.to_meta`)
+    # What the call computes and touches (`tracking.FlopTally`): for the plan's time model.
     flops: int = 0
     bytes_touched: int = 0
 
@@ -116,9 +120,9 @@ def estimate_call(
     real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
 
     Identical blocks called with inputs seen before, and a video VAE's decoder called again frame after frame
-    on a cache of the same shapes, are replayed, not run (`block_memo`: the peak is the same to the byte; a
+    on a cache of the same shapes, are replayed, not run (`memo`: the peak is the same to the byte; a
     replay that would not be exact makes the estimate run again without them), and a call estimated before on
-    an unchanged module is answered from memory (`cache`; not a call whose values are kept: its key holds shapes
+    an unchanged module is answered from memory (`memo`; not a call whose values are kept: its key holds shapes
     only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
     """
     _check_call(module, method)
@@ -155,7 +159,7 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
     with observers_deferred(module):
         answer = _run_once(module, method, args, kwargs, dtype, keep_values, with_memo=True) \
             if memo_enabled() else None
-        if answer is None:  # the memo off, or a replay that would not have been exact (`block_memo`): a full run
+        if answer is None:  # the memo off, or a replay that would not have been exact (`memo`): a full run
             answer = _run_once(module, method, args, kwargs, dtype, keep_values, with_memo=False)
     notify_paths(module, answer.calls)
     return answer
@@ -279,7 +283,6 @@ def _check_call(module: nn.Module, method: str) -> None:
         )
 
 
-
 def _failure(module: nn.Module, method: str, args: tuple, kwargs: dict, error: Exception) -> ActivationEstimateError:
     call = f"{type(module).__name__}.{method} on inputs {_describe(args)}{', ' + _describe(kwargs) if kwargs else ''}"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -301,3 +304,37 @@ def _describe(tree: Any) -> str:
         return "(" + ", ".join(_describe(item) for item in tree) + ")"
     return repr(tree)
 
+# MemTracker's snapshot categories that are weights, not activations.
+_WEIGHT_CATEGORIES = ("Parameter", "Buffer")
+
+
+def measure_activations(
+    module: nn.Module,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: str = "forward",
+) -> int:
+    """Peak bytes, on top of the weights, of really running `module.<method>(*args, **kwargs)` under
+    `torch.inference_mode()`: inputs, intermediates and output, as `estimate_activations` counts them."""
+    args = args if isinstance(args, tuple) else (args,)
+    kwargs = dict(kwargs or {})
+    inputs = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    tracker = MemTracker()
+    tracker.track_external(module, *inputs)
+    with torch.inference_mode(), tracker:
+        getattr(module, method)(*args, **kwargs)
+    return activation_peak(tracker)
+
+
+def activation_peak(tracker: MemTracker) -> int:
+    """The peak bytes a finished MemTracker saw on its one device, parameters and buffers left out."""
+    peaks = tracker.get_tracker_snapshot("peak")
+    if not peaks:
+        return 0
+    if len(peaks) > 1:
+        raise RuntimeError(
+            f"measure_activations measures one device at a time; the call touched {sorted(map(str, peaks))}."
+        )
+    (snapshot,) = peaks.values()
+    return sum(value for key, value in snapshot.items() if key != "Total" and key not in _WEIGHT_CATEGORIES)

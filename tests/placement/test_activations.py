@@ -9,8 +9,8 @@ from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_mod
 from torch import nn
 
 import placement
-from placement.activations.attention import fused_attention_output
-from placement.activations.measure import measure_activations
+from placement.activations.fake_tensors import fused_attention_output
+from placement.activations.estimate import measure_activations
 from placement.activations.estimate import ActivationEstimateError, estimate_activations
 from placement.errors import PlanError
 
@@ -266,7 +266,7 @@ def test_cpu_offloaded_module_is_estimated_from_its_shapes():
 def test_live_storage_tracker_counts_storages_once_and_releases_them():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from placement.activations.tracker import LiveStorageTracker
+    from placement.activations.tracking import LiveStorageTracker
 
     with FakeTensorMode():
         weight = torch.empty(1024)  # 4 KiB, excluded

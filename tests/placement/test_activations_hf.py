@@ -4,7 +4,7 @@ import pytest
 import torch
 from accelerate import init_empty_weights
 
-from placement.activations.measure import measure_activations
+from placement.activations.estimate import measure_activations
 from placement.activations.estimate import estimate_activations
 
 transformers = pytest.importorskip("transformers")

@@ -10,20 +10,20 @@ from accelerate import init_empty_weights
 from torch import nn
 
 import placement
-from placement.activations import block_memo, cache
+from placement.activations.memo import CACHE_ENV, MEMO_ENV, _Record
 from placement.unit_order import record_module_order
 
 
 def with_and_without_memo(monkeypatch, module, args, kwargs=None, *, method="forward", dtype=None):
     """((peak, calls) with the memo, (peak, calls) without, how many calls were replayed): `calls` is every
     submodule call in order, as `record_module_order(every_call=True)` sees it."""
-    monkeypatch.setenv(cache.CACHE_ENV, "0")  # each estimate a run of its own
+    monkeypatch.setenv(CACHE_ENV, "0")  # each estimate a run of its own
     replays = []
-    replay = block_memo._Record.replay
-    monkeypatch.setattr(block_memo._Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    replay = _Record.replay
+    monkeypatch.setattr(_Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
     results = {}
     for memo in ("1", "0"):
-        monkeypatch.setenv(block_memo.MEMO_ENV, memo)
+        monkeypatch.setenv(MEMO_ENV, memo)
         with record_module_order(module, every_call=True) as calls:
             peak = placement.estimate_activations(module, args, kwargs, method=method, dtype=dtype)
         results[memo] = (peak, list(calls))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import placement
-from placement.activations import cache, estimate
+from placement.activations import estimate, memo as estimate_memo
 from placement.unit_order import record_module_order
 
 
@@ -39,7 +39,7 @@ def runs(monkeypatch):
     count = []
     run = estimate._run
     monkeypatch.setattr(estimate, "_run", lambda *a: count.append(1) or run(*a))
-    monkeypatch.setenv(cache.CACHE_ENV, "1")
+    monkeypatch.setenv(estimate_memo.CACHE_ENV, "1")
     return count
 
 
@@ -86,11 +86,11 @@ def test_a_freed_module_drops_its_entries(runs):
     gc.collect()
     module = Tiling()
     placement.estimate_activations(module, (torch.empty(16, 8),))
-    assert module in cache._entries
-    entries, freed = len(cache._entries), weakref.ref(module)
+    assert module in estimate_memo._entries
+    entries, freed = len(estimate_memo._entries), weakref.ref(module)
     del module
     gc.collect()
-    assert freed() is None and len(cache._entries) == entries - 1
+    assert freed() is None and len(estimate_memo._entries) == entries - 1
 
 
 def test_calls_with_hooks_or_opaque_inputs_and_the_switch_are_never_cached(runs, monkeypatch):
@@ -112,7 +112,7 @@ def test_calls_with_hooks_or_opaque_inputs_and_the_switch_are_never_cached(runs,
     placement.estimate_activations(linear, (x,), {"anything": Opaque()})
     placement.estimate_activations(linear, (x,), {"anything": Opaque()})
     assert len(runs) == 4
-    monkeypatch.setenv(cache.CACHE_ENV, "0")
+    monkeypatch.setenv(estimate_memo.CACHE_ENV, "0")
     placement.estimate_activations(module, (x,))
     placement.estimate_activations(module, (x,))
     assert len(runs) == 6

@@ -123,18 +123,18 @@ def test_blocks_the_estimate_replays_are_recorded_in_order_and_splits_cut_alike(
     cut in it are those of a full run."""
     from pipelines import TextToImagePipeline
     from pipelines.loading.planning import call_activations
-    from placement.activations import block_memo, cache
+    from placement.activations.memo import CACHE_ENV, MEMO_ENV, _Record
 
-    monkeypatch.setenv(cache.CACHE_ENV, "0")
+    monkeypatch.setenv(CACHE_ENV, "0")
     replays = []
-    replay = block_memo._Record.replay
-    monkeypatch.setattr(block_memo._Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    replay = _Record.replay
+    monkeypatch.setattr(_Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
     pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
     modules = pipe.module_components
     denoiser = modules["denoiser"]
     plans, orders = [], []
     for memo in ("1", "0"):
-        monkeypatch.setenv(block_memo.MEMO_ENV, memo)
+        monkeypatch.setenv(MEMO_ENV, memo)
         module_order: dict[str, list[str]] = {}
         call_activations(pipe, modules, {"height": 64, "width": 64}, module_order=module_order)
         orders.append(module_order)

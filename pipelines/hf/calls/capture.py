@@ -28,8 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 from placement import estimate_call
 from placement.activations import ActivationEstimateError
-from placement.activations.meta_outputs import map_tensors
-from placement.activations.stand_ins import sized_by_values
+from placement.activations.fake_tensors import map_tensors, sized_by_values
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError

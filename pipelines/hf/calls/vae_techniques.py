@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from placement.activations.tracker import LiveStorageTracker
+from placement.activations.tracking import LiveStorageTracker
 from placement.plan_schema import MemoryTechnique
 
 # The VAE flag each technique sets (diffusers' names, and ours), and the method that sets it at load.

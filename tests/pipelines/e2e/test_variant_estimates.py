@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_map_with_path
 
 from pipelines.errors import CallSpecError
 from pipelines.loading.planning import describe_call, modules_and_edges
-from placement.activations.measure import measure_activations
+from placement.activations.estimate import measure_activations
 
 import tiny_dits
 import tiny_unets

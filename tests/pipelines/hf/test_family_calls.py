@@ -14,7 +14,7 @@ from family_folders import build_modules, meta_pipeline, write_configs_folder
 from pipelines import Pipeline
 from pipelines.errors import CallSpecError
 from pipelines.loading.planning import describe_call, modules_and_edges
-from placement.activations.measure import measure_activations
+from placement.activations.estimate import measure_activations
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
 IMAGE_FAMILIES = ["sd15", "sd21", "sdxl-base-1.0", "sd3-medium", "sd35-large", "flux1-dev", "pixart-sigma-1024",

@@ -1,4 +1,9 @@
-"""Repeated calls estimated once: a block called with inputs an identical block (or itself) was called with before
+"""Estimates not run twice: a repeated block called with inputs seen before is replayed (`BlockMemo`, within one
+estimate), and a call estimated before on an unchanged module is answered from memory (the cache, across
+plans). Both key on `calls.call_signature` and `calls.module_state`, and tell `CallObserver`s of the calls
+they skip.
+
+Repeated calls estimated once: a block called with inputs an identical block (or itself) was called with before
 is replayed, not run.
 
 A FLUX DiT runs 57 blocks of two kinds, Wan 40 of one, T5-XXL 24; a causal video VAE (Wan's) runs its decoder
@@ -10,9 +15,9 @@ nothing new. The candidates, within one estimate:
 - the children of the estimated module that have submodules (a VAE's `encoder` and `decoder`, which its
   `_encode`/`_decode` call in a loop over frames).
 
-When a candidate is called and an identical block (`signatures.module_state`, the layer index left out) was
-called before with the same inputs (`signatures.call_signature`, where a view starts in its storage left out:
-`call_effects`), and with its lists and dicts aliased alike, the call is replayed (`call_effects.Effects.apply`):
+When a candidate is called and an identical block (`calls.module_state`, the layer index left out) was
+called before with the same inputs (`calls.call_signature`, where a view starts in its storage left out:
+`calls`), and with its lists and dicts aliased alike, the call is replayed (`Effects.apply`):
 
 - its transient: an empty storage of the first run's peak above the live bytes at its entry is allocated and
   freed at once, so every tracker sees the peak a full run reaches (the storages a block allocates and frees do
@@ -22,16 +27,35 @@ called before with the same inputs (`signatures.call_signature`, where a view st
   were; an output that was an input is that input again, a view of an input the same view of it; the lists and
   dicts it was given (Wan's `feat_cache` and `feat_idx`) hold what the run left in them. The live bytes after the
   call are the full run's;
-- its FLOPs and bytes touched (`flops.FlopTally`): the first run's, counted again;
+- its FLOPs and bytes touched (`tracking.FlopTally`): the first run's, counted again;
 - its submodules' calls, in order, reported to their `CallObserver`s (`record_module_order`), so the order a
   split is cut in does not change.
 
-A first run is recorded only when what it did can be described (`call_effects`), checked on the tracker: the
+A first run is recorded only when what it did can be described (`calls`), checked on the tracker: the
 block's own state is as it was, the storages it freed were inputs it dropped from a list or dict, and the ones it
 left alive are exactly those of its outputs and of what it wrote into its lists and dicts (a block that stashes a
 tensor on itself is run every time). Blocks carrying hooks other than observers, or a `forward` wrapped by other
 code, are never replayed. A replay that finds the frees differ from its run's stops the memo for this estimate,
 which runs again without it (`ReplayDiverged`). `PLACEMENT_BLOCK_MEMO=0` turns the memo off (for A/B runs).
+
+Estimates reused across plans: a call estimated once is answered from memory while nothing it depends on
+has changed.
+
+A load plans several times (formats, VAE techniques, suggestions, what-would-fit offers), and a pipeline's
+`__call__` run on stand-ins calls each component once per step with the same inputs: each distinct call is
+estimated once. The key is everything the estimate depends on: the module's state (`calls.module_state`:
+classes, parameter and buffer shapes and dtypes, plain attributes such as a VAE's `use_tiling`), the method,
+the inputs' signature, the dtype the weights are cast to, torch's default dtype, and whether the block memo is
+on. So weights re-cast, a technique toggled or a processor swapped in between give another key: a changed
+module never gets a stale answer.
+
+A module whose state equals one estimated before gets that one's answer: the key holds everything the estimate
+depends on, so Wan 2.2 A14B's two experts (one config, other weights) are one estimate, not two.
+
+Entries are held per module, weakly (a module freed drops its entries), at most `_PER_MODULE` of them. A call is
+never cached when its inputs hold something other than tensors and plain values, or when a module in it carries
+hooks other than `CallObserver`s (they would not see a call answered from memory; the observers are told the
+recorded calls). `PLACEMENT_ESTIMATE_CACHE=0` turns it off.
 """
 
 from __future__ import annotations
@@ -39,17 +63,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
 from torch import nn
 
-from .call_effects import Effects, Entry, ReplayDiverged
-from .flops import FlopTally
-from .observers import CallLog, notify_paths, only_observed
-from .signatures import BLOCK_INDEX_ATTRIBUTES, call_signature, module_state
-from .tracker import LiveStorageTracker
+from .calls import BLOCK_INDEX_ATTRIBUTES, Effects, Entry, ReplayDiverged, call_signature, module_state
+from .fake_tensors import to_meta
+from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, only_observed
 
 MEMO_ENV = "PLACEMENT_BLOCK_MEMO"
 # The memo's wrapper is the block's `forward` while it runs: not part of what makes two blocks identical.
@@ -166,3 +190,69 @@ class _Record:
         del transient  # the first run's peak above the live bytes at entry, reached for an instant
         notify_paths(block, self.children)
         return self.effects.apply(inputs, tracker)
+
+CACHE_ENV = "PLACEMENT_ESTIMATE_CACHE"
+_PER_MODULE = 64  # distinct calls remembered per module (the oldest goes first)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedCall:
+    peak_bytes: int
+    output: Any  # meta tensors (`to_meta`), copied again for each answer so no caller sees another's changes
+    calls: tuple[str, ...]  # the module's submodules called, in order, by path (for the observers)
+    flops: int = 0  # what the call computes and touches (`tracking.FlopTally`)
+    bytes_touched: int = 0
+
+
+_entries: "weakref.WeakKeyDictionary[nn.Module, OrderedDict[Hashable, CachedCall]]" = weakref.WeakKeyDictionary()
+# Every entry by its key, whichever module it was estimated on: an identical module's answer (held while a module
+# keeps it in `_entries`).
+_by_key: "weakref.WeakValueDictionary[Hashable, CachedCall]" = weakref.WeakValueDictionary()
+
+
+def cache_enabled() -> bool:
+    return os.environ.get(CACHE_ENV, "1") != "0"
+
+
+def cache_key(module: nn.Module, method: str, inputs: Any, dtype: torch.dtype | None) -> Hashable | None:
+    """The key of `module.<method>(*inputs)` at `dtype` (module doc), or None when it is not to be cached."""
+    if not cache_enabled() or not only_observed(module.modules()):
+        return None
+    signature = call_signature(inputs)
+    if signature is None:
+        return None
+    # The memo's switch too: with it off, an estimate is a full run, never an answer the memo helped make.
+    return method, dtype, torch.get_default_dtype(), memo_enabled(), signature, module_state(module)
+
+
+def cached(module: nn.Module, key: Hashable | None) -> CachedCall | None:
+    """The remembered call (its observers told of its calls, its output a fresh copy), or None."""
+    if key is None:
+        return None
+    entry = _entries.get(module, {}).get(key)
+    if entry is None:
+        entry = _by_key.get(key)  # estimated on another module in the same state (module doc)
+        if entry is None:
+            return None
+        remember(module, key, entry)
+    notify_paths(module, entry.calls)
+    return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls,
+                      flops=entry.flops, bytes_touched=entry.bytes_touched)
+
+
+def remember(module: nn.Module, key: Hashable | None, call: CachedCall) -> None:
+    if key is None:
+        return
+    entries = _entries.setdefault(module, OrderedDict())
+    entries[key] = _by_key[key] = call
+    while len(entries) > _PER_MODULE:
+        entries.popitem(last=False)
+
+
+def forget(module: nn.Module | None = None) -> None:
+    """Drop the remembered calls of `module` (of every module when None)."""
+    if module is None:
+        _entries.clear()
+        _by_key.clear()
+    else:
+        _entries.pop(module, None)

@@ -1,4 +1,7 @@
-"""Shape-only stand-ins for the few things real models do that fake tensors cannot run.
+"""What running a call on fake tensors needs around it: stand-ins for what fake tensors cannot run, attention
+counted as the fused kernels allocate, and the call's outputs made plain meta tensors for use outside.
+
+Stand-ins. Shape-only stand-ins for the few things real models do that fake tensors cannot run.
 
 1. `torch.tensor(data, device="meta")`: under `FakeTensorMode` a constant made straight on `meta` is a real
    meta tensor that the next in-place op refuses, and it has no values. `MetaConstants` makes such constants
@@ -21,19 +24,45 @@
    weights are quantized on a device, so their `forward` fails without it (an assert in `fix_4bit_weight_quant_state
    _from_module`). For the estimate they compute as bitsandbytes computes a batch of tokens: the weight
    dequantized into a temporary of the compute dtype, then one `F.linear` (`_dequantized_linear`).
+
+Attention (`FusedAttentionAccounting`). Count scaled-dot-product attention the way the fused GPU kernels run it.
+
+On an accelerator, `torch.nn.functional.scaled_dot_product_attention` runs the flash or memory-efficient
+kernel: it never materialises the L x S score matrix; it allocates the output (L x Ev per head) and, for
+flash, a float32 log-sum-exp row (L per head). On meta or fake tensors there is no such kernel, and the
+op falls back to the math path, which builds the full score matrix (and its softmax) — an estimate that is
+~10x too high for image-size sequence lengths. `FusedAttentionAccounting` intercepts the Python call before
+dispatch (so it holds whichever device, backend choice or dispatch-mode order is in effect) and replaces it
+with exactly the allocations of the fused kernel.
+
+What is left out, on purpose: the kernels' on-chip tiles (not device memory), and the math fallback a GPU
+takes for unsupported shapes (e.g. head dims above 256 on older cards) — such models are rare and would be
+under-estimated by the score matrix.
+
+Outputs (`to_meta`). A call's return value made usable outside the estimate: every tensor in it becomes a plain `meta` tensor.
+
+Fake tensors belong to the `FakeTensorMode` that made them; outside it, code that builds on an estimate's
+output (the next component's inputs, a pipeline's own `__call__` run on stand-ins) needs tensors it can use
+anywhere. Each becomes a meta tensor of the same shape, dtype, strides and storage offset, and tensors that
+shared a storage share one again (a diffusers `DiagonalGaussianDistribution`'s `mean` and `logvar` are halves
+of its `parameters`). Structures keep their types: tuples, lists, dicts, namedtuples and the registered output
+classes (diffusers' `BaseOutput`, transformers' `ModelOutput`) through torch's pytree, and plain objects that
+hold tensors as attributes (the distribution above) as shallow copies with their attributes converted.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 _BITSANDBYTES_LINEARS = ("Linear4bit", "LinearFP4", "LinearNF4", "Linear8bitLt")
 
@@ -133,3 +162,95 @@ def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Ite
     finally:
         for sub, name in patched:
             delattr(sub, name)
+
+def fused_attention_output(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Allocate what a flash/memory-efficient attention kernel allocates and return its (empty) output.
+
+    The signature is `scaled_dot_product_attention`'s, so it can stand in for it; the mask, dropout, causal
+    flag and scale change values, not memory. The log-sum-exp is allocated alongside the output and freed
+    when the call returns, so it shows in the peak exactly while the kernel runs.
+    """
+    if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ValueError(
+            "scaled_dot_product_attention needs query, key and value with the same number (>= 2) of dims; "
+            f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}."
+        )
+    if enable_gqa:
+        # Grouped-query attention: key/value carry fewer heads; the output has the query's heads.
+        batch_shape = tuple(query.shape[:-2])
+    else:
+        batch_shape = tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
+    rows = batch_shape + (query.shape[-2],)
+    log_sum_exp = query.new_empty(rows, dtype=torch.float32)
+    output = query.new_empty(rows + (value.shape[-1],))
+    del log_sum_exp
+    return output
+
+
+class FusedAttentionAccounting(TorchFunctionMode):
+    """Within this mode, `F.scaled_dot_product_attention` allocates like the fused kernels (see module doc), and
+    `on_call(query, key, value, output)`, when given, is told of each call (the FLOP tally counts it: no aten
+    attention op reaches dispatch)."""
+
+    def __init__(self, on_call: Callable[..., None] | None = None) -> None:
+        super().__init__()
+        self._on_call = on_call
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            output = fused_attention_output(*args, **kwargs)
+            if self._on_call is not None:
+                query, key, value = [args[i] if i < len(args) else kwargs[name]
+                                     for i, name in enumerate(("query", "key", "value"))]
+                self._on_call(query, key, value, output)
+            return output
+        return func(*args, **kwargs)
+
+_DEPTH = 4  # how deep objects inside objects are looked into
+
+
+def to_meta(tree: Any) -> Any:
+    """`tree` with each tensor replaced by a meta tensor laid out alike (module doc); the rest as it is."""
+    bases: dict[int, torch.Tensor] = {}  # id(original storage) -> its meta stand-in, as bytes
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes % tensor.element_size():  # bytes a view of another dtype cannot cover: lay it out alone
+            return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        if id(storage) not in bases:
+            bases[id(storage)] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        base = bases[id(storage)].view(tensor.dtype)
+        return base.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+    return map_tensors(convert, tree)
+
+
+def map_tensors(function: Callable[[torch.Tensor], torch.Tensor], tree: Any, depth: int = 0) -> Any:
+    """`tree` with `function` applied to each tensor, in pytree containers and in plain objects' attributes."""
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return function(value)
+        attributes = getattr(value, "__dict__", None)
+        if depth >= _DEPTH or not isinstance(attributes, dict) or isinstance(value, (nn.Module, type)) \
+                or callable(value):
+            return value
+        converted = {name: map_tensors(function, item, depth + 1) for name, item in attributes.items()}
+        if all(converted[name] is item for name, item in attributes.items()):
+            return value  # nothing inside to convert: the object itself
+        duplicate = copy.copy(value)
+        vars(duplicate).update(converted)  # through __dict__: frozen dataclasses too
+        return duplicate
+
+    return tree_map(leaf, tree)
