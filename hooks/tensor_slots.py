@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from placement.quantized_sizing import storage_bytes
+from placement.sizing import storage_bytes
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -43,7 +43,7 @@ class ModelTensor:
 
     @property
     def num_bytes(self) -> int:
-        """Its storage: a quantized tensor's packed data and scales (`placement.quantized_sizing`)."""
+        """Its storage: a quantized tensor's packed data and scales (`placement.sizing`)."""
         return storage_bytes(self.get())
 
     def set(self, value: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ from enum import Enum
 import torch
 
 from placement.devices import Device, is_accelerator, strict_virtual_accelerators, virtual_accelerator_count
-from placement.quantized_sizing import storage_bytes
+from placement.sizing import storage_bytes
 
 from .places import place_of_device
 

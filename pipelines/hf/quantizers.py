@@ -9,7 +9,7 @@ does before reading any weight: its quantizer's `preprocess_model` replaces the 
 (bitsandbytes' `Linear4bit`, quanto's `QLinear`, ...). Then each weight the quantizer would quantize is put in
 its quantized form while still on meta (`materialize_on_meta`): torchao and quanto quantize meta tensors with
 their own code (the inner int8/fp8 data and scales come out on meta, exactly as they will be loaded), and
-bitsandbytes' weights are counted by its block layout (`placement.quantized_sizing`). The planner then sizes
+bitsandbytes' weights are counted by its block layout (`placement.sizing`). The planner then sizes
 the module as it is (`placement.sizing`).
 """
 
@@ -289,7 +289,7 @@ def quantized_parameter_names(module: nn.Module, quantizer, family: Family) -> l
 
 def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, names: list[str]) -> None:
     """Put every weight in `names` in its quantized form, on meta: torchao's `quantize_` and quanto's `freeze`
-    run on meta tensors; bitsandbytes' replaced layers are already what `placement.quantized_sizing` counts."""
+    run on meta tensors; bitsandbytes' replaced layers are already what `placement.sizing` counts."""
     owners = {name.rpartition(".")[0] for name in names}
     if quantization.method is QuantizationMethod.TORCHAO:
         from torchao.quantization import quantize_
@@ -329,7 +329,7 @@ def _signature(layer: nn.Module) -> tuple:
 
 
 def format_label(quantization: ComponentQuantization) -> str:
-    """The format in a plan's words (as `placement.quantized_sizing` names loaded tensors): "nf4 (bitsandbytes)",
+    """The format in a plan's words (as `placement.sizing` names loaded tensors): "nf4 (bitsandbytes)",
     "Int8WeightOnlyConfig (torchao)", "int8 (quanto)", ..."""
     config = quantization.config
     as_dict = config if isinstance(config, Mapping) else config.to_dict()

@@ -25,7 +25,7 @@ from hooks.techniques import PlanContext, follows_transfer_plan
 from placement.devices import device_label, is_accelerator
 from placement.errors import PlacementError
 from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKind
-from placement.quantized_sizing import tensor_format
+from placement.sizing import tensor_format
 from placement.sizes import format_bytes
 
 from ..checkpoint import find_weights

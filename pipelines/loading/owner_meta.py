@@ -19,7 +19,7 @@ from accelerate.utils import set_module_tensor_to_device
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.quantized_sizing import is_quantized_tensor
+from placement.sizing import is_quantized_tensor
 from placement.sizing import kept_fp32_module_names
 
 from ..checkpoint import WeightsIndex

@@ -15,7 +15,7 @@ import torch
 
 import hooks
 import pipelines
-from placement.quantized_sizing import is_quantized_tensor
+from placement.sizing import is_quantized_tensor
 
 from quantized_models import diffusers, real_storage, run, save_flux, save_t5, transformers, write_gguf
 from same_output import assert_same_output
