@@ -118,7 +118,7 @@ def strict_virtual_accelerators() -> bool:
     backend cannot set) and `torch.Generator(device="vgpu")` (no generator hooks for a Python backend).
     safetensors knows only real device types: read onto "cpu" for a virtual one (`safetensors_device`).
     Everything else a pipeline does runs strict (`cpu_param.data = virtual_tensor` too, as diffusers' group
-    offloading does it: `placement.virtual.tensor.DATA_PROPERTY`)."""
+    offloading does it: `placement.virtual.DATA_PROPERTY`)."""
     text = os.environ.get(VIRTUAL_STRICT_ENV, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
         return True

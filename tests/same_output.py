@@ -13,7 +13,7 @@ sit elsewhere or the work is split otherwise, and which way depends on the CPU:
 - Kernels that pick their path by size, layout or thread count (oneDNN convolutions, fused attention).
 So a placed run equals a plain run to a few ulps, and which ulps differ changes from one CPU to the next.
 
-The strict virtual backend (`placement/virtual/tensor.py`) removes every difference it can: each aten op runs on the
+The strict virtual backend (`placement/virtual.py`) removes every difference it can: each aten op runs on the
 same CPU tensors, with the same sizes, strides and requires_grad flags, through the same C++ kernels (composite ops
 under inference_mode are decomposed by their C++ kernel, not torch's Python decompositions; views keep their base's
 requires_grad, which matmul reads to choose one mm or a batched one). With operands allocated alike it equals a CPU

@@ -1,14 +1,32 @@
-"""`VirtualTensor`: a tensor of a virtual accelerator. Its bytes are an ordinary CPU tensor (`_inner`); its
+"""Strict virtual accelerators: the test mode `PLACEMENT_VIRTUAL_ACCELERATORS=N` as N devices torch tells apart.
+
+Each tensor belongs to the virtual device it was moved to (`tensor.device == torch.device("vgpu", k)`); an
+operation that mixes two devices (two virtual accelerators, or one and a non-scalar CPU tensor) raises the error
+CUDA raises, so a CPU test fails where a multi-GPU run would. The bytes stay in RAM and every op runs on the CPU:
+results are a CPU run's on the same tensors. `placement.devices.torch_device` is the one place that hands these
+devices out.
+
+Device rules (`common_device`, `check_generator`): which device an operation on virtual-accelerator tensors
+runs on, and the error when its inputs disagree. The rules are CUDA's, so that a CPU test fails where a GPU run would:
+- every tensor argument must be on one device; a 0-dim CPU tensor is the one exception (a "CPU scalar", which
+  CUDA's elementwise kernels accept next to device tensors);
+- indexing ops also take CPU index tensors (`x[cpu_indices]`, `index_put_`), as CUDA does;
+- `copy_` and `_to_copy` cross devices by design (they are how tensors move);
+- a random op on a device needs a generator of that device type (a CPU generator is an error, as on CUDA).
+The message is torch's own ("Expected all tensors to be on the same device, but found at least two devices,
+cuda:0 and cuda:1!"), with the virtual devices' names and the operation appended.
+
+`VirtualTensor`: a tensor of a virtual accelerator. Its bytes are an ordinary CPU tensor (`_inner`); its
 `.device` is the virtual device (`vgpu:k`) it was moved to, in Python and in C++ alike.
 
 It is a wrapper subclass (`__torch_dispatch__`, as torch's FakeTensor is): every aten op on it unwraps the CPU
-tensors, checks that the arguments share one device (`rules.common_device`, CUDA's rule and message), runs on the
-CPU and wraps the results onto that device (`dispatch.run_on_cpu`). The numbers are therefore those of a CPU run
+tensors, checks that the arguments share one device (`common_device`, CUDA's rule and message), runs on the
+CPU and wraps the results onto that device (`run_on_cpu`). The numbers are therefore those of a CPU run
 on the same tensors (same kernels, sizes, strides and requires_grad flags); only the device bookkeeping is added.
 What no backend can copy is where a CPU run's bytes were: CPU BLAS may round by the operands' address alignment
 (tests/same_output.py has the measurement). A few Python-level calls are answered before dispatch
-(`functions.py`: `.data =`, `.tolist()`, `.numpy()`, attention). Factories (`torch.randn(..., device="vgpu:1")`)
-and copies from the CPU reach the backend's kernel (`backend.py`), which runs the same `run_on_cpu`.
+(`handle_function`: `.data =`, `.tolist()`, `.numpy()`, attention). Factories (`torch.randn(..., device="vgpu:1")`)
+and copies from the CPU reach the backend's kernel (`ensure_backend`), which runs the same `run_on_cpu`.
 
 aten ops (`run_on_cpu`): ops that move bytes (`copy_`, `_copy_from`) cross devices by design; pinning is refused
 as CUDA refuses it for device tensors; composite ops that reach Python dispatch whole (under `inference_mode`)
@@ -25,18 +43,70 @@ Python-level calls (`handle_function`), answered before aten dispatch:
   it on the virtual device would change the numbers;
 - everything else runs as torch's default would, without torch's conversion of results to this class (which
   would turn the CPU result of `.cpu()` into a VirtualTensor).
+
+The device type (`ensure_backend`): the virtual accelerators as torch's PrivateUse1 backend, renamed `vgpu`.
+
+Registered once per process, on first use (`ensure_backend()`), through torch's Python-backend setup (device
+guard, hooks, device module). The backend's one kernel is a boxed fallback: an op that reaches it directly
+(a factory such as `torch.randn(..., device="vgpu:1")`, the allocation inside `cpu_tensor.to("vgpu:1")`, or a
+copy made while Python dispatch is off) runs on the CPU through `run_on_cpu`; every other op on a
+virtual tensor goes through `VirtualTensor.__torch_dispatch__` first. `torch.Tensor.data` becomes
+`DATA_PROPERTY` (torch's own descriptor, plus `cpu_tensor.data = virtual_tensor`, which torch's setter
+cannot route to a Python backend and CUDA allows).
+
+The device module (`torch.vgpu`) answers `is_available() -> False`, so `torch.accelerator` and the libraries
+that ask it (diffusers' `get_device()`) keep seeing a CPU machine: only this library, through
+`PLACEMENT_VIRTUAL_ACCELERATORS`, knows about virtual accelerators.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
+import types
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from .rules import CPU_INDICES_ALLOWED, check_generator, common_device
+from .errors import InvalidDeviceError
+
+aten = torch.ops.aten
+
+# Ops whose index arguments may stay on the CPU next to a device tensor (CUDA moves them itself).
+CPU_INDICES_ALLOWED = frozenset({aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_,
+                                 aten._unsafe_index, aten._unsafe_index_put})
+
+
+def common_device(func, tensors: Sequence[torch.Tensor], *, cpu_indices: Sequence[torch.Tensor] = ()) -> torch.device:
+    """The one device of `tensors` (in argument order; CPU scalars aside), else a RuntimeError (as torch raises on CUDA) naming the
+    first two devices found. `cpu_indices` are index tensors that may stay on the CPU (CPU_INDICES_ALLOWED)."""
+    allowed = {id(tensor) for tensor in cpu_indices}
+    found: torch.device | None = None
+    for tensor in tensors:
+        device = tensor.device
+        if device.type == "cpu" and (tensor.dim() == 0 or id(tensor) in allowed):
+            continue
+        if found is None:
+            found = device
+        elif device != found:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"{found} and {device}! (in {func}, on virtual accelerators: PLACEMENT_VIRTUAL_ACCELERATORS)"
+            )
+    return torch.device("cpu") if found is None else found  # only CPU scalars: the result stays on the CPU
+
+
+def check_generator(func, generator, device: torch.device) -> None:
+    """A random op on `device` draws from a generator of that device type (CUDA: "Expected a 'cuda' device type
+    for generator but found 'cpu'"); draw on the CPU and move the result instead, as diffusers' randn_tensor does."""
+    if generator is not None and generator.device.type != device.type:
+        raise RuntimeError(
+            f"Expected a '{device.type}' device type for generator but found '{generator.device.type}' (in {func}, "
+            "on virtual accelerators: draw on the generator's device and move the result)"
+        )
 
 
 class VirtualTensor(torch.Tensor):
@@ -141,7 +211,6 @@ def wrap_result(out, device: torch.device, *, requires_grad: bool = False):
 
 
 # ------------------------------------------------------------------------------------------- aten ops
-aten = torch.ops.aten
 # Composite ops run whole on the CPU tensors, never decomposed: their decomposition depends on the device type.
 RUN_WHOLE = frozenset({aten.scaled_dot_product_attention})
 
@@ -326,3 +395,86 @@ def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
 # `torch.Tensor.data` while strict virtual accelerators are on (`backend.ensure_backend` installs it): torch's
 # descriptor for everything, plus the one assignment it cannot route.
 DATA_PROPERTY = property(_get_data, _set_data, doc=_DATA.__doc__)
+
+
+BACKEND_NAME = "vgpu"
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}  # "library": the torch.library.Library objects holding the kernels (kept alive)
+
+
+def ensure_backend() -> None:
+    """Register the `vgpu` device type with torch, once; an error that says why when torch's PrivateUse1
+    backend already belongs to another device type (e.g. Ascend's "npu")."""
+    if "library" in _STATE:
+        return
+    with _LOCK:
+        if "library" in _STATE:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", BACKEND_NAME):
+            raise InvalidDeviceError(
+                f"Strict virtual accelerators need torch's PrivateUse1 backend, which is already the {current!r} "
+                "device here. Set PLACEMENT_VIRTUAL_STRICT=0 to run the virtual accelerators on the plain CPU."
+            )
+        if current == "privateuseone":
+            _register_device_type()
+        fallback = torch.library.Library("_", "IMPL")
+        fallback.fallback(_backend_kernel, "PrivateUse1")
+        # The ops `torch.tensor(data, device=...)` reaches with Python dispatch off get kernels of their own: the
+        # boxed fallback cannot be entered from there (torch asserts), a per-op Python kernel can.
+        kernels = torch.library.Library("aten", "IMPL", "PrivateUse1")
+        for name, op in _DIRECT_KERNELS.items():
+            kernels.impl(name, _direct_kernel(op))
+        # Answered before its composite kernel runs (which tells a PrivateUse1 tensor "no", CUDA's "yes").
+        autograd = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+        autograd.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
+        torch.Tensor.data = DATA_PROPERTY  # `cpu_tensor.data = virtual_tensor`, as CUDA allows (tensor.py)
+        _STATE["library"] = (fallback, kernels, autograd)
+
+
+def _register_device_type() -> None:
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    _setup_privateuseone_for_python_backend(rename=BACKEND_NAME, backend_module=_device_module())
+
+
+def _device_module() -> types.ModuleType:
+    """`torch.vgpu`: what torch's generic device code calls (seeding, synchronize, empty_cache): no-ops."""
+    module = types.ModuleType(f"torch.{BACKEND_NAME}")
+    module.is_available = lambda: False  # hidden from torch.accelerator (see the module docstring)
+    module.is_initialized = lambda: True
+    module.device_count = lambda: 0
+    module.current_device = lambda: 0
+    module._is_in_bad_fork = lambda: False
+    module.manual_seed = lambda seed: None
+    module.manual_seed_all = lambda seed: None
+    module.synchronize = lambda device=None: None
+    module.empty_cache = lambda: None
+    return module
+
+
+_DIRECT_KERNELS = {
+    "empty.memory_format": torch.ops.aten.empty.memory_format,
+    "empty_strided": torch.ops.aten.empty_strided.default,
+    "_copy_from": torch.ops.aten._copy_from.default,
+    "_copy_from_and_resize": torch.ops.aten._copy_from_and_resize.default,
+    # arange's generic kernel allocates an empty result and lets arange.out resize it: that would resize the CPU
+    # tensor behind the wrapper, not the wrapper (a wrapper's sizes are fixed when it is made). Made whole on the
+    # CPU and wrapped instead, it has its length.
+    "arange": torch.ops.aten.arange.default,
+    "arange.start": torch.ops.aten.arange.start,
+    "arange.start_step": torch.ops.aten.arange.start_step,
+    # `torch.tensor([t])` of a 0-d virtual tensor reads `t.item()` with Python dispatch off.
+    "_local_scalar_dense": torch.ops.aten._local_scalar_dense.default,
+}
+
+
+def _direct_kernel(op):
+    def kernel(*args, **kwargs):
+        return _backend_kernel(op, *args, **kwargs)
+
+    return kernel
+
+
+def _backend_kernel(op, *args, **kwargs):
+    return run_on_cpu(op, args, kwargs)
