@@ -18,8 +18,10 @@ import difflib
 import re
 from typing import Optional
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
+from .devices import detect_accelerators, is_accelerator
 from .errors import PlanError
 
 # Share of the datasheet's dense peak a diffusion model's forward reaches: large bf16 GEMMs run at 70-80% of peak,
@@ -158,13 +160,9 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     else `DEFAULT_GPU`, assumed."""
     if gpu is not None:
         return gpu_profile(gpu), "named (gpu=)"
-    from .devices import detect_accelerators, is_accelerator
-
     used = sorted(d for d in accelerators if is_accelerator(d))
     present = detect_accelerators()
     if used and not present.virtual and present.kind == "cuda" and used[-1] < present.count:
-        import torch
-
         name = torch.cuda.get_device_name(used[0])
         found = match_device_name(name)
         if found is not None:
