@@ -21,7 +21,7 @@ to time):
   at 480x832x81 (21x60x104 latents, 512 text tokens, guidance's batch of 2), bf16;
 - wan-vae: the decode estimate of Wan 2.2 A14B's VAE (AutoencoderKLWan, Wan 2.1's config) at 480x832x81, bf16:
   a causal loop calling its decoder once per latent frame (21 calls), which the memo runs 3 times and replays
-  18 (`placement/activations/call_effects.py`); memo off, every frame runs on fake tensors;
+  18 (`placement/activations/calls.py`); memo off, every frame runs on fake tensors;
 - flux-folder: `Pipeline.plan_placement` of a FLUX.1-dev folder (real configs, full depth; stand-in tokenizers
   and scheduler, `real_folders.py`) for `call={"height": 1024, "width": 1024, "num_inference_steps": 28}` on
   one 24 GiB GPU in bf16: the whole plan, call capture (FluxPipeline's own __call__ on stand-ins) included;

@@ -7,7 +7,7 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
   `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
 - copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
   ones at no more than the disk's read speed).
-- exposed copies, after overlap, as today's runtime moves them:
+- exposed copies, after overlap, as the runtime moves them:
   - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
     starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
   - streamed blocks sit evenly between the blocks that stay on the device (resident or loaded per call: the

@@ -1,6 +1,6 @@
 """A bitsandbytes layer built on meta has no quantization state until its weights are quantized on a device, so
 its own forward cannot run in an estimate; the estimate counts what bitsandbytes allocates for a batch of tokens
-instead: the weight dequantized to the compute dtype, then the matmul (placement/activations/stand_ins.py, 4.)."""
+instead: the weight dequantized to the compute dtype, then the matmul (placement/activations/fake_tensors.py, 4.)."""
 
 from __future__ import annotations
 

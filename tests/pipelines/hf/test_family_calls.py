@@ -216,7 +216,7 @@ MEMTRACKER_CANNOT_MEASURE = {"AutoencoderKLWan", "AutoencoderKLQwenImage"}
 
 def route_to_first_experts(module: torch.nn.Module) -> torch.nn.Module:
     """Every MoE gate of `module` routes each token to experts 0..k-1: a routing the gate can produce, and the
-    one the estimate assumes (placement/activations/stand_ins.py), so estimate and run compare like with like
+    one the estimate assumes (placement/activations/fake_tensors.py), so estimate and run compare like with like
     (random weights route evenly, which peaks lower: the estimate is an upper bound)."""
     for sub in module.modules():
         if not callable(getattr(type(sub), "moe_infer", None)):
