@@ -6,7 +6,8 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
   (FLOPs and bytes counted on the estimate's fake tensors, `activations.flops`; the device's rates from its profile,
   `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
 - copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
-  ones at no more than the disk's read speed).
+  ones at no more than the disk's read speed, `Plan.disk_read_bandwidth`: read ahead on a background thread, the
+  reads overlap compute as the copies do).
 - exposed copies, after overlap, as today's runtime moves them:
   - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
     starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
@@ -123,8 +124,9 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     return exposed + runs * per_run
 
 
-def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> ComponentTime:
-    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s."""
+def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
+                   disk: float = DISK_BYTES_PER_S) -> ComponentTime:
+    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s and a disk read of `disk`."""
     transfer = component.transfer
     runs = 1 if transfer is None else transfer.runs_per_call
     on_cpu = component.execution_device == "cpu"
@@ -133,7 +135,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> Co
     if transfer is None or on_cpu or not transfer.bytes_per_call:
         return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                              copy_s=0.0, exposed_s=0.0, on_cpu=on_cpu)
-    speed = min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+    speed = min(link, disk) if component.kind.value == "disk" else link
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
@@ -147,7 +149,8 @@ def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
     default) at the plan's link bandwidth."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
     return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
-                    components=tuple(component_time(c, gpu, plan.link_bandwidth) for c in plan.components.values()))
+                    components=tuple(component_time(c, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)
+                                     for c in plan.components.values()))
 
 
 def time_line(plan: Plan) -> Optional[str]:
