@@ -240,7 +240,7 @@ class Verdict(_Frozen):
     warnings: list[str]
     # The predicted seconds per call in one line, with the GPU they assume (None: no FLOPs known, `time_line`).
     time: Optional[str] = None
-    # The host RAM the placement needs in one line (`host_memory.HostMemory.summary`).
+    # The host RAM the placement needs in one line (`host_memory.HostMemory.summary`; None: it homes nothing there).
     host_memory: Optional[str] = None
 
     @property
@@ -333,7 +333,7 @@ class Plan(_Frozen):
                                       link_source=self.link_bandwidth_source) + [
                 note for note in [budget_note(self.host_memory)] if note],
             time=time_line(self),
-            host_memory=self.host_memory.summary(),
+            host_memory=self.host_memory.summary() if self.host_memory.total_bytes else None,
         )
 
     @computed_field

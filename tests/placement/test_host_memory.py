@@ -78,6 +78,8 @@ def test_host_memory_shows_in_the_verdict_and_explain_and_survives_a_json_round_
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.host_memory == plan.host_memory
     assert (again.disk_read_bandwidth, again.disk_read_bandwidth_source) == (2e9, "given")
+    resident = placement.plan(pipeline(), max_memory={0: "64GiB", "cpu": "64GiB"})
+    assert resident.host_memory.total_bytes == 0 and resident.verdict.host_memory is None  # nothing to say
     data = plan.model_dump(mode="json")
     assert data["host_memory"]["host_homed_bytes"] == plan.host_memory.host_homed_bytes
 
