@@ -35,13 +35,14 @@ from typing import Annotated, Any, Optional, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr, StrictInt, computed_field, model_validator
 
 from .cost import bytes_per_call
+from .host_memory import HostMemory, budget_note, host_memory
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .drawings import plan_svg, timeline as predicted_timeline
 from .errors import PlanError
 from .gpu_profiles import GpuProfile, gpu_profile
 from .reports import explain_plan, fullest_device, verdict_warnings, with_breakdown
 from .sizes import format_bytes
-from .time_model import PCIE_BYTES_PER_S, plan_time, time_line
+from .time_model import DISK_BYTES_PER_S, PCIE_BYTES_PER_S, plan_time, time_line
 
 # 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
 # 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
@@ -50,10 +51,13 @@ from .time_model import PCIE_BYTES_PER_S, plan_time, time_line
 #    PlanInputs.runs_per_call / link_bandwidth. Older files load with transfer None and no phases.
 # 4: adds the time model: ComponentPlan.flops_per_run / bytes_touched_per_run, Plan.gpu (and its source), the
 #    derived Plan.seconds_per_call, PlanInputs.gpu. Older files load with no FLOPs (seconds_per_call None).
-SCHEMA_VERSION = 4
+# 5: adds host memory (the derived Plan.host_memory) and the disk read speed the seconds assume
+#    (Plan.disk_read_bandwidth and its source). Older files load with the assumed disk speed.
+SCHEMA_VERSION = 5
 # Host -> accelerator bandwidth assumed when none is given: PCIe 4.0 x16 with pinned memory, sustained.
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
+DEFAULT_DISK_SOURCE = "assumed: NVMe"
 
 
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
@@ -273,6 +277,8 @@ class Verdict(_Frozen):
     warnings: list[str]
     # The predicted seconds per call in one line, with the GPU they assume (None: no FLOPs known, `time_line`).
     time: Optional[str] = None
+    # The host RAM the placement needs in one line (`host_memory.HostMemory.summary`; None: it homes nothing there).
+    host_memory: Optional[str] = None
 
     @property
     def headline(self) -> str:
@@ -286,7 +292,7 @@ class Verdict(_Frozen):
         return text + "."
 
 
-_DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "seconds_per_call")
+_DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "seconds_per_call", "host_memory")
 DEFAULT_GPU_SOURCE = "assumed: no GPU named (gpu=) or present"
 
 
@@ -313,6 +319,10 @@ class Plan(_Frozen):
     # The GPU profile the seconds assume (None in files before v4: the default), and where it came from.
     gpu: Optional[GpuProfile] = None
     gpu_source: str = DEFAULT_GPU_SOURCE
+    # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from (stated or measured once
+    # on the checkpoint's drive, `disk_speed.measure_disk_read`).
+    disk_read_bandwidth: float = DISK_BYTES_PER_S
+    disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
 
     @model_validator(mode="before")
     @classmethod
@@ -357,9 +367,17 @@ class Plan(_Frozen):
             fullest_peak=None if fullest is None else fullest.predicted_peak,
             fullest_budget=None if fullest is None else fullest.budget,
             warnings=verdict_warnings(components, devices, link_bandwidth=self.link_bandwidth,
-                                      link_source=self.link_bandwidth_source),
+                                      link_source=self.link_bandwidth_source) + [
+                note for note in [budget_note(self.host_memory)] if note],
             time=time_line(self),
+            host_memory=self.host_memory.summary() if self.host_memory.total_bytes else None,
         )
+
+    @computed_field
+    @property
+    def host_memory(self) -> HostMemory:
+        """The host RAM the placement needs: host-homed weights once, disk staging, what is pinned (`host_memory`)."""
+        return host_memory(self.components, self.devices)
 
     @computed_field
     @property

@@ -10,6 +10,7 @@ from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .devices import Device, accelerators_present, is_accelerator
+from .disk_speed import check_disk_read_bandwidth
 from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
@@ -55,6 +56,7 @@ def plan(
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
     runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None, gpu=None,
     flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
+    disk_read_bandwidth=None,
 ) -> Plan:
     """Plan where each module component lives and runs. Builds nothing, loads nothing.
 
@@ -80,11 +82,15 @@ def plan(
     flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
         the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
         call (`Plan.seconds_per_call`), without them only bytes.
+    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `disk_speed.measure_disk_read` measures it
+        on the checkpoint's drive); None: assumed (NVMe, it says). The plan states the host RAM it needs, and warns
+        when the "cpu" budget cannot hold it (`Plan.host_memory`).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
     runs = check_runs_per_call(runs_per_call, modules)
     bandwidth = check_link_bandwidth(link_bandwidth)
+    disk = None if disk_read_bandwidth is None else check_disk_read_bandwidth(disk_read_bandwidth)
     work = {name: (check_per_run(flops_per_run, modules, "flops_per_run").get(name),
                    check_per_run(bytes_touched_per_run, modules, "bytes_touched_per_run").get(name))
             for name in modules}
@@ -111,9 +117,16 @@ def plan(
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
                                gpu=None if profile is None else profile.key)
-    return _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
-                     activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
-                     gpu=profile, work=work)
+    return _with_disk_speed(_assemble(spec, order, model_graph, state, requests, notes + list(state.warnings),
+                                      budgets, inputs, activations_accounted=activations is not None,
+                                      bandwidth=link_bandwidth and bandwidth, gpu=profile, work=work), disk)
+
+
+def _with_disk_speed(placed: Plan, disk: Optional[float]) -> Plan:
+    """`placed` with the stated disk read speed (None: the assumed one it has)."""
+    if disk is None:
+        return placed
+    return placed.model_copy(update={"disk_read_bandwidth": disk, "disk_read_bandwidth_source": "given"})
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):

@@ -308,7 +308,8 @@ def verdict_lines(plan: Plan) -> list[str]:
     """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
     verdict = plan.verdict
     time = [] if verdict.time is None else [verdict.time]
-    return [verdict.headline, *time, *[f"  ! {warning}" for warning in verdict.warnings]]
+    host = [] if verdict.host_memory is None else [verdict.host_memory]
+    return [verdict.headline, *time, *host, *[f"  ! {warning}" for warning in verdict.warnings]]
 
 
 def time_lines(plan: Plan) -> list[str]:

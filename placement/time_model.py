@@ -6,7 +6,8 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
   (FLOPs and bytes counted on the estimate's fake tensors, `activations.tracking.FlopTally`; the device's rates from its profile,
   `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
 - copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
-  ones at no more than the disk's read speed).
+  ones at no more than the disk's read speed, `Plan.disk_read_bandwidth`: read ahead on a background thread, the
+  reads overlap compute as the copies do).
 - exposed copies, after overlap, as the runtime moves them:
   - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
     starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
@@ -126,13 +127,14 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     return exposed + runs * per_run
 
 
-def copy_bandwidth(component: ComponentPlan, link: float) -> float:
+def copy_bandwidth(component: ComponentPlan, link: float, disk: float = DISK_BYTES_PER_S) -> float:
     """The bytes/s a component's copies get: the link's, capped at the disk's read speed for disk-homed ones."""
-    return min(link, DISK_BYTES_PER_S) if component.kind.value == "disk" else link
+    return min(link, disk) if component.kind.value == "disk" else link
 
 
-def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> ComponentTime:
-    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s."""
+def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
+                   disk: float = DISK_BYTES_PER_S) -> ComponentTime:
+    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s and a disk read of `disk`."""
     transfer = component.transfer
     runs = 1 if transfer is None else transfer.runs_per_call
     on_cpu = component.execution_device == "cpu"
@@ -141,7 +143,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float) -> Co
     if transfer is None or on_cpu or not transfer.bytes_per_call:
         return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                              copy_s=0.0, exposed_s=0.0, on_cpu=on_cpu)
-    speed = copy_bandwidth(component, link)
+    speed = copy_bandwidth(component, link, disk)
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
@@ -155,7 +157,8 @@ def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
     default) at the plan's link bandwidth."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
     return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
-                    components=tuple(component_time(c, gpu, plan.link_bandwidth) for c in plan.components.values()))
+                    components=tuple(component_time(c, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)
+                                     for c in plan.components.values()))
 
 
 def time_line(plan: Plan) -> Optional[str]:

@@ -1,5 +1,8 @@
 """A group of modules whose weights are onloaded together before use and offloaded together after it.
 
+A group that reads ahead (homed on disk, prefetched by its session) does its onload -- the read, then the copy --
+on the reader thread (`read_ahead`) and takes the copied tensors when it is about to compute.
+
 Each onload is counted by the transfer meter: the group's bytes, from its store (host RAM or disk) to the
 place it onloads to (the plan's spelling of the onload device: under virtual accelerators the torch device
 is the CPU, the place says it is an accelerator).
@@ -8,6 +11,7 @@ is the CPU, the place says it is an accelerator).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from enum import Enum
 
 import torch
@@ -15,6 +19,7 @@ from torch import nn
 
 from placement.devices import Device
 
+from .read_ahead import read_ahead
 from .storage import CheckpointStore, DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
 from .. import trace
@@ -65,6 +70,10 @@ class ModuleGroup:
         self.active_calls = 0
         self._unused = False  # onloaded and not used yet
         self._pending: PendingCopy | None = None
+        # Set by a session that prefetches the group, for a store on disk (`read_ahead`): its onload runs on the
+        # reader thread, `_reading` until the module takes the tensors.
+        self.reads_ahead = False
+        self._reading: Future[PendingCopy] | None = None
 
     def __repr__(self) -> str:
         return f"ModuleGroup({self.name!r}, {len(self.entries)} tensors, {self.num_bytes} bytes, {self.state.value})"
@@ -82,20 +91,36 @@ class ModuleGroup:
         """Start bringing the weights to the onload device; True when this call started it."""
         if self.state is not GroupState.OFFLOADED:
             return False
-        sources = self.store.read(pinned=self.transfer.uses_pinned_memory, device=self.onload_device)
         side = getattr(self.transfer, "stream", None)  # a CUDA side stream times the copy itself
         trace.copy_issued(self, self.onload_device, side)
-        self._pending = self.transfer.copy(sources, self.onload_device)
-        trace.copy_done(self, self.onload_device, side)
+        if self.reads_ahead:
+            self._reading = read_ahead(lambda: self._read_and_copy(side))
+        else:
+            self._take(self._read_and_copy(side))
         meter.record(meter.Payload.WEIGHTS, self.num_bytes, source=self.store.home, target=self.onload_place)
-        for entry in self.entries:
-            entry.set(self._pending.tensors[entry.key])
         self.state = GroupState.ONLOADED
         self._unused = True
         return True
 
+    def _read_and_copy(self, side) -> PendingCopy:
+        """Read the stored weights (pinned when the transfer pins) and queue their copy to the onload device."""
+        sources = self.store.read(pinned=self.transfer.uses_pinned_memory, device=self.onload_device)
+        pending = self.transfer.copy(sources, self.onload_device)
+        trace.copy_done(self, self.onload_device, side)
+        return pending
+
+    def _take(self, pending: PendingCopy) -> None:
+        """The module holds the copied tensors from now on (still being copied on a side stream, maybe)."""
+        self._pending = pending
+        for entry in self.entries:
+            entry.set(pending.tensors[entry.key])
+
     def wait_until_ready(self) -> None:
-        """Make the current stream wait for the copy (no-op for blocking copies)."""
+        """Take a read-ahead's tensors (waiting for the read), then make the current stream wait for the copy
+        (no-op for blocking copies)."""
+        if self._reading is not None:
+            reading, self._reading = self._reading, None
+            self._take(reading.result())
         if self._pending is not None:
             self.transfer.wait(self._pending)
             self._pending = None

@@ -126,6 +126,7 @@ class GroupOffloadSession:
         self.groups = groups
         self.disk_folder = disk_folder
         self._prefetches = prefetches
+        _read_ahead_from_disk(groups)
         # Per-call residency: each run's first group is sent when the run starts, behind the blocks before it.
         self._prefetch_first = prefetch_first
         self._first: ModuleGroup | None = None
@@ -206,8 +207,16 @@ class GroupOffloadSession:
                     hook.group = None  # the root hook still runs the session
             remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
         self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
+        _read_ahead_from_disk(self.groups)
         self._trace, self._next_group, self._traced, self._first = None, {}, False, None
         return result
+
+
+def _read_ahead_from_disk(groups: list[ModuleGroup]) -> None:
+    """Groups a session prefetches read ahead when their store is on disk (`read_ahead`): the read of the next
+    one runs while the current one computes."""
+    for group in groups:
+        group.reads_ahead = group.store.home == "disk"
 
 
 class GroupMemberHook(ModelHook):
@@ -292,7 +301,8 @@ def apply_group_offloading(
     disk_folder = _make_disk_folder(module, config)
     transfer = _make_transfer(config)
     groups = [_build_group(spec, index, config, transfer, disk_folder) for index, spec in enumerate(specs)]
-    session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches,
+    # Groups on disk are read ahead (the next one while one computes) with or without a side stream.
+    session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches or bool(disk_folder),
                                   disk_folder=disk_folder)
     try:
         for group in groups:

@@ -95,14 +95,18 @@ def test_t5_group_offload_equals_plain_and_keeps_rest_plus_one_block(to_disk, tm
         for _ in range(2):
             assert_same_output(model(input_ids=TOKENS).last_hidden_state, expected)
             assert session.resident_groups == []
-    assert [groups for groups, _ in log] == [["encoder.block.0", "rest"], ["encoder.block.1", "rest"],
-                                             ["encoder.block.2", "rest"]] * 2
+    one_at_a_time = [["encoder.block.0", "rest"], ["encoder.block.1", "rest"], ["encoder.block.2", "rest"]]
+    # On disk, from the second call on (the first records the order), the next block is read ahead while one
+    # computes (`read_ahead`): two blocks at once, as a side stream prefetches them.
+    read_ahead = [["encoder.block.0", "encoder.block.1", "rest"], ["encoder.block.1", "encoder.block.2", "rest"],
+                  ["encoder.block.2", "rest"]]
+    assert [groups for groups, _ in log] == one_at_a_time + (read_ahead if to_disk else one_at_a_time)
     assert model.shared.weight is model.encoder.embed_tokens.weight  # the tie survives the swaps
-    # The planner's working set (rest + two blocks, the bound with stream prefetch) covers what was resident.
+    # The planner's working set (rest + two blocks, the bound with prefetch) covers what was resident.
     plain = tiny_t5(on_meta=True)
     working_set = streaming_working_set(plain, size_module(plain))
     block_bytes = size_module(plain).module_sizes["encoder.block.1"]
-    assert max(resident for _, resident in log) == working_set - block_bytes
+    assert max(resident for _, resident in log) == working_set - (0 if to_disk else block_bytes)
     for handle in handles:
         handle.remove()
     remove_group_offloading(model)

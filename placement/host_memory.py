@@ -1,0 +1,109 @@
+"""Host memory: the RAM a placement needs, which of it is pinned, and whether the CPU budget holds it.
+
+Host RAM is planned like an accelerator's memory, from the plan's components (docs/design.md, "Seconds, not only
+bytes"):
+
+- host-homed weights: every byte a device map homes on "cpu", once (a component computing on the CPU and one
+  streamed from CPU RAM alike). The runtime keeps one copy: the loader reads the checkpoint into the module's own
+  tensors, and the stores of the per-call units and streamed blocks take those tensors, not copies of them.
+- staging: disk-homed weights pass through host RAM on their way to the execution device. What is in flight at
+  once is the component's streaming working set (`ComponentPlan.streamed_unit_bytes`: its loads of the call and
+  the blocks in flight, one computing while the next is read ahead), at most its disk-homed bytes. The largest
+  component's staging counts (components run one after another, so their staging is never held together).
+- pinned: only what moves per call between host RAM and a CUDA accelerator is pinned (page-locked RAM the OS
+  cannot reclaim): the host-homed bytes of the per-call and streamed modules of components executing on an
+  accelerator, and the staging. Each is pinned once, where it rests (a store pins its tensor and drops the
+  unpinned one, one tensor at a time), never as a second full copy. Resident weights and weights a component
+  computes on the CPU are not pinned. Nothing is pinned where the accelerators are not CUDA GPUs.
+
+Interpreter, libraries and activations of a component computing on the CPU come on top; the plan's "cpu" budget
+is for weights, as the accelerators' budgets are (their activations are counted apart, in the device table).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from .devices import is_accelerator
+from .sizes import format_bytes
+
+if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived field)
+    from .plan_schema import ComponentPlan, DevicePlan
+
+
+class HostMemory(BaseModel):
+    """The host RAM a plan needs (module doc): `total_bytes` = host-homed weights + staging; `pinned_bytes` of it
+    page-locked when the accelerators are CUDA GPUs; `budget` the plan's "cpu" budget (None: unlimited)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host_homed_bytes: int
+    staging_bytes: int
+    pinned_bytes: int
+    budget: Optional[int] = None
+    budget_detected: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return self.host_homed_bytes + self.staging_bytes
+
+    @property
+    def over_budget(self) -> Optional[int]:
+        """Bytes the budget is short of (None: it holds them, or there is none)."""
+        if self.budget is None or self.total_bytes <= self.budget:
+            return None
+        return self.total_bytes - self.budget
+
+    def summary(self) -> str:
+        """"Host RAM: 12.4 GiB (weights 12.0 GiB + staging 0.4 GiB), of which 2.1 GiB pinned; budget 60 GiB"."""
+        text = (f"Host RAM: {format_bytes(self.total_bytes)} (host-homed weights {format_bytes(self.host_homed_bytes)}"
+                f" + disk staging {format_bytes(self.staging_bytes)}), of which {format_bytes(self.pinned_bytes)} "
+                "pinned on CUDA (what moves per call)")
+        if self.budget is not None:
+            text += f"; cpu budget {format_bytes(self.budget)}"
+        return text + "."
+
+
+def staging_bytes(component: ComponentPlan) -> int:
+    """Disk-homed bytes of `component` in host RAM at once while it runs (module doc)."""
+    disk = component.placed_bytes.get("disk", 0)
+    return min(component.streamed_unit_bytes, disk) if disk else 0
+
+
+def pinned_bytes(component: ComponentPlan) -> int:
+    """Host bytes of `component` that move per call, pinned where CUDA is (module doc)."""
+    if not is_accelerator(component.execution_device) or component.transfer is None:
+        return staging_bytes(component) if is_accelerator(component.execution_device) else 0
+    host_homed = component.placed_bytes.get("cpu", 0)
+    moving = component.transfer.loaded_per_call_bytes + component.transfer.streamed_per_run_bytes
+    return min(host_homed, moving) + staging_bytes(component)
+
+
+def host_memory(components: Mapping[str, ComponentPlan], devices: list[DevicePlan]) -> HostMemory:
+    """The plan's host RAM (module doc), against its "cpu" budget."""
+    cpu = next((device for device in devices if device.device == "cpu"), None)
+    staging = max((staging_bytes(c) for c in components.values()), default=0)
+    pinned_homed = sum(pinned_bytes(c) - staging_bytes(c) for c in components.values())
+    return HostMemory(host_homed_bytes=sum(c.placed_bytes.get("cpu", 0) for c in components.values()),
+                      staging_bytes=staging, pinned_bytes=pinned_homed + staging,
+                      budget=None if cpu is None else cpu.budget, budget_detected=bool(cpu and cpu.detected))
+
+
+def budget_note(memory: HostMemory) -> Optional[str]:
+    """A warning with the numbers, and what to do, when the "cpu" budget cannot hold the host RAM the plan needs
+    (None when it can): the verdict shows it. A warning, not a refusal: the strategies budget host RAM for the
+    weights homed there, and may stream a component from disk through a smaller RAM budget on purpose (when
+    nothing else runs it on an accelerator); the staging it then needs is what this says."""
+    short = memory.over_budget
+    if short is None:
+        return None
+    where = "free RAM when planning" if memory.budget_detected else "given"
+    return (f"Host memory is short: the placement needs {format_bytes(memory.total_bytes)} of host RAM (host-homed "
+            f"weights {format_bytes(memory.host_homed_bytes)} + disk staging {format_bytes(memory.staging_bytes)}), "
+            f"{format_bytes(short)} more than the cpu budget of {format_bytes(memory.budget)} ({where}). Give a "
+            "larger max_memory['cpu'] or free RAM, or give the accelerators more room.")
+
+
+__all__ = ["HostMemory", "budget_note", "host_memory", "pinned_bytes", "staging_bytes"]
