@@ -85,6 +85,19 @@ def least_bytes_per_call(host: int, *, runs: int = 1) -> int:
     return bytes_per_call(loaded=host, streamed=0, runs=runs)
 
 
+def least_moved(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> int:
+    """Bytes per call `components` move at least when none of their weights stays resident: every byte their
+    call runs (`active_bytes`: the blocks it never runs move nothing), each once. The search's bound
+    (`least_cost`) and the order it visits its options in are this number."""
+    return sum(least_bytes_per_call(c.active_bytes, runs=runs.get(c.name, 1)) for c in components)
+
+
+def least_cost(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> "PlanCost":
+    """The least a candidate that keeps `components` off the accelerators' resident room can cost: the one
+    bound of the placement search (`strategies.search`), which stops once its best plan is no dearer."""
+    return PlanCost.at_least(least_moved(components, runs))
+
+
 def streaming_premium(streamed: int, runs: int) -> int:
     """What streaming `streamed` bytes at every run moves beyond loading them once per call."""
     return bytes_per_call(loaded=0, streamed=streamed, runs=runs) - bytes_per_call(loaded=streamed, streamed=0,
