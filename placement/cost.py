@@ -13,13 +13,17 @@ Candidates are compared by `PlanCost`, field by field (lexicographically), lowes
 
 1. `cpu_bytes`: weights of the components that execute on the CPU. A CPU forward is one to two orders
    of magnitude slower than streaming the same weights over the bus, so this dominates everything else.
-2. `transfer_bytes`: host -> accelerator bytes per call in steady state, `bytes_per_call` summed over the
+2. `exposed_seconds`: the copy seconds per call that compute does not hide (`time_model.exposed_copy_seconds`),
+   when the plan knows its components' FLOPs (`Timing`; 0 for every candidate otherwise). The objective is the
+   predicted seconds of a call; compute on the accelerators is the same in every candidate, so what differs is
+   this: a plan may move more bytes when they hide behind compute. Bytes break its ties.
+3. `transfer_bytes`: host -> accelerator bytes per call in steady state, `bytes_per_call` summed over the
    components. A component that runs every step (`runs_per_call`) thus weighs its runs times more than one
    that runs once.
-3. `crossing_edges`: model-graph edges whose two ends run on different devices (a copy per call each).
-4. `fullest_share`: the fullest accelerator's predicted peak / budget (the balanced objective).
+4. `crossing_edges`: model-graph edges whose two ends run on different devices (a copy per call each).
+5. `fullest_share`: the fullest accelerator's predicted peak / budget (the balanced objective).
 
-Only the components the strategy places count toward 1-2 (components passed in already placed are the
+Only the components the strategy places count toward 1-3 (components passed in already placed are the
 same in every candidate). Ties go to the candidate tried first.
 
 This module imports nothing of the transfer model or the strategies (they import it): what it reads of their
@@ -35,6 +39,8 @@ import networkx as nx
 
 from .devices import Device, is_accelerator
 from .errors import PlanError
+from .time_model import exposed_copy_seconds
+from .verdict import DISK_BYTES_PER_S
 
 if TYPE_CHECKING:
     from .memory_model import Ledger
@@ -120,6 +126,7 @@ class PlanCost:
     """Lower is better; compared field by field in this order (see the module doc)."""
 
     cpu_bytes: int
+    exposed_seconds: float = 0.0
     transfer_bytes: int
     crossing_edges: int
     fullest_share: float = 0.0
@@ -127,8 +134,32 @@ class PlanCost:
     @classmethod
     def at_least(cls, transfer_bytes: int) -> "PlanCost":
         """The least cost a candidate that moves at least `transfer_bytes` per call can have: nothing on the
-        CPU, no edge crossing devices, every accelerator empty."""
-        return cls(cpu_bytes=0, transfer_bytes=transfer_bytes, crossing_edges=0, fullest_share=0.0)
+        CPU, every copy hidden, no edge crossing devices, every accelerator empty."""
+        return cls(cpu_bytes=0, exposed_seconds=0.0, transfer_bytes=transfer_bytes, crossing_edges=0,
+                   fullest_share=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """What predicts a candidate's exposed copy seconds: each component's seconds per run on the plan's GPU
+    (`time_model.run_seconds`; 0 where its FLOPs are not known: its copies hide behind nothing) and the host
+    link's bytes/s (the one given or the named GPU's; a link measured once the plan is known comes later)."""
+
+    run_seconds: Mapping[str, float]
+    link: float
+
+    def exposed(self, name: str, *, weight_bytes: int, loaded: int, streamed: int, blocks: int, runs: int,
+                disk: bool) -> float:
+        """The component's exposed copy seconds per call, as the Plan's `seconds_per_call` counts them."""
+        link = min(self.link, DISK_BYTES_PER_S) if disk else self.link
+        return exposed_copy_seconds(run_s=self.run_seconds.get(name, 0.0), weight_bytes=weight_bytes,
+                                    loaded_bytes=loaded, streamed_bytes=streamed, streamed_blocks=blocks,
+                                    runs=runs, link=link)
+
+    @staticmethod
+    def total(seconds: Iterable[float]) -> float:
+        """Seconds summed, to the microsecond: float noise between two equal candidates never outranks bytes."""
+        return round(sum(seconds), 6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,15 +168,16 @@ class CostModel:
 
     graph: nx.DiGraph
     runs: Mapping[str, int]  # runs_per_call per module component (1 when not given)
+    timing: Optional[Timing] = None  # None: no component's FLOPs are known, the objective is bytes only
 
     @classmethod
     def build(cls, graph: nx.DiGraph, requests: Sequence[ComponentRequest],
-              runs: Optional[Mapping[str, int]] = None) -> "CostModel":
+              runs: Optional[Mapping[str, int]] = None, timing: Optional[Timing] = None) -> "CostModel":
         """`runs` as given (validated by the planner); else each graph node's `runs_per_call`, else 1."""
         given = dict(runs or {})
         known = {name: given.get(name, runs_per_call(graph, name)) for name in graph.nodes}
         known.update({r.name: given.get(r.name, known.get(r.name, 1)) for r in requests})
-        return cls(graph=graph, runs=known)
+        return cls(graph=graph, runs=known, timing=timing)
 
     def cost(self, plans: Mapping[str, ComponentPlan], transfers: Mapping[str, ComponentTransfer],
              ledger: Ledger) -> PlanCost:
@@ -154,11 +186,18 @@ class CostModel:
         cpu = sum(plans[name].bytes for name in transfers if not is_accelerator(plans[name].execution_device))
         executing = {name: plan.execution_device for name, plan in plans.items()}
         moved = sum(transfer.bytes_per_call for transfer in transfers.values())
-        return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger)
+        exposed = 0.0
+        if self.timing is not None:
+            exposed = self.timing.total(self.timing.exposed(
+                name, weight_bytes=plans[name].bytes, loaded=t.loaded_per_call_bytes, streamed=t.streamed_per_run_bytes,
+                blocks=len(t.streamed_modules), runs=t.runs_per_call, disk=plans[name].kind.value == "disk")
+                for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
+        return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed)
 
-    def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Ledger) -> PlanCost:
+    def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Ledger,
+           exposed_seconds: float = 0.0) -> PlanCost:
         """The cost from its parts: `executing` maps each placed component to its execution device."""
-        return PlanCost(cpu_bytes=cpu_bytes, transfer_bytes=transfer_bytes,
+        return PlanCost(cpu_bytes=cpu_bytes, exposed_seconds=exposed_seconds, transfer_bytes=transfer_bytes,
                         crossing_edges=crossings(self.graph, executing), fullest_share=fullest_share(ledger))
 
 

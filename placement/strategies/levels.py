@@ -36,6 +36,7 @@ class Evaluated:
     filled: dict[str, Filled]  # FILL and STREAM components, in priority order
     hosts: dict[str, str]  # "cpu" or "disk", per component with host-homed units
     splits: dict[str, HostSplit]
+    timed: bool = False  # the cost counts exposed copy seconds (FLOPs known), not only bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,9 +76,21 @@ class Residency:
         executing = {name: placed.plan.execution_device for name, placed in stage.whole.items()}
         executing.update({name: choice.home for name in filled})
         moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
-        cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger)
+        cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger,
+                                     exposed_seconds=self._exposed(splits, hosts))
         return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=stage.whole, filled=filled, hosts=hosts,
-                         splits=splits)
+                         splits=splits, timed=self.request.costs.timing is not None)
+
+    def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
+        """The option's copy seconds compute does not hide (`cost.Timing`); 0 when no FLOPs are known."""
+        timing = self.request.costs.timing
+        if timing is None:
+            return 0.0
+        sizes = {r.name: r.bytes for r in self.order}
+        return timing.total(timing.exposed(
+            name, weight_bytes=sizes[name], loaded=split.loaded_bytes, streamed=split.streamed_bytes,
+            blocks=len(split.streamed_paths), runs=self.runs.get(name, 1), disk=hosts.get(name) == "disk")
+            for name, split in splits.items() if split.bytes_per_call(self.runs.get(name, 1)))
 
     def materialize(self, best: Evaluated) -> PlacementState:
         return residency_state(best, self.order, self.runs)

@@ -14,6 +14,7 @@ from ..devices import device_label
 from ..errors import PlacementError
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
+from ..time_model import seconds_text
 from .fallbacks import streamed_text
 from .options import Level
 from .request import ComponentRequest, Placed, Placements, component_plan
@@ -36,7 +37,7 @@ def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Ma
         placements.add(_placed(request, filled, best, runs.get(name, 1)))
     headline = (
         "The components do not all fit resident beside each other's phases: of the plans that execute "
-        "everything on an accelerator, this one moves the fewest bytes per call "
+        f"everything on an accelerator, this one {_best_at(best)} "
         f"({format_bytes(best.cost.transfer_bytes)}, host -> accelerator, steady state), what runs most keeping "
         "its room; the components with weights "
         f"in host memory execute on {device_label(best.choice.home)}."
@@ -79,9 +80,17 @@ def _reason(request: ComponentRequest, filled: Filled, split, runs: int, best: E
         f"{request.needs()} and {runs_text}. {kept} lives in {where} and comes to "
         f"{device_label(best.choice.home)} in its phase: {format_bytes(split.loaded_bytes)} loaded once per call, "
         f"{format_bytes(split.streamed_bytes)} streamed block by block at each run ({format_bytes(moved)} per "
-        f"call). Of the plans that execute everything on an accelerator, this one moves the fewest bytes per "
-        f"call ({format_bytes(best.cost.transfer_bytes)} in all)."
+        f"call). Of the plans that execute everything on an accelerator, this one {_best_at(best)} "
+        f"({format_bytes(best.cost.transfer_bytes)} in all)."
     )
+
+
+def _best_at(best: Evaluated) -> str:
+    """What the residency option won by: bytes, or with FLOPs known, the copy seconds compute does not hide."""
+    if not best.timed:
+        return "moves the fewest bytes per call"
+    return (f"leaves the fewest copy seconds exposed behind compute ({seconds_text(best.cost.exposed_seconds)} per "
+            "call, bytes breaking ties), moving")
 
 
 def explain_demotions(best: PlacementState, demoted: Sequence[ComponentRequest], base: Optional[PlacementState],

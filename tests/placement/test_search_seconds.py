@@ -1,0 +1,61 @@
+"""The search's objective when the plan knows its components' FLOPs (issue 29): predicted seconds, bytes breaking
+ties (`cost.PlanCost.exposed_seconds`). A plan may move more bytes when they hide behind compute; when everything
+fits resident, or no compute hides anything, it is the plan the bytes alone choose."""
+
+from __future__ import annotations
+
+import placement
+from placement import PlacementKind
+from placement.gpu_profiles import gpu_profile
+from placement.time_model import component_time
+
+from synthetic import component
+
+LINK = 25e9
+OPTIONS = {"runs_per_call": {"heavy": 28, "light": 28}, "activations": {"heavy": 0, "light": 0}, "gpu": "rtx4090",
+           "link_bandwidth": LINK}
+# The heavy component computes seconds per run (its streamed blocks hide behind that); the light one next to nothing.
+FLOPS = {"heavy": 10**15, "light": 10**9}
+
+
+def pipeline():
+    return {"heavy": component([1] * 8), "light": component([1] * 6)}
+
+
+def maps(plan) -> dict:
+    return {name: c.device_map for name, c in plan.components.items()}
+
+
+def seconds_with(plan, flops) -> float:
+    """The plan's predicted seconds per call had it been planned knowing `flops`."""
+    gpu = gpu_profile("rtx4090")
+    return sum(component_time(c.model_copy(update={"flops_per_run": flops[name]}), gpu, LINK).total_s
+               for name, c in plan.components.items())
+
+
+def test_a_plan_moves_more_bytes_when_they_hide_behind_compute_and_is_faster_for_it():
+    memory = {0: "10GiB", "cpu": "64GiB"}
+    by_bytes = placement.plan(pipeline(), max_memory=memory, **OPTIONS)
+    by_seconds = placement.plan(pipeline(), max_memory=memory, flops_per_run=FLOPS, **OPTIONS)
+    assert by_seconds.transfer_bytes_per_call > by_bytes.transfer_bytes_per_call
+    assert by_seconds.seconds_per_call < seconds_with(by_bytes, FLOPS)
+    # What nothing hides stays resident; the heavy component streams behind its own compute.
+    assert by_seconds.components["light"].kind is PlacementKind.WHOLE
+    assert by_seconds.components["heavy"].transfer.streamed_per_run_bytes > 0
+    assert "fewest copy seconds exposed" in by_seconds.explain()
+
+
+def test_when_everything_fits_resident_flops_change_nothing():
+    memory = {0: "24GiB", "cpu": "64GiB"}
+    by_bytes = placement.plan(pipeline(), max_memory=memory, **OPTIONS)
+    by_seconds = placement.plan(pipeline(), max_memory=memory, flops_per_run=FLOPS, **OPTIONS)
+    assert maps(by_seconds) == maps(by_bytes) and by_seconds.transfer_bytes_per_call == 0
+
+
+def test_with_no_compute_to_hide_behind_the_plan_is_the_one_bytes_choose():
+    # Every copy exposed: seconds are bytes over the link, so the two objectives agree.
+    memory = {0: "10GiB", "cpu": "64GiB"}
+    by_bytes = placement.plan(pipeline(), max_memory=memory, **OPTIONS)
+    by_seconds = placement.plan(pipeline(), max_memory=memory, flops_per_run={"heavy": 0, "light": 0}, **OPTIONS)
+    assert maps(by_seconds) == maps(by_bytes)
+    assert by_seconds.transfer_bytes_per_call == by_bytes.transfer_bytes_per_call
