@@ -1,7 +1,7 @@
 """The reference policy: a simple, explainable rule for what stays resident and what moves per call, the bar
 the planner's residency search must clear (tests/placement/test_transfer_properties.py holds every plan to it on
 random pipelines; benchmarks/transfers.py prints it beside ours). It lives beside the benchmarks, not in the
-package: the planner never calls it. `placement.transfers.search` evaluates the same rule as one of its
+package: the planner never calls it. `placement.strategies.options` makes the same rule one of the search's
 candidates (all components at FILL, blocks taken in execution order), which is why a plan never moves more.
 
 Stated for one accelerator, made precise at block granularity:

@@ -247,7 +247,7 @@ class Fallback(_Frozen):
 
     `demoted`: the component was kept off the accelerators' resident room on purpose (streamed instead of
     whole or split) because that let others execute on an accelerator rather than on the CPU; see
-    `strategies.demotion`.
+    `strategies.search`.
     """
 
     component: str

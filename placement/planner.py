@@ -9,6 +9,7 @@ from typing import Mapping, Optional, Sequence
 from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
+from .cost import Timing
 from .devices import Device, accelerators_present, is_accelerator
 from .disk_speed import check_disk_read_bandwidth
 from .errors import DoesNotFitError, PlanError
@@ -19,7 +20,7 @@ from .transfers.idle import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .transfers.link_speed import link_speed
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
-from .time_model import check_per_run, short_name
+from .time_model import check_per_run, run_seconds, short_name
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -109,8 +110,11 @@ def plan(
     try:
         placements = Placements()
         _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-        state = _place_the_rest(spec, requests, ledger, context, placements, CostModel.build(
-            model_graph, [*requests.values()], runs))
+        costs = CostModel.build(model_graph, [*requests.values()], runs)
+        timing = _timing(work, requests, profile, ledger.accelerators, costs.runs, disk,
+                         bandwidth if link_bandwidth is not None or profile is None else profile.link_bytes_per_s)
+        state = _place_the_rest(spec, requests, ledger, context, placements,
+                                dataclasses.replace(costs, timing=timing))
     except DoesNotFitError as error:  # what the message cannot say by itself
         raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
@@ -135,6 +139,19 @@ def _place_the_rest(spec, requests, ledger, context, placements, costs: CostMode
     state = place_free_components(StrategyRequest.build(
         spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
     return complete_transfers(state, requests, costs.runs)
+
+
+def _timing(work: Mapping[str, tuple], requests, profile: Optional[GpuProfile], accelerators,
+            runs: Mapping[str, int], disk: Optional[float], link: float) -> Optional[Timing]:
+    """What the search predicts exposed copy seconds with (`cost.Timing`) when the caller counted FLOPs: each
+    component's seconds per run on the GPU the plan's seconds assume (`choose_gpu`), at the link given (else the
+    named GPU's, else assumed). None without FLOPs: the objective stays bytes."""
+    if all(flops is None for flops, _ in work.values()):
+        return None
+    gpu = choose_gpu(profile, accelerators)[0]
+    seconds = {name: run_seconds(flops, touched, gpu, dtype_label(requests[name].module, requests[name].dtype))
+               for name, (flops, touched) in work.items() if flops is not None}
+    return Timing.build(seconds, runs, link=link, disk=disk)
 
 
 def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, ComponentRequest]:

@@ -8,7 +8,7 @@
 4. cpu: weights in CPU RAM and run there, when no accelerator can hold that working set;
 5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
 Each step past the first is recorded as a Fallback whose reason gives the numbers. When the chain leaves a
-component executing on the CPU, `demotion` tries streaming some resident components instead, so that all of
+component executing on the CPU, the search (`search`) tries streaming some resident components instead, so that all of
 them execute on an accelerator.
 """
 
@@ -32,7 +32,7 @@ class Context:
 
     has_offload_folder: bool
     # (component, rooms) -> its split device map (None: no split fits). Strategies that try several orders,
-    # and the demotion search, place the same component into the same rooms again; a split is costly to find.
+    # and the placement search, place the same component into the same rooms again; a split is costly to find.
     split_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 

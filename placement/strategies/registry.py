@@ -2,12 +2,13 @@
 
 A strategy is any callable `StrategyRequest -> PlacementState` (see `state`). Registering one is one line:
 
-    STRATEGIES[StrategyKind.SOMETHING] = with_demotions(place_something)
+    STRATEGIES[StrategyKind.SOMETHING] = searched(place_something, residency=False)
 
-`with_demotions` wraps strategies that choose accelerators themselves, so that they never leave a component
-needlessly on the CPU (`demotion`); the balanced family is wrapped once more by `with_fewest_transfers`, so that
-a pipeline that does not fit resident moves the fewest bytes per call (`residency`). "sequential" keeps its
-meaning (fill in execution order); every strategy's plan gets its transfer numbers in `placement.plan`.
+`searched` runs a strategy that chooses accelerators itself as the first candidate of the placement search
+(`search`): demoting components to streaming competes with it, so that nothing runs needlessly on the CPU, and
+for the balanced family (`residency=True`) so do the residency levels, so that a pipeline that does not fit
+resident moves the fewest bytes per call. "sequential" keeps its meaning (fill in execution order); every
+strategy's plan gets its transfer numbers in `placement.plan`.
 With no accelerator to plan for, every strategy but a single device degrades to `place_cpu_only`. A
 model-level request (`StrategySpec.model_level`) is looked up in `MODEL_STRATEGIES` instead.
 """
@@ -16,21 +17,20 @@ from __future__ import annotations
 
 from .balanced import place_balanced
 from .cpu_only import place_cpu_only
-from .demotion import with_demotions
-from .fewest_transfers import with_fewest_transfers
 from .model_level import place_model_level
+from .search import searched
 from .sequential import place_sequential
 from .single_device import place_single_device
 from .spec import StrategyKind
 from .state import PlacementState, Strategy, StrategyRequest
 
-_BALANCED = with_fewest_transfers(with_demotions(place_balanced))
+_BALANCED = searched(place_balanced, residency=True)
 STRATEGIES: dict[StrategyKind, Strategy] = {
     StrategyKind.BALANCED: _BALANCED,
     StrategyKind.AUTO: _BALANCED,  # the same as balanced (documented, not an error)
     StrategyKind.BALANCED_LOW_0: _BALANCED,  # place_balanced and the residency search read the kind
     StrategyKind.DICT: _BALANCED,  # the components the dict does not pin
-    StrategyKind.SEQUENTIAL: with_demotions(place_sequential),
+    StrategyKind.SEQUENTIAL: searched(place_sequential, residency=False),
     StrategyKind.DEVICE: place_single_device,
 }
 # One model (`scope="model"`): the same names with accelerate's model-level meaning (`model_level`).

@@ -1,7 +1,7 @@
 """What a strategy is given (an immutable request) and what it gives back (the state it built).
 
 A strategy never changes what it is passed: it copies the starting ledger, places its components into the
-copy and returns it with the placements. Searches (the demotion search, balanced's two orders) compare the
+copy and returns it with the placements. Searches (the placement search, balanced's two orders) compare the
 states their trials return and keep one; nothing is written back into a caller's objects.
 """
 
@@ -33,7 +33,7 @@ class StrategyRequest:
     placed: Mapping[str, Placed]  # components placed before this strategy runs (pinned ones)
     context: Context
     costs: CostModel
-    # False: skip the last tie-break (fewest moves from the zig-zag map). The demotion search compares many
+    # False: skip the last tie-break (fewest moves from the zig-zag map). The placement search compares many
     # candidates by cost, which that tie-break never changes; it re-runs the winner with it.
     thorough: bool = True
 

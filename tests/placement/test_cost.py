@@ -7,16 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.cost import (
-    STREAM_BUFFER_BLOCKS, PlanCost, bytes_per_call, least_bytes_per_call, least_streamed_per_run,
+    STREAM_BUFFER_BLOCKS, PlanCost, bytes_per_call, least_bytes_per_call, least_cost, least_moved, least_streamed_per_run,
     minimum_phase_weights, stream_buffer, stream_buffer_by_size, streaming_premium, working_set,
 )
 from placement.plan_schema import ComponentTransfer
 from placement.sizing import size_module
-from placement.strategies import CostModel, ComponentRequest
-from placement.strategies.demotion import demotion_value
+from placement.strategies import ComponentRequest
 from placement.streaming import TransferUnit, streaming_working_set
 from placement.transfers.host_split import HostSplit, split_host_part
-from placement.transfers.search import Level, lower_bound
 from synthetic import component
 
 GiB = 1024**3
@@ -90,5 +88,5 @@ def test_the_bounds_leave_out_the_blocks_the_call_never_runs():
     runs = {"vae": 1}
     moved = split_host_part(request.layout_units, runs=1, room=None, idle=request.idle).bytes_per_call(1)
     assert moved == request.active_bytes == 3 * GiB < request.bytes
-    assert lower_bound([request], [Level.STREAM], runs) == moved
-    assert demotion_value(request, CostModel(graph=None, runs=runs)) == moved
+    assert least_moved([request], runs) == moved  # the search's bound, for a demotion and a STREAM level alike
+    assert least_cost([request], runs) == PlanCost.at_least(moved)

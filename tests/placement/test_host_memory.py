@@ -12,7 +12,7 @@ from placement.disk_speed import check_disk_read_bandwidth, measure_disk_read
 from placement.errors import PlanError
 from placement.host_memory import HostMemory, budget_note
 from placement.sizes import GiB
-from placement.verdict import DISK_BYTES_PER_S
+from placement.time_model import DISK_BYTES_PER_S
 
 from synthetic import component, whole
 

@@ -208,8 +208,8 @@ def test_demotion_search_finds_the_best_resident_set_past_eight_components():
 
 
 def test_best_first_sets_visit_every_subset_once_cheapest_first():
-    from placement.cost import CostModel
-    from placement.strategies.demotion import best_first_sets, demotion_value
+    from placement.cost import CostModel, least_moved
+    from placement.strategies.options import best_first_sets
     from placement.strategies.request import ComponentRequest
     from placement.sizing import size_module
 
@@ -221,7 +221,7 @@ def test_best_first_sets_visit_every_subset_once_cheapest_first():
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     costs = CostModel.build(graph, requests)
-    sets = list(best_first_sets(requests, costs))
+    sets = list(best_first_sets(requests, costs.runs))
     assert len(sets) == 2**5 - 1 and len({frozenset(r.name for r in s) for s in sets}) == 2**5 - 1
-    keys = [sum(demotion_value(r, costs) for r in s) for s in sets]  # the bytes each demotion moves at least
+    keys = [least_moved(s, costs.runs) for s in sets]  # the bytes each demotion moves at least
     assert keys == sorted(keys)
