@@ -88,7 +88,7 @@ def _default_sample_pixels(folder: Path) -> Optional[int]:
 def _config(component: Path) -> dict:
     from placement.errors import PlacementError
 
-    from ..checkpoint.config_file import read_config_dict
+    from ..checkpoint.files import read_config_dict
 
     try:
         return read_config_dict(component)

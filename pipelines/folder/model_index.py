@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..checkpoint.config_file import read_config_dict, write_json
+from ..checkpoint.files import read_config_dict, write_json
 from ..errors import FolderError, UntrustedClassError
 from .class_registry import LIBRARY, find_library_class, find_registered_class, is_library_class, register_class
 

@@ -27,9 +27,9 @@ from hooks.gather import offloaded_weights, offloaded_weights_in_state_dict, uns
 from placement.errors import PlacementError
 from placement.sizes import parse_size
 
-from ..checkpoint.atomic import atomic_folder
-from ..checkpoint.checkpoint_errors import CheckpointSaveError
-from ..checkpoint.naming import CONFIG_NAME, WeightsNaming
+from ..checkpoint.saving import atomic_folder
+from ..errors import CheckpointSaveError
+from ..checkpoint.files import CONFIG_NAME, WeightsNaming
 from .component_classes import OwnModel, weights_name_for
 from .model_index import MODEL_INDEX_NAME, SAVE_ID_KEY, ModelIndex, spec_for
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..checkpoint.config_file import CLASS_NAME_KEY, read_config_dict
-from ..checkpoint.naming import CONFIG_NAME
+from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import FolderError
 from .class_registry import LIBRARY, find_library_class
 from .component_classes import Family, family_of

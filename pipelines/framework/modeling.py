@@ -11,8 +11,7 @@ from hooks.gather import offloaded_weights
 from placement.plan_schema import Plan
 
 from ..checkpoint import WeightsNaming, atomic_folder, save_weights
-from ..checkpoint.config_file import write_config
-from ..checkpoint.naming import CONFIG_NAME
+from ..checkpoint.files import CONFIG_NAME, write_config
 from ..folder.component_classes import OwnModel
 from ..loading.model_loader import load_model, plan_model
 from ..loading.options import MODEL_LOAD, MODEL_PLAN, Entry, LoadOptions, Scope, entry_signature

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ..checkpoint import tie_weights
-from ..checkpoint.checkpoint_errors import WeightsNotFoundError
-from ..checkpoint.config_file import read_config
+from ..errors import WeightsNotFoundError
+from ..checkpoint.files import read_config
 from ..folder.component_classes import Family
 
 CONFIG_FILE = "config.json"

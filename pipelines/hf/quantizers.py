@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..checkpoint.config_file import read_config_dict
+from ..checkpoint.files import read_config_dict
 from ..errors import LoadError
 from ..folder.component_classes import Family
 

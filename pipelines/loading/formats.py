@@ -29,7 +29,7 @@ from placement.quantized_sizing import tensor_format
 from placement.sizes import format_bytes
 
 from ..checkpoint import find_weights
-from ..checkpoint.naming import pickle_files_in
+from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
 from ..folder.component_classes import weights_name_for
 from ..hf.hf_interop import load_without_device_map

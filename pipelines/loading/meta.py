@@ -31,7 +31,7 @@ from ..checkpoint import (
     tie_weights,
     validate_weights,
 )
-from ..checkpoint.config_file import read_config_dict
+from ..checkpoint.files import read_config_dict
 from ..folder.component_classes import Family, weights_name_for
 from ..folder.sources import ComponentSource
 from ..hf.hf_interop import construct, retie

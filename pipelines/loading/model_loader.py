@@ -12,8 +12,7 @@ from pathlib import Path
 
 from placement.plan_schema import Plan
 
-from ..checkpoint.config_file import CLASS_NAME_KEY, read_config_dict
-from ..checkpoint.naming import CONFIG_NAME
+from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import LoadError
 from ..folder.component_classes import Family
 from ..folder.sources import foreign_model_folder

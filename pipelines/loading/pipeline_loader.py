@@ -23,7 +23,7 @@ from torch import nn
 from placement.devices import Accelerators, torch_device
 from placement.plan_schema import Plan
 
-from ..checkpoint.progress import load_progress
+from ..checkpoint.streaming import load_progress
 from ..errors import MissingComponentsError, PipelineLoadError
 from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
 from ..folder.components import PipelineComponents

@@ -176,7 +176,7 @@ def test_json_nested_without_end_is_named_with_the_limit(tiny_dit, tmp_path, fil
 
 
 def test_json_depth_is_measured_without_recursion():
-    from pipelines.checkpoint.config_file import json_depth
+    from pipelines.checkpoint.files import json_depth
 
     assert (json_depth(1), json_depth([]), json_depth({"a": [1, {"b": 2}]})) == (0, 1, 3)
     nested: list = []
