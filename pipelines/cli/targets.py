@@ -26,7 +26,7 @@ def is_preset(target: str) -> bool:
 
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..folder.hub import looks_like_a_path
+    from ..folder.sources import looks_like_a_path
     from ..folder.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
 

@@ -12,7 +12,7 @@ from placement.plan_schema import Plan
 
 from ..checkpoint import WeightsNaming, atomic_folder, save_weights
 from ..checkpoint.files import CONFIG_NAME, write_config
-from ..folder.component_classes import OwnModel
+from ..folder.sources import OwnModel
 from ..loading.model_loader import load_model, plan_model
 from ..loading.options import MODEL_LOAD, MODEL_PLAN, Entry, LoadOptions, Scope, entry_signature
 from ..loading.request import LoadRequest, resolve_request

@@ -13,8 +13,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..folder.class_registry import library_class
-from ..folder.components import PipelineComponents, module_dtype, module_execution_device
-from ..folder.pipeline_saving import save_pipeline
+from ..folder.components import PipelineComponents, module_dtype, module_execution_device, save_pipeline
 from ..folder.sources import LOAD_PATTERNS, PICKLE_PATTERNS, PLAN_PATTERNS
 from ..hf.quiet import quiet
 from ..loading.options import PIPELINE_LOAD, PIPELINE_PLAN, Entry, LoadOptions, Scope, entry_signature

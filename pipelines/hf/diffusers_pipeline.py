@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from torch import nn
 
 from ..errors import LoadError, MissingComponentsError
-from ..folder.component_origins import origins_of, restore_components
+from ..folder.components import origins_of, restore_components
 from ..folder.class_registry import find_library_class
 from ..folder.model_index import ModelIndex
 from .diffusers_saving import save_placed

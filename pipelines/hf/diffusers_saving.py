@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from ..checkpoint.saving import atomic_folder, check_target
-from ..folder.pipeline_saving import rewritten_entries, saving_placed
+from ..folder.components import rewritten_entries, saving_placed
 from .quiet import quiet
 
 

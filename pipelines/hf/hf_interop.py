@@ -17,7 +17,7 @@ from torch import nn
 from ..checkpoint import tie_weights
 from ..errors import WeightsNotFoundError
 from ..checkpoint.files import read_config
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 
 CONFIG_FILE = "config.json"
 

@@ -14,7 +14,7 @@ import os
 from typing import Any, Mapping
 
 from ..errors import LoadError
-from ..folder.hub import HubOptions
+from ..folder.sources import HubOptions
 
 
 def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:

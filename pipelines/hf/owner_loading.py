@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import PipelineLoadError
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 from .quantizers import ComponentQuantization, QuantizationMethod
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..checkpoint.files import read_config_dict
 from ..errors import LoadError
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 
 
 class QuantizationMethod(str, Enum):

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from ..errors import FolderError, UntrustedClassError
-from ..folder.component_classes import Family, family_of
+from ..folder.sources import Family, family_of
 from ..folder.components import PipelineComponents, is_generic
 from ..folder.model_index import ComponentSpec, ModelIndex, resolve_class
 from ..hf.diffusers_pipeline import (

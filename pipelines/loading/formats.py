@@ -31,7 +31,7 @@ from placement.sizes import format_bytes
 from ..checkpoint import find_weights
 from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
-from ..folder.component_classes import weights_name_for
+from ..folder.sources import weights_name_for
 from ..hf.hf_interop import load_without_device_map
 from ..hf.quantizers import (
     QuantizationMethod, check_requested_names, component_quantization, format_label, requested_quantization,

@@ -32,8 +32,7 @@ from ..checkpoint import (
     validate_weights,
 )
 from ..checkpoint.files import read_config_dict
-from ..folder.component_classes import Family, weights_name_for
-from ..folder.sources import ComponentSource
+from ..folder.sources import ComponentSource, Family, weights_name_for
 from ..hf.hf_interop import construct, retie
 from ..hf.owner_loading import renames_explain
 from ..hf.quantizers import component_quantization

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import WeightsIndex
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 from ..hf.owner_loading import OwnerLoad
 
 

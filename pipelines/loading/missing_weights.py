@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..checkpoint import WeightsNotFoundError, find_weights
-from ..folder.component_classes import weights_name_for
-from ..folder.sources import ComponentSource
+from ..folder.sources import ComponentSource, weights_name_for
 from .meta_records import MetaComponent
 
 # Files that hold (or index) weights, whatever their format.

@@ -14,8 +14,7 @@ from placement.plan_schema import Plan
 
 from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import LoadError
-from ..folder.component_classes import Family
-from ..folder.sources import foreign_model_folder
+from ..folder.sources import Family, foreign_model_folder
 from .meta import MetaComponent, build_component
 from .placing import check_plan_devices, check_requested_devices, place_component
 from .planning import plan_modules

@@ -23,7 +23,7 @@ from placement.quantized_sizing import is_quantized_tensor
 from placement.sizing import kept_fp32_module_names
 
 from ..checkpoint import WeightsIndex
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 from ..hf.owner_loading import OwnerLoad
 from ..hf.quantizers import (
     ComponentQuantization,

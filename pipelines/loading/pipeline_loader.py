@@ -25,10 +25,8 @@ from placement.plan_schema import Plan
 
 from ..checkpoint.streaming import load_progress
 from ..errors import MissingComponentsError, PipelineLoadError
-from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
-from ..folder.components import PipelineComponents
-from ..folder.model_index import ModelIndex
-from ..folder.snapshot import read_snapshot
+from ..folder.components import PipelineComponents, record_origins, remember_origins, with_undo_calls
+from ..folder.model_index import ModelIndex, read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import attach_reset

@@ -27,7 +27,7 @@ from placement.errors import PlanError
 from placement.sizing import dtype_for
 
 from ..errors import LoadError
-from ..folder.hub import HubOptions, resolve_folder
+from ..folder.sources import HubOptions, resolve_folder
 from ..hf.hf_spellings import download_options, pickle_opt_in
 from ..hf.single_file import is_single_file
 from .options import LoadOptions, Scope

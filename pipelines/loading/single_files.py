@@ -9,10 +9,9 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import LoadError
-from ..folder.component_classes import Family, family_of
+from ..folder.sources import ComponentSource, Family, family_of
 from ..hf.owner_loading import OwnerLoad
 from ..hf.quantizers import ComponentQuantization, method_of, requested_quantization
-from ..folder.sources import ComponentSource
 from ..hf.single_file import (
     build_on_meta, checkpoint_float_dtype, gguf_quantization, holds_component, is_gguf, meta_checkpoint,
 )

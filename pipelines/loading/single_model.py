@@ -22,9 +22,7 @@ from placement.devices import detect_accelerators
 from placement.plan_schema import Plan
 
 from ..errors import LoadError
-from ..folder.component_classes import family_of
-from ..folder.hub import HubOptions
-from ..folder.sources import model_folder_class
+from ..folder.sources import HubOptions, family_of, model_folder_class
 from ..hf.hf_spellings import with_hub_keywords
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.quiet import hf_libraries, quiet

@@ -28,7 +28,7 @@ from placement.errors import PlacementError
 from placement.plan_schema import Plan, VerdictKind
 from placement.sizes import format_bytes
 
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 from ..hf.quantizers import (
     ComponentQuantization, QuantizationMethod, materialize_on_meta, owner_quantizer, prepare_on_meta,
     quantized_parameter_names,

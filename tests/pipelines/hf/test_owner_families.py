@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import pipelines
-from pipelines.folder.component_classes import family_of
+from pipelines.folder.sources import family_of
 from pipelines.loading.meta import build_component
 from pipelines.loading.meta_records import WeightsReader
 from placement.sizing import size_module
