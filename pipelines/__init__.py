@@ -33,11 +33,11 @@ _LIBRARY_CLASSES = {
 }
 _EXPORTS = {
     **_LIBRARY_CLASSES,
-    "ModelConfig": ".framework.config",
+    "ModelConfig": ".framework.modeling",
     "ModelMixin": ".framework.modeling",
     "library_class": ".folder.class_registry",
     "register_class": ".folder.class_registry",
-    "place": ".loading.place",
+    "place": ".loading.pipeline_loader",
     "load_model": ".loading.single_model",
     "plan_model": ".loading.single_model",
 }

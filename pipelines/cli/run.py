@@ -63,8 +63,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..distributed.images import read_prompts
-    from ..distributed.launch import Launch
-    from ..distributed.run_lock import run_lock
+    from ..distributed.replica import Launch
+    from ..distributed.images import run_lock
     from ..errors import ImageRunError, LoadError, ReplicaLoadError
     from ..hf.quiet import quiet
     from .call_defaults import check_callable, default_call

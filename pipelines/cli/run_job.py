@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ..distributed.images import RunFolder
 from ..distributed.job import ImagesInterrupted, RunResult, make_images
-from ..distributed.launch import Launch
+from ..distributed.replica import Launch
 from ..errors import ImageRunError
 from ..hf.quiet import quiet
 from .args import torch_dtype

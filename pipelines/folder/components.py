@@ -1,7 +1,7 @@
 """PipelineComponents: named components (models and non-models), the model graph and the placement state.
 
-This is the state that loading (`pipelines.loading`), saving (`pipeline_saving`) and the offload techniques
-(`framework.memory`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
+This is the state that loading (`pipelines.loading`), saving (`save_pipeline` below) and the offload techniques
+(`framework.pipeline`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
 `plan_placement`, `save_pretrained`) and the memory methods on top, so those modules import this one and never
 the class that calls them.
 

@@ -24,7 +24,7 @@ from ..hf.diffusers_pipeline import (
     known_execution_order,
 )
 from ..hf.loading_keywords import unknown_pipeline_keywords
-from .options import PIPELINE_ARGUMENTS
+from .request import PIPELINE_ARGUMENTS
 
 
 def target_class(cls: type, index: ModelIndex, generic: bool) -> type:

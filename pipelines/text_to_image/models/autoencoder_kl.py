@@ -25,8 +25,7 @@ from pydantic import PositiveInt, model_validator
 from torch import nn
 
 from ...errors import CallError
-from ...framework.config import ModelConfig
-from ...framework.modeling import ModelMixin
+from ...framework.modeling import ModelConfig, ModelMixin
 from .inputs import check_channels, check_rank, check_spatial_multiple
 from .tiling import blend_tiles
 from .vae_blocks import Decoder, DiagonalGaussian, Encoder

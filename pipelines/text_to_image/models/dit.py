@@ -20,8 +20,7 @@ import torch
 from pydantic import PositiveFloat, PositiveInt, model_validator
 from torch import nn
 
-from ...framework.config import ModelConfig
-from ...framework.modeling import ModelMixin
+from ...framework.modeling import ModelConfig, ModelMixin
 from .dit_blocks import DoubleStreamBlock, OutputLayer, SingleStreamBlock, TimeTextConditioning, sincos_position_embedding
 from .inputs import check_denoiser_inputs, timesteps_for_batch
 from ...folder.class_registry import library_class

@@ -19,8 +19,7 @@ import torch
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
-from ...framework.config import ModelConfig
-from ...framework.modeling import ModelMixin
+from ...framework.modeling import ModelConfig, ModelMixin
 from .inputs import check_denoiser_inputs, timesteps_for_batch
 from .unet_blocks import DownBlock, MidBlock, OutputHead, TimestepConditioning, UpBlock
 from ...folder.class_registry import library_class

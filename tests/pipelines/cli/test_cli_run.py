@@ -20,7 +20,7 @@ from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.cli.call_defaults import default_call
 from pipelines.distributed.images import ImageRecord, RunFolder, write_atomically
-from pipelines.distributed.progress import counting_steps, run_bar
+from pipelines.distributed.job import counting_steps, run_bar
 from pipelines.errors import ImageRunError
 
 from child_process import finish, run_child, wait_for

@@ -13,7 +13,7 @@ import torch
 import pipelines
 from pipelines import Pipeline, TextToImagePipeline
 from pipelines.errors import FolderError
-from pipelines.loading import build_limits
+from pipelines.loading import limits as build_limits
 from pipelines.text_to_image.models import dit_blocks
 from placement.errors import DoesNotFitError
 
