@@ -18,8 +18,7 @@ from torch import nn
 
 from ...errors import CallError
 from ...framework.modeling import ModelConfig, ModelMixin
-from .inputs import check_rank
-from .layers import Activation, Attention, FeedForward, NormKind, make_norm
+from .layers import Activation, Attention, FeedForward, NormKind, check_rank, make_norm
 from ...folder.class_registry import library_class
 
 

@@ -14,7 +14,7 @@ import pipelines
 from pipelines import Pipeline, TextToImagePipeline
 from pipelines.errors import FolderError
 from pipelines.loading import limits as build_limits
-from pipelines.text_to_image.models import dit_blocks
+from pipelines.text_to_image.models import dit as dit_blocks
 from placement.errors import DoesNotFitError
 
 from pipeline_fixtures import save_preset
