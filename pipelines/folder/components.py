@@ -28,7 +28,7 @@ Our models read their offloaded weights one shard at a time (`ModelMixin.save_pr
 transformers' models, whose `save_pretrained` takes the whole `state_dict()`, get them filled into it
 (`saving_placed`).
 
-Components are written into the staging folder of `checkpoint.atomic.atomic_folder` (the same atomic save a
+Components are written into the staging folder of `checkpoint.saving.atomic_folder` (the same atomic save a
 model uses); model_index.json is written last, with a fresh `_save_id` that a load checks to be sure all the
 components it read come from one save (see `snapshot`). Entries of an existing folder the save does not write
 (a README, other variants' weights, a component now absent) are carried over; an existing component's weights of

@@ -13,7 +13,7 @@ unless the caller passes `trust_remote_code=True`.
 
 A load is a snapshot of one save, even while another process saves over the folder.
 
-A save replaces the whole folder in one step (`checkpoint.atomic`), but a load opens model_index.json and each
+A save replaces the whole folder in one step (`checkpoint.saving`), but a load opens model_index.json and each
 component's files at different moments, so a save landing in between would hand the load components of two
 saves. The folder's version (the `_save_id` a save writes into model_index.json, plus the identity of the folder
 and of that file) is read before and after the whole load. The same version at both ends means one save was in

@@ -139,7 +139,7 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
     tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
     `init_empty_weights()`, which builds the model on meta).
     `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (the memory methods below).
-    These class attributes are declared (with `weights_name`) on `folder.component_classes.OwnModel`, the part of
+    These class attributes are declared (with `weights_name`) on `folder.sources.OwnModel`, the part of
     this class that the folder format and the loader read.
     """
 

@@ -1,8 +1,8 @@
 """Pipeline: the base class of every pipeline, and used directly, a generic pipeline loaded from any folder.
 
 Its state (components, model graph, placement) lives in `folder.components.PipelineComponents`; this class adds
-the memory methods (`memory`) and the folder entry points, which hand over to `pipelines.loading` (a request
-resolved once, then `load_pipeline` / `plan_folder`) and `folder.pipeline_saving`.
+the memory methods (below) and the folder entry points, which hand over to `pipelines.loading` (a request
+resolved once, then `load_pipeline` / `plan_folder`) and `folder.components`.
 
 Memory-saving methods of Pipeline (model/sequential/group offload, VAE slicing and tiling).
 
@@ -193,7 +193,7 @@ class Pipeline(PipelineMemoryMixin, PipelineComponents):
         `trust_remote_code`: a folder's model_index.json may name classes by module path; only this library's,
         diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
         module is imported, unless this is True (then the named modules are imported: their code runs).
-        diffusers' spellings work too (`hf_spellings`): `dtype=` for `torch_dtype=`; `use_safetensors`,
+        diffusers' spellings work too (`hf.loading_keywords`): `dtype=` for `torch_dtype=`; `use_safetensors`,
         `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Pickle weights (a
         `pytorch_model.bin` only) are refused with or without a device map; `use_safetensors=False` with
         `device_map=None` is the explicit opt-in that lets their owner library read them (`weights_only=True`).

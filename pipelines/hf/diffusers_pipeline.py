@@ -18,8 +18,8 @@ a failure half-way leaves a half-written folder (a `vae/config.json` and nothing
 deletes the old shards it finds there. And a placed model holds `meta` placeholders for its offloaded and disk
 weights, which diffusers' and transformers' writers cannot copy. So the placed pipeline's `save_pretrained` runs
 diffusers' own save (its model_index.json, its per-component writers, tokenizers and schedulers included) into
-the staging folder of `checkpoint.atomic.atomic_folder`, with each model's `state_dict()` holding its weights
-read from wherever they live (`folder.pipeline_saving.saving_placed`); then the staging folder replaces the
+the staging folder of `checkpoint.saving.atomic_folder`, with each model's `state_dict()` holding its weights
+read from wherever they live (`folder.components.saving_placed`); then the staging folder replaces the
 target, keeping what the save does not own (a README, other variants' weights). The placement is unchanged."""
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def unknown_keyword_error(names: Iterable[str], *, entry: str, arguments: Iterab
 def unknown_pipeline_keywords(names: Iterable[str], *, pipeline: str, components: Iterable[str],
                               arguments: Iterable[str]) -> UnknownKeywordError:
     """Keywords given to a pipeline's from_pretrained/plan_placement that are neither its `arguments` (the fields
-    of `loading.options.LoadOptions` a pipeline takes) nor components of `pipeline` (the class name)."""
+    of `loading.request.LoadOptions` a pipeline takes) nor components of `pipeline` (the class name)."""
     return unknown_keyword_error(names, entry=f"{pipeline}.from_pretrained/plan_placement", arguments=arguments,
                                  components=components, owner=pipeline)
 

@@ -1,7 +1,7 @@
 """The one meta builder: a component's module on meta, each tensor in the dtype it will load as, with every fact
 about its weights that planning and placing need, worked out once (`MetaComponent`).
 
-    with init_empty_weights(): module = construct(cls, folder)   # its family's constructor (`hf.hf_interop`)
+    with init_empty_weights(): module = construct(cls, folder)   # its family's constructor (`hf.owner_loading`)
     weights = find_weights(folder, ...)                           # each safetensors header read once per load
     validate keys and shapes; check dtypes; re-type each meta tensor to its load dtype; re-tie
 
@@ -84,7 +84,7 @@ class WeightsReader(Enum):
     STREAM is this library's loader: each tensor from its safetensors file straight to its planned device
     (`placing.place_component`). OWNER is the library that owns the format (transformers checkpoints whose keys
     are renamed on load, quantized components, single files, GGUF): its `from_pretrained` / `from_single_file`
-    given our plan's device map, then our runtime (`owner_reading`).
+    given our plan's device map, then our runtime (`placing.read_with_owner`).
     """
 
     STREAM = "stream"
@@ -330,8 +330,8 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
 
     The reader is chosen here: a quantized component (its folder's `quantization_config`, or
     `quantization_config=` naming it) and a transformers checkpoint whose keys transformers renames on load
-    are prepared and read by their owner (`owner_meta`); everything else is streamed by our loader.
-    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`layerwise`). `limit`: all budgets of
+    are prepared and read by their owner (`build_owner_component`); everything else is streamed by our loader.
+    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`with_layerwise_casting`). `limit`: all budgets of
     the load together; an absurd config is refused before it is built (`build_limits`)."""
     quantization = component_quantization(quantization_config, name, family, folder)
     bits = fewest_bits(dtype, quantized=quantization is not None, layerwise=layerwise_casting is not None)

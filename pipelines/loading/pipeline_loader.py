@@ -230,7 +230,7 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
-    `generic`), each module placed on the plan's devices; from one save (see `snapshot`): reloaded if the
+    `generic`), each module placed on the plan's devices; from one save (see `folder.model_index.read_snapshot`): reloaded if the
     folder was saved over while it loaded. Quietly (`hf.quiet`): only our own bar and messages are printed."""
     with quiet(preload=hf_libraries(request.folder)):
         return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),

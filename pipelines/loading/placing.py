@@ -196,7 +196,7 @@ def place_component(meta: MetaComponent, component: ComponentPlan | None, *, acc
     """Read `meta`'s weights to the devices `component` plans (`read_component`), then attach its runtime
     (`attach_runtime`). `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the
     placed module: `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a
-    quantized or renamed-key component: `owner_reading`), which replaces `meta.module` in the pipeline.
+    quantized or renamed-key component: `read_with_owner`), which replaces `meta.module` in the pipeline.
 
     A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
     escapes."""

@@ -14,8 +14,8 @@ The options of a load, written once: every keyword of `from_pretrained` and `pla
 a model's), with its default and why it exists, taken from the caller's keywords in one place.
 
 The two entries of one scope take the same keywords and build the same `LoadOptions`, and both hand the request
-made from it to the same planning function (`pipeline_loader.plan_folder_pipeline`; for a model, `model_loader`'s
-`_plan`), so `plan_placement(folder, **kw)` is the plan `from_pretrained(folder, **kw)` follows. The one
+made from it to the same planning function (`pipeline_loader.plan_folder_pipeline`; for a model,
+`single_model._plan_own`), so `plan_placement(folder, **kw)` is the plan `from_pretrained(folder, **kw)` follows. The one
 difference is what a missing `device_map` means: no plan at all for `from_pretrained` (the CPU, as diffusers
 loads), the scope's default strategy for `plan_placement` (a plan of nothing would answer nothing). The entries'
 signatures, and the arguments a misspelt keyword is matched against, are generated from the fields below
@@ -118,7 +118,7 @@ class LoadOptions:
     # diffusers' switch: None/True read safetensors (always here); False only lets a component's owner read its
     # pickle weights in a load without device_map (`hf_spellings.pickle_opt_in`).
     use_safetensors: bool | None = _option()
-    # The Hub download (`folder.hub.HubOptions`), as diffusers spells it.
+    # The Hub download (`folder.sources.HubOptions`), as diffusers spells it.
     local_files_only: bool = _option(False)
     revision: str | None = _option()
     token: str | bool | None = _option()

@@ -5,7 +5,7 @@ diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would foll
     folder -> its class (config.json: `_class_name` / `architectures`), built on meta (`build_component`: our
               streaming reader, or the owner's for quantized / renamed-key checkpoints)
     file   -> a single-file checkpoint with its config folder (`config=`), built on meta by diffusers'
-              single-file path (`single_files`)
+              single-file path (`formats.build_single_file_component`)
     -> a one-component plan at model scope (accelerate's strategy names) -> `place_component`
 
 ModelMixin.from_pretrained / plan_placement (`load_own_model`, `plan_own_model`): a one-component load through

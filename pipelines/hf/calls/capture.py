@@ -10,7 +10,7 @@ real sizes but with no model compute: prompts tokenized, latents packed, the sch
 batching or second passes, `strength`, image and mask preprocessing, ControlNets at every step, two experts
 switching at a boundary timestep. So every diffusers class is planned for the call it really makes, without
 code naming it, and a diffusers release that changes a `__call__` changes the plan with it. What this cannot
-see by itself is in `overrides.py`.
+see by itself is in the overrides below.
 
 What call capture cannot see by running a pipeline's `__call__` as it is: each row with its reason.
 
