@@ -28,8 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from pipelines.text_to_image.models import AutoencoderKL
-from pipelines.text_to_image.pipeline import TextToImagePipeline
-from pipelines.text_to_image.inputs import ComponentCall, text_to_image_activation_inputs
+from pipelines.text_to_image.pipeline import ComponentCall, TextToImagePipeline, text_to_image_activation_inputs
 from placement.activations.estimate import activation_peak, measure_activations
 from placement.activations.tracking import LiveStorageTracker
 from placement.activations.estimate import _FakeCopies

@@ -60,7 +60,7 @@ class Row:
 def _cli() -> Callable[[], object]:
     # What the command imports on its way (the CLI defers them so `placement --help` is quick): imports, not
     # planning. Without .pyc files (PYTHONDONTWRITEBYTECODE, as on this project's machines) they cost 0.2-0.4 s.
-    from pipelines.cli import advice, resolve, targets  # noqa: F401
+    from pipelines.cli import advice, targets as resolve, targets  # noqa: F401
     from pipelines.cli import main
 
     def plan() -> int:

@@ -111,22 +111,36 @@ def tokenizer_for(encoder_class: str, folder: Path):
     """A tokenizer of the kind `encoder_class` is published with (module doc), its files written in `folder`."""
     import transformers
 
-    if encoder_class.startswith("CLIPText"):  # a byte-pair vocabulary of single letters, padded to 77 as CLIP's is
-        vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
-        for index, letter in enumerate("abcdefghijklmnopqrstuvwxyz"):
-            vocab[letter], vocab[letter + "</w>"] = 3 + index, 29 + index
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "vocab.json").write_text(json.dumps(vocab))
-        (folder / "merges.txt").write_text("#version: 0.2\n")
-        return transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"),
-                                          model_max_length=CLIP_LENGTH)
-    if encoder_class in ("T5EncoderModel", "UMT5EncoderModel"):  # a unigram vocabulary of single letters
-        pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-        pieces += [(prefix + letter, -1.0) for letter in "abcdefghijklmnopqrstuvwxyz" for prefix in ("", "\u2581")]
-        return transformers.T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
+    if encoder_class.startswith("CLIPText"):
+        return clip_tokenizer(folder)
+    if encoder_class in ("T5EncoderModel", "UMT5EncoderModel"):
+        return t5_tokenizer(model_max_length=512)
     tokenizer_class = getattr(transformers, _LLM_TOKENIZERS.get(encoder_class, "PreTrainedTokenizerFast"))
     return tokenizer_class(tokenizer_object=_word_level(["<pad>", "<s>", "</s>", "<unk>"]), bos_token="<s>",
                            eos_token="</s>", pad_token="<pad>", unk_token="<unk>", model_max_length=4096)
+
+
+def clip_tokenizer(folder: Path, length: int = CLIP_LENGTH):
+    """A CLIP tokenizer: a byte-pair vocabulary of single letters, its files written in `folder`, padded to
+    `length` (77, as CLIP's is)."""
+    import transformers
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
+    for index, letter in enumerate("abcdefghijklmnopqrstuvwxyz"):
+        vocab[letter], vocab[letter + "</w>"] = 3 + index, 29 + index
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=length)
+
+
+def t5_tokenizer(**keywords):
+    """A T5 tokenizer: a unigram vocabulary of single letters."""
+    import transformers
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(prefix + letter, -1.0) for letter in "abcdefghijklmnopqrstuvwxyz" for prefix in ("", "\u2581")]
+    return transformers.T5TokenizerFast(vocab=pieces, extra_ids=0, **keywords)
 
 
 def _word_level(specials: list[str]):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from pipelines.hf.calls.spec import ExampleCall
+from pipelines.hf.calls.capture import ExampleCall
 from pipelines.hf.calls.vae_techniques import WithTechniques, tile_description
 from placement.plan_schema import MemoryTechnique
 

@@ -33,25 +33,25 @@ _LIBRARY_CLASSES = {
 }
 _EXPORTS = {
     **_LIBRARY_CLASSES,
-    "ModelConfig": ".framework.config",
+    "ModelConfig": ".framework.modeling",
     "ModelMixin": ".framework.modeling",
     "library_class": ".folder.class_registry",
     "register_class": ".folder.class_registry",
-    "place": ".loading.place",
+    "place": ".loading.pipeline_loader",
     "load_model": ".loading.single_model",
     "plan_model": ".loading.single_model",
 }
 
-# The errors: every name in the `__all__` of these modules (the error tree is drawn in `errors.py`), so that a
-# type added there is exported here without a second list.
-_ERROR_MODULES = (".errors", ".checkpoint.checkpoint_errors")
+# The errors: every name in the `__all__` of `errors.py` (where the error tree is drawn), so that a type added
+# there is exported here without a second list.
+_ERROR_MODULE = ".errors"
 
 
 @functools.cache
 def _errors() -> dict[str, str]:
-    """{error name: its module}. Importing the errors modules imports torch (through `placement`), so this runs
+    """{error name: its module}. Importing the errors module imports torch (through `placement`), so this runs
     when a name is first looked up, never for `placement --help`."""
-    return {name: module for module in _ERROR_MODULES for name in importlib.import_module(module, __name__).__all__}
+    return {name: _ERROR_MODULE for name in importlib.import_module(_ERROR_MODULE, __name__).__all__}
 
 
 def __getattr__(name: str):

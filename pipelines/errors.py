@@ -5,7 +5,9 @@
     │   ├── UntrustedClassError       model_index.json names a class the folder may not run (caught: skipped when
     │   │                             the caller passes that component)
     │   ├── FolderChangedError        saved over during every attempt to load it (RuntimeError; retry the load)
-    │   └── (checkpoint.checkpoint_errors) WeightsNotFoundError, CheckpointShapeError, CheckpointSaveError
+    │   ├── WeightsNotFoundError      weights that cannot be had (FileNotFoundError; caught: plan from configs)
+    │   ├── CheckpointShapeError      a tensor whose stored shape differs from the model's
+    │   └── CheckpointSaveError       saving failed, the existing checkpoint untouched (RuntimeError)
     ├── LoadError               a load or plan request that cannot be carried out (ValueError)
     │   ├── UnknownKeywordError       a keyword no entry takes (TypeError, as Python says it)
     │   ├── CallSpecError             a `call=` the pipeline cannot be planned for (caught: plan without it)
@@ -17,10 +19,18 @@
 
 Everything else is said by the message (which names the input, the numbers and the fix), not by a type. This
 module sits below every subpackage (it imports none of them); the package face exports every name in
-`__all__` here and in `checkpoint.checkpoint_errors`.
+`__all__` here. Every other problem of a checkpoint (a corrupt file, keys or dtypes that do not match, a
+config that does not validate, an unsafe path) is a `FolderError` whose message names the file, the keys and the
+numbers involved, and says what to do.
 """
 
+from __future__ import annotations
+
+from typing import Iterable
+
 from placement.errors import PlacementError
+
+_LISTED = 10  # how many names a message spells out before it says "and N more"
 
 
 class FolderError(PlacementError, ValueError):
@@ -36,6 +46,31 @@ class UntrustedClassError(FolderError):
 class FolderChangedError(FolderError, RuntimeError):
     """The folder was saved over during every attempt to load it, so no consistent snapshot could be read.
     Its own type because the caller's remedy is to load again once the saving stops."""
+
+
+class WeightsNotFoundError(FolderError, FileNotFoundError):
+    """Weights that cannot be had: no weights file, a shard the index names that is absent, a variant that has no
+    weights (the message lists those that do), a folder that does not exist, or a weights file that failed to
+    read mid-load (removed, unreadable). A `FileNotFoundError` (an `OSError`), so that callers that catch those
+    keep working; the loader catches it to plan from configs alone."""
+
+
+class CheckpointShapeError(FolderError):
+    """A tensor whose shape in the checkpoint differs from the model's. Its own type because an adapter load
+    catches it to name the file the tensor came from."""
+
+
+class CheckpointSaveError(FolderError, RuntimeError):
+    """Saving failed; the existing checkpoint (if any) is left untouched. Its own type because a save nested in
+    another's staging folder is caught and said once, for the outer target."""
+
+
+def list_names(names: Iterable[str]) -> str:
+    """'a', 'b', 'c' (and 12 more): long key lists stay readable in one message."""
+    names = sorted(names)
+    shown = ", ".join(repr(n) for n in names[:_LISTED])
+    more = len(names) - _LISTED
+    return f"{shown} (and {more} more)" if more > 0 else shown
 
 
 class LoadError(PlacementError, ValueError):
@@ -82,6 +117,6 @@ class ImageRunError(CallError, RuntimeError):
     some rank (the message says which). Every rank raises it alike, so that the command reports it once."""
 
 
-__all__ = ["CallError", "CallSpecError", "FolderChangedError", "FolderError", "ImageRunError", "LoadError",
-           "MissingComponentsError", "PipelineLoadError", "ReplicaLoadError", "UnknownKeywordError",
-           "UntrustedClassError"]
+__all__ = ["CallError", "CallSpecError", "CheckpointSaveError", "CheckpointShapeError", "FolderChangedError",
+           "FolderError", "ImageRunError", "LoadError", "MissingComponentsError", "PipelineLoadError",
+           "ReplicaLoadError", "UnknownKeywordError", "UntrustedClassError", "WeightsNotFoundError"]

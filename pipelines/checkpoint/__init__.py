@@ -10,13 +10,11 @@ Works for any `nn.Module` (ours, diffusers', transformers'):
     load_weights(module, weights, device_map={"": "cpu"}, dtype=torch.float16, keep_in_fp32=("norm",))
 """
 
-from .checkpoint_errors import CheckpointSaveError, CheckpointShapeError, WeightsNotFoundError
-from .index import TensorEntry, WeightsIndex, find_weights, read_header
-from .dtypes import check_dtypes
+from ..errors import CheckpointSaveError, CheckpointShapeError, WeightsNotFoundError
+from .index import TensorEntry, WeightsIndex, check_dtypes, find_weights, read_header, validate_weights
 from .streaming import load_dtypes, load_weights, stream_weights, target_dtype, tie_weights
-from .naming import CONFIG_NAME, DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNaming, variants_in
+from .files import CONFIG_NAME, DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNaming, variants_in
 from .saving import atomic_folder, save_weights
-from .validation import validate_weights
 
 __all__ = [
     "CONFIG_NAME",

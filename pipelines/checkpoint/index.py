@@ -3,23 +3,33 @@
 `find_weights` reads only headers (names, shapes, dtypes): no tensor data is touched, so a 20 GB checkpoint
 is inspected in milliseconds, and every structural problem (missing shard, truncated file, index naming a
 tensor its shard lacks) is reported before a single weight is moved.
-"""
+
+Which checkpoint dtypes a model takes as they are, checked from the headers before anything loads.
+
+A float checkpoint tensor is cast when `torch_dtype` asks for it. Without `torch_dtype` each tensor keeps the
+checkpoint's dtype, so one parameter stored in another float dtype than the rest would load as is and fail at the
+first call (a float16 weight meeting float32 activations): that is refused here, naming the tensor. Integer and
+bool tensors (token ids, counters, masks) are never cast, so they must match the model's dtype exactly.
+
+Compare a checkpoint's tensor names and shapes with a model's, before anything is loaded."""
 
 from __future__ import annotations
 
 import json
+import re
 import stat
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 
-from ..errors import FolderError
-from .checkpoint_errors import WeightsNotFoundError, list_names
-from .config_file import parse_json
-from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, pickle_files_in, variants_in
+from ..errors import CheckpointShapeError, FolderError, WeightsNotFoundError, list_names
+from .files import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, parse_json, pickle_files_in, variants_in
+
 
 # safetensors dtype codes -> torch dtypes (the codes `safe_open(...).get_slice(k).get_dtype()` returns).
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -246,3 +256,114 @@ def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundErr
     return WeightsNotFoundError(
         f"No weights in {str(folder)!r}: expected {naming.single_file!r}, or {naming.index_file!r} with its shards."
     )
+
+
+def check_dtypes(module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype | None,
+                 keep_in_fp32: Iterable[str] = (), model_tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+    """Raise `FolderError` for tensors of `weights` the model `module` (on meta) cannot take.
+    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already."""
+    model = dict(module.state_dict(keep_vars=True)) if model_tensors is None else model_tensors
+    matched = {name: entry for name, entry in weights.tensors.items() if name in model}
+    kinds = [f"{name!r}: checkpoint {_short(entry.dtype)}, model {_short(model[name].dtype)}"
+             for name, entry in sorted(matched.items()) if _kind_differs(entry.dtype, model[name].dtype)]
+    if kinds:
+        raise FolderError(
+            f"Checkpoint {str(weights.folder)!r} holds tensors of another kind than the model's: {'; '.join(kinds)}. "
+            "Integer and bool tensors are never cast; re-save the checkpoint with the model's dtypes."
+        )
+    if dtype is not None:
+        return
+    keep = tuple(keep_in_fp32)
+    parameters = {name for name, tensor in model.items() if isinstance(tensor, nn.Parameter)}
+    floats = {name: entry for name, entry in matched.items()
+              if name in parameters and entry.dtype.is_floating_point and not _kept(name, keep)}
+    _check_one_float_dtype(floats, weights)
+
+
+def _check_one_float_dtype(floats: dict[str, TensorEntry], weights: WeightsIndex) -> None:
+    counts = Counter(entry.dtype for entry in floats.values())
+    if len(counts) < 2:
+        return
+    dominant = counts.most_common(1)[0][0]
+    odd = [f"{name} ({_short(entry.dtype)})" for name, entry in floats.items() if entry.dtype != dominant]
+    raise FolderError(
+        f"Checkpoint {str(weights.folder)!r} mixes float dtypes: {len(floats) - len(odd)} parameter(s) are "
+        f"{_short(dominant)} but {len(odd)} are not: {list_names(odd)}. Loaded as is, the model would fail at its "
+        f"first call; pass torch_dtype (e.g. torch_dtype=torch.{_short(dominant)}) to cast them all, or re-save it."
+    )
+
+
+def _kind_differs(saved: torch.dtype, model: torch.dtype) -> bool:
+    if saved.is_floating_point and model.is_floating_point:
+        return False  # a cast or the checkpoint's own dtype: decided by torch_dtype
+    return saved != model
+
+
+def _kept(name: str, keep_in_fp32: tuple[str, ...]) -> bool:
+    return bool(keep_in_fp32) and any(part in keep_in_fp32 for part in name.split("."))
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def expected_shapes(module: nn.Module, model_tensors: Mapping[str, torch.Tensor] | None = None
+                    ) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must provide: parameters and persistent buffers (works on meta)."""
+    tensors = module.state_dict(keep_vars=True) if model_tensors is None else model_tensors
+    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+
+
+def validate_weights(
+    module: nn.Module,
+    weights: WeightsIndex,
+    *,
+    tied_weights: Mapping[str, str] | None = None,
+    ignore_unexpected: Iterable[str] = (),
+    model_tensors: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Raise if a key is missing or unexpected (all named) or a shape differs (named, both shapes).
+
+    Tied weights (`{tied name: source name}`) may be absent: they are re-tied to their source after loading.
+    Checkpoint keys matching a regex of `ignore_unexpected` may be present without the model having them.
+    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already.
+    """
+    expected = expected_shapes(module, model_tensors)
+    tied = set(tied_weights or ())
+    present = set(weights.tensors)
+    ignored = [re.compile(pattern) for pattern in ignore_unexpected]
+    missing = sorted(set(expected) - present - tied)
+    unexpected = sorted(k for k in present - set(expected) if not any(p.search(k) for p in ignored))
+    where = _describe(weights)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s) the model needs: {list_names(missing)}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s) the model does not have: {list_names(unexpected)}")
+        raise FolderError(
+            f"Checkpoint {where} does not match {type(module).__name__}: {'; '.join(parts)}. "
+            "Check that the config and the weights come from the same model."
+        )
+    mismatched = _shape_mismatches(expected, weights, present & set(expected))
+    if mismatched:
+        raise CheckpointShapeError(
+            f"Checkpoint {where} does not match {type(module).__name__}: shape mismatch for "
+            f"{'; '.join(mismatched)}. Check that config.json matches the weights."
+        )
+
+
+def _shape_mismatches(expected, weights: WeightsIndex, names: Iterable[str]) -> list[str]:
+    mismatched = []
+    for name in sorted(names):
+        entry = weights.tensors[name]
+        if tuple(entry.shape) != expected[name]:
+            mismatched.append(
+                f"{name!r}: checkpoint {list(entry.shape)} in {entry.file.name!r}, model {list(expected[name])}"
+            )
+    return mismatched
+
+
+def _describe(weights: WeightsIndex) -> str:
+    source = (weights.index_file or weights.files[0]) if weights.files else weights.folder
+    return repr(str(source))

@@ -3,23 +3,218 @@
 Callers write into `atomic.atomic_folder` (re-exported here), the one atomic save of models and pipelines:
 a save that fails half-way (full disk, a crash, an exception) leaves an existing checkpoint exactly as it was,
 and what the save does not rewrite (other variants, a README) is carried over.
-"""
+
+The one atomic save of the folder format, shared by model saves and pipeline saves.
+
+A save writes into a fresh staging folder next to the target. Once everything is written, every entry of the
+existing target that the save neither wrote nor owns is carried over into the staging folder (hard links, so
+other variants' weights are not copied; a README, train.py or data/ survive), and the staging folder takes the
+target's place in one step. The merge happens after writing, so a writer that truncates a file in place only
+ever touches a new file, never a file shared with the folder a concurrent load may be reading.
+
+Refused: a target that is a regular file, and a target that is the working folder or contains it (swapping it
+would pull the folder out from under the running process). Any failure leaves the target exactly as it was and
+no hidden staging or backup folder behind; a write error from any writer (`OSError`: full disk, a file too large,
+an I/O error, permissions; safetensors' `SafetensorError` and the tokenizers library's bare `Exception`, which wrap
+the same) becomes `CheckpointSaveError`. A staging folder names the process that
+made it (`.<target>.saving-<pid>-<random>`): one left by a killed save (kill -9 runs no cleanup) is removed by the
+next save of that target once no process of that pid is alive."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from placement.sizes import parse_size
 
-from .atomic import atomic_folder
-from .checkpoint_errors import CheckpointSaveError, list_names
-from .naming import DIFFUSERS_WEIGHTS_NAME, WeightsNaming
+from ..errors import CheckpointSaveError, list_names
+from .files import DIFFUSERS_WEIGHTS_NAME, WeightsNaming
+
+
+Owned = Callable[[str], bool]  # relative posix path of an entry -> True when the save replaces it wholesale
+
+
+def never(_path: str) -> bool:
+    return False
+
+
+@contextmanager
+def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it replaces `target` carrying over what the save left alone.
+
+    `rewrites(path)` (path relative to the target, "/"-separated, e.g. "vae/diffusion_pytorch_model.safetensors")
+    says which old entries the save owns: they are dropped even when the new save did not write them (a sharded
+    checkpoint re-saved as one file must not keep its old index). Everything else the save did not write is kept.
+    """
+    target = check_target(target)
+    staging = target.parent / f".{target.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_staging(target)
+        staging.mkdir()
+    except OSError as error:
+        raise _save_error(target, error) from error
+    try:
+        yield staging
+        if target.is_dir():
+            carry_over(target, staging, rewrites)
+        _swap_into_place(staging, target)
+    except CheckpointSaveError as error:
+        if is_write_error(error.__cause__):  # a nested save (a component's) inside our staging folder
+            raise _save_error(target, error.__cause__, staging) from error.__cause__
+        raise
+    except Exception as error:  # noqa: BLE001 - only write errors are translated; the rest propagate as they are
+        if not is_write_error(error):
+            raise
+        raise _save_error(target, error, staging) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone on success (renamed) or holding the old folder
+
+
+def check_target(target: str | Path) -> Path:
+    """The absolute target, after refusing a regular file and the working folder (or one of its parents)."""
+    target = Path(target).absolute()
+    if target.is_symlink():  # save into the folder it points to; replacing the link would orphan that folder
+        target = target.resolve()
+    if target.exists() and not target.is_dir():
+        raise CheckpointSaveError(
+            f"Cannot save into {str(target)!r}: it exists and is not a folder. Choose another path, or remove "
+            "the file first."
+        )
+    resolved, cwd = target.resolve(), Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise CheckpointSaveError(
+            f"Cannot save into {str(target)!r}: it is (or contains) the current working folder {str(cwd)!r}, which "
+            "the atomic save would replace under the running process. Save to another path, or change folder "
+            "(os.chdir) first."
+        )
+    return target
+
+
+def carry_over(old: Path, new: Path, rewrites: Owned, prefix: str = "") -> None:
+    """Link every entry of `old` that `new` lacks and `rewrites` does not own; merge folders both have."""
+    for entry in old.iterdir():
+        relative = f"{prefix}{entry.name}"
+        destination = new / entry.name
+        if destination.exists() or destination.is_symlink():
+            if entry.is_dir() and not entry.is_symlink() and destination.is_dir():
+                carry_over(entry, destination, rewrites, prefix=f"{relative}/")
+            continue  # the new save wrote it: the new one wins
+        if rewrites(relative):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, destination, copy_function=_link_or_copy, symlinks=True)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry), destination)
+        else:
+            _link_or_copy(entry, destination)
+
+
+def _link_or_copy(source, destination) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links: copy instead
+        shutil.copy2(source, destination)
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Put `staging` at `target`. Where the kernel can exchange two paths atomically (Linux renameat2), the
+    target never disappears, so a concurrent load sees either the old or the new folder; elsewhere two renames,
+    and a failure of the second puts the old folder back. The old folder ends up at `staging` (then deleted)."""
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    if _exchange(staging, target):
+        return
+    backup = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:8]}"
+    os.rename(target, backup)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(backup, target)
+        raise
+    os.rename(backup, staging)  # the caller's cleanup removes it: one place, no second hidden folder
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one system call (Linux >= 3.15); False where unsupported (then rename twice)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    return result == 0
+
+
+WRITE_ERRORS = (OSError, SafetensorError)
+# How Rust's std::io::Error shows an OS error: the tokenizers library (a fast tokenizer's tokenizer.json) raises a
+# bare `Exception("File too large (os error 27)")`, safetensors "... I/O error: No space left on device (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error \d+\)|Os \{ code: \d+")
+
+
+def is_write_error(error: BaseException | None) -> bool:
+    """An error of writing a file, whoever wrote it: Python's `OSError`, safetensors' `SafetensorError`, or any
+    other writer's error carrying an OS error code the way Rust writers show it (tokenizers)."""
+    if isinstance(error, WRITE_ERRORS):
+        return True
+    return isinstance(error, Exception) and bool(_RUST_OS_ERROR.search(str(error)))
+
+
+def _save_error(target: Path, error: Exception, staging: Path | None = None) -> CheckpointSaveError:
+    if isinstance(error, OSError):
+        cause = f"{error.strerror or error} ({type(error).__name__}{f', errno {error.errno}' if error.errno else ''})"
+        if error.filename and staging is not None and str(error.filename).startswith(str(staging)):
+            cause += f" writing {str(error.filename)[len(str(staging)) + 1:]!r}"  # the path it would have had
+    else:  # a Rust writer (safetensors, tokenizers) wraps the OS error in its own words ("... (os error 28)")
+        cause = f"{error} ({type(error).__module__.partition('.')[0]})"
+    return CheckpointSaveError(
+        f"Saving to {str(target)!r} failed: {cause}. The folder there is unchanged. Free disk space or fix the "
+        "permissions, then save again."
+    )
+
+
+def remove_dead_staging(target: Path) -> list[Path]:
+    """Remove the staging folders of `target` whose saving process is gone (a save killed with -9); a live
+    process's (a concurrent save) and folders of any other name are left alone. Returns what was removed."""
+    removed = []
+    for entry in target.parent.glob(f".{target.name}.saving-*"):
+        pid = entry.name.removeprefix(f".{target.name}.saving-").partition("-")[0]
+        if entry.is_dir() and not entry.is_symlink() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # PermissionError: someone else's process, alive
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
 
 DEFAULT_MAX_SHARD_SIZE = "10GB"  # diffusers' default
 

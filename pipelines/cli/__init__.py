@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from . import demo, inspect, plan, run
-from .parser import ForgivingArgumentParser
+from .args import ForgivingArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +98,7 @@ def describe_failure(error: Exception) -> tuple[int, str]:
     """(exit code, one line) for an error escaping a subcommand."""
     from placement.errors import PlacementError  # imports torch: only once a command has run
 
-    from .resolve import in_flag_names
+    from .targets import in_flag_names
 
     message = " ".join(str(error).split())
     if isinstance(error, PlacementError):  # a typed, explained error: the message is the whole story

@@ -127,7 +127,7 @@ def _no_gpu_line(outcome: Outcome, make_plan: TargetPlanner, dtype: Optional[str
     """No GPU here and no budgets given: the plan is for this machine's CPU. What GPUs would give, worked out
     at example budgets (in bfloat16 when the plan is in float32)."""
     from .args import budgets_arg
-    from .resolve import resolve_budgets_arg
+    from .targets import resolve_budgets_arg
 
     reduced = dtype in _REDUCED or not _in_float32(outcome)
     flags = f"{'' if reduced else '--dtype bf16 '}--max-memory {EXAMPLE_GPUS}"

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..text_to_image.pipeline import TextToImagePipeline
     from placement.sizes import parse_size
 
-    from .resolve import in_flag_names, resolve_budgets_arg
+    from .targets import in_flag_names, resolve_budgets_arg
 
     simulate = resolve_budgets_arg(args.simulate, "--simulate")
     started = time.perf_counter()

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from placement.reports import aligned_columns  # the table layout of Plan.explain()
     from placement.sizes import format_bytes
 
-    from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
+    from .targets import in_flag_names, resolve_budgets_arg, warnings_once
 
     with warnings_once():
         budgets = resolve_budgets(resolve_budgets_arg(args.max_memory, "--max-memory"))

@@ -64,8 +64,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .advice import plan_with_advice
-    from .call_defaults import complete_call
-    from .resolve import in_flag_names, resolve_budgets_arg, warnings_once
+    from .targets import complete_call
+    from .targets import in_flag_names, resolve_budgets_arg, warnings_once
     from .targets import TargetPlanner
 
     outputs = {"--json": args.json, "--svg": args.svg, "--timeline": args.timeline}

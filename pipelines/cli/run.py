@@ -63,12 +63,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..distributed.images import read_prompts
-    from ..distributed.launch import Launch
-    from ..distributed.run_lock import run_lock
+    from ..distributed.replica import Launch
+    from ..distributed.images import run_lock
     from ..errors import ImageRunError, LoadError, ReplicaLoadError
     from ..hf.quiet import quiet
-    from .call_defaults import check_callable, default_call
-    from .resolve import resolve_budgets_arg, warnings_once
+    from .targets import check_callable, default_call
+    from .targets import resolve_budgets_arg, warnings_once
     from .run_job import RunJob
     from .targets import hf_libraries, pipeline_class_of
 

@@ -17,12 +17,11 @@ from typing import Any, Optional
 
 from ..distributed.images import RunFolder
 from ..distributed.job import ImagesInterrupted, RunResult, make_images
-from ..distributed.launch import Launch
+from ..distributed.replica import Launch
 from ..errors import ImageRunError
 from ..hf.quiet import quiet
 from .args import torch_dtype
-from .resolve import in_flag_names, warnings_once
-from .targets import STEPS, TargetPlanner, hf_libraries
+from .targets import STEPS, TargetPlanner, hf_libraries, in_flag_names, warnings_once
 
 EXIT_INTERRUPTED = 130
 
@@ -91,7 +90,7 @@ class RunJob:
 
     def _activation_call(self, *, announce: bool = True) -> Optional[dict[str, Any]]:
         """The call's sizes to plan its activations for, or None (said why) when they cannot be known."""
-        from .call_defaults import describes_its_call
+        from .targets import describes_its_call
 
         sizes = {key: self.call[key] for key in ("height", "width", "guidance_scale") if key in self.call}
         why = None

@@ -1,19 +1,41 @@
 """What a command's TARGET is (a preset, a local folder, a Hub id) and its plan.
 
 Imported when a command runs (it imports torch through `placement` and `pipelines`), never for `--help`.
-"""
+
+The call a pipeline makes by default: its own size, steps and guidance, read from the class, not assumed.
+
+`placement run` passes the pipeline only what the user gave, so the pipeline's defaults apply (FLUX: 1024x1024,
+28 steps; SD 1.5: 512x512, 50 steps; ours: 512x512, 20 steps). To plan for that call and to size the progress
+bar it needs the same numbers beforehand: the defaults of the class's `__call__` (ours, or the diffusers class
+the folder names), and where a diffusers `__call__` says `height=None` ("the default sample size"), diffusers'
+own rule: the denoiser config's `sample_size` times the VAE's downsampling, 2 ** (len(block_out_channels) - 1).
+A number that cannot be found this way stays unknown (None): the plan is then made for weights only.
+
+What the CLI prints, in its own words: budgets parsed by `placement`, library messages in flag names,
+warnings once. Imported when a command runs (it imports `placement`, hence torch), never for `--help`."""
 
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
+import sys
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, TYPE_CHECKING
 
 from placement import Plan
-from ..errors import LoadError
+from placement.budgets import exact_budgets, warn_zero_budgets
+from placement.devices import device_label, normalize_device
+from placement.errors import PlacementError
+from placement.sizes import parse_budget
 
-from ..hf.quiet import hf_libraries, quiet  # noqa: F401 - hf_libraries: the commands import it from here
+from ..errors import LoadError
+from ..hf.quiet import hf_libraries, quiet
+from .args import BUDGET_EXAMPLE, BudgetsArg
+
 
 STEPS = "num_inference_steps"
 
@@ -26,7 +48,7 @@ def is_preset(target: str) -> bool:
 
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..folder.hub import looks_like_a_path
+    from ..folder.sources import looks_like_a_path
     from ..folder.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
 
@@ -122,3 +144,177 @@ class TargetPlanner:
             options["layerwise_casting"] = dict(self.layerwise_casting)
         with quiet(preload=hf_libraries(folder)):
             return pipeline_class_of(folder).plan_placement(folder, **options)
+
+
+
+KEYS = ("height", "width", "num_inference_steps", "guidance_scale")
+DENOISERS = ("transformer", "unet")
+
+
+def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
+    """{height, width, num_inference_steps, guidance_scale} the pipeline in `folder` uses when not told; a key
+    whose value cannot be found is left out."""
+    runtime = _runtime_class(folder, pipeline_class)
+    defaults = {} if runtime is None else class_defaults(runtime)
+    if "height" not in defaults or "width" not in defaults:
+        side = _default_sample_pixels(folder)
+        if side is not None:
+            defaults = {"height": side, "width": side, **defaults}
+    return {key: defaults[key] for key in KEYS if key in defaults}
+
+
+def class_defaults(runtime: type) -> dict[str, Any]:
+    """The numbers among KEYS that `runtime.__call__` gives as its defaults."""
+    parameters = inspect.signature(runtime.__call__).parameters
+    return {key: parameters[key].default for key in KEYS if key in parameters
+            and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
+
+
+def check_callable(folder: Path, pipeline_class: type) -> None:
+    """A folder loaded as a generic pipeline (its class is neither ours nor diffusers') has no `__call__`."""
+    from ..errors import LoadError
+
+    if _runtime_class(folder, pipeline_class) is None:
+        raise LoadError(
+            f"{str(folder)!r} loads as a generic pipeline (its model_index.json names a class that is neither this "
+            "library's nor diffusers'), which cannot be called to make images. Load it in your own script with "
+            "its class, or register the class (pipelines.register_class)."
+        )
+
+
+def describes_its_call(folder: Path, pipeline_class: type) -> bool:
+    """Whether a plan can account for this pipeline's call: its class describes its inputs
+    (`activation_inputs`), or the folder names a diffusers pipeline (its own `__call__` is captured)."""
+    from ..hf.diffusers_pipeline import is_diffusers_folder
+    from ..folder.model_index import ModelIndex
+
+    return hasattr(pipeline_class, "activation_inputs") or is_diffusers_folder(ModelIndex.read(folder))
+
+
+def _runtime_class(folder: Path, pipeline_class: type) -> Optional[type]:
+    """The class whose `__call__` runs: ours, or for a generic load of a diffusers folder, the diffusers class."""
+    from ..hf.diffusers_pipeline import diffusers_pipeline_class, is_diffusers_folder
+    from ..folder.model_index import ModelIndex
+    from ..framework.pipeline import Pipeline
+
+    if pipeline_class is not Pipeline:
+        return pipeline_class
+    index = ModelIndex.read(folder)
+    if not is_diffusers_folder(index):
+        return None  # a generic pipeline of ours has no __call__ of its own
+    return diffusers_pipeline_class(index)
+
+
+def _default_sample_pixels(folder: Path) -> Optional[int]:
+    vae = _config(folder / "vae")
+    channels = vae.get("block_out_channels")
+    for denoiser in DENOISERS:
+        sample_size = _config(folder / denoiser).get("sample_size")
+        if isinstance(sample_size, int) and isinstance(channels, list) and channels:
+            return sample_size * 2 ** (len(channels) - 1)
+    return None
+
+
+def _config(component: Path) -> dict:
+    from placement.errors import PlacementError
+
+    from ..checkpoint.files import read_config_dict
+
+    try:
+        return read_config_dict(component)
+    except PlacementError:  # absent or unreadable: this default stays unknown (the load reports the rest)
+        return {}
+
+
+def complete_call(planner: "TargetPlanner") -> list[str]:
+    """`planner.call`'s height and width where it lacks them: the pipeline's own default size (as a run of it
+    would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
+    from ..errors import LoadError
+
+    call = planner.call
+    missing = [key for key in ("height", "width") if call is not None and key not in call]
+    if not missing:
+        return []
+    defaults = target_defaults(planner)
+    if any(key not in defaults for key in missing):
+        given = ", ".join("--" + _FLAGS.get(key, key).replace("_", "-") for key in call)
+        raise LoadError(f"{given} plan(s) for a call, and {planner.target!r} has no default image size to "
+                               "make it at: give --height and --width too.")
+    planner.call = {**{key: call.get(key, defaults.get(key)) for key in ("height", "width")}, **call}
+    return missing
+
+
+def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:
+    """{height, width, num_inference_steps, guidance_scale} the target's pipeline uses when not told."""
+    from ..hf.quiet import hf_libraries, quiet
+    from ..text_to_image.pipeline import TextToImagePipeline
+
+    if is_preset(planner.target):
+        return class_defaults(TextToImagePipeline)
+    folder = planner.folder()
+    with quiet(preload=hf_libraries(folder)):
+        return default_call(folder, pipeline_class_of(folder))
+
+
+_FLAGS = {"num_inference_steps": "steps"}  # call keys whose flag has another name
+
+
+def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
+    """{0: "…B", 1: "…B", "cpu": "…B"} (exact bytes, `placement.budgets.exact_budgets`) from a parsed flag; a bad
+    size or a device named twice is an error that names the flag."""
+    if budgets is None:
+        return None
+    resolved: dict = {}
+    spelled: dict = {}
+    for device_text, size_text in budgets.items:
+        try:
+            device, size = normalize_device(device_text), parse_budget(size_text)
+        except PlacementError as error:
+            example = "" if "did you mean" in str(error) else f" Write e.g. {flag} {BUDGET_EXAMPLE}."
+            raise LoadError(f"{flag} {budgets.text}: {error}{example}") from error
+        if device in resolved:
+            raise LoadError(
+                f"{flag} {budgets.text} names {device_label(device)} twice ({spelled[device]!r} and {device_text!r}); "
+                "keep one."
+            )
+        resolved[device], spelled[device] = size, device_text
+    warn_zero_budgets([device for device, size in resolved.items() if size == 0])
+    return exact_budgets(resolved)
+
+
+# Library messages speak Python (they serve API users); on the command line the same advice names flags.
+_FLAG_SPELLINGS = [
+    (re.compile(r"max_memory=\{0: '24GiB', \.\.\.\}"), "--max-memory 0=24GiB,..."),
+    (re.compile(r"torch_dtype=torch\.bfloat16"), "--dtype bf16"),
+    (re.compile(r"max_memory\['disk'\]"), "the disk= budget in --max-memory"),
+    (re.compile(r"offload_folder=\.\.\."), "--offload-folder DIR"),
+    (re.compile(r"device_map='(\w+)'"), r"--strategy \1"),
+    (re.compile(r"\bmax_memory\b"), "--max-memory"),
+    (re.compile(r"\boffload_folder\b"), "--offload-folder"),
+    (re.compile(r"\bactivations= \(or call=\)"), "--height and --width"),
+    (re.compile(r"\bstrength=([\d.]+):"), r"--strength \1:"),
+    (re.compile(r"\bleave strength out\b"), "leave --strength out"),
+    (re.compile(r"\(gpu=\)"), "(--gpu)"),
+]
+
+
+def in_flag_names(text: str) -> str:
+    for pattern, replacement in _FLAG_SPELLINGS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+@contextmanager
+def warnings_once(already_shown: list[str] | None = None) -> Iterator[list[str]]:
+    """Collect the library's warnings while the body runs, then print each distinct one once to stderr,
+    in flag names, skipping those the caller prints anyway (e.g. in the plan's own warnings)."""
+    caught_messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught_messages
+    shown = set(already_shown or []) | set(caught_messages)
+    for warning in caught:
+        message = str(warning.message)
+        if message not in shown:
+            shown.add(message)
+            print(f"warning: {in_flag_names(message)}", file=sys.stderr)

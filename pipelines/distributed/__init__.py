@@ -1,7 +1,6 @@
 """Replicas of a placed pipeline over GPU groups and nodes, under `torchrun` (see `replica.load_replica`)."""
 
 from ..errors import ReplicaLoadError
-from .launch import Launch
-from .replica import Replica, load_replica
+from .replica import Launch, Replica, load_replica
 
 __all__ = ["Launch", "Replica", "ReplicaLoadError", "load_replica"]

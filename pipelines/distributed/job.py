@@ -5,23 +5,118 @@ and so the image, depends only on the prompt, its index and the seed, never on w
 replicas work in rounds: in each, every rank makes its next image and rank 0 gathers and writes them (see
 `images.RunFolder`), so an image is on disk a round after it is made, whatever the number of replicas.
 Between rounds the ranks agree whether to stop (Ctrl-C on any of them: `interrupt.stop_requests`).
-"""
+
+Ctrl-C during `placement run`: finish the image being made, write it, then stop.
+
+`stop_requests()` turns the first SIGINT (Ctrl-C) or SIGTERM (what torchrun's agent sends its workers when it
+is interrupted) into a request the job checks between images; a second one, a second or more later, stops at
+once (KeyboardInterrupt). Under torchrun one Ctrl-C reaches a worker twice (from the terminal, then forwarded
+by the agent) within milliseconds: signals that close together count as one.
+
+One bar for a whole `placement run`: every denoising step of every image, with the image count and an ETA.
+
+A pipeline's `__call__` wraps its steps in `self.progress_bar(...)` (diffusers' `DiffusionPipeline` and our
+`Pipeline` alike: `for t in self.progress_bar(timesteps)` or `with self.progress_bar(total=n) as bar:
+bar.update()`). `counting_steps(pipe, bar)` gives the pipe, for the block, a `progress_bar` that draws nothing
+and advances the run's bar instead, so one bar counts steps across images and the ETA covers the whole run."""
 
 from __future__ import annotations
 
 import io
 import math
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
+from tqdm.auto import tqdm
 
 from ..errors import ImageRunError
 from .images import ImageRecord, RunFolder
-from .interrupt import stop_requests
-from .progress import counting_steps, run_bar
 from .replica import Replica
+
+
+SAME_PRESS_SECONDS = 1.0
+
+
+class StopRequest:
+    """Set by the first signal; `requested` is read between images."""
+
+    def __init__(self, *, announce: bool):
+        self.requested = False
+        self.first_at = 0.0
+        self.announce = announce
+
+    def handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if not self.requested:
+            self.requested, self.first_at = True, now
+            if self.announce:
+                print("\nStopping after the current image (Ctrl-C again to stop now).", file=sys.stderr, flush=True)
+            return
+        if now - self.first_at > SAME_PRESS_SECONDS:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_requests(*, announce: bool = True) -> Iterator[StopRequest]:
+    """A StopRequest that SIGINT and SIGTERM set inside the block (the previous handlers come back after).
+    Off the main thread (where Python cannot install handlers) it is never set: Ctrl-C acts as usual."""
+    request = StopRequest(announce=announce)
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    previous = {sig: signal.signal(sig, request.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _ForwardedSteps(tqdm):
+    """A silent per-call bar whose steps advance `overall`."""
+
+    def __init__(self, iterable=None, *, total=None, overall: tqdm):
+        super().__init__(iterable, total=total, disable=True)
+        self._overall = overall
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self._overall.update(1)
+
+    def update(self, n: float = 1) -> bool | None:
+        self._overall.update(n)
+        return None
+
+
+def run_bar(*, images: int, steps: int, enabled: bool) -> tqdm:
+    """The run's bar: `images` x `steps` steps (tqdm shows it on terminals only, like the load bar)."""
+    return tqdm(total=images * steps, unit="step", desc=f"{images} image(s)", disable=None if enabled else True,
+                dynamic_ncols=True)
+
+
+@contextmanager
+def counting_steps(pipe: Any, overall: tqdm) -> Iterator[None]:
+    """Inside the block, the steps `pipe` runs advance `overall` (its own step bar is not drawn)."""
+    def progress_bar(iterable=None, total=None, **_ignored):
+        return _ForwardedSteps(iterable, total=total, overall=overall)
+
+    had_own = "progress_bar" in vars(pipe)
+    previous = vars(pipe).get("progress_bar")
+    pipe.progress_bar = progress_bar
+    try:
+        yield
+    finally:
+        if had_own:
+            pipe.progress_bar = previous
+        else:
+            del pipe.progress_bar
 
 
 class ImagesInterrupted(KeyboardInterrupt):

@@ -1,25 +1,177 @@
 """PipelineComponents: named components (models and non-models), the model graph and the placement state.
 
-This is the state that loading (`pipelines.loading`), saving (`pipeline_saving`) and the offload techniques
-(`framework.memory`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
+This is the state that loading (`pipelines.loading`), saving (`save_pipeline` below) and the offload techniques
+(`framework.pipeline`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
 `plan_placement`, `save_pretrained`) and the memory methods on top, so those modules import this one and never
 the class that calls them.
-"""
+
+What a placement changed on each module component, so that `reset_device_map()` puts back what was there.
+
+The loader records each component just before placing it (`record_origins`) and keeps the record on the pipeline
+(`remember_origins`); reset restores it (`restore_components`), for our pipelines and diffusers' classes alike:
+- a component the load built (`LOADED`): its hooks removed, its weights on the CPU, and its `hf_device_map` as
+  it was built: absent on diffusers and transformers models (transformers' `save_pretrained` checks only that
+  the attribute exists, so None would break it), None on ours (a `ModelMixin` declares it);
+- a component passed in and placed by the load (`PLACED`): its hooks removed, its weights back on the device
+  they came on, its `hf_device_map` as it carried it (or none);
+- a component passed in placed by its owner and pinned where it is (`KEPT`): its weights never moved, so they
+  stay; the input-moving hooks the load gave it are removed and its own map put back; one that came with its
+  owner's hooks was not touched by the load, and reset leaves it as it is too.
+Every kind also gets back what the load switched on in it (`undo_calls`: VAE tiling or slicing the plan turned
+on, undone by `disable_tiling()` / `disable_slicing()`). So a component passed in is pinned again by the next load, and every model saves with its own `save_pretrained`.
+
+Pipeline.save_pretrained: model_index.json plus one subfolder per component, in one atomic save.
+
+A placed pipeline saves as it is, whatever each component's placement (whole, split, offloaded, per-call
+residency, disk): every weight is read from where it lives (`hooks.gather`) and the placement is left alone.
+Our models read their offloaded weights one shard at a time (`ModelMixin.save_pretrained`); diffusers' and
+transformers' models, whose `save_pretrained` takes the whole `state_dict()`, get them filled into it
+(`saving_placed`).
+
+Components are written into the staging folder of `checkpoint.saving.atomic_folder` (the same atomic save a
+model uses); model_index.json is written last, with a fresh `_save_id` that a load checks to be sure all the
+components it read come from one save (see `snapshot`). Entries of an existing folder the save does not write
+(a README, other variants' weights, a component now absent) are carried over; an existing component's weights of
+the variant being saved are replaced wholesale, so no stale shard or index survives."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+import copy
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from hooks import OFFLOADING, OffloadConflictError, group_offloading_session, techniques_on
+from hooks import OFFLOADING, OffloadConflictError, group_offloading_session, techniques_on, undispatch
+from hooks.gather import offloaded_weights, offloaded_weights_in_state_dict, unserved_placeholders
+from hooks.hook_utils import remove_hooks_of_type
+from hooks.input_moving import DeliverOutputsHook
 from placement.devices import torch_device
-from placement.errors import PlanError
+from placement.errors import PlacementError, PlanError
 from placement.graph import build_graph, execution_order
+from placement.plan_schema import Plan
+from placement.sizes import parse_size
 
-from ..errors import FolderError
-from .component_origins import origins_of, restore_components
+from ..checkpoint.files import CONFIG_NAME, WeightsNaming
+from ..checkpoint.saving import atomic_folder
+from ..errors import CheckpointSaveError, FolderError
+from .model_index import MODEL_INDEX_NAME, ModelIndex, SAVE_ID_KEY, spec_for
+from .sources import OwnModel, weights_name_for
+
+
+_ORIGINS = "_placement_origins"  # where a pipeline keeps its record: set and read only here
+
+
+class Origin(str, Enum):
+    LOADED = "loaded"  # built and read by the load
+    PLACED = "placed"  # passed in, moved and hooked by the load
+    KEPT = "kept"  # passed in placed by its owner, pinned where it is
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentOrigin:
+    """One component as it was before the placement. `device`: where its weights go back to; `device_map`: the
+    `hf_device_map` it carried (`had_device_map` False: it had none at all); `owner_hooked`: it came with its
+    owner's hooks (then the load did not touch it); `module_id`: which object this record is about;
+    `undo_calls`: methods of the module that turn off what the load switched on (`disable_tiling`)."""
+
+    origin: Origin
+    module_id: int
+    device: torch.device
+    had_device_map: bool
+    device_map: Any = None
+    owner_hooked: bool = False
+    undo_calls: tuple[str, ...] = ()
+
+
+def record_origins(components: Mapping[str, Any], plan: Plan, passed: Mapping[str, Any]) -> dict[str, ComponentOrigin]:
+    """Each planned component as it is now, before `plan` is carried out; `passed`: the components the caller
+    gave (a pinned one with a map of its own is kept where it is, as the loader does)."""
+    origins = {}
+    for name, planned in plan.components.items():
+        module = components[name]
+        carried = copy.deepcopy(getattr(module, "hf_device_map", None))
+        if name not in passed:
+            origin, device = Origin.LOADED, torch.device("cpu")
+        else:
+            origin = Origin.KEPT if planned.pinned and carried else Origin.PLACED
+            device = _weights_device(module)
+        origins[name] = ComponentOrigin(
+            origin=origin, module_id=id(module), device=device, had_device_map=hasattr(module, "hf_device_map"),
+            device_map=carried, owner_hooked=any(hasattr(submodule, "_hf_hook") for submodule in module.modules()))
+    return origins
+
+
+def with_undo_calls(origins: Mapping[str, ComponentOrigin],
+                    undo: Mapping[str, tuple[str, ...]]) -> dict[str, ComponentOrigin]:
+    """The records with the methods that turn off what the load switched on in each component."""
+    return {name: replace(origin, undo_calls=(*origin.undo_calls, *undo.get(name, ())))
+            for name, origin in origins.items()}
+
+
+def remember_origins(pipe: Any, origins: Mapping[str, ComponentOrigin]) -> None:
+    """Keep the record on the pipeline (ours or a diffusers one) until the next placement replaces it."""
+    setattr(pipe, _ORIGINS, dict(origins))
+
+
+def origins_of(pipe: Any) -> dict[str, ComponentOrigin]:
+    return dict(getattr(pipe, _ORIGINS, None) or {})
+
+
+def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, ComponentOrigin]) -> None:
+    """Put every module back as its record says (see the module docstring). A module without a record (the
+    pipeline was never placed by a load, or the component was replaced since) loses every hook, goes to the CPU
+    and keeps no device map."""
+    for name, module in modules.items():
+        origin = origins.get(name)
+        if origin is None or origin.module_id != id(module):
+            undispatch(module)
+            module.to("cpu")
+            _clear_device_map(module)
+        elif origin.origin is Origin.KEPT:
+            if origin.owner_hooked:  # the owner's hooks stay; only a hand-over of outputs may be the load's
+                remove_hooks_of_type(module, DeliverOutputsHook)
+            else:
+                undispatch(module)  # only the input-moving hooks the load added: the weights stay
+                _restore_device_map(module, origin)
+        else:
+            undispatch(module)  # every hook, offload ones too; offloaded and disk weights come back
+            module.to(origin.device)
+            _restore_device_map(module, origin)
+        if origin is not None and origin.module_id == id(module):
+            for method in origin.undo_calls:
+                getattr(module, method)()
+
+
+def _restore_device_map(module: nn.Module, origin: ComponentOrigin) -> None:
+    if origin.had_device_map:
+        module.hf_device_map = copy.deepcopy(origin.device_map)
+    elif "hf_device_map" in vars(module):
+        del module.hf_device_map
+
+
+def _clear_device_map(module: nn.Module) -> None:
+    if isinstance(module, OwnModel):
+        module.hf_device_map = None  # declared by ModelMixin: None means "not device-mapped"
+    elif "hf_device_map" in vars(module):
+        del module.hf_device_map
+
+
+def _weights_device(module: nn.Module) -> torch.device:
+    for tensor in [*module.parameters(), *module.buffers()]:
+        return tensor.device
+    return torch.device("cpu")
+
+
+__all__ = ["ComponentOrigin", "Origin", "origins_of", "record_origins", "remember_origins", "restore_components",
+           "with_undo_calls"]
+
 
 OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose hooks hold their own weights
 
@@ -187,3 +339,79 @@ def is_generic(cls: type) -> bool:
     """A pipeline class without a constructor of its own (`pipelines.Pipeline` itself): loaded generically,
     every component of the folder an attribute, rather than through its constructor's arguments."""
     return cls.__init__ is PipelineComponents.__init__
+
+
+FORMAT_VERSION = "1"
+
+
+def save_pipeline(pipe: PipelineComponents, target: Path, *, max_shard_size: int | str, variant: str | None) -> None:
+    shard_bytes = parse_size(max_shard_size)
+    components = pipe.components
+    index = ModelIndex(
+        class_name=type(pipe).__name__,
+        components={name: spec_for(obj) for name, obj in components.items()},
+        model_graph=[tuple(edge) for edge in pipe.model_graph],
+        metadata={"_pipeline_placement_format": FORMAT_VERSION, SAVE_ID_KEY: uuid.uuid4().hex},
+    )
+    rewrites = rewritten_entries(components, variant)
+    with atomic_folder(target, rewrites=rewrites) as staging:
+        for name, obj in components.items():
+            if obj is not None:
+                _save_component(name, obj, staging / name, shard_bytes=shard_bytes, variant=variant)
+        index.write(staging)
+
+
+def rewritten_entries(components: dict[str, Any], variant: str | None) -> Callable[[str], bool]:
+    """Old entries this save replaces even where it writes no file of that name: model_index.json, and per
+    module component its config and every weight file of the saved variant (old shards of a now single file)."""
+    namings = {name: WeightsNaming(weights_name=_weights_name(obj), variant=variant)
+               for name, obj in components.items() if isinstance(obj, nn.Module)}
+
+    def rewrites(path: str) -> bool:
+        if path == MODEL_INDEX_NAME:
+            return True
+        component, _, file_name = path.partition("/")
+        naming = namings.get(component)
+        return naming is not None and "/" not in file_name and (file_name == CONFIG_NAME or naming.owns(file_name))
+
+    return rewrites
+
+
+def _weights_name(module: nn.Module) -> str:
+    try:
+        return weights_name_for(type(module))
+    except PlacementError:  # a module class we cannot build: its own save_pretrained names its files
+        return getattr(module, "weights_name", "")
+
+
+def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, variant: str | None) -> None:
+    save = getattr(obj, "save_pretrained", None)
+    if save is None:
+        raise CheckpointSaveError(
+            f"Component {name!r} ({type(obj).__name__}) has no save_pretrained(folder) method, so it cannot be "
+            "saved; give its class save_pretrained/from_pretrained or register it as None."
+        )
+    if isinstance(obj, OwnModel):
+        save(folder, max_shard_size=shard_bytes, variant=variant)  # reads offloaded weights shard by shard
+    elif isinstance(obj, nn.Module):
+        with saving_placed(name, obj):
+            save(folder, max_shard_size=shard_bytes, variant=variant)
+    else:
+        save(folder)
+
+
+@contextmanager
+def saving_placed(name: str, module: nn.Module) -> Iterator[None]:
+    """While a diffusers or transformers model's own `save_pretrained` runs: its `state_dict()` holds its
+    offloaded weights read into memory (all of them at once: those writers take the whole state dict), and
+    transformers' warning about saving offloaded modules is not shown (the weights are all there)."""
+    unserved = unserved_placeholders(module, offloaded_weights(module))
+    if unserved:
+        raise CheckpointSaveError(
+            f"Component {name!r} has {len(unserved)} weights that were never loaded (e.g. {unserved[0]!r}: on the "
+            "meta device, and no offload hook or store holds them); load them before saving."
+        )
+    with offloaded_weights_in_state_dict(module):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+            yield

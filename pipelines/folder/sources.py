@@ -1,20 +1,162 @@
-"""From a pipeline folder to its components: which class each one is and where its files are."""
+"""From a pipeline folder to its components: which class each one is and where its files are.
+
+Which family a component class belongs to, and what that says about its folder.
+
+Our own `ModelMixin`s (and users' subclasses), diffusers models and transformers models all keep a
+`config.json` and safetensors weights in their subfolder, but they are built from their config differently and
+name their weight files differently (`diffusion_pytorch_model*.safetensors` vs transformers' `model*.safetensors`).
+Non-module components (tokenizers, schedulers) only need `from_pretrained(folder)`.
+
+"Is this class ours?" is asked below the user base classes: `OwnModel` holds what the folder format and the
+loader read of a `pipelines.ModelMixin` (which derives from it), so neither needs to import the framework.
+
+Where a model or pipeline lives: a local folder as it is, or a Hugging Face Hub id downloaded on demand.
+
+Only the files a load needs are fetched (`snapshot_download(allow_patterns=...)`): asking for the fp16
+variant of one component never downloads the fp32 weights of the whole repository."""
 
 from __future__ import annotations
 
 import errno
+import os
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
-from ..checkpoint.config_file import CLASS_NAME_KEY, read_config_dict
-from ..checkpoint.naming import CONFIG_NAME
+import huggingface_hub
+from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+from huggingface_hub.utils import validate_repo_id
+from pydantic import BaseModel
+from torch import nn
+
+from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
+from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNotFoundError
 from ..errors import FolderError
 from .class_registry import LIBRARY, find_library_class
-from .component_classes import Family, family_of
-from .hub import HubOptions, resolve_folder
 from .model_index import ComponentSpec, ModelIndex, resolve_class
+
+
+class OwnModel(nn.Module):
+    """The contract of a model saved in this library's format, as the folder format and the loader read it.
+
+    `config_class`: the pydantic class of its `config.json`; the constructor takes one instance of it.
+    `weights_name`: the stem of its safetensors files. `_no_split_modules`: block class names a device map never
+    cuts; `_keep_in_fp32_modules`: submodules kept float32 at any `torch_dtype`; `_tied_weights_keys`:
+    `{tied parameter: source}`, the tied one not saved and re-tied after loading.
+    """
+
+    config_class: ClassVar[type[BaseModel]]
+    weights_name: ClassVar[str] = DIFFUSERS_WEIGHTS_NAME
+    _no_split_modules: ClassVar[list[str] | None] = None
+    _keep_in_fp32_modules: ClassVar[list[str] | None] = None
+    _tied_weights_keys: ClassVar[dict[str, str] | None] = None
+
+
+class Family(str, Enum):
+    """How a component class is built and saved."""
+
+    OWN = "own"  # a pipelines.ModelMixin (ours or a user's)
+    DIFFUSERS = "diffusers"
+    TRANSFORMERS = "transformers"
+    NON_MODULE = "non_module"  # tokenizer, scheduler, ...: from_pretrained(folder) only
+
+
+def family_of(cls: type) -> Family:
+    if isinstance(cls, type) and issubclass(cls, OwnModel):
+        return Family.OWN
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        return Family.NON_MODULE
+    top_level = cls.__module__.split(".")[0]
+    if top_level == "diffusers":
+        return Family.DIFFUSERS
+    if top_level == "transformers":
+        return Family.TRANSFORMERS
+    raise FolderError(
+        f"{cls.__module__}.{cls.__name__} is an nn.Module but neither a pipelines.ModelMixin nor a diffusers or "
+        "transformers model, so it cannot be built from a config.json; derive it from pipelines.ModelMixin."
+    )
+
+
+def weights_name_for(cls: type) -> str:
+    """The weight-file stem of a module class: transformers' "model", diffusers' name, or our class's own."""
+    family = family_of(cls)
+    if family is Family.OWN:
+        return cls.weights_name
+    return TRANSFORMERS_WEIGHTS_NAME if family is Family.TRANSFORMERS else DIFFUSERS_WEIGHTS_NAME
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubOptions:
+    """diffusers' download keywords, passed to `snapshot_download` as they are; part of every load request
+    (`loading.request.LoadRequest.hub`), never carried implicitly."""
+
+    revision: str | None = None
+    token: str | bool | None = None
+    cache_dir: str | os.PathLike | None = None
+    local_files_only: bool = False
+
+
+def resolve_folder(
+    name_or_path: str | Path,
+    *,
+    allow_patterns: Sequence[str] | None = None,
+    subfolder: str | None = None,
+    hub: HubOptions = HubOptions(),
+) -> Path:
+    """The local folder of `name_or_path` (joined with `subfolder`).
+
+    An existing local path passes through untouched (never any network). Anything else must be a Hub id
+    ("org/name"); it is fetched with `huggingface_hub.snapshot_download`, limited to `allow_patterns`
+    (paths relative to the repository root, so they include `subfolder`), with the download options `hub`.
+    """
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        return _with_subfolder(local, subfolder)
+    repo_id = str(name_or_path)
+    if isinstance(name_or_path, os.PathLike) or looks_like_a_path(repo_id) or not _is_repo_id(repo_id):
+        raise WeightsNotFoundError(
+            f"No such folder: {repo_id!r} (looked for {str(local.absolute())!r}). Check the path; a Hugging Face "
+            "Hub id is written owner/name."
+        )
+    given = {"token": hub.token, "cache_dir": hub.cache_dir, "local_files_only": hub.local_files_only}
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            repo_id, allow_patterns=list(allow_patterns) if allow_patterns is not None else None,
+            revision=hub.revision, **{key: value for key, value in given.items() if value},
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        # huggingface_hub's own message talks of snapshots and connections only; a mistyped local path lands
+        # here too, so say both what was looked for and what to check.
+        raise WeightsNotFoundError(
+            f"{repo_id!r} is not an existing folder (looked for {str(local.absolute())!r}), and fetching it as a "
+            f"Hugging Face Hub id failed ({type(error).__name__}: {str(error).splitlines()[0]}). Check the path; "
+            "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
+        ) from error
+    return _with_subfolder(Path(snapshot), subfolder)
+
+
+def looks_like_a_path(text: str) -> bool:
+    """"./my-pipe", "my-pipe/", "/data/x", "~/x", "a/b/c", "C:\\x": a local path, never a Hub id ("name" or
+    "owner/name", without a trailing slash)."""
+    return text.startswith((".", "/", "~")) or text.endswith("/") or "\\" in text or text.count("/") > 1
+
+
+def _is_repo_id(text: str) -> bool:
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _with_subfolder(folder: Path, subfolder: str | None) -> Path:
+    path = folder / subfolder if subfolder else folder
+    if not path.is_dir():
+        raise WeightsNotFoundError(f"Folder {str(path)!r} does not exist (subfolder={subfolder!r}).")
+    return path
+
 
 # What a pipeline folder needs for planning (configs) and, in addition, for loading (weights).
 PLAN_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt", "*/*.model"]

@@ -1,24 +1,132 @@
-"""ModelMixin: the base class of every model this library saves, loads and places."""
+"""ModelConfig: the pydantic schema of a model's config.json.
+
+ModelMixin: the base class of every model this library saves, loads and places.
+
+Memory techniques on one model, under diffusers' `ModelMixin` method names, so code written for diffusers
+(`transformer.enable_group_offload(...)`, `transformer.enable_layerwise_casting(...)`) runs unchanged.
+
+Both apply a row of the technique table (`hooks.TECHNIQUES`, the same techniques the pipeline-level methods
+use), with diffusers' arguments turned into its config by `hooks.diffusers_compat`; see docs/memory.md for
+what each saves and costs."""
 
 from __future__ import annotations
 
+import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from torch import nn
 
+from hooks import (
+    GroupOffloadingConfig,
+    LayerwiseCastingConfig,
+    TECHNIQUES,
+    Technique,
+    group_offloading_fields,
+    layerwise_casting_fields,
+)
 from hooks.gather import offloaded_weights
 from placement.plan_schema import Plan
 
 from ..checkpoint import WeightsNaming, atomic_folder, save_weights
-from ..checkpoint.config_file import write_config
-from ..checkpoint.naming import CONFIG_NAME
-from ..folder.component_classes import OwnModel
-from ..loading.model_loader import load_model, plan_model
-from ..loading.options import MODEL_LOAD, MODEL_PLAN, Entry, LoadOptions, Scope, entry_signature
-from ..loading.request import LoadRequest, resolve_request
-from .config import ModelConfig
-from .model_memory import ModelMemoryMethods
+from ..checkpoint.files import CONFIG_NAME, write_config
+from ..folder.sources import OwnModel
+from ..loading.single_model import load_own_model, plan_own_model
+from ..loading.request import (
+    Entry,
+    LoadOptions,
+    LoadRequest,
+    MODEL_LOAD,
+    MODEL_PLAN,
+    Scope,
+    entry_signature,
+    resolve_request,
+)
+
+
+class ModelConfig(BaseModel):
+    """Base class of every model config: frozen, and an unknown field is an error that names it.
+
+    Subclass it and declare the architecture's hyper-parameters as typed fields with defaults.
+    `config.json` stores these fields plus `_class_name` (the model class), as diffusers does.
+    Integer and boolean fields are strict: `true` for an int, `2.0` for an int or `1` for a bool is an error
+    naming the field, never coerced (a coerced `true` silently changes the architecture). Other fields keep
+    pydantic's JSON conversions (a list for a tuple, an int for a float).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_or_float_coercion(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        accepted = _scalar_types(field.annotation)
+        if int in accepted and bool not in accepted and isinstance(value, (bool, float)):
+            raise ValueError(f"expects an integer, got {value!r} ({type(value).__name__}); write it as an integer")
+        if bool in accepted and int not in accepted and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"expects true or false, got {value!r}")
+        return value
+
+
+def _scalar_types(annotation: Any) -> set[type]:
+    """{int} for `int`, {int, NoneType} for `int | None`, ...; empty for containers and other types."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return {arg for arg in typing.get_args(annotation) if isinstance(arg, type)}
+    return {annotation} if isinstance(annotation, type) else set()
+
+
+class ModelMemoryMethods(nn.Module):
+    """Mixed into `ModelMixin`."""
+
+    # diffusers' name for the patterns a model keeps in its own dtype when casting (None: the hooks' default).
+    _skip_layerwise_casting_patterns: tuple[str, ...] | None = None
+
+    def enable_group_offload(
+        self,
+        onload_device: torch.device | int | str,
+        offload_device: torch.device | str = "cpu",
+        offload_type: str = "block_level",
+        num_blocks_per_group: int | None = None,
+        non_blocking: bool = False,
+        use_stream: bool = False,
+        record_stream: bool = False,
+        low_cpu_mem_usage: bool = False,
+        offload_to_disk_path: str | os.PathLike | None = None,
+        block_modules=None,
+        exclude_kwargs=None,
+    ) -> None:
+        """Group-offload this model: diffusers' signature, the group offloading row underneath."""
+        fields = group_offloading_fields(None, dict(
+            onload_device=onload_device, offload_device=offload_device, offload_type=offload_type,
+            num_blocks_per_group=num_blocks_per_group, non_blocking=non_blocking, use_stream=use_stream,
+            record_stream=record_stream, low_cpu_mem_usage=low_cpu_mem_usage,
+            offload_to_disk_path=offload_to_disk_path, block_modules=block_modules, exclude_kwargs=exclude_kwargs,
+        ))
+        TECHNIQUES[Technique.GROUP_OFFLOAD].apply(self, GroupOffloadingConfig(**fields))
+
+    def enable_layerwise_casting(
+        self,
+        storage_dtype: torch.dtype = torch.float8_e4m3fn,
+        compute_dtype: torch.dtype | None = None,
+        skip_modules_pattern: tuple[str, ...] | None = None,
+        skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+        non_blocking: bool = False,
+    ) -> None:
+        """Store Linear/Conv weights in `storage_dtype`, compute in `compute_dtype` (None: the model's current
+        dtype, as diffusers does). `non_blocking` is accepted for diffusers' signature; casts are on-device."""
+        if compute_dtype is None:
+            compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
+        if skip_modules_pattern is None:
+            skip_modules_pattern = self._skip_layerwise_casting_patterns
+        fields = layerwise_casting_fields(storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes,
+                                          non_blocking)
+        TECHNIQUES[Technique.LAYERWISE_CASTING].apply(self, LayerwiseCastingConfig(**fields))
 
 
 class ModelMixin(ModelMemoryMethods, OwnModel):
@@ -30,8 +138,8 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
     `_tied_weights_keys` maps each tied parameter to its source (`{"head.weight": "embed.weight"}`): the
     tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
     `init_empty_weights()`, which builds the model on meta).
-    `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (`model_memory`).
-    These class attributes are declared (with `weights_name`) on `folder.component_classes.OwnModel`, the part of
+    `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (the memory methods below).
+    These class attributes are declared (with `weights_name`) on `folder.sources.OwnModel`, the part of
     this class that the folder format and the loader read.
     """
 
@@ -89,7 +197,7 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         function); without `device_map`, the plan of `device_map="auto"`: a one-component `placement.Plan`
         (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
         reads config.json and the safetensors headers only (from the Hub: config and index only)."""
-        return plan_model(cls, _request(cls, pretrained, keywords, entry=MODEL_PLAN))
+        return plan_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_PLAN))
 
     @classmethod
     @entry_signature(MODEL_LOAD)
@@ -108,7 +216,7 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
         loading keywords (`low_cpu_mem_usage`, ...) are accepted or refused by name (`hf.loading_keywords`); any
         other keyword is an error naming the closest argument.
         """
-        return load_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
+        return load_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
 
 
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *, entry: Entry) -> LoadRequest:

@@ -9,22 +9,58 @@ model graph (`model_cpu_offload_seq`), and the placement state diffusers' guards
 hooked at their top and cannot bring disk-offloaded weights back, so `.to()` would then fail; and so is
 `pipe.save_pretrained()`, by diffusers' own save run through our atomic save with every weight read from where it
 lives (`diffusers_saving`).
-"""
+
+`save_pretrained()` of a diffusers pipeline we placed: diffusers' own save, through our atomic save, with every
+weight read from where it lives.
+
+diffusers' `DiffusionPipeline.save_pretrained` writes into the target folder directly, component by component:
+a failure half-way leaves a half-written folder (a `vae/config.json` and nothing else), and each model's save
+deletes the old shards it finds there. And a placed model holds `meta` placeholders for its offloaded and disk
+weights, which diffusers' and transformers' writers cannot copy. So the placed pipeline's `save_pretrained` runs
+diffusers' own save (its model_index.json, its per-component writers, tokenizers and schedulers included) into
+the staging folder of `checkpoint.saving.atomic_folder`, with each model's `state_dict()` holding its weights
+read from wherever they live (`folder.components.saving_placed`); then the staging folder replaces the
+target, keeping what the save does not own (a README, other variants' weights). The placement is unchanged."""
 
 from __future__ import annotations
 
 import inspect
 import types
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torch import nn
 
+from ..checkpoint.saving import atomic_folder, check_target
 from ..errors import LoadError, MissingComponentsError
-from ..folder.component_origins import origins_of, restore_components
 from ..folder.class_registry import find_library_class
+from ..folder.components import origins_of, restore_components, rewritten_entries, saving_placed
 from ..folder.model_index import ModelIndex
-from .diffusers_saving import save_placed
 from .loading_keywords import unknown_pipeline_keywords
+from .quiet import quiet
+
+
+def save_placed(pipe: Any, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+    """`type(pipe).save_pretrained(save_directory, ...)` (diffusers' arguments: `safe_serialization`, `variant`,
+    `max_shard_size`, `push_to_hub`, ...), written atomically and working in any placement (see the module
+    docstring). With `push_to_hub`, the repository is named after `save_directory` unless `repo_id` is given."""
+    save = type(pipe).save_pretrained
+    arguments = inspect.signature(save).bind(pipe, save_directory, *args, **kwargs).arguments
+    variant = arguments.get("variant")
+    target = check_target(save_directory)
+    if arguments.get("push_to_hub"):
+        kwargs.setdefault("repo_id", target.name)  # diffusers would name it after the staging folder
+    modules = {name: obj for name, obj in pipe.components.items() if isinstance(obj, nn.Module)}
+    with quiet(), atomic_folder(target, rewrites=rewritten_entries(pipe.components, variant)) as staging:
+        with ExitStack() as gathered:
+            for name, module in modules.items():
+                gathered.enter_context(saving_placed(name, module))
+            save(pipe, str(staging), *args, **kwargs)
+
+
+__all__ = ["save_placed"]
+
 
 GENERIC_HINT = "pass generic=True to load the folder's components as a generic pipelines.Pipeline instead"
 

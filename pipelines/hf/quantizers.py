@@ -24,9 +24,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..checkpoint.config_file import read_config_dict
+from ..checkpoint.files import read_config_dict
 from ..errors import LoadError
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 
 
 class QuantizationMethod(str, Enum):

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import read_header
-from ..checkpoint.checkpoint_errors import list_names
-from ..errors import LoadError
+from ..errors import LoadError, list_names
 from .quantizers import ComponentQuantization, QuantizationMethod
 
 SINGLE_FILE_SUFFIXES = (".safetensors", ".sft", ".gguf")

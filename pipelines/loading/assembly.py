@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from ..errors import FolderError, UntrustedClassError
-from ..folder.component_classes import Family, family_of
+from ..folder.sources import Family, family_of
 from ..folder.components import PipelineComponents, is_generic
 from ..folder.model_index import ComponentSpec, ModelIndex, resolve_class
 from ..hf.diffusers_pipeline import (
@@ -24,7 +24,7 @@ from ..hf.diffusers_pipeline import (
     known_execution_order,
 )
 from ..hf.loading_keywords import unknown_pipeline_keywords
-from .options import PIPELINE_ARGUMENTS
+from .request import PIPELINE_ARGUMENTS
 
 
 def target_class(cls: type, index: ModelIndex, generic: bool) -> type:

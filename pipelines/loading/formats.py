@@ -10,14 +10,18 @@ What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loadi
   groups as group offloading does), torchao's per-module streaming too; quanto's and GGUF's tensors cannot be
   rebuilt by accelerate's weight hooks (model-level maps mixing GPU and "cpu" without a transfer plan), and
   "disk" would write them to safetensors files, which hold plain tensors only: both refused at plan time.
-"""
+
+Components read from a single-file checkpoint (`hf.single_file`): built on meta by diffusers' own single-file
+path, read by its `from_single_file` (`WeightsReader.OWNER`) with the model's config from a local folder."""
 
 from __future__ import annotations
 
 import warnings
 from enum import Enum
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
 from torch import nn
 
 from hooks.layerwise_casting import apply_layerwise_casting
@@ -29,15 +33,28 @@ from placement.sizing import tensor_format
 from placement.sizes import format_bytes
 
 from ..checkpoint import find_weights
-from ..checkpoint.naming import pickle_files_in
+from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
-from ..folder.component_classes import weights_name_for
-from ..hf.hf_interop import load_without_device_map
+from ..folder.sources import ComponentSource, Family, family_of, weights_name_for
+from ..hf.owner_loading import OwnerLoad, load_without_device_map
 from ..hf.quantizers import (
-    QuantizationMethod, check_requested_names, component_quantization, format_label, requested_quantization,
+    ComponentQuantization,
+    QuantizationMethod,
+    check_requested_names,
+    component_quantization,
+    format_label,
+    method_of,
+    requested_quantization,
 )
-from .layerwise import casting_config, layerwise_label
-from .meta_records import MetaComponent
+from ..hf.single_file import (
+    build_on_meta,
+    checkpoint_float_dtype,
+    gguf_quantization,
+    holds_component,
+    is_gguf,
+    meta_checkpoint,
+)
+from .meta import MetaComponent, WeightsReader, casting_config, layerwise_label, with_layerwise_casting
 from .planning import caller_stacklevel
 from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
@@ -238,3 +255,52 @@ def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], P
 
 __all__ = ["check_format_options", "check_planned_formats", "formats_of_metas", "formats_of_modules",
            "load_modules_without_device_map", "plan_around_formats", "refused_components", "respect_formats"]
+
+
+def build_single_file_component(name: str, cls: type, path: Path, config_folder: Path, *,
+                                dtype: torch.dtype | None, quantization_config: Any = None,
+                                layerwise_casting: torch.dtype | None = None) -> MetaComponent:
+    """Component `name` (a `cls`) as diffusers' `from_single_file(path, config=config_folder)` loads it, on meta;
+    a GGUF file with diffusers' GGUF quantizer (its packed blocks kept, layers computing in `dtype`)."""
+    if family_of(cls) is not Family.DIFFUSERS:
+        raise LoadError(
+            f"{path.name}: single-file checkpoints are read by diffusers for its own models; {cls.__name__} is not "
+            "one. Load its folder instead."
+        )
+    requested = requested_quantization(quantization_config, name, Family.DIFFUSERS)
+    if is_gguf(path):
+        if requested is not None:
+            raise LoadError(f"{path.name} is quantized already (GGUF); leave quantization_config out for {name!r}.")
+        load_dtype = dtype or torch.bfloat16
+        quantization = gguf_quantization(load_dtype)
+    else:
+        load_dtype = dtype or checkpoint_float_dtype(path)
+        quantization = None if requested is None else ComponentQuantization(
+            config=requested, pre_quantized=False, method=method_of(requested))
+    module = build_on_meta(cls, path, config_folder, dtype=load_dtype, quantization=quantization)
+    owner = OwnerLoad(cls=cls, family=Family.DIFFUSERS, source=path, dtype=load_dtype, quantization=quantization,
+                      single_file_config=config_folder)
+    meta = MetaComponent(name=name, module=module, family=Family.DIFFUSERS, weights=None, dtype=dtype, load_dtypes={},
+                         keep_in_fp32=(), tied_weights={}, reader=WeightsReader.OWNER, owner=owner)
+    return with_layerwise_casting(meta, layerwise_casting)
+
+
+def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | None) -> set[str]:
+    """The module components a pipeline's single file holds: its diffusers models whose weights the file has
+    (as saved, or in the original layout diffusers converts), tested on meta; none without a file. A file
+    holding none of them is an error naming them."""
+    if path is None:
+        return set()
+    checkpoint = meta_checkpoint(path)
+    held = {name for name, source in sources.items()
+            if source.family is Family.DIFFUSERS and holds_component(source.cls, checkpoint, source.folder)}
+    if not held:
+        models = {name: source.cls.__name__ for name, source in sources.items()}
+        raise LoadError(
+            f"{path.name} holds the weights of none of this pipeline's diffusers models {models} (as saved, or in "
+            "an original layout diffusers converts); check that config= is the pipeline this file belongs to."
+        )
+    return held
+
+
+__all__ = ["build_single_file_component", "single_file_sources"]

@@ -1,25 +1,56 @@
 """The one meta builder: a component's module on meta, each tensor in the dtype it will load as, with every fact
 about its weights that planning and placing need, worked out once (`MetaComponent`).
 
-    with init_empty_weights(): module = construct(cls, folder)   # its family's constructor (`hf.hf_interop`)
+    with init_empty_weights(): module = construct(cls, folder)   # its family's constructor (`hf.owner_loading`)
     weights = find_weights(folder, ...)                           # each safetensors header read once per load
     validate keys and shapes; check dtypes; re-type each meta tensor to its load dtype; re-tie
 
 Used for our `ModelMixin`s (a model load is a one-component load), diffusers and transformers models alike.
-"""
+
+What the meta builder hands to planning and placing: `MetaComponent`, and how its weights are read.
+
+Components read by their owner library (`WeightsReader.OWNER`), built on meta the way the owner builds them,
+so that the plan sizes exactly what the owner will load.
+
+    module = the class built from config.json on meta (hf_interop.construct)
+    dtype  = torch_dtype, else the checkpoint's own floating dtype; a quantizer may change it (bitsandbytes)
+    quantizer.preprocess_model(module)           # the owner's quantized layers replace the dense ones
+    every other floating meta tensor -> dtype    # fp32-kept modules stay float32
+    each quantized weight put in its quantized form, on meta (hf.quantizers.materialize_on_meta)
+
+The owner is then called with that dtype (`OwnerLoad`), so what it loads is what was sized.
+
+fp8 layerwise casting as a plan option: `layerwise_casting={"transformer": torch.float8_e4m3fn}`.
+
+The castable layers (Linear/Conv, outside diffusers' skip patterns: position/patch embeddings, norms, `proj_in`,
+`proj_out`, and the model's own `_skip_layerwise_casting_patterns` and fp32-kept modules) store their weights in
+the small dtype; each is upcast to the compute dtype (the component's `torch_dtype`, else its checkpoint's) for
+its own forward only (`hooks.layerwise_casting`). Planning sizes the stored bytes: the meta tensors of those
+layers take the storage dtype, and our loader reads them straight into it (no full-precision copy; from a
+checkpoint saved in another dtype than the compute one that is one rounding where diffusers, casting to
+torch_dtype first, makes two); a component read by its owner is cast after its load. The load applies the casting hooks before the placement's
+runtime (casting first, then offloading: the offloaded groups then hold the small dtype too)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from accelerate import init_empty_weights
 from accelerate.utils import set_module_tensor_to_device
+from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.sizing import kept_fp32_module_names
+from hooks.layerwise_casting import CASTABLE_LAYERS, LayerwiseCastingConfig, apply_layerwise_casting
+from placement.errors import PlanError
+from placement.sizing import is_quantized_tensor
+from placement.sizing import dtype_for, kept_fp32_module_names
 
 from ..checkpoint import (
     CONFIG_NAME,
@@ -31,16 +62,261 @@ from ..checkpoint import (
     tie_weights,
     validate_weights,
 )
-from ..checkpoint.config_file import read_config_dict
-from ..folder.component_classes import Family, weights_name_for
-from ..folder.sources import ComponentSource
-from ..hf.hf_interop import construct, retie
-from ..hf.owner_loading import renames_explain
-from ..hf.quantizers import component_quantization
-from .build_limits import BuildLimit, bounded_construction, check_repeat_counts, fewest_bits
-from .layerwise import with_layerwise_casting
-from .meta_records import MetaComponent, WeightsReader
-from .owner_meta import build_owner_component
+from ..checkpoint.files import read_config_dict
+from ..folder.sources import ComponentSource, Family, weights_name_for
+from ..hf.owner_loading import OwnerLoad, construct, renames_explain, retie
+from ..hf.quantizers import (
+    ComponentQuantization,
+    component_quantization,
+    compute_dtype as quantized_compute_dtype,
+    materialize_on_meta,
+    owner_quantizer,
+    prepare_on_meta,
+    quantized_parameter_names,
+)
+from .limits import BuildLimit, bounded_construction, check_repeat_counts, fewest_bits
+
+
+class WeightsReader(Enum):
+    """How a component's weights are read into its meta module: chosen when it is built (`build_component`), so
+    planning and placing never guess.
+
+    STREAM is this library's loader: each tensor from its safetensors file straight to its planned device
+    (`placing.place_component`). OWNER is the library that owns the format (transformers checkpoints whose keys
+    are renamed on load, quantized components, single files, GGUF): its `from_pretrained` / `from_single_file`
+    given our plan's device map, then our runtime (`placing.read_with_owner`).
+    """
+
+    STREAM = "stream"
+    OWNER = "owner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetaComponent:
+    """A module component built on meta and sized exactly, with what its load needs.
+
+    `weights` is None when the folder has no weight files (planning from configs only). `load_dtypes` maps each
+    checkpoint tensor to the dtype it loads as; `keep_in_fp32` names the submodules kept float32 at `dtype`
+    (sizing's rule, so the plan and the load agree); `tied_weights` maps each tied parameter the checkpoint
+    lacks to the tensor that serves it. `owner`: the owner's load call, for `WeightsReader.OWNER`.
+    `layerwise_casting`: the storage dtype of fp8 layerwise casting when the load applies it."""
+
+    name: str
+    module: nn.Module
+    family: Family
+    weights: WeightsIndex | None
+    dtype: torch.dtype | None
+    load_dtypes: Mapping[str, torch.dtype]
+    keep_in_fp32: tuple[str, ...]
+    tied_weights: Mapping[str, str]
+    reader: WeightsReader
+    owner: OwnerLoad | None = None
+    layerwise_casting: torch.dtype | None = None
+
+    @property
+    def quantization(self):
+        """The component's `hf.quantizers.ComponentQuantization`, None when it is not quantized."""
+        return None if self.owner is None else self.owner.quantization
+
+    @property
+    def sizing_dtype(self) -> torch.dtype | None:
+        """The dtype `placement.plan` is told to size at: the requested one, except when layerwise casting stores
+        some weights smaller (its meta tensors already hold every load dtype; a requested dtype would count the
+        fp8 weights at the compute dtype)."""
+        return None if self.layerwise_casting is not None else self.dtype
+
+    @property
+    def dtype_origin(self) -> str:
+        """Where the dtype the component was sized at comes from, for the plan to state."""
+        if self.dtype is not None:
+            return "torch_dtype"
+        if self.weights is not None or (self.owner is not None and self.owner.single_file):
+            return "checkpoint"
+        return "config.json only, no weights read: give torch_dtype to plan for the checkpoint's dtype"
+
+
+def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Path, family: Family,
+                          dtype: torch.dtype | None, variant: str | None, weights: WeightsIndex | None,
+                          quantization: ComponentQuantization | None) -> MetaComponent:
+    """`module` (built on meta from `folder`'s config) prepared as its owner prepares it, each tensor in the
+    dtype and form it will load in; the `OwnerLoad` that loads it so."""
+    if dtype is None:  # the checkpoint's dtype, read from the tensors the dense module has (not quantized states)
+        load_dtype = (checkpoint_float_dtype(weights, names=set(module.state_dict(keep_vars=True)))
+                      or checkpoint_float_dtype(weights))  # a renamed checkpoint shares no name with its module
+    else:
+        load_dtype = dtype
+    if quantization is not None:
+        quantizer = owner_quantizer(quantization, family, name=name)
+        load_dtype = quantized_compute_dtype(quantizer, family, load_dtype)
+        keep = sorted(kept_fp32_module_names(module, load_dtype)) if _quantizer_keeps_fp32(quantizer, family) else []
+        files = None if weights is None else [str(path) for path in weights.files]
+        prepare_on_meta(module, quantizer, family, dtype=load_dtype, keep_in_fp32=keep, checkpoint_files=files)
+        names = quantized_parameter_names(module, quantizer, family)
+        cast_floating_meta(module, load_dtype, keep_in_fp32=keep)
+        materialize_on_meta(module, quantization, names)
+    else:
+        keep = sorted(kept_fp32_module_names(module, load_dtype))
+        cast_floating_meta(module, load_dtype, keep_in_fp32=keep)
+    owner = OwnerLoad(cls=cls, family=family, source=Path(folder), dtype=load_dtype, quantization=quantization,
+                      variant=variant)
+    return MetaComponent(name=name, module=module, family=family, weights=weights, dtype=dtype, load_dtypes={},
+                         keep_in_fp32=tuple(keep), tied_weights={}, reader=WeightsReader.OWNER, owner=owner)
+
+
+def _quantizer_keeps_fp32(quantizer, family: Family) -> bool:
+    """diffusers keeps `_keep_in_fp32_modules` under a quantizer only when the quantizer says so."""
+    return family is not Family.DIFFUSERS or bool(getattr(quantizer, "use_keep_in_fp32_modules", False))
+
+
+def checkpoint_float_dtype(weights: WeightsIndex | None, names: set[str] | None = None) -> torch.dtype | None:
+    """The floating dtype holding most of the checkpoint's bytes (what the owner loads it in when no dtype is
+    asked for), among `names` when given (a pre-quantized checkpoint's scales may be float32 while its biases and
+    norms are bfloat16); None without weights (configs only: the config's dtypes are kept)."""
+    if weights is None:
+        return None
+    by_dtype: dict[torch.dtype, int] = {}
+    for entry in weights.tensors.values():
+        if entry.dtype.is_floating_point and (names is None or entry.name in names):
+            by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
+    return max(by_dtype, key=by_dtype.get) if by_dtype else None
+
+
+def cast_floating_meta(module: nn.Module, dtype: torch.dtype | None, *, keep_in_fp32: list[str] | tuple[str, ...]
+                       ) -> None:
+    """Every floating meta tensor that is not quantized to `dtype` (float32 in the kept modules). Free: meta.
+    A parameter shared under several names (tied embeddings) stays one parameter."""
+    if dtype is None:
+        return
+    keep = set(keep_in_fp32)
+    shared = _names_by_tensor(module)
+    for tensor_name, tensor in list(named_module_tensors(module, include_buffers=True, recurse=True,
+                                                         remove_non_persistent=True)):
+        if tensor.device.type != "meta" or not tensor.is_floating_point() or is_quantized_tensor(tensor):
+            continue
+        target = torch.float32 if keep and not keep.isdisjoint(tensor_name.split(".")) else dtype
+        if tensor.dtype != target:
+            set_module_tensor_to_device(module, tensor_name, "meta", dtype=target)
+            for other in shared.get(id(tensor), [])[1:]:  # the tied names take the re-typed parameter too
+                owner, _, attribute = other.rpartition(".")
+                setattr(module.get_submodule(owner), attribute, module.get_parameter(tensor_name))
+
+
+def _names_by_tensor(module: nn.Module) -> dict[int, list[str]]:
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return {key: value for key, value in names.items() if len(value) > 1}
+
+
+__all__ = ["build_owner_component", "cast_floating_meta", "checkpoint_float_dtype"]
+
+
+# diffusers' `hooks.layerwise_casting.DEFAULT_SKIP_MODULES_PATTERN` (what `enable_layerwise_casting` skips).
+DIFFUSERS_SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
+
+
+def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
+    """`{component: storage dtype}` (a dtype or its name, e.g. "float8_e4m3fn"); anything else is an error."""
+    if layerwise_casting is None:
+        return {}
+    if not isinstance(layerwise_casting, Mapping):
+        raise PlanError(
+            f"layerwise_casting={layerwise_casting!r}: give a dict {{component: storage dtype}}, e.g. "
+            "{'transformer': torch.float8_e4m3fn}."
+        )
+    parsed = {}
+    for name, value in layerwise_casting.items():
+        try:
+            dtype = dtype_for(value, str(name))
+        except PlanError:  # its words are torch_dtype's: say it for layerwise_casting below
+            dtype = None
+        floating_bytes = dtype.itemsize if dtype is not None and dtype.is_floating_point else None
+        if floating_bytes != 1:
+            # Only fp8 storage works: a 16-bit one meets the compute dtype's inputs unconverted at the first call
+            # ("mat1 and mat2 must have the same dtype"), and would save no more than torch_dtype does.
+            half = " For 16-bit weights, load with torch_dtype=torch.bfloat16 instead." if floating_bytes == 2 else ""
+            raise PlanError(
+                f"layerwise_casting[{name!r}]={value!r}: the storage dtype must be an fp8 dtype, "
+                f"torch.float8_e4m3fn or torch.float8_e5m2 (the weights are upcast per layer to compute).{half}"
+            )
+        parsed[str(name)] = dtype
+    return parsed
+
+
+def layerwise_label(storage: torch.dtype) -> str:
+    """The format in a plan's words: "layerwise float8_e4m3fn"."""
+    return f"layerwise {str(storage).removeprefix('torch.')}"
+
+
+def casting_config(module: nn.Module, storage: torch.dtype, compute: torch.dtype) -> LayerwiseCastingConfig:
+    """The casting diffusers' `enable_layerwise_casting` would apply to `module`: its skip patterns, plus the
+    model's own and its fp32-kept modules."""
+    patterns = list(DIFFUSERS_SKIP_PATTERNS)
+    patterns += list(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
+    patterns += [rf"(^|\.){name}($|\.)" for name in getattr(module, "_keep_in_fp32_modules", None) or ()]
+    return LayerwiseCastingConfig(storage_dtype=storage, compute_dtype=compute, skip_modules_pattern=tuple(patterns))
+
+
+def cast_tensor_names(module: nn.Module, config: LayerwiseCastingConfig) -> list[str]:
+    """The floating parameters the casting stores small: those held directly by a castable, non-skipped layer."""
+    names = []
+    for path, layer in module.named_modules():
+        if isinstance(layer, CASTABLE_LAYERS) and not config.skips(path, layer):
+            prefix = f"{path}." if path else ""
+            names += [prefix + name for name, tensor in layer.named_parameters(recurse=False)
+                      if tensor.is_floating_point()]
+    return names
+
+
+def with_layerwise_casting(meta: MetaComponent, storage: torch.dtype | None) -> MetaComponent:
+    """`meta` with its castable layers' meta tensors (and their load dtypes) in `storage`, sized as stored."""
+    if storage is None:
+        return meta
+    compute = compute_dtype(meta)
+    # Sized as its meta tensors are (`MetaComponent.sizing_dtype`): the layers not cast hold the compute dtype
+    # (already so when weights were read for planning; built from a config only they are still the config's).
+    cast_floating_meta(meta.module, meta.dtype, keep_in_fp32=meta.keep_in_fp32)
+    names = cast_tensor_names(meta.module, casting_config(meta.module, storage, compute))
+    for name in names:
+        set_module_tensor_to_device(meta.module, name, "meta", dtype=storage)
+    load_dtypes = {**meta.load_dtypes, **{name: storage for name in names if name in meta.load_dtypes}}
+    return dataclasses.replace(meta, load_dtypes=load_dtypes, layerwise_casting=storage)
+
+
+def compute_dtype(meta: MetaComponent) -> torch.dtype:
+    """What the cast layers compute in: torch_dtype, else the checkpoint's floating dtype, else float32."""
+    if meta.owner is not None and meta.owner.dtype is not None:
+        return meta.owner.dtype
+    return meta.dtype or checkpoint_float_dtype(meta.weights) or torch.float32
+
+
+def apply_casting(module: nn.Module, meta: MetaComponent) -> None:
+    """The casting hooks on a loaded component (weights already stored small are left as they are)."""
+    if meta.layerwise_casting is not None:
+        apply_layerwise_casting(module, casting_config(module, meta.layerwise_casting, compute_dtype(meta)))
+
+
+@contextlib.contextmanager
+def computing_on_meta(metas: Mapping[str, MetaComponent]) -> Iterator[None]:
+    """For activation estimates: the cast layers' meta tensors back in their compute dtype (a matmul of bf16
+    inputs with fp8 weights cannot run, on meta or anywhere; at run time each layer is upcast first)."""
+    changed = []
+    for meta in metas.values():
+        if meta.layerwise_casting is None:
+            continue
+        compute = compute_dtype(meta)
+        for name in cast_tensor_names(meta.module, casting_config(meta.module, meta.layerwise_casting, compute)):
+            set_module_tensor_to_device(meta.module, name, "meta", dtype=compute)
+            changed.append((meta.module, name, meta.layerwise_casting))
+    try:
+        yield
+    finally:
+        for module, name, storage in changed:
+            set_module_tensor_to_device(module, name, "meta", dtype=storage)
+
+
+__all__ = ["DIFFUSERS_SKIP_PATTERNS", "apply_casting", "casting_config", "cast_tensor_names", "computing_on_meta",
+           "layerwise_label", "parse_layerwise_casting", "with_layerwise_casting"]
 
 
 def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
@@ -54,8 +330,8 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
 
     The reader is chosen here: a quantized component (its folder's `quantization_config`, or
     `quantization_config=` naming it) and a transformers checkpoint whose keys transformers renames on load
-    are prepared and read by their owner (`owner_meta`); everything else is streamed by our loader.
-    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`layerwise`). `limit`: all budgets of
+    are prepared and read by their owner (`build_owner_component`); everything else is streamed by our loader.
+    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`with_layerwise_casting`). `limit`: all budgets of
     the load together; an absurd config is refused before it is built (`build_limits`)."""
     quantization = component_quantization(quantization_config, name, family, folder)
     bits = fewest_bits(dtype, quantized=quantization is not None, layerwise=layerwise_casting is not None)
@@ -197,4 +473,3 @@ def _cast_meta(module: nn.Module, weights: WeightsIndex, dtypes: Mapping[str, to
         tensor = tensors.get(name)
         if tensor is not None and tensor.device.type == "meta" and tensor.dtype != target:
             set_module_tensor_to_device(module, name, "meta", dtype=target)
-

@@ -9,45 +9,90 @@
 
 A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
 to meta (memory freed), components passed in returned to where they were.
-"""
+
+`pipelines.place(pipe, ...)`: the placement `from_pretrained` gives, for a pipeline the user already built
+(e.g. a diffusers pipeline with a quantized transformer), without reloading anything.
+
+The modules are planned as they are (their own dtypes, nothing cast), moved to the plan's devices and given the
+hooks of their placement kind; `pipe.hf_device_map` and `pipe.placement_plan` are set as a load would set them.
+Components that already carry their own `hf_device_map` (loaded with a device_map) are pinned where they are.
+
+Components whose outputs a diffusers pipeline joins right where they come back.
+
+diffusers' pipelines send each component its inputs on that component's own device
+(`get_module_execution_device`) and move the results on afterwards, so each output comes back on its
+component's device. SDXL's `encode_prompt`, and the pipelines that copy it (img2img, inpaint, ControlNet, PAG,
+T2I-Adapter, AnimateDiff SDXL: every class with `StableDiffusionXLLoraLoaderMixin`), concatenates the hidden
+states of `text_encoder` and `text_encoder_2` before moving them: with the two encoders on two GPUs that is
+"Expected all tensors to be on the same device". `text_encoder` therefore hands its outputs over on
+`text_encoder_2`'s execution device, where the join happens; nothing else moves.
+
+Input-moving hooks for a component passed in already placed (pinned where its own `hf_device_map` says).
+
+Its owner placed it, so its weights are never moved. But transformers' and diffusers' `from_pretrained` place
+a one-device map (`device_map={"": 1}`) with no hook at all, and a diffusers pipeline sends every component
+its inputs on the pipeline's execution device: the component's embedding on GPU 1 would meet input ids on
+GPU 0 ("Expected all tensors to be on the same device"). Such a component gets the hooks its map calls for
+(one at the top for one device), as the components we load get; one that carries hooks (accelerate's
+`dispatch_model` over several devices) keeps its owner's. Undoing removes our hooks and keeps the owner's map.
+
+A plan of a local folder says which components' weights are missing: planning reads configs and headers
+only, so a folder whose weights file was deleted plans as it did before, and only its load fails. A component
+without weights is named (with why, from the checkpoint reader) when the folder evidently should hold them:
+its own folder has weight files of another kind or name (an index without its shards, pickles, another variant),
+another component has its weights, or this library saved the folder. A configs-only folder (the configs of a
+Hub pipeline, written to plan) is planned without a word, as documented, and so is a Hub download, which fetches
+configs only to plan."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from hooks.dispatch import undispatch
+from hooks.errors import OffloadConflictError
+from hooks.hook_utils import add_hook_last
+from hooks.input_moving import DeliverOutputsHook
+from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
+from hooks.plan_dispatch import apply_component_plan
 from placement.devices import Accelerators, torch_device
-from placement.plan_schema import Plan
+from placement.plan_schema import ComponentPlan, Plan
 
-from ..checkpoint.progress import load_progress
+from ..checkpoint import WeightsNotFoundError, find_weights
+from ..checkpoint.streaming import load_progress
 from ..errors import MissingComponentsError, PipelineLoadError
-from ..folder.component_origins import record_origins, remember_origins, with_undo_calls
-from ..folder.components import PipelineComponents
-from ..folder.model_index import ModelIndex
-from ..folder.snapshot import read_snapshot
-from ..folder.sources import ComponentSource, component_sources, load_non_module
+from ..folder.components import PipelineComponents, module_dtype, record_origins, remember_origins, with_undo_calls
+from ..folder.model_index import ModelIndex, read_snapshot
+from ..folder.sources import ComponentSource, component_sources, load_non_module, weights_name_for
 from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import attach_reset
+from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
-from .build_limits import BuildLimit
 from .formats import (
-    Formats, check_format_options, formats_of_metas, load_modules_without_device_map, respect_formats,
+    Formats,
+    check_format_options,
+    formats_of_metas,
+    formats_of_modules,
+    load_modules_without_device_map,
+    respect_formats,
 )
-from .layerwise import computing_on_meta
-from .joined_outputs import deliver_joined_outputs
+from .limits import BuildLimit
 from .memory_techniques import apply_memory_techniques
-from .meta import MetaComponent, build_from_source
-from .missing_weights import missing_weights_notes
-from .single_files import build_single_file_component, single_file_sources
+from .meta import MetaComponent, build_from_source, casting_config, computing_on_meta
 from .placing import (
-    attach_plan_runtime, check_plan_devices, check_requested_devices, place_component, read_component, unplace,
+    attach_plan_runtime,
+    check_plan_devices,
+    check_requested_devices,
+    place_component,
+    read_component,
+    unplace,
 )
-from .pinned_inputs import hook_inputs_of_pinned, unhook_pinned
 from .planning import (
     caller_stacklevel,
     component_origin,
@@ -57,7 +102,81 @@ from .planning import (
     plan_modules,
     with_notes,
 )
-from .request import DeviceMapKind, LoadRequest
+from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
+from .formats import build_single_file_component, single_file_sources
+
+
+# (component whose outputs travel, component whose device they are joined on)
+TEXT_ENCODERS_JOINED = ("text_encoder", "text_encoder_2")
+
+
+def deliver_joined_outputs(pipe: Any, plan: Plan) -> None:
+    """Install the output hand-over for the joins of `pipe`'s class, where the two components run apart."""
+    if not _joins_text_encoders(type(pipe)):
+        return
+    source, target = TEXT_ENCODERS_JOINED
+    components = getattr(pipe, "components", {})
+    if not all(isinstance(components.get(name), nn.Module) and name in plan.components for name in (source, target)):
+        return
+    source_device = plan.components[source].execution_device
+    target_device = plan.components[target].execution_device
+    if source_device != target_device:
+        add_hook_last(components[source], DeliverOutputsHook(torch_device(target_device)))
+
+
+def _joins_text_encoders(cls: type) -> bool:
+    return any(base.__name__ == "StableDiffusionXLLoraLoaderMixin" for base in cls.__mro__)
+
+
+def hook_inputs_of_pinned(module: nn.Module, component: ComponentPlan) -> bool:
+    """Attach input-moving hooks to an unhooked pinned component; whether it did."""
+    if any(hasattr(submodule, "_hf_hook") for submodule in module.modules()):
+        return False
+    owner_map = getattr(module, "hf_device_map", None)  # None: pinned on request (`pin=`), with no map of its own
+    apply_component_plan(module, component)
+    if owner_map is not None:
+        module.hf_device_map = owner_map
+    return True
+
+
+def unhook_pinned(module: nn.Module) -> None:
+    """Remove the hooks `hook_inputs_of_pinned` attached; the weights and the owner's map stay."""
+    owner_map = getattr(module, "hf_device_map", None)
+    undispatch(module)
+    module.hf_device_map = owner_map
+
+
+# Files that hold (or index) weights, whatever their format.
+_WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.gguf", "*.pt",
+                 "*.pth", "*.ckpt")
+
+
+def missing_weights_notes(metas: Mapping[str, MetaComponent], sources: Mapping[str, ComponentSource], *,
+                          variant: str | None, saved_here: bool) -> list[str]:
+    """One plan note per component built from its folder without weights where weights were expected."""
+    others_have = any(meta.weights is not None for meta in metas.values())
+    notes = []
+    for name, meta in metas.items():
+        source = sources.get(name)
+        if meta.weights is not None or source is None or meta.owner is not None and meta.owner.single_file:
+            continue
+        if others_have or saved_here or holds_weight_files(source.folder):
+            notes.append(f"{name}: {why_missing(source.folder, source.cls, variant)} The plan sized it from its "
+                         "config.json; loading it will fail until its weights are there.")
+    return notes
+
+
+def holds_weight_files(folder: Path) -> bool:
+    return any(next(folder.glob(pattern), None) is not None for pattern in _WEIGHT_FILES)
+
+
+def why_missing(folder: Path, cls: type, variant: str | None) -> str:
+    """The checkpoint reader's own words for the weights it cannot find in `folder`."""
+    try:
+        find_weights(folder, weights_name=weights_name_for(cls), variant=variant)
+    except WeightsNotFoundError as error:
+        return str(error)
+    return f"no weights were read from {str(folder)!r}."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +230,7 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
-    `generic`), each module placed on the plan's devices; from one save (see `snapshot`): reloaded if the
+    `generic`), each module placed on the plan's devices; from one save (see `folder.model_index.read_snapshot`): reloaded if the
     folder was saved over while it loaded. Quietly (`hf.quiet`): only our own bar and messages are printed."""
     with quiet(preload=hf_libraries(request.folder)):
         return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
@@ -292,3 +411,45 @@ def _undo(pipe: Any, touched: list[str], loaded: Mapping[str, Any], origins: Map
     pipe.placement_plan = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[str, Any] | None = None,
+          offload_folder: str | Path | None = None, layerwise_casting: Mapping[str, Any] | None = None,
+          pin: Sequence[str] = (), **keywords: Any) -> Plan:
+    """Plan `pipe`'s module components as they are, move and dispatch them; returns the plan (also
+    `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes (a strategy, a dict, one device, a
+    saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first.
+    Quantized components are planned at their real storage. `layerwise_casting={"transformer":
+    torch.float8_e4m3fn}` stores those components' Linear/Conv weights in fp8 first (diffusers' skip patterns),
+    so they are planned at that size. `pin=["transformer"]` keeps a component where it is; one whose own
+    `hf_device_map` puts weights on an accelerator is kept there anyway. Any other keyword is an error naming the
+    closest argument."""
+    check_no_keywords_left(keywords, entry=place, label="pipelines.place")
+    if getattr(pipe, "hf_device_map", None) is not None:
+        raise OffloadConflictError(
+            f"{type(pipe).__name__} is device-mapped already (hf_device_map={pipe.hf_device_map}); call "
+            "pipe.reset_device_map() before placing it again."
+        )
+    options = LoadOptions(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder, call=call,
+                          progress=False, layerwise_casting=layerwise_casting, pin=pin)
+    request = resolve_request(None, options, scope=Scope.PIPELINE)
+    check_requested_devices(request.device_map, request.accelerators)
+    modules, _ = modules_and_edges(pipe)
+    check_format_options(request, built=[], passed=list(modules))
+    pins, notes = passed_pins(modules, pin=request.options.pin)  # before casting: its hooks are not a placement
+    for name, storage in request.options.layerwise_casting.items():
+        module = modules[name]
+        apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
+
+    try:
+        plan = plan_components(pipe, request, {}, pins=pins, notes=notes, formats=formats_of_modules(modules),
+                               passed_origin="as it is, placed by pipelines.place")
+        check_plan_devices(plan, request.accelerators)
+        place_pipeline(pipe, plan, {}, modules, request)
+    except BaseException:
+        for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
+            remove_layerwise_casting(modules[name])
+        raise
+    if not isinstance(pipe, PipelineComponents):
+        attach_reset(pipe)
+    return plan

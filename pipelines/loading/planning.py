@@ -23,16 +23,17 @@ from placement.unit_order import record_module_order
 from ..errors import CallSpecError, FolderError
 from ..folder.components import PipelineComponents
 from ..hf.calls import capture_call
-from ..hf.calls.arguments import recorded_call
-from ..hf.calls.spec import RUN_KEYS
-from ..hf.diffusers_pipeline import capturable, is_capturable
-from ..hf.diffusers_pipeline import graph_edges as diffusers_graph_edges
-from ..hf.diffusers_pipeline import module_components as diffusers_module_components
-from .call_limits import check_call_limits
-from .layerwise import layerwise_label
+from ..hf.calls.capture import RUN_KEYS, recorded_call
+from ..hf.diffusers_pipeline import (
+    capturable,
+    graph_edges as diffusers_graph_edges,
+    is_capturable,
+    module_components as diffusers_module_components,
+)
+from .limits import check_call_limits
+from .meta import layerwise_label
 from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
-from .request import DeviceMapKind, DeviceMapRequest, Scope
-from .saved_plans import check_saved_plan, nest_flat_device_map
+from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.

@@ -5,13 +5,18 @@ diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would foll
     folder -> its class (config.json: `_class_name` / `architectures`), built on meta (`build_component`: our
               streaming reader, or the owner's for quantized / renamed-key checkpoints)
     file   -> a single-file checkpoint with its config folder (`config=`), built on meta by diffusers'
-              single-file path (`single_files`)
+              single-file path (`formats.build_single_file_component`)
     -> a one-component plan at model scope (accelerate's strategy names) -> `place_component`
-"""
+
+ModelMixin.from_pretrained / plan_placement (`load_own_model`, `plan_own_model`): a one-component load through
+the pipeline's functions. The model (component name: its class name) is built by `build_component`, planned by `planning.plan_modules` at
+model scope (the strategy names keep accelerate's model-level meaning, a dict maps submodule paths) and placed by
+`place_component`, with the pipeline's device check and undo."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,25 +26,20 @@ from torch import nn
 from placement.devices import detect_accelerators
 from placement.plan_schema import Plan
 
+from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import LoadError
-from ..folder.component_classes import family_of
-from ..folder.hub import HubOptions
-from ..folder.sources import model_folder_class
-from ..hf.hf_spellings import with_hub_keywords
-from ..hf.loading_keywords import check_no_keywords_left
+from ..folder.sources import Family, HubOptions, family_of, foreign_model_folder, model_folder_class
+from ..hf.loading_keywords import check_no_keywords_left, with_hub_keywords
 from ..hf.quiet import hf_libraries, quiet
 from ..hf.single_file import is_single_file
-from .build_limits import BuildLimit
-from .formats import check_planned_formats, formats_of_metas
-from .layerwise import computing_on_meta
-from .meta import build_component
-from .meta_records import MetaComponent
+from .formats import build_single_file_component, check_planned_formats, formats_of_metas
+from .limits import BuildLimit
+from .meta import MetaComponent, build_component, computing_on_meta
+from .pipeline_loader import holds_weight_files, why_missing
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .missing_weights import holds_weight_files, why_missing
 from .planning import component_origin, label_dtypes, plan_modules, with_notes
-from .options import LoadOptions, Scope
-from .request import DeviceMapKind, DeviceMapRequest, LoadRequest, resolve_request
-from .single_files import build_single_file_component
+from .request import DeviceMapKind, DeviceMapRequest, LoadOptions, LoadRequest, Scope, resolve_request
+
 
 MODEL_PATTERNS = ["*.json", "*.safetensors"]
 
@@ -137,7 +137,7 @@ def _keywords(keywords: Mapping[str, Any], hub: HubOptions, *, entry) -> HubOpti
 def _storage_dtype(layerwise_casting: Any) -> torch.dtype | None:
     if layerwise_casting is None:
         return None
-    from .layerwise import parse_layerwise_casting
+    from .meta import parse_layerwise_casting
     return parse_layerwise_casting({"model": layerwise_casting})["model"]
 
 
@@ -164,6 +164,59 @@ def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
     plan = label_dtypes(plan, {meta.name: meta.module}, {meta.name: meta.dtype}, {meta.name: component_origin(meta)})
     check_planned_formats(plan, formats_of_metas({meta.name: meta}))  # one model: nothing else to move aside
     return plan
+
+
+logger = logging.getLogger(__name__)
+
+
+def plan_own_model(cls: type, request: LoadRequest) -> Plan:
+    """The plan `load_own_model` would follow; reads config.json and the safetensors headers only."""
+    return _plan_own(_build_own(cls, request, weights_required=False), request)
+
+
+def load_own_model(cls: type, request: LoadRequest):
+    """The model of `cls` saved in `request.folder`, every tensor streamed to its planned device (no device_map:
+    to the CPU), with the runtime of its placement kind; nothing half-loaded escapes a failure."""
+    check_requested_devices(request.device_map, request.accelerators)
+    meta = _build_own(cls, request, weights_required=True)
+    if request.device_map.kind is DeviceMapKind.NONE:
+        place_component(meta, None, accelerators=request.accelerators, progress=request.options.progress)
+        return meta.module.eval()
+    plan = _plan_own(meta, request)
+    check_plan_devices(plan, request.accelerators)
+    place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
+                    hooks=request.device_map.hooks, progress=request.options.progress)
+    meta.module.placement_plan = plan
+    return meta.module.eval()
+
+
+def _build_own(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaComponent:
+    name = cls.__name__
+    foreign = foreign_model_folder(request.folder, cls)
+    if foreign is not None:
+        raise LoadError(
+            f"{request.folder} holds a {foreign} (saved by its own library), not a {name}: load it with "
+            "pipelines.load_model(folder, device_map=...), which returns the folder's own class placed by this "
+            "library's planner."
+        )
+    request.dtypes.check_names([name], of=f"model (a {name})")
+    _warn_on_other_class(cls, request.folder)
+    return build_component(name, cls, request.folder, family=Family.OWN, dtype=request.dtypes.for_component(name),
+                           variant=request.options.variant, weights_required=weights_required)
+
+
+def _plan_own(meta: MetaComponent, request: LoadRequest) -> Plan:
+    # As for a pipeline (and accelerate), `offload_folder` is what permits planning onto "disk"; nothing is
+    # written there: the checkpoint's own safetensors files serve the disk-offloaded weights.
+    return plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
+                        dtypes={meta.name: meta.dtype}, max_memory=request.options.max_memory,
+                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope)
+
+
+def _warn_on_other_class(cls: type, folder: Path) -> None:
+    saved = read_config_dict(folder).get(CLASS_NAME_KEY)
+    if saved is not None and saved != cls.__name__:
+        logger.warning("%s was saved by %s; loading it as %s.", folder / CONFIG_NAME, saved, cls.__name__)
 
 
 __all__ = ["load_model", "plan_model"]

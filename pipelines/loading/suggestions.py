@@ -28,14 +28,12 @@ from placement.errors import PlacementError
 from placement.plan_schema import Plan, VerdictKind
 from placement.sizes import format_bytes
 
-from ..folder.component_classes import Family
+from ..folder.sources import Family
 from ..hf.quantizers import (
     ComponentQuantization, QuantizationMethod, materialize_on_meta, owner_quantizer, prepare_on_meta,
     quantized_parameter_names,
 )
-from .layerwise import casting_config, cast_tensor_names, compute_dtype
-from .meta_records import MetaComponent
-from .owner_meta import cast_floating_meta
+from .meta import MetaComponent, cast_floating_meta, cast_tensor_names, casting_config, compute_dtype
 
 _RANK = {VerdictKind.FITS: 0, VerdictKind.OFFLOADED: 1, VerdictKind.PARTLY_CPU: 2, VerdictKind.NO_FIT: 3}
 MAX_COMPONENTS = 2  # the largest components are the ones whose storage changes the outcome

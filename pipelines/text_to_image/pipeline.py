@@ -4,25 +4,208 @@ The pipeline never moves weights: it hands each component its inputs on that com
 (device-mapped components carry hooks that do it; a plain pipeline moved with `.to()` needs it), keeps the
 latents where the denoiser computes, and returns images on the CPU ("pil", "np") or on the execution device
 of the VAE ("pt").
-"""
+
+How one or two text encoders feed a denoiser, derived from their widths (no per-pipeline flag to get wrong).
+
+- SDXL: the two encoders' hidden states are concatenated along the feature axis (768 + 1280 = the UNet's
+  2048-wide cross-attention); the pooled embedding comes from the encoder whose pooled width matches.
+- Flux: the second encoder (T5) alone is the sequence the DiT attends to (4096 wide); the pooled embedding
+  comes from the first (CLIP, 768).
+- One encoder: its hidden states and (if the denoiser takes one) its pooled output.
+
+What one TextToImagePipeline call feeds each component: example inputs on meta, for activation estimates.
+
+`text_to_image_activation_inputs` is bound as `TextToImagePipeline.activation_inputs`. It mirrors
+`TextToImagePipeline.__call__` shape for shape, so the estimate is of the call the user will make:
+- each text encoder sees every prompt text — the negative ones too under classifier-free guidance — padded
+  to the tokenizer's max length (the encoder's `max_position_embeddings`), with an attention mask;
+- the denoiser sees the latents (height / f, width / f, f the VAE's downsampling factor), a 0-d timestep, the
+  combined text sequence and the pooled embedding (`pipe.text_conditioning` decides which, as in the call);
+  guidance_scale > 1 doubles its batch (unconditional + conditional in one pass);
+- the VAE runs `decode` on one latent per image.
+Floating inputs have the dtype of the component's weights; `estimate_activations(dtype=...)` recasts both."""
 
 from __future__ import annotations
 
 import math
-
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from ..errors import CallError
+from placement import estimate_activations
 
-from ..framework.pipeline import Pipeline, module_dtype
-from .conditioning import TextConditioning, text_conditioning_for
-from .inputs import text_to_image_activation_inputs, text_to_image_runs_per_call
+from ..errors import CallError, LoadError
 from ..folder.class_registry import library_class
+from ..framework.pipeline import Pipeline, module_dtype
+from .models import TextEncoderOutput
+
+
+class SequenceSource(str, Enum):
+    FIRST = "first"  # text_encoder's hidden states
+    SECOND = "second"  # text_encoder_2's hidden states
+    CONCAT = "concat"  # both, concatenated along the feature axis
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextConditioning:
+    sequence: SequenceSource
+    pooled_from: int | None  # index of the encoder giving the pooled embedding; None: the denoiser takes none
+
+    def combine(self, outputs: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(encoder_hidden_states, pooled) on `device` from the encoders' outputs."""
+        states = [output.last_hidden_state.to(device) for output in outputs]
+        if self.sequence is SequenceSource.CONCAT:
+            sequence = torch.cat(states, dim=-1)
+        else:
+            sequence = states[0 if self.sequence is SequenceSource.FIRST else 1]
+        pooled = None if self.pooled_from is None else outputs[self.pooled_from].pooled_output.to(device)
+        return sequence, pooled
+
+
+def denoiser_text_widths(denoiser) -> tuple[int, int | None]:
+    """(width of encoder_hidden_states, width of pooled or None) the denoiser's config asks for."""
+    config = denoiser.config
+    width = getattr(config, "cross_attention_dim", None) or getattr(config, "joint_attention_dim", None)
+    if width is None:
+        raise CallError(
+            f"{type(denoiser).__name__}.config has neither cross_attention_dim nor joint_attention_dim, so the "
+            "pipeline cannot tell how wide its text conditioning is."
+        )
+    return width, getattr(config, "pooled_projection_dim", None)
+
+
+def text_conditioning_for(encoders: list, denoiser) -> TextConditioning:
+    """Match the encoders' hidden/pooled widths to the denoiser's; a clear error when nothing matches."""
+    width, pooled_width = denoiser_text_widths(denoiser)
+    hidden = [encoder.config.hidden_size for encoder in encoders]
+    pooled = [encoder.config.pooled_dim for encoder in encoders]
+    if len(encoders) == 1 and hidden[0] == width:
+        sequence = SequenceSource.FIRST
+    elif len(encoders) == 2 and sum(hidden) == width:
+        sequence = SequenceSource.CONCAT
+    elif len(encoders) == 2 and hidden[1] == width:
+        sequence = SequenceSource.SECOND
+    else:
+        raise CallError(
+            f"The text encoders' hidden sizes {hidden} do not fit {type(denoiser).__name__}'s text width {width}: "
+            "one encoder must match it, or two encoders must sum to it (SDXL) or the second must match (Flux)."
+        )
+    if pooled_width is None:
+        return TextConditioning(sequence=sequence, pooled_from=None)
+    # Prefer the last encoder (SDXL's convention); Flux's pooled CLIP is the only match anyway.
+    for index in reversed(range(len(encoders))):
+        if pooled[index] == pooled_width:
+            return TextConditioning(sequence=sequence, pooled_from=index)
+    raise CallError(
+        f"{type(denoiser).__name__} needs a pooled text embedding of width {pooled_width}, but the encoders' pooled "
+        f"widths are {pooled}; configure an encoder's projection_dim to {pooled_width}."
+    )
+
+
+_META = torch.device("meta")
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentCall:
+    """One component's part of a pipeline call: `getattr(module, method)(*args, **kwargs)`, tensors on meta."""
+
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    method: str = "forward"
+
+    def estimate(self, module: torch.nn.Module, *, dtype: torch.dtype | None = None) -> int:
+        """Peak activation bytes of this call on `module` (see `placement.estimate_activations`)."""
+        return estimate_activations(module, self.args, self.kwargs, method=self.method, dtype=dtype)
+
+
+def text_to_image_activation_inputs(
+    pipe,
+    height: int,
+    width: int,
+    batch_size: int = 1,
+    num_images_per_prompt: int = 1,
+    guidance_scale: float = 4.0,
+) -> dict[str, ComponentCall]:
+    """Per module component, the inputs `pipe(prompt, height=..., width=..., ...)` gives it, on meta.
+
+    `batch_size` is the number of prompts. The defaults match `TextToImagePipeline.__call__`'s.
+    """
+    _check_spec(pipe, height, width, batch_size, num_images_per_prompt)
+    images = batch_size * num_images_per_prompt
+    guided_batch = images * (2 if guidance_scale > 1.0 else 1)  # CFG: negatives + prompts in one batch
+
+    calls: dict[str, ComponentCall] = {}
+    encoder_outputs = []
+    for name in TEXT_ENCODERS:
+        encoder = getattr(pipe, name, None)
+        if encoder is None:
+            continue
+        calls[name] = _text_encoder_call(encoder, guided_batch)
+        encoder_outputs.append(_text_encoder_output(encoder, guided_batch))
+    # The pipeline's own rule combines the encoders' outputs, so the shapes cannot drift from the real call.
+    sequence, pooled = pipe.text_conditioning.combine(encoder_outputs, _META)
+
+    factor = pipe.vae_scale_factor
+    latent_side = (height // factor, width // factor)
+    calls["denoiser"] = _denoiser_call(pipe.denoiser, guided_batch, latent_side, sequence, pooled)
+    vae_latents = torch.empty(
+        (images, pipe.vae.config.latent_channels, *latent_side), dtype=module_dtype(pipe.vae), device=_META
+    )
+    calls["vae"] = ComponentCall(args=(vae_latents,), method="decode")
+    return calls
+
+
+def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, strength: float | None = None,
+                                **sizes) -> dict[str, int]:
+    """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
+    step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
+    if strength is not None:  # a run key, so activation_inputs never sees it: refused here, not ignored
+        raise LoadError(
+            f"strength={strength!r}: {type(pipe).__name__} does not start from an image; leave strength out.")
+    if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+        raise LoadError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}.")
+    return {"denoiser": num_inference_steps}
+
+
+def _text_encoder_call(encoder, batch: int) -> ComponentCall:
+    length = encoder.config.max_position_embeddings
+    tokens = torch.empty((batch, length), dtype=torch.long, device=_META)
+    mask = torch.empty((batch, length), dtype=torch.long, device=_META)
+    return ComponentCall(args=(tokens,), kwargs={"attention_mask": mask})
+
+
+def _text_encoder_output(encoder, batch: int) -> TextEncoderOutput:
+    config, dtype = encoder.config, module_dtype(encoder)
+    hidden = torch.empty((batch, config.max_position_embeddings, config.hidden_size), dtype=dtype, device=_META)
+    pooled = torch.empty((batch, config.pooled_dim), dtype=dtype, device=_META)
+    return TextEncoderOutput(last_hidden_state=hidden, pooled_output=pooled)
+
+
+def _denoiser_call(denoiser, batch: int, latent_side: tuple[int, int], sequence, pooled) -> ComponentCall:
+    dtype = module_dtype(denoiser)
+    latents = torch.empty((batch, denoiser.config.in_channels, *latent_side), dtype=dtype, device=_META)
+    timestep = torch.empty((), dtype=torch.float32, device=_META)  # one scheduler timestep, a 0-d tensor
+    kwargs = {} if pooled is None else {"pooled": pooled.to(dtype)}
+    return ComponentCall(args=(latents, timestep, sequence.to(dtype)), kwargs=kwargs)
+
+
+def _check_spec(pipe, height: int, width: int, batch_size: int, num_images_per_prompt: int) -> None:
+    for name, value in (("batch_size", batch_size), ("num_images_per_prompt", num_images_per_prompt)):
+        if not isinstance(value, int) or value < 1:
+            raise LoadError(f"activation_inputs: {name} must be a positive int, got {value!r}.")
+    multiple = pipe.image_size_multiple
+    for name, value in (("height", height), ("width", width)):
+        if not isinstance(value, int) or value <= 0 or value % multiple:
+            nearest = max(multiple, round(value / multiple) * multiple) if isinstance(value, (int, float)) else 1024
+            raise LoadError(
+                f"activation_inputs: {name}={value!r} must be a positive multiple of {multiple} (the VAE's "
+                f"downsampling factor {pipe.vae_scale_factor} times the {type(pipe.denoiser).__name__}'s "
+                f"{multiple // pipe.vae_scale_factor}); try {nearest}."
+            )
 
 
 class OutputType(str, Enum):

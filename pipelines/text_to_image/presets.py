@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import LoadError
 
-from ..framework.config import ModelConfig
+from ..framework.modeling import ModelConfig
 from .models import AutoencoderKL, DiT, TextEncoder, UNet
 from .schedulers import FlowMatchEulerScheduler, FlowMatchEulerSchedulerConfig
 from .tokenizers import ByteTokenizer

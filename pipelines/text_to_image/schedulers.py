@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, Validati
 
 from ..errors import CallError
 
-from ..checkpoint.config_file import describe_validation_error, read_config, write_config
+from ..checkpoint.files import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
 
 SCHEDULER_CONFIG_NAME = "scheduler_config.json"

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from ..errors import CallError
 
-from ..checkpoint.config_file import describe_validation_error, read_config, write_config
+from ..checkpoint.files import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"

@@ -183,7 +183,7 @@ def failing_swap(tmp: Path):
     folder = saved(tmp)
     staging = lambda source, *rest: ".saving-" in str(source)  # noqa: E731
     error = OSError(5, "Input/output error")
-    atomic = _optional_module("pipelines.checkpoint.atomic")
+    atomic = _optional_module("pipelines.checkpoint.saving")
     exchange = getattr(atomic, "_exchange", None)
     if atomic is not None:
         atomic._exchange = lambda first, second: False

@@ -91,7 +91,7 @@ def _disk_full_at_the_second_record(tmp: Path):
 
 
 def _held_by_another_run(tmp: Path):
-    from pipelines.distributed.run_lock import run_lock
+    from pipelines.distributed.images import run_lock
 
     return run_lock(tmp / "images", wait=False)
 

@@ -14,7 +14,7 @@ from hooks import apply_plan, trace_calls
 from hooks.group_offload.read_ahead import THREAD_NAME
 from hooks.residency import StreamedBlockHook
 from hooks.hook_utils import hooks_of
-from placement.chrome_trace import COMPUTE_END, COPY_ISSUED
+from placement.drawings import COMPUTE_END, COPY_ISSUED
 from placement.plan_schema import PlacementKind
 from transfer_pipeline import STEPS, assert_decoded, component, make, place_resident, plan, run
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
 
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-_spec = importlib.util.spec_from_file_location("real_folders", _BENCHMARKS / "real_folders.py")
-real_folders = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(real_folders)
+real_folders = sys.modules.get("real_folders")  # benchmarks/ is no package: loaded by path, once
+if real_folders is None:
+    _spec = importlib.util.spec_from_file_location("real_folders", _BENCHMARKS / "real_folders.py")
+    real_folders = sys.modules["real_folders"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(real_folders)
 
 PIPELINES = real_folders.PIPELINES
 

@@ -36,7 +36,7 @@ def test_every_error_is_exported_by_the_package_face():
     errors = defined_errors()
     assert len(errors) >= 10
     missing = sorted(name for name, cls in errors.items() if getattr(pipelines, name, None) is not cls)
-    assert missing == [], f"add {missing} to the __all__ of pipelines.errors (or checkpoint.checkpoint_errors)"
+    assert missing == [], f"add {missing} to the __all__ of pipelines.errors"
     assert set(errors) <= set(pipelines.__all__) and set(errors) <= set(dir(pipelines))
 
 

@@ -10,31 +10,259 @@ real sizes but with no model compute: prompts tokenized, latents packed, the sch
 batching or second passes, `strength`, image and mask preprocessing, ControlNets at every step, two experts
 switching at a boundary timestep. So every diffusers class is planned for the call it really makes, without
 code naming it, and a diffusers release that changes a `__call__` changes the plan with it. What this cannot
-see by itself is in `overrides.py`.
-"""
+see by itself is in the overrides below.
+
+What call capture cannot see by running a pipeline's `__call__` as it is: each row with its reason.
+
+Capture (`capture.py`) runs the pipeline's own code; these are the few places where that code, run on stand-ins
+for planning, must be helped. Nothing here names a pipeline class.
+
+The arguments of the call `call=` describes, checked against the pipeline's own `__call__` signature.
+
+`call=` takes any keyword the pipeline's `__call__` accepts (`height`, `num_inference_steps`, `negative_prompt`,
+`true_cfg_scale`, `strength`, an `image` ...), plus three of this library's: `batch_size` (the number of prompts),
+and `vae_tiling` / `vae_slicing` (handled before this, `memory_techniques.VaeOptions`); `num_images_per_prompt`
+is a video pipeline's `num_videos_per_prompt` too. An unknown keyword is
+named with the closest one the signature has. Inputs the call needs but `call=` may leave out (an img2img
+pipeline's `image`, an inpaint's `mask_image`) are made blank at the call's size (`overrides.STAND_IN_INPUTS`);
+they may also be given as sizes: `image=(height, width)`, `video=(frames, height, width)`, or as the real objects.
+
+What one component runs for a `call=` (`ExampleCall`), and the errors of a `call=` that cannot be planned."""
 
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
+import sys
 import traceback
+import types
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+from PIL import Image
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from placement import estimate_call
 from placement.activations import ActivationEstimateError
 from placement.activations.fake_tensors import map_tensors, sized_by_values
+from placement.activations.isolation import loggers_at_error
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError
-from .arguments import call_arguments
-from .overrides import blank_results_not_converted, libraries_quiet, optional_text_cleaning, progress_bar_off
-from .spec import ExampleCall
+
+
+OUR_KEYS = ("batch_size",)
+# One spelling for every pipeline: a video pipeline's `num_videos_per_prompt` taken as `num_images_per_prompt` too.
+ALIASES = {"num_images_per_prompt": "num_videos_per_prompt"}
+# The prompt planned for when call= gives none: long enough that every tokenizer truncates it at the pipeline's
+# maximum sequence length, so pipelines that drop padding tokens (Qwen-Image, Z-Image) plan for their longest
+# text, as those that pad to the maximum do.
+DEFAULT_PROMPT = " ".join(["a lighthouse on a rocky coast at dusk, waves, gulls, warm light,"] * 64)
+
+
+def call_parameters(pipeline_class: type) -> dict[str, inspect.Parameter]:
+    """The keyword parameters of the pipeline's `__call__` (its signature, `self` left out)."""
+    parameters = inspect.signature(pipeline_class.__call__).parameters
+    return {name: parameter for name, parameter in parameters.items() if name != "self"
+            and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+
+
+def call_arguments(pipeline_class: type, call: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of the `__call__` that `call` describes (module doc)."""
+    parameters = call_parameters(pipeline_class)
+    name = pipeline_class.__name__
+    call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
+            for key, value in call.items()}
+    _check_keys(name, call, parameters)
+    arguments = {key: value for key, value in call.items() if key in parameters}
+    batch = call.get("batch_size", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise CallSpecError(f"call= for {name}: batch_size must be a positive int (the number of prompts), got "
+                            f"{batch!r}.")
+    if "prompt" in parameters and arguments.get("prompt") is None and "prompt_embeds" not in arguments:
+        arguments["prompt"] = DEFAULT_PROMPT if batch == 1 else [DEFAULT_PROMPT] * batch
+    elif batch != 1 and isinstance(arguments.get("prompt"), str):
+        arguments["prompt"] = [arguments["prompt"]] * batch
+    if "output_type" in parameters and "output_type" not in call:
+        arguments["output_type"] = "pt"  # tensors out: no conversion to PIL images of a blank result
+    for key in STAND_IN_INPUTS:
+        if key in parameters:
+            value = arguments.get(key)
+            if value is None or _is_size(value):
+                arguments[key] = _stand_in(name, key, value, call, parameters)
+    return arguments
+
+
+def _check_keys(name: str, call: Mapping[str, Any], parameters: Mapping[str, inspect.Parameter]) -> None:
+    sizes_images = any(key in parameters for key in STAND_IN_INPUTS)
+    known = set(parameters) | set(OUR_KEYS) | ({"height", "width", "num_frames"} if sizes_images else set())
+    unknown = [key for key in call if key not in known]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CallSpecError(
+            f"call= for {name}: unknown keyword {key!r}{hint}; call= takes what {name}.__call__ takes "
+            f"({', '.join(sorted(parameters))}), and batch_size, vae_tiling, vae_slicing."
+        )
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+
+def _stand_in(name: str, key: str, value: Any, call: Mapping[str, Any],
+              parameters: Mapping[str, inspect.Parameter]) -> Any:
+    """A blank input of the size `value` gives, else of the call's height and width (and frames for a video)."""
+    video = key in VIDEO_INPUTS and "num_frames" in parameters
+    if value is None:
+        missing = [size for size in ("height", "width") if not isinstance(call.get(size), int)]
+        if missing:
+            raise CallSpecError(
+                f"call= for {name} needs {' and '.join(missing)} to plan for its {key!r} input (or give it: "
+                f"{key}=({'frames, ' if video else ''}height, width) or the real {'frames' if video else 'image'})."
+            )
+        frames = call.get("num_frames", parameters.get("num_frames") and parameters["num_frames"].default)
+        value = (frames, call["height"], call["width"]) if video else (call["height"], call["width"])
+    if len(value) != (3 if video else 2) or min(value) < 1:
+        raise CallSpecError(f"call= for {name}: {key}={value!r} is not a size; give "
+                            f"({'frames, ' if video else ''}height, width) in pixels.")
+    mode = "L" if "mask" in key else "RGB"
+    if video:
+        frames, height, width = value
+        return [Image.new(mode, (width, height)) for _ in range(frames)]
+    height, width = value
+    return Image.new(mode, (width, height))
+
+
+def recorded_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """`call` as a plan records it (JSON): an image as [height, width], a list of frames as [frames, height,
+    width], a tensor or array as its shape; numbers, strings and their lists as they are; anything else by its
+    repr."""
+    return {key: _recorded(value) for key, value in call.items()}
+
+
+def _recorded(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Image.Image):
+        return [value.height, value.width]
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return list(shape)
+    if isinstance(value, (list, tuple)):
+        items = [_recorded(item) for item in value]
+        if items and all(isinstance(item, list) and len(item) == 2 and isinstance(value[0], Image.Image)
+                         for item in items):
+            return [len(items), *items[0]]  # frames of one size
+        return items
+    if isinstance(value, Mapping):
+        return {str(key): _recorded(item) for key, item in value.items()}
+    return repr(value)
+
+
+# Keys of `call=` that say how many times the denoiser runs, not what it runs on (our pipelines' `runs_per_call`).
+RUN_KEYS = ("num_inference_steps", "strength")
+# Keys of `call=` that choose memory techniques rather than sizes (`pipelines.loading.memory_techniques`).
+TECHNIQUE_KEYS = ("vae_tiling", "vae_slicing")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExampleCall:
+    """One component's part of a pipeline call: `getattr(module, method)(*args, **kwargs)`, floating tensors on
+    meta (integer ones may be real: ids and masks, whose values `keep_values` lets the estimate read)."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    method: str = "forward"
+    keep_values: bool = False  # its integer inputs' values size tensors (`placement.estimate_call`)
+
+    def estimate(self, module: nn.Module, *, dtype: torch.dtype | None = None) -> int:
+        """Peak activation bytes of this call on `module` (see `placement.estimate_call`)."""
+        return estimate_call(module, self.args, dict(self.kwargs), method=self.method, dtype=dtype,
+                             keep_values=self.keep_values).peak_bytes
+
+
+# Inputs a call needs that `call=` may leave out: without them an img2img, inpaint, ControlNet or image-to-video
+# pipeline refuses to run (or, for an optional conditioning image such as FLUX Kontext's, plans a smaller call
+# than the one it is for). A blank one of the call's size costs what a real one does: only sizes matter.
+STAND_IN_INPUTS = ("image", "mask_image", "control_image", "video", "mask")
+# Of those, the ones a video pipeline takes as a list of frames (Wan VACE's `video` and `mask`).
+VIDEO_INPUTS = ("video", "mask")
+
+
+@contextlib.contextmanager
+def blank_results_not_converted(pipe: Any) -> Iterator[None]:
+    """The decoded result handed back as it is: its post-processing (denormalising, PIL or numpy conversion) costs
+    seconds for a video and runs no component, so every image/video processor's `postprocess` is skipped."""
+    patched = []
+    for processor in list(vars(pipe).values()):
+        for method in ("postprocess", "postprocess_video"):
+            if callable(getattr(type(processor), method, None)) and not isinstance(processor, type):
+                setattr(processor, method, _returned_as_is)
+                patched.append((processor, method))
+    try:
+        yield
+    finally:
+        for processor, method in patched:
+            vars(processor).pop(method, None)
+
+
+def _returned_as_is(*args: Any, **kwargs: Any) -> Any:
+    """The processed thing itself: the first argument, or the keyword naming it (`video=`, `image=`)."""
+    return args[0] if args else kwargs.get("video", kwargs.get("image"))
+
+
+@contextlib.contextmanager
+def optional_text_cleaning(pipe: Any) -> Iterator[None]:
+    """diffusers 0.42's Wan image-to-video and VACE pipelines call `ftfy.fix_text` without checking that ftfy is
+    installed (the text-to-video one checks): without it, planning their call would fail where cleaning the
+    prompt's text changes no shape. A stand-in that leaves the text as it is, for the length of the capture."""
+    module = sys.modules.get(type(pipe).__module__)
+    missing = module is not None and "ftfy" not in vars(module) and _mentions(module, "ftfy.fix_text")
+    if missing:
+        module.ftfy = types.SimpleNamespace(fix_text=lambda text: text)
+    try:
+        yield
+    finally:
+        if missing:
+            del module.ftfy
+
+
+def _mentions(module: types.ModuleType, text: str) -> bool:
+    source = getattr(module, "__file__", None)
+    if not source:
+        return False
+    try:
+        with open(source, encoding="utf-8") as file:
+            return text in file.read()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def progress_bar_off(pipe: Any) -> Iterator[None]:
+    """No step bar while planning: the user sees the plan, not a bar of a call that is not really run."""
+    saved = dict(getattr(pipe, "_progress_bar_config", {}) or {})
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        yield
+    finally:
+        pipe._progress_bar_config = saved
+
+
+@contextlib.contextmanager
+def libraries_quiet() -> Iterator[None]:
+    """diffusers' and transformers' warnings about the call (a long prompt truncated at the maximum sequence
+    length, which the default prompt is on purpose) say nothing about the plan: silenced while capturing."""
+    with loggers_at_error("diffusers", "transformers"):
+        yield
+
 
 _ENTRY_METHODS = ("encode", "decode")  # besides forward: what pipelines call on a VAE
 _CPU = torch.device("cpu")

@@ -3,12 +3,11 @@
 Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`.
 """
 
-from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
+from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig, DiagonalGaussian
 from .dit import DiT, DiTConfig
 from .layers import Activation, NormKind
 from .text_encoder import Pooling, TextEncoder, TextEncoderConfig, TextEncoderOutput
 from .unet import UNet, UNetConfig
-from .vae_blocks import DiagonalGaussian
 
 __all__ = [
     "Activation",

@@ -13,24 +13,229 @@ Memory savers (both off by default; neither changes weights):
   of `tile_sample_size` pixels (default `config.tile_sample_size`), run each, blend the overlaps linearly.
   Skipped when the input is no larger than one tile. GroupNorm statistics and the mid-block attention see
   one tile at a time, so the result is close to, not equal to, the plain call.
-"""
+
+Encoder, decoder and posterior of the KL autoencoder (diffusers' `AutoencoderKL` layout).
+
+Run a spatial function over overlapping tiles and blend the results linearly (the VAE's tiled decode/encode).
+
+Each tile's output is weighted by a separable ramp that rises linearly across the overlap with a neighbour
+and is flat elsewhere (and at the image border); the canvas is the weighted sum divided by the summed
+weights. The weights are continuous and positive inside every tile, so the blend has no seams, whatever
+the number of tiles that overlap a pixel."""
 
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 from typing import Callable, ClassVar, TypeVar
 
 import torch
+import torch.nn.functional as F
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
 from ...errors import CallError
-from ...framework.config import ModelConfig
-from ...framework.modeling import ModelMixin
-from .inputs import check_channels, check_rank, check_spatial_multiple
-from .tiling import blend_tiles
-from .vae_blocks import Decoder, DiagonalGaussian, Encoder
 from ...folder.class_registry import library_class
+from ...framework.modeling import ModelConfig, ModelMixin
+from .layers import (
+    Downsample2D,
+    ResnetBlock2D,
+    SpatialSelfAttention,
+    Upsample2D,
+    check_channels,
+    check_rank,
+    check_spatial_multiple,
+)
+
+
+class VAEMidBlock(nn.Module):
+    """Resnet, single-head self-attention over all pixels, resnet."""
+
+    def __init__(self, channels: int, groups: int):
+        super().__init__()
+        self.resnet_in = ResnetBlock2D(channels, channels, temb_channels=None, groups=groups)
+        self.attention = SpatialSelfAttention(channels, groups=groups)
+        self.resnet_out = ResnetBlock2D(channels, channels, temb_channels=None, groups=groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resnet_out(self.attention(self.resnet_in(x)))
+
+
+class ResampleBlock(nn.Module):
+    """`num_layers` resnets then a down- or upsample (or neither, for the last level)."""
+
+    def __init__(self, in_channels: int, out_channels: int, *, num_layers: int, groups: int,
+                 resample: type[nn.Module] | None):
+        super().__init__()
+        self.resnets = nn.ModuleList(
+            ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, temb_channels=None, groups=groups)
+            for i in range(num_layers)
+        )
+        self.resample = resample(out_channels) if resample is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for resnet in self.resnets:
+            x = resnet(x)
+        return x if self.resample is None else self.resample(x)
+
+
+class Encoder(nn.Module):
+    """Image (B, in_channels, H, W) -> posterior moments (B, 2*latent_channels, H/f, W/f)."""
+
+    def __init__(self, in_channels: int, latent_channels: int, channels: tuple[int, ...], layers: int, groups: int):
+        super().__init__()
+        self.conv_in = nn.Conv2d(in_channels, channels[0], 3, padding=1)
+        self.down_blocks = nn.ModuleList(
+            ResampleBlock(channels[max(i - 1, 0)], width, num_layers=layers, groups=groups,
+                          resample=Downsample2D if i < len(channels) - 1 else None)
+            for i, width in enumerate(channels)
+        )
+        self.mid_block = VAEMidBlock(channels[-1], groups)
+        self.norm_out = nn.GroupNorm(groups, channels[-1], eps=1e-6)
+        self.conv_out = nn.Conv2d(channels[-1], 2 * latent_channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(x)
+        for block in self.down_blocks:
+            x = block(x)
+        x = self.mid_block(x)
+        return self.conv_out(F.silu(self.norm_out(x)))
+
+
+class Decoder(nn.Module):
+    """Latents (B, latent_channels, h, w) -> image (B, out_channels, h*f, w*f)."""
+
+    def __init__(self, latent_channels: int, out_channels: int, channels: tuple[int, ...], layers: int, groups: int):
+        super().__init__()
+        reversed_channels = tuple(reversed(channels))
+        self.conv_in = nn.Conv2d(latent_channels, reversed_channels[0], 3, padding=1)
+        self.mid_block = VAEMidBlock(reversed_channels[0], groups)
+        self.up_blocks = nn.ModuleList(
+            ResampleBlock(reversed_channels[max(i - 1, 0)], width, num_layers=layers + 1, groups=groups,
+                          resample=Upsample2D if i < len(channels) - 1 else None)
+            for i, width in enumerate(reversed_channels)
+        )
+        self.norm_out = nn.GroupNorm(groups, channels[0], eps=1e-6)
+        self.conv_out = nn.Conv2d(channels[0], out_channels, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.mid_block(self.conv_in(z))
+        for block in self.up_blocks:
+            x = block(x)
+        return self.conv_out(F.silu(self.norm_out(x)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagonalGaussian:
+    """The encoder's posterior: a diagonal Gaussian per latent element.
+
+    `sample(generator)` draws latents, `mode()` is the mean; both are unscaled (multiply by the VAE's
+    `scaling_factor` after subtracting `shift_factor` before handing them to a denoiser).
+    """
+
+    mean: torch.Tensor
+    logvar: torch.Tensor
+
+    @classmethod
+    def from_moments(cls, moments: torch.Tensor) -> "DiagonalGaussian":
+        mean, logvar = moments.chunk(2, dim=1)
+        return cls(mean=mean, logvar=logvar.clamp(-30.0, 20.0))
+
+    @property
+    def std(self) -> torch.Tensor:
+        return torch.exp(0.5 * self.logvar)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Draw on the generator's device (a CPU generator gives the same latents on every machine), then move.
+        device = generator.device if generator is not None else self.mean.device
+        noise = torch.randn(self.mean.shape, generator=generator, device=device, dtype=self.mean.dtype)
+        return self.mean + self.std * noise.to(self.mean.device)
+
+    def to(self, *args, **kwargs) -> "DiagonalGaussian":
+        """Moved/cast like a tensor (accelerate's hooks call `.to(device)` on outputs that have it)."""
+        return DiagonalGaussian(mean=self.mean.to(*args, **kwargs), logvar=self.logvar.to(*args, **kwargs))
+
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    def kl(self) -> torch.Tensor:
+        """KL divergence to N(0, I) per sample, summed over latent elements."""
+        return 0.5 * (self.mean.pow(2) + self.logvar.exp() - 1.0 - self.logvar).sum(dim=(1, 2, 3))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TileGrid:
+    """Tile placement along one axis: `starts` of tiles of `size` input pixels covering `length`."""
+
+    length: int
+    size: int
+    starts: tuple[int, ...]
+
+    @classmethod
+    def cover(cls, length: int, size: int, overlap: int, align: int = 1) -> "TileGrid":
+        """Fewest tiles of `size` overlapping by at least `overlap`, evenly spread, starts multiples of `align`.
+
+        The last tile ends exactly at `length`, so every tile is full-size (no thin last tile).
+        """
+        if length <= size:
+            return cls(length=length, size=length, starts=(0,))
+        if not 0 < overlap < size:
+            raise ValueError(f"tile overlap must be between 1 and the tile size - 1 ({size - 1}), got {overlap}")
+        stride = size - overlap
+        count = math.ceil((length - size) / stride) + 1
+        span = length - size
+        starts = tuple(align * round(span * i / (count - 1) / align) for i in range(count))
+        return cls(length=length, size=size, starts=starts)
+
+    def weights(self, index: int, scale: float, device, dtype) -> torch.Tensor:
+        """The blend weight of tile `index` along this axis, in output pixels (input pixels x `scale`)."""
+        out_size = round(self.size * scale)
+        position = torch.arange(out_size, dtype=torch.float32, device=device) + 0.5
+        weight = torch.ones(out_size, dtype=torch.float32, device=device)
+        start = self.starts[index]
+        if index > 0:  # ramp up across the overlap with the previous tile
+            overlap = (self.starts[index - 1] + self.size - start) * scale
+            weight = torch.minimum(weight, position / overlap)
+        if index < len(self.starts) - 1:  # ramp down across the overlap with the next tile
+            overlap = (start + self.size - self.starts[index + 1]) * scale
+            weight = torch.minimum(weight, (out_size - position) / overlap)
+        return weight.to(dtype)
+
+
+def blend_tiles(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    *,
+    tile_size: int,
+    overlap: int,
+    scale: float,
+    align: int = 1,
+) -> torch.Tensor:
+    """`fn(x)` computed tile by tile. `fn` maps an (B, C, h, w) tile to (B, C', h*scale, w*scale).
+
+    `align` keeps tile starts on multiples of it, so that with a downscaling `fn` (scale < 1) every tile's
+    output lands on whole output pixels.
+    """
+    height, width = x.shape[-2:]
+    rows = TileGrid.cover(height, tile_size, overlap, align)
+    cols = TileGrid.cover(width, tile_size, overlap, align)
+    canvas = weight_sum = None
+    for i, top in enumerate(rows.starts):
+        for j, left in enumerate(cols.starts):
+            tile = fn(x[..., top:top + rows.size, left:left + cols.size])
+            if canvas is None:
+                out_h, out_w = round(height * scale), round(width * scale)
+                canvas = tile.new_zeros(*tile.shape[:-2], out_h, out_w)
+                weight_sum = tile.new_zeros(out_h, out_w)
+            weight = (rows.weights(i, scale, tile.device, tile.dtype)[:, None]
+                      * cols.weights(j, scale, tile.device, tile.dtype)[None, :])
+            out_top, out_left = round(top * scale), round(left * scale)
+            region = (..., slice(out_top, out_top + tile.shape[-2]), slice(out_left, out_left + tile.shape[-1]))
+            canvas[region] += tile * weight
+            weight_sum[region[1:]] += weight
+    return canvas / weight_sum
+
 
 Method = TypeVar("Method", bound=Callable)
 

@@ -17,10 +17,8 @@ from pydantic import PositiveInt, model_validator
 from torch import nn
 
 from ...errors import CallError
-from ...framework.config import ModelConfig
-from ...framework.modeling import ModelMixin
-from .inputs import check_rank
-from .layers import Activation, Attention, FeedForward, NormKind, make_norm
+from ...framework.modeling import ModelConfig, ModelMixin
+from .layers import Activation, Attention, FeedForward, NormKind, check_rank, make_norm
 from ...folder.class_registry import library_class
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipelines.checkpoint import find_weights, read_header
-from pipelines.checkpoint.naming import WeightsNaming
+from pipelines.checkpoint.files import WeightsNaming
 
 from checkpoint_models import TinyConfig, TinyModel, saved_bytes, tiny_ids, tiny_model
 from same_output import assert_same_output

@@ -10,8 +10,7 @@ import pytest
 import torch
 from pipeline_fixtures import TinyUserPipeline, tiny_user_pipeline
 
-from pipelines.checkpoint import CheckpointSaveError, atomic
-from pipelines.checkpoint import saving as weights_saving
+from pipelines.checkpoint import CheckpointSaveError, saving as atomic, saving as weights_saving
 
 
 def _hidden_entries(parent):

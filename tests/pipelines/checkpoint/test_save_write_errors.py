@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import pipelines.checkpoint.config_file as config_file
+import pipelines.checkpoint.files as config_file
 import pipelines.checkpoint.saving as weights_saving
 from pipelines import Pipeline
 from pipelines.checkpoint import CheckpointSaveError
-from pipelines.checkpoint.atomic import is_write_error
+from pipelines.checkpoint.saving import is_write_error
 
 from child_process import run_child
 from pipeline_fixtures import tiny_user_pipeline

@@ -10,7 +10,7 @@ from PIL import Image
 
 from pipelines.cli import main
 from pipelines.cli.args import budgets_arg
-from pipelines.cli.resolve import resolve_budgets_arg
+from pipelines.cli.targets import resolve_budgets_arg
 from placement import Plan
 from placement.sizes import GiB, parse_size
 

@@ -18,9 +18,9 @@ from tqdm.auto import tqdm
 
 from pipelines import TextToImagePipeline
 from pipelines.cli import main
-from pipelines.cli.call_defaults import default_call
+from pipelines.cli.targets import default_call
 from pipelines.distributed.images import ImageRecord, RunFolder, write_atomically
-from pipelines.distributed.progress import counting_steps, run_bar
+from pipelines.distributed.job import counting_steps, run_bar
 from pipelines.errors import ImageRunError
 
 from child_process import finish, run_child, wait_for

@@ -18,8 +18,7 @@ import pipelines.cli.advice
 import pipelines.distributed
 from pipelines import TextToImagePipeline
 from pipelines.cli import main
-from pipelines.distributed.images import RunFolder, write_atomically
-from pipelines.distributed.run_lock import LOCK_NAME, run_lock
+from pipelines.distributed.images import LOCK_NAME, RunFolder, run_lock, write_atomically
 
 from child_process import hang_guard
 

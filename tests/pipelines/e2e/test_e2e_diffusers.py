@@ -17,7 +17,7 @@ from pipelines import Pipeline
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
 from cases import CASES
-from pipelines.hf.calls.arguments import recorded_call
+from pipelines.hf.calls.capture import recorded_call
 from recorded_calls import described_shapes, recorded_shapes
 from same_output import assert_same_output
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-import pipelines.folder.hub as hub
+import pipelines.folder.sources as hub
 from pipelines.checkpoint import WeightsNotFoundError
 
 from checkpoint_models import TinyModel, tiny_model

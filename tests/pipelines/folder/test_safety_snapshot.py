@@ -11,7 +11,7 @@ from pipeline_fixtures import TinyUserPipeline, tiny_user_pipeline
 
 from child_process import hang_guard
 from pipelines.errors import FolderChangedError
-from pipelines.folder import snapshot
+from pipelines.folder import model_index as snapshot
 
 LOADS = 3  # loads that overlap at least SAVES saves: the test ends then, however fast the machine
 SAVES = 3

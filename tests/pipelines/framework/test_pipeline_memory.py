@@ -204,7 +204,7 @@ def test_vae_slicing_decodes_sample_by_sample_and_saves_nothing_for_one(pipe):
 
 def test_vae_tiling_splits_images_larger_than_a_tile_and_skips_the_others(pipe):
     """tile_sample_size=32 pixels on the tiny VAE (factor 2): 16-latent tiles overlapping by 4."""
-    from pipelines.text_to_image.models.tiling import TileGrid
+    from pipelines.text_to_image.models.autoencoder_kl import TileGrid
 
     plain = {side: generate(pipe, side=side) for side in (32, 48)}
     batches = _decoder_batches(pipe)

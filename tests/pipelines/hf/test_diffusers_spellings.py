@@ -9,8 +9,8 @@ import io
 import pytest
 import torch
 
-import pipelines.checkpoint.progress as progress_module
-import pipelines.folder.hub as hub
+import pipelines.checkpoint.streaming as progress_module
+import pipelines.folder.sources as hub
 from hooks.group_offload import GroupOffloadingConfig, apply_group_offloading, remove_group_offloading
 from hooks import OffloadConfigError
 from pipelines import TextToImagePipeline

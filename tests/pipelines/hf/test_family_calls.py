@@ -148,7 +148,7 @@ def _tiny_llm(kind: str):
 
 @pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen2.5-vl"])
 def test_llm_encoders_are_estimated_with_their_kv_cache_as_pipelines_call_them(kind):
-    from pipelines.hf.calls.spec import ExampleCall
+    from pipelines.hf.calls.capture import ExampleCall
 
     torch.manual_seed(0)
     encoder = _tiny_llm(kind).eval()
@@ -164,7 +164,7 @@ def test_llm_encoders_are_estimated_with_their_kv_cache_as_pipelines_call_them(k
 def test_hidream_moe_is_estimated_by_its_worst_case_routing():
     from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
 
-    from pipelines.hf.calls.spec import ExampleCall
+    from pipelines.hf.calls.capture import ExampleCall
 
     torch.manual_seed(0)
     moe = MOEFeedForwardSwiGLU(dim=64, hidden_dim=256, num_routed_experts=4, num_activated_experts=2).eval()

@@ -10,7 +10,7 @@ import pytest
 
 import pipelines
 from pipelines import LoadError, Pipeline, TextToImagePipeline, UnknownKeywordError
-from pipelines.loading.options import PIPELINE_ARGUMENTS
+from pipelines.loading.request import PIPELINE_ARGUMENTS
 
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset

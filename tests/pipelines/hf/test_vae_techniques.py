@@ -8,7 +8,7 @@ import pytest
 import torch
 from accelerate import init_empty_weights
 
-from pipelines.hf.calls.spec import ExampleCall
+from pipelines.hf.calls.capture import ExampleCall
 from pipelines.hf.calls.vae_techniques import WithTechniques, supported_techniques, tile_description
 from placement.plan_schema import MemoryTechnique
 

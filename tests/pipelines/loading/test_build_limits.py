@@ -13,8 +13,8 @@ import torch
 import pipelines
 from pipelines import Pipeline, TextToImagePipeline
 from pipelines.errors import FolderError
-from pipelines.loading import build_limits
-from pipelines.text_to_image.models import dit_blocks
+from pipelines.loading import limits as build_limits
+from pipelines.text_to_image.models import dit as dit_blocks
 from placement.errors import DoesNotFitError
 
 from pipeline_fixtures import save_preset
@@ -176,7 +176,7 @@ def test_json_nested_without_end_is_named_with_the_limit(tiny_dit, tmp_path, fil
 
 
 def test_json_depth_is_measured_without_recursion():
-    from pipelines.checkpoint.config_file import json_depth
+    from pipelines.checkpoint.files import json_depth
 
     assert (json_depth(1), json_depth([]), json_depth({"a": [1, {"b": 2}]})) == (0, 1, 3)
     nested: list = []

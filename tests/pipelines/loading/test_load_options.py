@@ -1,4 +1,4 @@
-"""One set of load options (`pipelines.loading.options.LoadOptions`), each keyword written once: the entries'
+"""One set of load options (`pipelines.loading.request.LoadOptions`), each keyword written once: the entries'
 signatures and the arguments a misspelt keyword is matched against are made from its fields, every field is read
 by the loader, and `plan_placement(folder, **kw)` is the plan `from_pretrained(folder, **kw)` follows, compared
 as JSON on option sets that take each planning path (strategies, budgets with integer GPU keys and "cpu", dtypes,
@@ -17,7 +17,7 @@ import torch
 import pipelines
 import placement.budgets as budgets
 from pipelines import ModelMixin, Pipeline, TextToImagePipeline, UnknownKeywordError
-from pipelines.loading.options import (
+from pipelines.loading.request import (
     MODEL_LOAD, MODEL_PLAN, PIPELINE_ARGUMENTS, PIPELINE_LOAD, PIPELINE_PLAN, LoadOptions, Scope, arguments_of,
 )
 
@@ -153,11 +153,11 @@ def test_both_entries_plan_through_the_one_function_with_equal_options(strict_tw
                                                                        monkeypatch):
     """By construction, not by luck: each entry pair calls one planning function once, with equal options (a
     pipeline's VAE techniques and format retries run inside it, so neither entry can re-plan apart)."""
-    import pipelines.loading.model_loader as model_loader
+    import pipelines.loading.single_model as single_model
     import pipelines.loading.pipeline_loader as pipeline_loader
 
     seen = []
-    for module, name in ((pipeline_loader, "plan_folder_pipeline"), (model_loader, "_plan")):
+    for module, name in ((pipeline_loader, "plan_folder_pipeline"), (single_model, "_plan_own")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _original=original, **k: seen.append(
             (_original.__name__, _request_of(a, k).options)) or _original(*a, **k))
@@ -170,7 +170,7 @@ def test_both_entries_plan_through_the_one_function_with_equal_options(strict_tw
     TinyModel.from_pretrained(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
     (pipe_plan, pipe_load, model_plan, model_load) = seen
     assert pipe_plan == pipe_load and pipe_plan[0] == "plan_folder_pipeline"
-    assert model_plan == model_load and model_plan[0] == "_plan"
+    assert model_plan == model_load and model_plan[0] == "_plan_own"
 
 
 def _request_of(args, kwargs):
@@ -180,7 +180,7 @@ def _request_of(args, kwargs):
 
 
 def test_an_entry_cannot_declare_a_keyword_of_its_own_beside_the_options():
-    from pipelines.loading.options import entry_signature
+    from pipelines.loading.request import entry_signature
 
     def from_pretrained(cls, pretrained, *, fast=False, **keywords):
         return None

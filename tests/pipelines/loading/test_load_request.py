@@ -11,8 +11,14 @@ import torch
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset
 from pipelines import TextToImagePipeline
-from pipelines.loading.options import LoadOptions, Scope
-from pipelines.loading.request import DeviceMapKind, DeviceMapRequest, DtypeRequest, resolve_request
+from pipelines.loading.request import (
+    DeviceMapKind,
+    DeviceMapRequest,
+    DtypeRequest,
+    LoadOptions,
+    Scope,
+    resolve_request,
+)
 from placement.errors import PlanError
 
 

@@ -16,7 +16,7 @@ import placement.devices as devices
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import has_hooks, save_preset
 from pipelines import TextToImagePipeline
-from pipelines.folder.component_classes import Family
+from pipelines.folder.sources import Family
 from pipelines.loading.meta import WeightsReader, build_component
 from pipelines.loading.placing import place_component
 from placement.devices import detect_accelerators

@@ -276,7 +276,7 @@ def test_from_pretrained_with_a_call_plans_for_its_activations(saved):
 def test_loading_shows_one_progress_bar_in_bytes_labelled_by_component(saved, monkeypatch):
     """One tqdm bar for the whole load, created with disable=None (shown on terminals, quiet in logs), counting
     the bytes loaded and relabelled with each component as it is read; progress=False turns it off."""
-    import pipelines.checkpoint.progress as progress
+    import pipelines.checkpoint.streaming as progress
 
     bars = []
 

@@ -6,8 +6,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from pipelines.errors import LoadError
-from pipelines.text_to_image.pipeline import TextToImagePipeline
-from pipelines.text_to_image.inputs import ComponentCall, text_to_image_activation_inputs
+from pipelines.text_to_image.pipeline import ComponentCall, TextToImagePipeline, text_to_image_activation_inputs
 from placement.activations.estimate import measure_activations
 
 SIDES = (32, 64, 128)  # pixels; the tiny VAE downsamples by 2, so latents are 16..64 a side

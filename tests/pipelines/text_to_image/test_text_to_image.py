@@ -9,7 +9,7 @@ from PIL import Image
 
 from pipelines import TextEncoder, TextToImagePipeline
 from pipelines.errors import CallError, LoadError
-from pipelines.text_to_image.conditioning import SequenceSource, text_conditioning_for
+from pipelines.text_to_image.pipeline import SequenceSource, text_conditioning_for
 
 from pipeline_fixtures import generate
 from same_output import assert_same_output

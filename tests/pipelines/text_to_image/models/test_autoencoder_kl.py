@@ -9,7 +9,7 @@ from accelerate.hooks import remove_hook_from_module
 
 from pipelines.errors import CallError
 from pipelines.text_to_image.models import AutoencoderKL, DiagonalGaussian
-from pipelines.text_to_image.models.tiling import TileGrid
+from pipelines.text_to_image.models.autoencoder_kl import TileGrid
 
 from reference_inputs import tiny
 from same_output import assert_same_output

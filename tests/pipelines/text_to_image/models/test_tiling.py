@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
-from pipelines.text_to_image.models.tiling import TileGrid, blend_tiles
+from pipelines.text_to_image.models.autoencoder_kl import TileGrid, blend_tiles
 from same_output import assert_same_output
 
 
