@@ -19,7 +19,6 @@ from .storage import CheckpointStore, DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
 from .. import trace
 from .. import transfer_meter as meter
-from ..places import place_of_device
 from ..tensor_slots import ModelTensor
 
 
@@ -56,7 +55,7 @@ class ModuleGroup:
         self.entries = tuple(entries)
         self.release = release
         self.onload_device = onload_device
-        self.onload_place = place_of_device(onload_device) if onload_place is None else onload_place
+        self.onload_place = meter.place_of_device(onload_device) if onload_place is None else onload_place
         self.store = store
         self.transfer = transfer
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)

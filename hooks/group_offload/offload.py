@@ -32,31 +32,42 @@ from placement.devices import Device, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 from placement.plan_schema import ComponentPlan, PlacementKind
 
-from .grouping import GroupSpec, OffloadType, plan_groups
+from .grouping import GroupSpec, OffloadType, Regrouped, plan_groups, regroup
 from .module_group import ModuleGroup
-from .regroup import Regrouped, regroup
 from .storage import DiskStore, HostStore
 from .transfer import BlockingTransfer, StreamTransfer
 from .. import trace
 from .. import transfer_meter as meter
-from ..diffusers_compat import group_offloading_fields
+from ..editing import open_groups, store_home
 from ..errors import OffloadConfigError
-from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type, remove_hooks_where, running_ancestor
-from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
+from ..gather import group_slots
+from ..hook_utils import add_hook_first, find_hooks, hooks_of, remove_hooks_of_type, remove_hooks_where
+from ..hook_utils import running_ancestor
+from ..input_moving import ReturnOutputsHook, move_to_device, restore_entry_methods, return_to_caller
+from ..input_moving import run_entry_methods_through
 from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from ..techniques import streams_everything
+from ..techniques import register, streams_everything
+from ..tensor_slots import StandIns, named_tensors
 
 __all__ = [
     "SPEC",
     "GroupMemberHook",
+    "GroupOffloadEdit",
     "GroupOffloadHook",
     "GroupOffloadingConfig",
     "GroupOffloadSession",
     "OffloadType",
     "apply_group_offloading",
+    "group_offloading_fields",
     "group_offloading_session",
     "remove_group_offloading",
 ]
+
+# diffusers' keywords for `apply_group_offloading(module, onload_device=..., ...)` (`group_offloading_fields`).
+GROUP_OFFLOAD_FIELDS = ("onload_device", "offload_device", "offload_type", "num_blocks_per_group", "use_stream",
+                        "offload_to_disk_path")
+TUNING_ONLY = ("non_blocking", "record_stream", "low_cpu_mem_usage")
+UNSUPPORTED = ("block_modules", "exclude_kwargs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +286,7 @@ def apply_group_offloading(
 
     `config` is a `GroupOffloadingConfig`; diffusers' spelling works too:
     `apply_group_offloading(module, onload_device=..., offload_type=..., num_blocks_per_group=...)`
-    (see `diffusers_compat` for what each of its keywords becomes)."""
+    (see `group_offloading_fields` for what each of its keywords becomes)."""
     if not isinstance(config, GroupOffloadingConfig) or diffusers_keywords:
         if isinstance(config, GroupOffloadingConfig):
             raise OffloadConfigError("Pass a GroupOffloadingConfig or diffusers' keywords, not both.")
@@ -364,6 +375,39 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
         ) from error
 
 
+def group_offloading_fields(positional: Any, keywords: dict[str, Any]) -> dict[str, Any]:
+    """The `GroupOffloadingConfig` fields for `apply_group_offloading(module, positional, **keywords)`, diffusers'
+    spelling, where `positional` is diffusers' second argument (onload_device) or None:
+    - onload_device, offload_device, offload_type, num_blocks_per_group, use_stream, offload_to_disk_path: the
+      config field of the same name (num_blocks_per_group=None means 1, as for leaf_level);
+    - non_blocking, record_stream, low_cpu_mem_usage: accepted; they tune how diffusers copies, and ours decides
+      that itself (copies are asynchronous exactly when use_stream prefetches, from memory pinned once);
+    - block_modules, exclude_kwargs: not supported; passing one is an error rather than silently ignored."""
+    unknown = sorted(set(keywords) - set(GROUP_OFFLOAD_FIELDS) - set(TUNING_ONLY) - set(UNSUPPORTED))
+    if unknown:
+        raise OffloadConfigError(
+            f"apply_group_offloading got unknown keywords {unknown}; it takes a GroupOffloadingConfig or "
+            f"diffusers' keywords {[*GROUP_OFFLOAD_FIELDS, *TUNING_ONLY]}."
+        )
+    unsupported = sorted(key for key in UNSUPPORTED if keywords.get(key) is not None)
+    if unsupported:
+        raise OffloadConfigError(
+            f"apply_group_offloading: {unsupported} are diffusers options this library does not implement; "
+            "leave them out (groups follow the module's block lists; every forward keyword is moved)."
+        )
+    fields = {key: keywords[key] for key in GROUP_OFFLOAD_FIELDS if keywords.get(key) is not None}
+    if positional is not None:
+        if "onload_device" in fields:
+            raise OffloadConfigError("apply_group_offloading got onload_device twice (by position and keyword).")
+        fields["onload_device"] = positional
+    if "onload_device" not in fields:
+        raise OffloadConfigError(
+            "apply_group_offloading needs an onload_device (e.g. onload_device=torch.device('cuda')) or a "
+            "GroupOffloadingConfig."
+        )
+    return fields
+
+
 def _refuse_unmaterialized_weights(module: nn.Module) -> None:
     on_meta = [name for name, tensor in [*module.named_parameters(), *module.named_buffers()] if tensor.is_meta]
     if on_meta:
@@ -371,6 +415,51 @@ def _refuse_unmaterialized_weights(module: nn.Module) -> None:
             f"Cannot group-offload {type(module).__name__}: {len(on_meta)} tensors have no data (meta device), "
             f"e.g. {on_meta[:3]}. Load the weights first (from_pretrained), then offload."
         )
+
+
+class GroupOffloadEdit:
+    """One edit of a group-offloaded module (its row's `editor`): groups offloaded (disk ones as stand-ins),
+    then regrouped (`GroupOffloadSession.refresh`)."""
+
+    def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
+        self.module = module
+        self.session = session
+        self.stand_ins = StandIns()
+
+    def open(self) -> None:
+        open_groups(self.module, self.session.groups, self.stand_ins)
+
+    def close(self) -> list[str]:
+        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
+                    for name in self.stand_ins.put_back(self.module)]
+        self.session.refresh(self.module)
+        grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
+        return problems + [f"{name} (no data: created on meta, nothing serves it)"
+                           for name, tensor in named_tensors(self.module) if id(tensor) not in grouped]
+
+    def homes(self) -> dict[str, Device]:
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        return {names.get(id(entry.get()), entry.key): store_home(group, entry)
+                for group in self.session.groups for entry in group.entries}
+
+
+def _editor(module: nn.Module) -> GroupOffloadEdit | None:
+    session = group_offloading_session(module)
+    return None if session is None else GroupOffloadEdit(module, session)
+
+
+def _gather(module: nn.Module) -> dict:
+    groups: dict[int, ModuleGroup] = {}
+    for _, _, hook in find_hooks(module, GroupOffloadHook):
+        for group in [*hook.session.groups, *([hook.group] if hook.group is not None else [])]:
+            groups.setdefault(id(group), group)
+    return group_slots(groups.values())
+
+
+def _return_outputs(module: nn.Module) -> None:
+    # Outputs back where the inputs came from, as for the other placement kinds: a pipeline that joins an
+    # offloaded encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
+    add_hook_first(module, ReturnOutputsHook())
 
 
 def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffloadingConfig:
@@ -381,7 +470,7 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffload
                                  use_stream=torch_device(place).type == "cuda")
 
 
-SPEC = TechniqueSpec(
+SPEC = register(TechniqueSpec(
     technique=Technique.GROUP_OFFLOAD,
     config_class=GroupOffloadingConfig,
     apply=apply_group_offloading,
@@ -391,4 +480,7 @@ SPEC = TechniqueSpec(
     plan_kinds=frozenset({PlacementKind.OFFLOADED}),
     serves=lambda component, context: streams_everything(component) and not follows_transfer_plan(component, context),
     plan_config=_plan_config,
-)
+    finish_plan=_return_outputs,
+    editor=_editor,
+    gather=_gather,
+))

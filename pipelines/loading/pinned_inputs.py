@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from hooks.dispatch import undispatch
-from hooks.plan_dispatch import apply_component_plan
+from hooks.techniques import apply_component_plan
 from placement.plan_schema import ComponentPlan
 
 

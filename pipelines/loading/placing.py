@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hooks.dispatch import DiskWeights, undispatch
-from hooks.plan_dispatch import apply_component_plan, apply_plan
+from hooks.techniques import apply_component_plan, apply_plan
 from placement.device_maps import owning_key
 from placement.devices import Accelerators, Device, is_accelerator, normalize_device
 from placement.errors import InvalidDeviceError
