@@ -30,11 +30,10 @@ handing its outputs back to the execution device when it ran elsewhere (the code
 Which per-call units leave when room is needed is decided per device (`residency_phases`).
 
 Editing a module run by per-call residency (`ResidencyEdit`, its row's `editor`): its units are offload groups.
-
 For an edit every unit is offloaded (per-call units kept on the accelerator across calls go back to the host:
 the next call loads them again, as after a release), so the module holds each weight's host form, disk-homed
-ones as stand-ins. Afterwards the units are regrouped (`group_offload.grouping.regroup`) by the component's own lists:
-a LoRA inside a per-call block joins that block, one inside a streamed block moves with it at every run;
+ones as stand-ins. Afterwards the units are regrouped (`group_offload.module_group.regroup`) by the component's
+own lists: a LoRA inside a per-call block joins that block, one inside a streamed block moves with it at every run;
 tensors of resident entries stay on their accelerator (moved there if an edit left them elsewhere). The
 phase's byte counts follow, so the coordinator makes room for what the component now loads.
 """
@@ -56,8 +55,8 @@ from .dispatch import _called_modules as called_modules
 from .errors import OffloadConfigError
 from .editing import mapped_homes, open_groups, settle, store_home
 from .gather import group_slots
-from .group_offload.grouping import GroupSpec, OffloadType, plan_groups, regroup, whole_group
-from .group_offload.module_group import ModuleGroup, ReleaseRule
+from .group_offload.module_group import GroupSpec, ModuleGroup, ReleaseRule, make_transfer, held_tensor
+from .group_offload.module_group import regroup, unit_specs
 from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
@@ -179,8 +178,8 @@ class _Transfers:
     def of(self, place: Device) -> BlockingTransfer | StreamTransfer:
         if place not in self.by_place:
             device = torch_device(place)
-            streams = device.type == "cuda" if self.use_stream is None else self.use_stream
-            self.by_place[place] = StreamTransfer(device) if streams else BlockingTransfer()
+            self.by_place[place] = make_transfer(device, device.type == "cuda" if self.use_stream is None
+                                                 else self.use_stream)
         return self.by_place[place]
 
 
@@ -205,7 +204,7 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
     modules = dict(module.named_modules())
-    unknown = [path for path in listed if path not in modules and _held_tensor(module, path) is None]
+    unknown = [path for path in listed if path not in modules and held_tensor(module, path) is None]
     if unknown:
         raise OffloadConfigError(f"{what}: the transfer plan lists {unknown}, which are neither submodules of it "
                                 "nor tensors its modules hold.")
@@ -245,7 +244,7 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
 
     def units(path: str, onto: Device) -> list[ModuleGroup]:
         built = []
-        for spec in _specs(module, path, block_paths, entries):
+        for spec in unit_specs(module, path, block_paths, entries):
             kept = tuple(e for e in spec.entries if id(e.get()) not in claimed)  # tied: the first unit keeps it
             claimed.update(id(e.get()) for e in kept)
             if kept:
@@ -259,39 +258,14 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
     return per_call, [group for path in config.streamed_modules for group in units(path, place)]
 
 
-def _held_tensor(module: nn.Module, path: str) -> torch.Tensor | None:
-    """The parameter or buffer `path` names (a tensor a module holds itself, e.g. a transformer's root-level
-    `scale_shift_table`: the planner's units name such tensors by their own path), or None."""
-    owner, _, name = path.rpartition(".")
-    try:
-        holder = module.get_submodule(owner)
-    except AttributeError:
-        return None
-    if name in holder._parameters:
-        return holder._parameters[name]
-    return holder._buffers.get(name)
-
-
-def _specs(module: nn.Module, path: str, block_paths: list[str], entries) -> list[GroupSpec]:
-    tensor = _held_tensor(module, path)
-    if tensor is not None:  # a tensor held outside any block: one unit of its own, loaded per call
-        return [GroupSpec(name=path, modules=(), entries=(entries[id(tensor)],),
-                          release=ReleaseRule.AFTER_LAST_MODULE)]
-    in_block = any(owning_key(path, [block]) is not None for block in block_paths)
-    if in_block or not block_groups(module.get_submodule(path)).block_lists:
-        spec = whole_group(module, path, entries)
-        return [] if spec is None else [spec]
-    return plan_groups(module, OffloadType.BLOCK_LEVEL, 1, under=path, entries=entries)
-
-
 def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> ModuleGroup:
     pin = transfer.uses_pinned_memory
     if any(entry.get().is_meta for entry in entries):
         store = CheckpointStore(disk_weights=disk_weights or {}, pin_memory=pin)
     else:
         store = HostStore(offload_device=torch.device("cpu"), pin_memory=pin)
-    return ModuleGroup(name=spec.name, modules=spec.modules, entries=entries, release=spec.release,
-                       onload_device=torch_device(place), onload_place=place, store=store, transfer=transfer)
+    return ModuleGroup.from_spec(spec, entries=entries, store=store, transfer=transfer,
+                                 onload_device=torch_device(place), onload_place=place)
 
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
@@ -420,7 +394,7 @@ class ResidencyEdit:
             block_paths = block_groups(self.module).block_paths
             for kind, paths in (("per_call", config.per_call_modules), ("streamed", config.streamed_modules)):
                 for path in paths:
-                    for spec in _specs(self.module, path, block_paths, entries):
+                    for spec in unit_specs(self.module, path, block_paths, entries):
                         onto = away.get(path, phase.place) if kind == "per_call" else phase.place
                         self.kinds[id(spec)] = (kind, onto)
                         yield spec

@@ -5,7 +5,7 @@
                                                            use_stream=True))             # + prefetch
     handle.remove()   # or remove_group_offloading(denoiser), or accelerate's remove_hook_from_module(recurse=True)
 
-A group is onloaded just before one of its modules runs and offloaded when it is done (see `grouping` for
+A group is onloaded just before one of its modules runs and offloaded when it is done (see `module_group` for
 what the groups are). With `use_stream` (CUDA only) the first call records the order
 in which groups run; from the second call on, starting a group also queues the copy of the next one on a
 side stream from pinned memory, so the bus works while the GPU computes. With `offload_to_disk_path` each
@@ -32,10 +32,8 @@ from placement.devices import Device, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 from placement.plan_schema import ComponentPlan, PlacementKind
 
-from .grouping import GroupSpec, OffloadType, Regrouped, plan_groups, regroup
-from .module_group import ModuleGroup
+from .module_group import GroupSpec, ModuleGroup, OffloadType, Regrouped, make_transfer, plan_groups, regroup
 from .storage import DiskStore, HostStore
-from .transfer import BlockingTransfer, StreamTransfer
 from .. import trace
 from .. import transfer_meter as meter
 from ..editing import open_groups, store_home
@@ -197,7 +195,7 @@ class GroupOffloadSession:
         """Regroup after `root` was edited in place (adapters loaded, fused, unloaded: `regroup`): new tensors
         join their unit's group, units of new tensors only get groups and hooks, emptied groups lose theirs,
         and the prefetch order is traced again on the next call."""
-        config, transfer = self.config, self.groups[0].transfer if self.groups else _make_transfer(self.config)
+        config, transfer = self.config, self.groups[0].transfer if self.groups else make_transfer(self.config.onload_device, self.config.use_stream)
 
         def new_group(spec: GroupSpec, entries) -> ModuleGroup:
             self._made += 1
@@ -301,7 +299,7 @@ def apply_group_offloading(
         )
     specs = plan_groups(module, config.offload_type, config.num_blocks_per_group)
     disk_folder = _make_disk_folder(module, config)
-    transfer = _make_transfer(config)
+    transfer = make_transfer(config.onload_device, config.use_stream)
     groups = [_build_group(spec, index, config, transfer, disk_folder) for index, spec in enumerate(specs)]
     session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches,
                                   disk_folder=disk_folder)
@@ -352,13 +350,8 @@ def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, tra
         store = DiskStore(path=os.path.join(disk_folder, file_name))
     else:
         store = HostStore(offload_device=config.offload_device, pin_memory=transfer.uses_pinned_memory)
-    return ModuleGroup(name=spec.name, modules=spec.modules, entries=spec.entries, release=spec.release,
-                       onload_device=config.onload_device, onload_place=config.onload_place, store=store,
-                       transfer=transfer)
-
-
-def _make_transfer(config: GroupOffloadingConfig) -> BlockingTransfer | StreamTransfer:
-    return StreamTransfer(config.onload_device) if config.use_stream else BlockingTransfer()
+    return ModuleGroup.from_spec(spec, store=store, transfer=transfer, onload_device=config.onload_device,
+                                 onload_place=config.onload_place)
 
 
 def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str | None:
