@@ -25,7 +25,7 @@ for an edit, and settling the tensors no technique serves onto the device their 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from accelerate.utils import set_module_tensor_to_device
@@ -38,7 +38,7 @@ from .errors import OffloadConflictError
 from .hook_utils import add_hook_last, find_hooks, hooks_of
 from .input_moving import MoveInputsHook, is_on
 from .techniques import TECHNIQUES, techniques_on
-from .tensor_slots import StandIns, named_tensors
+from .tensor_slots import named_tensors
 
 _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit of one module is the same edit)
 
@@ -133,26 +133,6 @@ class WrappedLayers:
         return {}
 
 
-def open_groups(root: nn.Module, groups: Iterable, stand_ins: StandIns) -> None:
-    """Every group offloaded, so `root` holds each weight's stored form (host tensors in place: edits write
-    into the store itself), and disk-homed placeholders replaced by stand-ins."""
-    groups = list(groups)
-    for group in groups:
-        group.reset()
-    names = {id(tensor): name for name, tensor in named_tensors(root)}
-    for group in groups:
-        for entry in group.entries:
-            if entry.get().is_meta:
-                stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
-
-
-def store_home(group, entry) -> Device:
-    """Where one of a group's tensors lives between uses, as its store keeps it ("disk": read from files, the
-    checkpoint's own or the offload folder; else "cpu"). By the store, not by the tensor: a group loaded for its
-    phase holds device tensors, and their home is still the disk."""
-    return group.store.home_of(entry.key)
-
-
 def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, covered: set[int]) -> tuple[
         list[tuple[str, nn.Module]], list[str]]:
     """Put each tensor of `root` that no technique serves (`covered`: ids of served / grouped tensors) on the
@@ -201,5 +181,4 @@ def _direct_tensors(module: nn.Module) -> list[tuple[str, object]]:
             *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
-__all__ = ["edit_placed_weights", "is_streamed", "mapped_homes", "open_groups", "refresh_placement", "settle",
-           "store_home", "weight_homes"]
+__all__ = ["edit_placed_weights", "is_streamed", "mapped_homes", "refresh_placement", "settle", "weight_homes"]

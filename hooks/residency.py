@@ -53,21 +53,22 @@ from placement.streaming import block_groups
 
 from .dispatch import _called_modules as called_modules
 from .errors import OffloadConfigError
-from .editing import mapped_homes, open_groups, settle, store_home
+from .editing import mapped_homes, settle
 from .gather import group_slots
 from .group_offload.module_group import GroupSpec, ModuleGroup, ReleaseRule, make_transfer, held_tensor
 from .group_offload.module_group import regroup, unit_specs
-from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
+from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession, GroupsEdit
+from .group_offload.offload import unhook_groups
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
 from . import trace
 from . import transfer_meter as meter
-from .hook_utils import add_hook_first, add_hook_last, find_hooks, hooks_of, remove_hooks_of_type, remove_hooks_where
+from .hook_utils import add_hook_first, add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
 from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
 from .techniques import register
-from .tensor_slots import StandIns, collect_entries, named_tensors
+from .tensor_slots import collect_entries, named_tensors
 
 HOST = ("cpu", "disk")
 
@@ -367,13 +368,12 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
                            name=component.name)
 
 
-class ResidencyEdit:
+class ResidencyEdit(GroupsEdit):
     """One edit of a module under per-call residency (see the module docstring)."""
 
     def __init__(self, module: nn.Module, phase: ComponentPhase) -> None:
-        self.module = module
+        super().__init__(module)
         self.phase = phase
-        self.stand_ins = StandIns()
         self.kinds: dict[int, tuple[str, Device]] = {}  # id(spec) -> its list, and the device it loads onto
 
     @property
@@ -381,12 +381,8 @@ class ResidencyEdit:
         session = self.phase.session
         return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
 
-    def open(self) -> None:
-        open_groups(self.module, self.groups, self.stand_ins)
-
     def close(self) -> list[str]:
-        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
-                    for name in self.stand_ins.put_back(self.module)]
+        problems = self.put_back()
         phase, config = self.phase, self.phase.config
         away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
 
@@ -430,9 +426,7 @@ class ResidencyEdit:
 
     def _drop(self, emptied: list[ModuleGroup]) -> None:
         phase = self.phase
-        gone = {id(group) for group in emptied}
-        for member in self.module.modules():
-            remove_hooks_where(member, lambda hook: isinstance(hook, StreamedBlockHook) and id(hook.group) in gone)
+        unhook_groups(self.module, emptied)
         for share in phase.shares.values():
             share.per_call[:] = [group for group in share.per_call if group.entries]
         phase.per_run[:] = [group for group in phase.per_run if group.entries]
@@ -440,13 +434,10 @@ class ResidencyEdit:
             phase.session.groups[:] = [group for group in phase.session.groups if group.entries]
 
     def homes(self) -> dict[str, Device]:
-        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        """Resident tensors at their device-map entry's device, grouped ones where their store keeps them."""
         mapped = mapped_homes(self.module, dict(self.module.hf_device_map))
-        found = {name: mapped.get(id(tensor), "cpu") for name, tensor in named_tensors(self.module)}
-        for group in self.groups:
-            for entry in group.entries:
-                found[names.get(id(entry.get()), entry.key)] = store_home(group, entry)
-        return found
+        resident = {name: mapped.get(id(tensor), "cpu") for name, tensor in named_tensors(self.module)}
+        return {**resident, **super().homes()}
 
 
 def residency_phase(module: nn.Module) -> ComponentPhase | None:

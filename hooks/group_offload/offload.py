@@ -36,7 +36,6 @@ from .module_group import GroupSpec, ModuleGroup, OffloadType, Regrouped, make_t
 from .storage import DiskStore, HostStore
 from .. import trace
 from .. import transfer_meter as meter
-from ..editing import open_groups, store_home
 from ..errors import OffloadConfigError
 from ..gather import group_slots
 from ..hook_utils import add_hook_first, find_hooks, hooks_of, remove_hooks_of_type, remove_hooks_where
@@ -51,6 +50,7 @@ __all__ = [
     "SPEC",
     "GroupMemberHook",
     "GroupOffloadEdit",
+    "GroupsEdit",
     "GroupOffloadHook",
     "GroupOffloadingConfig",
     "GroupOffloadSession",
@@ -59,6 +59,7 @@ __all__ = [
     "group_offloading_fields",
     "group_offloading_session",
     "remove_group_offloading",
+    "unhook_groups",
 ]
 
 # diffusers' keywords for `apply_group_offloading(module, onload_device=..., ...)` (`group_offloading_fields`).
@@ -195,7 +196,8 @@ class GroupOffloadSession:
         """Regroup after `root` was edited in place (adapters loaded, fused, unloaded: `regroup`): new tensors
         join their unit's group, units of new tensors only get groups and hooks, emptied groups lose theirs,
         and the prefetch order is traced again on the next call."""
-        config, transfer = self.config, self.groups[0].transfer if self.groups else make_transfer(self.config.onload_device, self.config.use_stream)
+        config = self.config
+        transfer = self.groups[0].transfer if self.groups else make_transfer(config.onload_device, config.use_stream)
 
         def new_group(spec: GroupSpec, entries) -> ModuleGroup:
             self._made += 1
@@ -208,12 +210,7 @@ class GroupOffloadSession:
 
         result = regroup(root, self.groups, lambda entries: plan_groups(
             root, config.offload_type, config.num_blocks_per_group, entries=entries), new_group)
-        emptied = {id(group) for group in result.emptied}
-        for member in root.modules():
-            for hook in hooks_of(member):
-                if isinstance(hook, GroupMemberHook) and id(hook.group) in emptied and hook.is_root:
-                    hook.group = None  # the root hook still runs the session
-            remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
+        unhook_groups(root, result.emptied)
         self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
         self._trace, self._next_group, self._traced, self._first = None, {}, False, None
         return result
@@ -410,30 +407,72 @@ def _refuse_unmaterialized_weights(module: nn.Module) -> None:
         )
 
 
-class GroupOffloadEdit:
-    """One edit of a group-offloaded module (its row's `editor`): groups offloaded (disk ones as stand-ins),
-    then regrouped (`GroupOffloadSession.refresh`)."""
+class GroupsEdit:
+    """One edit of a module whose weights offload groups hold (group offloading, per-call residency; see
+    `editing`): on open every group is offloaded, so the module holds each weight's stored form (host tensors
+    in place: edits write into the store itself) and disk-homed placeholders are replaced by stand-ins; the
+    technique regroups on close (`close`)."""
 
-    def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
+    def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.session = session
         self.stand_ins = StandIns()
 
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        raise NotImplementedError
+
     def open(self) -> None:
-        open_groups(self.module, self.session.groups, self.stand_ins)
+        groups = self.groups
+        for group in groups:
+            group.reset()
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        for group in groups:
+            for entry in group.entries:
+                if entry.get().is_meta:
+                    self.stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
+
+    def put_back(self) -> list[str]:
+        """Restore the placeholders; the problems: disk-homed weights the edit tried to change."""
+        return [f"{name} (its weights are on disk; the edit tried to change them)"
+                for name in self.stand_ins.put_back(self.module)]
+
+    def homes(self) -> dict[str, Device]:
+        """Where each grouped weight lives between uses, as its store keeps it ("disk": read from files, the
+        checkpoint's own or the offload folder; else "cpu"). By the store, not by the tensor: a group loaded
+        for its phase holds device tensors, and their home is still the disk."""
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        return {names.get(id(entry.get()), entry.key): group.store.home_of(entry.key)
+                for group in self.groups for entry in group.entries}
+
+
+class GroupOffloadEdit(GroupsEdit):
+    """One edit of a group-offloaded module (its row's `editor`), regrouped by `GroupOffloadSession.refresh`."""
+
+    def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
+        super().__init__(module)
+        self.session = session
+
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        return self.session.groups
 
     def close(self) -> list[str]:
-        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
-                    for name in self.stand_ins.put_back(self.module)]
+        problems = self.put_back()
         self.session.refresh(self.module)
         grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
         return problems + [f"{name} (no data: created on meta, nothing serves it)"
                            for name, tensor in named_tensors(self.module) if id(tensor) not in grouped]
 
-    def homes(self) -> dict[str, Device]:
-        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
-        return {names.get(id(entry.get()), entry.key): store_home(group, entry)
-                for group in self.session.groups for entry in group.entries}
+
+def unhook_groups(root: nn.Module, emptied: list[ModuleGroup]) -> None:
+    """Take the hooks of `emptied` groups (left without tensors by a regroup) off `root`'s tree; a root hook
+    stays, without a group, as it still runs the session."""
+    gone = {id(group) for group in emptied}
+    for member in root.modules():
+        for hook in hooks_of(member):
+            if isinstance(hook, GroupMemberHook) and id(hook.group) in gone and hook.is_root:
+                hook.group = None
+        remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in gone)
 
 
 def _editor(module: nn.Module) -> GroupOffloadEdit | None:

@@ -1,4 +1,5 @@
-"""A split component's own forward, between its entries, meets tensors from several GPUs (hooks/input_moving.py, its parent glue):
+"""A split component's own forward, between its entries, meets tensors from several GPUs (the parent glue of
+hooks/input_moving.py):
 what it combines is moved to one device, while ops inside entries stay strict; the glue leaves nothing behind."""
 
 from __future__ import annotations
