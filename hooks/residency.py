@@ -271,9 +271,7 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> M
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
              away: Mapping[str, Device], blocks: list[ModuleGroup]) -> None:
-    for group in blocks:
-        for member in group.modules:
-            add_hook_first(member, StreamedBlockHook(group=group, session=phase.session, is_root=False))
+    _hook_blocks(blocks, phase.session)
     for entry, place, back in input_routes(module, device_map, phase.place, away):
         hook = HandBackHook(place, back=back) if back is not None else MoveInputsHook(torch_device(place), place=place)
         add_hook_last(entry, hook)
@@ -281,6 +279,13 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
     move_inputs_of_entry_methods(module, torch_device(phase.place), place=phase.place, phase=phase)
     phase.run_hooks = [module.register_forward_pre_hook(lambda *_: phase.enter()),
                        module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
+
+
+def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> None:
+    """Group offloading's member hooks on the streamed blocks, first in each chain (as group offloading's own)."""
+    for group in blocks:
+        for member in group.modules:
+            add_hook_first(member, StreamedBlockHook(group=group, session=session, is_root=False))
 
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
@@ -419,8 +424,7 @@ class ResidencyEdit(GroupsEdit):
             phase.shares[onto].per_call.append(group)
         elif group.release is ReleaseRule.AFTER_LAST_MODULE and phase.session is not None:
             phase.session.groups.append(group)
-            for member in group.modules:
-                add_hook_first(member, StreamedBlockHook(group=group, session=phase.session, is_root=False))
+            _hook_blocks([group], phase.session)
         else:
             phase.per_run.append(group)
 
