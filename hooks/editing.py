@@ -19,8 +19,9 @@ a write to disk-homed weights (their new values are dropped; the checkpoint's se
 no data. Each technique's row says how its weights are edited (`TechniqueSpec.editor`: the device map's and
 sequential offload's served weights, group offloading's and per-call residency's offload groups); the editor is
 the one of the technique whose hooks sit highest on the module, and a module without placement hooks is edited
-as it is. Nested edits of one module are one edit. What the editors share is here too: opening offload groups
-for an edit, and settling the tensors no technique serves onto the device their device-map entry names.
+as it is. Nested edits of one module are one edit. What the editors share is here too: settling the tensors no
+technique serves onto the device their device-map entry names (offload groups are opened by
+`group_offload.offload.GroupsEdit`).
 """
 
 from __future__ import annotations
