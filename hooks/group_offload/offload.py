@@ -13,6 +13,10 @@ group is one safetensors file, and the module holds `meta` placeholders between 
 
 Built on accelerate's hooks: every hooked module holds a `GroupOffloadHook` in `_hf_hook`, so removing
 hooks with accelerate restores the plain module (weights back on the devices they had before).
+
+The session, the member hooks and the group editor (`GroupsEdit`: groups opened for an in-place edit, their
+placeholders swapped for stand-ins, regrouped after it) are also per-call residency's, for its streamed blocks
+and units. diffusers' keyword spelling becomes a config in `group_offloading_fields`.
 """
 
 from __future__ import annotations
