@@ -1,6 +1,7 @@
 """Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting,
 per-call residency) and meters what it moves. Every technique has one calling shape,
-`apply_x(module, config) -> handle` with `handle.remove()`, and one row in `TECHNIQUES`.
+`apply_x(module, config) -> handle` with `handle.remove()`, and one row in `TECHNIQUES`, which its own file
+registers when this package imports it (the imports below).
 
     placed = hooks.apply_plan({"text_encoder": te, "transformer": dit, "vae": vae}, plan)
     with hooks.measure_transfers() as meter:
@@ -13,7 +14,6 @@ per-call residency) and meters what it moves. Every technique has one calling sh
         dit.load_lora_adapter(...)
 """
 
-from .diffusers_compat import group_offloading_fields, layerwise_casting_fields
 from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
 from .editing import edit_placed_weights, refresh_placement, weight_homes
 from .errors import OffloadConfigError, OffloadConflictError, PlacementRuntimeError
@@ -23,17 +23,19 @@ from .group_offload.offload import (
     GroupOffloadSession,
     OffloadType,
     apply_group_offloading,
+    group_offloading_fields,
     group_offloading_session,
     remove_group_offloading,
 )
-from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, remove_layerwise_casting
+from .input_moving import execution_place, resolve_execution_device
+from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, layerwise_casting_fields
+from .layerwise_casting import remove_layerwise_casting
 from .model_offload import ModelOffloadChain, ModelOffloadConfig, apply_model_cpu_offload, remove_model_cpu_offload
-from .places import execution_place, resolve_execution_device
-from .plan_dispatch import PlacedModules, apply_component_plan, apply_plan
 from .residency import DeviceCoordinator, ResidencyConfig, apply_residency, remove_residency
 from .sequential_offload import SequentialOffloadConfig, apply_sequential_cpu_offload, remove_sequential_cpu_offload
-from .technique_table import OFFLOADING, TECHNIQUES, apply_to_each, remove_technique, technique_for
-from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, techniques_on
+from .techniques import OFFLOADING, TECHNIQUES, Handle, PlacedModules, PlanContext, Technique, TechniqueSpec
+from .techniques import apply_component_plan, apply_plan, apply_to_each, check_compatible, remove_technique
+from .techniques import technique_for, techniques_on
 from .trace import CallTrace, TraceEvent, trace_calls
 from .transfer_meter import Traffic, TransferMeter, measure_transfers
 

@@ -20,12 +20,26 @@ A dispatch that fails removes every hook it attached before re-raising.
 This is the "device map" technique of the technique table: `apply_device_map(module, DeviceMapConfig(...))`
 returns a handle; `dispatch(module, device_map, ...)` is the same with the config's fields as arguments.
 Served weights are counted by the transfer meter (host -> the execution device, per forward).
+
+Editing a dispatched module (`DeviceMapEdit`, its row's `editor`): whole, split, cpu, disk, and offloaded
+with part resident.
+
+Resident entries hold their weights on their device; an edit there (peft adds a LoRA beside its base layer,
+on the base weight's device) needs nothing but a check that new tensors sit on their entry's device. Streamed
+entries ("disk", or "cpu" while an accelerator executes) hold `meta` between forwards, each layer's weights
+served by its `ServeWeightsHook` from host RAM (a CPU state dict) or the checkpoint's files. For an edit:
+- open: each served weight homed in RAM is put back into its module (the stored tensor itself: a fuse writes
+  into it), each one homed on disk gets a stand-in (`tensor_slots.StandIns`), so new tensors are created in host RAM;
+- close: weights the edit replaced go back into the hook's RAM store; every served slot is `meta` again;
+  modules holding new tensors in a streamed entry get a hook serving them from host RAM like their
+  neighbours (a container that never runs, e.g. a ParameterDict, has its tensors moved to the executing
+  device instead); tensors of resident entries are moved to their entry's device if they are elsewhere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from accelerate.hooks import AlignDevicesHook, ModelHook, add_hook_to_module, remove_hook_from_module
@@ -48,10 +62,14 @@ from placement.plan_schema import ComponentPlan, PlacementKind
 
 from . import transfer_meter as meter
 from .errors import OffloadConfigError
-from .hook_utils import add_hook_last, find_hooks
-from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
-from .parent_glue import glue_parent_forward, remove_glue
-from .techniques import Handle, PlanContext, Technique, TechniqueSpec, follows_transfer_plan, streams_everything
+from .editing import is_streamed, mapped_homes, settle
+from .gather import served_slots
+from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, runs_forward
+from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_entry_methods, move_to_device
+from .input_moving import remove_glue, restore_entry_methods
+from .techniques import Handle, PlanContext, Technique, TechniqueSpec, follows_transfer_plan, register
+from .techniques import streams_everything
+from .tensor_slots import StandIns, TensorSlot
 
 DiskWeights = Mapping[str, Mapping[str, str]]
 
@@ -121,7 +139,7 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
     """One input-moving hook at the top (on `main`), one per resident entry, weight-serving hooks in streamed ones."""
     modules = dict(module.named_modules())
     keys = [key for key in device_map if key in modules]
-    streamed = [key for key in keys if _is_streamed(device_map[key], main)]
+    streamed = [key for key in keys if is_streamed(device_map[key], main)]
     weights_map = _weights_map(module, [key for key in streamed if device_map[key] == "cpu"], disk_index, main)
     tied_params = find_tied_parameters(module)
     tied_params_map = {
@@ -169,11 +187,6 @@ def _called_modules(entry: nn.Module) -> list[nn.Module]:
     if type(entry).forward is not nn.Module.forward:
         return [entry]
     return [called for child in entry.children() for called in _called_modules(child)]
-
-
-def _is_streamed(device: Device, main: Device) -> bool:
-    """The entry's weights live somewhere that does not execute: the disk, or RAM while an accelerator runs."""
-    return device == "disk" or (device == "cpu" and main != "cpu")
 
 
 def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Device):
@@ -343,7 +356,105 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> DeviceMapCon
                            disk_weights=context.disk_weights)
 
 
-SPEC = TechniqueSpec(
+class DeviceMapEdit:
+    """One edit of a dispatched module (see the module docstring)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        device_map = getattr(module, "hf_device_map", None)
+        self.device_map = dict(device_map) if isinstance(device_map, dict) else {"": "cpu"}
+        self.main = execution_place_of(module)
+        self.stand_ins = StandIns()
+        # (slot, (the hook's store, key there), the tensor put in, the data pointer of its home)
+        self._homed: list[tuple[TensorSlot, Any, torch.Tensor, int]] = []
+
+    def open(self) -> None:
+        for path, submodule, hook in find_hooks(self.module, ServeWeightsHook):
+            for name, _ in named_module_tensors(submodule, include_buffers=hook.offload_buffers,
+                                                recurse=hook.place_submodules, remove_non_persistent=True):
+                slot = TensorSlot(module=submodule, name=name, is_parameter=name in submodule._parameters)
+                store, key = _store_of(hook.weights_map, name)
+                home = store.get(key) if store is not None else None
+                if home is None:
+                    self.stand_ins.put(f"{path}.{name}" if path else name, [slot])
+                    continue
+                placeholder = slot.get()
+                value = nn.Parameter(home, requires_grad=placeholder.requires_grad) if slot.is_parameter else home
+                slot.holder[name] = value
+                self._homed.append((slot, (store, key), value, home.data_ptr()))
+
+    def close(self) -> list[str]:
+        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
+                    for name in self.stand_ins.put_back(self.module)]
+        for slot, (store, key), put, home_pointer in self._homed:
+            held = slot.get()
+            if held is not put or held.data_ptr() != home_pointer:
+                store[key] = held.detach().to("cpu")  # replaced (e.g. `weight.data = merged`): store the new one
+            placeholder = torch.empty_like(held, device="meta")
+            slot.holder[slot.name] = nn.Parameter(placeholder, requires_grad=held.requires_grad) \
+                if slot.is_parameter else placeholder
+        self._homed = []
+        return problems + self._serve_new()
+
+    def _serve_new(self) -> list[str]:
+        served = {id(tensor) for _, submodule, hook in find_hooks(self.module, ServeWeightsHook)
+                  for _, tensor in named_module_tensors(submodule, recurse=hook.place_submodules)}
+        streamed, no_data = settle(self.module, self.device_map, self.main, served)
+        for path, submodule in streamed:
+            if any(tensor.is_meta for tensor in submodule.parameters(recurse=False)):
+                continue  # reported in no_data: nothing holds its values
+            if runs_forward(submodule):
+                serve_from_host(submodule, self.main)
+            else:
+                for name, _ in named_module_tensors(submodule, include_buffers=True, recurse=False):
+                    set_module_tensor_to_device(submodule, name, torch_device(self.main))
+        return [f"{name} (no data: created on meta, nothing serves it)" for name in no_data]
+
+    def homes(self) -> dict[str, Device]:
+        """Where each weight lives between calls: its entry's device, "cpu" (served from RAM) or "disk"."""
+        found: dict[str, Device] = {}
+        mapped = mapped_homes(self.module, self.device_map)
+        for path, submodule in self.module.named_modules():
+            prefix = f"{path}." if path else ""
+            hooks = [hook for hook in hooks_of(submodule) if isinstance(hook, ServeWeightsHook)]
+            for name, tensor in named_module_tensors(submodule, recurse=False):
+                if hooks:
+                    store, key = _store_of(hooks[0].weights_map, name)
+                    found[prefix + name] = "cpu" if store is not None and key in store else "disk"
+                else:  # in a streamed entry without a hook: kept where it runs (see _serve_new)
+                    home = mapped.get(id(tensor), "cpu")
+                    found[prefix + name] = self.main if is_streamed(home, self.main) else home
+        return found
+
+
+def execution_place_of(module: nn.Module) -> Device:
+    """Where a dispatched module executes: the place of the input-moving hook at its top."""
+    for hook in hooks_of(module):
+        if isinstance(hook, MoveInputsHook):
+            return hook.place
+    return "cpu"
+
+
+def _store_of(weights_map, name: str):
+    """(the in-memory mapping that holds `name`'s served value, its key there); (None, None) when the value is
+    read from a file (a checkpoint's, through the hook's offload index)."""
+    key = name
+    if isinstance(weights_map, PrefixedDataset):
+        weights_map, key = weights_map.dataset, weights_map.prefix + name
+    if isinstance(weights_map, OffloadedWeightsLoader):
+        return (weights_map.state_dict, key) if key in weights_map.state_dict else (None, None)
+    return (weights_map, key) if isinstance(weights_map, dict) else (None, None)
+
+
+def device_map_editor(module: nn.Module) -> DeviceMapEdit | None:
+    """The editor of a module whose weights input-moving or weight-serving hooks run (a device map, and
+    sequential offload's served layers)."""
+    if any(isinstance(hook, MoveInputsHook) for hook in hooks_of(module)) or has_hook(module, ServeWeightsHook):
+        return DeviceMapEdit(module)
+    return None
+
+
+SPEC = register(TechniqueSpec(
     technique=Technique.DEVICE_MAP,
     config_class=DeviceMapConfig,
     apply=apply_device_map,
@@ -353,7 +464,9 @@ SPEC = TechniqueSpec(
     plan_kinds=frozenset(PlacementKind),
     serves=_serves,
     plan_config=_plan_config,
-)
+    editor=device_map_editor,
+    gather=served_slots,
+))
 
-__all__ = ["SPEC", "DeviceMapConfig", "ServeWeightsHook", "apply_device_map", "dispatch", "serve_from_host",
-           "serve_weights", "undispatch"]
+__all__ = ["SPEC", "DeviceMapConfig", "DeviceMapEdit", "DiskWeights", "ServeWeightsHook", "apply_device_map",
+           "device_map_editor", "dispatch", "execution_place_of", "serve_from_host", "serve_weights", "undispatch"]

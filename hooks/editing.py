@@ -10,36 +10,36 @@ host RAM (offloaded, per-call, streamed) or on disk (`meta` placeholders, read a
 runtime's bookkeeping (offload groups, served weights) was made before the new tensors existed. So an edit
 runs inside `edit_placed_weights`, which gives every technique on the module a chance to open and close it:
 - open: the module holds each weight's home form: groups offloaded, RAM-served weights put back, disk ones as
-  stand-ins (`stand_ins`: new tensors land in host RAM; a write to the disk copy is refused);
+  stand-ins (`tensor_slots.StandIns`: new tensors land in host RAM; a write to the disk copy is refused);
 - close: new tensors follow their layer (its device for whole/split/cpu entries; its offload group, its
   streamed entry's served set, its per-call or streamed unit otherwise), removed ones are forgotten, replaced
   ones re-stored; input-moving hooks of layers that were wrapped move up to the wrapper.
 What cannot be followed raises `OffloadConflictError` naming the tensors, after the module is consistent again:
 a write to disk-homed weights (their new values are dropped; the checkpoint's serve the layer), tensors with
-no data. The editors are found by the hooks on the module (`dispatch_edit`, `residency_edit`, group
-offloading's `refresh`); a module without placement hooks is edited as it is. Nested edits of one module
-are one edit.
+no data. Each technique's row says how its weights are edited (`TechniqueSpec.editor`: the device map's and
+sequential offload's served weights, group offloading's and per-call residency's offload groups); the editor is
+the one of the technique whose hooks sit highest on the module, and a module without placement hooks is edited
+as it is. Nested edits of one module are one edit. What the editors share is here too: settling the tensors no
+technique serves onto the device their device-map entry names (offload groups are opened by
+`group_offload.offload.GroupsEdit`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
-from placement.devices import Device
+from placement.device_maps import owning_key
+from placement.devices import Device, is_accelerator, torch_device
 
-from .dispatch import ServeWeightsHook
-from .dispatch_edit import DeviceMapEdit
-from .edit_support import named_tensors, open_groups, store_home
 from .errors import OffloadConflictError
-from .group_offload.offload import GroupOffloadSession, group_offloading_session
 from .hook_utils import add_hook_last, find_hooks, hooks_of
-from .input_moving import MoveInputsHook
-from .residency_edit import ResidencyEdit, residency_phase
-from .stand_ins import StandIns
-
+from .input_moving import MoveInputsHook, is_on
+from .techniques import TECHNIQUES, techniques_on
+from .tensor_slots import named_tensors
 
 _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit of one module is the same edit)
 
@@ -89,42 +89,22 @@ def weight_homes(module: nn.Module) -> dict[str, Device]:
 
 
 def _editors(module: nn.Module) -> list:
+    """The input-moving hooks' follower, and the editor of the technique whose hooks sit highest on `module`
+    (its own row's `editor`; ties go by table order)."""
     editors: list = [WrappedLayers(module)]
-    session = group_offloading_session(module)
-    phase = residency_phase(module)
-    if session is not None:
-        editors.append(GroupOffloadEdit(module, session))
-    elif phase is not None:
-        editors.append(ResidencyEdit(module, phase))
-    elif any(isinstance(hook, MoveInputsHook) for hook in hooks_of(module)) or \
-            next(find_hooks(module, ServeWeightsHook), None) is not None:
-        editors.append(DeviceMapEdit(module))
+    present = techniques_on(module)
+    order = list(TECHNIQUES)
+    for technique in sorted(present, key=lambda t: (_depth(present[t]), order.index(t))):
+        row = TECHNIQUES[technique]
+        editor = row.editor(module) if row.editor is not None else None
+        if editor is not None:
+            editors.append(editor)
+            break
     return editors
 
 
-class GroupOffloadEdit:
-    """One edit of a group-offloaded module: groups offloaded (disk ones as stand-ins), then regrouped."""
-
-    def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
-        self.module = module
-        self.session = session
-        self.stand_ins = StandIns()
-
-    def open(self) -> None:
-        open_groups(self.module, self.session.groups, self.stand_ins)
-
-    def close(self) -> list[str]:
-        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
-                    for name in self.stand_ins.put_back(self.module)]
-        self.session.refresh(self.module)
-        grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
-        return problems + [f"{name} (no data: created on meta, nothing serves it)"
-                           for name, tensor in named_tensors(self.module) if id(tensor) not in grouped]
-
-    def homes(self) -> dict[str, Device]:
-        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
-        return {names.get(id(entry.get()), entry.key): store_home(group, entry)
-                for group in self.session.groups for entry in group.entries}
+def _depth(path: str) -> int:
+    return 0 if path == "<root>" else path.count(".") + 1
 
 
 class WrappedLayers:
@@ -154,4 +134,52 @@ class WrappedLayers:
         return {}
 
 
-__all__ = ["edit_placed_weights", "refresh_placement", "weight_homes"]
+def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, covered: set[int]) -> tuple[
+        list[tuple[str, nn.Module]], list[str]]:
+    """Put each tensor of `root` that no technique serves (`covered`: ids of served / grouped tensors) on the
+    device of its device-map entry, when that entry is resident (an accelerator, or the CPU that executes).
+    Returns the modules holding such tensors in streamed entries (host-homed while `main` executes), for the
+    caller to serve, and the names of tensors that have no data (meta) and nothing to serve them."""
+    streamed: list[tuple[str, nn.Module]] = []
+    no_data: list[str] = []
+    mapped = mapped_homes(root, device_map)
+    for path, module in root.named_modules():
+        direct = [(name, tensor) for name, tensor in _direct_tensors(module) if id(tensor) not in covered]
+        if not direct:
+            continue
+        prefix = f"{path}." if path else ""
+        homes = {name: mapped.get(id(tensor), device_map.get("", "cpu")) for name, tensor in direct}
+        no_data += [prefix + name for name, tensor in direct if tensor.is_meta]
+        if any(is_streamed(home, main) for home in homes.values()):
+            streamed.append((path, module))
+            continue
+        for name, tensor in direct:
+            device = torch_device(homes[name])
+            if not tensor.is_meta and not is_on(tensor, device):
+                set_module_tensor_to_device(module, name, device)
+    return streamed, no_data
+
+
+def is_streamed(home: Device, main: Device) -> bool:
+    """Weights homed off the executing device: on disk, or in RAM while an accelerator executes."""
+    return home == "disk" or (home == "cpu" and is_accelerator(main))
+
+
+def mapped_homes(root: nn.Module, device_map: Mapping[str, Device]) -> dict[int, Device]:
+    """Each tensor's device-map home, by identity: a tied tensor (T5's `encoder.embed_tokens` is `shared`) is
+    homed by whichever of its names the map covers, so the alias the map does not name is not taken for a
+    tensor of the root entry."""
+    homes: dict[int, Device] = {}
+    for name, tensor in named_tensors(root):
+        key = owning_key(name, device_map)
+        if key is not None:
+            homes.setdefault(id(tensor), device_map[key])
+    return homes
+
+
+def _direct_tensors(module: nn.Module) -> list[tuple[str, object]]:
+    return [*((n, t) for n, t in module._parameters.items() if t is not None),
+            *((n, t) for n, t in module._buffers.items() if t is not None)]
+
+
+__all__ = ["edit_placed_weights", "is_streamed", "mapped_homes", "refresh_placement", "settle", "weight_homes"]

@@ -10,18 +10,19 @@ A placed module does not always hold its weights. Where a technique keeps them e
   file per group) or a `CheckpointStore` (a checkpoint's "disk" weights). Groups homed in host memory leave real
   CPU tensors in the module, and resident or onloaded weights are real too: those need no gathering.
 
-`offloaded_weights(module)` finds every placeholder and returns a lazy mapping {state-dict name: the weight read
-into CPU memory}, so a writer can read them one shard at a time; `offloaded_weights_in_state_dict(module)` makes
-`module.state_dict()` return the real weights while it is open, for writers that call `state_dict()` themselves
-(diffusers' and transformers' `save_pretrained`). Nothing moves: no hook fires, no group is onloaded, the transfer
-meter counts nothing, and the placement is the same afterwards.
+Each technique's row says how its placeholders are gathered (`TechniqueSpec.gather`: `served_slots` for the hooks'
+`weights_map`s, `group_slots` for offload groups); `offloaded_weights(module)` asks every row, and returns a lazy
+mapping {state-dict name: the weight read into CPU memory}, so a writer can read them one shard at a time;
+`offloaded_weights_in_state_dict(module)` makes `module.state_dict()` return the real weights while it is open, for
+writers that call `state_dict()` themselves (diffusers' and transformers' `save_pretrained`). Nothing moves: no hook
+fires, no group is onloaded, the transfer meter counts nothing, and the placement is the same afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.hooks import AlignDevicesHook
@@ -29,10 +30,11 @@ from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from .group_offload.module_group import ModuleGroup
-from .group_offload.offload import GroupMemberHook
 from .hook_utils import find_hooks
-from .residency import ResidencyHook
+from .techniques import TECHNIQUES
+
+if TYPE_CHECKING:  # the techniques' files import this one for their rows' `gather`
+    from .group_offload.module_group import ModuleGroup
 
 SlotKey = tuple[int, str]  # (id of the module holding the tensor, its attribute name)
 
@@ -44,20 +46,20 @@ class _ServedWeight:
         self.weights_map = weights_map
         self.key = key
 
-    def read(self) -> torch.Tensor:
+    def read(self, cache: "_LastGroup | None" = None) -> torch.Tensor:
         return read_into_memory(self.weights_map, self.key)
 
 
 class _GroupWeight:
-    """A weight resting in an offload group's store; the group's tensors are read once for all its weights."""
+    """A weight resting in an offload group's store; the group's tensors are read once for all its weights
+    (`cache`: the reader's last group)."""
 
-    def __init__(self, group: ModuleGroup, key: str, cache: "_LastGroup") -> None:
+    def __init__(self, group: ModuleGroup, key: str) -> None:
         self.group = group
         self.key = key
-        self.cache = cache
 
-    def read(self) -> torch.Tensor:
-        return self.cache.tensors_of(self.group)[self.key].to("cpu")
+    def read(self, cache: "_LastGroup | None" = None) -> torch.Tensor:
+        return (cache or _LastGroup()).tensors_of(self.group)[self.key].to("cpu")
 
 
 class _LastGroup:
@@ -85,9 +87,14 @@ class OffloadedWeights(Mapping[str, torch.Tensor]):
 
     def __init__(self, sources: Mapping[str, Source]) -> None:
         self._sources = dict(sources)
+        self._cache = _LastGroup()
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._sources[name].read()
+        return self._sources[name].read(self._cache)
+
+    def read(self, source: Source) -> torch.Tensor:
+        """`source` (one of `source_of`'s) read into CPU memory."""
+        return source.read(self._cache)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._sources)
@@ -102,7 +109,9 @@ class OffloadedWeights(Mapping[str, torch.Tensor]):
 def offloaded_weights(module: nn.Module) -> OffloadedWeights:
     """The weights `module` holds as `meta` placeholders and where each is read from (see the module docstring).
     A placeholder nothing serves (a weight never loaded) is not in it: `unserved_placeholders` names those."""
-    slots = {**_served_slots(module), **_group_slots(module)}
+    slots: dict[SlotKey, Source] = {}
+    for gather in dict.fromkeys(row.gather for row in TECHNIQUES.values() if row.gather is not None):
+        slots.update(gather(module))
     sources: dict[str, Source] = {}
     for prefix, submodule in module.named_modules(remove_duplicate=False):
         for attribute in [*submodule._parameters, *submodule._buffers]:
@@ -130,7 +139,7 @@ def offloaded_weights_in_state_dict(module: nn.Module) -> Iterator[OffloadedWeig
             key, source = prefix + name, weights.source_of(name)
             if key in state_dict and state_dict[key].is_meta:
                 if id(source) not in read:
-                    read[id(source)] = source.read()
+                    read[id(source)] = weights.read(source)
                 state_dict[key] = read[id(source)]
 
     handle = module.register_state_dict_post_hook(fill_in)
@@ -150,7 +159,9 @@ def read_into_memory(weights_map: Mapping, key: str) -> torch.Tensor:
     return base[full_key].to("cpu")
 
 
-def _served_slots(module: nn.Module) -> dict[SlotKey, Source]:
+def served_slots(module: nn.Module) -> dict[SlotKey, Source]:
+    """The placeholders under `module` that offloading `AlignDevicesHook`s serve from their `weights_map`
+    (ours, and accelerate's own on a component its owner placed)."""
     slots: dict[SlotKey, Source] = {}
     by_tensor: dict[int, Source] = {}  # tied parameters (one Parameter in two modules) share one source
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
@@ -167,29 +178,16 @@ def _served_slots(module: nn.Module) -> dict[SlotKey, Source]:
     return slots
 
 
-def _group_slots(module: nn.Module) -> dict[SlotKey, Source]:
-    cache = _LastGroup()
+def group_slots(groups: Iterable[ModuleGroup]) -> dict[SlotKey, Source]:
+    """The placeholders that `groups` keep in their stores (a tied tensor: one entry, several slots)."""
     slots: dict[SlotKey, Source] = {}
-    for group in _offload_groups(module):
+    for group in groups:
         for entry in group.entries:
             if entry.get().is_meta:
-                source = _GroupWeight(group, entry.key, cache)
-                for slot in entry.slots:  # a tied tensor: one entry, several slots
+                source = _GroupWeight(group, entry.key)
+                for slot in entry.slots:
                     slots[(id(slot.module), slot.name)] = source
     return slots
-
-
-def _offload_groups(module: nn.Module) -> list[ModuleGroup]:
-    """Every group of the group offloading and per-call residency applied under `module` (per-call units have no
-    hook of their own: their component's `ResidencyHook` knows them)."""
-    groups: dict[int, ModuleGroup] = {}
-    for _, _, hook in find_hooks(module, GroupMemberHook):
-        for group in [*hook.session.groups, *([hook.group] if hook.group is not None else [])]:
-            groups.setdefault(id(group), group)
-    for _, _, hook in find_hooks(module, ResidencyHook):
-        for group in [*hook.phase.per_call, *hook.phase.per_run]:
-            groups.setdefault(id(group), group)
-    return list(groups.values())
 
 
 def _unwrap(weights_map: Mapping, key: str) -> tuple[Mapping, str]:
@@ -206,5 +204,5 @@ def _serves(weights_map: Mapping, key: str) -> bool:
     return full_key in base
 
 
-__all__ = ["OffloadedWeights", "offloaded_weights", "offloaded_weights_in_state_dict", "read_into_memory",
-           "unserved_placeholders"]
+__all__ = ["OffloadedWeights", "group_slots", "offloaded_weights", "offloaded_weights_in_state_dict",
+           "read_into_memory", "served_slots", "unserved_placeholders"]

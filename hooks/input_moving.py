@@ -16,6 +16,32 @@ catches that); `move_inputs_of_entry_methods` makes those methods move their inp
 
 Given the `place` it moves to (the plan's spelling of the device), a move is counted by the transfer meter
 (`transfer_meter`) as inputs, also under virtual accelerators where no byte moves.
+
+Where a module executes (`execution_place`): a user's device spec as a place (the plan's spelling) and as a
+torch device.
+
+A *place* is a device as device maps spell it: an accelerator index, "cpu" or "disk" (`placement.devices`).
+The runtime keeps the place beside the torch device because under `PLACEMENT_VIRTUAL_ACCELERATORS` with
+`PLACEMENT_VIRTUAL_STRICT=0` an accelerator's torch device is the CPU: only the place says that a copy to it
+crosses the bus (the transfer meter counts it as a GPU copy; strict, it is `vgpu:k` and says so itself).
+Techniques resolve their configs' devices here.
+
+The code of a split component that runs between its entries, fed its tensors on one device.
+
+A split puts a component's entries (blocks, embedders, heads) on several accelerators, and each entry's hook
+moves its inputs to where it runs. The component's own forward also computes between entries, and there it can
+meet tensors from two devices, where no entry hook is: SD3's transformer adds the ControlNet's residual (made
+before the blocks, on the execution device) to the hidden state a block on GPU 1 returned; a U-Net's up block, not
+itself an entry, concatenates the hidden state with a skip connection kept from a down block on another GPU. On
+CUDA such an op raises "Expected all tensors to be on the same device".
+
+While a split component's forward runs, `ParentGlue` watches the ops that run outside its entries (a
+`TorchFunctionMode`; entries count as inside while their hooks run): an op whose tensors are on two or more
+accelerators gets them moved to the first one's device (the hidden state's, in both examples), once per op and
+counted by the transfer meter as inputs moved. Inside entries nothing is moved: a mix-up there is a real
+placement bug and still raises. CPU tensors are left as they are (a 0-d CPU tensor is a scalar to CUDA; any
+other one mixed with a device tensor is an error there too). The cost is a Python check per op of the forward,
+about a microsecond each, only for split components.
 """
 
 from __future__ import annotations
@@ -28,11 +54,14 @@ import torch
 from accelerate.hooks import AlignDevicesHook, ModelHook
 from accelerate.utils import send_to_device
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from placement.devices import Device
+from placement.devices import Device, accelerators_present, normalize_device, torch_device
+from placement.errors import InvalidDeviceError
 
 from . import transfer_meter as meter
-from .places import place_of_device
+from .errors import OffloadConfigError
+from .transfer_meter import place_of_device
 
 
 def move_to_device(data: Any, device: torch.device, place: Device | None = None) -> Any:
@@ -289,17 +318,160 @@ def _moving(method, device: torch.device, place: Device, phase):
     return wrapper
 
 
-__all__ = [
-    "DeliverOutputsHook",
-    "ENTRY_METHODS",
-    "MoveInputsHook",
-    "ReturnOutputsHook",
-    "first_tensor",
-    "first_tensor_device",
-    "is_on",
-    "move_inputs_of_entry_methods",
-    "move_to_device",
-    "restore_entry_methods",
-    "return_to_caller",
-    "run_entry_methods_through",
-]
+
+
+def execution_place(device=None) -> Device:
+    """`device` as a place that can execute; None means accelerator 0, or the CPU on a machine without one.
+
+    Offloading "to the CPU" and executing on the CPU moves nothing, but it runs every hook of the technique:
+    that is how CPU-only machines (CI) exercise the code path.
+    """
+    if device is None:
+        return 0 if accelerators_present() else "cpu"
+    try:
+        place = normalize_device(device)
+        resolved = torch_device(place)  # "disk" is refused there: it cannot execute
+    except InvalidDeviceError as error:
+        raise OffloadConfigError(f"Execution device {device!r} is not usable: {error}") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise OffloadConfigError(
+            f"Execution device {device!r} needs CUDA, which this machine does not have; pass device=None "
+            "(the CPU then executes) or run on a GPU machine."
+        )
+    return place
+
+
+def resolve_execution_device(device=None) -> torch.device:
+    """`execution_place(device)` as the torch device that computes there."""
+    return torch_device(execution_place(device))
+
+
+def config_with_execution_device(config: Any, config_class: type, execution_device: Any, *, function: str) -> Any:
+    """`config`, or `config_class(execution_device=...)` for the keyword spelling; both is an error."""
+    if config is None:
+        return config_class(execution_device=execution_device)
+    if execution_device is not None:
+        raise OffloadConfigError(f"{function}: pass a {config_class.__name__} or execution_device=, not both.")
+    if not isinstance(config, config_class):
+        raise OffloadConfigError(f"{function}: expected a {config_class.__name__}, got {type(config).__name__}.")
+    return config
+
+
+_GLUE = "_placement_parent_glue"  # the module attribute holding its glue (and marking the wrapped forward)
+# Calls that move tensors by design, never rewritten.
+_MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_})
+
+
+class ParentGlue:
+    """Per split component: the mode its forward runs under, and how deep inside its entries the current op is
+    (torch's own forward hooks on each entry count it, `always_call`: also when an entry raises)."""
+
+    def __init__(self, entries: list[nn.Module]) -> None:
+        self.depth = 0
+        self.mode = _GlueMode(self)
+        self.handles = []
+        for entry in entries:
+            self.handles.append(entry.register_forward_pre_hook(self._enter))
+            self.handles.append(entry.register_forward_hook(self._leave, always_call=True))
+
+    def run(self, forward, *args, **kwargs):
+        self.depth = 0
+        with self.mode:
+            return forward(*args, **kwargs)
+
+    def _enter(self, module, args) -> None:
+        self.depth += 1
+
+    def _leave(self, module, args, output) -> None:
+        self.depth = max(self.depth - 1, 0)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+class _GlueMode(TorchFunctionMode):
+    def __init__(self, glue: ParentGlue) -> None:
+        super().__init__()
+        self.glue = glue
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.glue.depth == 0 and func not in _MOVES:
+            device = _mixed_accelerators(args, kwargs)
+            if device is not None:
+                args, kwargs = _to(args, device), _to(kwargs, device)
+        return func(*args, **kwargs)
+
+
+def _op_tensors(data: Any):
+    """The tensors of an op's argument: itself, or those of a list/tuple of them (torch.cat's), as aten takes."""
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, (list, tuple)):
+        for item in data:
+            if isinstance(item, torch.Tensor):
+                yield item
+
+
+def _mixed_accelerators(args: tuple, kwargs: dict) -> torch.device | None:
+    """The first accelerator tensor's device, if the op's tensors are on two or more."""
+    first, mixed = None, False
+    for value in (*args, *kwargs.values()):
+        for tensor in _op_tensors(value):
+            device = tensor.device
+            if device.type in ("cpu", "meta"):
+                continue
+            if first is None:
+                first = device
+            elif device != first:
+                mixed = True
+    return first if mixed else None
+
+
+def _to(data: Any, device: torch.device) -> Any:
+    """`data` (an op's args or kwargs) with the accelerator tensors `_tensors` finds on `device`, in new
+    containers: the caller's lists stay as they are."""
+    if isinstance(data, torch.Tensor):
+        return data if data.device.type in ("cpu", "meta") else move_to_device(data, device, place_of_device(device))
+    if isinstance(data, dict):
+        return {key: _to(item, device) for key, item in data.items()}
+    if isinstance(data, (list, tuple)):
+        moved = [_to(item, device) for item in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    return data
+
+
+def glue_parent_forward(module: nn.Module, entries: list[nn.Module]) -> ParentGlue:
+    """Run `module.forward` (its hooked forward: call this after the hooks are on) inside a `ParentGlue` that
+    leaves the ops of `entries` alone. Removing the module's accelerate hooks restores its original forward, which
+    drops this wrapper; `remove_glue` takes the entries' counters off."""
+    glue = ParentGlue(entries)
+    hooked = module.forward
+
+    @functools.wraps(hooked)
+    def forward(*args, **kwargs):
+        return glue.run(hooked, *args, **kwargs)
+
+    module.forward = forward
+    setattr(module, _GLUE, glue)
+    return glue
+
+
+def glue_of(module: nn.Module) -> ParentGlue | None:
+    return getattr(module, _GLUE, None)
+
+
+def remove_glue(module: nn.Module) -> None:
+    """Take the glue off `module` and every submodule holding one (the wrapped forward goes with the hooks)."""
+    for submodule in module.modules():
+        glue = submodule.__dict__.pop(_GLUE, None)
+        if glue is not None:
+            glue.remove()
+
+
+__all__ = ["DeliverOutputsHook", "ENTRY_METHODS", "MoveInputsHook", "ParentGlue", "ReturnOutputsHook",
+           "config_with_execution_device", "execution_place", "first_tensor", "first_tensor_device", "glue_of",
+           "glue_parent_forward", "is_on", "move_inputs_of_entry_methods", "move_to_device", "remove_glue",
+           "resolve_execution_device", "restore_entry_methods", "return_to_caller", "run_entry_methods_through"]

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from accelerate.hooks import ModelHook
 from torch import nn
 
-from .diffusers_compat import layerwise_casting_fields
 from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, remove_hooks_of_type
-from .techniques import Handle, Technique, TechniqueSpec, check_compatible
+from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
 from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "LayerwiseCastingConfig",
     "LayerwiseCastingHook",
     "apply_layerwise_casting",
+    "layerwise_casting_fields",
     "remove_layerwise_casting",
 ]
 
@@ -115,6 +116,20 @@ class LayerwiseCastingHook(ModelHook):
         return module
 
 
+LAYERWISE_CASTING_FIELDS = ("storage_dtype", "compute_dtype", "skip_modules_pattern", "skip_modules_classes")
+
+
+def layerwise_casting_fields(storage_dtype: Any, compute_dtype: Any, skip_modules_pattern: Any,
+                             skip_modules_classes: Any, non_blocking: bool = False) -> dict[str, Any]:
+    """The `LayerwiseCastingConfig` fields for diffusers' positional/keyword spelling, `apply_layerwise_casting(
+    module, storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking)` (None: the
+    default; non_blocking accepted: casts run on the weights' own device)."""
+    del non_blocking  # accepted for diffusers' signature: casts run on the weights' own device
+    values = dict(zip(LAYERWISE_CASTING_FIELDS, (storage_dtype, compute_dtype, skip_modules_pattern,
+                                                 skip_modules_classes)))
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def apply_layerwise_casting(
     module: nn.Module,
     storage_dtype: LayerwiseCastingConfig | torch.dtype | str | None = None,
@@ -126,7 +141,7 @@ def apply_layerwise_casting(
     """Store the weights of `module`'s Linear/Conv layers in `storage_dtype`, compute in `compute_dtype`.
 
     `apply_layerwise_casting(module, LayerwiseCastingConfig(...))` is the one shape; diffusers' spelling
-    (the config's fields as arguments, see `diffusers_compat`) works too. Returns a handle whose `config` is
+    (the config's fields as arguments, see `layerwise_casting_fields`) works too. Returns a handle whose `config` is
     the resolved config. Applying again replaces the previous casting.
     """
     if isinstance(storage_dtype, LayerwiseCastingConfig):
@@ -220,7 +235,7 @@ def _check_dtypes(module: nn.Module, config: LayerwiseCastingConfig, targets) ->
         )
 
 
-SPEC = TechniqueSpec(
+SPEC = register(TechniqueSpec(
     technique=Technique.LAYERWISE_CASTING,
     config_class=LayerwiseCastingConfig,
     apply=apply_layerwise_casting,
@@ -236,4 +251,4 @@ SPEC = TechniqueSpec(
         ),
     },
     offloads_weights=False,
-)
+))

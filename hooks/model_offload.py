@@ -33,11 +33,10 @@ from torch import nn
 from placement.devices import Device, torch_device
 
 from . import transfer_meter as meter
-from .diffusers_compat import config_with_execution_device
 from .hook_utils import add_hook_last, hooks_of, remove_hooks_of_type
+from .input_moving import config_with_execution_device, execution_place
 from .input_moving import move_to_device, return_to_caller  # keeps the caller's lists: writes stay visible
-from .places import execution_place
-from .techniques import Technique, TechniqueSpec, check_compatible
+from .techniques import Technique, TechniqueSpec, check_compatible, register
 
 __all__ = ["SPEC", "ComponentEntryHook", "ModelOffloadChain", "ModelOffloadConfig", "ModelOffloadHook",
            "apply_model_cpu_offload", "remove_model_cpu_offload"]
@@ -190,11 +189,11 @@ def _module_bytes(module: nn.Module) -> int:
     return sum(meter.tensor_bytes(tensor) for tensor in distinct.values())
 
 
-SPEC = TechniqueSpec(
+SPEC = register(TechniqueSpec(
     technique=Technique.MODEL_OFFLOAD,
     config_class=ModelOffloadConfig,
     apply=apply_model_cpu_offload,
     remove=remove_model_cpu_offload,
     refuses={Technique.DEVICE_MAP: "", Technique.SEQUENTIAL_OFFLOAD: "", Technique.GROUP_OFFLOAD: ""},
     offloads_weights=True,
-)
+))

@@ -28,6 +28,14 @@ accelerator (resident or per-call blocks there), input-moving hooks where the de
 device-map entries, and on every block of a block list that runs partly elsewhere, the list's last block
 handing its outputs back to the execution device when it ran elsewhere (the code after a list runs there).
 Which per-call units leave when room is needed is decided per device (`residency_phases`).
+
+Editing a module run by per-call residency (`ResidencyEdit`, its row's `editor`): its units are offload groups.
+For an edit every unit is offloaded (per-call units kept on the accelerator across calls go back to the host:
+the next call loads them again, as after a release), so the module holds each weight's host form, disk-homed
+ones as stand-ins. Afterwards the units are regrouped (`group_offload.module_group.regroup`) by the component's
+own lists: a LoRA inside a per-call block joins that block, one inside a streamed block moves with it at every run;
+tensors of resident entries stay on their accelerator (moved there if an edit left them elsewhere). The
+phase's byte counts follow, so the coordinator makes room for what the component now loads.
 """
 
 from __future__ import annotations
@@ -45,18 +53,22 @@ from placement.streaming import block_groups
 
 from .dispatch import _called_modules as called_modules
 from .errors import OffloadConfigError
-from .group_offload.grouping import GroupSpec, OffloadType, plan_groups, whole_group
-from .group_offload.module_group import ModuleGroup, ReleaseRule
-from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession
+from .editing import mapped_homes, settle
+from .gather import group_slots
+from .group_offload.module_group import GroupSpec, ModuleGroup, ReleaseRule, make_transfer, held_tensor
+from .group_offload.module_group import regroup, unit_specs
+from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession, GroupsEdit
+from .group_offload.offload import unhook_groups
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
 from . import trace
 from . import transfer_meter as meter
-from .hook_utils import add_hook_first, add_hook_last, remove_hooks_of_type
+from .hook_utils import add_hook_first, add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
 from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from .tensor_slots import collect_entries
+from .techniques import register
+from .tensor_slots import collect_entries, named_tensors
 
 HOST = ("cpu", "disk")
 
@@ -167,8 +179,8 @@ class _Transfers:
     def of(self, place: Device) -> BlockingTransfer | StreamTransfer:
         if place not in self.by_place:
             device = torch_device(place)
-            streams = device.type == "cuda" if self.use_stream is None else self.use_stream
-            self.by_place[place] = StreamTransfer(device) if streams else BlockingTransfer()
+            self.by_place[place] = make_transfer(device, device.type == "cuda" if self.use_stream is None
+                                                 else self.use_stream)
         return self.by_place[place]
 
 
@@ -193,7 +205,7 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
     modules = dict(module.named_modules())
-    unknown = [path for path in listed if path not in modules and _held_tensor(module, path) is None]
+    unknown = [path for path in listed if path not in modules and held_tensor(module, path) is None]
     if unknown:
         raise OffloadConfigError(f"{what}: the transfer plan lists {unknown}, which are neither submodules of it "
                                 "nor tensors its modules hold.")
@@ -233,7 +245,7 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
 
     def units(path: str, onto: Device) -> list[ModuleGroup]:
         built = []
-        for spec in _specs(module, path, block_paths, entries):
+        for spec in unit_specs(module, path, block_paths, entries):
             kept = tuple(e for e in spec.entries if id(e.get()) not in claimed)  # tied: the first unit keeps it
             claimed.update(id(e.get()) for e in kept)
             if kept:
@@ -247,46 +259,19 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
     return per_call, [group for path in config.streamed_modules for group in units(path, place)]
 
 
-def _held_tensor(module: nn.Module, path: str) -> torch.Tensor | None:
-    """The parameter or buffer `path` names (a tensor a module holds itself, e.g. a transformer's root-level
-    `scale_shift_table`: the planner's units name such tensors by their own path), or None."""
-    owner, _, name = path.rpartition(".")
-    try:
-        holder = module.get_submodule(owner)
-    except AttributeError:
-        return None
-    if name in holder._parameters:
-        return holder._parameters[name]
-    return holder._buffers.get(name)
-
-
-def _specs(module: nn.Module, path: str, block_paths: list[str], entries) -> list[GroupSpec]:
-    tensor = _held_tensor(module, path)
-    if tensor is not None:  # a tensor held outside any block: one unit of its own, loaded per call
-        return [GroupSpec(name=path, modules=(), entries=(entries[id(tensor)],),
-                          release=ReleaseRule.AFTER_LAST_MODULE)]
-    in_block = any(owning_key(path, [block]) is not None for block in block_paths)
-    if in_block or not block_groups(module.get_submodule(path)).block_lists:
-        spec = whole_group(module, path, entries)
-        return [] if spec is None else [spec]
-    return plan_groups(module, OffloadType.BLOCK_LEVEL, 1, under=path, entries=entries)
-
-
 def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> ModuleGroup:
     pin = transfer.uses_pinned_memory
     if any(entry.get().is_meta for entry in entries):
         store = CheckpointStore(disk_weights=disk_weights or {}, pin_memory=pin)
     else:
         store = HostStore(offload_device=torch.device("cpu"), pin_memory=pin)
-    return ModuleGroup(name=spec.name, modules=spec.modules, entries=entries, release=spec.release,
-                       onload_device=torch_device(place), onload_place=place, store=store, transfer=transfer)
+    return ModuleGroup.from_spec(spec, entries=entries, store=store, transfer=transfer,
+                                 onload_device=torch_device(place), onload_place=place)
 
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
              away: Mapping[str, Device], blocks: list[ModuleGroup]) -> None:
-    for group in blocks:
-        for member in group.modules:
-            add_hook_first(member, StreamedBlockHook(group=group, session=phase.session, is_root=False))
+    _hook_blocks(blocks, phase.session)
     for entry, place, back in input_routes(module, device_map, phase.place, away):
         hook = HandBackHook(place, back=back) if back is not None else MoveInputsHook(torch_device(place), place=place)
         add_hook_last(entry, hook)
@@ -294,6 +279,13 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
     move_inputs_of_entry_methods(module, torch_device(phase.place), place=phase.place, phase=phase)
     phase.run_hooks = [module.register_forward_pre_hook(lambda *_: phase.enter()),
                        module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
+
+
+def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> None:
+    """Group offloading's member hooks on the streamed blocks, first in each chain (as group offloading's own)."""
+    for group in blocks:
+        for member in group.modules:
+            add_hook_first(member, StreamedBlockHook(group=group, session=session, is_root=False))
 
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
@@ -381,7 +373,103 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
                            name=component.name)
 
 
-SPEC = TechniqueSpec(
+class ResidencyEdit(GroupsEdit):
+    """One edit of a module under per-call residency (see the module docstring)."""
+
+    def __init__(self, module: nn.Module, phase: ComponentPhase) -> None:
+        super().__init__(module)
+        self.phase = phase
+        self.kinds: dict[int, tuple[str, Device]] = {}  # id(spec) -> its list, and the device it loads onto
+
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        session = self.phase.session
+        return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
+
+    def close(self) -> list[str]:
+        problems = self.put_back()
+        phase, config = self.phase, self.phase.config
+        away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
+
+        def specs_for(entries):
+            block_paths = block_groups(self.module).block_paths
+            for kind, paths in (("per_call", config.per_call_modules), ("streamed", config.streamed_modules)):
+                for path in paths:
+                    for spec in unit_specs(self.module, path, block_paths, entries):
+                        onto = away.get(path, phase.place) if kind == "per_call" else phase.place
+                        self.kinds[id(spec)] = (kind, onto)
+                        yield spec
+
+        result = regroup(self.module, self.groups, specs_for, self._new_group)
+        for spec, group in result.added:
+            self._enlist(group, *self.kinds[id(spec)])
+        self._drop(result.emptied)  # the shares' byte counts follow their units
+        grouped = {id(entry.get()) for group in self.groups for entry in group.entries}
+        streamed, no_data = settle(self.module, dict(self.module.hf_device_map), phase.place, grouped)
+        problems += [f"{name} (no data: created on meta, nothing serves it)" for name in no_data]
+        problems += [f"{path or '<root>'} (host-homed, in no per-call or streamed unit)" for path, _ in streamed]
+        return problems
+
+    def _new_group(self, spec: GroupSpec, entries) -> ModuleGroup:
+        _, onto = self.kinds.get(id(spec), ("streamed", self.phase.place))
+        existing = [group for group in self.groups if group.onload_place == onto]  # its device's transfer
+        transfer = existing[0].transfer if existing else BlockingTransfer()
+        group = _group(spec, entries, onto, transfer, self.phase.config.disk_weights)
+        group.take_weights()
+        return group
+
+    def _enlist(self, group: ModuleGroup, kind: str, onto: Device) -> None:
+        phase = self.phase
+        if kind == "per_call":
+            phase.shares[onto].per_call.append(group)
+        elif group.release is ReleaseRule.AFTER_LAST_MODULE and phase.session is not None:
+            phase.session.groups.append(group)
+            _hook_blocks([group], phase.session)
+        else:
+            phase.per_run.append(group)
+
+    def _drop(self, emptied: list[ModuleGroup]) -> None:
+        phase = self.phase
+        unhook_groups(self.module, emptied)
+        for share in phase.shares.values():
+            share.per_call[:] = [group for group in share.per_call if group.entries]
+        phase.per_run[:] = [group for group in phase.per_run if group.entries]
+        if phase.session is not None:
+            phase.session.groups[:] = [group for group in phase.session.groups if group.entries]
+
+    def homes(self) -> dict[str, Device]:
+        """Resident tensors at their device-map entry's device, grouped ones where their store keeps them."""
+        mapped = mapped_homes(self.module, dict(self.module.hf_device_map))
+        resident = {name: mapped.get(id(tensor), "cpu") for name, tensor in named_tensors(self.module)}
+        return {**resident, **super().homes()}
+
+
+def residency_phase(module: nn.Module) -> ComponentPhase | None:
+    """The phase of the per-call residency applied to `module` itself (None: none is)."""
+    for hook in hooks_of(module):
+        if isinstance(hook, ResidencyHook):
+            return hook.phase
+    return None
+
+
+def _editor(module: nn.Module) -> ResidencyEdit | None:
+    phase = residency_phase(module)
+    return None if phase is None else ResidencyEdit(module, phase)
+
+
+def _gather(module: nn.Module) -> dict:
+    """The placeholders of the units under `module`: per-call and per-run ones (their component's hook knows
+    them) and streamed blocks (each carries its own hook)."""
+    groups: dict[int, ModuleGroup] = {}
+    for _, _, hook in find_hooks(module, (ResidencyHook, StreamedBlockHook)):
+        found = [*hook.phase.per_call, *hook.phase.per_run] if isinstance(hook, ResidencyHook) else \
+            [*hook.session.groups, *([hook.group] if hook.group is not None else [])]
+        for group in found:
+            groups.setdefault(id(group), group)
+    return group_slots(groups.values())
+
+
+SPEC = register(TechniqueSpec(
     technique=Technique.PER_CALL_RESIDENCY,
     config_class=ResidencyConfig,
     apply=apply_residency,
@@ -394,7 +482,10 @@ SPEC = TechniqueSpec(
     plan_kinds=frozenset({PlacementKind.WHOLE, PlacementKind.SPLIT, PlacementKind.OFFLOADED, PlacementKind.DISK}),
     serves=follows_transfer_plan,
     plan_config=_plan_config,
-)
+    editor=_editor,
+    gather=_gather,
+))
 
 __all__ = ["SPEC", "ComponentPhase", "DeviceCoordinator", "DeviceShare", "HandBackHook", "ResidencyConfig",
-           "ResidencyHook", "StreamedBlockHook", "apply_residency", "input_routes", "remove_residency", "room_on"]
+           "ResidencyEdit", "ResidencyHook", "StreamedBlockHook", "apply_residency", "input_routes",
+           "remove_residency", "residency_phase", "room_on"]

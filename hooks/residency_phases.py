@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from placement.cost import working_set
 from placement.devices import Device
 
-from .group_offload.module_group import ModuleGroup
+from .group_offload.module_group import ModuleGroup, onload_together
 from .group_offload.offload import GroupOffloadSession
 
 
@@ -152,8 +152,8 @@ class ComponentPhase:
         if self.depth == 1:
             for share in self.shares.values():
                 share.coordinator.make_room(share)
-            _onload(self.per_call)  # every device's copies started before any is waited for
-            _onload(self.per_run)
+            onload_together(self.per_call)  # every device's copies started before any is waited for
+            onload_together(self.per_run)
             if self.session is not None:
                 self.session.begin_call()
 
@@ -179,12 +179,6 @@ class ComponentPhase:
             group.restore()
         if self.session is not None:
             self.session.close()
-
-
-def _onload(groups: list[ModuleGroup]) -> None:
-    started = [group for group in groups if group.onload()]
-    for group in started:
-        group.wait_until_ready()
 
 
 __all__ = ["ComponentPhase", "DeviceCoordinator", "DeviceShare"]

@@ -23,12 +23,11 @@ from torch import nn
 
 from placement.devices import torch_device
 
-from .diffusers_compat import config_with_execution_device
-from .dispatch import serve_weights
+from .dispatch import device_map_editor, serve_weights
+from .gather import served_slots
 from .hook_utils import remove_hooks_of_type
-from .input_moving import MoveInputsHook
-from .places import execution_place
-from .techniques import Handle, Technique, TechniqueSpec, check_compatible
+from .input_moving import MoveInputsHook, config_with_execution_device, execution_place
+from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
 
 __all__ = ["SPEC", "SequentialOffloadConfig", "apply_sequential_cpu_offload", "remove_sequential_cpu_offload"]
 
@@ -76,7 +75,7 @@ def remove_sequential_cpu_offload(module: nn.Module) -> None:
         module.to("cpu")
 
 
-SPEC = TechniqueSpec(
+SPEC = register(TechniqueSpec(
     technique=Technique.SEQUENTIAL_OFFLOAD,
     config_class=SequentialOffloadConfig,
     apply=apply_sequential_cpu_offload,
@@ -92,4 +91,6 @@ SPEC = TechniqueSpec(
         ),
     },
     offloads_weights=True,
-)
+    editor=device_map_editor,  # its layers' weights are served as a device map's streamed entries are
+    gather=served_slots,
+))

@@ -1,9 +1,18 @@
-"""The vocabulary of runtime techniques: what a row of the technique table says, and the conflict check.
+"""THE technique table: what a row says, the rows, and their readers (the conflict check, the plan dispatcher).
 
 Every technique is one file holding its config, its hooks, `apply_x(module, config) -> handle` (the handle's
 `.remove()` undoes it) and its row, a `TechniqueSpec`: config class, apply, remove, what it refuses and why,
-whether it offloads weights, and which placements of a plan it serves. `technique_table.TECHNIQUES` lists
-the rows; the conflict check, the pipeline/model `enable_*` methods and the plan dispatcher read them.
+whether it offloads weights, which placements of a plan it serves, and how its weights are edited in place
+(`editor`: opened and closed around an edit, and where each weight lives between calls) and gathered for a
+save (`gather`). The file registers its row here (`register(SPEC)`), so `TECHNIQUES` lists every technique the
+package imports; readers iterate over the rows and never ask which hook type a module carries:
+- the conflict check (`check_compatible`, called by every `apply_x`): each row's `refuses`;
+- the pipeline/model `enable_*` methods: `apply_to_each`, `OFFLOADING`;
+- the plan dispatcher (`apply_component_plan` / `apply_plan`): the one row whose `serves` claims a component;
+- `editing` (`edit_placed_weights`, `weight_homes`) and `gather` (saving placed weights): `editor`, `gather`.
+
+Adding a technique: its file (config, hooks, apply, remove, and `SPEC = register(TechniqueSpec(...))`), its
+member of `Technique`, and its import in `hooks/__init__.py`.
 
 Two techniques fighting over the same weights (group offloading on top of accelerate's own offloading,
 sequential offload over layerwise casting, ...) would silently waste memory or compute in the wrong dtype, so
@@ -13,13 +22,21 @@ the tree and raises `OffloadConflictError` for any its row refuses, saying where
 Our hook classes name their technique in a `technique` class attribute; accelerate's own hooks are recognised
 by type (`CpuOffload`: model offload; `AlignDevicesHook` that offloads or only moves inputs: sequential offload;
 one with an execution device: a device map). This file imports no technique, so none imports another.
+
+A plan's placements: the loader has already put every weight where the plan says (accelerator, CPU RAM, or left
+on meta for disk); `apply_component_plan` attaches the runtime of the row that serves each component's placement
+(`technique_for`): a device map for whole / split / cpu / disk (and offloaded with part resident), group
+offloading for offloaded with every weight in CPU RAM, per-call residency for a component with a transfer plan,
+its coordinators shared through `PlanContext` by the components of one `apply_plan`. A plan whose components
+have no transfer plan (older plans, or everything resident) runs exactly as before transfer plans existed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook
@@ -28,7 +45,7 @@ from torch import nn
 from placement.devices import is_accelerator
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 
-from .errors import OffloadConflictError
+from .errors import OffloadConflictError, PlacementRuntimeError
 from .hook_utils import hooks_of
 
 
@@ -70,6 +87,15 @@ class TechniqueSpec:
     serves: Callable[[ComponentPlan, PlanContext], bool] | None = None
     # The config that runs a component as the plan places it (None: not used by plans).
     plan_config: Callable[[ComponentPlan, PlanContext], Any] | None = None
+    # What a plan's application adds after `apply` (group offloading: outputs back to the caller's device).
+    finish_plan: Callable[[nn.Module], None] | None = None
+    # How its weights are edited in place (`editing`): editor(module) -> an object with open(), close() -> the
+    # problems found, homes() -> {qualified name: where the weight lives between calls}, when this technique
+    # runs `module` itself; None when it does not (its tensors are then edited as they are).
+    editor: Callable[[nn.Module], Any] | None = None
+    # How its weights are gathered for a save (`gather`): gather(module) -> {(id(owning module), attribute):
+    # source} for every `meta` placeholder it serves under `module`.
+    gather: Callable[[nn.Module], Mapping[tuple[int, str], Any]] | None = None
 
     def runs(self, component: ComponentPlan, context: PlanContext) -> bool:
         if component.kind not in self.plan_kinds or self.plan_config is None:
@@ -152,16 +178,41 @@ def techniques_on(root: nn.Module) -> dict[Technique, str]:
     return found
 
 
-class _Table:
-    """The rows of the technique table, handed over by `technique_table` when the package is imported (the
-    table imports every technique, so the techniques cannot import it): the conflict check reads the rows of
-    the techniques already on a tree through it."""
-
-    rows: Mapping[Technique, TechniqueSpec] = {}
+_ROWS: dict[Technique, TechniqueSpec] = {}
+# The rows, in `Technique` order: each technique's file registers its own when the package is imported.
+TECHNIQUES: Mapping[Technique, TechniqueSpec] = MappingProxyType(_ROWS)
 
 
-def use_table(rows: Mapping[Technique, TechniqueSpec]) -> None:
-    _Table.rows = rows
+def register(spec: TechniqueSpec) -> TechniqueSpec:
+    """Add `spec` to `TECHNIQUES` (a technique's file calls it on its row); returns it."""
+    _ROWS[spec.technique] = spec
+    ordered = sorted(_ROWS.values(), key=lambda row: list(Technique).index(row.technique))
+    _ROWS.clear()
+    _ROWS.update((row.technique, row) for row in ordered)
+    return spec
+
+
+class _Offloading(Set):
+    """The techniques whose hooks keep their own copies of the weights: a module under them cannot be .to()-ed
+    (read from the rows, so a technique registered later is in it)."""
+
+    def _members(self) -> frozenset[Technique]:
+        return frozenset(technique for technique, spec in _ROWS.items() if spec.offloads_weights)
+
+    def __contains__(self, technique: object) -> bool:
+        return technique in self._members()
+
+    def __iter__(self) -> Iterator[Technique]:
+        return iter(self._members())
+
+    def __len__(self) -> int:
+        return len(self._members())
+
+    def __repr__(self) -> str:
+        return f"OFFLOADING({sorted(technique.value for technique in self._members())})"
+
+
+OFFLOADING: Set[Technique] = _Offloading()
 
 
 def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
@@ -169,7 +220,7 @@ def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
     whose row refuses `applying` after it."""
     present = techniques_on(module)
     for other in sorted(present, key=list(Technique).index):
-        row = _Table.rows.get(other)
+        row = _ROWS.get(other)
         after = row.refused_after if row is not None else {}
         if other not in applying.refuses and applying.technique not in after:
             continue
@@ -181,5 +232,106 @@ def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
         )
 
 
-__all__ = ["Handle", "PlanContext", "Technique", "TechniqueSpec", "check_compatible", "follows_transfer_plan",
-           "per_call_places", "streams_everything", "technique_of", "techniques_on", "use_table"]
+def technique_for(component: ComponentPlan, context: PlanContext) -> TechniqueSpec:
+    """The row that runs `component` as its plan places it (exactly one does)."""
+    rows = [spec for spec in TECHNIQUES.values() if spec.runs(component, context)]
+    if len(rows) != 1:
+        raise PlacementRuntimeError(
+            f"{component.name}: {len(rows)} techniques claim its placement ({component.kind.value}, device_map "
+            f"{component.device_map}): {[spec.technique.value for spec in rows]}. This is a bug in the technique "
+            "table's `serves` rules; please report it."
+        )
+    return rows[0]
+
+
+def remove_technique(module: nn.Module, technique: Technique | str) -> None:
+    """Remove `technique` (a `Technique` or its value, e.g. "group offloading") from `module`'s tree."""
+    TECHNIQUES[Technique(technique)].remove(module)
+
+
+def apply_to_each(technique: Technique, modules: Mapping[str, nn.Module],
+                  config_for: Callable[[str], Any]) -> dict[str, Any]:
+    """Apply `technique` to every module with `config_for(name)`; if one fails, the ones done are removed,
+    so nothing is left half-done. Returns the handles by name."""
+    spec = TECHNIQUES[technique]
+    handles: dict[str, Any] = {}
+    try:
+        for name, module in modules.items():
+            handles[name] = spec.apply(module, config_for(name))
+    except BaseException:
+        for handle in handles.values():
+            handle.remove()
+        raise
+    return handles
+
+
+def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
+                         disk_weights: Mapping[str, Mapping[str, str]] | None = None,
+                         context: PlanContext | None = None) -> Any:
+    """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`. Returns the
+    technique's handle (`handle.remove()`; `hooks.dispatch.undispatch(module)` removes them all too).
+    `context` carries what the components of one pipeline share (`apply_plan` makes it); without one the
+    component is applied alone. If applying fails, nothing is left on the module."""
+    context = PlanContext(disk_weights=disk_weights) if context is None else _with_disk_weights(context, disk_weights)
+    spec = technique_for(component, context)
+    try:
+        handle = spec.apply(module, spec.plan_config(component, context))
+        if spec.finish_plan is not None:
+            spec.finish_plan(module)
+    except BaseException:
+        spec.remove(module)
+        raise
+    if getattr(module, "hf_device_map", None) is None:
+        module.hf_device_map = dict(component.device_map)
+    return handle
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PlacedModules:
+    """The handle of `apply_plan`: each component's technique handle, and `remove()` for all of them."""
+
+    handles: Mapping[str, Any]
+    context: PlanContext
+
+    def remove(self) -> None:
+        for handle in reversed(list(self.handles.values())):
+            handle.remove()
+
+
+def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
+               disk_weights: Mapping[str, Mapping[str, Mapping[str, str]] | None] | None = None,
+               placed_by_owner: Collection[str] = ()) -> PlacedModules:
+    """Attach the runtime of every component of `plan` to `modules` (the loaded components, by name), with
+    the state the components share (one per-call coordinator per accelerator). `disk_weights`: each
+    component's offload index for its "disk" weights. `placed_by_owner`: planned components the caller runs
+    otherwise (pinned where their owner placed them); they get nothing here. If one component fails, those
+    already done are undone."""
+    skipped = set(placed_by_owner)
+    missing = [name for name in plan.components if name not in modules and name not in skipped]
+    if missing:
+        raise PlacementRuntimeError(
+            f"The plan places {missing}, which are not among the modules given ({sorted(modules)}); pass every "
+            "planned component."
+        )
+    context = PlanContext(plan=plan)
+    handles: dict[str, Any] = {}
+    try:
+        for name, component in plan.components.items():
+            if name in skipped:
+                continue
+            weights = (disk_weights or {}).get(name)
+            handles[name] = apply_component_plan(modules[name], component, disk_weights=weights, context=context)
+    except BaseException:
+        PlacedModules(handles=handles, context=context).remove()
+        raise
+    return PlacedModules(handles=handles, context=context)
+
+
+def _with_disk_weights(context: PlanContext, disk_weights: Mapping[str, Mapping[str, str]] | None) -> PlanContext:
+    return PlanContext(plan=context.plan, disk_weights=disk_weights, shared=context.shared)
+
+
+__all__ = ["OFFLOADING", "TECHNIQUES", "Handle", "PlacedModules", "PlanContext", "Technique", "TechniqueSpec",
+           "apply_component_plan", "apply_plan", "apply_to_each", "check_compatible", "follows_transfer_plan",
+           "per_call_places", "register", "remove_technique", "streams_everything", "technique_for", "technique_of",
+           "techniques_on"]

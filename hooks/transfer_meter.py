@@ -33,7 +33,6 @@ import torch
 from placement.devices import Device, is_accelerator, strict_virtual_accelerators, virtual_accelerator_count
 from placement.sizing import storage_bytes
 
-from .places import place_of_device
 
 
 class Payload(str, Enum):
@@ -155,6 +154,13 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 def tracking_places() -> bool:
     """Whether the meter tracks places itself: devices do not say them (plain-CPU virtual accelerators)."""
     return bool(_State.meters) and _State.tracking
+
+
+def place_of_device(device: torch.device) -> Device:
+    """The place of a real torch device: "cuda:1" -> 1, "mps" -> 0, "cpu" -> "cpu" ("meta" counts as host)."""
+    if device.type in ("cpu", "meta"):
+        return "cpu"
+    return device.index or 0
 
 
 def place_of(tensor: torch.Tensor) -> Device:

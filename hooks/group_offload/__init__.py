@@ -2,8 +2,9 @@
 block, or a leaf) at a time, with prefetch on a side CUDA stream.
 
 offload.py   the technique: config, session, hooks, apply/remove, its technique-table row
-grouping.py  which modules form a group (block lists at any depth, or each leaf)
-module_group.py, storage.py, transfer.py   one group's tensors, where they rest, how they move
+module_group.py  the streaming engine (also under per-call residency): which modules form a group (block
+                 lists at any depth, or each leaf), one group's tensors moving together, regrouping after edits
+storage.py, transfer.py   where a group's tensors rest, how they move
 """
 
 from .offload import (

@@ -1,31 +1,65 @@
-"""A group of modules whose weights are onloaded together before use and offloaded together after it.
+"""The streaming engine under group offloading and per-call residency: groups of modules whose weights are
+onloaded together before use and offloaded together after it, which modules form them, and how they follow edits.
 
-A group that reads ahead (homed on disk, prefetched by its session) does its onload -- the read, then the copy --
-on the reader thread (`read_ahead`) and takes the copied tensors when it is about to compute.
+`ModuleGroup` moves one group's tensors between its store (`storage`: host RAM, an offload file, the
+checkpoint's files) and its onload device through a transfer (`transfer`: blocking, or a side CUDA stream from
+pinned memory; `make_transfer`). Each onload is counted by the transfer meter: the group's bytes, from its
+store's home to the place it onloads to (the plan's spelling of the onload device: under virtual accelerators
+the torch device is the CPU, the place says it is an accelerator). Both techniques build their groups from
+`GroupSpec`s (`ModuleGroup.from_spec`), drive blocks with `offload.GroupMemberHook`s and a
+`GroupOffloadSession` (prefetch order), and regroup after an edit with `regroup`. A group that reads ahead
+(homed on disk, prefetched by its session) does its onload -- the read, then the copy -- on the reader thread
+(`read_ahead`) and takes the copied tensors when it is about to compute.
 
-Each onload is counted by the transfer meter: the group's bytes, from its store (host RAM or disk) to the
-place it onloads to (the plan's spelling of the onload device: under virtual accelerators the torch device
-is the CPU, the place says it is an accelerator).
+Which modules form which offload group (pure bookkeeping: nothing moves here).
+
+Block level: the blocks of every block list `placement.streaming.block_groups` finds (an `nn.ModuleList` /
+`nn.Sequential` at any depth: T5's `encoder.block`, a VAE's `decoder.up_blocks`; the planner sizes offloaded
+components from the same layout) are cut into runs of `num_blocks_per_group`; everything else (the tensors
+of the root, of the modules descended through and of every other child) forms one "rest" group, onloaded
+while the root or any of those modules runs.
+Leaf level: every module that holds tensors itself (each leaf layer, and any parent with direct parameters)
+is its own group.
+Groups that share a tensor (tied weights) are merged so a tensor is never offloaded while still in use.
+Per-call residency cuts parts of a component the same way: `under` names the part, tensors keep their names
+relative to the component (`entries`), and `whole_group` makes one group of a part that is itself a block.
+
+Regrouping (`regroup`) keeps a module's groups in step with the module after it was edited in place. An
+adapter loaded into an offloaded module (peft wraps a layer and adds its matrices beside it), fused into its
+weights, or unloaded again changes the module's tensors under groups built before: new tensors sit outside
+every group (left in host RAM while their layer computes on the accelerator), replaced ones leave the store
+holding stale data, removed ones keep moving. Regrouping, with every group offloaded, runs the technique's own
+grouping over the module as it is now and reconciles:
+- a tensor the store no longer matches (`param.data = merged`) is taken again;
+- a tensor gone from the module is dropped from its group (and from its store);
+- a new tensor joins the group that holds the other tensors of its unit (a LoRA inside a block joins the
+  block); a unit made of new tensors only (a new leaf at leaf level) becomes a new group, for the caller to hook;
+- a group left without tensors is reported, for the caller to unhook.
+Old tensors never change group, and the store keeps them where they are (pinned memory stays pinned; disk
+placeholders are not read), so a regroup moves only the bytes that changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
 from torch import nn
 
 from placement.devices import Device
+from placement.device_maps import owning_key
+from placement.streaming import block_groups
 
 from .read_ahead import read_ahead
 from .storage import CheckpointStore, DiskStore, HostStore
 from .transfer import BlockingTransfer, PendingCopy, StreamTransfer
 from .. import trace
 from .. import transfer_meter as meter
-from ..places import place_of_device
-from ..tensor_slots import ModelTensor
+from ..tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 
 class GroupState(Enum):
@@ -61,7 +95,7 @@ class ModuleGroup:
         self.entries = tuple(entries)
         self.release = release
         self.onload_device = onload_device
-        self.onload_place = place_of_device(onload_device) if onload_place is None else onload_place
+        self.onload_place = meter.place_of_device(onload_device) if onload_place is None else onload_place
         self.store = store
         self.transfer = transfer
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)
@@ -74,6 +108,15 @@ class ModuleGroup:
         # reader thread, `_reading` until the module takes the tensors.
         self.reads_ahead = False
         self._reading: Future[PendingCopy] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: GroupSpec, *, store: HostStore | DiskStore | CheckpointStore,
+                  transfer: BlockingTransfer | StreamTransfer, onload_device: torch.device, onload_place: Device,
+                  entries: Sequence[ModelTensor] | None = None) -> ModuleGroup:
+        """The group `spec` plans (with `entries` instead of the spec's own, when given)."""
+        return cls(name=spec.name, modules=spec.modules, entries=spec.entries if entries is None else entries,
+                   release=spec.release, onload_device=onload_device, onload_place=onload_place, store=store,
+                   transfer=transfer)
 
     def __repr__(self) -> str:
         return f"ModuleGroup({self.name!r}, {len(self.entries)} tensors, {self.num_bytes} bytes, {self.state.value})"
@@ -192,3 +235,228 @@ class ModuleGroup:
         self.wait_until_ready()
         self.store.restore(self.entries, self.original_devices)
         self.state = GroupState.PLAIN
+
+
+def make_transfer(device: torch.device, use_stream: bool) -> BlockingTransfer | StreamTransfer:
+    """How groups onloading to `device` copy: on a side CUDA stream from pinned memory, or blocking."""
+    return StreamTransfer(device) if use_stream else BlockingTransfer()
+
+
+def onload_together(groups: Iterable[ModuleGroup]) -> None:
+    """Onload `groups`, every copy started before any is waited for (copies to several devices overlap)."""
+    started = [group for group in groups if group.onload()]
+    for group in started:
+        group.wait_until_ready()
+
+
+class OffloadType(str, Enum):
+    BLOCK_LEVEL = "block_level"
+    LEAF_LEVEL = "leaf_level"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class GroupSpec:
+    """A group to build: `modules` get the hook (the last one ends a run of blocks), `entries` move together."""
+
+    name: str
+    modules: tuple[nn.Module, ...]
+    entries: tuple[ModelTensor, ...]
+    release: ReleaseRule
+
+
+@dataclass(kw_only=True, eq=False)
+class _Draft:
+    name: str
+    modules: list[nn.Module]
+    owned: list[nn.Module]  # modules whose *direct* tensors belong to this group
+    release: ReleaseRule
+
+
+def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group: int, *, under: str = "",
+                entries: dict[int, ModelTensor] | None = None) -> list[GroupSpec]:
+    """The groups of `root` (of its submodule `under`, named from `root`; `entries`: `collect_entries(root)`)."""
+    part = root.get_submodule(under)
+    if offload_type is OffloadType.BLOCK_LEVEL:
+        drafts = _block_drafts(part, num_blocks_per_group)
+    else:
+        drafts = _leaf_drafts(part)
+    entries = collect_entries(root) if entries is None else entries
+    drafts = _merge_tied(drafts, entries)
+    prefix = f"{under}." if under else ""
+    return [spec for draft in drafts if (spec := _spec(draft, entries, prefix)) is not None]
+
+
+def whole_group(root: nn.Module, under: str, entries: dict[int, ModelTensor]) -> GroupSpec | None:
+    """One group of every tensor of `root`'s submodule `under`, onloaded while it runs, released when it
+    returns (a block: never looked into; None: it holds no tensor)."""
+    part = root.get_submodule(under)
+    draft = _Draft(name=under or "root", modules=[part], owned=list(part.modules()),
+                   release=ReleaseRule.AFTER_LAST_MODULE)
+    return _spec(draft, entries, "")
+
+
+def held_tensor(module: nn.Module, path: str) -> torch.Tensor | None:
+    """The parameter or buffer `path` names (a tensor a module holds itself, e.g. a transformer's root-level
+    `scale_shift_table`: the planner's units name such tensors by their own path), or None."""
+    owner, _, name = path.rpartition(".")
+    try:
+        holder = module.get_submodule(owner)
+    except AttributeError:
+        return None
+    if name in holder._parameters:
+        return holder._parameters[name]
+    return holder._buffers.get(name)
+
+
+def unit_specs(module: nn.Module, path: str, block_paths: list[str], entries) -> list[GroupSpec]:
+    """Per-call residency's units for its listed `path` (`block_paths`: the component's blocks): a held tensor
+    alone, a block (or a part without block lists) whole, else the part's blocks one by one and its rest."""
+    tensor = held_tensor(module, path)
+    if tensor is not None:  # a tensor held outside any block: one unit of its own, loaded per call
+        return [GroupSpec(name=path, modules=(), entries=(entries[id(tensor)],),
+                          release=ReleaseRule.AFTER_LAST_MODULE)]
+    in_block = any(owning_key(path, [block]) is not None for block in block_paths)
+    if in_block or not block_groups(module.get_submodule(path)).block_lists:
+        spec = whole_group(module, path, entries)
+        return [] if spec is None else [spec]
+    return plan_groups(module, OffloadType.BLOCK_LEVEL, 1, under=path, entries=entries)
+
+
+def _spec(draft: _Draft, entries: dict[int, ModelTensor], prefix: str) -> GroupSpec | None:
+    tensor_ids = dict.fromkeys(tid for module in draft.owned for tid in direct_tensor_ids(module))
+    group_entries = tuple(entries[tid] for tid in tensor_ids)
+    if not group_entries:
+        return None
+    return GroupSpec(name=prefix + draft.name, modules=tuple(draft.modules), entries=group_entries,
+                     release=draft.release)
+
+
+def _block_drafts(root: nn.Module, num_blocks_per_group: int) -> list[_Draft]:
+    layout = block_groups(root)
+    drafts, claimed = [], set()
+    for block_list in layout.block_lists:
+        blocks = block_list.blocks
+        for start in range(0, len(blocks), num_blocks_per_group):
+            run = blocks[start : start + num_blocks_per_group]
+            owned = [m for _, block in run for m in block.modules() if id(m) not in claimed]
+            claimed.update(id(m) for m in owned)
+            first, last = run[0][0], run[-1][0].rsplit(".", 1)[-1]
+            drafts.append(
+                _Draft(
+                    name=first if run[0][0] == run[-1][0] else f"{first}-{last}",
+                    modules=[block for _, block in run],
+                    owned=owned,
+                    release=ReleaseRule.AFTER_LAST_MODULE,
+                )
+            )
+    # The root is always hooked (it drives the session); a module shared with a block belongs to the block.
+    rest_modules = [root, *(m for path, m in layout.rest_modules if path and id(m) not in claimed)]
+    rest_owned = [m for m in root.modules() if id(m) not in claimed]
+    rest = _Draft(name="rest", modules=rest_modules, owned=rest_owned, release=ReleaseRule.WHEN_IDLE)
+    return [rest, *drafts]
+
+
+def _leaf_drafts(root: nn.Module) -> list[_Draft]:
+    return [
+        _Draft(name=name or "root", modules=[module], owned=[module], release=ReleaseRule.WHEN_IDLE)
+        for name, module in root.named_modules()
+        if direct_tensor_ids(module)
+    ]
+
+
+def _merge_tied(drafts: list[_Draft], entries: dict[int, ModelTensor]) -> list[_Draft]:
+    """Union the drafts whose owned modules share a tensor; keeps first-seen order."""
+    owner = {id(m): index for index, draft in enumerate(drafts) for m in draft.owned}
+    parent = list(range(len(drafts)))
+
+    def find(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    for entry in entries.values():
+        groups = {owner[id(slot.module)] for slot in entry.slots if id(slot.module) in owner}
+        if not groups:
+            continue
+        first, *others = sorted(groups)
+        for other in others:
+            parent[find(other)] = find(first)
+
+    merged: dict[int, _Draft] = {}
+    for index, draft in enumerate(drafts):
+        head = find(index)
+        if head not in merged:
+            merged[head] = _Draft(name=draft.name, modules=list(draft.modules), owned=list(draft.owned),
+                                  release=draft.release)
+            continue
+        target = merged[head]
+        target.name = f"{target.name}+{draft.name}"
+        target.modules += [m for m in draft.modules if all(m is not known for known in target.modules)]
+        target.owned += draft.owned
+        if draft.release is not target.release:
+            target.release = ReleaseRule.WHEN_IDLE
+    return list(merged.values())
+
+
+@dataclass(kw_only=True, eq=False)
+class Regrouped:
+    """What a regroup changed: groups made for units of new tensors only (with their specs), and groups left
+    empty; `adopted` counts the new tensors that joined existing groups."""
+
+    added: list[tuple[GroupSpec, ModuleGroup]] = field(default_factory=list)
+    emptied: list[ModuleGroup] = field(default_factory=list)
+    adopted: int = 0
+
+
+def regroup(root: nn.Module, groups: Sequence[ModuleGroup],
+            specs_for: Callable[[dict[int, ModelTensor]], Iterable[GroupSpec]],
+            new_group: Callable[[GroupSpec, tuple[ModelTensor, ...]], ModuleGroup]) -> Regrouped:
+    """Reconcile `groups` (all offloaded) with `root` as it is now. `specs_for(entries)` is the technique's
+    grouping of the current tensors (`entries` = `collect_entries(root)`); `new_group(spec, entries)` builds
+    and fills the group of a unit made of new tensors only."""
+    for group in groups:
+        group.offload()
+        group.store_edits()
+    live = collect_entries(root)
+    for group in groups:
+        gone = [entry for entry in group.entries if id(entry.get()) not in live]
+        if gone:
+            group.forget(gone)
+    owner = {id(entry.get()): group for group in groups for entry in group.entries}
+    result = Regrouped()
+    claimed: set[int] = set()  # ModelTensors already placed (a tied tensor shows up in two specs)
+    for spec in specs_for(live):
+        # A new tensor without data (created on meta) is left out: the caller reports it, no store can take it.
+        fresh = tuple(entry for entry in spec.entries
+                      if id(entry.get()) not in owner and id(entry) not in claimed and not entry.get().is_meta)
+        if not fresh:
+            continue
+        claimed.update(id(entry) for entry in fresh)
+        homes = Counter(owner[id(entry.get())] for entry in spec.entries if id(entry.get()) in owner)
+        if homes:
+            target = homes.most_common(1)[0][0]
+            target.adopt(_unique_keys(fresh, target))
+            result.adopted += len(fresh)
+        else:
+            result.added.append((spec, new_group(spec, fresh)))
+    result.emptied = [group for group in groups if not group.entries]
+    return result
+
+
+def _unique_keys(entries: tuple[ModelTensor, ...], group: ModuleGroup) -> tuple[ModelTensor, ...]:
+    """`entries`, renamed where a key is already used in `group` (a store is keyed by name; a tensor that left
+    and a new one in its place may share one while the old is still held)."""
+    used = {entry.key for entry in group.entries}
+    renamed = []
+    for entry in entries:
+        key, suffix = entry.key, 1
+        while key in used:
+            key, suffix = f"{entry.key}#{suffix}", suffix + 1
+        used.add(key)
+        renamed.append(entry if key == entry.key else ModelTensor(key=key, slots=entry.slots))
+    return tuple(renamed)
+
+
+__all__ = ["GroupSpec", "GroupState", "ModuleGroup", "OffloadType", "Regrouped", "ReleaseRule", "make_transfer",
+           "held_tensor", "onload_together", "plan_groups", "regroup", "unit_specs", "whole_group"]

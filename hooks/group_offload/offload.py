@@ -5,7 +5,7 @@
                                                            use_stream=True))             # + prefetch
     handle.remove()   # or remove_group_offloading(denoiser), or accelerate's remove_hook_from_module(recurse=True)
 
-A group is onloaded just before one of its modules runs and offloaded when it is done (see `grouping` for
+A group is onloaded just before one of its modules runs and offloaded when it is done (see `module_group` for
 what the groups are). With `use_stream` (CUDA only) the first call records the order
 in which groups run; from the second call on, starting a group also queues the copy of the next one on a
 side stream from pinned memory, so the bus works while the GPU computes. With `offload_to_disk_path` each
@@ -13,6 +13,10 @@ group is one safetensors file, and the module holds `meta` placeholders between 
 
 Built on accelerate's hooks: every hooked module holds a `GroupOffloadHook` in `_hf_hook`, so removing
 hooks with accelerate restores the plain module (weights back on the devices they had before).
+
+The session, the member hooks and the group editor (`GroupsEdit`: groups opened for an in-place edit, their
+placeholders swapped for stand-ins, regrouped after it) are also per-call residency's, for its streamed blocks
+and units. diffusers' keyword spelling becomes a config in `group_offloading_fields`.
 """
 
 from __future__ import annotations
@@ -32,31 +36,41 @@ from placement.devices import Device, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
 from placement.plan_schema import ComponentPlan, PlacementKind
 
-from .grouping import GroupSpec, OffloadType, plan_groups
-from .module_group import ModuleGroup
-from .regroup import Regrouped, regroup
+from .module_group import GroupSpec, ModuleGroup, OffloadType, Regrouped, make_transfer, plan_groups, regroup
 from .storage import DiskStore, HostStore
-from .transfer import BlockingTransfer, StreamTransfer
 from .. import trace
 from .. import transfer_meter as meter
-from ..diffusers_compat import group_offloading_fields
 from ..errors import OffloadConfigError
-from ..hook_utils import add_hook_first, hooks_of, remove_hooks_of_type, remove_hooks_where, running_ancestor
-from ..input_moving import move_to_device, restore_entry_methods, return_to_caller, run_entry_methods_through
+from ..gather import group_slots
+from ..hook_utils import add_hook_first, find_hooks, hooks_of, remove_hooks_of_type, remove_hooks_where
+from ..hook_utils import running_ancestor
+from ..input_moving import ReturnOutputsHook, move_to_device, restore_entry_methods, return_to_caller
+from ..input_moving import run_entry_methods_through
 from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from ..techniques import streams_everything
+from ..techniques import register, streams_everything
+from ..tensor_slots import StandIns, named_tensors
 
 __all__ = [
     "SPEC",
     "GroupMemberHook",
+    "GroupOffloadEdit",
+    "GroupsEdit",
     "GroupOffloadHook",
     "GroupOffloadingConfig",
     "GroupOffloadSession",
     "OffloadType",
     "apply_group_offloading",
+    "group_offloading_fields",
     "group_offloading_session",
     "remove_group_offloading",
+    "unhook_groups",
 ]
+
+# diffusers' keywords for `apply_group_offloading(module, onload_device=..., ...)` (`group_offloading_fields`).
+GROUP_OFFLOAD_FIELDS = ("onload_device", "offload_device", "offload_type", "num_blocks_per_group", "use_stream",
+                        "offload_to_disk_path")
+TUNING_ONLY = ("non_blocking", "record_stream", "low_cpu_mem_usage")
+UNSUPPORTED = ("block_modules", "exclude_kwargs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +201,8 @@ class GroupOffloadSession:
         """Regroup after `root` was edited in place (adapters loaded, fused, unloaded: `regroup`): new tensors
         join their unit's group, units of new tensors only get groups and hooks, emptied groups lose theirs,
         and the prefetch order is traced again on the next call."""
-        config, transfer = self.config, self.groups[0].transfer if self.groups else _make_transfer(self.config)
+        config = self.config
+        transfer = self.groups[0].transfer if self.groups else make_transfer(config.onload_device, config.use_stream)
 
         def new_group(spec: GroupSpec, entries) -> ModuleGroup:
             self._made += 1
@@ -200,12 +215,7 @@ class GroupOffloadSession:
 
         result = regroup(root, self.groups, lambda entries: plan_groups(
             root, config.offload_type, config.num_blocks_per_group, entries=entries), new_group)
-        emptied = {id(group) for group in result.emptied}
-        for member in root.modules():
-            for hook in hooks_of(member):
-                if isinstance(hook, GroupMemberHook) and id(hook.group) in emptied and hook.is_root:
-                    hook.group = None  # the root hook still runs the session
-            remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in emptied)
+        unhook_groups(root, result.emptied)
         self.groups = [g for g in self.groups if g.entries] + [group for _, group in result.added]
         _read_ahead_from_disk(self.groups)
         self._trace, self._next_group, self._traced, self._first = None, {}, False, None
@@ -284,7 +294,7 @@ def apply_group_offloading(
 
     `config` is a `GroupOffloadingConfig`; diffusers' spelling works too:
     `apply_group_offloading(module, onload_device=..., offload_type=..., num_blocks_per_group=...)`
-    (see `diffusers_compat` for what each of its keywords becomes)."""
+    (see `group_offloading_fields` for what each of its keywords becomes)."""
     if not isinstance(config, GroupOffloadingConfig) or diffusers_keywords:
         if isinstance(config, GroupOffloadingConfig):
             raise OffloadConfigError("Pass a GroupOffloadingConfig or diffusers' keywords, not both.")
@@ -299,7 +309,7 @@ def apply_group_offloading(
         )
     specs = plan_groups(module, config.offload_type, config.num_blocks_per_group)
     disk_folder = _make_disk_folder(module, config)
-    transfer = _make_transfer(config)
+    transfer = make_transfer(config.onload_device, config.use_stream)
     groups = [_build_group(spec, index, config, transfer, disk_folder) for index, spec in enumerate(specs)]
     # Groups on disk are read ahead (the next one while one computes) with or without a side stream.
     session = GroupOffloadSession(config=config, groups=groups, prefetches=transfer.prefetches or bool(disk_folder),
@@ -351,13 +361,8 @@ def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, tra
         store = DiskStore(path=os.path.join(disk_folder, file_name))
     else:
         store = HostStore(offload_device=config.offload_device, pin_memory=transfer.uses_pinned_memory)
-    return ModuleGroup(name=spec.name, modules=spec.modules, entries=spec.entries, release=spec.release,
-                       onload_device=config.onload_device, onload_place=config.onload_place, store=store,
-                       transfer=transfer)
-
-
-def _make_transfer(config: GroupOffloadingConfig) -> BlockingTransfer | StreamTransfer:
-    return StreamTransfer(config.onload_device) if config.use_stream else BlockingTransfer()
+    return ModuleGroup.from_spec(spec, store=store, transfer=transfer, onload_device=config.onload_device,
+                                 onload_place=config.onload_place)
 
 
 def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str | None:
@@ -374,6 +379,39 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
         ) from error
 
 
+def group_offloading_fields(positional: Any, keywords: dict[str, Any]) -> dict[str, Any]:
+    """The `GroupOffloadingConfig` fields for `apply_group_offloading(module, positional, **keywords)`, diffusers'
+    spelling, where `positional` is diffusers' second argument (onload_device) or None:
+    - onload_device, offload_device, offload_type, num_blocks_per_group, use_stream, offload_to_disk_path: the
+      config field of the same name (num_blocks_per_group=None means 1, as for leaf_level);
+    - non_blocking, record_stream, low_cpu_mem_usage: accepted; they tune how diffusers copies, and ours decides
+      that itself (copies are asynchronous exactly when use_stream prefetches, from memory pinned once);
+    - block_modules, exclude_kwargs: not supported; passing one is an error rather than silently ignored."""
+    unknown = sorted(set(keywords) - set(GROUP_OFFLOAD_FIELDS) - set(TUNING_ONLY) - set(UNSUPPORTED))
+    if unknown:
+        raise OffloadConfigError(
+            f"apply_group_offloading got unknown keywords {unknown}; it takes a GroupOffloadingConfig or "
+            f"diffusers' keywords {[*GROUP_OFFLOAD_FIELDS, *TUNING_ONLY]}."
+        )
+    unsupported = sorted(key for key in UNSUPPORTED if keywords.get(key) is not None)
+    if unsupported:
+        raise OffloadConfigError(
+            f"apply_group_offloading: {unsupported} are diffusers options this library does not implement; "
+            "leave them out (groups follow the module's block lists; every forward keyword is moved)."
+        )
+    fields = {key: keywords[key] for key in GROUP_OFFLOAD_FIELDS if keywords.get(key) is not None}
+    if positional is not None:
+        if "onload_device" in fields:
+            raise OffloadConfigError("apply_group_offloading got onload_device twice (by position and keyword).")
+        fields["onload_device"] = positional
+    if "onload_device" not in fields:
+        raise OffloadConfigError(
+            "apply_group_offloading needs an onload_device (e.g. onload_device=torch.device('cuda')) or a "
+            "GroupOffloadingConfig."
+        )
+    return fields
+
+
 def _refuse_unmaterialized_weights(module: nn.Module) -> None:
     on_meta = [name for name, tensor in [*module.named_parameters(), *module.named_buffers()] if tensor.is_meta]
     if on_meta:
@@ -381,6 +419,93 @@ def _refuse_unmaterialized_weights(module: nn.Module) -> None:
             f"Cannot group-offload {type(module).__name__}: {len(on_meta)} tensors have no data (meta device), "
             f"e.g. {on_meta[:3]}. Load the weights first (from_pretrained), then offload."
         )
+
+
+class GroupsEdit:
+    """One edit of a module whose weights offload groups hold (group offloading, per-call residency; see
+    `editing`): on open every group is offloaded, so the module holds each weight's stored form (host tensors
+    in place: edits write into the store itself) and disk-homed placeholders are replaced by stand-ins; the
+    technique regroups on close (`close`)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.stand_ins = StandIns()
+
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        raise NotImplementedError
+
+    def open(self) -> None:
+        groups = self.groups
+        for group in groups:
+            group.reset()
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        for group in groups:
+            for entry in group.entries:
+                if entry.get().is_meta:
+                    self.stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
+
+    def put_back(self) -> list[str]:
+        """Restore the placeholders; the problems: disk-homed weights the edit tried to change."""
+        return [f"{name} (its weights are on disk; the edit tried to change them)"
+                for name in self.stand_ins.put_back(self.module)]
+
+    def homes(self) -> dict[str, Device]:
+        """Where each grouped weight lives between uses, as its store keeps it ("disk": read from files, the
+        checkpoint's own or the offload folder; else "cpu"). By the store, not by the tensor: a group loaded
+        for its phase holds device tensors, and their home is still the disk."""
+        names = {id(tensor): name for name, tensor in named_tensors(self.module)}
+        return {names.get(id(entry.get()), entry.key): group.store.home_of(entry.key)
+                for group in self.groups for entry in group.entries}
+
+
+class GroupOffloadEdit(GroupsEdit):
+    """One edit of a group-offloaded module (its row's `editor`), regrouped by `GroupOffloadSession.refresh`."""
+
+    def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
+        super().__init__(module)
+        self.session = session
+
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        return self.session.groups
+
+    def close(self) -> list[str]:
+        problems = self.put_back()
+        self.session.refresh(self.module)
+        grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
+        return problems + [f"{name} (no data: created on meta, nothing serves it)"
+                           for name, tensor in named_tensors(self.module) if id(tensor) not in grouped]
+
+
+def unhook_groups(root: nn.Module, emptied: list[ModuleGroup]) -> None:
+    """Take the hooks of `emptied` groups (left without tensors by a regroup) off `root`'s tree; a root hook
+    stays, without a group, as it still runs the session."""
+    gone = {id(group) for group in emptied}
+    for member in root.modules():
+        for hook in hooks_of(member):
+            if isinstance(hook, GroupMemberHook) and id(hook.group) in gone and hook.is_root:
+                hook.group = None
+        remove_hooks_where(member, lambda hook: isinstance(hook, GroupMemberHook) and id(hook.group) in gone)
+
+
+def _editor(module: nn.Module) -> GroupOffloadEdit | None:
+    session = group_offloading_session(module)
+    return None if session is None else GroupOffloadEdit(module, session)
+
+
+def _gather(module: nn.Module) -> dict:
+    groups: dict[int, ModuleGroup] = {}
+    for _, _, hook in find_hooks(module, GroupOffloadHook):
+        for group in [*hook.session.groups, *([hook.group] if hook.group is not None else [])]:
+            groups.setdefault(id(group), group)
+    return group_slots(groups.values())
+
+
+def _return_outputs(module: nn.Module) -> None:
+    # Outputs back where the inputs came from, as for the other placement kinds: a pipeline that joins an
+    # offloaded encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
+    add_hook_first(module, ReturnOutputsHook())
 
 
 def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffloadingConfig:
@@ -391,7 +516,7 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffload
                                  use_stream=torch_device(place).type == "cuda")
 
 
-SPEC = TechniqueSpec(
+SPEC = register(TechniqueSpec(
     technique=Technique.GROUP_OFFLOAD,
     config_class=GroupOffloadingConfig,
     apply=apply_group_offloading,
@@ -401,4 +526,7 @@ SPEC = TechniqueSpec(
     plan_kinds=frozenset({PlacementKind.OFFLOADED}),
     serves=lambda component, context: streams_everything(component) and not follows_transfer_plan(component, context),
     plan_config=_plan_config,
-)
+    finish_plan=_return_outputs,
+    editor=_editor,
+    gather=_gather,
+))

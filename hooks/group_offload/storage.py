@@ -7,7 +7,7 @@ placeholder of the right shape and dtype (`DiskStore`, a file per group written 
 `home` is the store's place ("cpu" or "disk"), for the transfer meter.
 
 A store can change after it took its weights (adapters loaded, fused or unloaded on an offloaded module,
-`group_offload.regroup`): `take` adds entries (and re-takes replaced ones), `forget` drops entries, and `holds`
+`module_group.regroup`): `take` adds entries (and re-takes replaced ones), `forget` drops entries, and `holds`
 says whether the module still holds the stored form of an entry (False after `param.data = other`).
 """
 

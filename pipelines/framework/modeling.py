@@ -6,8 +6,8 @@ Memory techniques on one model, under diffusers' `ModelMixin` method names, so c
 (`transformer.enable_group_offload(...)`, `transformer.enable_layerwise_casting(...)`) runs unchanged.
 
 Both apply a row of the technique table (`hooks.TECHNIQUES`, the same techniques the pipeline-level methods
-use), with diffusers' arguments turned into its config by `hooks.diffusers_compat`; see docs/memory.md for
-what each saves and costs."""
+use), with diffusers' arguments turned into its config by `hooks.group_offloading_fields` /
+`hooks.layerwise_casting_fields`; see docs/memory.md for what each saves and costs."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ from hooks.errors import OffloadConflictError
 from hooks.hook_utils import add_hook_last
 from hooks.input_moving import DeliverOutputsHook
 from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
-from hooks.plan_dispatch import apply_component_plan
+from hooks.techniques import apply_component_plan
 from placement.devices import Accelerators, torch_device
 from placement.plan_schema import ComponentPlan, Plan
 

@@ -33,7 +33,7 @@ from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
 from hooks.dispatch import DiskWeights, undispatch
-from hooks.plan_dispatch import apply_component_plan, apply_plan
+from hooks.techniques import apply_component_plan, apply_plan
 from placement.device_maps import flatten_device_map, owning_key
 from placement.devices import Accelerators, Device, is_accelerator, normalize_device, torch_device
 from placement.errors import InvalidDeviceError
@@ -241,7 +241,7 @@ def _unplace_quietly(module: nn.Module) -> None:
 
 def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
                    disk_weights: DiskWeights | None = None) -> None:
-    """The runtime of the component's placement kind (`hooks.plan_dispatch.apply_component_plan`); `hooks=False`
+    """The runtime of the component's placement kind (`hooks.techniques.apply_component_plan`); `hooks=False`
     (a single-device strategy: the weights already sit where they run) only records the map."""
     if hooks:
         apply_component_plan(module, component, disk_weights=disk_weights)

@@ -16,7 +16,7 @@ from hooks.dispatch import ServeWeightsHook, dispatch, undispatch
 from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook, move_inputs_of_entry_methods, move_to_device, restore_entry_methods
-from hooks.plan_dispatch import apply_component_plan
+from hooks.techniques import apply_component_plan
 from placement.devices import torch_device
 from placement.plan_schema import ComponentPlan, PlacementKind
 

@@ -147,7 +147,7 @@ def test_prefetch_chain_onloads_the_next_group_while_the_current_one_runs(monkey
     class PrefetchingCopy(BlockingTransfer):
         prefetches = True  # what StreamTransfer does on CUDA, with a copy that completes at once
 
-    monkeypatch.setattr(group_offload, "_make_transfer", lambda config: PrefetchingCopy())
+    monkeypatch.setattr(group_offload, "make_transfer", lambda device, use_stream: PrefetchingCopy())
     model = make()
     with torch.no_grad():
         expected = model(TOKENS)
@@ -185,7 +185,7 @@ def test_prefetch_loads_each_group_once_per_call_when_the_rest_is_re_entered(mon
     class PrefetchingCopy(BlockingTransfer):
         prefetches = True
 
-    monkeypatch.setattr(group_offload, "_make_transfer", lambda config: PrefetchingCopy())
+    monkeypatch.setattr(group_offload, "make_transfer", lambda device, use_stream: PrefetchingCopy())
     torch.manual_seed(0)
     model = MidBlock().eval()
     x = torch.randn(2, 8)

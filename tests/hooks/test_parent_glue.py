@@ -1,4 +1,5 @@
-"""A split component's own forward, between its entries, meets tensors from several GPUs (hooks/parent_glue.py):
+"""A split component's own forward, between its entries, meets tensors from several GPUs (the parent glue of
+hooks/input_moving.py):
 what it combines is moved to one device, while ops inside entries stay strict; the glue leaves nothing behind."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from torch import nn
 
 from hooks import measure_transfers
 from hooks.dispatch import dispatch, undispatch
-from hooks.parent_glue import glue_of
+from hooks.input_moving import glue_of
 from placement.devices import torch_device
 
 from resident_weights import place_resident_weights

@@ -6,7 +6,7 @@ from torch import nn
 
 from hooks.group_offload.offload import GroupOffloadHook
 from hooks.hook_utils import find_hooks
-from hooks.plan_dispatch import apply_component_plan
+from hooks.techniques import apply_component_plan
 from hooks.techniques import Technique, techniques_on
 from placement.plan_schema import ComponentPlan, PlacementKind
 

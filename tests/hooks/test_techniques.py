@@ -1,5 +1,6 @@
 """The technique table: one row per technique, one calling shape, one conflict check, every pair covered."""
 
+import dataclasses
 import importlib
 import inspect
 import itertools
@@ -102,6 +103,48 @@ def test_the_table_decides_every_pair(present, applying):
         assert {present, applying} <= set(techniques_on(model))
         with torch.no_grad():
             assert model[0](torch.ones(1, 8)).shape == (1, 8)
+
+
+def test_rows_are_registered_in_technique_order():
+    assert list(TECHNIQUES) == list(Technique)
+
+
+@pytest.mark.parametrize("technique", [t for t in Technique if TECHNIQUES[t].editor is not None])
+def test_edits_and_gathers_go_through_the_row_of_the_technique_on_the_module(technique, monkeypatch):
+    """`edit_placed_weights`, `weight_homes` and `offloaded_weights` know the techniques only by their rows."""
+    model = make()
+    apply(technique, model)
+    row, seen = TECHNIQUES[technique], []
+
+    class Spy:
+        def __init__(self, editor):
+            self.editor = editor
+
+        def open(self):
+            seen.append("open")
+            self.editor.open()
+
+        def close(self):
+            seen.append("close")
+            return self.editor.close()
+
+        def homes(self):
+            seen.append("homes")
+            return self.editor.homes()
+
+    def gather(module):
+        seen.append("gather")
+        return row.gather(module)
+
+    spied = dataclasses.replace(row, editor=lambda module: (lambda e: e and Spy(e))(row.editor(module)),
+                                gather=gather)
+    monkeypatch.setitem(hooks.techniques._ROWS, technique, spied)
+    with hooks.edit_placed_weights(model):
+        pass
+    hooks.weight_homes(model)
+    hooks.gather.offloaded_weights(model)
+    assert seen == ["open", "close", "homes", "gather"]
+    TECHNIQUES[technique].remove(model)
 
 
 def test_the_face_exports_its_entry_points_and_every_error_under_one_runtime_base():

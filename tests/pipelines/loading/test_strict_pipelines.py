@@ -18,7 +18,7 @@ from torch import nn
 import pipelines
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook
-from hooks.plan_dispatch import apply_component_plan
+from hooks.techniques import apply_component_plan
 from pipelines import Pipeline, TextToImagePipeline
 from placement.devices import torch_device
 from placement.plan_schema import ComponentPlan, PlacementKind
