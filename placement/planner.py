@@ -110,11 +110,9 @@ def plan(
     try:
         placements = Placements()
         _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-        costs = CostModel.build(model_graph, [*requests.values()], runs)
-        timing = _timing(work, requests, profile, ledger.accelerators, costs.runs, disk,
-                         bandwidth if link_bandwidth is not None or profile is None else profile.link_bytes_per_s)
-        state = _place_the_rest(spec, requests, ledger, context, placements,
-                                dataclasses.replace(costs, timing=timing))
+        link = bandwidth if link_bandwidth is not None or profile is None else profile.link_bytes_per_s
+        costs = _cost_model(model_graph, requests, runs, work, profile, ledger.accelerators, disk, link)
+        state = _place_the_rest(spec, requests, ledger, context, placements, costs)
     except DoesNotFitError as error:  # what the message cannot say by itself
         raise with_detected_cpu_note(error, budgets)
     inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
@@ -139,6 +137,12 @@ def _place_the_rest(spec, requests, ledger, context, placements, costs: CostMode
     state = place_free_components(StrategyRequest.build(
         spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
     return complete_transfers(state, requests, costs.runs)
+
+
+def _cost_model(model_graph, requests, runs, work, profile, accelerators, disk, link) -> CostModel:
+    """The search's cost model: bytes per call by each component's runs, and seconds when FLOPs are known."""
+    costs = CostModel.build(model_graph, [*requests.values()], runs)
+    return dataclasses.replace(costs, timing=_timing(work, requests, profile, accelerators, costs.runs, disk, link))
 
 
 def _timing(work: Mapping[str, tuple], requests, profile: Optional[GpuProfile], accelerators,
