@@ -16,7 +16,7 @@ from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
-from .transfers.idle import idle_units
+from .transfers.blocks import idle_units
 from .transfers.inputs import check_link_bandwidth, check_runs_per_call
 from .transfers.link_speed import link_speed
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile

@@ -1,9 +1,10 @@
 """"balanced" (and "auto", and "balanced_low_0"): components whole, the fullest device as empty as possible.
 
-When every component can be placed whole, `place_whole_optimally` finds the whole-component map whose fullest accelerator
-(predicted peak, with activations and runtime overhead, as a share of its budget) is within 5% of the best
-possible, preferring the fewest model-graph edges crossing devices, then diffusers' zig-zag map (largest first
-over 0, 1, ..., n-1, n-1, ..., 0). Where the map differs from the zig-zag, the plan says why (`map_reasons`, below).
+When every component can be placed whole, `place_whole_optimally` finds the whole-component map whose fullest
+accelerator (predicted peak, with activations and runtime overhead, as a share of its budget) is within 5% of the
+best possible, preferring the fewest model-graph edges crossing devices, then diffusers' zig-zag map (largest
+first over 0, 1, ..., n-1, n-1, ..., 0). Where the map differs from the zig-zag, the plan says why (`map_reasons`,
+below).
 
 When no whole map fits, the components are placed one by one in the zig-zag with the fallback chain (split,
 offload, cpu, disk): the i-th component (largest first, ties in execution order) has its turn on the i-th

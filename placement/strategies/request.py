@@ -14,7 +14,7 @@ from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize
 from ..streaming import TransferUnit, transfer_units
-from ..transfers.rooms import spread_blocks
+from ..transfers.blocks import spread_blocks
 
 
 @dataclass(frozen=True, kw_only=True)

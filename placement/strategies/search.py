@@ -47,7 +47,7 @@ from ..sizes import format_bytes
 from ..time_model import seconds_text
 from ..transfers.fill import Filled, fill_resident
 from ..transfers.host_split import HostSplit, split_host_part
-from ..transfers.rooms import away_rooms, phase_room
+from ..transfers.blocks import away_rooms, phase_room
 from .fallbacks import Context, place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices
 from .request import ComponentRequest, Placed, Placements, component_plan

@@ -25,7 +25,7 @@ from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, ComponentTransfer
 from ..streaming import TransferUnit
 from .host_split import HostSplit, split_host_part
-from .rooms import away_rooms, phase_room
+from .blocks import away_rooms, phase_room
 
 
 def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):

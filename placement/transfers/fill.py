@@ -23,7 +23,7 @@ from ..cost import minimum_phase_weights, stream_buffer_by_size
 from ..devices import Device
 from ..memory_model import Ledger
 from ..streaming import TransferUnit
-from .interleave import kept_evenly
+from .blocks import kept_evenly
 
 
 @dataclass(kw_only=True)
