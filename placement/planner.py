@@ -11,14 +11,12 @@ from torch import nn
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .cost import Timing
 from .devices import Device, accelerators_present, is_accelerator
-from .transfers.inputs import check_disk_read_bandwidth
+from .transfers.inputs import check_disk_read_bandwidth, check_link_bandwidth, check_runs_per_call, link_speed
 from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.completion import complete_transfers
 from .transfers.blocks import idle_units
-from .transfers.inputs import check_link_bandwidth, check_runs_per_call
-from .transfers.inputs import link_speed
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
 from .time_model import check_per_run, run_seconds, short_name
 from .plan_schema import ComponentPlan, Plan, PlanInputs

@@ -29,8 +29,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..cost import STREAM_BUFFER_BLOCKS, bytes_per_call, stream_buffer
 from ..streaming import TransferUnit
-from .blocks import is_idle
-from .blocks import moved_evenly
+from .blocks import is_idle, moved_evenly
 
 
 @dataclass(frozen=True, kw_only=True)
