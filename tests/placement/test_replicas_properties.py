@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import placement
 from placement import ReplicaFit
-from placement.replica_plan import replica_fit
+from placement.replicas import replica_fit
 from synthetic import component
 
 MiB = 1024**2
