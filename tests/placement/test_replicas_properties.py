@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import placement
 from placement import ReplicaFit
