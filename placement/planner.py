@@ -15,7 +15,7 @@ from .transfers.inputs import check_disk_read_bandwidth, check_link_bandwidth, c
 from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
-from .transfers.completion import complete_transfers
+from .transfers.residency import complete_transfers
 from .transfers.blocks import idle_units
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
 from .time_model import check_per_run, run_seconds, short_name

@@ -45,8 +45,7 @@ from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..time_model import seconds_text
-from ..transfers.fill import Filled, fill_resident
-from ..transfers.host_split import HostSplit, split_host_part
+from ..transfers.residency import Filled, HostSplit, fill_resident, split_host_part
 from ..transfers.blocks import away_rooms, phase_room
 from .fallbacks import Context, place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 from ..devices import Device
 from ..cost import CostModel, PlanCost
 from ..memory_model import Ledger
-from ..transfers.completion import component_transfers
+from ..transfers.residency import component_transfers
 from .fallbacks import Context
 from .request import ComponentRequest, Placed, Placements
 from .spec import StrategySpec
