@@ -46,7 +46,7 @@ from .errors import DoesNotFitError, PlanError
 from .plan_schema import PlacementKind, Plan
 from .planner import plan as plan_placement
 from .sizes import format_bytes
-from .strategies.spec import NAMED_STRATEGIES, parse_strategy
+from .strategies.state import NAMED_STRATEGIES, parse_strategy
 
 
 class ReplicaFit(str, Enum):

@@ -62,9 +62,7 @@ from .assignment import (
     slot_peaks,
 )
 from .fallbacks import place_whole, place_with_fallbacks
-from .request import ComponentRequest
-from .spec import StrategyKind
-from .state import PlacementState, StrategyRequest
+from .state import ComponentRequest, PlacementState, StrategyKind, StrategyRequest
 
 
 def left_empty(problem: Problem, chosen: Assignment) -> dict:

@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Iterator, Mapping, Sequence
 
 from ..cost import least_moved
-from .request import ComponentRequest
+from .state import ComponentRequest
 
 EXHAUSTIVE_LIMIT = 8  # 2**8 - 1 = 255 demotion sets at most (a strategy run is milliseconds: splits are cached)
 BEST_FIRST_LIMIT = 512  # demotion sets the best-first order yields at most past EXHAUSTIVE_LIMIT

@@ -33,8 +33,7 @@ from .fallbacks import place_with_fallbacks, place_whole, place_on_host
 from .model_level import place_model_level
 from .pinned import enforce
 from .search import searched
-from .spec import StrategyKind
-from .state import PlacementState, StrategyRequest, Strategy
+from .state import PlacementState, Strategy, StrategyKind, StrategyRequest
 
 
 def place_sequential(request: StrategyRequest) -> PlacementState:

@@ -47,11 +47,19 @@ from ..sizes import format_bytes
 from ..time_model import seconds_text
 from ..transfers.residency import Filled, HostSplit, fill_resident, split_host_part
 from ..transfers.blocks import away_rooms, phase_room
-from .fallbacks import Context, place_streamed, place_whole, streamed_text, streaming_device, try_split
+from .fallbacks import place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices
-from .request import ComponentRequest, Placed, Placements, component_plan
-from .spec import StrategyKind
-from .state import PlacementState, Strategy, StrategyRequest
+from .state import (
+    ComponentRequest,
+    Context,
+    Placed,
+    PlacementState,
+    Placements,
+    Strategy,
+    StrategyKind,
+    StrategyRequest,
+    component_plan,
+)
 
 
 def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Mapping[str, int]) -> PlacementState:
