@@ -81,7 +81,7 @@ def plan(
     flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
         the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
         call (`Plan.seconds_per_call`), without them only bytes.
-    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `disk_speed.measure_disk_read` measures it
+    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `transfers.inputs.measure_disk_read` measures it
         on the checkpoint's drive); None: assumed (NVMe, it says). The plan states the host RAM it needs, and warns
         when the "cpu" budget cannot hold it (`Plan.host_memory`).
     """
@@ -130,7 +130,7 @@ def _with_disk_speed(placed: Plan, disk: Optional[float]) -> Plan:
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
-    """The strategy over the components not pinned, then every component's transfer (`transfers.completion`)."""
+    """The strategy over the components not pinned, then every component's transfer (`complete_transfers`)."""
     free = [request for name, request in requests.items() if name not in placements.by_name]
     state = place_free_components(StrategyRequest.build(
         spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
@@ -165,7 +165,7 @@ def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs:
               activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
               work: Mapping[str, tuple]) -> Plan:
     """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
-    measured where the plan moves weights to this machine's GPUs (`transfers.link_speed`), else the named GPU's
+    measured where the plan moves weights to this machine's GPUs (`transfers.inputs.link_speed`), else the named GPU's
     host link, else assumed; the GPU profile the seconds assume (`gpu_profiles.choose_gpu`)."""
     by_name = state.by_name
     components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}

@@ -1,4 +1,5 @@
-"""Placement strategies (docs/design.md, "Strategies"): one small module each, looked up in `registry.STRATEGIES`."""
+"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`: balanced and model-level
+in their own modules, the one-loop ones beside the registry, all inside the placement search (`search`)."""
 
 from __future__ import annotations
 

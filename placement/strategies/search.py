@@ -20,9 +20,9 @@ ties to the one visited first (the strategy's own plan, then demotions, then res
 A residency-level option (`options.Choice`) is evaluated on a copy of the strategy's starting ledger (`Residency`):
 WHOLE components go whole (or split along their blocks) on the accelerator with the most room once the home
 keeps room for the other components' phases; FILL components keep partly resident what those phases leave room
-for (`transfers.fill`); every component that is not wholly resident executes on the home accelerator with its
+for (`transfers.residency`); every component that is not wholly resident executes on the home accelerator with its
 weights in CPU RAM (on disk when RAM is short and an offload folder is given), its host-homed part split into
-loaded-per-call and streamed units in its phase's room (`transfers.host_split`). The evaluation keeps what the
+loaded-per-call and streamed units in its phase's room (`transfers.residency`). The evaluation keeps what the
 winner's plan is built from (`residency_state`).
 
 The winner, when it is not the strategy's own plan, becomes placements, and every component kept off the
@@ -84,7 +84,7 @@ def _placed(request: ComponentRequest, filled: Filled, best: Evaluated, runs: in
     home, host = best.choice.home, best.hosts.get(request.name)
     units = {unit.path: device for device, taken in filled.resident.items() for unit in taken}
     units.update({unit.path: host for unit in filled.host})
-    # In execution order: interleaved resident and host-homed blocks read as they run (`transfers.interleave`).
+    # In execution order: interleaved resident and host-homed blocks read as they run (`transfers.blocks.moved_evenly`).
     units = dict(sorted(units.items(), key=lambda item: request.unit_rank.get(item[0], len(request.unit_rank))))
     placed = {device: filled.resident_bytes(device) for device in filled.resident}
     if host is not None:
@@ -293,8 +293,8 @@ def _charge_hosts(ledger: Ledger, filled: dict[str, Filled], disk_allowed: bool)
 def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
                    cache: Optional[dict] = None) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
     """FILL components' resident units (priority order), then every non-resident part's per-call / streamed
-    split in its phase (on the home, and for blocks that may run elsewhere on the other accelerators: `rooms`);
-    None when a phase does not fit. `cache` keeps the splits of STREAM
+    split in its phase (on the home, and for blocks that may run elsewhere on the other accelerators: `phase_room`,
+    `away_rooms`); None when a phase does not fit. `cache` keeps the splits of STREAM
     components (all of their units on the host) by room, across candidates."""
     cache = {} if cache is None else cache
     filled: dict[str, Filled] = {}

@@ -133,7 +133,7 @@ class ComponentRequest:
 
     @cached_property
     def spread_blocks(self) -> frozenset[str]:
-        """The blocks that may run on another accelerator than its execution device (`transfers.rooms`)."""
+        """The blocks that may run on another accelerator than its execution device (`blocks.spread_blocks`)."""
         return spread_blocks(self)
 
     @property

@@ -24,7 +24,7 @@ the kept blocks come before the moved ones (`R R S R R S`, `R S S R S S`). Block
 within each size (FLUX's double and single blocks), since which sizes move is what sets the bytes.
 
 Rooms (`phase_room`, `away_rooms`): the room a component's phase leaves for its host-homed weights, on its
-execution device and, when its blocks may run elsewhere, on the other accelerators (`host_split` loads blocks per
+execution device and, when its blocks may run elsewhere, on the other accelerators (`split_host_part` loads blocks per
 call there).
 
 In component k's phase a device holds everyone's resident weights, the runtime overhead and k's activations

@@ -139,7 +139,7 @@ def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[i
     over = minimum.loaded_bytes + sum(b.bytes for b in kept) - room
     candidates = [_fewest_streamed(kept, over=over), _in_order(kept, room=room - minimum.loaded_bytes)]
     fewest = min(candidates, key=lambda chosen: sum(u.bytes for u in chosen))
-    streamed = moved_evenly(kept, Counter(unit.bytes for unit in fewest))  # same sizes, spread (`interleave`)
+    streamed = moved_evenly(kept, Counter(unit.bytes for unit in fewest))  # same sizes, spread (`blocks.moved_evenly`)
     chosen = {id(unit) for unit in streamed}
     return HostSplit(per_call=tuple(u for u in host if id(u) not in chosen),
                      streamed=tuple(u for u in kept if id(u) in chosen), idle=unused, away=sent)
@@ -202,7 +202,7 @@ def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[Trans
             best = (total, wanted)
     if best is None:
         return list(blocks)
-    return moved_evenly(blocks, best[1])  # spread between the ones loaded per call (`interleave`)
+    return moved_evenly(blocks, best[1])  # spread between the ones loaded per call (`blocks.moved_evenly`)
 
 
 def _in_flight(counts: dict[int, int], sizes: Sequence[int]) -> dict[int, int] | None:
@@ -281,8 +281,8 @@ def _place_one(state: "_FillState", unit: TransferUnit, order: Sequence[int], fi
 def _place_size(state: "_FillState", members: list[TransferUnit], order: Sequence[int], filled: Filled, *,
                 interleave: bool = False) -> None:
     """Blocks of one size: as many as fit on each device in turn (first fit, counted rather than tried). With
-    `interleave` (one device), the kept ones spread evenly between those left on the host (`interleave`), so
-    each streamed block's copy has resident compute before it; across devices, first come, so hops stay few."""
+    `interleave` (one device), the kept ones spread evenly between those left on the host (`blocks.kept_evenly`),
+    so each streamed block's copy has resident compute before it; across devices, first come, so hops stay few."""
     for device in order:
         if not members:
             return
@@ -381,7 +381,8 @@ def component_transfers(by_name: Mapping, requests: Mapping, ledger: Ledger,
 def component_transfer(plan: ComponentPlan, request, runs: int,
                        ledger: Ledger) -> tuple[ComponentTransfer, Optional[HostSplit]]:
     """The component's transfer, and its host split (None when nothing host-homed runs on an accelerator),
-    within the room its phase leaves (`rooms`: on its execution device and, spread, on the others)."""
+    within the room its phase leaves (`phase_room`, `away_rooms`: on its execution device and, spread, on the
+    others)."""
     if not is_accelerator(plan.execution_device):
         return ComponentTransfer(runs_per_call=runs), None  # computes on the CPU: nothing crosses to a GPU
     resident = sum(n for device, n in plan.placed_bytes.items() if is_accelerator(device))
