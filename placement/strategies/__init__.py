@@ -1,5 +1,5 @@
-"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`: balanced and model-level
-in their own modules, the one-loop ones beside the registry, all inside the placement search (`search`)."""
+"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`: "balanced" and the model-level
+in their own modules; "sequential", a single device and CPU-only beside the registry."""
 
 from __future__ import annotations
 
