@@ -61,7 +61,7 @@ import placement
 from placement.cost import bytes_per_call, least_bytes_per_call, least_streamed_per_run, streaming_premium
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from placement.streaming import streaming_working_set, transfer_units
-from placement.transfers.rooms import spreadable
+from placement.transfers.blocks import spreadable
 from reference_policy import ReferenceComponent, reference_transfer
 
 GiB = 1024**3

@@ -8,8 +8,7 @@ from .errors import DoesNotFitError, InvalidDeviceError, PlacementError, PlanErr
 from .graph import build_graph, execution_order
 from .memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from .plan_schema import ComponentPlan, ComponentTransfer, DevicePlan, Fallback, PlacementKind, Plan
-from .replica_plan import ReplicaFit, ReplicaGroup, ReplicaPlan
-from .replicas import plan_replicas
+from .replicas import ReplicaFit, ReplicaGroup, ReplicaPlan, plan_replicas
 from .sizes import format_size, parse_size
 from .unit_order import trace_module_order
 

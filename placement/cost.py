@@ -45,7 +45,7 @@ from .time_model import DISK_BYTES_PER_S, exposed_copy_seconds
 if TYPE_CHECKING:
     from .memory_model import Ledger
     from .plan_schema import ComponentPlan, ComponentTransfer
-    from .strategies.request import ComponentRequest
+    from .strategies.state import ComponentRequest
     from .streaming import TransferUnit
 
 STREAM_BUFFER_BLOCKS = 2  # one block computing, the next one prefetched (on CUDA, on a side stream)

@@ -17,7 +17,7 @@ of the phase that sets its peak (`DevicePlan.peak_phase`).
 
 What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_per_call`) is counted host ->
 accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s: the caller's; else
-measured when the plan moves weights to this machine's CUDA GPUs, `transfers.link_speed`; else 25 GB/s, PCIe
+measured when the plan moves weights to this machine's CUDA GPUs, `transfers.inputs.link_speed`; else 25 GB/s, PCIe
 4.0 x16, assumed; `link_bandwidth_source` says which).
 
 Seconds per call (`Plan.seconds_per_call`, `Plan.time_per_call()`: `time_model`) add compute to the copies: each
@@ -320,7 +320,7 @@ class Plan(_Frozen):
     gpu: Optional[GpuProfile] = None
     gpu_source: str = DEFAULT_GPU_SOURCE
     # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from (stated or measured once
-    # on the checkpoint's drive, `disk_speed.measure_disk_read`).
+    # on the checkpoint's drive, `transfers.inputs.measure_disk_read`).
     disk_read_bandwidth: float = DISK_BYTES_PER_S
     disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
 

@@ -11,14 +11,12 @@ from torch import nn
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .cost import Timing
 from .devices import Device, accelerators_present, is_accelerator
-from .disk_speed import check_disk_read_bandwidth
+from .transfers.inputs import check_disk_read_bandwidth, check_link_bandwidth, check_runs_per_call, link_speed
 from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
-from .transfers.completion import complete_transfers
-from .transfers.idle import idle_units
-from .transfers.inputs import check_link_bandwidth, check_runs_per_call
-from .transfers.link_speed import link_speed
+from .transfers.residency import complete_transfers
+from .transfers.blocks import idle_units
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
 from .time_model import check_per_run, run_seconds, short_name
 from .plan_schema import ComponentPlan, Plan, PlanInputs
@@ -83,7 +81,7 @@ def plan(
     flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
         the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
         call (`Plan.seconds_per_call`), without them only bytes.
-    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `disk_speed.measure_disk_read` measures it
+    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `transfers.inputs.measure_disk_read` measures it
         on the checkpoint's drive); None: assumed (NVMe, it says). The plan states the host RAM it needs, and warns
         when the "cpu" budget cannot hold it (`Plan.host_memory`).
     """
@@ -132,7 +130,7 @@ def _with_disk_speed(placed: Plan, disk: Optional[float]) -> Plan:
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
-    """The strategy over the components not pinned, then every component's transfer (`transfers.completion`)."""
+    """The strategy over the components not pinned, then every component's transfer (`complete_transfers`)."""
     free = [request for name, request in requests.items() if name not in placements.by_name]
     state = place_free_components(StrategyRequest.build(
         spec=spec, requests=free, ledger=ledger, placed=placements.by_name, context=context, costs=costs))
@@ -167,7 +165,7 @@ def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs:
               activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
               work: Mapping[str, tuple]) -> Plan:
     """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
-    measured where the plan moves weights to this machine's GPUs (`transfers.link_speed`), else the named GPU's
+    measured where the plan moves weights to this machine's GPUs (`transfers.inputs.link_speed`), else the named GPU's
     host link, else assumed; the GPU profile the seconds assume (`gpu_profiles.choose_gpu`)."""
     by_name = state.by_name
     components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}

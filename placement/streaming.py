@@ -1,6 +1,6 @@
 """What block-level offloading streams: ONE definition shared by the runtime and the planner.
 
-`hooks.group_offload.planning` builds its offload groups from `block_groups(module)`, and the planner's
+`hooks.group_offload.module_group.plan_groups` builds its offload groups from `block_groups(module)`, and the planner's
 `streaming_working_set` (what an offloaded component keeps on its execution device at once) reads the same
 layout, so the plan and the runtime never disagree on which bytes stream. (It lives here because `hooks`
 may import `placement`, never the reverse.)

@@ -1,13 +1,24 @@
-"""Placement strategies (docs/design.md, "Strategies"): one small module each, looked up in `registry.STRATEGIES`."""
+"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`: "balanced" and the model-level
+in their own modules; "sequential", a single device and CPU-only beside the registry."""
 
 from __future__ import annotations
 
 from ..cost import CostModel, PlanCost
-from .fallbacks import Context
+from .state import (
+    ComponentRequest,
+    Context,
+    Placed,
+    PlacementState,
+    Placements,
+    SUPPORTED,
+    Strategy,
+    StrategyKind,
+    StrategyRequest,
+    StrategyScope,
+    StrategySpec,
+    parse_strategy,
+)
 from .registry import MODEL_STRATEGIES, STRATEGIES, place_free_components
-from .request import ComponentRequest, Placed, Placements
-from .spec import SUPPORTED, StrategyKind, StrategyScope, StrategySpec, parse_strategy
-from .state import PlacementState, Strategy, StrategyRequest
 
 __all__ = [
     "MODEL_STRATEGIES",

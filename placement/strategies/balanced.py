@@ -1,9 +1,10 @@
 """"balanced" (and "auto", and "balanced_low_0"): components whole, the fullest device as empty as possible.
 
-When every component can be placed whole, `optimal` finds the whole-component map whose fullest accelerator
-(predicted peak, with activations and runtime overhead, as a share of its budget) is within 5% of the best
-possible, preferring the fewest model-graph edges crossing devices, then diffusers' zig-zag map (largest first
-over 0, 1, ..., n-1, n-1, ..., 0). Where the map differs from the zig-zag, the plan says why (`map_reasons`).
+When every component can be placed whole, `place_whole_optimally` finds the whole-component map whose fullest
+accelerator (predicted peak, with activations and runtime overhead, as a share of its budget) is within 5% of the
+best possible, preferring the fewest model-graph edges crossing devices, then diffusers' zig-zag map (largest
+first over 0, 1, ..., n-1, n-1, ..., 0). Where the map differs from the zig-zag, the plan says why (`map_reasons`,
+below).
 
 When no whole map fits, the components are placed one by one in the zig-zag with the fallback chain (split,
 offload, cpu, disk): the i-th component (largest first, ties in execution order) has its turn on the i-th
@@ -17,20 +18,233 @@ accelerators wins (ties: largest first). The order used is recorded in `Plan.pla
 "balanced_low_0" keeps accelerator 0 as empty as possible: the weights it takes are minimised first (the
 zig-zag runs over the others), and in the fallback path 0 is tried last (chosen by key, not by position as
 accelerate does).
+
+`place_whole_optimally` puts whole components onto accelerators by the exact search of `assignment`, the familiar
+zig-zag preferred.
+
+The devices the search sees are the ledger's accelerators with what they already hold (pinned components).
+The preferred map is diffusers' zig-zag: components largest first (ties in execution order) over
+0, 1, ..., n-1, n-1, ..., 0 -- for "balanced_low_0" over the accelerators other than 0, and 0 is `reserved`
+(its weights minimised first). Interchangeable devices are then used from the lowest index up
+(`fill_from_first`): a map that leaves GPU 0 empty beside an identical, used GPU 1 is the same map on GPU 0.
+The search returns None when no whole assignment fits; the strategy then falls back (split, offload, ...).
+
+Why a balanced map differs from the zig-zag one diffusers users know is recorded in the Plan (`map_reasons`).
+
+One headline says what is wrong with the zig-zag map (it does not fit; it fills a device well past the best
+possible; or it crosses devices on more model-graph edges), then one line per component placed elsewhere,
+with the numbers: "vae on GPU 1, not GPU 0 as in the zig-zag map: its 1.50 GiB activation peak does not fit
+beside transformer there (GPU 0 would peak at 25.10 GiB, budget 24.00 GiB)."
+
+`left_empty` says, per accelerator the map leaves empty, why (`Plan.left_empty`; the picture shows it on that
+GPU's bar): a newcomer planning two GPUs and seeing one empty should not have to guess that balanced kept the
+pipeline together for fewer crossing edges and one runtime overhead instead of two.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..cost import host_bytes
+from ..devices import Device, device_label
 from ..errors import PlacementError
-from .fallbacks import place_with_fallbacks
-from .optimal import largest_first, place_whole_optimally
-from .request import ComponentRequest
-from .spec import StrategyKind
-from .state import PlacementState, StrategyRequest
+from ..sizes import format_bytes
+from .assignment import (
+    Assignment,
+    Item,
+    Problem,
+    Slot,
+    TOLERANCE,
+    best_assignment,
+    crossings,
+    fullest_share,
+    slot_peaks,
+)
+from .fallbacks import place_whole, place_with_fallbacks
+from .state import ComponentRequest, PlacementState, StrategyKind, StrategyRequest
+
+
+def left_empty(problem: Problem, chosen: Assignment) -> dict:
+    """{device: why it holds nothing} for the accelerators the chosen map leaves empty (held nothing before)."""
+    used = sorted(set(chosen.slots))
+    zigzag = problem.preferred
+    reasons = {}
+    for s, slot in enumerate(problem.slots):
+        if s in used or slot.used or slot.weights:
+            continue
+        label = device_label(slot.device)
+        if zigzag is None or s not in zigzag:
+            if len(problem.items) < len(problem.slots):
+                reasons[slot.device] = (f"{label} is left empty: each of the {len(problem.items)} component(s) is "
+                                        f"placed whole, and there are {len(problem.slots)} GPUs.")
+            continue
+        kept = " and ".join(device_label(problem.slots[u].device) for u in used)
+        share = fullest_share(problem, zigzag)
+        text = (f"{label} is left empty: this map keeps every component on {kept}, whose peak is "
+                f"{chosen.fullest:.1%} of its budget; the zig-zag map, which uses {label} too, peaks at {share:.1%}")
+        text += f" (not emptier by {TOLERANCE:.0%} or more)" if share * (1 + TOLERANCE) >= chosen.fullest else ""
+        text += f", with {crossings(problem, zigzag)} model-graph edges crossing devices (here {chosen.crossings})"
+        if slot.overhead:
+            text += (f" and {len(set(zigzag))} runtime overheads instead of {len(used)} ({format_bytes(slot.overhead)}"
+                     " each: every GPU in use keeps one)")
+        reasons[slot.device] = text + "."
+    return reasons
+
+
+def map_reasons(problem: Problem, chosen: Assignment, *, names: Sequence[str]) -> list[str]:
+    """Nothing when the chosen map is the zig-zag map (or there is none to compare with)."""
+    zigzag = problem.preferred
+    if zigzag is None or tuple(chosen.slots) == tuple(zigzag):
+        return []
+    peaks = slot_peaks(problem, zigzag)
+    over = [s for s, slot in enumerate(problem.slots) if slot.budget is not None and peaks[s] > slot.budget]
+    share = fullest_share(problem, zigzag)
+    limit = min(1.0, chosen.optimum * (1 + TOLERANCE))
+    label = [device_label(slot.device) for slot in problem.slots]
+    if over:
+        s = over[0]
+        headline = (
+            f"The zig-zag map (diffusers') does not fit: {label[s]} would peak at {format_bytes(peaks[s])}, "
+            f"over its {format_bytes(problem.slots[s].budget)} budget."
+        )
+    elif share > limit:
+        headline = (
+            f"The zig-zag map (diffusers') fills the fullest device to {share:.0%} of its budget; this map's "
+            f"fullest is at {chosen.fullest:.0%} (the best whole-component map: {chosen.optimum:.0%})."
+        )
+    else:
+        headline = (
+            f"The zig-zag map (diffusers') is as full (within {TOLERANCE:.0%} of the best) but "
+            f"{crossings(problem, zigzag)} model-graph edges cross devices there; here {chosen.crossings}."
+        )
+    lines = [headline]
+    for i, (s, z) in enumerate(zip(chosen.slots, zigzag)):
+        if s != z:
+            lines.append(f"{names[i]} on {label[s]}, not {label[z]} as in the zig-zag map: " + _why(problem, i, z, peaks, names, limit))
+    return lines
+
+
+def _why(problem: Problem, i: int, z: int, peaks: list[int], names: Sequence[str], limit: float) -> str:
+    """Why component i is not on its zig-zag slot z (peaks: each slot's peak under the zig-zag map)."""
+    item, slot = problem.items[i], problem.slots[z]
+    others = [j for j, s in enumerate(problem.preferred) if s == z and j != i]
+    where = f"beside {', '.join(names[j] for j in others)} " if others else ""
+    rest = max([slot.transient, *(problem.items[j].transient for j in others)])
+    extra_transient = max(item.transient - rest, 0)  # what its activations add on top of the others'
+    if slot.budget is not None and peaks[z] > slot.budget and peaks[z] - item.weights - extra_transient <= slot.budget:
+        # Without it the device would fit: it is the one that does not fit there.
+        if extra_transient and peaks[z] - extra_transient <= slot.budget:
+            need = f"its {format_bytes(item.transient)} activation peak does not fit"
+        else:
+            need = f"its {format_bytes(item.weights)} of weights do not fit"
+        return (
+            f"{need} {where}there ({device_label(slot.device)} would peak at {format_bytes(peaks[z])}, budget "
+            f"{format_bytes(slot.budget)})."
+        )
+    if slot.budget and peaks[z] > slot.budget * limit:
+        return (
+            f"{where}there {device_label(slot.device)} would be at {peaks[z] / slot.budget:.0%} of its budget, "
+            f"past the {limit:.0%} this map stays within."
+        )
+    return (
+        "moved with the others: of the maps within "
+        f"{TOLERANCE:.0%} of the best, this one crosses devices on the fewest model-graph edges."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WholeSearch:
+    """The search problem built from a strategy request, with the order components are placed in."""
+
+    problem: Problem
+    order: tuple[ComponentRequest, ...]  # largest first (the zig-zag's order), also the placement order
+    reserved: tuple[int, ...]
+
+
+def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[PlacementState]:
+    """Every component whole where the fullest device is within 5% of the best; None when that cannot fit."""
+    search = build_search(request, low_0=low_0)
+    found = best_assignment(search.problem, prefer=request.thorough)
+    if found is None:
+        return None
+    found = fill_from_first(search.problem, found)
+    ledger, placements = request.start()
+    for index, component in enumerate(search.order):
+        device = search.problem.slots[found.slots[index]].device
+        placements.add(place_whole(component, ledger, device))
+    reasons = map_reasons(search.problem, found, names=[c.name for c in search.order])
+    return PlacementState.of(ledger, placements, map_reasons=tuple(reasons),
+                             left_empty=left_empty(search.problem, found))
+
+
+def fill_from_first(problem: Problem, found: Assignment) -> Assignment:
+    """The same map with interchangeable devices (same budget, same load before) relabelled so that the lower
+    ones are used first: at equal cost, a small pipeline goes to GPU 0, not to GPU 1 beside an empty GPU 0
+    (issue 21). Fullest share and crossings are unchanged by such a relabelling; the moves from the zig-zag map
+    are recounted."""
+    classes = _classes(problem)
+    relabel: dict[int, int] = {}
+    for members in classes.values():
+        used = [s for s in members if s in found.slots]
+        relabel.update(zip(used, members[: len(used)]))
+    slots = tuple(relabel.get(s, s) for s in found.slots)
+    if slots == found.slots:
+        return found
+    moved = 0 if problem.preferred is None else sum(1 for s, p in zip(slots, problem.preferred) if s != p)
+    return replace(found, slots=slots, moved=moved)
+
+
+def _classes(problem: Problem) -> dict[tuple, list[int]]:
+    classes: dict[tuple, list[int]] = {}
+    for index, slot in enumerate(problem.slots):
+        key = (slot.budget, slot.weights, slot.transient, slot.used, slot.overhead, slot.reserved)
+        classes.setdefault(key, []).append(index)
+    return classes
+
+
+def build_search(request: StrategyRequest, *, low_0: bool) -> WholeSearch:
+    ledger = request.ledger
+    accelerators = ledger.accelerators
+    reserved = (0,) if low_0 and 0 in accelerators and len(accelerators) > 1 else ()
+    slots = tuple(
+        Slot(
+            device=device, budget=ledger.loads[device].budget, weights=ledger.loads[device].weights,
+            transient=ledger.loads[device].transient, used=ledger.loads[device].used,
+            overhead=ledger.overhead(device), reserved=device in reserved,
+        )
+        for device in accelerators
+    )
+    order = tuple(largest_first(request.requests))
+    index = {component.name: i for i, component in enumerate(order)}
+    graph = request.costs.graph
+    edges, fixed = [], []
+    for a, b in graph.edges:
+        if a in index and b in index:
+            edges.append((index[a], index[b]))
+        elif a in index or b in index:
+            inside, outside = (a, b) if a in index else (b, a)
+            if outside in request.placed:
+                fixed.append((index[inside], request.placed[outside].plan.execution_device))
+    problem = Problem(
+        items=tuple(Item(name=c.name, weights=c.bytes, transient=c.transient) for c in order),
+        slots=slots, edges=tuple(edges), fixed_edges=tuple(fixed),
+        preferred=zigzag_slots(len(order), accelerators, reserved),
+    )
+    return WholeSearch(problem=problem, order=order, reserved=reserved)
+
+
+def zigzag_slots(count: int, accelerators: Sequence[Device], reserved: Sequence[Device]) -> Optional[tuple[int, ...]]:
+    """diffusers' map: the i-th largest component on the i-th accelerator of 0, 1, ..., n-1, n-1, ..., 0."""
+    turns = [i for i, device in enumerate(accelerators) if device not in reserved]
+    if not turns:
+        return None
+    zigzag = turns + turns[::-1]
+    return tuple(zigzag[i % len(zigzag)] for i in range(count))
+
+
+def largest_first(requests: Sequence[ComponentRequest]) -> list[ComponentRequest]:
+    return sorted(requests, key=lambda request: (-request.bytes, request.position))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,3 +303,6 @@ def _attempt(order: Sequence[ComponentRequest], request: StrategyRequest, *, low
 
 def least_divisible_first(requests: Sequence[ComponentRequest]) -> list[ComponentRequest]:
     return sorted(requests, key=lambda request: (-request.size.largest_unit, -request.bytes, request.position))
+
+
+__all__ = ["Assignment", "WholeSearch", "build_search", "largest_first", "place_whole_optimally", "zigzag_slots"]

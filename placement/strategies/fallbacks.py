@@ -14,7 +14,6 @@ them execute on an accelerator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..devices import Device, device_label
@@ -23,17 +22,7 @@ from ..memory_model import Ledger
 from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..splitting import split_device_map
-from .request import ComponentRequest, Placed, component_plan
-
-
-@dataclass(frozen=True, kw_only=True)
-class Context:
-    """Planning options every strategy step may need, and what one plan() call may reuse across attempts."""
-
-    has_offload_folder: bool
-    # (component, rooms) -> its split device map (None: no split fits). Strategies that try several orders,
-    # and the placement search, place the same component into the same rooms again; a split is costly to find.
-    split_cache: dict = field(default_factory=dict, compare=False, repr=False)
+from .state import ComponentRequest, Context, Placed, component_plan
 
 
 def place_with_fallbacks(

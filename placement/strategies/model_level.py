@@ -40,9 +40,7 @@ from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize, SplitUnit, fp32_kept_tensors
 from ..splitting import accelerate_device_map, assign_units, quiet_accelerate, split_device_map
-from .request import ComponentRequest, Placed, component_plan
-from .spec import StrategyKind, StrategySpec
-from .state import PlacementState, StrategyRequest
+from .state import ComponentRequest, Placed, PlacementState, StrategyKind, StrategyRequest, StrategySpec, component_plan
 
 
 def place_model(spec: StrategySpec, request: ComponentRequest, budgets: Budgets, *, disk_allowed: bool) -> Placed:

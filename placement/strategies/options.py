@@ -17,12 +17,12 @@ component that is not resident executes on one `home` accelerator (their phases 
 room, and what one phase leaves free there another can load per call):
 - WHOLE: resident whole (or split along its blocks), placed first, on the accelerator with the most room
   once the home keeps room for the other components' phases;
-- FILL: as many units resident as the other phases leave room for (`transfers.fill`), in priority order -- the
+- FILL: as many units resident as the other phases leave room for (`transfers.residency`), in priority order -- the
   component that runs most first, then the largest -- so a denoiser that cannot stay whole keeps what the
   others' phases allow, loads more at its phase and streams the remainder;
 - STREAM: nothing resident; loaded per call and streamed at its phase.
 What is not resident is split into loaded-per-call and streamed units in its own phase's room
-(`transfers.host_split`). Every level x home combination is visited (3^n x accelerators; a denoiser pipeline has
+(`transfers.residency`). Every level x home combination is visited (3^n x accelerators; a denoiser pipeline has
 3 to 6 components) up to EXACT_LIMIT; past it the smallest components are only tried at FILL and STREAM, and past
 that at FILL. All-FILL in priority order, blocks taken in execution order, is the reference policy
 (benchmarks/reference_policy.py) on that home; it is one of the options, so the search never does worse than it.
@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Iterator, Mapping, Sequence
 
 from ..cost import least_moved
-from .request import ComponentRequest
+from .state import ComponentRequest
 
 EXHAUSTIVE_LIMIT = 8  # 2**8 - 1 = 255 demotion sets at most (a strategy run is milliseconds: splits are cached)
 BEST_FIRST_LIMIT = 512  # demotion sets the best-first order yields at most past EXHAUSTIVE_LIMIT

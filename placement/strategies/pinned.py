@@ -16,7 +16,7 @@ from ..memory_model import Ledger
 from ..plan_schema import PlacementKind
 from ..sizes import format_bytes
 from ..device_maps import owning_key
-from .request import ComponentRequest, Placed, component_plan
+from .state import ComponentRequest, Placed, component_plan
 
 
 def normalize_pins(

@@ -1,4 +1,5 @@
-"""The one table from strategy kind to strategy, and the dispatch `placement.plan` runs.
+"""The one table from strategy kind to strategy, the dispatch `placement.plan` runs, and the strategies that are
+one loop each: "sequential", a single device, and CPU-only.
 
 A strategy is any callable `StrategyRequest -> PlacementState` (see `state`). Registering one is one line:
 
@@ -11,18 +12,70 @@ resident moves the fewest bytes per call. "sequential" keeps its meaning (fill i
 strategy's plan gets its transfer numbers in `placement.plan`.
 With no accelerator to plan for, every strategy but a single device degrades to `place_cpu_only`. A
 model-level request (`StrategySpec.model_level`) is looked up in `MODEL_STRATEGIES` instead.
+
+"sequential" fills accelerator 0, then 1, ... with the components in execution order. A component goes whole
+onto the current accelerator or a later one (which then becomes current), so consecutive components share a
+device and the pipeline crosses devices as rarely as possible. Only when no later accelerator has room are the
+earlier ones tried, before the fallback chain: a component is kept whole whenever some accelerator has room for
+it.
+
+A single device ("cuda", "cuda:1", 0, "cpu", a torch.device) puts every component whole there, no hooks. With
+no accelerator to plan for, every component runs on the CPU (weights on disk when RAM is short).
 """
 
 from __future__ import annotations
 
+from ..devices import device_label
+from ..errors import PlanError
+from ..sizes import format_bytes
 from .balanced import place_balanced
-from .cpu_only import place_cpu_only
+from .fallbacks import place_with_fallbacks, place_whole, place_on_host
 from .model_level import place_model_level
+from .pinned import enforce
 from .search import searched
-from .sequential import place_sequential
-from .single_device import place_single_device
-from .spec import StrategyKind
-from .state import PlacementState, Strategy, StrategyRequest
+from .state import PlacementState, Strategy, StrategyKind, StrategyRequest
+
+
+def place_sequential(request: StrategyRequest) -> PlacementState:
+    ledger, placements = request.start()
+    accelerators = ledger.accelerators
+    current = 0
+    for component in sorted(request.requests, key=lambda component: component.position):
+        order = accelerators[current:] + accelerators[:current]
+        placed = place_with_fallbacks(component, ledger, request.context, whole_order=order, split_order=order)
+        placements.add(placed)
+        used = [accelerators.index(d) for d in placed.plan.devices if d in accelerators]
+        current = max([current, *used])
+    return PlacementState.of(ledger, placements)
+
+
+def place_single_device(request: StrategyRequest) -> PlacementState:
+    """Everything on the spec's device: over an explicit budget is an error, over a detected one a warning."""
+    device = request.spec.device
+    if not request.ledger.has(device):
+        raise PlanError(
+            f"Strategy {device_label(device)} names a device without a budget; the devices are "
+            f"{list(request.ledger.loads)}. Add {device!r} to max_memory or pick one of those."
+        )
+    ledger, placements = request.start()
+    for component in request.requests:
+        placements.add(place_whole(component, ledger, device))
+    notes: list[str] = []
+    enforce(ledger, [device], what=f"Putting every component on {device_label(device)}", notes=notes)
+    return PlacementState.of(ledger, placements, warnings=tuple(notes))
+
+
+def place_cpu_only(request: StrategyRequest) -> PlacementState:
+    ledger, placements = request.start()
+    for component in sorted(request.requests, key=lambda component: component.position):
+        if ledger.fits("cpu", weights=component.bytes, transient=component.transient):
+            placements.add(place_whole(component, ledger, "cpu"))
+        else:
+            room = max(ledger.room("cpu", transient=component.transient) or 0, 0)
+            why = f"{component.needs()}; the CPU has {format_bytes(room)} left."
+            placements.add(place_on_host(component, ledger, request.context, why))
+    return PlacementState.of(ledger, placements)
+
 
 _BALANCED = searched(place_balanced, residency=True)
 STRATEGIES: dict[StrategyKind, Strategy] = {

@@ -1,6 +1,7 @@
 """The placement search: the strategy's own plan and every option that keeps components off the accelerators'
 resident room (`options`), compared by `cost.PlanCost` in one branch-and-bound loop (docs/design.md, "When it
-does not fit").
+does not fit"); how a residency-level option is evaluated, and what the winner becomes when it is not the
+strategy's own plan.
 
 The strategy's own plan (balanced: the best whole-component map, else the zig-zag with the fallback chain;
 sequential: execution order with the chain) is the first candidate. When it keeps everything resident on
@@ -15,24 +16,335 @@ places it. Otherwise the options are visited in `options`' order:
 Each option comes with the least it can cost (`cost.least_cost` of the components it keeps wholly off the
 resident room); an option that cannot beat the best candidate found is never built. The cheapest candidate wins,
 ties to the one visited first (the strategy's own plan, then demotions, then residency levels).
+
+A residency-level option (`options.Choice`) is evaluated on a copy of the strategy's starting ledger (`Residency`):
+WHOLE components go whole (or split along their blocks) on the accelerator with the most room once the home
+keeps room for the other components' phases; FILL components keep partly resident what those phases leave room
+for (`transfers.residency`); every component that is not wholly resident executes on the home accelerator with its
+weights in CPU RAM (on disk when RAM is short and an offload folder is given), its host-homed part split into
+loaded-per-call and streamed units in its phase's room (`transfers.residency`). The evaluation keeps what the
+winner's plan is built from (`residency_state`).
+
+The winner, when it is not the strategy's own plan, becomes placements, and every component kept off the
+accelerators' resident room on purpose gets a fallback (`demoted`) saying what it keeps resident, what it moves
+per call and why (`residency_state`, `explain_demotions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, Iterator, Optional
+from types import MappingProxyType
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from ..cost import PlanCost, least_cost
+from ..cost import PlanCost, least_cost, minimum_phase_weights
+from ..device_maps import merge_to_prefixes
+from ..devices import device_label
 from ..errors import PlacementError
 from ..memory_model import Ledger
-from .fallbacks import Context, place_streamed, streaming_device
-from .options import Choice, demotion_sets, priority_order, residency_choices
-from .request import ComponentRequest, Placed, Placements
-from .levels import Evaluated, Residency
-from .search_plans import explain_demotions
-from .spec import StrategyKind
-from .state import PlacementState, Strategy, StrategyRequest
+from ..plan_schema import ComponentPlan, Fallback, PlacementKind
+from ..sizes import format_bytes
+from ..time_model import seconds_text
+from ..transfers.residency import Filled, HostSplit, fill_resident, split_host_part
+from ..transfers.blocks import away_rooms, phase_room
+from .fallbacks import place_streamed, place_whole, streamed_text, streaming_device, try_split
+from .options import Choice, Level, demotion_sets, priority_order, residency_choices
+from .state import (
+    ComponentRequest,
+    Context,
+    Placed,
+    PlacementState,
+    Placements,
+    Strategy,
+    StrategyKind,
+    StrategyRequest,
+    component_plan,
+)
+
+
+def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Mapping[str, int]) -> PlacementState:
+    """The plan of a residency option: resident ones first, then those kept partly off the accelerators (demoted):
+    FILL, then STREAM."""
+    placements = Placements(by_name=dict(best.whole))
+    by_name = {r.name: r for r in order}
+    levels = dict(zip((r.name for r in order), best.choice.levels))
+    ordered = sorted(best.filled, key=lambda name: (bool(best.filled[name].host), levels[name] is Level.STREAM))
+    for name in ordered:
+        request, filled = by_name[name], best.filled[name]
+        placements.add(_placed(request, filled, best, runs.get(name, 1)))
+    headline = (
+        "The components do not all fit resident beside each other's phases: of the plans that execute "
+        f"everything on an accelerator, this one {_best_at(best)} "
+        f"({format_bytes(best.cost.transfer_bytes)}, host -> accelerator, steady state), what runs most keeping "
+        "its room; the components with weights "
+        f"in host memory execute on {device_label(best.choice.home)}."
+    )
+    return PlacementState.of(best.ledger, placements, map_reasons=(headline,))
+def _placed(request: ComponentRequest, filled: Filled, best: Evaluated, runs: int) -> Placed:
+    home, host = best.choice.home, best.hosts.get(request.name)
+    units = {unit.path: device for device, taken in filled.resident.items() for unit in taken}
+    units.update({unit.path: host for unit in filled.host})
+    # In execution order: interleaved resident and host-homed blocks read as they run (`transfers.blocks.moved_evenly`).
+    units = dict(sorted(units.items(), key=lambda item: request.unit_rank.get(item[0], len(request.unit_rank))))
+    placed = {device: filled.resident_bytes(device) for device in filled.resident}
+    if host is not None:
+        placed[host] = sum(unit.bytes for unit in filled.host)
+    split = best.splits[request.name]
+    if host is None:
+        kind = PlacementKind.WHOLE if len(placed) == 1 else PlacementKind.SPLIT
+    else:
+        kind = PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK
+    plan = component_plan(request, kind=kind, device_map=merge_to_prefixes(units), execution_device=home,
+                          placed_bytes=placed, streamed_unit_bytes=split.phase_weights)
+    if kind is PlacementKind.WHOLE:
+        return Placed(plan=plan)
+    return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, demoted=host is not None,
+                                               reason=_reason(request, filled, split, runs, best)))
+
+
+def _reason(request: ComponentRequest, filled: Filled, split, runs: int, best: Evaluated) -> str:
+    resident = ", ".join(f"{format_bytes(filled.resident_bytes(d))} resident on {device_label(d)}"
+                         for d in filled.resident)
+    runs_text = f"runs {runs} times per call" if runs > 1 else "runs once per call"
+    moved = split.bytes_per_call(runs)
+    if not filled.host:
+        return (f"{request.needs()} and {runs_text}; no accelerator holds it whole beside the other phases, so "
+                f"it is split along its blocks: {resident}.")
+    where = "CPU RAM" if best.hosts[request.name] == "cpu" else "on disk"
+    kept = (f"It keeps {resident} (as much as the other components' phases leave room for); the rest"
+            if filled.resident else "It")
+    return (
+        f"{request.needs()} and {runs_text}. {kept} lives in {where} and comes to "
+        f"{device_label(best.choice.home)} in its phase: {format_bytes(split.loaded_bytes)} loaded once per call, "
+        f"{format_bytes(split.streamed_bytes)} streamed block by block at each run ({format_bytes(moved)} per "
+        f"call). Of the plans that execute everything on an accelerator, this one {_best_at(best)} "
+        f"({format_bytes(best.cost.transfer_bytes)} in all)."
+    )
+
+
+def _best_at(best: Evaluated) -> str:
+    """What the residency option won by: bytes, or with FLOPs known, the copy seconds compute does not hide."""
+    if not best.timed:
+        return "moves the fewest bytes per call"
+    return (f"leaves the fewest copy seconds exposed behind compute ({seconds_text(best.cost.exposed_seconds)} per "
+            "call, bytes breaking ties), moving")
+
+
+def explain_demotions(best: PlacementState, demoted: Sequence[ComponentRequest], base: Optional[PlacementState],
+                      failure: Optional[PlacementError]) -> PlacementState:
+    """Give every demoted component a fallback saying what it was, what ran on the CPU without it, the numbers."""
+    base_plans = {} if base is None else {name: placed.plan for name, placed in base.by_name.items()}
+    best_plans = {name: placed.plan for name, placed in best.by_name.items()}
+    by_name = dict(best.by_name)
+    after = _cpu_text(best_plans) or "nothing"
+    if base is None:
+        goal, before = "the plan fits at all", f"Without demotions planning fails ({failure})"
+    else:
+        goal = "no component runs on the CPU" if after == "nothing" else "less runs on the CPU"
+        before = f"Without demotions these would execute on the CPU: {_cpu_text(base_plans)}"
+    for request in demoted:
+        plan = best_plans[request.name]
+        what = _what(base_plans[request.name]) if base_plans else f"Demoted to streaming ({format_bytes(request.bytes)})"
+        reason = (
+            f"{what}, so that {goal}. {before}; on the CPU now: {after}. "
+            f"{streamed_text(plan.devices[0], plan.execution_device, plan.streamed_unit_bytes)} Offloaded "
+            "components on one device run one after another and share that room."
+        )
+        fallback = Fallback(component=request.name, kind=plan.kind, reason=reason, demoted=True)
+        by_name[request.name] = Placed(plan=plan, fallback=fallback)
+    return replace(best, by_name=MappingProxyType(by_name))
+
+
+def _what(base: ComponentPlan) -> str:
+    """What happened to a demoted component, from where the plan without demotions had it."""
+    size = format_bytes(base.bytes)
+    if base.kind is PlacementKind.WHOLE:
+        return f"Demoted from whole on {device_label(base.execution_device)} ({size}) to offloaded"
+    if base.kind is PlacementKind.SPLIT:
+        return f"Demoted from split over {', '.join(device_label(d) for d in base.devices)} ({size}) to offloaded"
+    if base.execution_device == "cpu":
+        return f"Streamed to an accelerator ({size}) instead of running on the CPU, placed after the resident ones"
+    return f"Streamed ({size}), placed after the components kept resident"
+
+
+def _cpu_text(plans: dict[str, ComponentPlan]) -> str:
+    """"text_encoder (9.00 GiB), vae (160 MiB)": the components that execute on the CPU."""
+    return ", ".join(
+        f"{name} ({format_bytes(plan.bytes)})" for name, plan in plans.items() if plan.execution_device == "cpu"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluated:
+    """One option, evaluated: its cost, the ledger, the resident placements and each other component's units."""
+
+    choice: Choice
+    cost: PlanCost
+    ledger: Ledger
+    whole: dict  # name -> Placed (WHOLE components, and the pinned ones placed before)
+    filled: dict[str, Filled]  # FILL and STREAM components, in priority order
+    hosts: dict[str, str]  # "cpu" or "disk", per component with host-homed units
+    splits: dict[str, HostSplit]
+    timed: bool = False  # the cost counts exposed copy seconds (FLOPs known), not only bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stage:
+    """The ledger and placements once the home's phases are reserved and the WHOLE components placed."""
+
+    ledger: Ledger
+    whole: dict  # name -> Placed, pinned ones included, in placement order
+
+
+class Residency:
+    """The residency options of one request: their homes, and the stages and splits they share."""
+
+    def __init__(self, request: StrategyRequest, order: Sequence[ComponentRequest], *, low_0: bool):
+        self.request = request
+        self.runs = request.costs.runs
+        self.order = order
+        accelerators = request.ledger.accelerators
+        kept = [d for d in accelerators if not (low_0 and d == 0 and len(accelerators) > 1)]
+        self.homes = kept
+        self.device_order = kept + [d for d in accelerators if d not in kept]
+        self.stages: dict = {}
+        self.splits: dict = {}  # STREAM components' host splits by room (`fill_and_split`)
+
+    def evaluate(self, choice: Choice) -> Optional[Evaluated]:
+        stage = self._stage(choice)
+        if stage is None:
+            return None
+        ledger = stage.ledger.copy()
+        settled = fill_and_split(ledger, choice, self.order, self.runs, cache=self.splits)
+        if settled is None:
+            return None
+        filled, splits = settled
+        hosts = _charge_hosts(ledger, filled, self.request.context.has_offload_folder)
+        if hosts is None:
+            return None
+        executing = {name: placed.plan.execution_device for name, placed in stage.whole.items()}
+        executing.update({name: choice.home for name in filled})
+        moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
+        cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger,
+                                     exposed_seconds=self._exposed(splits, hosts))
+        return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=stage.whole, filled=filled, hosts=hosts,
+                         splits=splits, timed=self.request.costs.timing is not None)
+
+    def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
+        """The option's copy seconds compute does not hide (`cost.Timing`); 0 when no FLOPs are known."""
+        timing = self.request.costs.timing
+        if timing is None:
+            return 0.0
+        sizes = {r.name: r.bytes for r in self.order}
+        return timing.total(timing.exposed(
+            name, weight_bytes=sizes[name], loaded=split.loaded_bytes, streamed=split.streamed_bytes,
+            blocks=len(split.streamed_paths), runs=self.runs.get(name, 1), disk=hosts.get(name) == "disk")
+            for name, split in splits.items() if split.bytes_per_call(self.runs.get(name, 1)))
+
+    def materialize(self, best: Evaluated) -> PlacementState:
+        return residency_state(best, self.order, self.runs)
+
+    def _stage(self, choice: Choice) -> Optional[_Stage]:
+        key = (tuple(level is Level.WHOLE for level in choice.levels), choice.home)
+        if key not in self.stages:
+            self.stages[key] = self._build_stage(choice)
+        return self.stages[key]
+
+    def _build_stage(self, choice: Choice) -> Optional[_Stage]:
+        ledger, placements = self.request.start()
+        if not reserve_phases(ledger, choice, self.order):
+            return None
+        whole = [r for r, level in zip(self.order, choice.levels) if level is Level.WHOLE]
+        for component in sorted(whole, key=lambda r: (-r.bytes, r.position)):
+            placed = self._resident(component, ledger)
+            if placed is None:
+                return None
+            placements.add(placed)
+        return _Stage(ledger=ledger, whole=dict(placements.by_name))
+
+    def _resident(self, component: ComponentRequest, ledger: Ledger) -> Optional[Placed]:
+        """Whole on the accelerator with the most room (GPU 0 first among equals), else split; else None."""
+        order = sorted(self.device_order, key=lambda d: (d not in self.homes,
+                                                         -(ledger.room(d, transient=component.transient) or 0), d))
+        for device in order:
+            if ledger.fits(device, weights=component.bytes, transient=component.transient):
+                return place_whole(component, ledger, device)
+        why = f"{component.needs()}; no accelerator has room for it whole beside the other phases."
+        return try_split(component, ledger, order, why, self.request.context)
+
+
+def _charge_hosts(ledger: Ledger, filled: dict[str, Filled], disk_allowed: bool) -> Optional[dict[str, str]]:
+    """Host-homed units in CPU RAM (the disk when RAM is short and allowed); None when neither has room."""
+    hosts = {}
+    for name, found in filled.items():
+        size = sum(unit.bytes for unit in found.host)
+        if not found.host:
+            continue
+        if ledger.fits("cpu", weights=size):
+            hosts[name] = "cpu"
+        elif disk_allowed and ledger.has("disk") and ledger.fits("disk", weights=size):
+            hosts[name] = "disk"
+        else:
+            return None
+        ledger.add(hosts[name], weights=size)
+    return hosts
+
+
+def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
+                   cache: Optional[dict] = None) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
+    """FILL components' resident units (priority order), then every non-resident part's per-call / streamed
+    split in its phase (on the home, and for blocks that may run elsewhere on the other accelerators: `phase_room`,
+    `away_rooms`); None when a phase does not fit. `cache` keeps the splits of STREAM
+    components (all of their units on the host) by room, across candidates."""
+    cache = {} if cache is None else cache
+    filled: dict[str, Filled] = {}
+    for request, level in zip(order, choice.levels):
+        if level is Level.FILL:  # resident room for the blocks the call runs; the idle ones stay on the host
+            filled[request.name] = fill_resident(
+                ledger, name=request.name, units=request.active_units, activation=request.transient,
+                home=choice.home, devices=ledger.accelerators, spread=request.spread_blocks,
+                in_order=choice.in_order)
+            filled[request.name].host.extend(u for u in request.layout_units if u.path in request.idle)
+        elif level is Level.STREAM:
+            filled[request.name] = Filled(host=list(request.layout_units))
+    splits = {}
+    for request in order:
+        if request.name not in filled:
+            continue
+        room, away = phase_room(ledger, choice.home, request), away_rooms(ledger, request, choice.home)
+        host = sorted(filled[request.name].host, key=lambda unit: request.unit_rank[unit.path])  # unit order
+        key = (request.name, room, away) if len(host) == len(request.layout_units) else None
+        split = cache.get(key) if key else None
+        if split is None:
+            split = split_host_part(host, runs=runs.get(request.name, 1), room=room, idle=request.idle, away=away,
+                                    spread=request.spread_blocks)
+            if key:
+                cache[key] = split
+        if not split.fits:
+            return None
+        settle_phases(ledger, request, choice.home, split)
+        splits[request.name] = split
+    return filled, splits
+
+
+def settle_phases(ledger: Ledger, request, home, split: HostSplit) -> None:
+    """The component's phase on its execution device (activations, what it loads there, blocks in flight) and
+    on each accelerator it loads blocks per call onto (activations and those blocks)."""
+    ledger.set_phase(home, request.name, request.transient + split.phase_weights)
+    for device, loaded in split.away_bytes().items():
+        ledger.set_phase(device, request.name, request.transient + loaded)
+
+
+def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
+    """Room on the home for the least each non-resident component needs in its phase; False if it lacks it."""
+    for request, level in zip(order, choice.levels):
+        if level is Level.WHOLE:
+            continue
+        need = request.transient + minimum_phase_weights(request.active_units)
+        if not ledger.fits(choice.home, weights=0, transient=need):
+            return False
+        ledger.add(choice.home, transient=need, phase=request.name)
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)

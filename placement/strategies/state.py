@@ -1,4 +1,7 @@
-"""What a strategy is given (an immutable request) and what it gives back (the state it built).
+"""What a strategy is given and what it gives back: the `strategy` argument parsed into one of the fixed kinds
+docs/design.md defines (`StrategySpec`), what a strategy knows of one component (`ComponentRequest`), the planning
+options (`Context`), the immutable request (`StrategyRequest`), the record it produces per component (`Placed`)
+and the state it built (`PlacementState`).
 
 A strategy never changes what it is passed: it copies the starting ledger, places its components into the
 copy and returns it with the placements. Searches (the placement search, balanced's two orders) compare the
@@ -7,17 +10,224 @@ states their trials return and keep one; nothing is written back into a caller's
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
+from enum import Enum
+from functools import cached_property
 from types import MappingProxyType
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from ..devices import Device
+import torch
+from torch import nn
+
 from ..cost import CostModel, PlanCost
+from ..device_maps import single_device
+from ..devices import Device, device_sort_key, is_accelerator
+from ..errors import InvalidDeviceError, PlanError
 from ..memory_model import Ledger
-from ..transfers.completion import component_transfers
-from .fallbacks import Context
-from .request import ComponentRequest, Placed, Placements
-from .spec import StrategySpec
+from ..plan_schema import ComponentPlan, Fallback, PlacementKind
+from ..sizes import format_bytes
+from ..sizing import ComponentSize
+from ..streaming import TransferUnit, transfer_units
+from ..transfers.blocks import spread_blocks
+from ..transfers.residency import component_transfers
+
+
+class StrategyKind(str, Enum):
+    BALANCED = "balanced"
+    AUTO = "auto"  # the same as balanced (documented, not an error)
+    SEQUENTIAL = "sequential"
+    BALANCED_LOW_0 = "balanced_low_0"
+    DICT = "dict"  # pinned as given, the rest balanced around it
+    DEVICE = "device"  # everything on one device
+
+
+class StrategyScope(str, Enum):
+    """What a strategy places: a pipeline's components (whole first), or one model's submodules with
+    accelerate's model-level meaning of the same names (`model_level`)."""
+
+    PIPELINE = "pipeline"
+    MODEL = "model"
+
+
+NAMED_STRATEGIES = (StrategyKind.BALANCED, StrategyKind.AUTO, StrategyKind.SEQUENTIAL, StrategyKind.BALANCED_LOW_0)
+SUPPORTED = (
+    "'balanced', 'auto', 'sequential', 'balanced_low_0', a dict {component: device | {submodule: device}}, "
+    "or a single device ('cuda', 'cuda:1', 0, 'cpu', a torch.device)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec:
+    kind: StrategyKind
+    device: Optional[Device] = None  # DEVICE only
+    pins: Optional[Mapping] = None  # DICT only
+    degraded: bool = False  # no accelerator to plan for: everything on the CPU (disk when RAM is short)
+    scope: StrategyScope = StrategyScope.PIPELINE
+
+    @property
+    def model_level(self) -> bool:
+        """A named strategy or a {submodule: device} dict for one model: `strategies.model_level` places it."""
+        return self.scope is StrategyScope.MODEL and self.kind is not StrategyKind.DEVICE and not self.degraded
+
+    @property
+    def label(self) -> str:
+        """What the Plan records as its strategy."""
+        if self.degraded:
+            return "cpu"
+        if self.kind is StrategyKind.DEVICE:
+            return f"cuda:{self.device}" if is_accelerator(self.device) else str(self.device)
+        return self.kind.value
+
+
+def parse_strategy(strategy, *, scope: StrategyScope | str = StrategyScope.PIPELINE) -> StrategySpec:
+    """The one parser of `strategy` / `device_map` arguments. At model scope a dict maps submodule (or
+    tensor) paths of the one model to devices; a single device means the same at both scopes.
+    "disk" as a single device is a PlanError quoting `check_can_execute`: it cannot execute."""
+    scope = StrategyScope(scope)
+    if isinstance(strategy, Mapping):
+        return StrategySpec(kind=StrategyKind.DICT, pins=strategy, scope=scope)
+    if isinstance(strategy, str) and strategy.strip().lower() in {kind.value for kind in NAMED_STRATEGIES}:
+        return StrategySpec(kind=StrategyKind(strategy.strip().lower()), scope=scope)
+    try:
+        device = single_device(strategy)
+    except InvalidDeviceError as error:  # "disk": the one check says why; the strategy list says what instead
+        raise PlanError(f"Unknown placement strategy {strategy!r} ({error}). Supported: {SUPPORTED}.") from None
+    if device is not None:
+        return StrategySpec(kind=StrategyKind.DEVICE, device=device, scope=scope)
+    raise PlanError(f"Unknown placement strategy {strategy!r}{_did_you_mean(strategy)}. Supported: {SUPPORTED}.")
+
+
+def _did_you_mean(strategy) -> str:
+    """'; did you mean 'balanced'?' for a strategy name one slip away ("balance", "Sequental"), else ''."""
+    if not isinstance(strategy, str):
+        return ""
+    close = difflib.get_close_matches(strategy.strip().lower(), sorted(kind.value for kind in NAMED_STRATEGIES), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentRequest:
+    """One module component to place: its size at the requested dtype and its activation peak."""
+
+    name: str
+    module: nn.Module
+    size: ComponentSize
+    dtype: Optional[torch.dtype]
+    activation: Optional[int]  # None: activations not accounted for
+    position: int  # in execution order
+    streamed: int  # bytes on the execution device at once when offloaded (streaming.streaming_working_set)
+    units: tuple[TransferUnit, ...] = ()  # streaming.transfer_units (empty: computed when asked for)
+    # Paths of the units (modules) the planned call never runs (`idle_units`; empty without a traced call).
+    idle: frozenset[str] = frozenset()
+
+    @property
+    def layout_units(self) -> tuple[TransferUnit, ...]:
+        """The pieces the transfer planner keeps resident, loads per call or streams (rest first, then blocks)."""
+        return self.units or transfer_units(self.module, self.size)
+
+    @cached_property
+    def unit_rank(self) -> dict[str, int]:
+        """Each layout unit's index (its execution order among the blocks)."""
+        return {unit.path: index for index, unit in enumerate(self.layout_units)}
+
+    @cached_property
+    def spread_blocks(self) -> frozenset[str]:
+        """The blocks that may run on another accelerator than its execution device (`blocks.spread_blocks`)."""
+        return spread_blocks(self)
+
+    @property
+    def active_units(self) -> tuple[TransferUnit, ...]:
+        """The layout units the planned call runs (all of them without a traced call)."""
+        if not self.idle:
+            return self.layout_units
+        return tuple(unit for unit in self.layout_units if unit.path not in self.idle)
+
+    @property
+    def bytes(self) -> int:
+        return self.size.total
+
+    @cached_property
+    def active_bytes(self) -> int:
+        """Its bytes less the blocks the planned call never runs: what moves at least once per call when none
+        of it is resident (an idle block, streamed, moves nothing)."""
+        return self.bytes - sum(unit.bytes for unit in self.layout_units if unit.path in self.idle)
+
+    @property
+    def transient(self) -> int:
+        return self.activation or 0
+
+    @property
+    def dtype_name(self) -> Optional[str]:
+        """The requested dtype, else the module's own (its first floating tensor's), so plans always say it."""
+        dtype = self.dtype
+        if dtype is None:
+            floating = (t.dtype for t in [*self.module.parameters(), *self.module.buffers()] if t.is_floating_point())
+            dtype = next(floating, None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
+
+    def needs(self) -> str:
+        """"vae needs 1.21 GiB (bfloat16) + 0.30 GiB of activations" for error and fallback messages."""
+        text = f"{self.name} needs {format_bytes(self.bytes)}"
+        if self.dtype_name:
+            text += f" ({self.dtype_name})"
+        if self.activation:
+            text += f" + {format_bytes(self.activation)} of activations"
+        return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """A strategy's answer for one component: its plan, and the fallback taken if it is not whole."""
+
+    plan: ComponentPlan
+    fallback: Optional[Fallback] = None
+
+
+@dataclass
+class Placements:
+    """The answers collected so far, by component name (mutable while a plan is built)."""
+
+    by_name: dict[str, Placed] = field(default_factory=dict)
+
+    def add(self, placed: Placed) -> None:
+        self.by_name[placed.plan.name] = placed
+
+
+def component_plan(
+    request: ComponentRequest,
+    *,
+    kind: PlacementKind,
+    device_map: Mapping[str, Device],
+    execution_device: Device,
+    placed_bytes: Mapping[Device, int],
+    streamed_unit_bytes: int = 0,
+    pinned: bool = False,
+) -> ComponentPlan:
+    ordered = {device: placed_bytes[device] for device in sorted(placed_bytes, key=device_sort_key)}
+    return ComponentPlan(
+        name=request.name,
+        kind=kind,
+        devices=list(ordered),
+        execution_device=execution_device,
+        bytes=request.bytes,
+        dtype=request.dtype_name,
+        device_map=dict(device_map),
+        placed_bytes=ordered,
+        activation_bytes=request.activation,
+        streamed_unit_bytes=streamed_unit_bytes,
+        pinned=pinned,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """Planning options every strategy step may need, and what one plan() call may reuse across attempts."""
+
+    has_offload_folder: bool
+    # (component, rooms) -> its split device map (None: no split fits). Strategies that try several orders,
+    # and the placement search, place the same component into the same rooms again; a split is costly to find.
+    split_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,40 @@
-"""The transfer model's two inputs to `placement.plan`, checked: `runs_per_call` and `link_bandwidth`."""
+"""The transfer and time model's inputs to `placement.plan`: `runs_per_call`, checked, and the two copy speeds
+that turn bytes into seconds, host -> accelerator (`link_bandwidth`) and disk reads (`disk_read_bandwidth`):
+stated by the caller and checked, measured on this machine, or assumed.
+
+The link speed (`link_speed`): given (`placement.plan(link_bandwidth=...)`): as given. Otherwise, when the plan
+moves weights per call and every accelerator it uses is a CUDA GPU of this process, measured: a timed copy of
+pinned host memory to the first of them (what per-call loads and streamed blocks are: pinned host -> GPU copies),
+the best of a few, once per process and GPU. Else (no GPU here: planning on a CPU machine, virtual accelerators, a
+plan for other hardware) PCIe 4.0 x16's sustained 25 GB/s, assumed, and the plan's `link_bandwidth_source` says so.
+
+The disk read speed: stated by the caller, or measured once on the checkpoint's drive. Disk-homed blocks are read
+ahead on a background thread while earlier blocks compute (the runtime's `hooks.group_offload.read_ahead`), so a
+call with a disk-homed component takes about the larger of its read time and its compute time, not their sum; the
+time model needs the read speed for the first of the two (`Plan.disk_read_bandwidth`). Unless stated, it is assumed
+(`time_model.DISK_BYTES_PER_S`, NVMe): a drive's read speed spans two orders of magnitude (network storage to NVMe
+RAID), so a plan that matters states or measures it.
+
+`measure_disk_read(path)` reads up to `MEASURE_BYTES` of the file at `path` once per drive and process, after
+asking the kernel to drop the file's cached pages (a read served from the page cache measures RAM, not the
+drive; where the kernel keeps them anyway the figure is an upper bound, and its source says "page cache?" when
+it is faster than any drive reads).
+"""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import functools
+import os
+import time
+from typing import Iterable, Mapping, Optional
 
+import torch
+
+from ..devices import detect_accelerators, is_accelerator
 from ..errors import PlanError
 from ..plan_schema import DEFAULT_LINK_BANDWIDTH
 from ..sizes import parse_size
+from ..time_model import DISK_BYTES_PER_S
 
 
 def check_runs_per_call(runs_per_call: Optional[Mapping], modules: Mapping) -> dict[str, int]:
@@ -54,3 +82,115 @@ def check_link_bandwidth(link_bandwidth) -> float:
             "(25e9) or a size read per second ('25GB'); None assumes 25 GB/s (PCIe 4.0 x16)."
         )
     return value
+
+
+MEASURED_BYTES = 64 * 1024**2  # large enough for the copy engine's sustained rate, small enough to be quick
+REPEATS = 5
+
+
+def link_speed(devices: Iterable, *, moves: bool) -> Optional[tuple[float, str]]:
+    """(bytes/s, where the number comes from) measured for a plan using `devices` that moves weights per call
+    (`moves`), or None: the default is assumed (see the module docstring)."""
+    accelerators = sorted(d for d in devices if is_accelerator(d))
+    if not moves or not accelerators:
+        return None
+    present = detect_accelerators()
+    if present.virtual or present.kind != "cuda" or accelerators[-1] >= present.count:
+        return None
+    measured = measure_cuda_link(accelerators[0])
+    if measured is None:
+        return None
+    return measured, f"measured: pinned host -> cuda:{accelerators[0]}, {MEASURED_BYTES // 1024**2} MiB copy"
+
+
+@functools.cache
+def measure_cuda_link(index: int) -> Optional[float]:
+    """Host -> cuda:`index` bytes/s of a pinned copy of `MEASURED_BYTES` (the best of `REPEATS`, after a warm-up
+    copy); None without CUDA or when the copy cannot be made (no room on the GPU)."""
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return None
+    device = torch.device("cuda", index)
+    try:
+        host = torch.empty(MEASURED_BYTES, dtype=torch.uint8, pin_memory=True)
+        target = torch.empty(MEASURED_BYTES, dtype=torch.uint8, device=device)
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device)
+        target.copy_(host, non_blocking=True)  # warm-up: the first copy pays for mappings and clocks
+        stream.synchronize()
+        best = 0.0
+        for _ in range(REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            target.copy_(host, non_blocking=True)
+            end.record(stream)
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+            if seconds > 0:
+                best = max(best, MEASURED_BYTES / seconds)
+    del target, host
+    return best or None
+
+
+MEASURE_BYTES = 256 * 2**20
+CHUNK_BYTES = 8 * 2**20
+# Faster than this, a read came from RAM (the page cache), not from a drive (PCIe 5.0 NVMe reads ~14 GB/s).
+PAGE_CACHE_SPEED = 20e9
+_MEASURED: dict[int, tuple[float, str]] = {}  # st_dev -> (bytes/s, source): once per drive and process
+
+
+def check_disk_read_bandwidth(value) -> float:
+    """Bytes per second: None -> assumed (`DISK_BYTES_PER_S`); a positive number; or a size string ("2GB") read
+    per second."""
+    if value is None:
+        return DISK_BYTES_PER_S
+    speed: Optional[float] = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        speed = float(value)
+    elif isinstance(value, str):
+        try:
+            speed = float(parse_size(value))
+        except PlanError:
+            speed = None
+    if speed is None or not speed > 0 or speed == float("inf"):
+        raise PlanError(f"disk_read_bandwidth={value!r}: expected the disk's read bytes per second, a positive "
+                        f"number (2e9) or a size read per second ('2GB'); None assumes {DISK_BYTES_PER_S / 1e9:g} "
+                        "GB/s (NVMe).")
+    return speed
+
+
+def measure_disk_read(path: str | os.PathLike) -> tuple[float, str]:
+    """(bytes/s, source) of reading the file at `path` (a checkpoint shard), measured once per drive."""
+    try:
+        drive = os.stat(path).st_dev
+    except OSError as error:
+        raise PlanError(f"Cannot measure the disk read speed on {os.fspath(path)!r}: {error}.") from error
+    if drive not in _MEASURED:
+        _MEASURED[drive] = _measure(os.fspath(path))
+    return _MEASURED[drive]
+
+
+def _measure(path: str) -> tuple[float, str]:
+    with open(path, "rb", buffering=0) as file:
+        descriptor = file.fileno()
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        start, read = time.perf_counter(), 0
+        while read < MEASURE_BYTES:
+            chunk = file.read(CHUNK_BYTES)
+            if not chunk:
+                break
+            read += len(chunk)
+        seconds = time.perf_counter() - start
+    if not read:
+        raise PlanError(f"Cannot measure the disk read speed on {path!r}: the file is empty.")
+    speed = read / max(seconds, 1e-9)
+    cached = "; page cache? faster than a drive reads" if speed > PAGE_CACHE_SPEED else ""
+    return speed, f"measured: {read / 2**20:.0f} MiB of {os.path.basename(path)}{cached}"
+
+
+__all__ = [
+    "MEASURED_BYTES", "check_disk_read_bandwidth", "check_link_bandwidth", "check_runs_per_call", "link_speed",
+    "measure_cuda_link", "measure_disk_read",
+]

@@ -16,7 +16,7 @@ from placement.drawings import COMPUTE_START, COPY_DONE, COPY_ISSUED, predicted_
 from transfer_pipeline import STEPS, assert_decoded, component, make, place_resident, plan, run
 
 BLOCKS = [f"blocks.{i}" for i in range(6)]
-STREAMED = ("blocks.1", "blocks.3", "blocks.5")  # interleaved as the planner spreads them (`transfers.interleave`)
+STREAMED = ("blocks.1", "blocks.3", "blocks.5")  # interleaved as the planner spreads them (`blocks.moved_evenly`)
 DENOISER_MAP = {"proj_in": 0, **{b: ("cpu" if b in STREAMED else 0) for b in BLOCKS}, "norm": 0, "proj_out": 0}
 
 

@@ -3,8 +3,7 @@ counts bytes or buffers reading them rather than a copy of its own."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from placement.cost import (
     STREAM_BUFFER_BLOCKS, PlanCost, bytes_per_call, least_bytes_per_call, least_cost, least_moved, least_streamed_per_run,
@@ -14,7 +13,7 @@ from placement.plan_schema import ComponentTransfer
 from placement.sizing import size_module
 from placement.strategies import ComponentRequest
 from placement.streaming import TransferUnit, streaming_working_set
-from placement.transfers.host_split import HostSplit, split_host_part
+from placement.transfers.residency import HostSplit, split_host_part
 from synthetic import component
 
 GiB = 1024**3

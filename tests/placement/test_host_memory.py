@@ -8,7 +8,7 @@ import pytest
 
 import placement
 from placement import Plan
-from placement.disk_speed import check_disk_read_bandwidth, measure_disk_read
+from placement.transfers.inputs import check_disk_read_bandwidth, measure_disk_read
 from placement.errors import PlanError
 from placement.host_memory import HostMemory, budget_note
 from placement.sizes import GiB

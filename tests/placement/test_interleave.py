@@ -7,7 +7,7 @@ import pytest
 
 import placement
 from placement.sizes import GiB
-from placement.transfers.interleave import kept_evenly, moved_evenly, moved_positions
+from placement.transfers.blocks import kept_evenly, moved_evenly, moved_positions
 
 from test_transfers import ACTIVATIONS, pipeline
 

@@ -14,8 +14,7 @@ import random
 from itertools import product
 
 import networkx as nx
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import placement
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, PlacementKind
@@ -210,7 +209,7 @@ def test_demotion_search_finds_the_best_resident_set_past_eight_components():
 def test_best_first_sets_visit_every_subset_once_cheapest_first():
     from placement.cost import CostModel, least_moved
     from placement.strategies.options import best_first_sets
-    from placement.strategies.request import ComponentRequest
+    from placement.strategies.state import ComponentRequest
     from placement.sizing import size_module
 
     modules = {f"c{i}": whole(size) for i, size in enumerate([3, 1, 2, 2, 5])}

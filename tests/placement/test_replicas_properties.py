@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import placement
 from placement import ReplicaFit
-from placement.replica_plan import replica_fit
+from placement.replicas import replica_fit
 from synthetic import component
 
 MiB = 1024**2

@@ -9,7 +9,7 @@ import placement
 from placement import PlacementKind, Plan
 from placement.plan_schema import SCHEMA_VERSION
 from placement.sizes import GiB
-from placement.transfers import link_speed
+from placement.transfers import inputs
 
 from synthetic import component, whole
 
@@ -204,18 +204,18 @@ def test_explain_the_verdict_and_the_svg_show_the_bytes_and_time_per_call():
 
 def test_without_a_cuda_gpu_the_link_is_assumed_and_nothing_is_measured(monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
-    monkeypatch.setattr(link_speed, "measure_cuda_link", lambda index: pytest.fail("measured a virtual GPU"))
+    monkeypatch.setattr(inputs, "measure_cuda_link", lambda index: pytest.fail("measured a virtual GPU"))
     plan = placement.plan(pipeline(), max_memory={0: "12GiB", 1: "4GiB", "cpu": "64GiB"}, activations=ACTIVATIONS,
                           runs_per_call={"denoiser": 28})
     assert plan.transfer_bytes_per_call > 0
     assert (plan.link_bandwidth, plan.link_bandwidth_source) == (25e9, "assumed: PCIe 4.0 x16")
-    assert link_speed.link_speed([0, 1], moves=True) is None  # virtual accelerators are CPUs: nothing to time
+    assert inputs.link_speed([0, 1], moves=True) is None  # virtual accelerators are CPUs: nothing to time
 
 
 @pytest.mark.gpu
 def test_on_a_cuda_gpu_the_link_is_measured_by_a_pinned_copy(monkeypatch):
     monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
-    measured = link_speed.measure_cuda_link(0)
+    measured = inputs.measure_cuda_link(0)
     assert measured is not None and 1e8 < measured < 1e12  # 0.1 GB/s .. 1 TB/s: a copy was timed
     kwargs = dict(max_memory={0: "12GiB", "cpu": "64GiB"}, activations=ACTIVATIONS, runs_per_call={"denoiser": 28})
     plan = placement.plan(pipeline(), **kwargs)

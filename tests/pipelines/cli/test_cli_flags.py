@@ -38,7 +38,7 @@ def argparse_exit(argv, capsys) -> tuple[int, str]:
 
 def test_a_mistyped_strategy_is_refused_with_the_closest_name_before_anything_is_planned(capsys):
     from pipelines.cli.args import STRATEGY_NAMES
-    from placement.strategies.spec import NAMED_STRATEGIES
+    from placement.strategies.state import NAMED_STRATEGIES
 
     assert STRATEGY_NAMES == tuple(kind.value for kind in NAMED_STRATEGIES)  # the CLI's copy, kept torch-free
     code, err = argparse_exit(["run", "tiny-dit", "--prompts", "p.txt", "--out", "o", "--strategy", "balance"], capsys)
