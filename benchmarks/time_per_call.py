@@ -4,6 +4,7 @@
     python benchmarks/time_per_call.py                  # every real pipeline x rtx4090/rtx5090/h100 x 16/24/32 GiB
     python benchmarks/time_per_call.py --only flux1-dev qwen-image --gpus rtx4090 rtx5090 --budgets 24 32
     python benchmarks/time_per_call.py --estimate       # re-count the FLOPs (cached in data/)
+    python benchmarks/time_per_call.py --gpu            # measured vs predicted on this machine's GPU (a minute)
 
 The pipelines, their call and their bytes are benchmarks/transfers.py's (built on meta at real size in bf16; 1024x1024
 images, 480x832x49 video, batch 1; 28 steps, times the denoiser's passes per step learned by call capture). What each
@@ -264,7 +265,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=28, help="denoising steps per call (default 28)")
     parser.add_argument("--estimate", action="store_true", help="re-count the FLOPs")
     parser.add_argument("--smoke", action="store_true", help="2 pipelines x 2 GPUs x 1 budget")
+    parser.add_argument("--gpu", action="store_true", help="measured vs predicted on this machine's CUDA GPU "
+                        "(time_per_call_gpu.py)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        import time_per_call_gpu
+
+        time_per_call_gpu.main([])
+        return
     import torch
     import transfers
 
