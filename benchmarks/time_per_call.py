@@ -4,6 +4,7 @@
     python benchmarks/time_per_call.py                  # every real pipeline x rtx4090/rtx5090/h100 x 16/24/32 GiB
     python benchmarks/time_per_call.py --only flux1-dev qwen-image --gpus rtx4090 rtx5090 --budgets 24 32
     python benchmarks/time_per_call.py --estimate       # re-count the FLOPs (cached in data/)
+    python benchmarks/time_per_call.py --gpu            # measured vs predicted on this machine's GPU (a minute)
 
 The pipelines, their call and their bytes are benchmarks/transfers.py's (built on meta at real size in bf16; 1024x1024
 images, 480x832x49 video, batch 1; 28 steps, times the denoiser's passes per step learned by call capture). What each
@@ -23,6 +24,15 @@ only by what each technique moves and whether its copies overlap compute:
   with streams (`use_stream=True`): the same bytes, the next block prefetched: each copy hidden by the compute of the
   block before it (every block streams: no kept blocks between them, unlike ours);
 - sequential offload (`enable_sequential_cpu_offload`): every module at every run, synchronously.
+Host RAM each needs (second table, GiB, "pinned" in brackets), at its peak once the pipeline is set up, weights only:
+- ours: `plan.host_memory` (host-homed weights once, plus the staging of disk-homed ones; pinned: what moves per call);
+- model offload: every weight once in host RAM (accelerate's `cpu_offload_with_hook` moves a component, never copies
+  it), nothing pinned;
+- group without streams: every weight once (blocks are moved to the GPU and back), nothing pinned;
+- group with streams: twice: `_init_cpu_param_dict` makes a pinned copy of every tensor beside the module's own, which
+  is only dropped when the block's first onload replaces it (steady state: once, all of it pinned);
+- sequential offload: every weight once (accelerate's `cpu_offload` keeps a CPU state dict, the module on meta),
+  nothing pinned.
 "-": the technique does not fit that budget (transfers.py's fit rules); "cpu": our plan computes a component on the CPU.
 Ratios are ours / theirs where both fit and ours moves weights (< 1: we are faster).
 
@@ -152,7 +162,31 @@ def run(only, gpus, budgets, *, steps: int, estimate: bool) -> None:
                 exposed = plan.time_per_call().exposed_s if mine is not None else None
                 print(f"{pipeline.name:<22}{gpu:>9}{gib:>5}{runs:>5}" + _cell(row["ours"], "cpu")
                       + "".join(_cell(row[c]) for c in COLUMNS[1:]) + _cell(exposed))
+    host_ram(rows, {p.name: sum(part.bytes for part in p.parts) for p in pipelines})
     summary(rows, gpus)
+
+
+# Host RAM per technique as a multiple of the pipeline's weights, and the multiple of it pinned (module doc).
+HOST_RAM_RULES = {"model": (1, 0), "group": (1, 0), "group+streams": (2, 1), "sequential": (1, 0)}
+
+
+def host_ram(rows, weights: dict[str, int]) -> None:
+    """Host RAM (GiB) each technique needs, pinned in brackets: ours by `plan.host_memory`, diffusers' techniques
+    by `HOST_RAM_RULES` (module doc)."""
+    rules = ", ".join(f"{c} {t}x ({p}x pinned)" for c, (t, p) in HOST_RAM_RULES.items())
+    print(f"\nHost RAM, GiB (pinned in brackets): ours by plan.host_memory; theirs x the pipeline's weights: {rules}")
+    print(f"{'pipeline':<22}{'GPU':>9}{'GiB':>5}{'weights':>9}" + "".join(f"{c:>16}" for c in ("ours", *HOST_RAM_RULES)))
+    for (name, gpu, gib), (row, plan) in rows.items():
+        memory = plan.host_memory
+        cells = [_ram(memory.total_bytes, memory.pinned_bytes)]
+        for column, (times, pinned) in HOST_RAM_RULES.items():
+            fits = row[column] is not None
+            cells.append(_ram(times * weights[name], pinned * weights[name]) if fits else f"{'-':>16}")
+        print(f"{name:<22}{gpu:>9}{gib:>5}{weights[name] / GiB:>9.1f}" + "".join(cells))
+
+
+def _ram(total: int, pinned: int) -> str:
+    return f"{f'{total / GiB:.1f} ({pinned / GiB:.1f})':>16}"
 
 
 def summary(rows, gpus) -> None:
@@ -231,7 +265,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=28, help="denoising steps per call (default 28)")
     parser.add_argument("--estimate", action="store_true", help="re-count the FLOPs")
     parser.add_argument("--smoke", action="store_true", help="2 pipelines x 2 GPUs x 1 budget")
+    parser.add_argument("--gpu", action="store_true", help="measured vs predicted on this machine's CUDA GPU "
+                        "(time_per_call_gpu.py)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        import time_per_call_gpu
+
+        time_per_call_gpu.main([])
+        return
     import torch
     import transfers
 

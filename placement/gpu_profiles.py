@@ -10,6 +10,12 @@ run typically gets, and the time model (`time_model`) multiplies by them.
 A profile is chosen by `gpu=` ("rtx4090", "H100", "NVIDIA GeForce RTX 4090": names are matched loosely), else by
 `torch.cuda.get_device_name()` when the plan runs on this machine's CUDA GPU, else `DEFAULT_GPU` is assumed and the
 plan says so, as it does for the link speed.
+
+`gpu="measure"` measures this process's current CUDA GPU instead (`measure_gpu_profile`: a short bf16 and fp32
+matmul, a device-to-device copy and a pinned host -> GPU copy, timed with CUDA events, once per process and GPU), for
+a GPU the table does not know or one that runs off its datasheet (power-capped, MIG slice, PCIe riser). It is asked
+for, never the default: a measurement varies from run to run, and a plan made from a named profile is the same on
+every machine.
 """
 
 from __future__ import annotations
@@ -54,14 +60,23 @@ class GpuProfile(BaseModel):
     memory_gb_s: float
     pcie_gen: int
     pcie_lanes: int = 16
+    # A measured profile's own pinned host -> GPU rate (bytes/s, already sustained: no efficiency applied) and
+    # where its numbers come from, in words; both None for a datasheet row.
+    measured_link_bytes_per_s: Optional[float] = None
+    source: Optional[str] = None
 
     @property
     def link_bytes_per_s(self) -> float:
-        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), to 0.1 GB/s."""
+        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), to 0.1 GB/s; a
+        measured profile's measured rate."""
+        if self.measured_link_bytes_per_s is not None:
+            return self.measured_link_bytes_per_s
         return round(PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes * LINK_EFFICIENCY, 1) * 1e9
 
     @property
     def link_label(self) -> str:
+        if self.measured_link_bytes_per_s is not None:
+            return f"measured pinned host -> GPU copy, {self.measured_link_bytes_per_s / 1e9:.1f} GB/s"
         raw = PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes
         return f"PCIe {self.pcie_gen}.0 x{self.pcie_lanes}, {raw:.1f} GB/s x {LINK_EFFICIENCY:g}"
 
@@ -128,6 +143,8 @@ def gpu_profile(name: "str | GpuProfile") -> GpuProfile:
     is returned as it is. Raises `PlanError` listing the known ones, closest first."""
     if isinstance(name, GpuProfile):
         return name
+    if isinstance(name, str) and name.strip().lower() in MEASURE_NAMES:
+        return measure_gpu_profile()
     if not isinstance(name, str) or not name.strip():
         raise PlanError(f"gpu= takes a GPU name such as 'rtx4090'; got {name!r}. Known: {', '.join(PROFILES)}.")
     found = match_device_name(name)
@@ -159,7 +176,8 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     this process the plan's first accelerator is (by `torch.cuda.get_device_name()`, when the table knows it);
     else `DEFAULT_GPU`, assumed."""
     if gpu is not None:
-        return gpu_profile(gpu), "named (gpu=)"
+        profile = gpu_profile(gpu)
+        return profile, profile.source or "named (gpu=)"
     used = sorted(d for d in accelerators if is_accelerator(d))
     present = detect_accelerators()
     if used and not present.virtual and present.kind == "cuda" and used[-1] < present.count:
@@ -172,5 +190,85 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     return PROFILES[DEFAULT_GPU], "assumed: no GPU named (gpu=) or present"
 
 
+# What `gpu=` takes to measure this machine's GPU; "measured" is a measured profile's key, so a plan's recorded
+# inputs (`PlanInputs.gpu`) replan on the same measurement.
+MEASURE_NAMES = ("measure", "measured")
+MATMUL_SIDE = 4096  # a square GEMM large enough for the tensor cores' sustained rate: 137 GFLOP, well under 1 s
+COPY_BYTES = 256 * 1024**2  # device -> device copy: past every cache, at HBM/GDDR speed
+MEASURE_REPEATS = 10
+# Share of the datasheet peak a large square bf16/fp32 GEMM reaches (cuBLAS: 70-80%); a measured GEMM rate is
+# divided by it so that `COMPUTE_EFFICIENCY` turns it into a model's rate as it does a datasheet peak.
+GEMM_EFFICIENCY = 0.75
+_MEASURED: dict[int, GpuProfile] = {}
+
+
+def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
+    """This process's CUDA GPU `index` (default: the current one) measured, once per process and GPU: bf16 and
+    fp32 matmul FLOP/s (divided by `GEMM_EFFICIENCY` into peak equivalents), memory bytes/s from a device copy
+    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`transfers.link_speed.measure_cuda_link`,
+    kept as measured). fp8 and the PCIe generation come from the table's row for its name when there is one.
+    Raises `PlanError` without a CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise PlanError("gpu='measure' measures this machine's CUDA GPU, and torch.cuda.is_available() is False "
+                        f"here; name a profile instead ({', '.join(PROFILES)}).")
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _MEASURED:
+        _MEASURED[index] = _measured(index)
+    return _MEASURED[index]
+
+
+def _measured(index: int) -> GpuProfile:
+    from .transfers.link_speed import measure_cuda_link
+
+    name = torch.cuda.get_device_name(index)
+    known = match_device_name(name)
+    device = _cuda_device(index)
+    with torch.cuda.device(index):
+        bf16 = _matmul_flops(device, torch.bfloat16)
+        fp32 = _matmul_flops(device, torch.float32)
+        memory = _copy_bytes_per_s(device)
+    link = measure_cuda_link(index)
+    if link is None:
+        raise PlanError(f"gpu='measure' could not time a pinned host -> cuda:{index} copy (no room on the GPU?); "
+                        "name a profile instead.")
+    return GpuProfile(
+        key="measured", name=name, bf16_tflops=bf16 / GEMM_EFFICIENCY / 1e12,
+        fp8_tflops=None if known is None else known.fp8_tflops, fp32_tflops=fp32 / GEMM_EFFICIENCY / 1e12,
+        memory_gb_s=memory / MEMORY_EFFICIENCY / 1e9, pcie_gen=4 if known is None else known.pcie_gen,
+        measured_link_bytes_per_s=link,
+        source=(f"measured: cuda:{index} is {name}; bf16 matmul {bf16 / 1e12:.0f} TFLOPS, fp32 {fp32 / 1e12:.0f}, "
+                f"device copy {memory / 1e9:.0f} GB/s, pinned host -> GPU {link / 1e9:.1f} GB/s"))
+
+
+def _cuda_device(index: int) -> torch.device:
+    return torch.device("cuda", index)
+
+
+def _timed(work, repeats: int) -> float:
+    """Seconds one `work()` takes on the current stream, by CUDA events, after one warm-up call."""
+    work()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / repeats
+
+
+def _matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    a = torch.randn(MATMUL_SIDE, MATMUL_SIDE, device=device, dtype=dtype)
+    b = torch.randn(MATMUL_SIDE, MATMUL_SIDE, device=device, dtype=dtype)
+    return 2 * MATMUL_SIDE**3 / _timed(lambda: torch.mm(a, b), MEASURE_REPEATS)
+
+
+def _copy_bytes_per_s(device: torch.device) -> float:
+    """Bytes read plus written per second by a device -> device copy."""
+    source = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    return 2 * COPY_BYTES / _timed(lambda: target.copy_(source), MEASURE_REPEATS)
+
+
 __all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
-           "PROFILES", "gpu_profile", "match_device_name"]
+           "PROFILES", "gpu_profile", "match_device_name", "measure_gpu_profile"]

@@ -100,6 +100,7 @@ from .planning import (
     modules_and_edges,
     passed_pins,
     plan_modules,
+    with_measured_disk_speed,
     with_notes,
 )
 from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
@@ -252,7 +253,7 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**components, **modules, **passed}, request.folder)
-    plan = plan_folder_pipeline(pipe, request, metas, passed)
+    plan = with_measured_disk_speed(plan_folder_pipeline(pipe, request, metas, passed), metas)
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, metas, passed, request)
     if not isinstance(pipe, PipelineComponents):

@@ -15,8 +15,10 @@ from torch import nn
 
 import placement
 from placement import estimate_call
+from placement.disk_speed import measure_disk_read
 from placement.activations import ActivationEstimateError
 from placement.errors import DoesNotFitError
+from placement.plan_schema import DEFAULT_DISK_SOURCE
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
@@ -116,6 +118,22 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
         plan = plan.with_advice(_advice(plan, advise, replanning(outcome.activations)))
     return plan
+
+
+def with_measured_disk_speed(plan: placement.Plan, metas: Mapping[str, Any]) -> placement.Plan:
+    """`plan` with the read speed of the drive its disk-homed weights are served from, measured once per drive
+    and process (`placement.disk_speed.measure_disk_read` on the first checkpoint file of the first component
+    homed on "disk"), where the plan homes something on disk and assumed the speed. The load calls this, not
+    planning alone: the measurement reads up to 256 MiB of the checkpoint, and a plan made without loading reads
+    no weights. The seconds per call then use the drive's speed; the placement stays the one planned."""
+    if plan.disk_read_bandwidth_source != DEFAULT_DISK_SOURCE:
+        return plan  # stated (a saved plan's given or measured speed): kept
+    files = [file for name, component in plan.components.items() if component.placed_bytes.get("disk")
+             and getattr(metas.get(name), "weights", None) is not None for file in metas[name].weights.files]
+    if not files:
+        return plan
+    speed, source = measure_disk_read(files[0])
+    return plan.model_copy(update={"disk_read_bandwidth": speed, "disk_read_bandwidth_source": source})
 
 
 def _advice(plan: placement.Plan, metas: Mapping[str, Any], replanning: Replanning):

@@ -37,7 +37,7 @@ from .limits import BuildLimit
 from .meta import MetaComponent, build_component, computing_on_meta
 from .pipeline_loader import holds_weight_files, why_missing
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .planning import component_origin, label_dtypes, plan_modules, with_notes
+from .planning import component_origin, label_dtypes, plan_modules, with_measured_disk_speed, with_notes
 from .request import DeviceMapKind, DeviceMapRequest, LoadOptions, LoadRequest, Scope, resolve_request
 
 
@@ -67,7 +67,7 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                                progress=progress, hub=hub, weights_required=True)
         if request.device_map.kind is DeviceMapKind.NONE:
             return place_component(meta, None, accelerators=request.accelerators, progress=progress).eval()
-        plan = _plan(meta, request)
+        plan = with_measured_disk_speed(_plan(meta, request), {meta.name: meta})
         check_plan_devices(plan, request.accelerators)
         module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
                                  hooks=request.device_map.hooks, progress=progress, offload_folder=offload_folder)
@@ -182,7 +182,7 @@ def load_own_model(cls: type, request: LoadRequest):
     if request.device_map.kind is DeviceMapKind.NONE:
         place_component(meta, None, accelerators=request.accelerators, progress=request.options.progress)
         return meta.module.eval()
-    plan = _plan_own(meta, request)
+    plan = with_measured_disk_speed(_plan_own(meta, request), {meta.name: meta})
     check_plan_devices(plan, request.accelerators)
     place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
                     hooks=request.device_map.hooks, progress=request.options.progress)
