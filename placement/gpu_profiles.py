@@ -205,7 +205,7 @@ _MEASURED: dict[int, GpuProfile] = {}
 def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
     """This process's CUDA GPU `index` (default: the current one) measured, once per process and GPU: bf16 and
     fp32 matmul FLOP/s (divided by `GEMM_EFFICIENCY` into peak equivalents), memory bytes/s from a device copy
-    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`transfers.link_speed.measure_cuda_link`,
+    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`transfers.inputs.measure_cuda_link`,
     kept as measured). fp8 and the PCIe generation come from the table's row for its name when there is one.
     Raises `PlanError` without a CUDA GPU."""
     if not torch.cuda.is_available():
@@ -218,7 +218,7 @@ def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
 
 
 def _measured(index: int) -> GpuProfile:
-    from .transfers.link_speed import measure_cuda_link
+    from .transfers.inputs import measure_cuda_link
 
     name = torch.cuda.get_device_name(index)
     known = match_device_name(name)

@@ -76,8 +76,9 @@ def plan(
     link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
         None: measured if the plan moves weights to this machine's CUDA GPUs, else the named GPU's host link, else
         25 GB/s assumed (it says).
-    gpu: the GPU the seconds per call assume ("rtx4090", "h100", ...: `gpu_profiles.PROFILES`); None: this
-        machine's CUDA GPU where the plan uses it, else `gpu_profiles.DEFAULT_GPU` assumed (the plan says which).
+    gpu: the GPU the seconds per call assume ("rtx4090", "h100", ...: `gpu_profiles.PROFILES`; "measure": this
+        machine's CUDA GPU timed once per process, `gpu_profiles.measure_gpu_profile`); None: this machine's CUDA
+        GPU where the plan uses it, else `gpu_profiles.DEFAULT_GPU` assumed (the plan says which).
     flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
         the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
         call (`Plan.seconds_per_call`), without them only bytes.

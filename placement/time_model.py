@@ -12,7 +12,7 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
   - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
     starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
   - streamed blocks sit evenly between the blocks that stay on the device (resident or loaded per call: the
-    planner interleaves them, `transfers.interleave`), and the runtime sends each one when the streamed block
+    planner interleaves them, `transfers.blocks.moved_evenly`), and the runtime sends each one when the streamed block
     before it starts computing (the run's first one when the run starts): a copy hides behind the compute of
     the streamed block before it and of the kept blocks between the two (the first one, behind the kept blocks
     before it only), and is exposed by what it exceeds them. The compute that stays is spread evenly over the
