@@ -15,7 +15,7 @@ from torch import nn
 
 import placement
 from placement import estimate_call
-from placement.disk_speed import measure_disk_read
+from placement.transfers.inputs import measure_disk_read
 from placement.activations import ActivationEstimateError
 from placement.errors import DoesNotFitError
 from placement.plan_schema import DEFAULT_DISK_SOURCE
@@ -122,7 +122,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
 
 def with_measured_disk_speed(plan: placement.Plan, metas: Mapping[str, Any]) -> placement.Plan:
     """`plan` with the read speed of the drive its disk-homed weights are served from, measured once per drive
-    and process (`placement.disk_speed.measure_disk_read` on the first checkpoint file of the first component
+    and process (`placement.transfers.inputs.measure_disk_read` on the first checkpoint file of the first component
     homed on "disk"), where the plan homes something on disk and assumed the speed. The load calls this, not
     planning alone: the measurement reads up to 256 MiB of the checkpoint, and a plan made without loading reads
     no weights. The seconds per call then use the drive's speed; the placement stays the one planned."""

@@ -7,7 +7,7 @@ import pytest
 
 from checkpoint_models import TinyModel, saved_bytes, tiny_model
 from pipelines import TextToImagePipeline
-from placement import disk_speed
+from placement.transfers import inputs as disk_speed
 from placement.plan_schema import DEFAULT_DISK_SOURCE
 
 
