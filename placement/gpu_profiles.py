@@ -21,6 +21,7 @@ every machine.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from typing import Optional
 
@@ -205,7 +206,7 @@ _MEASURED: dict[int, GpuProfile] = {}
 def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
     """This process's CUDA GPU `index` (default: the current one) measured, once per process and GPU: bf16 and
     fp32 matmul FLOP/s (divided by `GEMM_EFFICIENCY` into peak equivalents), memory bytes/s from a device copy
-    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`transfers.inputs.measure_cuda_link`,
+    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`measure_cuda_link`,
     kept as measured). fp8 and the PCIe generation come from the table's row for its name when there is one.
     Raises `PlanError` without a CUDA GPU."""
     if not torch.cuda.is_available():
@@ -217,9 +218,42 @@ def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
     return _MEASURED[index]
 
 
-def _measured(index: int) -> GpuProfile:
-    from .transfers.inputs import measure_cuda_link
+# The pinned host -> GPU copy timed for the link speed (plans for this machine) and for gpu="measure".
+MEASURED_BYTES = 64 * 1024**2  # large enough for the copy engine's sustained rate, small enough to be quick
+REPEATS = 5
 
+
+@functools.cache
+def measure_cuda_link(index: int) -> Optional[float]:
+    """Host -> cuda:`index` bytes/s of a pinned copy of `MEASURED_BYTES` (the best of `REPEATS`, after a warm-up
+    copy); None without CUDA or when the copy cannot be made (no room on the GPU)."""
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return None
+    device = torch.device("cuda", index)
+    try:
+        host = torch.empty(MEASURED_BYTES, dtype=torch.uint8, pin_memory=True)
+        target = torch.empty(MEASURED_BYTES, dtype=torch.uint8, device=device)
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device)
+        target.copy_(host, non_blocking=True)  # warm-up: the first copy pays for mappings and clocks
+        stream.synchronize()
+        best = 0.0
+        for _ in range(REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            target.copy_(host, non_blocking=True)
+            end.record(stream)
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+            if seconds > 0:
+                best = max(best, MEASURED_BYTES / seconds)
+    del target, host
+    return best or None
+
+
+def _measured(index: int) -> GpuProfile:
     name = torch.cuda.get_device_name(index)
     known = match_device_name(name)
     device = _cuda_device(index)

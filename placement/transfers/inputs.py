@@ -23,7 +23,6 @@ it is faster than any drive reads).
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Iterable, Mapping, Optional
@@ -32,6 +31,7 @@ import torch
 
 from ..devices import detect_accelerators, is_accelerator
 from ..errors import PlanError
+from ..gpu_profiles import MEASURED_BYTES, measure_cuda_link
 from ..plan_schema import DEFAULT_LINK_BANDWIDTH
 from ..sizes import parse_size
 from ..time_model import DISK_BYTES_PER_S
@@ -84,8 +84,6 @@ def check_link_bandwidth(link_bandwidth) -> float:
     return value
 
 
-MEASURED_BYTES = 64 * 1024**2  # large enough for the copy engine's sustained rate, small enough to be quick
-REPEATS = 5
 
 
 def link_speed(devices: Iterable, *, moves: bool) -> Optional[tuple[float, str]]:
@@ -103,34 +101,6 @@ def link_speed(devices: Iterable, *, moves: bool) -> Optional[tuple[float, str]]
     return measured, f"measured: pinned host -> cuda:{accelerators[0]}, {MEASURED_BYTES // 1024**2} MiB copy"
 
 
-@functools.cache
-def measure_cuda_link(index: int) -> Optional[float]:
-    """Host -> cuda:`index` bytes/s of a pinned copy of `MEASURED_BYTES` (the best of `REPEATS`, after a warm-up
-    copy); None without CUDA or when the copy cannot be made (no room on the GPU)."""
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        return None
-    device = torch.device("cuda", index)
-    try:
-        host = torch.empty(MEASURED_BYTES, dtype=torch.uint8, pin_memory=True)
-        target = torch.empty(MEASURED_BYTES, dtype=torch.uint8, device=device)
-    except (RuntimeError, torch.cuda.OutOfMemoryError):
-        return None
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device)
-        target.copy_(host, non_blocking=True)  # warm-up: the first copy pays for mappings and clocks
-        stream.synchronize()
-        best = 0.0
-        for _ in range(REPEATS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            target.copy_(host, non_blocking=True)
-            end.record(stream)
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1000
-            if seconds > 0:
-                best = max(best, MEASURED_BYTES / seconds)
-    del target, host
-    return best or None
 
 
 MEASURE_BYTES = 256 * 2**20

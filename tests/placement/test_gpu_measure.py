@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import placement
-import placement.transfers.inputs as link_speed
+import placement.gpu_profiles as link_speed
 from placement import gpu_profiles
 from placement.errors import PlanError
 from placement.gpu_profiles import GEMM_EFFICIENCY, MEMORY_EFFICIENCY, choose_gpu, gpu_profile, measure_gpu_profile
