@@ -11,14 +11,21 @@ from torch import nn
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
 from .cost import Timing
 from .devices import Device, accelerators_present, is_accelerator
-from .transfers.inputs import check_disk_read_bandwidth, check_link_bandwidth, check_runs_per_call, link_speed
+from .transfers.inputs import (
+    check_disk_read_bandwidth,
+    check_link_bandwidth,
+    check_per_run,
+    check_runs_per_call,
+    component_mapping,
+    link_speed,
+)
 from .errors import DoesNotFitError, PlanError
 from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.residency import complete_transfers
 from .transfers.blocks import idle_units
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
-from .time_model import check_per_run, run_seconds, short_name
+from .time_model import run_seconds, short_name
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
 from .sizing import dtype_for, dtype_label, size_module
@@ -279,17 +286,8 @@ def _check_dtype_keys(dtype, modules: Mapping[str, nn.Module]) -> None:
 
 
 def _activations(activations, modules: Mapping[str, nn.Module]) -> dict[str, int]:
-    if activations is None:
-        return {}
-    if not isinstance(activations, Mapping):
-        raise PlanError(f"activations must be a dict {{component: bytes}}, got {activations!r}.")
-    unknown = [name for name in activations if name not in modules]
-    if unknown:
-        raise PlanError(
-            f"activations names components that do not exist: {unknown}. The module components are "
-            f"{list(modules)}."
-        )
-    return {name: parse_size(value) for name, value in activations.items()}
+    given = component_mapping(activations, modules, "activations", "{component: bytes}")
+    return {name: parse_size(value) for name, value in given.items()}
 
 
 def _degrade_without_accelerators(

@@ -28,9 +28,8 @@ Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Optional
 
-from .errors import PlanError
 from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
@@ -170,25 +169,6 @@ def time_line(plan: Plan) -> Optional[str]:
     return f"Predicted: {time.summary()} ({plan.gpu_source})."
 
 
-def check_per_run(values, modules, argument: str) -> dict[str, int]:
-    """`{component: count}` as given to `placement.plan` (`flops_per_run=`, `bytes_touched_per_run=`): every
-    name a module component, every value an int >= 0."""
-    if values is None:
-        return {}
-    if not isinstance(values, Mapping):
-        raise PlanError(f"{argument} must be a dict {{component: count per run}}, got {values!r}.")
-    unknown = [name for name in values if name not in modules]
-    if unknown:
-        raise PlanError(f"{argument} names components that do not exist: {unknown}. The module components "
-                             f"are {list(modules)}.")
-    bad = {name: value for name, value in values.items()
-           if isinstance(value, bool) or not isinstance(value, int) or value < 0}
-    if bad:
-        raise PlanError(f"{argument} values must be ints >= 0 (counted per run at the planned call, e.g. by "
-                             f"placement.estimate_call(...).flops); got {bad}.")
-    return dict(values)
-
-
 def short_name(gpu: GpuProfile) -> str:
     """"NVIDIA GeForce RTX 4090" -> "RTX 4090"."""
     return gpu.name.replace("NVIDIA GeForce ", "").replace("NVIDIA ", "").replace("AMD Instinct ", "")
@@ -202,6 +182,6 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
 
 
-__all__ = ["CallTime", "ComponentTime", "DISK_BYTES_PER_S", "OVERLAP_MODEL", "PCIE_BYTES_PER_S", "check_per_run",
+__all__ = ["CallTime", "ComponentTime", "DISK_BYTES_PER_S", "OVERLAP_MODEL", "PCIE_BYTES_PER_S",
            "component_time", "copy_bandwidth", "exposed_copy_seconds", "plan_time", "run_seconds", "seconds_text",
            "short_name", "time_line"]

@@ -37,29 +37,46 @@ from ..sizes import parse_size
 from ..time_model import DISK_BYTES_PER_S
 
 
-def check_runs_per_call(runs_per_call: Optional[Mapping], modules: Mapping) -> dict[str, int]:
-    """`{component: runs}` as given, every name a module component and every value a positive int."""
-    if runs_per_call is None:
+def component_mapping(values: Optional[Mapping], modules: Mapping, argument: str, shape: str) -> dict:
+    """`values` as given to `placement.plan` under `argument` (None: {}), checked to be a dict whose keys are all
+    module components; `shape` says what the dict looks like in the error."""
+    if values is None:
         return {}
-    if not isinstance(runs_per_call, Mapping):
-        raise PlanError(
-            f"runs_per_call must be a dict {{component: runs per call}} such as {{'transformer': 28}}, got "
-            f"{runs_per_call!r}."
-        )
-    unknown = [name for name in runs_per_call if name not in modules]
+    if not isinstance(values, Mapping):
+        raise PlanError(f"{argument} must be a dict {shape}, got {values!r}.")
+    unknown = [name for name in values if name not in modules]
     if unknown:
         raise PlanError(
-            f"runs_per_call names components that do not exist: {unknown}. The module components are "
+            f"{argument} names components that do not exist: {unknown}. The module components are "
             f"{list(modules)}."
         )
-    bad = {name: runs for name, runs in runs_per_call.items()
-           if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1}
+    return dict(values)
+
+
+def check_runs_per_call(runs_per_call: Optional[Mapping], modules: Mapping) -> dict[str, int]:
+    """`{component: runs}` as given, every name a module component and every value a positive int."""
+    runs = component_mapping(runs_per_call, modules, "runs_per_call",
+                             "{component: runs per call} such as {'transformer': 28}")
+    bad = {name: count for name, count in runs.items()
+           if isinstance(count, bool) or not isinstance(count, int) or count < 1}
     if bad:
         raise PlanError(
             f"runs_per_call values must be ints >= 1 (how many times the component runs per pipeline call, e.g. "
             f"28 denoising steps, or 56 where guidance runs as a second pass); got {bad}."
         )
-    return dict(runs_per_call)
+    return runs
+
+
+def check_per_run(values, modules, argument: str) -> dict[str, int]:
+    """`{component: count}` as given to `placement.plan` (`flops_per_run=`, `bytes_touched_per_run=`): every
+    name a module component, every value an int >= 0."""
+    counts = component_mapping(values, modules, argument, "{component: count per run}")
+    bad = {name: value for name, value in counts.items()
+           if isinstance(value, bool) or not isinstance(value, int) or value < 0}
+    if bad:
+        raise PlanError(f"{argument} values must be ints >= 0 (counted per run at the planned call, e.g. by "
+                        f"placement.estimate_call(...).flops); got {bad}.")
+    return counts
 
 
 def check_link_bandwidth(link_bandwidth) -> float:
@@ -161,6 +178,7 @@ def _measure(path: str) -> tuple[float, str]:
 
 
 __all__ = [
-    "MEASURED_BYTES", "check_disk_read_bandwidth", "check_link_bandwidth", "check_runs_per_call", "link_speed",
+    "MEASURED_BYTES", "check_disk_read_bandwidth", "check_link_bandwidth", "check_per_run", "check_runs_per_call",
+    "component_mapping", "link_speed",
     "measure_cuda_link", "measure_disk_read",
 ]
