@@ -1,34 +1,6 @@
-"""What a plan costs: the one formula for the bytes a call moves, the stream buffer streaming needs, the bounds
-derived from them, and the order in which candidate plans compare.
-
-Bytes per call (docs/design.md, "When it does not fit"): a component that executes on an accelerator with weights
-homed on the host moves what it loads once per call (`loaded`), plus, at each of its `runs` runs, what it streams
-block by block (`streamed`): `bytes_per_call`. While it streams, its execution device holds its host-homed rest
-(needed for the whole run) and the blocks in flight: one block computes while the next is prefetched, so the
-STREAM_BUFFER_BLOCKS largest streamed blocks (`stream_buffer`, `working_set`). The Plan, the transfer model, the
-searches and their bounds, the runtime's room bookkeeping and the benchmarks all read these functions, so how
-bytes are counted and how deep the prefetch goes are decided here and nowhere else.
-
-Candidates are compared by `PlanCost`, field by field (lexicographically), lowest first:
-
-1. `cpu_bytes`: weights of the components that execute on the CPU. A CPU forward is one to two orders
-   of magnitude slower than streaming the same weights over the bus, so this dominates everything else.
-2. `exposed_seconds`: the copy seconds per call that compute does not hide (`time_model.exposed_copy_seconds`),
-   when the plan knows its components' FLOPs (`Timing`; 0 for every candidate otherwise). The objective is the
-   predicted seconds of a call; compute on the accelerators is the same in every candidate, so what differs is
-   this: a plan may move more bytes when they hide behind compute. Seconds closer than `SECONDS_TIE_SHARE` of the
-   call's compute tie, and bytes break ties.
-3. `transfer_bytes`: host -> accelerator bytes per call in steady state, `bytes_per_call` summed over the
-   components. A component that runs every step (`runs_per_call`) thus weighs its runs times more than one
-   that runs once.
-4. `crossing_edges`: model-graph edges whose two ends run on different devices (a copy per call each).
-5. `fullest_share`: the fullest accelerator's predicted peak / budget (the balanced objective).
-
-Only the components the strategy places count toward 1-3 (components passed in already placed are the
-same in every candidate). Ties go to the candidate tried first.
-
-This module imports nothing of the transfer model or the strategies (they import it): what it reads of their
-objects is typed under TYPE_CHECKING only.
+"""What a plan costs: the one formula for the bytes a call moves, the stream buffer, the bounds derived from them,
+and the order candidate plans compare in (`PlanCost`), read by the Plan, the transfer model, the search and the
+benchmarks alike, so that bytes are counted in one place (docs/design.md, "When it does not fit").
 """
 
 from __future__ import annotations
@@ -40,7 +12,7 @@ import networkx as nx
 
 from .devices import Device, is_accelerator
 from .errors import PlanError
-from .time_model import DISK_BYTES_PER_S, exposed_copy_seconds
+from .time_model import DISK_BYTES_PER_S, copy_bandwidth, exposed_copy_seconds
 
 if TYPE_CHECKING:
     from .memory_model import Ledger
@@ -62,7 +34,7 @@ def stream_buffer(block_bytes: Iterable[int]) -> int:
 
 
 def stream_buffer_by_size(counts: Mapping[int, int]) -> int:
-    """`stream_buffer` of blocks given as size -> how many (a search that moves blocks in and out by size)."""
+    """`stream_buffer` of blocks given as size -> how many."""
     buffer, left = 0, STREAM_BUFFER_BLOCKS
     for size in sorted(counts, reverse=True):
         used = min(max(counts[size], 0), left)
@@ -73,34 +45,29 @@ def stream_buffer_by_size(counts: Mapping[int, int]) -> int:
 
 
 def working_set(rest: int, block_bytes: Iterable[int]) -> int:
-    """What a component that streams `block_bytes` holds on its execution device at once besides activations:
-    its `rest` (everything it needs for the whole run) and the blocks in flight."""
+    """What a component streaming `block_bytes` holds on its execution device besides activations."""
     return rest + stream_buffer(block_bytes)
 
 
 def minimum_phase_weights(host: Iterable[TransferUnit]) -> int:
-    """The least a component's host-homed units need on its execution device: they all stream (the rest cannot:
-    it is loaded), so its working set."""
+    """The least a component's host-homed units need on its execution device: its working set, all blocks streamed."""
     units = list(host)
     return working_set(sum(u.bytes for u in units if not u.block), (u.bytes for u in units if u.block))
 
 
 def least_bytes_per_call(host: int, *, runs: int = 1) -> int:
-    """The least a component with `host` bytes homed off the accelerators moves per call (whatever its split):
-    each of them once, all loaded per call (streaming them moves as much or more). The searches prune with it."""
+    """The least a component with `host` bytes off the accelerators moves per call: each byte once."""
     return bytes_per_call(loaded=host, streamed=0, runs=runs)
 
 
 def least_moved(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> int:
-    """Bytes per call `components` move at least when none of their weights stays resident: every byte their
-    call runs (`active_bytes`: the blocks it never runs move nothing), each once. The search's bound
-    (`least_cost`) and the order it visits its options in are this number."""
+    """Bytes per call `components` move at least when none of their weights stays resident: each byte their call
+    runs (`active_bytes`), once. The search's bound and the order it visits its options in."""
     return sum(least_bytes_per_call(c.active_bytes, runs=runs.get(c.name, 1)) for c in components)
 
 
 def least_cost(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> "PlanCost":
-    """The least a candidate that keeps `components` off the accelerators' resident room can cost: the one
-    bound of the placement search (`strategies.search`), which stops once its best plan is no dearer."""
+    """The least a candidate keeping `components` off the resident room can cost: the search's one bound."""
     return PlanCost.at_least(least_moved(components, runs))
 
 
@@ -111,9 +78,8 @@ def streaming_premium(streamed: int, runs: int) -> int:
 
 
 def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) -> Optional[int]:
-    """The fewest bytes a component of `weights` must stream per run when its phase can hold at most `room` of
-    them: the excess, plus the room the blocks in flight take at the least (its smallest blocks). None when it
-    has no block to stream (it cannot run in that room at all); 0 when it fits."""
+    """The fewest bytes a component of `weights` streams per run when its phase holds at most `room` of them: the
+    excess plus its smallest blocks in flight; None when it has no block to stream, 0 when it fits."""
     if weights <= room:
         return 0
     if not block_bytes:
@@ -123,8 +89,10 @@ def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanCost:
-    """Lower is better; compared field by field in this order (see the module doc), exposed seconds closer than
-    `seconds_tie` counting as equal."""
+    """Lower is better, field by field: CPU-executed weights (a CPU forward is 10-100x slower than streaming the
+    same weights) dominate; then the copy seconds compute does not hide, closer than `seconds_tie` counting as
+    equal (the model is an estimate); then bytes per call, crossing edges, the fullest accelerator's share.
+    Components placed before the strategy (pinned) count in none. Ties go to the candidate tried first."""
 
     cpu_bytes: int
     exposed_seconds: float = 0.0
@@ -152,8 +120,7 @@ class PlanCost:
 
     @classmethod
     def at_least(cls, transfer_bytes: int) -> "PlanCost":
-        """The least cost a candidate that moves at least `transfer_bytes` per call can have: nothing on the
-        CPU, every copy hidden, no edge crossing devices, every accelerator empty."""
+        """The least cost of a candidate that moves at least `transfer_bytes` per call."""
         return cls(cpu_bytes=0, exposed_seconds=0.0, transfer_bytes=transfer_bytes, crossing_edges=0,
                    fullest_share=0.0)
 
@@ -166,10 +133,8 @@ SECONDS_TIE_SHARE = 0.02
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
-    """What predicts a candidate's exposed copy seconds: each component's seconds per run on the plan's GPU
-    (`time_model.run_seconds`; 0 where its FLOPs are not known: its copies hide behind nothing), the host
-    link's bytes/s (the one given or the named GPU's; a link measured once the plan is known comes later), the
-    disk's read bytes/s, and the step below which two candidates' seconds tie (`SECONDS_TIE_SHARE`)."""
+    """What predicts a candidate's exposed copy seconds: each component's seconds per run (0 where its FLOPs are
+    not known: its copies hide behind nothing), the link's and the disk's bytes/s, and the seconds tie."""
 
     run_seconds: Mapping[str, float]
     link: float
@@ -184,18 +149,14 @@ class Timing:
         return cls(run_seconds=run_seconds, link=link, disk=DISK_BYTES_PER_S if disk is None else disk,
                    tie=max(1e-6, SECONDS_TIE_SHARE * compute))
 
-    def exposed(self, name: str, *, weight_bytes: int, loaded: int, streamed: int, blocks: int, runs: int,
-                disk: bool) -> float:
-        """The component's exposed copy seconds per call, as the Plan's `seconds_per_call` counts them."""
-        link = min(self.link, self.disk) if disk else self.link
-        return exposed_copy_seconds(run_s=self.run_seconds.get(name, 0.0), weight_bytes=weight_bytes,
-                                    loaded_bytes=loaded, streamed_bytes=streamed, streamed_blocks=blocks,
-                                    runs=runs, link=link)
-
-    @staticmethod
-    def total(seconds: Iterable[float]) -> float:
-        """Seconds summed, to the microsecond: float noise between two equal candidates never outranks bytes."""
-        return round(sum(seconds), 6)
+    def exposed(self, parts: Iterable[tuple]) -> float:
+        """Exposed copy seconds per call, as the Plan's `seconds_per_call` counts them, summed over `parts`:
+        (name, weight bytes, loaded, streamed, streamed blocks, runs, kind or host: "disk" reads at the disk's
+        speed); rounded to the microsecond, so float noise between two equal candidates never outranks bytes."""
+        return round(sum(exposed_copy_seconds(
+            run_s=self.run_seconds.get(name, 0.0), weight_bytes=weight_bytes, loaded_bytes=loaded,
+            streamed_bytes=streamed, streamed_blocks=blocks, runs=runs, link=copy_bandwidth(kind, self.link, self.disk))
+            for name, weight_bytes, loaded, streamed, blocks, runs, kind in parts), 6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,9 +185,9 @@ class CostModel:
         moved = sum(transfer.bytes_per_call for transfer in transfers.values())
         exposed = 0.0
         if self.timing is not None:
-            exposed = self.timing.total(self.timing.exposed(
-                name, weight_bytes=plans[name].bytes, loaded=t.loaded_per_call_bytes, streamed=t.streamed_per_run_bytes,
-                blocks=len(t.streamed_modules), runs=t.runs_per_call, disk=plans[name].kind.value == "disk")
+            exposed = self.timing.exposed(
+                (name, plans[name].bytes, t.loaded_per_call_bytes, t.streamed_per_run_bytes, len(t.streamed_modules),
+                 t.runs_per_call, plans[name].kind)
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed)
 

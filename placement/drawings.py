@@ -377,7 +377,7 @@ def _component_events(component: ComponentPlan, gpu: GpuProfile, link: float, no
     on_cpu = place == "cpu"
     run_s = run_seconds(component.flops_per_run, component.bytes_touched_per_run, gpu, component.dtype,
                         on_cpu=on_cpu) or 0.0
-    speed = copy_bandwidth(component, link)
+    speed = copy_bandwidth(component.kind, link)
     units = _units(component)
     weight = max(float(component.bytes), 1.0)
 

@@ -121,7 +121,7 @@ def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source:
         if transfer is None or not transfer.bytes_per_call:
             continue
         notes.append(f"{component.name} {_moves(component)}: {format_bytes(transfer.bytes_per_call)} per call, "
-                     f"about {_seconds(transfer.bytes_per_call / copy_bandwidth(component, bandwidth))}.")
+                     f"about {_seconds(transfer.bytes_per_call / copy_bandwidth(component.kind, bandwidth))}.")
     moved = sum(c.transfer.bytes_per_call for c in components if c.transfer is not None)
     if moved:
         where = f" ({source})" if source else ""

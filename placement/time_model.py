@@ -1,28 +1,7 @@
-"""Seconds per call: compute, copies, and the part of the copies that compute does not hide.
-
-Bytes are half of a call's time (docs/design.md, "Seconds, not only bytes"). Per component and per call:
-
-- compute: `runs x max(FLOPs / FLOP/s, bytes touched / memory bandwidth)` per run, a roofline over the whole run
-  (FLOPs and bytes counted on the estimate's fake tensors, `activations.tracking.FlopTally`; the device's rates from its profile,
-  `gpu_profiles`, at their stated efficiencies). A component computing on the CPU runs at `CPU_FLOPS`.
-- copies: the plan's host -> accelerator bytes (`ComponentTransfer.bytes_per_call`) at the link bandwidth (disk-homed
-  ones at no more than the disk's read speed, `Plan.disk_read_bandwidth`: read ahead on a background thread, the
-  reads overlap compute as the copies do).
-- exposed copies, after overlap, as the runtime moves them:
-  - per-call loads (`loaded_per_call_bytes`) are exposed whole: the runtime brings them when the component's phase
-    starts, and nothing of the previous phase is known to leave room for them earlier (conservative);
-  - streamed blocks sit evenly between the blocks that stay on the device (resident or loaded per call: the
-    planner interleaves them, `transfers.blocks.moved_evenly`), and the runtime sends each one when the streamed block
-    before it starts computing (the run's first one when the run starts): a copy hides behind the compute of
-    the streamed block before it and of the kept blocks between the two (the first one, behind the kept blocks
-    before it only), and is exposed by what it exceeds them. The compute that stays is spread evenly over the
-    gaps: `g = run x (weights - streamed) / weights / streamed blocks` before each; one copy is on the way at a
-    time (one side stream), so two streamed blocks are on the device at once, as the plan's buffers count.
-    Blocks are taken as equal in size and in compute per byte (what a DiT's blocks are); a block's compute is
-    its share of the component's weight bytes times the run's compute.
-  Synchronous copies (sequential offload, group offload without streams: `overlap=False`) are exposed whole.
-
-`seconds_per_call` = sum over components of compute + exposed copies (components run one after another).
+"""Seconds per call (docs/design.md, "Seconds, not only bytes"): per component, a roofline of its compute, its
+copies at the link's speed (disk-homed ones at no more than the disk's), and the part of the copies compute does
+not hide, as the runtime moves them: per-call loads exposed whole, streamed blocks interleaved with the kept ones.
+Components run one after another, so a call's seconds are their sum.
 """
 
 from __future__ import annotations
@@ -45,7 +24,7 @@ OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with
 
 @dataclass(frozen=True, kw_only=True)
 class ComponentTime:
-    """One component's seconds per call (module doc). `compute_s` is None when its FLOPs are not known."""
+    """One component's seconds per call; `compute_s` is None when its FLOPs are not known."""
 
     name: str
     runs: int
@@ -101,7 +80,8 @@ class CallTime:
 
 def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProfile, dtype: Optional[str], *,
                 on_cpu: bool = False) -> Optional[float]:
-    """Seconds of one run: a roofline over the run (module doc); None without FLOPs."""
+    """Seconds of one run: max(FLOPs / FLOP/s, bytes touched / memory bandwidth) on `gpu`, `CPU_FLOPS` on the
+    CPU; None without FLOPs."""
     if flops is None:
         return None
     if on_cpu:
@@ -112,8 +92,11 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
 
 def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
                          streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
-    """Copy seconds per call that compute does not hide (module doc): the per-call loads, plus at every run the
-    streamed blocks' copies beyond the compute since each was sent (interleaved layout)."""
+    """Copy seconds per call compute does not hide: the per-call loads whole (nothing is known to leave room for
+    them earlier), plus at every run each streamed block's copy beyond the compute since it was sent. The runtime
+    sends a block when the streamed one before it starts (one side stream); the kept compute is spread evenly
+    over the gaps, blocks equal in size and compute per byte (a DiT's). Synchronous copies (`overlap=False`,
+    sequential offload) are exposed whole."""
     exposed = loaded_bytes / link
     if not streamed_bytes:
         return exposed
@@ -126,14 +109,14 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     return exposed + runs * per_run
 
 
-def copy_bandwidth(component: ComponentPlan, link: float, disk: float = DISK_BYTES_PER_S) -> float:
-    """The bytes/s a component's copies get: the link's, capped at the disk's read speed for disk-homed ones."""
-    return min(link, disk) if component.kind.value == "disk" else link
+def copy_bandwidth(kind: str, link: float, disk: float = DISK_BYTES_PER_S) -> float:
+    """The bytes/s copies of a component placed `kind` ("disk": disk-homed) get: the link's, capped at the disk's."""
+    return min(link, disk) if kind == "disk" else link
 
 
 def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
                    disk: float = DISK_BYTES_PER_S) -> ComponentTime:
-    """`component`'s seconds per call on `gpu` with a host link of `link` bytes/s and a disk read of `disk`."""
+    """`component`'s seconds per call on `gpu`, the link and the disk reading `link` and `disk` bytes/s."""
     transfer = component.transfer
     runs = 1 if transfer is None else transfer.runs_per_call
     on_cpu = component.execution_device == "cpu"
@@ -142,7 +125,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
     if transfer is None or on_cpu or not transfer.bytes_per_call:
         return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                              copy_s=0.0, exposed_s=0.0, on_cpu=on_cpu)
-    speed = copy_bandwidth(component, link, disk)
+    speed = copy_bandwidth(component.kind, link, disk)
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
@@ -152,8 +135,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
 
 
 def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
-    """The plan's seconds per call on `gpu` (default: the plan's own profile; a file before v4 has none: the
-    default) at the plan's link bandwidth."""
+    """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default)."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
     return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
                     components=tuple(component_time(c, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)

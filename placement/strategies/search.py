@@ -236,9 +236,9 @@ class Residency:
         if timing is None:
             return 0.0
         sizes = {r.name: r.bytes for r in self.order}
-        return timing.total(timing.exposed(
-            name, weight_bytes=sizes[name], loaded=split.loaded_bytes, streamed=split.streamed_bytes,
-            blocks=len(split.streamed_paths), runs=self.runs.get(name, 1), disk=hosts.get(name) == "disk")
+        return timing.exposed(
+            (name, sizes[name], split.loaded_bytes, split.streamed_bytes, len(split.streamed_paths),
+             self.runs.get(name, 1), hosts.get(name))
             for name, split in splits.items() if split.bytes_per_call(self.runs.get(name, 1)))
 
     def materialize(self, best: Evaluated) -> PlacementState:
