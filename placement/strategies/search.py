@@ -1,33 +1,7 @@
-"""The placement search: the strategy's own plan and every option that keeps components off the accelerators'
-resident room (`options`), compared by `cost.PlanCost` in one branch-and-bound loop (docs/design.md, "When it
-does not fit"); how a residency-level option is evaluated, and what the winner becomes when it is not the
-strategy's own plan.
-
-The strategy's own plan (balanced: the best whole-component map, else the zig-zag with the fallback chain;
-sequential: execution order with the chain) is the first candidate. When it keeps everything resident on
-accelerators nothing moves per call, and it is the plan: a pipeline that fits is planned exactly as the strategy
-places it. Otherwise the options are visited in `options`' order:
-- demotions, when the strategy's plan executes something on the CPU (or fails): the strategy places the others,
-  then each demoted component streams to the accelerator with the most room for its working set, so that
-  nothing runs on the CPU needlessly (a candidate in which a demoted component cannot run on an accelerator is
-  dropped);
-- residency levels x home (balanced only), when the strategy's plan moves bytes per call or runs something on
-  the CPU: every component executes on an accelerator, the cheapest mix of WHOLE, FILL and STREAM wins.
-Each option comes with the least it can cost (`cost.least_cost` of the components it keeps wholly off the
-resident room); an option that cannot beat the best candidate found is never built. The cheapest candidate wins,
-ties to the one visited first (the strategy's own plan, then demotions, then residency levels).
-
-A residency-level option (`options.Choice`) is evaluated on a copy of the strategy's starting ledger (`Residency`):
-WHOLE components go whole (or split along their blocks) on the accelerator with the most room once the home
-keeps room for the other components' phases; FILL components keep partly resident what those phases leave room
-for (`transfers.residency`); every component that is not wholly resident executes on the home accelerator with its
-weights in CPU RAM (on disk when RAM is short and an offload folder is given), its host-homed part split into
-loaded-per-call and streamed units in its phase's room (`transfers.residency`). The evaluation keeps what the
-winner's plan is built from (`residency_state`).
-
-The winner, when it is not the strategy's own plan, becomes placements, and every component kept off the
-accelerators' resident room on purpose gets a fallback (`demoted`) saying what it keeps resident, what it moves
-per call and why (`residency_state`, `explain_demotions`).
+"""The one placement search (docs/design.md, "Strategies"): the strategy's own plan first, then the options that
+keep components off the accelerators' resident room (`options`: demotions, residency levels x home), each pruned
+by the least it can cost (`cost.least_cost`); the cheapest wins, ties to the one visited first. A pipeline that
+fits resident is planned exactly as its strategy places it.
 """
 
 from __future__ import annotations
@@ -45,7 +19,7 @@ from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..time_model import seconds_text
-from ..transfers.residency import Filled, HostSplit, fill_resident, split_host_part
+from ..transfers.residency import Filled, HostSplit, fill_resident, settle_phases, split_host_part
 from ..transfers.blocks import away_rooms, phase_room
 from .fallbacks import place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices
@@ -63,8 +37,7 @@ from .state import (
 
 
 def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Mapping[str, int]) -> PlacementState:
-    """The plan of a residency option: resident ones first, then those kept partly off the accelerators (demoted):
-    FILL, then STREAM."""
+    """The plan of a residency option: resident ones first, then the demoted ones: FILL, then STREAM."""
     placements = Placements(by_name=dict(best.whole))
     by_name = {r.name: r for r in order}
     levels = dict(zip((r.name for r in order), best.choice.levels))
@@ -80,6 +53,8 @@ def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Ma
         f"in host memory execute on {device_label(best.choice.home)}."
     )
     return PlacementState.of(best.ledger, placements, map_reasons=(headline,))
+
+
 def _placed(request: ComponentRequest, filled: Filled, best: Evaluated, runs: int) -> Placed:
     home, host = best.choice.home, best.hosts.get(request.name)
     units = {unit.path: device for device, taken in filled.resident.items() for unit in taken}
@@ -176,7 +151,7 @@ def _cpu_text(plans: dict[str, ComponentPlan]) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Evaluated:
-    """One option, evaluated: its cost, the ledger, the resident placements and each other component's units."""
+    """One residency option, evaluated: what its plan is built from if it wins."""
 
     choice: Choice
     cost: PlanCost
@@ -188,16 +163,10 @@ class Evaluated:
     timed: bool = False  # the cost counts exposed copy seconds (FLOPs known), not only bytes
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Stage:
-    """The ledger and placements once the home's phases are reserved and the WHOLE components placed."""
-
-    ledger: Ledger
-    whole: dict  # name -> Placed, pinned ones included, in placement order
-
-
 class Residency:
-    """The residency options of one request: their homes, and the stages and splits they share."""
+    """The residency options of one request: WHOLE components go on the accelerator with the most room once the
+    home keeps room for the others' phases; FILL ones keep resident what those phases leave; the host-homed rest
+    executes on the home. Options share their stages (the ledger after the WHOLE ones) and STREAM splits."""
 
     def __init__(self, request: StrategyRequest, order: Sequence[ComponentRequest], *, low_0: bool):
         self.request = request
@@ -207,14 +176,17 @@ class Residency:
         kept = [d for d in accelerators if not (low_0 and d == 0 and len(accelerators) > 1)]
         self.homes = kept
         self.device_order = kept + [d for d in accelerators if d not in kept]
-        self.stages: dict = {}
+        self.stages: dict = {}  # (WHOLE mask, home) -> (ledger, {name: Placed}) or None
         self.splits: dict = {}  # STREAM components' host splits by room (`fill_and_split`)
 
     def evaluate(self, choice: Choice) -> Optional[Evaluated]:
-        stage = self._stage(choice)
-        if stage is None:
+        key = (tuple(level is Level.WHOLE for level in choice.levels), choice.home)
+        if key not in self.stages:
+            self.stages[key] = self._stage(choice)
+        if self.stages[key] is None:
             return None
-        ledger = stage.ledger.copy()
+        staged, whole = self.stages[key]
+        ledger = staged.copy()
         settled = fill_and_split(ledger, choice, self.order, self.runs, cache=self.splits)
         if settled is None:
             return None
@@ -222,16 +194,16 @@ class Residency:
         hosts = _charge_hosts(ledger, filled, self.request.context.has_offload_folder)
         if hosts is None:
             return None
-        executing = {name: placed.plan.execution_device for name, placed in stage.whole.items()}
+        executing = {name: placed.plan.execution_device for name, placed in whole.items()}
         executing.update({name: choice.home for name in filled})
         moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
         cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger,
                                      exposed_seconds=self._exposed(splits, hosts))
-        return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=stage.whole, filled=filled, hosts=hosts,
+        return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=whole, filled=filled, hosts=hosts,
                          splits=splits, timed=self.request.costs.timing is not None)
 
     def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
-        """The option's copy seconds compute does not hide (`cost.Timing`); 0 when no FLOPs are known."""
+        """The option's copy seconds compute does not hide; 0 when no FLOPs are known."""
         timing = self.request.costs.timing
         if timing is None:
             return 0.0
@@ -241,16 +213,8 @@ class Residency:
              self.runs.get(name, 1), hosts.get(name))
             for name, split in splits.items() if split.bytes_per_call(self.runs.get(name, 1)))
 
-    def materialize(self, best: Evaluated) -> PlacementState:
-        return residency_state(best, self.order, self.runs)
-
-    def _stage(self, choice: Choice) -> Optional[_Stage]:
-        key = (tuple(level is Level.WHOLE for level in choice.levels), choice.home)
-        if key not in self.stages:
-            self.stages[key] = self._build_stage(choice)
-        return self.stages[key]
-
-    def _build_stage(self, choice: Choice) -> Optional[_Stage]:
+    def _stage(self, choice: Choice) -> Optional[tuple[Ledger, dict]]:
+        """The ledger once the home's phases are reserved and the WHOLE components placed, and the placements."""
         ledger, placements = self.request.start()
         if not reserve_phases(ledger, choice, self.order):
             return None
@@ -260,7 +224,7 @@ class Residency:
             if placed is None:
                 return None
             placements.add(placed)
-        return _Stage(ledger=ledger, whole=dict(placements.by_name))
+        return ledger, dict(placements.by_name)
 
     def _resident(self, component: ComponentRequest, ledger: Ledger) -> Optional[Placed]:
         """Whole on the accelerator with the most room (GPU 0 first among equals), else split; else None."""
@@ -280,22 +244,26 @@ def _charge_hosts(ledger: Ledger, filled: dict[str, Filled], disk_allowed: bool)
         size = sum(unit.bytes for unit in found.host)
         if not found.host:
             continue
-        if ledger.fits("cpu", weights=size):
-            hosts[name] = "cpu"
-        elif disk_allowed and ledger.has("disk") and ledger.fits("disk", weights=size):
-            hosts[name] = "disk"
-        else:
+        hosts[name] = host_for(ledger, size, disk_allowed)
+        if hosts[name] is None:
             return None
         ledger.add(hosts[name], weights=size)
     return hosts
 
 
+def host_for(ledger: Ledger, size: int, disk_allowed: bool) -> Optional[str]:
+    """Where `size` bytes of host-homed weights go: CPU RAM, else the disk when allowed; None when neither fits."""
+    if ledger.fits("cpu", weights=size):
+        return "cpu"
+    if disk_allowed and ledger.has("disk") and ledger.fits("disk", weights=size):
+        return "disk"
+    return None
+
+
 def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
                    cache: Optional[dict] = None) -> Optional[tuple[dict[str, Filled], dict[str, HostSplit]]]:
     """FILL components' resident units (priority order), then every non-resident part's per-call / streamed
-    split in its phase (on the home, and for blocks that may run elsewhere on the other accelerators: `phase_room`,
-    `away_rooms`); None when a phase does not fit. `cache` keeps the splits of STREAM
-    components (all of their units on the host) by room, across candidates."""
+    split in its phase rooms; None when a phase does not fit. `cache` keeps STREAM components' splits by room."""
     cache = {} if cache is None else cache
     filled: dict[str, Filled] = {}
     for request, level in zip(order, choice.levels):
@@ -327,14 +295,6 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
     return filled, splits
 
 
-def settle_phases(ledger: Ledger, request, home, split: HostSplit) -> None:
-    """The component's phase on its execution device (activations, what it loads there, blocks in flight) and
-    on each accelerator it loads blocks per call onto (activations and those blocks)."""
-    ledger.set_phase(home, request.name, request.transient + split.phase_weights)
-    for device, loaded in split.away_bytes().items():
-        ledger.set_phase(device, request.name, request.transient + loaded)
-
-
 def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
     """Room on the home for the least each non-resident component needs in its phase; False if it lacks it."""
     for request, level in zip(order, choice.levels):
@@ -349,8 +309,7 @@ def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """One candidate plan and its cost: a built state (the strategy's own, with `demoted` streamed), or a
-    residency option evaluated and built only if it wins."""
+    """A built state (the strategy's own, `demoted` streamed) or a residency option, built only if it wins."""
 
     cost: PlanCost
     state: Optional[PlacementState] = None
@@ -387,7 +346,7 @@ def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: b
     if best is None:
         raise failure
     if best.evaluated is not None:
-        return search.residency.materialize(best.evaluated)
+        return residency_state(best.evaluated, search.residency.order, search.runs)
     if best is base:
         return base.state
     best = demoted(strategy, request, best.demoted) or best  # the winner again, with every tie-break
@@ -450,12 +409,7 @@ def demoted(strategy: Strategy, request: StrategyRequest, demoted_set: tuple[Com
 def _stream(request: ComponentRequest, ledger: Ledger, context: Context) -> Optional[Placed]:
     """Weights in CPU RAM (or, when RAM is short, the offload folder), executed on an accelerator."""
     device = streaming_device(request, ledger, ledger.accelerators)
-    if device is None:
-        return None
-    if ledger.fits("cpu", weights=request.bytes):
-        host = "cpu"
-    elif context.has_offload_folder and ledger.has("disk") and ledger.fits("disk", weights=request.bytes):
-        host = "disk"
-    else:
+    host = host_for(ledger, request.bytes, context.has_offload_folder)
+    if device is None or host is None:
         return None
     return place_streamed(request, ledger, host=host, execution_device=device, reason="")  # reason: explained

@@ -354,12 +354,18 @@ def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
         transfer, split = component_transfer(plan, request, runs.get(name, 1), ledger)
         update: dict = {"transfer": transfer}
         if _loads_more(split) and ledger.has(plan.execution_device):  # untracked: a dict named a device
-            ledger.set_phase(plan.execution_device, name, request.transient + split.phase_weights)
-            for device, loaded in split.away_bytes().items():
-                ledger.set_phase(device, name, request.transient + loaded)
+            settle_phases(ledger, request, plan.execution_device, split)
             update["streamed_unit_bytes"] = split.phase_weights
         by_name[name] = replace(placed, plan=plan.model_copy(update=update))
     return replace(state, ledger=ledger, by_name=MappingProxyType(by_name))
+
+
+def settle_phases(ledger: Ledger, request, home: Device, split: HostSplit) -> None:
+    """The component's phase on its execution device (activations, what it loads there, blocks in flight) and
+    on each accelerator it loads blocks per call onto (activations and those blocks)."""
+    ledger.set_phase(home, request.name, request.transient + split.phase_weights)
+    for device, loaded in split.away_bytes().items():
+        ledger.set_phase(device, request.name, request.transient + loaded)
 
 
 def _loads_more(split: Optional[HostSplit]) -> bool:
