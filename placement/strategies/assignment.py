@@ -1,19 +1,8 @@
-"""The best whole-component assignment to accelerators: exact branch and bound over the memory model.
+"""The best whole-component assignment to accelerators: an exact branch and bound over the memory model's peaks.
 
-Every component goes whole onto one accelerator. A device's predicted peak is the memory model's
-(`memory_model.Ledger.peak`): what it held before + the weights assigned + the largest transient among the
-components executing there + the runtime overhead once it is used. The search minimises the fullest device's
-peak as a share of its budget (`reserved` devices first minimise the weights they take: "balanced_low_0"),
-then, among the assignments within `TOLERANCE` of that optimum and inside every budget, it prefers the fewest
-model-graph edges crossing devices, then the fewest components away from a preferred map (the zig-zag).
-
-Phase 1 is exact: depth first, largest component first, with the lower bound max(fullest so far, each
-remaining component's best possible device, total weights / total budget) and symmetry breaking (of several
-interchangeable empty devices, only the first is tried). Phase 2 starts from phase 1's answer and is bounded
-by crossings and by how many components must leave the preferred map; it stops after PHASE2_NODE_LIMIT nodes
-with the best map found so far, which is within the tolerance by construction (only its tie-break may then
-not be the best possible). 8 GPUs x 8 components plans in well under a second;
-random 8 x 8 problems reach the limit only in pass 2b, the moves from the preferred map.
+Phase 1 minimises (weights on `reserved` devices, the fullest device's peak / budget), exactly; phase 2, among the
+maps within `TOLERANCE` of that optimum, the fewest crossing model-graph edges, then the fewest components away
+from the preferred (zig-zag) map, stopping after PHASE2_NODE_LIMIT nodes with a map within the tolerance anyway.
 """
 
 from __future__ import annotations
@@ -109,19 +98,21 @@ class _Loads:
         return max((self.share(s) for s in range(len(self.slots))), default=0.0)
 
 
-def fullest_share(problem: Problem, slots: Sequence[int]) -> float:
-    """The fullest device's peak / budget under an assignment (devices holding nothing new count too)."""
+def _loaded(problem: Problem, slots: Sequence[int]) -> _Loads:
     loads = _Loads(problem.slots)
     for item, s in zip(problem.items, slots):
         loads.push(s, item)
-    return loads.fullest()
+    return loads
+
+
+def fullest_share(problem: Problem, slots: Sequence[int]) -> float:
+    """The fullest device's peak / budget under an assignment (devices holding nothing new count too)."""
+    return _loaded(problem, slots).fullest()
 
 
 def slot_peaks(problem: Problem, slots: Sequence[int]) -> list[int]:
     """Each device's predicted peak under an assignment, in slot order."""
-    loads = _Loads(problem.slots)
-    for item, s in zip(problem.items, slots):
-        loads.push(s, item)
+    loads = _loaded(problem, slots)
     return [loads.peak(s) for s in range(len(problem.slots))]
 
 
@@ -147,11 +138,12 @@ def best_assignment(problem: Problem, tolerance: float = TOLERANCE, *, prefer: b
     chosen = _Phase2(problem, limit=limit, reserved=reserved, start=fewest, prefer=True).run() if prefer else fewest
     return Assignment(
         slots=chosen, fullest=fullest_share(problem, chosen), optimum=optimum, reserved_weights=reserved,
-        crossings=crossings(problem, chosen), moved=_moved(problem, chosen),
+        crossings=crossings(problem, chosen), moved=away_from_preferred(problem, chosen),
     )
 
 
-def _moved(problem: Problem, slots: Sequence[int]) -> int:
+def away_from_preferred(problem: Problem, slots: Sequence[int]) -> int:
+    """Items away from the preferred map."""
     if problem.preferred is None:
         return 0
     return sum(1 for s, p in zip(slots, problem.preferred) if s != p)
@@ -162,7 +154,8 @@ def _order(problem: Problem) -> list[int]:
     return sorted(range(len(problem.items)), key=lambda i: (-(problem.items[i].weights + problem.items[i].transient), i))
 
 
-def _symmetry_classes(slots: Sequence[Slot]) -> list[tuple]:
+def symmetry_classes(slots: Sequence[Slot]) -> list[tuple]:
+    """Per slot, what makes two empty slots interchangeable."""
     return [(s.budget, s.weights, s.transient, s.used, s.overhead, s.reserved) for s in slots]
 
 
@@ -174,7 +167,7 @@ class _Phase1:
         self.items = problem.items
         self.order = _order(problem)
         self.loads = _Loads(problem.slots)
-        self.classes = _symmetry_classes(problem.slots)
+        self.classes = symmetry_classes(problem.slots)
         self.assigned = [-1] * len(self.items)
         self.best: Optional[tuple[int, float]] = None
         self.best_slots: Optional[tuple[int, ...]] = None
@@ -240,7 +233,7 @@ class _Phase2:
     def __init__(self, problem: Problem, *, limit: float, reserved: int, start: tuple[int, ...], prefer: bool):
         self.problem = problem
         self.preferred = problem.preferred if prefer else None
-        self.classes = _symmetry_classes(problem.slots)
+        self.classes = symmetry_classes(problem.slots)
         self.items = problem.items
         self.limit = limit * (1 + 1e-12)
         self.reserved_limit = reserved
@@ -257,7 +250,7 @@ class _Phase2:
         for i, device in problem.fixed_edges:
             self.fixed[i].append(device)
         self.best_slots = start
-        self.best = (crossings(problem, start), _moved(problem, start) if prefer else 0)
+        self.best = (crossings(problem, start), away_from_preferred(problem, start) if prefer else 0)
 
     def run(self) -> tuple[int, ...]:
         self._dfs(0, 0, 0, 0)

@@ -1,44 +1,11 @@
-""""balanced" (and "auto", and "balanced_low_0"): components whole, the fullest device as empty as possible.
+""""balanced" (and "auto", "balanced_low_0"): components whole, the fullest accelerator as empty as possible.
 
-When every component can be placed whole, `place_whole_optimally` finds the whole-component map whose fullest
-accelerator (predicted peak, with activations and runtime overhead, as a share of its budget) is within 5% of the
-best possible, preferring the fewest model-graph edges crossing devices, then diffusers' zig-zag map (largest
-first over 0, 1, ..., n-1, n-1, ..., 0). Where the map differs from the zig-zag, the plan says why (`map_reasons`,
-below).
-
-When no whole map fits, the components are placed one by one in the zig-zag with the fallback chain (split,
-offload, cpu, disk): the i-th component (largest first, ties in execution order) has its turn on the i-th
-accelerator of the zig-zag; when that accelerator has no room, the others are tried, the one with the most room
-first, before any fallback (diffusers sends the component to the CPU instead, even when another GPU has room).
-Largest-first can fragment the room: a splittable component placed whole early can leave no single GPU with
-room for a later one that has no blocks to cut. So the components are also placed least divisible first
-(largest split unit first), so the splittable ones fill what is left; the plan with fewer bytes off the
-accelerators wins (ties: largest first). The order used is recorded in `Plan.placement_order`.
-
-"balanced_low_0" keeps accelerator 0 as empty as possible: the weights it takes are minimised first (the
-zig-zag runs over the others), and in the fallback path 0 is tried last (chosen by key, not by position as
-accelerate does).
-
-`place_whole_optimally` puts whole components onto accelerators by the exact search of `assignment`, the familiar
-zig-zag preferred.
-
-The devices the search sees are the ledger's accelerators with what they already hold (pinned components).
-The preferred map is diffusers' zig-zag: components largest first (ties in execution order) over
-0, 1, ..., n-1, n-1, ..., 0 -- for "balanced_low_0" over the accelerators other than 0, and 0 is `reserved`
-(its weights minimised first). Interchangeable devices are then used from the lowest index up
-(`fill_from_first`): a map that leaves GPU 0 empty beside an identical, used GPU 1 is the same map on GPU 0.
-The search returns None when no whole assignment fits; the strategy then falls back (split, offload, ...).
-
-Why a balanced map differs from the zig-zag one diffusers users know is recorded in the Plan (`map_reasons`).
-
-One headline says what is wrong with the zig-zag map (it does not fit; it fills a device well past the best
-possible; or it crosses devices on more model-graph edges), then one line per component placed elsewhere,
-with the numbers: "vae on GPU 1, not GPU 0 as in the zig-zag map: its 1.50 GiB activation peak does not fit
-beside transformer there (GPU 0 would peak at 25.10 GiB, budget 24.00 GiB)."
-
-`left_empty` says, per accelerator the map leaves empty, why (`Plan.left_empty`; the picture shows it on that
-GPU's bar): a newcomer planning two GPUs and seeing one empty should not have to guess that balanced kept the
-pipeline together for fewer crossing edges and one runtime overhead instead of two.
+The best whole-component map (`assignment`) when one fits, relabelled so the lowest interchangeable devices are
+used first, with why it differs from diffusers' zig-zag map (`map_reasons`) and why a GPU is left empty
+(`left_empty`); else the zig-zag with the fallback chain, largest first and least divisible first (largest-first
+can fragment the room a later unsplittable component needs), the one with fewer bytes off the accelerators winning.
+diffusers sends a component to the CPU when its zig-zag turn is full; here the other GPUs are tried first.
+"balanced_low_0" minimises accelerator 0's weights first and tries it last (by key, not by position).
 """
 
 from __future__ import annotations
@@ -50,17 +17,8 @@ from ..cost import host_bytes
 from ..devices import Device, device_label
 from ..errors import PlacementError
 from ..sizes import format_bytes
-from .assignment import (
-    Assignment,
-    Item,
-    Problem,
-    Slot,
-    TOLERANCE,
-    best_assignment,
-    crossings,
-    fullest_share,
-    slot_peaks,
-)
+from .assignment import (Assignment, Item, Problem, Slot, TOLERANCE, away_from_preferred, best_assignment, crossings,
+                         fullest_share, slot_peaks, symmetry_classes)
 from .fallbacks import place_whole, place_with_fallbacks
 from .state import ComponentRequest, PlacementState, StrategyKind, StrategyRequest
 
@@ -155,10 +113,10 @@ def _why(problem: Problem, i: int, z: int, peaks: list[int], names: Sequence[str
 
 @dataclass(frozen=True, kw_only=True)
 class WholeSearch:
-    """The search problem built from a strategy request, with the order components are placed in."""
+    """The whole-map problem of a strategy request, its components largest first (the zig-zag's order)."""
 
     problem: Problem
-    order: tuple[ComponentRequest, ...]  # largest first (the zig-zag's order), also the placement order
+    order: tuple[ComponentRequest, ...]
     reserved: tuple[int, ...]
 
 
@@ -179,11 +137,11 @@ def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[
 
 
 def fill_from_first(problem: Problem, found: Assignment) -> Assignment:
-    """The same map with interchangeable devices (same budget, same load before) relabelled so that the lower
-    ones are used first: at equal cost, a small pipeline goes to GPU 0, not to GPU 1 beside an empty GPU 0
-    (issue 21). Fullest share and crossings are unchanged by such a relabelling; the moves from the zig-zag map
-    are recounted."""
-    classes = _classes(problem)
+    """The same map with interchangeable devices relabelled so the lower ones are used first: at equal cost a
+    small pipeline goes to GPU 0, not to GPU 1 beside an empty GPU 0. Only the moves from the zig-zag change."""
+    classes: dict[tuple, list[int]] = {}
+    for index, key in enumerate(symmetry_classes(problem.slots)):
+        classes.setdefault(key, []).append(index)
     relabel: dict[int, int] = {}
     for members in classes.values():
         used = [s for s in members if s in found.slots]
@@ -191,22 +149,18 @@ def fill_from_first(problem: Problem, found: Assignment) -> Assignment:
     slots = tuple(relabel.get(s, s) for s in found.slots)
     if slots == found.slots:
         return found
-    moved = 0 if problem.preferred is None else sum(1 for s, p in zip(slots, problem.preferred) if s != p)
-    return replace(found, slots=slots, moved=moved)
+    return replace(found, slots=slots, moved=away_from_preferred(problem, slots))
 
 
-def _classes(problem: Problem) -> dict[tuple, list[int]]:
-    classes: dict[tuple, list[int]] = {}
-    for index, slot in enumerate(problem.slots):
-        key = (slot.budget, slot.weights, slot.transient, slot.used, slot.overhead, slot.reserved)
-        classes.setdefault(key, []).append(index)
-    return classes
+def reserved_zero(accelerators: Sequence[Device], low_0: bool) -> tuple[Device, ...]:
+    """(0,) when "balanced_low_0" keeps accelerator 0 as empty as it can (it has another to use), else ()."""
+    return (0,) if low_0 and 0 in accelerators and len(accelerators) > 1 else ()
 
 
 def build_search(request: StrategyRequest, *, low_0: bool) -> WholeSearch:
     ledger = request.ledger
     accelerators = ledger.accelerators
-    reserved = (0,) if low_0 and 0 in accelerators and len(accelerators) > 1 else ()
+    reserved = reserved_zero(accelerators, low_0)
     slots = tuple(
         Slot(
             device=device, budget=ledger.loads[device].budget, weights=ledger.loads[device].weights,
@@ -283,11 +237,10 @@ def place_zigzag_with_fallbacks(request: StrategyRequest, *, low_0: bool) -> Pla
 def _attempt(order: Sequence[ComponentRequest], request: StrategyRequest, *, low_0: bool) -> _Attempt:
     ledger, placements = request.start()
     accelerators = ledger.accelerators
-    reserved = [0] if low_0 and 0 in accelerators and len(accelerators) > 1 else []
+    reserved = reserved_zero(accelerators, low_0)
     turns = [device for device in accelerators if device not in reserved]
-    zigzag = turns + turns[::-1]
-    for index, component in enumerate(order):
-        turn = zigzag[index % len(zigzag)]
+    for index, component in zip(zigzag_slots(len(order), accelerators, reserved), order):
+        turn = accelerators[index]
         others = sorted(
             (d for d in turns if d != turn),
             key=lambda d: (-ledger.room(d, transient=component.transient), d),
