@@ -1,51 +1,7 @@
-"""What of a component stays resident on accelerators, what is loaded once per call and what streams at every run:
-the partial residency the placement search tries (`fill_resident`), the split of the host-homed rest
-(`split_host_part`), and every component's transfer for any strategy's plan (`complete_transfers`).
-
-Partial residency keeps as many of a component's units resident as the other phases leave room for. A component
-that cannot stay whole keeps units resident on its home accelerator (where it executes) and, for the blocks its
-layout allows to cut across devices (`blocks.spread_blocks`), on the others. A unit may go to a device only if
-every phase there still fits afterwards: the phases of the components already placed (`Ledger.phase_bytes`), and
-the component's own: on its home, its activations and its host-homed working set (`cost.minimum_phase_weights`: the
-rest and the blocks in flight, the least it needs to run by streaming); elsewhere, its activations (a split charges
-them to every device it spans). Units are taken in order -- the rest first (it is needed for the whole run), then
-the blocks largest first (so the host keeps small ones: the blocks in flight take little room) -- and one that fits
-nowhere is skipped for the smaller ones after it (first fit decreasing). The blocks of one size kept on the home
-are spread evenly between those left on the host (`blocks.kept_evenly`), so every streamed block has resident
-compute before it. What is not resident stays on the host; `split_host_part` then decides what of it is loaded per
-call and what streams.
-
-A component whose weights are partly or wholly homed in CPU RAM (or on disk) and that executes on an
-accelerator brings them there in its phase. Two ways (docs/design.md, "When it does not fit"):
-- loaded per call: moved when its phase starts, kept through its `runs` runs (a denoiser's steps), released
-  after: one copy per call, but all of it on the device at once;
-- streamed: block by block at every run, the next block prefetched while one computes: `runs` copies per call,
-  but only the blocks in flight on the device at once (`cost.stream_buffer`).
-What each costs, in bytes per call and in room, is `cost`'s; this module only chooses.
-The rest (everything outside the blocks) is needed for the whole run, so it is never streamed: it is loaded
-per call. With `room` bytes free in the phase (after the resident weights, the activations and the overhead),
-the split that moves the fewest bytes per call is chosen, its streamed blocks spread evenly between the ones
-loaded per call (`blocks.moved_evenly`: each copy then has compute before it to hide behind); a component that runs
-once moves the same bytes either way, so it streams every block (the lower peak). Blocks the planned call never runs
-(`blocks.is_idle`) are streamed too: they move nothing and take no room in flight.
-
-A component whose blocks may run on several accelerators (`blocks.spreadable`) may also load blocks per call onto
-the others (`away`: the room its phase leaves on each, activations charged there): what the execution device cannot
-hold. The last blocks in execution order go first, so the hops between devices stay few; the rest always comes to
-the execution device.
-
-Every component's transfer (`ComponentPlan.transfer`) comes from where its weights live, for any strategy.
-Residency is what the strategy decided: the device-map entries naming an accelerator. The host-homed rest of a
-component executing on an accelerator is split into loaded-per-call and streamed units (`split_host_part`) within
-the room its own phase leaves on its execution device: the budget, less the overhead, the resident weights there
-(everyone's: they stay in every phase) and its activations. Phases are independent once residency is fixed (one
-component runs at a time), so each component is settled on its own. A component that loads blocks per call has its
-phase in the ledger set to what it then holds (activations + loaded per call + blocks in flight); one that streams
-every block keeps what its strategy charged (its streaming working set; at model scope accelerate's one module at a
-time, which its hooks run with).
-
-Host-homed units are read through the device map at module granularity (`streaming.transfer_units`); a map that
-cuts finer than a unit (a pinned `{submodule: device}` map) is followed key by key inside it.
+"""What of a component stays resident, what is loaded once per call and what streams at every run (docs/design.md,
+"When it does not fit"): the partial residency the search tries (`fill_resident`), the split of the host-homed
+rest (`split_host_part`), and every strategy's plan's transfers (`complete_transfers`). What each choice costs is
+`cost`'s; this module only chooses.
 """
 
 from __future__ import annotations
@@ -116,9 +72,12 @@ def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[i
                     idle: frozenset[str] = frozenset(), away: Sequence[tuple[int, int]] = (),
                     spread: frozenset[str] = frozenset()) -> HostSplit:
     """The per-call / streamed split of `host` (in unit order) moving the fewest bytes per call within `room`
-    (None: unlimited) on the execution device and the rooms `away` ((accelerator, bytes) pairs, may be empty)
-    on the others, for the blocks in `spread` (paths); the blocks in `idle` stream and move nothing. When even the minimum does not fit,
-    the minimum, marked `fits=False`."""
+    (None: unlimited) on the execution device and, for the blocks in `spread`, the rooms `away` ((accelerator,
+    bytes) pairs) on the others; when even the minimum does not fit, the minimum, `fits=False`.
+
+    The rest is needed for the whole run: always loaded. A component running once moves the same bytes either
+    way, so it streams every block (the lower peak); idle blocks stream and move nothing. Streamed blocks are
+    spread evenly between the loaded ones (`blocks.moved_evenly`), so each copy has compute to hide behind."""
     unused = tuple(u for u in host if u.block and is_idle(u.path, idle))
     if unused:
         host = [u for u in host if not (u.block and is_idle(u.path, idle))]
@@ -146,9 +105,9 @@ def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[i
 
 
 def _send_away(blocks: Sequence[TransferUnit], *, over: int, away: Sequence[tuple[int, int]]) -> dict[str, int]:
-    """Blocks loaded per call onto the other accelerators (path -> accelerator): the last ones in execution order
-    first, each onto the first accelerator with room, until the execution device holds the rest (`over`: what
-    loading everything there exceeds its room by) or no other accelerator has room left."""
+    """Blocks loaded per call onto the other accelerators (path -> accelerator), the last ones in execution order
+    first (so the hops between devices stay few), until the home holds the rest (`over`: what loading everything
+    there exceeds its room by) or the others are full."""
     left = {device: room for device, room in away if room > 0}
     sent: dict[str, int] = {}
     for unit in reversed(blocks):
@@ -177,13 +136,9 @@ def _in_order(blocks: Sequence[TransferUnit], *, room: int) -> list[TransferUnit
 
 
 def _fewest_streamed(blocks: Sequence[TransferUnit], *, over: int) -> list[TransferUnit]:
-    """The blocks to stream, fewest bytes: beyond the ones in flight (the largest streamed ones), the streamed
-    blocks must add up to `over` (what loading everything per call exceeds the room by).
-
-    For each block size as the smallest in flight (the others as small as the blocks allow), the kept-out blocks
-    are taken from the sizes no larger, largest first; the cheapest choice wins. Blocks of one size (most
-    models) give the obvious answer; two sizes (FLUX's double and single blocks) stream the small ones with
-    small ones in flight when that moves less. Everything when nothing else fits."""
+    """The blocks to stream, fewest bytes, adding up to `over` beyond the ones in flight. Each block size is tried
+    as the smallest in flight, the rest taken from the sizes no larger, largest first: two sizes (FLUX's double
+    and single blocks) stream the small ones when that moves less. Everything when nothing else fits."""
     sizes = sorted({unit.bytes for unit in blocks})
     counts = {size: sum(1 for unit in blocks if unit.bytes == size) for size in sizes}
     best = None
@@ -242,18 +197,21 @@ class Filled:
 
 def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], activation: int, home: int,
                   devices: Sequence[int], spread: Collection[str], in_order: bool = False) -> Filled:
-    """Place as many `units` resident as fit (see the module doc), charge them to `ledger`, and return where.
-    `spread`: the blocks that may sit on other accelerators than `home` (the others stay there or on the host).
-    `in_order`: blocks in execution order instead of largest first (the reference policy's way)."""
+    """Place as many `units` resident as every phase still allows, charge them to `ledger`, and return where.
+
+    The rest first (needed for the whole run), on `home`; then the blocks largest first (the host keeps small
+    ones: the blocks in flight take little room), or in execution order (`in_order`, the reference policy's way),
+    on `home` or, for those in `spread`, on the other accelerators; one that fits nowhere stays on the host (first
+    fit decreasing). On `home` the component's own phase needs its activations and its streaming working set."""
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
     everywhere = [home, *(d for d in devices if d != home)]
     filled = Filled()
     for unit in (u for u in units if not u.block):  # the rest runs with the inputs: on the home accelerator
-        _place_one(state, unit, [home], filled)
+        _place_size(state, [unit], [home], filled)
     blocks = [u for u in units if u.block]
     if in_order:
         for unit in blocks:
-            _place_one(state, unit, everywhere if unit.path in spread else [home], filled)
+            _place_size(state, [unit], everywhere if unit.path in spread else [home], filled)
     else:  # the largest blocks first: what stays on the host is small, so the blocks in flight take little room
         for size in sorted({u.bytes for u in blocks}, reverse=True):
             members = [u for u in blocks if u.bytes == size]
@@ -269,26 +227,18 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
     return filled
 
 
-def _place_one(state: "_FillState", unit: TransferUnit, order: Sequence[int], filled: Filled) -> None:
-    device = next((d for d in order if state.count_fitting(unit.bytes, 1, d, block=unit.block)), None)
-    if device is None:
-        filled.host.append(unit)
-        return
-    state.take(unit.bytes, 1, device, block=unit.block)
-    filled.resident.setdefault(device, []).append(unit)
-
-
 def _place_size(state: "_FillState", members: list[TransferUnit], order: Sequence[int], filled: Filled, *,
                 interleave: bool = False) -> None:
-    """Blocks of one size: as many as fit on each device in turn (first fit, counted rather than tried). With
-    `interleave` (one device), the kept ones spread evenly between those left on the host (`blocks.kept_evenly`),
-    so each streamed block's copy has resident compute before it; across devices, first come, so hops stay few."""
+    """Units of one size: as many as fit on each device in turn (first fit, counted). With `interleave` (one
+    device) the kept ones spread evenly between those left on the host (`blocks.kept_evenly`), so each streamed
+    block's copy has resident compute before it; across devices, first come, so hops stay few."""
+    block = members[0].block if members else True
     for device in order:
         if not members:
             return
-        count = state.count_fitting(members[0].bytes, len(members), device, block=True)
+        count = state.count_fitting(members[0].bytes, len(members), device, block=block)
         if count:
-            state.take(members[0].bytes, count, device, block=True)
+            state.take(members[0].bytes, count, device, block=block)
             kept = kept_evenly(members, count) if interleave else members[:count]
             filled.resident.setdefault(device, []).extend(kept)
             members = [unit for unit in members if all(unit is not k for k in kept)]
@@ -386,9 +336,8 @@ def component_transfers(by_name: Mapping, requests: Mapping, ledger: Ledger,
 
 def component_transfer(plan: ComponentPlan, request, runs: int,
                        ledger: Ledger) -> tuple[ComponentTransfer, Optional[HostSplit]]:
-    """The component's transfer, and its host split (None when nothing host-homed runs on an accelerator),
-    within the room its phase leaves (`phase_room`, `away_rooms`: on its execution device and, spread, on the
-    others)."""
+    """The component's transfer, and its host split (None when nothing host-homed runs on an accelerator) in the
+    rooms its phase leaves. Phases are independent once residency is fixed: each component is settled alone."""
     if not is_accelerator(plan.execution_device):
         return ComponentTransfer(runs_per_call=runs), None  # computes on the CPU: nothing crosses to a GPU
     resident = sum(n for device, n in plan.placed_bytes.items() if is_accelerator(device))
@@ -409,7 +358,8 @@ def component_transfer(plan: ComponentPlan, request, runs: int,
 
 
 def host_units(device_map: Mapping[str, Device], request) -> list[TransferUnit]:
-    """The component's units (and pieces of units a finer map cuts) that `device_map` homes on the host."""
+    """The component's units (and pieces of units a finer map, a pinned one, cuts) that `device_map` homes on the
+    host."""
     if all(is_accelerator(device) for device in device_map.values()):
         return []
     keys = tuple(device_map)
