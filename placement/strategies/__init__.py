@@ -1,5 +1,4 @@
-"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`: "balanced" and the model-level
-in their own modules; "sequential", a single device and CPU-only beside the registry."""
+"""Placement strategies (docs/design.md, "Strategies"), looked up in `registry.STRATEGIES`."""
 
 from __future__ import annotations
 

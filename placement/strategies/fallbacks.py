@@ -1,15 +1,6 @@
-"""The chain every strategy shares: whole on an accelerator, else split, else offloaded, else cpu, else disk.
-
-1. whole: on the first accelerator, in the strategy's order, that has room for weights + transient;
-2. split: the component's split units over the accelerators' remaining room (no `_no_split_modules` block
-   is ever cut; `splitting.split_device_map` asks accelerate first and packs exactly when it falls short);
-3. offloaded: weights in CPU RAM, executed on the accelerator with the most room for its streaming working
-   set (`streaming.streaming_working_set`: the non-block rest plus the blocks in flight, `cost.working_set`);
-4. cpu: weights in CPU RAM and run there, when no accelerator can hold that working set;
-5. disk: weights in `offload_folder`, streamed to an accelerator (or the CPU).
-Each step past the first is recorded as a Fallback whose reason gives the numbers. When the chain leaves a
-component executing on the CPU, the search (`search`) tries streaming some resident components instead, so that all of
-them execute on an accelerator.
+"""The chain every strategy shares: whole on an accelerator, else split along its blocks, else offloaded (CPU
+RAM, streamed to the accelerator with the most room for its working set), else cpu, else disk. Each step past
+the first is a Fallback whose reason gives the numbers.
 """
 
 from __future__ import annotations
@@ -164,10 +155,8 @@ def streamed_text(host: str, execution_device: Device, unit: int) -> str:
 
 
 def rooms_text(ledger: Ledger, request: ComponentRequest) -> str:
-    """"GPU 0 has 2.00 GiB left, GPU 1 has 1.00 GiB left (0 B for weights after the 1.00 GiB runtime overhead)".
-
-    "left" is the plan's word (budget minus predicted peak, as in explain()'s table); the room for this
-    component's weights is smaller when its activations or a first use's runtime overhead must fit too."""
+    """"GPU 0 has 2.00 GiB left, GPU 1 has 1.00 GiB left (0 B for weights after the 1.00 GiB runtime overhead)":
+    "left" as in explain()'s table; the room for weights is less when activations or a first overhead must fit."""
     parts = []
     for device in ledger.accelerators:
         left = ledger.loads[device].budget - ledger.peak(device)

@@ -1,25 +1,7 @@
-"""Model-level strategies: one model's submodules placed with the meaning accelerate documents for
-`from_pretrained(device_map=...)` ("auto", "balanced", "balanced_low_0", "sequential", a dict).
-
-- "balanced" / "auto": accelerate's even split over the accelerators (`get_balanced_memory`), then the CPU,
-  then the disk; "balanced_low_0" keeps accelerator 0 as empty as it can; "sequential" fills accelerator 0
-  first, then 1, ... then the CPU and the disk;
-- a dict `{submodule or tensor path: device}`: exactly those devices (validated: known paths, every tensor
-  covered, the disk only with an offload folder, explicit budgets kept).
-
-Placed through accelerate (`infer_auto_device_map` with the model's `_no_split_modules`), with corrections:
-- sizes are ours (`placement.sizing`: bools, casts, fp32-kept modules) and every answer is checked against
-  the real budgets;
-- accelerators are renamed 0..n-1 before accelerate sees them, so `balanced_low_0` reads budgets by key,
-  not by position (accelerate indexes `max_memory[0]`, `range(1, n)`);
-- a class without `_no_split_modules` is placed whole (diffusers raises for "auto"; cutting an unknown
-  architecture anywhere could separate tensors a `torch.cat` joins);
-- when accelerate offloads although the weights fit the accelerators (it keeps room for the largest layer
-  on the first one), the exact split of `placement.splitting` is taken instead.
-
-`place_model` is pure: it reads the request and the budgets and returns what it placed; `charge` records
-that in a ledger; `place_model_level` is the registry's strategy for the model scope. The result is one `ComponentPlan` whose kind follows from the devices: whole, split,
-offloaded (accelerators + CPU RAM), disk (some weights on disk), or cpu.
+"""Model-level strategies: one model's submodules placed with accelerate's meaning of `device_map=` ("auto",
+"balanced", "balanced_low_0", "sequential", a validated dict), through `infer_auto_device_map` with corrections:
+our sizes checked against the real budgets; accelerators renamed 0..n-1 (accelerate reads `max_memory[0]` by
+position); no `_no_split_modules`: placed whole; an exact split when accelerate offloads weights that fit.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
-"""A component's options in the placement search (`search`), and the order the search visits them in.
-
-The strategy's own plan (balanced or sequential, with its fallback chain: whole, split, offloaded, cpu, disk) is
-the search's first candidate. Two families of options then keep components off the accelerators' resident room:
-
-Demotions: a set D of components streamed from CPU RAM (the disk when RAM is short), each executing on the
-accelerator with the most room for its streaming working set, while the strategy places the others. Offloaded
-components on one device run one after another, so they share ONE streaming room (the largest working set
-among them), where whole ones add up: demoting a resident component can let another execute on an accelerator
-instead of the CPU. D ranges over the components that could stream at all. Up to EXHAUSTIVE_LIMIT of them every
-subset is visited, smallest subsets first, the least valuable components (fewest runs per call, then smallest)
-first; past it the subsets come best first, by what their demotion moves at least (`cost.least_moved`), at most
-BEST_FIRST_LIMIT of them, and "all of them" (everything streamed) closes the family.
-
-Residency levels (docs/design.md, "When it does not fit"): each component gets one of three levels, and every
-component that is not resident executes on one `home` accelerator (their phases never overlap, so they share its
-room, and what one phase leaves free there another can load per call):
-- WHOLE: resident whole (or split along its blocks), placed first, on the accelerator with the most room
-  once the home keeps room for the other components' phases;
-- FILL: as many units resident as the other phases leave room for (`transfers.residency`), in priority order -- the
-  component that runs most first, then the largest -- so a denoiser that cannot stay whole keeps what the
-  others' phases allow, loads more at its phase and streams the remainder;
-- STREAM: nothing resident; loaded per call and streamed at its phase.
-What is not resident is split into loaded-per-call and streamed units in its own phase's room
-(`transfers.residency`). Every level x home combination is visited (3^n x accelerators; a denoiser pipeline has
-3 to 6 components) up to EXACT_LIMIT; past it the smallest components are only tried at FILL and STREAM, and past
-that at FILL. All-FILL in priority order, blocks taken in execution order, is the reference policy
-(benchmarks/reference_policy.py) on that home; it is one of the options, so the search never does worse than it.
-The combinations come cheapest bound first: their STREAM components move every byte their call runs at least.
+"""A component's options in the placement search (`search`) and the order it visits them in, cheapest bound
+first. Demotions: sets of components streamed while the strategy places the others (offloaded components on one
+device share ONE streaming room, so demoting one can bring another off the CPU). Residency levels x home: each
+component WHOLE, FILL (what the other phases leave room for) or STREAM, the non-resident ones executing on one home
+accelerator; all-FILL in execution order is the reference policy (benchmarks/reference_policy.py), so the search
+never does worse than it.
 """
 
 from __future__ import annotations
@@ -71,8 +48,8 @@ def priority_order(requests: Sequence[ComponentRequest], runs: Mapping[str, int]
 
 def residency_choices(order: Sequence[ComponentRequest], homes: Sequence[int], runs: Mapping[str, int],
                       limit: int = EXACT_LIMIT) -> Iterator[Choice]:
-    """Every level x home combination (within `limit`, the smallest components get fewer levels), those with
-    the fewest bytes certainly moved (the STREAM ones') first."""
+    """Every level x home combination (past `limit` the smallest components get fewer levels), those with the
+    fewest bytes certainly moved (the STREAM ones') first."""
     options = [tuple(Level) for _ in order]
     by_size = sorted(range(len(order)), key=lambda i: (order[i].bytes, -i))
     for reduced in (Level.FILL, Level.STREAM), (Level.FILL,):
@@ -97,7 +74,8 @@ def _count(options) -> int:
 
 
 def demotion_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) -> Iterator[tuple[ComponentRequest, ...]]:
-    """The demotion sets the search visits (see the module doc), in its order."""
+    """Every non-empty subset of `pool` up to EXHAUSTIVE_LIMIT components; past it the BEST_FIRST_LIMIT cheapest
+    by bound, then everything streamed."""
     if len(pool) <= EXHAUSTIVE_LIMIT:
         yield from candidate_sets(pool, runs)
         return
@@ -113,11 +91,8 @@ def candidate_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) ->
 
 
 def best_first_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) -> Iterator[tuple[ComponentRequest, ...]]:
-    """Every non-empty subset exactly once, in increasing order of the bytes their demotion moves at least.
-
-    The classic successor scheme over items sorted by value: from a set whose last item is i, either add
-    item i+1 or replace i by i+1; a heap yields the sets cheapest first.
-    """
+    """Every non-empty subset exactly once, cheapest bound first: from a set whose last item is i (items sorted by
+    value), add item i+1 or replace i by i+1, a heap yielding the cheapest."""
     ranked = sorted(pool, key=lambda r: (least_moved([r], runs), r.position))
     values = [least_moved([r], runs) for r in ranked]
     heap = [(values[0], (0,))] if ranked else []

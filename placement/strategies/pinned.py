@@ -1,8 +1,5 @@
-"""Pinned components: placed by the caller, used as given, counted against the budgets.
-
-Two sources: a dict strategy `{component: device | {submodule: device}}` (validated; the components it
-does not name are planned by "balanced" around it), and `pinned=` for components that arrive already
-dispatched (their placement is a fact, so a budget they exceed is a warning, not an error).
+"""Pinned components, used as given and counted against the budgets: a dict strategy (the rest balanced around
+it) or `pinned=` for components already dispatched (a fact: over a budget is a warning, not an error).
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
-"""The one table from strategy kind to strategy, the dispatch `placement.plan` runs, and the strategies that are
-one loop each: "sequential", a single device, and CPU-only.
-
-A strategy is any callable `StrategyRequest -> PlacementState` (see `state`). Registering one is one line:
-
-    STRATEGIES[StrategyKind.SOMETHING] = searched(place_something, residency=False)
-
-`searched` runs a strategy that chooses accelerators itself as the first candidate of the placement search
-(`search`): demoting components to streaming competes with it, so that nothing runs needlessly on the CPU, and
-for the balanced family (`residency=True`) so do the residency levels, so that a pipeline that does not fit
-resident moves the fewest bytes per call. "sequential" keeps its meaning (fill in execution order); every
-strategy's plan gets its transfer numbers in `placement.plan`.
-With no accelerator to plan for, every strategy but a single device degrades to `place_cpu_only`. A
-model-level request (`StrategySpec.model_level`) is looked up in `MODEL_STRATEGIES` instead.
-
-"sequential" fills accelerator 0, then 1, ... with the components in execution order. A component goes whole
-onto the current accelerator or a later one (which then becomes current), so consecutive components share a
-device and the pipeline crosses devices as rarely as possible. Only when no later accelerator has room are the
-earlier ones tried, before the fallback chain: a component is kept whole whenever some accelerator has room for
-it.
-
-A single device ("cuda", "cuda:1", 0, "cpu", a torch.device) puts every component whole there, no hooks. With
-no accelerator to plan for, every component runs on the CPU (weights on disk when RAM is short).
+"""The one table from strategy kind to strategy (`STRATEGIES`, `MODEL_STRATEGIES`), the dispatch `placement.plan`
+runs, and the strategies that are one loop each: "sequential", a single device, CPU-only. A strategy that chooses
+accelerators runs inside the placement search (`searched`), the balanced family with the residency levels.
 """
 
 from __future__ import annotations
@@ -37,6 +17,8 @@ from .state import PlacementState, Strategy, StrategyKind, StrategyRequest
 
 
 def place_sequential(request: StrategyRequest) -> PlacementState:
+    """Accelerator 0, then 1, ... in execution order, whole on the current one or a later one, so the pipeline
+    crosses devices as rarely as possible; earlier ones are tried before the fallback chain."""
     ledger, placements = request.start()
     accelerators = ledger.accelerators
     current = 0

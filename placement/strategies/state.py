@@ -1,11 +1,6 @@
-"""What a strategy is given and what it gives back: the `strategy` argument parsed into one of the fixed kinds
-docs/design.md defines (`StrategySpec`), what a strategy knows of one component (`ComponentRequest`), the planning
-options (`Context`), the immutable request (`StrategyRequest`), the record it produces per component (`Placed`)
-and the state it built (`PlacementState`).
-
-A strategy never changes what it is passed: it copies the starting ledger, places its components into the
-copy and returns it with the placements. Searches (the placement search, balanced's two orders) compare the
-states their trials return and keep one; nothing is written back into a caller's objects.
+"""What a strategy is given and gives back: the parsed `strategy` argument (`StrategySpec`), one component
+(`ComponentRequest`), the immutable request (`StrategyRequest`) and what it built (`PlacementState`). A strategy
+places into a copy of the starting ledger, so searches compare trials without writing into a caller's objects.
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
-"""A component's blocks as the transfer model sees them: which ones a planned call never runs, which ones move
-and which stay (spread evenly), and the room a phase leaves for the host-homed ones, on its execution device
-and on the accelerators its blocks may run on.
-
-Idle blocks (`idle_units`) are the blocks a planned call never runs (a text-to-image call's VAE runs `decode` only:
-its encoder's blocks stay idle), read from the call's traced module order (`unit_order.record_module_order`).
-
-The runtime streams a block when it runs (a hook on it), so a streamed block the call never runs moves
-nothing and needs no room in flight: the transfer model counts it in neither the bytes nor the stream buffer,
-and keeps it on the host (resident room goes to blocks that run). Only blocks: a module of the rest may be
-used without being called (a tied embedding read as a head's weight), so the rest is always counted. Without a
-traced call every block is taken to run.
-
-Which blocks of a run stay on the accelerator and which move is spread evenly, not first-come.
-
-A streamed block's copy hides behind the compute that runs while it travels (docs/design.md, "Seconds, not
-only bytes"). Keeping the first blocks of a run on the accelerator and streaming the last ones puts every copy
-in a row at the end, each behind one block's compute at most; spreading the kept blocks evenly between the
-moved ones (what mmgp/Wan2GP and cache-dit do by hand) gives each copy the kept blocks before it as well. The
-set sizes do not change, only which blocks: bytes per call and the blocks in flight stay the same.
-
-`moved_evenly(blocks, count)` picks the `count` blocks that move: each at the end of its share of the run, so
-the kept blocks come before the moved ones (`R R S R R S`, `R S S R S S`). Blocks of several sizes are spread
-within each size (FLUX's double and single blocks), since which sizes move is what sets the bytes.
-
-Rooms (`phase_room`, `away_rooms`): the room a component's phase leaves for its host-homed weights, on its
-execution device and, when its blocks may run elsewhere, on the other accelerators (`split_host_part` loads blocks per
-call there).
-
-In component k's phase a device holds everyone's resident weights, the runtime overhead and k's activations
-(charged to every accelerator k runs blocks on, as the memory model does for a split); what is left is k's.
+"""A component's blocks as the transfer model sees them: which ones a planned call never runs (`idle_units`: they
+move nothing and need no room in flight), which ones move and which stay, spread evenly so that each copy hides
+behind the kept blocks' compute before it (`moved_evenly`, what mmgp and cache-dit do by hand), and the room a
+phase leaves for host-homed weights on its execution device and the accelerators its blocks may run on.
 """
 
 from __future__ import annotations
@@ -71,7 +44,8 @@ def kept_evenly(blocks: Sequence[Unit], count: int) -> list[Unit]:
 
 
 def idle_units(module: nn.Module, units: Sequence[TransferUnit], traced_order: Sequence[str]) -> frozenset[str]:
-    """Paths of the blocks among `units` that no call in `traced_order` (submodule paths called) ran."""
+    """Paths of the blocks among `units` that no call in `traced_order` (submodule paths called) ran. Only blocks:
+    a module of the rest may be used without being called (a tied embedding read as a head's weight)."""
     ran: set[str] = set()
     for path in traced_order:
         parts = path.split(".") if path else []
@@ -91,7 +65,8 @@ def is_idle(path: str, idle: frozenset[str]) -> bool:
 
 
 def phase_room(ledger: Ledger, device: Device, request) -> Optional[int]:
-    """Bytes free for `request`'s host-homed weights on `device` while it runs (None: unlimited)."""
+    """Bytes free for `request`'s host-homed weights on `device` while it runs (None: unlimited): the budget less
+    the overhead, everyone's resident weights and its activations."""
     if not ledger.has(device) or ledger.loads[device].budget is None:
         return None
     load = ledger.loads[device]

@@ -1,24 +1,7 @@
-"""The transfer and time model's inputs to `placement.plan`: `runs_per_call`, checked, and the two copy speeds
-that turn bytes into seconds, host -> accelerator (`link_bandwidth`) and disk reads (`disk_read_bandwidth`):
-stated by the caller and checked, measured on this machine, or assumed.
-
-The link speed (`link_speed`): given (`placement.plan(link_bandwidth=...)`): as given. Otherwise, when the plan
-moves weights per call and every accelerator it uses is a CUDA GPU of this process, measured: a timed copy of
-pinned host memory to the first of them (what per-call loads and streamed blocks are: pinned host -> GPU copies),
-the best of a few, once per process and GPU. Else (no GPU here: planning on a CPU machine, virtual accelerators, a
-plan for other hardware) PCIe 4.0 x16's sustained 25 GB/s, assumed, and the plan's `link_bandwidth_source` says so.
-
-The disk read speed: stated by the caller, or measured once on the checkpoint's drive. Disk-homed blocks are read
-ahead on a background thread while earlier blocks compute (the runtime's `hooks.group_offload.read_ahead`), so a
-call with a disk-homed component takes about the larger of its read time and its compute time, not their sum; the
-time model needs the read speed for the first of the two (`Plan.disk_read_bandwidth`). Unless stated, it is assumed
-(`time_model.DISK_BYTES_PER_S`, NVMe): a drive's read speed spans two orders of magnitude (network storage to NVMe
-RAID), so a plan that matters states or measures it.
-
-`measure_disk_read(path)` reads up to `MEASURE_BYTES` of the file at `path` once per drive and process, after
-asking the kernel to drop the file's cached pages (a read served from the page cache measures RAM, not the
-drive; where the kernel keeps them anyway the figure is an upper bound, and its source says "page cache?" when
-it is faster than any drive reads).
+"""The transfer and time model's inputs to `placement.plan`, checked: `runs_per_call`, FLOPs per run, and the
+copy speeds: the link (given, else measured with pinned host -> GPU copies when the plan moves weights to this
+process's CUDA GPUs, else PCIe 4.0's 25 GB/s) and the disk read (given, else measured once per drive with the
+file's cached pages dropped, else NVMe's, assumed: drives span two orders of magnitude).
 """
 
 from __future__ import annotations
