@@ -22,7 +22,8 @@ from ..plan_schema import Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..sizing import ComponentSize, SplitUnit, fp32_kept_tensors
 from ..splitting import accelerate_device_map, assign_units, quiet_accelerate, split_device_map
-from .state import ComponentRequest, Placed, PlacementState, StrategyKind, StrategyRequest, StrategySpec, component_plan
+from .state import (ComponentRequest, Placed, PlacementState, StrategyKind, StrategyRequest, StrategySpec, charge,
+                    component_plan)
 
 
 def place_model(spec: StrategySpec, request: ComponentRequest, budgets: Budgets, *, disk_allowed: bool) -> Placed:
@@ -48,20 +49,6 @@ def budgets_of(ledger: Ledger) -> Budgets:
     """The budgets a ledger was built from (before anything was charged)."""
     return Budgets(limits={d: load.budget for d, load in ledger.loads.items()},
                    detected=frozenset(d for d, load in ledger.loads.items() if load.detected))
-
-
-def charge(ledger: Ledger, placed: Placed, request: ComponentRequest) -> Placed:
-    """Record `placed` in `ledger`: weights per device; the transient (activations, streamed block) on the
-    execution device. A device without a budget (a dict naming an accelerator not in max_memory) is not
-    tracked: loading onto it is refused later if the machine lacks it."""
-    plan = placed.plan
-    for device, weights in plan.placed_bytes.items():
-        spans = plan.kind is PlacementKind.SPLIT and is_accelerator(device)
-        if ledger.has(device):
-            ledger.add(device, weights=weights, transient=request.transient if spans else 0, phase=request.name)
-    if ledger.has(plan.execution_device):
-        ledger.add(plan.execution_device, transient=request.transient + plan.streamed_unit_bytes, phase=request.name)
-    return placed
 
 
 def _strategy_map(request: ComponentRequest, strategy: str, budgets: Budgets, disk_allowed: bool) -> dict:

@@ -13,7 +13,7 @@ from ..memory_model import Ledger
 from ..plan_schema import PlacementKind
 from ..sizes import format_bytes
 from ..device_maps import owning_key
-from .state import ComponentRequest, Placed, component_plan
+from .state import ComponentRequest, Placed, charge, component_plan
 
 
 def normalize_pins(
@@ -63,16 +63,11 @@ def place_pinned(request: ComponentRequest, device_map: Mapping[str, Device], le
     execution_device = accelerators[0] if accelerators else "cpu"
     kind = _kind(accelerators, hosts)
     streamed = request.streamed if hosts and accelerators else 0
-    for device, weights in placed.items():
-        # A split charges its activations to every accelerator it spans, as the planner's splits do.
-        spans = kind is PlacementKind.SPLIT and is_accelerator(device)
-        ledger.add(device, weights=weights, transient=request.transient if spans else 0, phase=request.name)
-    ledger.add(execution_device, transient=request.transient + streamed, phase=request.name)
     plan = component_plan(
         request, kind=kind, device_map=device_map, execution_device=execution_device, placed_bytes=placed,
         streamed_unit_bytes=streamed, pinned=True,
     )
-    return Placed(plan=plan)
+    return charge(ledger, Placed(plan=plan), request)
 
 
 def over_budget(ledger: Ledger, devices) -> list[tuple[str, Device]]:

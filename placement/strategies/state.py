@@ -215,6 +215,20 @@ def component_plan(
     )
 
 
+def charge(ledger: Ledger, placed: Placed, request: ComponentRequest) -> Placed:
+    """Record `placed` in `ledger`: weights per device (a split's activations on every accelerator it spans), the
+    transient (activations, streamed block) on the execution device. A device without a budget (a dict naming an
+    accelerator not in max_memory) is not tracked: loading onto it is refused later if the machine lacks it."""
+    plan = placed.plan
+    for device, weights in plan.placed_bytes.items():
+        spans = plan.kind is PlacementKind.SPLIT and is_accelerator(device)
+        if ledger.has(device):
+            ledger.add(device, weights=weights, transient=request.transient if spans else 0, phase=request.name)
+    if ledger.has(plan.execution_device):
+        ledger.add(plan.execution_device, transient=request.transient + plan.streamed_unit_bytes, phase=request.name)
+    return placed
+
+
 @dataclass(frozen=True, kw_only=True)
 class Context:
     """Planning options every strategy step may need, and what one plan() call may reuse across attempts."""

@@ -67,16 +67,8 @@ def check_link_bandwidth(link_bandwidth) -> float:
     ("25GB", "12.5 GiB") read as that much per second."""
     if link_bandwidth is None:
         return DEFAULT_LINK_BANDWIDTH
-    if isinstance(link_bandwidth, bool):
-        value = None
-    elif isinstance(link_bandwidth, (int, float)):
-        value = float(link_bandwidth)
-    else:
-        try:
-            value = float(parse_size(link_bandwidth))
-        except PlanError:
-            value = None
-    if value is None or not value > 0 or value == float("inf"):
+    value = _per_second(link_bandwidth)
+    if value is None:
         raise PlanError(
             f"link_bandwidth={link_bandwidth!r}: expected host -> accelerator bytes per second, a positive number "
             "(25e9) or a size read per second ('25GB'); None assumes 25 GB/s (PCIe 4.0 x16)."
@@ -84,6 +76,16 @@ def check_link_bandwidth(link_bandwidth) -> float:
     return value
 
 
+def _per_second(value) -> Optional[float]:
+    """A positive, finite number of bytes/s, or a size string read per second; None for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        speed = float(value)
+    else:
+        try:
+            speed = float(parse_size(value))
+        except PlanError:
+            return None
+    return speed if speed > 0 and speed != float("inf") else None
 
 
 def link_speed(devices: Iterable, *, moves: bool) -> Optional[tuple[float, str]]:
@@ -101,8 +103,6 @@ def link_speed(devices: Iterable, *, moves: bool) -> Optional[tuple[float, str]]
     return measured, f"measured: pinned host -> cuda:{accelerators[0]}, {MEASURED_BYTES // 1024**2} MiB copy"
 
 
-
-
 MEASURE_BYTES = 256 * 2**20
 CHUNK_BYTES = 8 * 2**20
 # Faster than this, a read came from RAM (the page cache), not from a drive (PCIe 5.0 NVMe reads ~14 GB/s).
@@ -115,15 +115,8 @@ def check_disk_read_bandwidth(value) -> float:
     per second."""
     if value is None:
         return DISK_BYTES_PER_S
-    speed: Optional[float] = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        speed = float(value)
-    elif isinstance(value, str):
-        try:
-            speed = float(parse_size(value))
-        except PlanError:
-            speed = None
-    if speed is None or not speed > 0 or speed == float("inf"):
+    speed = _per_second(value)
+    if speed is None:
         raise PlanError(f"disk_read_bandwidth={value!r}: expected the disk's read bytes per second, a positive "
                         f"number (2e9) or a size read per second ('2GB'); None assumes {DISK_BYTES_PER_S / 1e9:g} "
                         "GB/s (NVMe).")
