@@ -159,88 +159,106 @@ def symmetry_classes(slots: Sequence[Slot]) -> list[tuple]:
     return [(s.budget, s.weights, s.transient, s.used, s.overhead, s.reserved) for s in slots]
 
 
-class _Phase1:
-    """Minimise (weights on reserved devices, fullest share) over whole assignments that fit."""
+class _Search:
+    """Depth first over whole assignments, largest item first; of interchangeable empty slots only the first is
+    tried. A node carries its key (compared with the best complete one) and the weights on reserved slots."""
 
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        self.items = problem.items
+    node_limit = math.inf
+
+    def __init__(self, problem: Problem, best: Optional[tuple] = None, best_slots: Optional[tuple[int, ...]] = None):
+        self.problem, self.items = problem, problem.items
         self.order = _order(problem)
         self.loads = _Loads(problem.slots)
         self.classes = symmetry_classes(problem.slots)
         self.assigned = [-1] * len(self.items)
-        self.best: Optional[tuple[int, float]] = None
-        self.best_slots: Optional[tuple[int, ...]] = None
+        self.nodes = 0
+        self.best, self.best_slots = best, best_slots
+
+    def _dfs(self, depth: int, key: tuple, reserved: int) -> None:
+        self.nodes += 1
+        if depth == len(self.order):
+            if self.best is None or key < self.best:
+                self.best, self.best_slots = key, tuple(self.assigned)
+            return
+        if self.nodes > self.node_limit or (self.best is not None and self._bound(depth, key) >= self.best):
+            return
+        item_index = self.order[depth]
+        item = self.items[item_index]
+        for s in self._children(item_index):
+            now_reserved = reserved + (item.weights if self.problem.slots[s].reserved else 0)
+            child = self._step(key, now_reserved, item_index, s)
+            if child is None or (self.best is not None and child >= self.best):
+                continue
+            undo = self.loads.push(s, item)
+            self.assigned[item_index] = s
+            self._dfs(depth + 1, child, now_reserved)
+            self.loads.pop(item, undo)
+        self.assigned[item_index] = -1
+
+    def _children(self, item_index: int) -> list[int]:
+        """Slots that admit the item, in `_rank` order; one empty slot per class of interchangeable ones."""
+        item, wanted = self.items[item_index], self._wanted()
+        seen, children = set(), []
+        for s in range(len(self.problem.slots)):
+            if self.loads.counts[s] == 0 and s not in wanted:
+                if self.classes[s] in seen:
+                    continue
+                seen.add(self.classes[s])
+            if self._admissible(s, item):
+                children.append(s)
+        return sorted(children, key=lambda s: self._rank(item_index, s))
+
+    def _wanted(self) -> set[int]:
+        return set()
+
+    def _admissible(self, s: int, item: Item) -> bool:
+        return self.loads.fits(s, item)
+
+
+class _Phase1(_Search):
+    """Minimise (weights on reserved devices, fullest share) over whole assignments that fit."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
         budgets = [s.budget for s in problem.slots]
+        self.global_bound = 0.0
         if all(b for b in budgets):
             total = sum(s.weights for s in problem.slots) + sum(i.weights for i in self.items)
             self.global_bound = total / sum(budgets)
-        else:
-            self.global_bound = 0.0
 
     def run(self) -> Optional[tuple[tuple[int, ...], tuple[int, float]]]:
-        self._dfs(0, 0, self.loads.fullest())  # devices that get nothing new still count as they are
+        self._dfs(0, (0, self.loads.fullest()), 0)  # devices that get nothing new still count as they are
         if self.best is None or self.best_slots is None:
             return None
         return self.best_slots, self.best
 
-    def _dfs(self, depth: int, reserved: int, fullest: float) -> None:
-        if depth == len(self.order):
-            key = (reserved, fullest)
-            if self.best is None or key < self.best:
-                self.best, self.best_slots = key, tuple(self.assigned)
-            return
-        if self.best is not None and (reserved, max(fullest, self._bound(depth))) >= self.best:
-            return
-        item_index = self.order[depth]
-        item = self.items[item_index]
-        for s in self._children(item):
-            slot = self.problem.slots[s]
-            share = self.loads.share(s, item)
-            key = (reserved + (item.weights if slot.reserved else 0), max(fullest, share))
-            if self.best is not None and key >= self.best:
-                continue
-            undo = self.loads.push(s, item)
-            self.assigned[item_index] = s
-            self._dfs(depth + 1, *key)
-            self.loads.pop(item, undo)
-        self.assigned[item_index] = -1
+    def _step(self, key: tuple, reserved: int, item_index: int, s: int) -> tuple:
+        return reserved, max(key[1], self.loads.share(s, self.items[item_index]))
 
-    def _children(self, item: Item) -> list[int]:
-        """Slots that can take the item, best share first; one empty slot per class of interchangeable ones."""
-        seen, children = set(), []
-        for s in range(len(self.problem.slots)):
-            if self.loads.counts[s] == 0:
-                if self.classes[s] in seen:
-                    continue
-                seen.add(self.classes[s])
-            if self.loads.fits(s, item):
-                children.append(s)
-        return sorted(children, key=lambda s: (self.problem.slots[s].reserved, self.loads.share(s, item), s))
+    def _rank(self, item_index: int, s: int) -> tuple:
+        return self.problem.slots[s].reserved, self.loads.share(s, self.items[item_index]), s
 
-    def _bound(self, depth: int) -> float:
-        bound = self.global_bound
+    def _bound(self, depth: int, key: tuple) -> tuple:
+        """Each remaining item on its best slot, and the total weights over the total budget."""
+        bound = max(key[1], self.global_bound)
         for item_index in self.order[depth:]:
             item = self.items[item_index]
             best = min((self.loads.share(s, item) for s in range(len(self.problem.slots))), default=math.inf)
             bound = max(bound, best)
-        return bound
+        return key[0], bound
 
 
-class _Phase2:
+class _Phase2(_Search):
     """Among maps within the share limit, the fewest crossing edges, then the fewest moves from the preferred."""
 
+    node_limit = PHASE2_NODE_LIMIT
+
     def __init__(self, problem: Problem, *, limit: float, reserved: int, start: tuple[int, ...], prefer: bool):
-        self.problem = problem
+        super().__init__(problem, (crossings(problem, start), away_from_preferred(problem, start) if prefer else 0),
+                         start)
         self.preferred = problem.preferred if prefer else None
-        self.classes = symmetry_classes(problem.slots)
-        self.items = problem.items
         self.limit = limit * (1 + 1e-12)
         self.reserved_limit = reserved
-        self.order = _order(problem)
-        self.loads = _Loads(problem.slots)
-        self.assigned = [-1] * len(self.items)
-        self.nodes = 0
         rank = {item: depth for depth, item in enumerate(self.order)}
         self.earlier = [[] for _ in self.items]  # neighbours assigned before each item
         for a, b in problem.edges:
@@ -249,56 +267,23 @@ class _Phase2:
         self.fixed = [[] for _ in self.items]
         for i, device in problem.fixed_edges:
             self.fixed[i].append(device)
-        self.best_slots = start
-        self.best = (crossings(problem, start), away_from_preferred(problem, start) if prefer else 0)
 
     def run(self) -> tuple[int, ...]:
-        self._dfs(0, 0, 0, 0)
+        self._dfs(0, (0, 0), 0)
         return self.best_slots
 
-    def _dfs(self, depth: int, reserved: int, crossed: int, moved: int) -> None:
-        self.nodes += 1
-        if depth == len(self.order):
-            if (crossed, moved) < self.best:
-                self.best, self.best_slots = (crossed, moved), tuple(self.assigned)
-            return
-        if self.nodes > PHASE2_NODE_LIMIT:
-            return
-        if (crossed + self._must_cross(depth), moved + self._must_move(depth)) >= self.best:
-            return
-        item_index = self.order[depth]
-        item = self.items[item_index]
-        for s in self._children(item_index):
-            slot = self.problem.slots[s]
-            now_reserved = reserved + (item.weights if slot.reserved else 0)
-            if now_reserved > self.reserved_limit:
-                continue
-            now_crossed = crossed + self._new_crossings(item_index, s)
-            now_moved = moved + int(self.preferred is not None and self.preferred[item_index] != s)
-            if (now_crossed, now_moved) >= self.best:
-                continue
-            undo = self.loads.push(s, item)
-            self.assigned[item_index] = s
-            self._dfs(depth + 1, now_reserved, now_crossed, now_moved)
-            self.loads.pop(item, undo)
-        self.assigned[item_index] = -1
+    def _step(self, key: tuple, reserved: int, item_index: int, s: int) -> Optional[tuple]:
+        if reserved > self.reserved_limit:
+            return None
+        moved = int(self.preferred is not None and self.preferred[item_index] != s)
+        return key[0] + self._new_crossings(item_index, s), key[1] + moved
+
+    def _rank(self, item_index: int, s: int) -> tuple:
+        preferred = None if self.preferred is None else self.preferred[item_index]
+        return s != preferred, self._new_crossings(item_index, s), s
 
     def _admissible(self, s: int, item: Item) -> bool:
         return self.loads.fits(s, item) and self.loads.share(s, item) <= self.limit
-
-    def _children(self, item_index: int) -> list[int]:
-        item = self.items[item_index]
-        preferred = None if self.preferred is None else self.preferred[item_index]
-        children, seen = [], set()
-        wanted = self._wanted()
-        for s in range(len(self.problem.slots)):
-            if self.loads.counts[s] == 0 and s not in wanted:  # interchangeable empty devices
-                if self.classes[s] in seen:
-                    continue
-                seen.add(self.classes[s])
-            if self._admissible(s, item):
-                children.append(s)
-        return sorted(children, key=lambda s: (s != preferred, self._new_crossings(item_index, s), s))
 
     def _wanted(self) -> set[int]:
         """Slots the preferred map gives to an item not yet assigned: exchanging such an empty slot with an
@@ -312,17 +297,12 @@ class _Phase2:
         device = self.problem.slots[s].device
         return inside + sum(1 for fixed in self.fixed[item_index] if fixed != device)
 
-    def _must_cross(self, depth: int) -> int:
-        """Edges from an assigned item to a remaining one that its device can no longer admit: each will cross.
-        (Rooms only shrink as the search goes deeper, so this never overestimates.)"""
-        count = 0
+    def _bound(self, depth: int, key: tuple) -> tuple:
+        """Edges from an assigned item to a remaining one its device can no longer admit each cross (rooms only
+        shrink deeper down); remaining items their preferred slot can no longer take each move."""
+        crossed = moved = 0
         for i in self.order[depth:]:
             item = self.items[i]
-            count += sum(1 for j in self.earlier[i] if self.assigned[j] >= 0 and not self._admissible(self.assigned[j], item))
-        return count
-
-    def _must_move(self, depth: int) -> int:
-        """Remaining items whose preferred slot can no longer take them: each is one more move."""
-        if self.preferred is None:
-            return 0
-        return sum(1 for i in self.order[depth:] if not self._admissible(self.preferred[i], self.items[i]))
+            crossed += sum(1 for j in self.earlier[i] if self.assigned[j] >= 0 and not self._admissible(self.assigned[j], item))
+            moved += self.preferred is not None and not self._admissible(self.preferred[i], item)
+        return key[0] + crossed, key[1] + moved
