@@ -309,12 +309,11 @@ def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """A built state (the strategy's own, `demoted` streamed) or a residency option, built only if it wins."""
+    """A built state: the strategy's own, with `demoted` streamed."""
 
     cost: PlanCost
-    state: Optional[PlacementState] = None
+    state: PlacementState
     demoted: tuple[ComponentRequest, ...] = ()
-    evaluated: Optional[Evaluated] = None
 
 
 def searched(strategy: Strategy, *, residency: bool) -> Strategy:
@@ -328,16 +327,31 @@ def searched(strategy: Strategy, *, residency: bool) -> Strategy:
 
 
 def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: bool) -> PlacementState:
-    """The cheapest candidate (see the module doc)."""
+    """The cheapest candidate (see the module doc); a residency option is built only if it wins."""
     try:
         base, failure = demoted(strategy, request, ()), None
     except PlacementError as error:  # e.g. a component needs the disk and no offload folder was given
         base, failure = None, error
     if base is not None and base.cost.cpu_bytes == 0 and base.cost.transfer_bytes == 0:
         return base.state  # everything resident: nothing moves per call, nothing changes
-    search = _Search(strategy, request, residency=residency)
+    runs, ledger = request.costs.runs, request.ledger
+    quick = replace(request, thorough=False)  # the tie-break cost never changes; the winner gets it
+    levels = None
+    if residency and ledger.accelerators and request.requests:
+        levels = Residency(request, priority_order(request.requests, runs),
+                           low_0=request.spec.kind is StrategyKind.BALANCED_LOW_0)
+
+    def options() -> Iterator[tuple[PlanCost, Callable[[], Optional[Candidate | Evaluated]]]]:
+        if (base is None or base.cost.cpu_bytes) and ledger.accelerators:
+            pool = [r for r in request.requests if streaming_device(r, ledger, ledger.accelerators) is not None]
+            for demoted_set in demotion_sets(pool, runs):
+                yield least_cost(demoted_set, runs), partial(_demotion, strategy, quick, demoted_set)
+        if levels is not None:
+            for choice in residency_choices(levels.order, levels.homes, runs):
+                yield least_cost(choice.streamed(levels.order), runs), partial(levels.evaluate, choice)
+
     best = base
-    for bound, build in search.options(base):
+    for bound, build in options():
         if best is not None and best.cost <= bound:
             continue  # no candidate of this option can be cheaper than the best one
         candidate = build()
@@ -345,47 +359,20 @@ def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: b
             best = candidate
     if best is None:
         raise failure
-    if best.evaluated is not None:
-        return residency_state(best.evaluated, search.residency.order, search.runs)
+    if isinstance(best, Evaluated):
+        return residency_state(best, levels.order, runs)
     if best is base:
         return base.state
     best = demoted(strategy, request, best.demoted) or best  # the winner again, with every tie-break
     return explain_demotions(best.state, best.demoted, None if base is None else base.state, failure)
 
 
-class _Search:
-    """The options of one request, and what building each costs."""
-
-    def __init__(self, strategy: Strategy, request: StrategyRequest, *, residency: bool):
-        self.strategy = strategy
-        self.request = request
-        self.quick = replace(request, thorough=False)  # the tie-break cost never changes; the winner gets it
-        self.runs = request.costs.runs
-        self.residency = None
-        if residency and request.ledger.accelerators and request.requests:
-            self.residency = Residency(request, priority_order(request.requests, self.runs),
-                                       low_0=request.spec.kind is StrategyKind.BALANCED_LOW_0)
-
-    def options(self, base: Optional[Candidate]) -> Iterator[tuple[PlanCost, Callable[[], Optional[Candidate]]]]:
-        """Each option the search visits, with the least it can cost and how to build it."""
-        ledger = self.request.ledger
-        if (base is None or base.cost.cpu_bytes) and ledger.accelerators:
-            pool = [r for r in self.request.requests if streaming_device(r, ledger, ledger.accelerators) is not None]
-            for demoted_set in demotion_sets(pool, self.runs):
-                yield least_cost(demoted_set, self.runs), partial(self._demotion, demoted_set)
-        if self.residency is not None:
-            for choice in residency_choices(self.residency.order, self.residency.homes, self.runs):
-                yield least_cost(choice.streamed(self.residency.order), self.runs), partial(self._level, choice)
-
-    def _demotion(self, demoted_set: tuple[ComponentRequest, ...]) -> Optional[Candidate]:
-        try:
-            return demoted(self.strategy, self.quick, demoted_set)
-        except PlacementError:  # this arrangement fails too
-            return None
-
-    def _level(self, choice: Choice) -> Optional[Candidate]:
-        evaluated = self.residency.evaluate(choice)
-        return None if evaluated is None else Candidate(cost=evaluated.cost, evaluated=evaluated)
+def _demotion(strategy: Strategy, request: StrategyRequest, demoted_set: tuple[ComponentRequest, ...]
+              ) -> Optional[Candidate]:
+    try:
+        return demoted(strategy, request, demoted_set)
+    except PlacementError:  # this arrangement fails too
+        return None
 
 
 def demoted(strategy: Strategy, request: StrategyRequest, demoted_set: tuple[ComponentRequest, ...]
