@@ -303,6 +303,7 @@ class _Phase2(_Search):
         crossed = moved = 0
         for i in self.order[depth:]:
             item = self.items[i]
-            crossed += sum(1 for j in self.earlier[i] if self.assigned[j] >= 0 and not self._admissible(self.assigned[j], item))
+            crossed += sum(1 for j in self.earlier[i]
+                           if self.assigned[j] >= 0 and not self._admissible(self.assigned[j], item))
             moved += self.preferred is not None and not self._admissible(self.preferred[i], item)
         return key[0] + crossed, key[1] + moved

@@ -10,7 +10,7 @@ diffusers sends a component to the CPU when its zig-zag turn is full; here the o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from ..cost import host_bytes
@@ -111,29 +111,18 @@ def _why(problem: Problem, i: int, z: int, peaks: list[int], names: Sequence[str
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class WholeSearch:
-    """The whole-map problem of a strategy request, its components largest first (the zig-zag's order)."""
-
-    problem: Problem
-    order: tuple[ComponentRequest, ...]
-    reserved: tuple[int, ...]
-
-
 def place_whole_optimally(request: StrategyRequest, *, low_0: bool) -> Optional[PlacementState]:
     """Every component whole where the fullest device is within 5% of the best; None when that cannot fit."""
-    search = build_search(request, low_0=low_0)
-    found = best_assignment(search.problem, prefer=request.thorough)
+    problem, order = build_search(request, low_0=low_0)
+    found = best_assignment(problem, prefer=request.thorough)
     if found is None:
         return None
-    found = fill_from_first(search.problem, found)
+    found = fill_from_first(problem, found)
     ledger, placements = request.start()
-    for index, component in enumerate(search.order):
-        device = search.problem.slots[found.slots[index]].device
-        placements.add(place_whole(component, ledger, device))
-    reasons = map_reasons(search.problem, found, names=[c.name for c in search.order])
-    return PlacementState.of(ledger, placements, map_reasons=tuple(reasons),
-                             left_empty=left_empty(search.problem, found))
+    for index, component in enumerate(order):
+        placements.add(place_whole(component, ledger, problem.slots[found.slots[index]].device))
+    reasons = map_reasons(problem, found, names=[c.name for c in order])
+    return PlacementState.of(ledger, placements, map_reasons=tuple(reasons), left_empty=left_empty(problem, found))
 
 
 def fill_from_first(problem: Problem, found: Assignment) -> Assignment:
@@ -157,18 +146,14 @@ def reserved_zero(accelerators: Sequence[Device], low_0: bool) -> tuple[Device, 
     return (0,) if low_0 and 0 in accelerators and len(accelerators) > 1 else ()
 
 
-def build_search(request: StrategyRequest, *, low_0: bool) -> WholeSearch:
+def build_search(request: StrategyRequest, *, low_0: bool) -> tuple[Problem, tuple[ComponentRequest, ...]]:
+    """The whole-map problem of a request, and its components largest first (the zig-zag's order)."""
     ledger = request.ledger
     accelerators = ledger.accelerators
     reserved = reserved_zero(accelerators, low_0)
-    slots = tuple(
-        Slot(
-            device=device, budget=ledger.loads[device].budget, weights=ledger.loads[device].weights,
-            transient=ledger.loads[device].transient, used=ledger.loads[device].used,
-            overhead=ledger.overhead(device), reserved=device in reserved,
-        )
-        for device in accelerators
-    )
+    slots = tuple(Slot(device=device, budget=load.budget, weights=load.weights, transient=load.transient,
+                       used=load.used, overhead=ledger.overhead(device), reserved=device in reserved)
+                  for device, load in ((d, ledger.loads[d]) for d in accelerators))
     order = tuple(largest_first(request.requests))
     index = {component.name: i for i, component in enumerate(order)}
     graph = request.costs.graph
@@ -180,12 +165,10 @@ def build_search(request: StrategyRequest, *, low_0: bool) -> WholeSearch:
             inside, outside = (a, b) if a in index else (b, a)
             if outside in request.placed:
                 fixed.append((index[inside], request.placed[outside].plan.execution_device))
-    problem = Problem(
-        items=tuple(Item(name=c.name, weights=c.bytes, transient=c.transient) for c in order),
-        slots=slots, edges=tuple(edges), fixed_edges=tuple(fixed),
-        preferred=zigzag_slots(len(order), accelerators, reserved),
-    )
-    return WholeSearch(problem=problem, order=order, reserved=reserved)
+    problem = Problem(items=tuple(Item(name=c.name, weights=c.bytes, transient=c.transient) for c in order),
+                      slots=slots, edges=tuple(edges), fixed_edges=tuple(fixed),
+                      preferred=zigzag_slots(len(order), accelerators, reserved))
+    return problem, order
 
 
 def zigzag_slots(count: int, accelerators: Sequence[Device], reserved: Sequence[Device]) -> Optional[tuple[int, ...]]:
@@ -201,12 +184,6 @@ def largest_first(requests: Sequence[ComponentRequest]) -> list[ComponentRequest
     return sorted(requests, key=lambda request: (-request.bytes, request.position))
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Attempt:
-    state: PlacementState
-    off_accelerators: int
-
-
 def place_balanced(request: StrategyRequest) -> PlacementState:
     low_0 = request.spec.kind is StrategyKind.BALANCED_LOW_0
     optimal = place_whole_optimally(request, low_0=low_0)
@@ -217,7 +194,7 @@ def place_balanced(request: StrategyRequest) -> PlacementState:
 
 def place_zigzag_with_fallbacks(request: StrategyRequest, *, low_0: bool) -> PlacementState:
     """The zig-zag, largest first and least divisible first, with the fallback chain; the better of the two."""
-    best: Optional[_Attempt] = None
+    best: Optional[tuple[int, PlacementState]] = None  # (bytes off the accelerators, the state)
     first_error: Optional[PlacementError] = None
     for order in (largest_first(request.requests), least_divisible_first(request.requests)):
         try:
@@ -225,37 +202,32 @@ def place_zigzag_with_fallbacks(request: StrategyRequest, *, low_0: bool) -> Pla
         except PlacementError as error:  # e.g. needs the disk without an offload folder
             first_error = first_error or error
             continue
-        if best is None or attempt.off_accelerators < best.off_accelerators:
+        if best is None or attempt[0] < best[0]:
             best = attempt
-        if best.off_accelerators == 0:
+        if best[0] == 0:
             break
     if best is None:
         raise first_error
-    return best.state
+    return best[1]
 
 
-def _attempt(order: Sequence[ComponentRequest], request: StrategyRequest, *, low_0: bool) -> _Attempt:
+def _attempt(order: Sequence[ComponentRequest], request: StrategyRequest, *,
+             low_0: bool) -> tuple[int, PlacementState]:
     ledger, placements = request.start()
     accelerators = ledger.accelerators
     reserved = reserved_zero(accelerators, low_0)
     turns = [device for device in accelerators if device not in reserved]
-    for index, component in zip(zigzag_slots(len(order), accelerators, reserved), order):
+    for index, component in zip(zigzag_slots(len(order), accelerators, reserved) or (), order):
         turn = accelerators[index]
-        others = sorted(
-            (d for d in turns if d != turn),
-            key=lambda d: (-ledger.room(d, transient=component.transient), d),
-        )
-        device_order = [turn, *others, *reserved]
-        placed = place_with_fallbacks(
-            component, ledger, request.context, whole_order=device_order, split_order=device_order
-        )
-        placements.add(placed)
+        others = sorted((d for d in turns if d != turn),
+                        key=lambda d: (-ledger.room(d, transient=component.transient), d))
+        placements.add(place_with_fallbacks(component, ledger, request.context, [turn, *others, *reserved]))
     off = sum(host_bytes(placements.by_name[component.name].plan) for component in order)
-    return _Attempt(state=PlacementState.of(ledger, placements), off_accelerators=off)
+    return off, PlacementState.of(ledger, placements)
 
 
 def least_divisible_first(requests: Sequence[ComponentRequest]) -> list[ComponentRequest]:
     return sorted(requests, key=lambda request: (-request.size.largest_unit, -request.bytes, request.position))
 
 
-__all__ = ["Assignment", "WholeSearch", "build_search", "largest_first", "place_whole_optimally", "zigzag_slots"]
+__all__ = ["Assignment", "build_search", "largest_first", "place_whole_optimally", "zigzag_slots"]

@@ -16,38 +16,25 @@ from ..splitting import split_device_map
 from .state import ComponentRequest, Context, Placed, component_plan
 
 
-def place_with_fallbacks(
-    request: ComponentRequest,
-    ledger: Ledger,
-    context: Context,
-    *,
-    whole_order: Sequence[int],
-    split_order: Sequence[int],
-) -> Placed:
-    """Whole on the first accelerator of `whole_order` with room, else the fallback chain."""
-    for device in whole_order:
+def place_with_fallbacks(request: ComponentRequest, ledger: Ledger, context: Context, order: Sequence[int]) -> Placed:
+    """Whole on the first accelerator of `order` with room, else the fallback chain (a split fills them in `order`)."""
+    for device in order:
         if ledger.fits(device, weights=request.bytes, transient=request.transient):
             return place_whole(request, ledger, device)
     why = f"{request.needs()}; {rooms_text(ledger, request)}."
-    return (
-        try_split(request, ledger, split_order, why, context)
-        or try_offload(request, ledger, why)
-        or place_on_host(request, ledger, context, why)
-    )
+    return (try_split(request, ledger, order, why, context) or try_offload(request, ledger, why)
+            or place_on_host(request, ledger, context, why))
 
 
 def place_whole(request: ComponentRequest, ledger: Ledger, device: Device) -> Placed:
     ledger.add(device, weights=request.bytes, transient=request.transient, phase=request.name)
     kind = PlacementKind.CPU if device == "cpu" else PlacementKind.WHOLE
-    plan = component_plan(
-        request, kind=kind, device_map={"": device}, execution_device=device, placed_bytes={device: request.bytes}
-    )
-    return Placed(plan=plan)
+    return Placed(plan=component_plan(request, kind=kind, device_map={"": device}, execution_device=device,
+                                      placed_bytes={device: request.bytes}))
 
 
-def try_split(
-    request: ComponentRequest, ledger: Ledger, order: Sequence[int], why: str, context: Context
-) -> Optional[Placed]:
+def try_split(request: ComponentRequest, ledger: Ledger, order: Sequence[int], why: str,
+              context: Context) -> Optional[Placed]:
     rooms = {device: ledger.room(device, transient=request.transient) for device in order}
     rooms = {device: room for device, room in rooms.items() if room is not None and room > 0}
     if len(rooms) < 2:
@@ -131,9 +118,8 @@ def streaming_device(request: ComponentRequest, ledger: Ledger, candidates: Sequ
     return max(fitting, key=lambda d: (ledger.room(d, transient=transient), -fitting.index(d)))
 
 
-def place_streamed(
-    request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device, reason: str
-) -> Placed:
+def place_streamed(request: ComponentRequest, ledger: Ledger, *, host: str, execution_device: Device,
+                   reason: str) -> Placed:
     """Weights on `host` ("cpu" RAM or "disk"), streamed to `execution_device` when the component runs."""
     unit = request.streamed
     ledger.add(host, weights=request.bytes)

@@ -24,7 +24,7 @@ def place_sequential(request: StrategyRequest) -> PlacementState:
     current = 0
     for component in sorted(request.requests, key=lambda component: component.position):
         order = accelerators[current:] + accelerators[:current]
-        placed = place_with_fallbacks(component, ledger, request.context, whole_order=order, split_order=order)
+        placed = place_with_fallbacks(component, ledger, request.context, order)
         placements.add(placed)
         used = [accelerators.index(d) for d in placed.plan.devices if d in accelerators]
         current = max([current, *used])

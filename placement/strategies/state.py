@@ -189,30 +189,14 @@ class Placements:
         self.by_name[placed.plan.name] = placed
 
 
-def component_plan(
-    request: ComponentRequest,
-    *,
-    kind: PlacementKind,
-    device_map: Mapping[str, Device],
-    execution_device: Device,
-    placed_bytes: Mapping[Device, int],
-    streamed_unit_bytes: int = 0,
-    pinned: bool = False,
-) -> ComponentPlan:
+def component_plan(request: ComponentRequest, *, kind: PlacementKind, device_map: Mapping[str, Device],
+                   execution_device: Device, placed_bytes: Mapping[Device, int], streamed_unit_bytes: int = 0,
+                   pinned: bool = False) -> ComponentPlan:
     ordered = {device: placed_bytes[device] for device in sorted(placed_bytes, key=device_sort_key)}
-    return ComponentPlan(
-        name=request.name,
-        kind=kind,
-        devices=list(ordered),
-        execution_device=execution_device,
-        bytes=request.bytes,
-        dtype=request.dtype_name,
-        device_map=dict(device_map),
-        placed_bytes=ordered,
-        activation_bytes=request.activation,
-        streamed_unit_bytes=streamed_unit_bytes,
-        pinned=pinned,
-    )
+    return ComponentPlan(name=request.name, kind=kind, devices=list(ordered), execution_device=execution_device,
+                         bytes=request.bytes, dtype=request.dtype_name, device_map=dict(device_map),
+                         placed_bytes=ordered, activation_bytes=request.activation,
+                         streamed_unit_bytes=streamed_unit_bytes, pinned=pinned)
 
 
 def charge(ledger: Ledger, placed: Placed, request: ComponentRequest) -> Placed:
@@ -258,10 +242,8 @@ class StrategyRequest:
 
     @classmethod
     def build(cls, *, spec, requests: Sequence[ComponentRequest], ledger: Ledger, placed, context, costs):
-        return cls(
-            spec=spec, requests=tuple(requests), ledger=ledger.copy(), placed=MappingProxyType(dict(placed)),
-            context=context, costs=costs,
-        )
+        return cls(spec=spec, requests=tuple(requests), ledger=ledger.copy(), placed=MappingProxyType(dict(placed)),
+                   context=context, costs=costs)
 
     def with_requests(self, requests: Sequence[ComponentRequest]) -> "StrategyRequest":
         return replace(self, requests=tuple(requests))
