@@ -58,9 +58,10 @@ def _strategy_map(request: ComponentRequest, strategy: str, budgets: Budgets, di
     targets = _targets(module, strategy, budgets, size, dtype)
     assignment = _accelerate_assignment(module, targets, size, dtype)
     valid = assignment is not None and _fits(assignment, size.split_units, limits)
-    if valid and not _uses_host(assignment):
+    if valid and not any(device in HOST_DEVICES for device in assignment.values()):
         return merge_to_prefixes(assignment)
-    for room in _unique(targets, budgets.limits):  # accelerate offloaded: do the weights fit the GPUs alone?
+    rooms = [targets] if targets == budgets.limits else [targets, budgets.limits]
+    for room in rooms:  # accelerate offloaded: do the weights fit the GPUs alone?
         gpu_room = {d: room[d] for d in budgets.accelerators}
         if gpu_room and (found := split_device_map(module, gpu_room, size=size, dtype=dtype)) is not None:
             return found
@@ -121,18 +122,6 @@ def _fits(assignment, units, limits) -> bool:
             return False
         used[device] = used.get(device, 0) + unit.bytes
     return all(limits[d] is None or used[d] <= limits[d] for d in used)
-
-
-def _uses_host(assignment) -> bool:
-    return any(device in HOST_DEVICES for device in assignment.values())
-
-
-def _unique(*rooms):
-    seen = []
-    for room in rooms:
-        if room not in seen:
-            seen.append(room)
-            yield room
 
 
 def _offload_room(budgets: Budgets, limits, size: ComponentSize) -> dict[Device, int]:

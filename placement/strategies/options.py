@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator, Mapping, Sequence
@@ -54,7 +55,7 @@ def residency_choices(order: Sequence[ComponentRequest], homes: Sequence[int], r
     by_size = sorted(range(len(order)), key=lambda i: (order[i].bytes, -i))
     for reduced in (Level.FILL, Level.STREAM), (Level.FILL,):
         for i in by_size:
-            if _count(options) * len(homes) <= limit:
+            if math.prod(len(option) for option in options) * len(homes) <= limit:
                 break
             options[i] = reduced
     combos = sorted(itertools.product(*options), key=lambda levels: least_moved(
@@ -66,28 +67,16 @@ def residency_choices(order: Sequence[ComponentRequest], homes: Sequence[int], r
             yield from (Choice(levels=levels, home=home, in_order=True) for home in homes)
 
 
-def _count(options) -> int:
-    total = 1
-    for option in options:
-        total *= len(option)
-    return total
-
-
 def demotion_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) -> Iterator[tuple[ComponentRequest, ...]]:
     """Every non-empty subset of `pool` up to EXHAUSTIVE_LIMIT components; past it the BEST_FIRST_LIMIT cheapest
     by bound, then everything streamed."""
-    if len(pool) <= EXHAUSTIVE_LIMIT:
-        yield from candidate_sets(pool, runs)
+    if len(pool) <= EXHAUSTIVE_LIMIT:  # smallest sets first, the least valuable (fewest runs, smallest) first
+        ranked = sorted(pool, key=lambda r: (runs.get(r.name, 1), r.bytes, r.position))
+        for size in range(1, len(ranked) + 1):
+            yield from itertools.combinations(ranked, size)
         return
     yield from itertools.islice(best_first_sets(pool, runs), BEST_FIRST_LIMIT)
     yield tuple(pool)  # everything streamed: every component on an accelerator when one holds the largest working set
-
-
-def candidate_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) -> Iterator[tuple[ComponentRequest, ...]]:
-    """Non-empty sets to demote, smallest first; least valuable components (fewest runs, smallest) first."""
-    ranked = sorted(pool, key=lambda r: (runs.get(r.name, 1), r.bytes, r.position))
-    for size in range(1, len(ranked) + 1):
-        yield from itertools.combinations(ranked, size)
 
 
 def best_first_sets(pool: Sequence[ComponentRequest], runs: Mapping[str, int]) -> Iterator[tuple[ComponentRequest, ...]]:

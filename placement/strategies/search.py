@@ -318,12 +318,7 @@ class Candidate:
 
 def searched(strategy: Strategy, *, residency: bool) -> Strategy:
     """`strategy`, replaced by the cheapest option of the search when its own plan does not fit resident."""
-
-    def place(request: StrategyRequest) -> PlacementState:
-        return place_searched(strategy, request, residency=residency)
-
-    place.__name__ = f"{getattr(strategy, '__name__', 'strategy')}_searched"
-    return place
+    return partial(place_searched, strategy, residency=residency)
 
 
 def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: bool) -> PlacementState:
@@ -380,7 +375,7 @@ def demoted(strategy: Strategy, request: StrategyRequest, demoted_set: tuple[Com
     """The strategy over the others, then `demoted_set` streamed (largest working set first); None when one of
     them cannot run on an accelerator."""
     kept = [r for r in request.requests if all(r is not d for d in demoted_set)]
-    state = strategy(request.with_requests(kept)) if kept else PlacementState.of(*request.start())
+    state = strategy(replace(request, requests=tuple(kept))) if kept else PlacementState.of(*request.start())
     ledger = state.ledger.copy()
     placements = Placements(by_name=dict(state.by_name))
     for component in sorted(demoted_set, key=lambda r: (-(r.streamed + r.transient), r.position)):

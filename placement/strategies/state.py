@@ -6,7 +6,7 @@ places into a copy of the starting ledger, so searches compare trials without wr
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from types import MappingProxyType
@@ -244,9 +244,6 @@ class StrategyRequest:
     def build(cls, *, spec, requests: Sequence[ComponentRequest], ledger: Ledger, placed, context, costs):
         return cls(spec=spec, requests=tuple(requests), ledger=ledger.copy(), placed=MappingProxyType(dict(placed)),
                    context=context, costs=costs)
-
-    def with_requests(self, requests: Sequence[ComponentRequest]) -> "StrategyRequest":
-        return replace(self, requests=tuple(requests))
 
     def start(self) -> tuple[Ledger, Placements]:
         """A private copy of the starting state to place into."""

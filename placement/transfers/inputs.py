@@ -10,8 +10,6 @@ import os
 import time
 from typing import Iterable, Mapping, Optional
 
-import torch
-
 from ..devices import detect_accelerators, is_accelerator
 from ..errors import PlanError
 from ..gpu_profiles import MEASURED_BYTES, measure_cuda_link

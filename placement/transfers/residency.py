@@ -303,7 +303,10 @@ def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
         request = requests[name]
         transfer, split = component_transfer(plan, request, runs.get(name, 1), ledger)
         update: dict = {"transfer": transfer}
-        if _loads_more(split) and ledger.has(plan.execution_device):  # untracked: a dict named a device
+        # Only a split loading blocks per call (a component running several times, with room) grows its phase past
+        # what the strategy charged, its streaming working set; an untracked device (a dict named it) is left.
+        loads_more = split is not None and split.fits and any(unit.block for unit in split.per_call)
+        if loads_more and ledger.has(plan.execution_device):
             settle_phases(ledger, request, plan.execution_device, split)
             update["streamed_unit_bytes"] = split.phase_weights
         by_name[name] = replace(placed, plan=plan.model_copy(update=update))
@@ -316,14 +319,6 @@ def settle_phases(ledger: Ledger, request, home: Device, split: HostSplit) -> No
     ledger.set_phase(home, request.name, request.transient + split.phase_weights)
     for device, loaded in split.away_bytes().items():
         ledger.set_phase(device, request.name, request.transient + loaded)
-
-
-def _loads_more(split: Optional[HostSplit]) -> bool:
-    """Whether the split loads more per call than streaming needs (a component running several times, with
-    room): only then does its phase grow past what the strategy charged, its streaming working set."""
-    if split is None or not split.fits:
-        return False
-    return any(unit.block for unit in split.per_call)
 
 
 def component_transfers(by_name: Mapping, requests: Mapping, ledger: Ledger,
