@@ -162,8 +162,3 @@ def seconds_text(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
-
-
-__all__ = ["CallTime", "ComponentTime", "DISK_BYTES_PER_S", "OVERLAP_MODEL", "PCIE_BYTES_PER_S",
-           "component_time", "copy_bandwidth", "exposed_copy_seconds", "plan_time", "run_seconds", "seconds_text",
-           "short_name", "time_line"]

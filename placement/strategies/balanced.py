@@ -228,6 +228,3 @@ def _attempt(order: Sequence[ComponentRequest], request: StrategyRequest, *,
 
 def least_divisible_first(requests: Sequence[ComponentRequest]) -> list[ComponentRequest]:
     return sorted(requests, key=lambda request: (-request.size.largest_unit, -request.bytes, request.position))
-
-
-__all__ = ["Assignment", "build_search", "largest_first", "place_whole_optimally", "zigzag_slots"]

@@ -149,10 +149,3 @@ def _measure(path: str) -> tuple[float, str]:
     speed = read / max(seconds, 1e-9)
     cached = "; page cache? faster than a drive reads" if speed > PAGE_CACHE_SPEED else ""
     return speed, f"measured: {read / 2**20:.0f} MiB of {os.path.basename(path)}{cached}"
-
-
-__all__ = [
-    "MEASURED_BYTES", "check_disk_read_bandwidth", "check_link_bandwidth", "check_per_run", "check_runs_per_call",
-    "component_mapping", "link_speed",
-    "measure_cuda_link", "measure_disk_read",
-]
