@@ -23,17 +23,8 @@ from ..transfers.residency import Filled, HostSplit, fill_resident, settle_phase
 from ..transfers.blocks import away_rooms, phase_room
 from .fallbacks import place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices
-from .state import (
-    ComponentRequest,
-    Context,
-    Placed,
-    PlacementState,
-    Placements,
-    Strategy,
-    StrategyKind,
-    StrategyRequest,
-    component_plan,
-)
+from .state import (ComponentRequest, Context, Placed, PlacementState, Placements, Strategy, StrategyKind,
+                    StrategyRequest, component_plan)
 
 
 def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Mapping[str, int]) -> PlacementState:
