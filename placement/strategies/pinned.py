@@ -16,9 +16,8 @@ from ..device_maps import owning_key
 from .state import ComponentRequest, Placed, charge, component_plan
 
 
-def normalize_pins(
-    pins: Mapping, requests: Mapping[str, ComponentRequest], *, source: str
-) -> dict[str, dict[str, Device]]:
+def normalize_pins(pins: Mapping, requests: Mapping[str, ComponentRequest], *,
+                   source: str) -> dict[str, dict[str, Device]]:
     """`{component: {relative path: device}}`, every name, path and device checked; errors quote `source`."""
     unknown = [name for name in pins if name not in requests]
     if unknown:
@@ -39,9 +38,8 @@ def normalize_pins(
     return normalized
 
 
-def check_budgets_exist(
-    pins: Mapping[str, Mapping[str, Device]], ledger: Ledger, *, source: str, has_offload_folder: bool
-) -> None:
+def check_budgets_exist(pins: Mapping[str, Mapping[str, Device]], ledger: Ledger, *, source: str,
+                        has_offload_folder: bool) -> None:
     for name, device_map in pins.items():
         for device in dict.fromkeys(device_map.values()):
             if not ledger.has(device):
