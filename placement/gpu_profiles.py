@@ -20,19 +20,16 @@ from pydantic import BaseModel, ConfigDict
 from .devices import detect_accelerators, is_accelerator
 from .errors import PlanError
 
-# Share of the datasheet's dense peak a diffusion model's forward reaches: large bf16 GEMMs run at 70-80% of peak,
-# attention (flash) at 50-70%, the normalisations and elementwise ops between them at memory speed; end to end a
-# DiT step lands near 60% on the GPUs measured by the field (e.g. FLUX.1-dev at 1024x1024 on an H100).
+# Share of the dense peak a diffusion forward reaches: GEMMs 70-80%, flash attention 50-70%, norms at memory
+# speed; a DiT step lands near 60% (e.g. FLUX.1-dev at 1024x1024 on an H100).
 COMPUTE_EFFICIENCY = 0.6
 # Share of the peak memory bandwidth a streaming kernel reaches (STREAM-like copies reach 80-90%).
 MEMORY_EFFICIENCY = 0.8
-# Share of the PCIe link a pinned host -> GPU copy sustains: protocol overhead (TLP headers, flow control) takes
-# ~15%, and copies of a few hundred MiB see ~25 GB/s on PCIe 4.0 x16 (31.5 GB/s raw) and ~50 GB/s on 5.0 x16.
+# Share of the PCIe link a pinned host -> GPU copy sustains after protocol overhead (~25 GB/s on PCIe 4.0 x16).
 LINK_EFFICIENCY = 0.8
 # GB/s per lane and direction, after line coding (128b/130b from gen 3 on).
 PCIE_LANE_GB_S = {3: 0.985, 4: 1.969, 5: 3.938}
-# What a component on the CPU computes per second: a desktop CPU's realistic PyTorch GEMM rate (16 cores with
-# AVX-512/AMX reach 1-2 TFLOPS fp32 at peak; half of it in bf16 models' mixed ops). 10-100x below any GPU here.
+# A desktop CPU's realistic PyTorch GEMM rate (16 AVX-512/AMX cores peak at 1-2 TFLOPS fp32; half in mixed ops).
 CPU_FLOPS = 0.5e12
 DEFAULT_GPU = "rtx4090"  # what a plan made without a GPU named or present assumes (PCIe 4.0 x16, like the link)
 
@@ -50,8 +47,7 @@ class GpuProfile(BaseModel):
     memory_gb_s: float
     pcie_gen: int
     pcie_lanes: int = 16
-    # A measured profile's own pinned host -> GPU rate (bytes/s, already sustained: no efficiency applied) and
-    # where its numbers come from, in words; both None for a datasheet row.
+    # A measured profile's sustained pinned host -> GPU bytes/s and its numbers' source; None for a datasheet row.
     measured_link_bytes_per_s: Optional[float] = None
     source: Optional[str] = None
 
@@ -174,14 +170,12 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     return PROFILES[DEFAULT_GPU], "assumed: no GPU named (gpu=) or present"
 
 
-# What `gpu=` takes to measure this machine's GPU; "measured" is a measured profile's key, so a plan's recorded
-# inputs (`PlanInputs.gpu`) replan on the same measurement.
+# "measured" is a measured profile's key, so a plan's recorded inputs replan on the same measurement.
 MEASURE_NAMES = ("measure", "measured")
 MATMUL_SIDE = 4096  # a square GEMM large enough for the tensor cores' sustained rate: 137 GFLOP, well under 1 s
 COPY_BYTES = 256 * 1024**2  # device -> device copy: past every cache, at HBM/GDDR speed
 MEASURE_REPEATS = 10
-# Share of the datasheet peak a large square bf16/fp32 GEMM reaches (cuBLAS: 70-80%); a measured GEMM rate is
-# divided by it so that `COMPUTE_EFFICIENCY` turns it into a model's rate as it does a datasheet peak.
+# Share of the peak a large square GEMM reaches (cuBLAS: 70-80%): a measured rate over it is a peak equivalent.
 GEMM_EFFICIENCY = 0.75
 _MEASURED: dict[int, GpuProfile] = {}
 

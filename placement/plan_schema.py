@@ -36,10 +36,12 @@ DEFAULT_DISK_SOURCE = "assumed: NVMe"
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
 
 
-class PlanInputs(BaseModel):
-    """What the plan was asked for, so that a JSON file says what it answers."""
-
+class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanInputs(FrozenModel):
+    """What the plan was asked for, so that a JSON file says what it answers."""
 
     strategy: Any  # as given: a name, a device, or {component: device | {submodule: device}}
     max_memory: Optional[dict[PlanDevice, int]]  # in bytes; None: detected on the planning machine
@@ -80,11 +82,9 @@ class PlacementKind(str, Enum):
     DISK = "disk"  # weights on disk, streamed to the execution device
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ComponentTransfer(_Frozen):
+class ComponentTransfer(FrozenModel):
     """What crosses the host -> accelerator bus for one component per call, in steady state (docs/design.md "When
     it does not fit: what moves per call"): resident modules stay; per-call modules are loaded at the phase's
     start and kept through its runs; streamed modules move block by block at every run. Every host-homed module
@@ -114,7 +114,7 @@ class MemoryTechnique(str, Enum):
     VAE_SLICING = "vae_slicing"  # decode (and encode) one sample of the batch at a time
 
 
-class PlannedTechnique(_Frozen):
+class PlannedTechnique(FrozenModel):
     """A memory technique the load applies for a component, why, and its activation peak without it."""
 
     technique: MemoryTechnique
@@ -122,7 +122,7 @@ class PlannedTechnique(_Frozen):
     activation_bytes_without: Optional[int] = None
 
 
-class ComponentPlan(_Frozen):
+class ComponentPlan(FrozenModel):
     """Where one component lives (`device_map`, relative to it: `{"": 0}` whole) and where it runs."""
 
     name: str
@@ -144,7 +144,7 @@ class ComponentPlan(_Frozen):
     bytes_touched_per_run: Optional[int] = None
 
 
-class DevicePlan(_Frozen):
+class DevicePlan(FrozenModel):
     """One device's budget and what it holds: predicted_peak = resident weight_bytes + activation_peak (the
     largest of `phases`, what each component's phase brings beyond them) + overhead."""
 
@@ -181,7 +181,7 @@ class DevicePlan(_Frozen):
         return "detected (free memory minus a margin)" if self.detected else "given (max_memory)"
 
 
-class Fallback(_Frozen):
+class Fallback(FrozenModel):
     """A component that could not be placed whole, the kind it got instead, and why. `demoted`: streamed on
     purpose so that others execute on an accelerator (`strategies.search`)."""
 
@@ -199,7 +199,7 @@ class VerdictKind(str, Enum):
     NO_FIT = "does not fit"
 
 
-class Verdict(_Frozen):
+class Verdict(FrozenModel):
     """What a user reads first: the outcome, the fullest device's share of its budget, the warnings that matter."""
 
     kind: VerdictKind
@@ -229,7 +229,7 @@ _DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "
 DEFAULT_GPU_SOURCE = "assumed: no GPU named (gpu=) or present"
 
 
-class Plan(_Frozen):
+class Plan(FrozenModel):
     schema_version: int = SCHEMA_VERSION
     strategy: str
     components: dict[str, ComponentPlan]  # in execution order
@@ -393,7 +393,7 @@ class Plan(_Frozen):
             return NotImplemented
         return type(self) is type(other) and self.__dict__ == other.__dict__
 
-    __hash__ = _Frozen.__hash__
+    __hash__ = FrozenModel.__hash__
 
     def with_advice(self, advice) -> "Plan":
         """A copy whose `advise()` calls `advice()` (once) for its lines."""

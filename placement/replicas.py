@@ -18,13 +18,12 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Callable, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from .budgets import ZeroBudgetWarning, exact_budgets, resolve_budgets
 from .devices import Device, is_accelerator
 from .errors import DoesNotFitError, PlanError
-from .plan_schema import PlacementKind, Plan
+from .plan_schema import FrozenModel, PlacementKind, Plan
 from .planner import plan as plan_placement
 from .sizes import format_bytes
 from .strategies.state import NAMED_STRATEGIES, parse_strategy
@@ -37,11 +36,9 @@ class ReplicaFit(str, Enum):
     STREAMED = "streamed"  # some weights offloaded to CPU RAM, streamed to the group's accelerators per call
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ReplicaGroup(_Frozen):
+class ReplicaGroup(FrozenModel):
     """One replica: its accelerators (real indices, ascending), how it fits, and its placement plan."""
 
     replica: int  # 0, 1, ...: the local rank that takes this group under torchrun
@@ -59,7 +56,7 @@ class ReplicaGroup(_Frozen):
         return {entry.device: entry.budget for entry in self.plan.devices if entry.budget is not None}
 
 
-class GroupSizeOption(_Frozen):
+class GroupSizeOption(FrozenModel):
     """What one group size gives: the considered alternatives, for explain() and for benchmarks."""
 
     group_size: int
@@ -67,7 +64,7 @@ class GroupSizeOption(_Frozen):
     fit: Optional[ReplicaFit]  # None: no group of this size runs without the CPU or disk
 
 
-class ReplicaPlan(_Frozen):
+class ReplicaPlan(FrozenModel):
     group_size: int  # 0 when no group of any considered size holds a replica
     groups: list[ReplicaGroup]
     unused: list[int]  # accelerators in no group

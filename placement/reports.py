@@ -15,9 +15,8 @@ if TYPE_CHECKING:  # plan_schema imports this module for the Plan's derived fiel
     from .plan_schema import ComponentPlan, DevicePlan, Plan
 
 
-# A device with less than this share of its budget left gets a warning: the activation estimates are
-# measured to within a few percent, and the caching allocator's rounding is of the same order, so a plan with
-# less than 5% to spare may still run out of memory on the real call.
+# Under this share left, a device is warned about: the activation estimate and the allocator's rounding are each
+# good to a few percent.
 TIGHT_SHARE = 0.05
 
 
@@ -215,18 +214,10 @@ def _device_table(plan: Plan) -> list[str]:
         budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
         budget += " (detected)" if entry.detected else ""
         own = [format_bytes(entry.activations or 0)][: len(activations)]
-        rows.append([
-            device_label(entry.device),
-            budget,
-            format_bytes(entry.weight_bytes),
-            *own,
-            format_bytes(entry.streaming_working_set),
-            format_bytes(entry.loaded_per_call),
-            format_bytes(entry.overhead),
-            format_bytes(entry.predicted_peak),
-            EMPTY if entry.left is None else format_bytes(entry.left),
-            entry.peak_phase or EMPTY,
-        ])
+        sizes = (entry.streaming_working_set, entry.loaded_per_call, entry.overhead, entry.predicted_peak)
+        rows.append([device_label(entry.device), budget, format_bytes(entry.weight_bytes), *own,
+                     *map(format_bytes, sizes), EMPTY if entry.left is None else format_bytes(entry.left),
+                     entry.peak_phase or EMPTY])
     return aligned_columns(header, rows, left=1)
 
 
@@ -238,14 +229,10 @@ def transfer_lines(plan: Plan) -> list[str]:
     speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
     title = f"Moved per call, host -> accelerator, steady state (time at {speed}):"
     header = ["component", "runs", "resident", "loaded per call", "streamed per run", "per call", "time"]
-    rows = []
-    for name, component in plan.components.items():
-        transfer = component.transfer
-        if transfer is None:
-            continue
-        rows.append([name, str(transfer.runs_per_call), format_bytes(transfer.resident_bytes),
-                     format_bytes(transfer.loaded_per_call_bytes), format_bytes(transfer.streamed_per_run_bytes),
-                     format_bytes(transfer.bytes_per_call), format_seconds(transfer.bytes_per_call / plan.link_bandwidth)])
+    moving = [(name, c.transfer) for name, c in plan.components.items() if c.transfer is not None]
+    rows = [[name, str(t.runs_per_call), *map(format_bytes, (t.resident_bytes, t.loaded_per_call_bytes,
+                                                             t.streamed_per_run_bytes, t.bytes_per_call)),
+             format_seconds(t.bytes_per_call / plan.link_bandwidth)] for name, t in moving]
     rows.append(["total", "", "", "", "", format_bytes(plan.transfer_bytes_per_call),
                  format_seconds(plan.transfer_seconds_per_call)])
     return ["", title, *aligned_columns(header, rows, left=1)]
@@ -258,9 +245,8 @@ def format_seconds(seconds: float) -> str:
 
 def verdict_lines(plan: Plan) -> list[str]:
     verdict = plan.verdict
-    time = [] if verdict.time is None else [verdict.time]
-    host = [] if verdict.host_memory is None else [verdict.host_memory]
-    return [verdict.headline, *time, *host, *[f"  ! {warning}" for warning in verdict.warnings]]
+    said = [line for line in (verdict.time, verdict.host_memory) if line is not None]
+    return [verdict.headline, *said, *[f"  ! {warning}" for warning in verdict.warnings]]
 
 
 def time_lines(plan: Plan) -> list[str]:

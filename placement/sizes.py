@@ -11,17 +11,8 @@ import re
 
 from .errors import PlanError
 
-_UNITS = {
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
+_UNITS = {"b": 1, **{f"{prefix}b": 1000 ** (i + 1) for i, prefix in enumerate("kmgt")},
+          **{f"{prefix}ib": 1024 ** (i + 1) for i, prefix in enumerate("kmgt")}}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 GiB = 1024**3

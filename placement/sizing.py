@@ -123,8 +123,7 @@ def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tu
     return tuple(units)
 
 
-# U-Nets (diffusers' UNet2DConditionModel, its VAE decoder) register the middle block after the up path
-# (conv_in, down_blocks, up_blocks, mid_block, ...) but run it between down and up: cut in registration order,
+# U-Nets register the middle block after the up path but run it between down and up: cut in registration order,
 # a UNet split over two GPUs crosses devices 5 times per step instead of once.
 _MIDDLE_NAMES = ("mid_block", "mid", "middle_block", "bottleneck")
 _UP_PREFIXES = ("up", "output_blocks", "decoder_blocks")

@@ -27,7 +27,8 @@ class BlockList:
     @property
     def blocks(self) -> list[tuple[str, nn.Module]]:
         """(qualified path, block) for each child, in order."""
-        return [(f"{self.path}.{name}" if self.path else name, block) for name, block in self.container.named_children()]
+        return [(f"{self.path}.{name}" if self.path else name, block)
+                for name, block in self.container.named_children()]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ still see a CPU machine. `placement.devices.torch_device` is the one place that 
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import types
 from collections.abc import Sequence
@@ -300,9 +301,8 @@ def _get_data(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
-    # torch's setter asks only the target for __torch_function__: a CPU tensor given a virtual value would go
-    # straight to C++ set_data, which refuses two tensor types ("incompatible tensor type"). On CUDA the two
-    # are one type and the assignment moves the tensor: diffusers' group offloading onloads that way.
+    # torch's setter asks only the target for __torch_function__, and C++ set_data refuses two tensor types; on
+    # CUDA the assignment moves the tensor (diffusers' group offloading onloads that way).
     if isinstance(value, VirtualTensor) and not isinstance(tensor, VirtualTensor):
         swap_into(tensor, value)
     else:
@@ -338,8 +338,10 @@ def ensure_backend() -> None:
         # The ops `torch.tensor(data, device=...)` reaches with Python dispatch off get kernels of their own: the
         # boxed fallback cannot be entered from there (torch asserts), a per-op Python kernel can.
         kernels = torch.library.Library("aten", "IMPL", "PrivateUse1")
-        for name, op in _DIRECT_KERNELS.items():
-            kernels.impl(name, _direct_kernel(op))
+        for name in _DIRECT_KERNELS:
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(aten, packet), overload or "default")
+            kernels.impl(name, functools.partial(_backend_kernel, op))
         # Answered before its composite kernel, which tells PrivateUse1 "no" where CUDA gets "yes".
         autograd = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
         autograd.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
@@ -364,25 +366,13 @@ def _device_module() -> types.ModuleType:
     return module
 
 
-_DIRECT_KERNELS = {
-    "empty.memory_format": torch.ops.aten.empty.memory_format,
-    "empty_strided": torch.ops.aten.empty_strided.default,
-    "_copy_from": torch.ops.aten._copy_from.default,
-    "_copy_from_and_resize": torch.ops.aten._copy_from_and_resize.default,
+_DIRECT_KERNELS = (
+    "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize",
     # arange's generic kernel resizes its empty result (the CPU tensor, not the wrapper): made whole here instead.
-    "arange": torch.ops.aten.arange.default,
-    "arange.start": torch.ops.aten.arange.start,
-    "arange.start_step": torch.ops.aten.arange.start_step,
+    "arange", "arange.start", "arange.start_step",
     # `torch.tensor([t])` of a 0-d virtual tensor reads `t.item()` with Python dispatch off.
-    "_local_scalar_dense": torch.ops.aten._local_scalar_dense.default,
-}
-
-
-def _direct_kernel(op):
-    def kernel(*args, **kwargs):
-        return _backend_kernel(op, *args, **kwargs)
-
-    return kernel
+    "_local_scalar_dense",
+)
 
 
 def _backend_kernel(op, *args, **kwargs):

@@ -107,6 +107,7 @@ def _describe_items(value: Any, depth: int, seen: dict) -> Hashable:
         return type(value), _describe_items(attributes, depth, seen)
     return "object", type(value)
 
+
 # The leaves a call's record holds as plain values.
 _RECORDED_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 

@@ -110,13 +110,7 @@ def module_state_kept(module: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for state, saved in objects:
-            for key in [key for key in state if key not in saved]:
-                del state[key]
-            for key, value in saved.items():
-                if state.get(key, _MISSING) is not value:
-                    state[key] = value
-        for container, saved in containers:
+        for container, saved in [*objects, *containers]:
             _put_back(container, saved)
 
 

@@ -18,6 +18,7 @@ whose inputs hold other than tensors and plain values, or whose modules carry fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import weakref
@@ -100,9 +101,10 @@ class BlockMemo:
         if effects is None:
             self._failures[group] = self._failures.get(group, 0) + 1
         else:
-            self._records[key] = _Record(transient_bytes=window.transient_bytes, effects=effects,
-                                         flops=self._tally.flops - flops, bytes_touched=self._tally.bytes_touched - touched,
-                                         children=self._log.paths(block, start, len(self._log.calls)))
+            self._records[key] = _Record(
+                transient_bytes=window.transient_bytes, effects=effects, flops=self._tally.flops - flops,
+                bytes_touched=self._tally.bytes_touched - touched,
+                children=self._log.paths(block, start, len(self._log.calls)))
         return output
 
 
@@ -147,6 +149,7 @@ class _Record:
         del transient  # the first run's peak above the live bytes at entry, reached for an instant
         notify_paths(block, self.children)
         return self.effects.apply(inputs, tracker)
+
 
 CACHE_ENV = "PLACEMENT_ESTIMATE_CACHE"
 _PER_MODULE = 64  # distinct calls remembered per module (the oldest goes first)
@@ -193,8 +196,7 @@ def cached(module: nn.Module, key: Hashable | None) -> CachedCall | None:
             return None
         remember(module, key, entry)
     notify_paths(module, entry.calls)
-    return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls,
-                      flops=entry.flops, bytes_touched=entry.bytes_touched)
+    return dataclasses.replace(entry, output=to_meta(entry.output))
 
 
 def remember(module: nn.Module, key: Hashable | None, call: CachedCall) -> None:

@@ -194,11 +194,10 @@ def notify_paths(root: nn.Module, paths: Iterable[str]) -> None:
     for path in paths:
         notify(modules[path])
 
-_SHAPE_QUERIES = {torch.ops.aten.sym_size.default, torch.ops.aten.sym_stride.default, torch.ops.aten.size.default,
-                  torch.ops.aten.stride.default, torch.ops.aten.numel.default, torch.ops.aten.dim.default,
-                  torch.ops.aten.is_contiguous.default, torch.ops.aten.sym_numel.default,
-                  torch.ops.aten.sym_storage_offset.default, torch.ops.aten.storage_offset.default,
-                  torch.ops.prim.layout.default, torch.ops.prim.device.default}
+
+_SHAPE_QUERIES = {getattr(torch.ops.aten, name).default for name in (
+    "sym_size", "sym_stride", "size", "stride", "numel", "dim", "is_contiguous", "sym_numel", "sym_storage_offset",
+    "storage_offset")} | {torch.ops.prim.layout.default, torch.ops.prim.device.default}
 
 
 class FlopTally(TorchDispatchMode):
