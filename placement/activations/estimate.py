@@ -80,18 +80,14 @@ def estimate_call(
     keep_values: bool = False,
 ) -> CallEstimate:
     """`module.<method>(*args, **kwargs)` run on fake tensors under `torch.inference_mode()`: the peak bytes it
-    adds on top of the weights, and its return value with every tensor a `meta` tensor of the same shape, dtype
-    and strides (usable outside the estimate; tuples, dicts, output classes and objects holding tensors keep
-    their types).
+    adds on top of the weights, and its return value with every tensor a `meta` tensor laid out alike.
 
     `module` may be on `meta`, hold real weights, or carry accelerate hooks (bypassed, then restored); it is not
     modified. `args` is a tuple (or a lone tensor); only shapes and dtypes matter. `dtype`: the floating dtype the
     module runs in, cast as loading with `torch_dtype` would (`_keep_in_fp32_modules` kept).
 
-    `keep_values`: real integer and boolean inputs (token ids, attention masks, image sizes) keep their values,
-    for models that size tensors by them (Lumina 2 reads each caption's length from its mask: `mask.sum(1)
-    .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
-    real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
+    `keep_values`: real integer and boolean inputs keep their values as constants, for models that size tensors
+    by them (Lumina 2: `mask.sum(1).tolist()`); ops on constants alone then run for real, on the CPU.
 
     Repeated calls are replayed and earlier estimates reused (`memo`; not with `keep_values`: the key holds shapes
     only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
