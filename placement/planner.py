@@ -113,14 +113,10 @@ def plan(
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
                                gpu=None if profile is None else profile.key)
-    return _with_disk_speed(_assemble(spec, order, model_graph, state, requests, notes + list(state.warnings),
-                                      budgets, inputs, activations_accounted=activations is not None,
-                                      bandwidth=link_bandwidth and bandwidth, gpu=profile, work=work), disk)
-
-
-def _with_disk_speed(placed: Plan, disk: Optional[float]) -> Plan:
-    """`placed` with the stated disk read speed (None: the assumed one it has)."""
-    if disk is None:
+    placed = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
+                       activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
+                       gpu=profile, work=work)
+    if disk is None:  # the assumed disk speed the plan has
         return placed
     return placed.model_copy(update={"disk_read_bandwidth": disk, "disk_read_bandwidth_source": "given"})
 
@@ -141,9 +137,8 @@ def _cost_model(model_graph, requests, runs, work, profile, accelerators, disk, 
 
 def _timing(work: Mapping[str, tuple], requests, profile: Optional[GpuProfile], accelerators,
             runs: Mapping[str, int], disk: Optional[float], link: float) -> Optional[Timing]:
-    """What the search predicts exposed copy seconds with (`cost.Timing`) when the caller counted FLOPs: each
-    component's seconds per run on the GPU the plan's seconds assume (`choose_gpu`), at the link given (else the
-    named GPU's, else assumed). None without FLOPs: the objective stays bytes."""
+    """What the search predicts exposed copy seconds with (`cost.Timing`), from each component's seconds per run
+    on the plan's GPU (`choose_gpu`); None without FLOPs: the objective stays bytes."""
     if all(flops is None for flops, _ in work.values()):
         return None
     gpu = choose_gpu(profile, accelerators)[0]
@@ -160,9 +155,8 @@ def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, Comp
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
               activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
               work: Mapping[str, tuple]) -> Plan:
-    """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
-    measured where the plan moves weights to this machine's GPUs (`transfers.inputs.link_speed`), else the named GPU's
-    host link, else assumed; the GPU profile the seconds assume (`gpu_profiles.choose_gpu`)."""
+    """The Plan from the strategy's final state; link `bandwidth` if given, else measured where the plan moves
+    weights to this machine's GPUs, else the named GPU's host link, else assumed."""
     by_name = state.by_name
     components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}
     profile, profile_source = choose_gpu(gpu, state.ledger.accelerators)
