@@ -280,8 +280,7 @@ class Plan(FrozenModel):
     @property
     def verdict(self) -> Verdict:
         devices, components = self.devices, list(self.components.values())
-        over = any(d.left is not None and d.left < 0 for d in devices)
-        if over:
+        if any(d.left is not None and d.left < 0 for d in devices):
             kind = VerdictKind.NO_FIT
         elif any(c.execution_device == "cpu" for c in components):
             kind = VerdictKind.PARTLY_CPU
