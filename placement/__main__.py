@@ -1,11 +1,5 @@
-"""`python -m placement ...`: the `placement` command, for environments without the console script on PATH.
-
-The command lives in `pipelines.cli` (it loads and runs pipelines), and `placement` must never import
-`pipelines` (the layers point one way: pipelines -> hooks -> placement). So this module imports nothing of
-it: it replaces this process with `python -m pipelines.cli ...`, the same interpreter, arguments and
-environment, exactly what the console script runs. `import placement` is unaffected: Python runs this
-module only for `python -m placement`.
-"""
+"""`python -m placement ...`: the command lives in `pipelines.cli`, which `placement` must never import, so this
+replaces the process with `python -m pipelines.cli ...` (same interpreter, arguments and environment)."""
 
 import os
 import subprocess

@@ -1,23 +1,10 @@
 """Budgets: how many bytes each device may hold, from `max_memory` or detected.
 
-An explicit `max_memory` is used exactly as given (no hidden margin): its integer keys are the accelerators
-the plan may use (present or not: planning for a machine you do not have is a main use), "cpu" and "disk"
-the host budgets. A missing "cpu" key means the host's available RAM (detected, with the margin below); a
-missing "disk" key means the disk is unlimited (it is still only used when an `offload_folder` is given).
-Values are parsed by `sizes.parse_budget`, as typed by a person: a number without a unit under 1 MiB is refused
-as a unit left out (`{0: 24}`, `{0: "24"}`, `--max-memory 0=24`: "did you mean '24GiB'?"; "5000B" is 5000 bytes),
-and a GPU given 0 or "0GiB" gets a `ZeroBudgetWarning` (it will hold nothing; leaving it out says that plainly).
-Budgets this library computes (a replica group's) are passed as exact byte strings (`exact_budgets`), so that a
-small one is never taken for a unit left out.
-
-Detected budgets (`max_memory=None`) come from the accelerators `devices.detect_accelerators()` sees (free memory
-of each, through accelerate's `get_max_memory()` for CUDA/XPU; a share of RAM for MPS and for the virtual
-accelerators of `PLACEMENT_VIRTUAL_ACCELERATORS`) and available RAM, minus a safety margin:
-- accelerators keep back ACCELERATOR_MARGIN (10%) of their free memory, at least MIN_ACCELERATOR_MARGIN
-  (256 MiB): the caching allocator's fragmentation and the small temporaries of a forward that a
-  weights-only plan does not see;
-- the CPU keeps back CPU_MARGIN (20%) of available RAM: other processes, the Python heap, and the page
-  cache that safetensors' memory-mapped reads lean on.
+An explicit `max_memory` is used exactly as given (no hidden margin); its int keys are the accelerators the plan
+may use, present or not. A missing "cpu" means available RAM (detected), a missing "disk" unlimited. Detected
+budgets keep back a margin: ACCELERATOR_MARGIN of free memory (at least MIN_ACCELERATOR_MARGIN) for the caching
+allocator's fragmentation and a forward's small temporaries, CPU_MARGIN of RAM for other processes, the Python
+heap and the page cache safetensors' memory-mapped reads lean on.
 """
 
 from __future__ import annotations
@@ -90,7 +77,7 @@ def resolve_budgets(max_memory: Mapping | None) -> Budgets:
     warn_zero_budgets(typed_zero, stacklevel=3)
     detected = set()
     if "cpu" not in limits:
-        limits["cpu"] = _detected_cpu_budget()
+        limits["cpu"] = apply_cpu_margin(_available_ram())
         detected.add("cpu")
     limits.setdefault("disk", None)
     return Budgets(limits=_ordered(limits), detected=frozenset(detected))
@@ -119,11 +106,8 @@ def exact_budgets(budgets: Mapping[Device, Optional[int]]) -> dict[Device, str]:
 
 
 def detect_budgets() -> Budgets:
-    """Free memory of each accelerator `devices.detect_accelerators()` sees and available RAM, minus the margins.
-
-    CUDA/XPU: accelerate's `get_max_memory`. MPS shares RAM with the CPU: torch's recommended working-set size
-    for it. Virtual accelerators (test mode): each gets an equal share of available RAM, as does the CPU, so
-    that together they never promise more RAM than there is."""
+    """Free memory of each accelerator (accelerate's `get_max_memory`; MPS: torch's recommended working set;
+    virtual ones and the CPU: equal shares of available RAM) and available RAM, minus the margins."""
     accelerators = detect_accelerators()
     available = _available_ram()
     if accelerators.virtual:
@@ -147,9 +131,8 @@ def detect_budgets() -> Budgets:
 
 def _mps_recommended_bytes(available: int) -> int:
     """Metal's recommended working-set size (what the MPS allocator may use of the shared RAM)."""
-    recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
     try:
-        return int(recommended()) if recommended is not None else available
+        return int(torch.mps.recommended_max_memory())
     except RuntimeError:  # an MPS backend reported available that cannot answer: share RAM as the CPU does
         return available
 
@@ -162,8 +145,6 @@ def apply_cpu_margin(available: int) -> int:
     return max(0, available - int(available * CPU_MARGIN))
 
 
-def _detected_cpu_budget() -> int:
-    return apply_cpu_margin(_available_ram())
 
 
 def _available_ram() -> int:

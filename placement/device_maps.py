@@ -1,6 +1,4 @@
-"""Device maps `{module or tensor path: device}`: how paths own tensors, how maps are merged and flattened,
-and what one says about a module (which device each tensor gets, whether it needs hooks, whether it names a
-single device). Planning, the loader and the runtime all read device maps through this one module.
+"""Device maps `{module or tensor path: device}`, read by planning, the loader and the runtime through this module.
 
 Paths are relative to the module a map places; "" is the module itself. A key owns every tensor under it,
 and the longest key wins (`{"": "cpu", "blocks.0": 0}` puts block 0 on accelerator 0, the rest on the CPU).

@@ -1,16 +1,8 @@
-"""Devices as the device maps spell them: accelerator indices are plain ints, then "cpu" and "disk".
+"""Devices as the device maps spell them (accelerate's `hf_device_map`): accelerator ints, then "cpu" and "disk".
 
-This is the spelling of accelerate, diffusers and transformers `hf_device_map`s; `torch.device("cuda:1")`,
-"cuda:1" and 1 all normalise to 1 so that maps compare equal whatever the user typed.
-
-`detect_accelerators()` is the one place that says which accelerators this machine has, and `torch_device()`
-the one seam where a planned accelerator index becomes a real torch device: CUDA, else XPU, else Apple MPS
-(one device, "mps"). The test mode `PLACEMENT_VIRTUAL_ACCELERATORS=N` (read at every call) makes the library
-see N accelerators backed by the CPU: plans, loads and hooks are those of an N-GPU machine, tensors live in RAM.
-It is strict (`placement.virtual`): accelerator k is the torch device `vgpu:k`, each tensor stays on the virtual
-device it was moved to, and mixing two devices in one op raises as on CUDA. `PLACEMENT_VIRTUAL_STRICT=0` turns
-that off (every virtual accelerator is then the plain CPU device), for what a Python backend cannot do: see
-`strict_virtual_accelerators()`.
+`detect_accelerators()` is the one place that says which accelerators this machine has, and `torch_device()` the
+one seam where a planned index becomes a torch device (CUDA, else XPU, else MPS). `PLACEMENT_VIRTUAL_ACCELERATORS=N`
+makes the library see N CPU-backed accelerators, strict (`placement.virtual`) unless `PLACEMENT_VIRTUAL_STRICT=0`.
 """
 
 from __future__ import annotations
@@ -35,11 +27,7 @@ def normalize_device(spec) -> Device:
     """0 / "0" / "cuda" / "cuda:1" / torch.device -> int; "cpu" / "disk" as they are; else an error."""
     if isinstance(spec, torch.device):
         spec = str(spec)
-    if isinstance(spec, bool):
-        raise InvalidDeviceError(_invalid(spec))
-    if isinstance(spec, int):
-        if spec < 0:
-            raise InvalidDeviceError(_invalid(spec))
+    if is_accelerator(spec) and spec >= 0:
         return spec
     if isinstance(spec, str):
         text = spec.strip().lower()
@@ -84,10 +72,9 @@ def detect_accelerators() -> Accelerators:
         return Accelerators(count=virtual, kind=BACKEND_NAME if strict_virtual_accelerators() else "cpu", virtual=True)
     if torch.cuda.is_available():
         return Accelerators(count=torch.cuda.device_count(), kind="cuda")
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
+    if torch.xpu.is_available():
         return Accelerators(count=torch.xpu.device_count(), kind="xpu")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.backends.mps.is_available():
         return Accelerators(count=1, kind="mps")
     return Accelerators(count=0, kind="cuda")
 
@@ -111,14 +98,9 @@ def virtual_accelerator_count() -> int | None:
 
 
 def strict_virtual_accelerators() -> bool:
-    """Whether virtual accelerators are strict (the default): `PLACEMENT_VIRTUAL_STRICT=0` says they are not.
-
-    The escape hatch exists for what torch's Python backend cannot do: autograd's backward pass through a
-    virtual accelerator other than 0 (the engine sizes its device queues from a C++ device count a Python
-    backend cannot set) and `torch.Generator(device="vgpu")` (no generator hooks for a Python backend).
-    safetensors knows only real device types: read onto "cpu" for a virtual one (`safetensors_device`).
-    Everything else a pipeline does runs strict (`cpu_param.data = virtual_tensor` too, as diffusers' group
-    offloading does it: `placement.virtual.DATA_PROPERTY`)."""
+    """Whether virtual accelerators are strict (the default; `PLACEMENT_VIRTUAL_STRICT=0`: not), the escape hatch
+    for what a Python backend cannot do: backward through a virtual accelerator other than 0 (autograd sizes its
+    device queues from a C++ count) and `torch.Generator(device="vgpu")`."""
     text = os.environ.get(VIRTUAL_STRICT_ENV, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
         return True
@@ -128,12 +110,8 @@ def strict_virtual_accelerators() -> bool:
 
 
 def torch_device(device: Device, accelerators: Accelerators | None = None) -> torch.device:
-    """The torch.device that executes on `device` ("disk" executes nowhere: its weights stream to an accelerator).
-
-    An accelerator index maps to this machine's accelerator type ("cuda:1", "xpu:1", "mps"; a virtual one to
-    "vgpu:1", or "cpu" when not strict); on a machine without accelerators it maps to "cuda:N", which fails where
-    it is used, not here. `accelerators`: what `detect_accelerators()` found, when the caller already asked (a load
-    asks once)."""
+    """The torch.device that executes on `device` ("cuda:1", "xpu:1", "mps", "vgpu:1"; "disk" executes nowhere).
+    Without accelerators an index maps to "cuda:N", which fails where it is used, not here."""
     check_can_execute(device, what="execution device")
     if device == "cpu":
         return torch.device("cpu")

@@ -1,41 +1,11 @@
-"""The Plan as pictures: `Plan.to_svg()`, and the predicted call as a trace (`Plan.timeline()`) in Chrome's trace
-format, which the runtime's `hooks.trace_calls()` writes too.
+"""The Plan as pictures: `Plan.to_svg()` (plain SVG, no plotting dependency) and the predicted call as a Chrome
+trace (`Plan.timeline()`), in the format the runtime's `hooks.trace_calls()` records a real call in, so a
+measured call and a predicted one open side by side in Perfetto.
 
-`plan_svg`: plain SVG (no plotting dependency; opens in any browser). Top: the verdict (with the predicted
-seconds per call when FLOPs are known), and whether the plan is simulated (for accelerators the planning
-machine lacks). Then one bar per device, the full width being its budget: each component's weights on it (one
-colour per component), the activations, the streaming working set, the runtime overhead and what is left, each
-labelled with its size (in the bar when it is wide enough, always in the line under it); under an accelerator
-the map leaves empty, why (`Plan.left_empty`). Then what crosses from host memory to the accelerators per
-call: a bar per component that moves anything (its bytes per call: loaded once, plus runs x streamed), and the
-total with its time at the plan's link bandwidth. Bottom: the components in execution order, coloured as in
-the bars, with the edges that cross devices drawn as arrows.
-
-`timeline`: the predicted call, in the format `hooks.trace_calls()` records the real one.
-
-Seconds per call (`time_model`) are one number; a timeline shows where they go: per component and run, each
-block computing, each copy beside the compute that hides it. It replays the plan with the time model's
-rates and its overlap rules, the way the runtime moves things (`hooks.residency`):
-- a component's per-call modules are copied when its phase starts (its first run), one after another, and its
-  first run waits for them all;
-- at every run its streamed blocks are copied one at a time on one copy track: a run's first streamed block
-  when the run starts, each later one when the streamed block before it starts computing; a block computes
-  once the block before it is done and its own copy has arrived;
-- the other units (resident, loaded per call) compute when their turn comes.
-The units are the plan's own: the component's device-map entries in execution order, with the modules its
-transfer lists but its map does not name (`{"": "cpu"}` offloaded whole) in their place. A unit's compute is
-its share of the run's compute by bytes (streamed blocks `streamed_per_run_bytes` shared equally, the others
-the rest shared equally), as the time model takes it. Times start at 0 for the first component; components
-run one after another in execution order, as `seconds_per_call` adds them.
-
-`chrome_trace`: traces of a call in Chrome's trace format (`{"traceEvents": [...]}`), as Perfetto and
-chrome://tracing open.
-
-Two sources write the same format, so a measured call and a predicted one open side by side: the runtime's
-`hooks.trace_calls()` (what it did) and `Plan.timeline()` (what the time model says it will do). Both are lists
-of `TraceEvent`s -- a copy issued / done, a block's compute started / ended, each at a time, on a device --
-and `chrome_trace` pairs them into spans: per device one process with a compute track and a copy track, a
-component's run spanning its blocks' compute.
+The timeline replays the plan with the time model's rates and overlap rules, the way `hooks.residency` moves
+weights: per-call modules copied one after another at the phase's start (the first run waits for them), streamed
+blocks copied one at a time, each issued when the block before it starts computing; a unit computes its share
+of the run by bytes once the unit before it is done and its copy has arrived.
 """
 
 from __future__ import annotations
@@ -162,7 +132,6 @@ def _device_row(device, plan: Plan, colours, y: int) -> list[str]:
 
 
 def _transfer_rows(plan: Plan, colours, y: int) -> tuple[list[str], int]:
-    """The bytes each component moves per call (bars to a common scale) and the total, with times."""
     total = plan.transfer_bytes_per_call
     if total is None:
         return [], y  # a plan written before the transfer model
@@ -193,7 +162,6 @@ def _transfer_rows(plan: Plan, colours, y: int) -> tuple[list[str], int]:
 
 
 def _key(y: int) -> list[str]:
-    """Swatches for the parts of a bar that are not a component's weights."""
     parts, x = [_text(MARGIN, y + 11, "key:", size=11)], MARGIN + 40
     for name, colour in [*KIND_COLOURS.items(), ("left", LEFT_COLOUR)]:
         parts.append(f'<rect x="{x}" y="{y + 1}" width="12" height="12" fill="{colour}" stroke="#555" '
@@ -232,7 +200,6 @@ def _component_row(plan: Plan, colours, y: int) -> list[str]:
 
 
 def _wrapped(content: str, *, size: int, width: float) -> list[str]:
-    """`content` in lines that fit `width` (none for empty content)."""
     lines: list[str] = []
     for word in content.split():
         if lines and _text_width(f"{lines[-1]} {word}", size) <= width:
@@ -262,9 +229,8 @@ _TRACKS = {"compute": 0, "copy": 1}
 
 @dataclass(frozen=True, kw_only=True)
 class TraceEvent:
-    """One thing done in a call: `kind` (the constants above), of `block` (a module path in `component`; "" is
-    the component's own run) on `place` (the plan's spelling of a device), at `time_us` from the start; `nbytes`
-    for copies."""
+    """One thing done in a call: `kind` (the constants above) of `block` ("" is the component's own run) on
+    `place` (a plan device), at `time_us` from the start."""
 
     kind: str
     component: str
@@ -275,7 +241,8 @@ class TraceEvent:
 
 
 def chrome_trace(events: Sequence[TraceEvent]) -> dict:
-    """The events as Chrome trace JSON: starts paired with their ends (the innermost open one, in order)."""
+    """The events as Chrome trace JSON: per device a process with a compute and a copy track; starts paired with
+    their ends (the innermost open one, in order)."""
     pids = _process_ids(event.place for event in events)
     spans, open_spans = [], defaultdict(deque)
     for event in events:
@@ -308,7 +275,6 @@ def _span(start: TraceEvent, end: TraceEvent, track: str, pid: int) -> dict:
 
 
 def _process_ids(places: Iterable[Device]) -> dict[Device, int]:
-    """Accelerator k is process k; the host after them."""
     seen = list(dict.fromkeys(places))
     accelerators = sorted(p for p in seen if isinstance(p, int))
     hosts = [p for p in seen if not isinstance(p, int)]
@@ -320,7 +286,6 @@ def _device_name(place: Device) -> str:
     return f"GPU {place}" if isinstance(place, int) else str(place).upper()
 
 
-__all__ = ["COMPUTE_END", "COMPUTE_START", "COPY_DONE", "COPY_ISSUED", "TraceEvent", "chrome_trace"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,7 +297,6 @@ class _Unit:
 
 
 def predicted_events(plan: Plan, gpu: Optional[GpuProfile] = None) -> list[TraceEvent]:
-    """The predicted call's events (module doc), in time order per track."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
     events: list[TraceEvent] = []
     now = 0.0
@@ -342,11 +306,12 @@ def predicted_events(plan: Plan, gpu: Optional[GpuProfile] = None) -> list[Trace
 
 
 def timeline(plan: Plan, gpu: Optional[GpuProfile] = None) -> dict:
-    """The predicted call as Chrome trace JSON (`{"traceEvents": [...]}`), for Perfetto."""
     return chrome_trace(predicted_events(plan, gpu))
 
 
 def _units(component: ComponentPlan) -> list[_Unit]:
+    """The device-map entries in order, the modules the transfer lists but the map does not name in their place;
+    streamed blocks share `streamed_per_run_bytes`, the others the rest."""
     transfer = component.transfer
     streamed = list(transfer.streamed_modules) if transfer else []
     per_call = list(transfer.per_call_modules) if transfer else []
@@ -370,7 +335,6 @@ def _units(component: ComponentPlan) -> list[_Unit]:
 
 def _component_events(component: ComponentPlan, gpu: GpuProfile, link: float, now: float,
                       events: list[TraceEvent]) -> float:
-    """Append one component's runs from `now` (seconds); return when it ends."""
     transfer = component.transfer
     runs = transfer.runs_per_call if transfer else 1
     place = component.execution_device
@@ -423,4 +387,3 @@ def _copy(event, unit: _Unit, start: float, speed: float) -> tuple[float, float]
     return done, done
 
 
-__all__ = ["predicted_events", "timeline"]

@@ -1,8 +1,7 @@
 """Typed errors of the planning layer, and the root of every error of this library.
 
-A type exists where a caller catches it: the stage bases, a device that is not one, a placement that does not
-fit. Everything else is said by the message, which quotes the input, gives the numbers and says what to do.
-The stage bases of bad input are `ValueError`s, so callers that catch those keep working.
+A type exists where a caller catches it; everything else is said by the message. The stage bases of bad input
+are `ValueError`s, so callers that catch those keep working.
 """
 
 

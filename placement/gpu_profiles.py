@@ -1,21 +1,10 @@
 """Device profiles: what one GPU computes and moves per second, so a plan can turn FLOPs and bytes into seconds.
 
-Each row is a datasheet's peak: dense tensor-core throughput (no 2:4 sparsity) for 16-bit (bf16/fp16 with fp32
-accumulate, what PyTorch's GEMMs use: on GeForce cards that is half the fp16-accumulate figure NVIDIA quotes first)
-and fp8 where the chip has it, plain fp32, the memory bandwidth and the host link (PCIe generation x lanes). Sources:
-NVIDIA's Ampere/Ada/Blackwell architecture whitepapers (RTX 3090/4090/5090), the L4, L20, L40S, A100, H100 and H200
-datasheets, AMD's MI300X datasheet. Nobody reaches a peak: the `*_EFFICIENCY` constants below say what share a real
-run typically gets, and the time model (`time_model`) multiplies by them.
-
-A profile is chosen by `gpu=` ("rtx4090", "H100", "NVIDIA GeForce RTX 4090": names are matched loosely), else by
-`torch.cuda.get_device_name()` when the plan runs on this machine's CUDA GPU, else `DEFAULT_GPU` is assumed and the
-plan says so, as it does for the link speed.
-
-`gpu="measure"` measures this process's current CUDA GPU instead (`measure_gpu_profile`: a short bf16 and fp32
-matmul, a device-to-device copy and a pinned host -> GPU copy, timed with CUDA events, once per process and GPU), for
-a GPU the table does not know or one that runs off its datasheet (power-capped, MIG slice, PCIe riser). It is asked
-for, never the default: a measurement varies from run to run, and a plan made from a named profile is the same on
-every machine.
+Each row is a datasheet's dense peak (16-bit with fp32 accumulate, as PyTorch's GEMMs run: half the fp16-accumulate
+figure NVIDIA quotes first for GeForce cards; fp8; fp32), memory bandwidth and host link (NVIDIA's Ampere/Ada/
+Blackwell whitepapers and L4, L20, L40S, A100, H100, H200 datasheets; AMD's MI300X datasheet). The `*_EFFICIENCY`
+constants say what share of a peak a real run gets. `gpu="measure"` times this process's CUDA GPU instead, once per
+process: asked for, never the default, since a measurement varies from run to run and a named profile does not.
 """
 
 from __future__ import annotations
@@ -31,19 +20,16 @@ from pydantic import BaseModel, ConfigDict
 from .devices import detect_accelerators, is_accelerator
 from .errors import PlanError
 
-# Share of the datasheet's dense peak a diffusion model's forward reaches: large bf16 GEMMs run at 70-80% of peak,
-# attention (flash) at 50-70%, the normalisations and elementwise ops between them at memory speed; end to end a
-# DiT step lands near 60% on the GPUs measured by the field (e.g. FLUX.1-dev at 1024x1024 on an H100).
+# Share of the dense peak a diffusion forward reaches: GEMMs 70-80%, flash attention 50-70%, norms at memory
+# speed; a DiT step lands near 60% (e.g. FLUX.1-dev at 1024x1024 on an H100).
 COMPUTE_EFFICIENCY = 0.6
 # Share of the peak memory bandwidth a streaming kernel reaches (STREAM-like copies reach 80-90%).
 MEMORY_EFFICIENCY = 0.8
-# Share of the PCIe link a pinned host -> GPU copy sustains: protocol overhead (TLP headers, flow control) takes
-# ~15%, and copies of a few hundred MiB see ~25 GB/s on PCIe 4.0 x16 (31.5 GB/s raw) and ~50 GB/s on 5.0 x16.
+# Share of the PCIe link a pinned host -> GPU copy sustains after protocol overhead (~25 GB/s on PCIe 4.0 x16).
 LINK_EFFICIENCY = 0.8
 # GB/s per lane and direction, after line coding (128b/130b from gen 3 on).
 PCIE_LANE_GB_S = {3: 0.985, 4: 1.969, 5: 3.938}
-# What a component on the CPU computes per second: a desktop CPU's realistic PyTorch GEMM rate (16 cores with
-# AVX-512/AMX reach 1-2 TFLOPS fp32 at peak; half of it in bf16 models' mixed ops). 10-100x below any GPU here.
+# A desktop CPU's realistic PyTorch GEMM rate (16 AVX-512/AMX cores peak at 1-2 TFLOPS fp32; half in mixed ops).
 CPU_FLOPS = 0.5e12
 DEFAULT_GPU = "rtx4090"  # what a plan made without a GPU named or present assumes (PCIe 4.0 x16, like the link)
 
@@ -61,15 +47,13 @@ class GpuProfile(BaseModel):
     memory_gb_s: float
     pcie_gen: int
     pcie_lanes: int = 16
-    # A measured profile's own pinned host -> GPU rate (bytes/s, already sustained: no efficiency applied) and
-    # where its numbers come from, in words; both None for a datasheet row.
+    # A measured profile's sustained pinned host -> GPU bytes/s and its numbers' source; None for a datasheet row.
     measured_link_bytes_per_s: Optional[float] = None
     source: Optional[str] = None
 
     @property
     def link_bytes_per_s(self) -> float:
-        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), to 0.1 GB/s; a
-        measured profile's measured rate."""
+        """Host -> GPU bytes/s a pinned copy sustains (`LINK_EFFICIENCY` of the PCIe link), or the measured rate."""
         if self.measured_link_bytes_per_s is not None:
             return self.measured_link_bytes_per_s
         return round(PCIE_LANE_GB_S[self.pcie_gen] * self.pcie_lanes * LINK_EFFICIENCY, 1) * 1e9
@@ -82,10 +66,8 @@ class GpuProfile(BaseModel):
         return f"PCIe {self.pcie_gen}.0 x{self.pcie_lanes}, {raw:.1f} GB/s x {LINK_EFFICIENCY:g}"
 
     def flops_per_s(self, dtype: Optional[str]) -> float:
-        """FLOP/s a forward in `dtype` (a plan's dtype label: "bfloat16 (requested)", "float32 (as built)",
-        "nf4 (bitsandbytes), compute bfloat16 (checkpoint)") reaches: `COMPUTE_EFFICIENCY` of the peak. fp32 runs
-        on the plain cores (PyTorch does not use TF32 for matmuls by default); every other dtype computes in 16
-        bits: fp8 layerwise casting and int8/nf4 quantization store weights small but upcast them for the matmul."""
+        """FLOP/s a forward in `dtype` (a plan's dtype label) reaches. fp32 runs on the plain cores (no TF32 by
+        default); every other dtype computes in 16 bits (fp8, int8, nf4 weights are upcast for the matmul)."""
         peak = self.fp32_tflops if compute_dtype(dtype) in ("float32", "float64") else self.bf16_tflops
         return peak * 1e12 * COMPUTE_EFFICIENCY
 
@@ -140,8 +122,7 @@ _BY_NORMAL = {**{_normalise(k): k for k in PROFILES}, **{_normalise(p.name): k f
 
 
 def gpu_profile(name: "str | GpuProfile") -> GpuProfile:
-    """The profile `name` names (its key, its vendor name, or `torch.cuda.get_device_name()`'s answer); a profile
-    is returned as it is. Raises `PlanError` listing the known ones, closest first."""
+    """The profile `name` names (key, vendor name or CUDA's device name); else `PlanError`, closest first."""
     if isinstance(name, GpuProfile):
         return name
     if isinstance(name, str) and name.strip().lower() in MEASURE_NAMES:
@@ -155,14 +136,13 @@ def gpu_profile(name: "str | GpuProfile") -> GpuProfile:
     keys = list(dict.fromkeys(_BY_NORMAL[c] for c in close))
     hint = f" Did you mean {' or '.join(repr(key) for key in keys)}?" if keys else ""
     raise PlanError(f"gpu={name!r} names no GPU profile this library knows.{hint} Known: "
-                          f"{', '.join(PROFILES)}. For another GPU, pass link_bandwidth= for its host link; the "
-                          "compute times then assume the closest profile you name.")
+                    f"{', '.join(PROFILES)}. For another GPU, pass link_bandwidth= for its host link; the "
+                    "compute times then assume the closest profile you name.")
 
 
 def match_device_name(device_name: str) -> Optional[GpuProfile]:
-    """The profile for a device name as CUDA reports it ("NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3",
-    "NVIDIA A100-SXM4-40GB"), or None. Exact after normalising, else the longest key the name contains
-    ("NVIDIA H100 PCIe" -> h100: the same chip, its PCIe card a little slower)."""
+    """The profile for a device name as CUDA reports it, or None: exact after normalising, else the longest key
+    the name contains ("NVIDIA H100 PCIe" -> h100: the same chip, its PCIe card a little slower)."""
     normal = _normalise(device_name)
     if normal in _BY_NORMAL:
         return PROFILES[_BY_NORMAL[normal]]
@@ -173,9 +153,8 @@ def match_device_name(device_name: str) -> Optional[GpuProfile]:
 
 
 def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
-    """The profile a plan's seconds assume, and where it came from, in words: `gpu` as named; else the CUDA GPU of
-    this process the plan's first accelerator is (by `torch.cuda.get_device_name()`, when the table knows it);
-    else `DEFAULT_GPU`, assumed."""
+    """The profile a plan's seconds assume, and where it came from: `gpu` as named; else this process's CUDA GPU
+    the plan's first accelerator is, when the table knows it; else `DEFAULT_GPU`, assumed."""
     if gpu is not None:
         profile = gpu_profile(gpu)
         return profile, profile.source or "named (gpu=)"
@@ -191,24 +170,20 @@ def choose_gpu(gpu, accelerators) -> tuple[GpuProfile, str]:
     return PROFILES[DEFAULT_GPU], "assumed: no GPU named (gpu=) or present"
 
 
-# What `gpu=` takes to measure this machine's GPU; "measured" is a measured profile's key, so a plan's recorded
-# inputs (`PlanInputs.gpu`) replan on the same measurement.
+# "measured" is a measured profile's key, so a plan's recorded inputs replan on the same measurement.
 MEASURE_NAMES = ("measure", "measured")
 MATMUL_SIDE = 4096  # a square GEMM large enough for the tensor cores' sustained rate: 137 GFLOP, well under 1 s
 COPY_BYTES = 256 * 1024**2  # device -> device copy: past every cache, at HBM/GDDR speed
 MEASURE_REPEATS = 10
-# Share of the datasheet peak a large square bf16/fp32 GEMM reaches (cuBLAS: 70-80%); a measured GEMM rate is
-# divided by it so that `COMPUTE_EFFICIENCY` turns it into a model's rate as it does a datasheet peak.
+# Share of the peak a large square GEMM reaches (cuBLAS: 70-80%): a measured rate over it is a peak equivalent.
 GEMM_EFFICIENCY = 0.75
 _MEASURED: dict[int, GpuProfile] = {}
 
 
 def measure_gpu_profile(index: Optional[int] = None) -> GpuProfile:
-    """This process's CUDA GPU `index` (default: the current one) measured, once per process and GPU: bf16 and
-    fp32 matmul FLOP/s (divided by `GEMM_EFFICIENCY` into peak equivalents), memory bytes/s from a device copy
-    (divided by `MEMORY_EFFICIENCY`) and the pinned host -> GPU copy rate (`measure_cuda_link`,
-    kept as measured). fp8 and the PCIe generation come from the table's row for its name when there is one.
-    Raises `PlanError` without a CUDA GPU."""
+    """CUDA GPU `index` (default: the current one) measured once per process: matmul FLOP/s and device copy
+    bytes/s turned into peak equivalents (`GEMM_EFFICIENCY`, `MEMORY_EFFICIENCY`), the pinned link as measured;
+    fp8 and the PCIe generation from the table's row for its name."""
     if not torch.cuda.is_available():
         raise PlanError("gpu='measure' measures this machine's CUDA GPU, and torch.cuda.is_available() is False "
                         f"here; name a profile instead ({', '.join(PROFILES)}).")
@@ -225,8 +200,8 @@ REPEATS = 5
 
 @functools.cache
 def measure_cuda_link(index: int) -> Optional[float]:
-    """Host -> cuda:`index` bytes/s of a pinned copy of `MEASURED_BYTES` (the best of `REPEATS`, after a warm-up
-    copy); None without CUDA or when the copy cannot be made (no room on the GPU)."""
+    """Host -> cuda:`index` bytes/s of a pinned copy (the best of `REPEATS` after a warm-up); None without CUDA or
+    room on the GPU."""
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():
         return None
     device = torch.device("cuda", index)
@@ -274,7 +249,9 @@ def _measured(index: int) -> GpuProfile:
                 f"device copy {memory / 1e9:.0f} GB/s, pinned host -> GPU {link / 1e9:.1f} GB/s"))
 
 
-def _cuda_device(index: int) -> torch.device:
+
+
+def _cuda_device(index: int) -> torch.device:  # the seam tests replace to run the measurement on the CPU
     return torch.device("cuda", index)
 
 
@@ -304,5 +281,5 @@ def _copy_bytes_per_s(device: torch.device) -> float:
     return 2 * COPY_BYTES / _timed(lambda: target.copy_(source), MEASURE_REPEATS)
 
 
-__all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY", "MEMORY_EFFICIENCY",
-           "PROFILES", "gpu_profile", "match_device_name", "measure_gpu_profile"]
+__all__ = ["choose_gpu", "COMPUTE_EFFICIENCY", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY",
+           "MEMORY_EFFICIENCY", "PROFILES", "gpu_profile", "match_device_name", "measure_gpu_profile"]

@@ -1,23 +1,9 @@
 """Host memory: the RAM a placement needs, which of it is pinned, and whether the CPU budget holds it.
 
-Host RAM is planned like an accelerator's memory, from the plan's components (docs/design.md, "Seconds, not only
-bytes"):
-
-- host-homed weights: every byte a device map homes on "cpu", once (a component computing on the CPU and one
-  streamed from CPU RAM alike). The runtime keeps one copy: the loader reads the checkpoint into the module's own
-  tensors, and the stores of the per-call units and streamed blocks take those tensors, not copies of them.
-- staging: disk-homed weights pass through host RAM on their way to the execution device. What is in flight at
-  once is the component's streaming working set (`ComponentPlan.streamed_unit_bytes`: its loads of the call and
-  the blocks in flight, one computing while the next is read ahead), at most its disk-homed bytes. The largest
-  component's staging counts (components run one after another, so their staging is never held together).
-- pinned: only what moves per call between host RAM and a CUDA accelerator is pinned (page-locked RAM the OS
-  cannot reclaim): the host-homed bytes of the per-call and streamed modules of components executing on an
-  accelerator, and the staging. Each is pinned once, where it rests (a store pins its tensor and drops the
-  unpinned one, one tensor at a time), never as a second full copy. Resident weights and weights a component
-  computes on the CPU are not pinned. Nothing is pinned where the accelerators are not CUDA GPUs.
-
-Interpreter, libraries and activations of a component computing on the CPU come on top; the plan's "cpu" budget
-is for weights, as the accelerators' budgets are (their activations are counted apart, in the device table).
+Counted from the plan's components (docs/design.md, "Seconds, not only bytes"): host-homed weights once (the
+runtime's stores take the module's own tensors, not copies); staging for disk-homed weights, the largest
+component's streaming working set (components run one after another); pinned, only what moves per call to a CUDA
+accelerator, pinned where it rests. Interpreter, libraries and CPU activations come on top.
 """
 
 from __future__ import annotations
@@ -92,10 +78,8 @@ def host_memory(components: Mapping[str, ComponentPlan], devices: list[DevicePla
 
 
 def budget_note(memory: HostMemory) -> Optional[str]:
-    """A warning with the numbers, and what to do, when the "cpu" budget cannot hold the host RAM the plan needs
-    (None when it can): the verdict shows it. A warning, not a refusal: the strategies budget host RAM for the
-    weights homed there, and may stream a component from disk through a smaller RAM budget on purpose (when
-    nothing else runs it on an accelerator); the staging it then needs is what this says."""
+    """A warning when the "cpu" budget cannot hold the host RAM the plan needs (None when it can); not a refusal:
+    a strategy may stream a component from disk through a smaller RAM budget on purpose."""
     short = memory.over_budget
     if short is None:
         return None

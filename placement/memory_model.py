@@ -1,23 +1,10 @@
 """Predicted peak memory per device, phase by phase, kept up to date while a strategy places components.
 
-A pipeline call runs its components one after another; while component k runs (k's *phase*), a device holds
-
-    the resident weights of every component placed on it (on the device across calls: `weights`)
-  + what k's phase brings to it (its `phase` bytes): k's activations, the weights k loads for the call when
-    its phase starts (`ComponentTransfer.loaded_per_call_bytes`) and k's stream buffers (the blocks in flight)
-  + a runtime overhead (accelerators only, and only when activations are accounted)
-
-and the predicted peak is the largest of these over the phases. The resident weights are the same in every
-phase, so the peak is `weights + the largest phase + overhead`: a component's phase bytes never add to
-another's. A component's phase bytes on its execution device: its activation peak (from `estimate_activations`,
-for the call the user will make), plus, when it is offloaded or on disk, its streaming working set: the weights
-loaded for the call and the blocks in flight (`streaming.streaming_working_set` when it loads nothing more than
-it must). A split component's phase charges its full activation peak to every accelerator it spans:
-conservative (each device holds only its part of the work), and it keeps a split from being planned onto a
-device whose leftover room is exactly its weights.
-
-Without activations (the caller made no call spec) a phase holds only streamed weights, the overhead is zero,
-and explicit budgets are honoured byte for byte; the plan then says activations were not accounted for.
+While component k runs (its *phase*), a device holds every resident weight placed on it, what k's phase brings
+(its activations, the weights it loads for the call, its blocks in flight) and a runtime overhead (accelerators,
+only with activations accounted): the peak is `weights + the largest phase + overhead`. A split component charges
+its full activation peak to every accelerator it spans: conservative, and it keeps a split off a device whose
+leftover room is exactly its weights. Without activations explicit budgets are honoured byte for byte.
 """
 
 from __future__ import annotations
@@ -29,11 +16,8 @@ from .budgets import Budgets
 from .devices import Device, is_accelerator
 from .plan_schema import DevicePlan
 
-# What an accelerator needs beyond tensors the plan sees: the CUDA context with the cuBLAS/cuDNN workspaces
-# (300-600 MiB on current GPUs, allocated outside PyTorch's caching allocator, so no weight or activation
-# estimate contains it) plus the caching allocator's rounding and fragmentation during a forward (a few
-# hundred MiB at diffusion-model sizes). 1 GiB covers both with a little room; it is charged once per
-# accelerator that holds weights or executes something.
+# Charged once per accelerator in use: the CUDA context with cuBLAS/cuDNN workspaces (300-600 MiB, outside the
+# caching allocator) plus the allocator's rounding and fragmentation during a forward (a few hundred MiB).
 ACCELERATOR_RUNTIME_OVERHEAD = 1024**3
 
 
@@ -131,17 +115,9 @@ class Ledger:
                 continue  # an unused, unlimited disk says nothing worth a row
             overhead = self.overhead(device, used=load.used)
             peak = load.weights + load.transient + overhead
-            plans.append(
-                DevicePlan(
-                    device=device,
-                    budget=load.budget,
-                    detected=load.detected,
-                    weight_bytes=load.weights,
-                    activation_peak=load.transient,
-                    overhead=overhead,
-                    predicted_peak=peak,
-                    left=None if load.budget is None else load.budget - peak,
-                    phases={name: n for name, n in load.phases.items() if n},
-                )
-            )
+            plans.append(DevicePlan(
+                device=device, budget=load.budget, detected=load.detected, weight_bytes=load.weights,
+                activation_peak=load.transient, overhead=overhead, predicted_peak=peak,
+                left=None if load.budget is None else load.budget - peak,
+                phases={name: n for name, n in load.phases.items() if n}))
         return plans

@@ -1,29 +1,10 @@
-"""The Plan: the single output of planning, a frozen pydantic model with no torch objects inside.
+"""The Plan: the single output of planning, a frozen pydantic model with no torch objects inside, and its JSON.
 
-Devices are spelled as in every device map: ints for accelerators, "cpu", "disk". The JSON round trip gives
-the ints back as ints (pydantic's smart union keeps `0` an int and `"cpu"` a string).
-
-The JSON (`plan.to_json()`) carries `schema_version` (SCHEMA_VERSION; files written before it existed are
-version 1 and still load), the `inputs` the plan was made for, and the derived `verdict`. Its JSON Schema is
-`Plan.model_json_schema(mode="serialization")`.
-
-One memory vocabulary, shared by `explain()`, `to_svg()` and the JSON, per device, phase by phase (a phase is
-the time one component runs; `memory_model`): weights (resident: held in every phase), activations (only when
-a call was planned for), streaming working set (host-homed weights the running component keeps on its
-execution device: those it loads once per call, `loaded_per_call`, and its blocks in flight), runtime overhead,
-predicted peak (weights + the largest phase + overhead: the largest over the phases, `DevicePlan.phase_peaks`),
-left (budget minus predicted peak). The device's activations / streaming working set / loaded per call are those
-of the phase that sets its peak (`DevicePlan.peak_phase`).
-
-What crosses the bus per call (`ComponentPlan.transfer`, `Plan.transfer_bytes_per_call`) is counted host ->
-accelerator in steady state, and turned into seconds at `Plan.link_bandwidth` (bytes/s: the caller's; else
-measured when the plan moves weights to this machine's CUDA GPUs, `transfers.inputs.link_speed`; else 25 GB/s, PCIe
-4.0 x16, assumed; `link_bandwidth_source` says which).
-
-Seconds per call (`Plan.seconds_per_call`, `Plan.time_per_call()`: `time_model`) add compute to the copies: each
-component's FLOPs per run at the call's shapes (`ComponentPlan.flops_per_run`, counted with the activation
-estimate), on the plan's GPU profile (`Plan.gpu`: named by the caller, else this machine's CUDA GPU by its name,
-else `gpu_profiles.DEFAULT_GPU` assumed; `gpu_source` says which), with the copies that compute does not hide.
+Devices are spelled as in every device map: ints for accelerators, "cpu", "disk" (pydantic's smart union keeps
+`0` an int through JSON). The memory vocabulary shared by `explain()`, `to_svg()` and the JSON: weights
+(resident), activations, streaming working set (host-homed weights the running component holds), runtime
+overhead, predicted peak (weights + the largest phase + overhead), left. Bytes moved per call become seconds at
+`link_bandwidth`; FLOPs per run become seconds on the `gpu` profile (`time_model`).
 """
 
 from __future__ import annotations
@@ -44,17 +25,9 @@ from .reports import explain_plan, fullest_device, verdict_warnings, with_breakd
 from .sizes import format_bytes
 from .time_model import DISK_BYTES_PER_S, PCIE_BYTES_PER_S, plan_time, time_line
 
-# 1: files written before the version existed (no schema_version, inputs, verdict or memory breakdown).
-# 2: adds schema_version, inputs, verdict, DevicePlan.activations and DevicePlan.streaming_working_set.
-# 3: adds the transfer model: ComponentPlan.transfer, Plan.link_bandwidth (and its source), the derived
-#    Plan.transfer_bytes_per_call / transfer_seconds_per_call, DevicePlan.phases and .loaded_per_call,
-#    PlanInputs.runs_per_call / link_bandwidth. Older files load with transfer None and no phases.
-# 4: adds the time model: ComponentPlan.flops_per_run / bytes_touched_per_run, Plan.gpu (and its source), the
-#    derived Plan.seconds_per_call, PlanInputs.gpu. Older files load with no FLOPs (seconds_per_call None).
-# 5: adds host memory (the derived Plan.host_memory) and the disk read speed the seconds assume
-#    (Plan.disk_read_bandwidth and its source). Older files load with the assumed disk speed.
+# 1: no schema_version (older files). 2: inputs, verdict, memory breakdown. 3: the transfer model (older files:
+# transfer None, no phases). 4: the time model (older: no FLOPs). 5: host memory and the disk read speed.
 SCHEMA_VERSION = 5
-# Host -> accelerator bandwidth assumed when none is given: PCIe 4.0 x16 with pinned memory, sustained.
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 DEFAULT_DISK_SOURCE = "assumed: NVMe"
@@ -63,10 +36,12 @@ DEFAULT_DISK_SOURCE = "assumed: NVMe"
 PlanDevice = Annotated[Union[StrictInt, str], AfterValidator(normalize_device)]
 
 
-class PlanInputs(BaseModel):
-    """What the plan was asked for, so that a JSON file says what it answers."""
-
+class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanInputs(FrozenModel):
+    """What the plan was asked for, so that a JSON file says what it answers."""
 
     strategy: Any  # as given: a name, a device, or {component: device | {submodule: device}}
     max_memory: Optional[dict[PlanDevice, int]]  # in bytes; None: detected on the planning machine
@@ -76,14 +51,12 @@ class PlanInputs(BaseModel):
     runs_per_call: Optional[dict[str, int]] = None  # as given (components not named run once)
     link_bandwidth: Optional[float] = None  # bytes/s as given (None: the default was assumed)
     gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
-    # The accelerators the planning machine had (virtual ones included); a plan for more is simulated for them
-    # (`Plan.simulated_accelerators`). None in files written before it was recorded.
+    # The accelerators the planning machine had (virtual ones included); a plan for more is simulated.
     accelerators_present: Optional[int] = None
 
     @classmethod
     def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
                link_bandwidth=None, accelerators_present=None, gpu=None) -> "PlanInputs":
-        """The inputs as JSON can hold them: devices and dtypes as strings, budgets in bytes."""
         return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
                    offload_folder=None if offload_folder is None else str(offload_folder), call=call,
                    runs_per_call=None if runs_per_call is None else dict(runs_per_call),
@@ -91,7 +64,7 @@ class PlanInputs(BaseModel):
 
 
 def _plain(value: Any) -> Any:
-    """torch.device / torch.dtype -> "cuda:1" / "bfloat16"; dicts recursively; ints, strings and None as they are."""
+    """torch.device / torch.dtype -> "cuda:1" / "bfloat16"; dicts recursively; ints, strings and None kept."""
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
     if value is None or isinstance(value, (int, str)):
@@ -109,29 +82,13 @@ class PlacementKind(str, Enum):
     DISK = "disk"  # weights on disk, streamed to the execution device
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ComponentTransfer(_Frozen):
-    """What crosses the host -> accelerator bus for one component, per call, in steady state (the pipeline is
-    called again and again): docs/design.md "When it does not fit: what moves per call".
-
-    Three residency levels, at module granularity (keys relative to the component, like `device_map`):
-    - resident: on its accelerator across calls (the `device_map` entries that name an accelerator);
-    - per call (`per_call_modules`): homed on the host (`device_map` says "cpu"/"disk"), brought to the execution
-      device when the component's phase starts, kept through its `runs_per_call` runs, released when another
-      component's phase on that device needs the room (diffusers' model offload, at block granularity);
-    - streamed (`streamed_modules`): homed on the host, moved block by block at every run, next block prefetched.
-    Every host-homed module of a component that executes on an accelerator is in exactly one of the two lists,
-    and `device_map` places it (the key itself, or a prefix of it as `device_maps.owning_key` finds it) on "cpu"
-    or "disk". Streamed blocks the planned call never runs (a text-to-image VAE's encoder) move nothing: they
-    count in neither the bytes nor the stream buffer. Module granularity: the blocks of `streaming.block_groups` and the pieces of the rest
-    (`streaming.transfer_units`); only blocks stream, the rest is resident or loaded per call. A component whose
-    map cuts finer (a pinned map) lists its host-homed keys instead.
-
-    A component executing on the CPU moves nothing host -> accelerator (all zeros, nothing resident). The bytes
-    are exact for the plan; the seconds of a call are `bytes_per_call / Plan.link_bandwidth`.
+class ComponentTransfer(FrozenModel):
+    """What crosses the host -> accelerator bus for one component per call, in steady state (docs/design.md "When
+    it does not fit: what moves per call"): resident modules stay; per-call modules are loaded at the phase's
+    start and kept through its runs; streamed modules move block by block at every run. Every host-homed module
+    of a component executing on an accelerator is in one of the two lists; a CPU component moves nothing.
     """
 
     runs_per_call: int = 1
@@ -140,42 +97,33 @@ class ComponentTransfer(_Frozen):
     streamed_per_run_bytes: int = 0
     per_call_modules: list[str] = []
     streamed_modules: list[str] = []
-    # The blocks in flight at once while streaming (`cost.stream_buffer`: one computing, the next prefetched),
-    # on the execution device next to the per-call bytes; 0 when nothing streams.
+    # The blocks in flight at once while streaming (`cost.stream_buffer`: one computing, the next prefetched).
     stream_buffer_bytes: int = 0
-    # Per-call modules brought to another accelerator than the execution device (a component whose blocks may
-    # run on several: its phase's room there), module -> accelerator; the others come to the execution device.
+    # Per-call modules brought to another accelerator than the execution device, module -> accelerator.
     per_call_devices: dict[str, int] = {}
 
     @property
     def bytes_per_call(self) -> int:
-        """Host -> accelerator bytes one call moves for this component: loaded once, streamed at every run."""
         return bytes_per_call(loaded=self.loaded_per_call_bytes, streamed=self.streamed_per_run_bytes,
                               runs=self.runs_per_call)
 
 
 class MemoryTechnique(str, Enum):
-    """Memory techniques a plan turns on for a component: they lower its activation peak, not its weights."""
 
     VAE_TILING = "vae_tiling"  # decode (and encode) one overlapping spatial/temporal tile at a time
     VAE_SLICING = "vae_slicing"  # decode (and encode) one sample of the batch at a time
 
 
-class PlannedTechnique(_Frozen):
-    """A memory technique the plan turned on for a component (the load applies it), and why, with the numbers:
-    `activation_bytes_without` is the component's activation peak without it (its `activation_bytes` is with)."""
+class PlannedTechnique(FrozenModel):
+    """A memory technique the load applies for a component, why, and its activation peak without it."""
 
     technique: MemoryTechnique
     reason: str
     activation_bytes_without: Optional[int] = None
 
 
-class ComponentPlan(_Frozen):
-    """Where one component lives and where it runs.
-
-    `device_map` is relative to the component: `{"": 0}` whole, `{"blocks.0": 0, "blocks.1": 1, ...}` split,
-    `{"": "cpu"}` offloaded (executing on `execution_device`) or cpu, `{"": "disk"}` disk.
-    """
+class ComponentPlan(FrozenModel):
+    """Where one component lives (`device_map`, relative to it: `{"": 0}` whole) and where it runs."""
 
     name: str
     kind: PlacementKind
@@ -186,8 +134,7 @@ class ComponentPlan(_Frozen):
     device_map: dict[str, PlanDevice]
     placed_bytes: dict[PlanDevice, int]  # weight bytes per device, in device order (sums to `bytes`)
     activation_bytes: Optional[int] = None
-    # Host-homed weights on the execution device at once while it runs: loaded per call + blocks in flight (its
-    # streaming working set; `streaming.streaming_working_set` when it loads only what it must).
+    # Its streaming working set: host-homed weights on the execution device at once (per call + in flight).
     streamed_unit_bytes: int = 0
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy
     transfer: Optional[ComponentTransfer] = None  # None in files written before the transfer model existed
@@ -197,13 +144,9 @@ class ComponentPlan(_Frozen):
     bytes_touched_per_run: Optional[int] = None
 
 
-class DevicePlan(_Frozen):
-    """One device's budget and what the plan predicts it holds, phase by phase, and at its peak.
-
-    predicted_peak = weight_bytes + activation_peak + overhead: `weight_bytes` are resident (held in every
-    phase); `phases` says what each component's phase brings here beyond them (activations, weights loaded per
-    call, blocks in flight); activation_peak is the largest of those (the components run one after another).
-    """
+class DevicePlan(FrozenModel):
+    """One device's budget and what it holds: predicted_peak = resident weight_bytes + activation_peak (the
+    largest of `phases`, what each component's phase brings beyond them) + overhead."""
 
     device: PlanDevice
     budget: Optional[int]  # None: unlimited (disk without a "disk" budget)
@@ -213,18 +156,15 @@ class DevicePlan(_Frozen):
     overhead: int
     predicted_peak: int
     left: Optional[int]
-    # activation_peak split in the plan's vocabulary (filled by Plan from its components): the activations
-    # (None when no call was planned for) and the streaming working set of an offloaded component.
+    # activation_peak split in the plan's vocabulary, filled by Plan (activations None without a call).
     activations: Optional[int] = None
     streaming_working_set: int = 0
     loaded_per_call: int = 0  # the part of streaming_working_set loaded once per call (not streamed per run)
-    # component -> bytes its phase brings to this device beyond the resident weights (components whose phase
-    # brings nothing here are left out: their phase holds weight_bytes + overhead). Empty in files before v3.
+    # component -> bytes its phase brings here beyond the resident weights (none: left out; empty before v3).
     phases: dict[str, int] = {}
 
     @property
     def phase_peaks(self) -> dict[str, int]:
-        """component -> what this device holds while it runs (resident weights + its phase + overhead)."""
         return {name: self.weight_bytes + extra + self.overhead for name, extra in self.phases.items()}
 
     @property
@@ -236,19 +176,14 @@ class DevicePlan(_Frozen):
 
     @property
     def budget_source(self) -> str:
-        """Where the budget came from, in words."""
         if self.budget is None:
             return "unlimited (no budget given)"
         return "detected (free memory minus a margin)" if self.detected else "given (max_memory)"
 
 
-class Fallback(_Frozen):
-    """A component that could not be placed whole, the kind it got instead, and why (with the numbers).
-
-    `demoted`: the component was kept off the accelerators' resident room on purpose (streamed instead of
-    whole or split) because that let others execute on an accelerator rather than on the CPU; see
-    `strategies.search`.
-    """
+class Fallback(FrozenModel):
+    """A component that could not be placed whole, the kind it got instead, and why. `demoted`: streamed on
+    purpose so that others execute on an accelerator (`strategies.search`)."""
 
     component: str
     kind: PlacementKind
@@ -257,7 +192,6 @@ class Fallback(_Frozen):
 
 
 class VerdictKind(str, Enum):
-    """The plan's one-line answer, from best to worst."""
 
     FITS = "fits on accelerators"
     OFFLOADED = "fits with offloading"
@@ -265,9 +199,8 @@ class VerdictKind(str, Enum):
     NO_FIT = "does not fit"
 
 
-class Verdict(_Frozen):
-    """What a user reads first: the outcome, the fullest device's share of its budget, and the warnings that
-    matter (a device with under 5% left; a component streamed or on the CPU, with its cost per run)."""
+class Verdict(FrozenModel):
+    """What a user reads first: the outcome, the fullest device's share of its budget, the warnings that matter."""
 
     kind: VerdictKind
     fullest_device: Optional[PlanDevice]
@@ -296,7 +229,7 @@ _DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "
 DEFAULT_GPU_SOURCE = "assumed: no GPU named (gpu=) or present"
 
 
-class Plan(_Frozen):
+class Plan(FrozenModel):
     schema_version: int = SCHEMA_VERSION
     strategy: str
     components: dict[str, ComponentPlan]  # in execution order
@@ -308,8 +241,7 @@ class Plan(_Frozen):
     budget_margin: str = ""  # how detected budgets were derived, for explain()
     # The order the strategy placed components in: pinned ones first, demoted ones (streamed on purpose) last.
     placement_order: list[str] = []
-    # Why the strategy's map differs from diffusers' zig-zag map, with the numbers (empty when it does not), and
-    # why each accelerator it leaves empty holds nothing.
+    # Why the map differs from diffusers' zig-zag map, and why each accelerator it leaves empty holds nothing.
     map_reasons: list[str] = []
     left_empty: dict[PlanDevice, str] = {}
     inputs: Optional[PlanInputs] = None  # None in version-1 files
@@ -319,16 +251,14 @@ class Plan(_Frozen):
     # The GPU profile the seconds assume (None in files before v4: the default), and where it came from.
     gpu: Optional[GpuProfile] = None
     gpu_source: str = DEFAULT_GPU_SOURCE
-    # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from (stated or measured once
-    # on the checkpoint's drive, `transfers.inputs.measure_disk_read`).
+    # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from.
     disk_read_bandwidth: float = DISK_BYTES_PER_S
     disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
 
     @model_validator(mode="before")
     @classmethod
     def _read_version(cls, data: Any) -> Any:
-        """Old files (no schema_version) load as version 1; derived fields (the verdict, the transfer totals)
-        are recomputed, not read."""
+        """Old files (no schema_version) load as version 1; derived fields are recomputed, not read."""
         if isinstance(data, dict):
             data = {key: value for key, value in data.items() if key not in _DERIVED}
             version = data.get("schema_version", 1)
@@ -350,8 +280,7 @@ class Plan(_Frozen):
     @property
     def verdict(self) -> Verdict:
         devices, components = self.devices, list(self.components.values())
-        over = any(d.left is not None and d.left < 0 for d in devices)
-        if over:
+        if any(d.left is not None and d.left < 0 for d in devices):
             kind = VerdictKind.NO_FIT
         elif any(c.execution_device == "cpu" for c in components):
             kind = VerdictKind.PARTLY_CPU
@@ -376,14 +305,12 @@ class Plan(_Frozen):
     @computed_field
     @property
     def host_memory(self) -> HostMemory:
-        """The host RAM the placement needs: host-homed weights once, disk staging, what is pinned (`host_memory`)."""
         return host_memory(self.components, self.devices)
 
     @computed_field
     @property
     def transfer_bytes_per_call(self) -> Optional[int]:
-        """Host -> accelerator bytes one call moves in steady state: each component's loaded-per-call bytes plus
-        its runs times its streamed-per-run bytes (None for files written before the transfer model)."""
+        """Host -> accelerator bytes one call moves in steady state (None for files before the transfer model)."""
         transfers = [c.transfer for c in self.components.values()]
         if self.components and all(t is None for t in transfers):
             return None
@@ -392,29 +319,24 @@ class Plan(_Frozen):
     @computed_field
     @property
     def transfer_seconds_per_call(self) -> Optional[float]:
-        """`transfer_bytes_per_call` at `link_bandwidth`: the time a call spends moving weights, if nothing
-        overlaps it with compute (prefetching hides part of it on a GPU)."""
+        """`transfer_bytes_per_call` at `link_bandwidth`, as if nothing overlapped it with compute."""
         moved = self.transfer_bytes_per_call
         return None if moved is None else moved / self.link_bandwidth
 
     @computed_field
     @property
     def seconds_per_call(self) -> Optional[float]:
-        """Predicted seconds of one call on `gpu`: compute plus the copies compute does not hide (`time_model`);
-        None when no component's FLOPs are known (planned without a call, or a file written before v4)."""
+        """Predicted seconds of one call on `gpu` (`time_model`); None when no component's FLOPs are known."""
         if all(c.flops_per_run is None for c in self.components.values()):
             return None
         return self.time_per_call().seconds
 
     def time_per_call(self, gpu: "GpuProfile | str | None" = None):
-        """The seconds per call per component (`time_model.CallTime`: compute, copies, exposed copies), on the
-        plan's GPU profile or on `gpu` (a name, as `gpu=` takes it)."""
+        """`time_model.CallTime` on the plan's GPU profile or on `gpu` (a name, as `gpu=` takes it)."""
         return plan_time(self, None if gpu is None else gpu_profile(gpu))
 
     def timeline(self, gpu: "GpuProfile | str | None" = None) -> dict:
-        """The predicted call as Chrome trace JSON (`{"traceEvents": [...]}`, opens in Perfetto): each block's
-        compute and each copy on its device, as the time model sees them (`drawings.timeline`), in the format
-        `hooks.trace_calls()` records a real call in."""
+        """The predicted call as Chrome trace JSON (`drawings.timeline`), as `hooks.trace_calls()` records one."""
         return predicted_timeline(self, None if gpu is None else gpu_profile(gpu))
 
     def with_inputs(self, **changes: Any) -> "Plan":
@@ -449,8 +371,7 @@ class Plan(_Frozen):
 
     @property
     def simulated_accelerators(self) -> list[int]:
-        """The accelerators planned for that the planning machine did not have (the plan shows what they would
-        hold): `max_memory={0: "24GiB", 1: "24GiB"}` on a laptop."""
+        """The accelerators planned for that the planning machine did not have."""
         present = None if self.inputs is None else self.inputs.accelerators_present
         return [] if present is None else [d for d in self.accelerators if d >= present]
 
@@ -466,13 +387,12 @@ class Plan(_Frozen):
     _advised: Any = PrivateAttr(default=None)
 
     def __eq__(self, other: object) -> bool:
-        """Plans are equal when they place the same way: the advice a loader attaches is not part of the plan
-        (a plan read back from its JSON equals the one that was saved)."""
+        """Plans are equal when they place the same way: the advice a loader attaches is not part of the plan."""
         if not isinstance(other, Plan):
             return NotImplemented
         return type(self) is type(other) and self.__dict__ == other.__dict__
 
-    __hash__ = _Frozen.__hash__
+    __hash__ = FrozenModel.__hash__
 
     def with_advice(self, advice) -> "Plan":
         """A copy whose `advise()` calls `advice()` (once) for its lines."""
@@ -481,11 +401,8 @@ class Plan(_Frozen):
         return copy
 
     def advise(self) -> list[str]:
-        """The single changes that would do better than this plan ("Suggestion: with transformer in fp8 layerwise
-        casting (...) everything fits on GPU 0"), each found by planning again with that change: bfloat16 for a
-        plan in float32, then fp8 / int8 / nf4 storage of the largest components. Computed on the first call (it
-        re-plans several times), then kept; empty for a plan that fits resident, and for one made without its
-        components' sources (`placement.plan` alone: only a load's plan knows how to build the candidates)."""
+        """The single changes that would do better than this plan, each found by re-planning with it (computed
+        once, when first asked); empty for a plan that fits resident or one made by `placement.plan` alone."""
         if self._advised is None:
             self._advised = [] if self._advice is None else list(self._advice())
         return list(self._advised)
@@ -504,13 +421,11 @@ class Plan(_Frozen):
             raise PlanError("Not a plan JSON file: it nests deeper than a JSON reader can follow.") from None
         if not isinstance(data, dict):
             raise PlanError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
-        if not isinstance(data.get("schema_version", 1), int) or data.get("schema_version", 1) > SCHEMA_VERSION:
-            cls._read_version(data)  # raises the PlanError itself, outside pydantic's wrapping
+        cls._read_version(data)  # a version it cannot read raises the PlanError itself, outside pydantic's wrapping
         return cls.model_validate(data)
 
     def to_svg(self) -> str:
-        """The plan as a picture: a bar per device against its budget, and the components with the edges that
-        cross devices. Plain SVG (opens in a browser)."""
+        """A bar per device against its budget, then the components with the edges that cross devices, in SVG."""
         return plan_svg(self)
 
     def explain(self) -> str:

@@ -64,34 +64,22 @@ def plan(
     flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
     disk_read_bandwidth=None,
 ) -> Plan:
-    """Plan where each module component lives and runs. Builds nothing, loads nothing.
+    """Plan where each module component (name -> nn.Module, usually on meta, in pipeline order) lives and runs.
+    Builds nothing, loads nothing.
 
-    components: name -> nn.Module (usually on meta), in pipeline order.
-    max_memory: {0: "24GiB", 1: 24 * 2**30, "cpu": "64GiB", "disk": ...}, used exactly as given; None detects
-        free accelerator memory and available RAM minus a margin (see `placement.budgets`).
-    strategy: "balanced" (default), "auto" (= balanced), "sequential", "balanced_low_0", a dict
-        {component: device | {submodule: device}} (pinned; the rest balanced), or one device.
-    graph: a networkx.DiGraph or a list of (producer, consumer) edges; None chains the components in order.
+    max_memory: {0: "24GiB", "cpu": "64GiB", "disk": ...}, exactly as given; None: detected minus a margin.
+    strategy: "balanced" (= "auto"), "sequential", "balanced_low_0", a dict {component: device | {submodule:
+        device}} (pinned; the rest balanced), or one device. scope="model": accelerate's model-level meaning.
+    graph: a networkx.DiGraph or (producer, consumer) edges; None chains the components in order.
     dtype: a torch dtype or {component: dtype, "default": dtype}; None keeps each tensor's dtype.
     offload_folder: where disk-offloaded weights go; without it, needing the disk is an error.
-    activations: {component: peak activation bytes} of the call to be made; None plans weights only (said).
-    pinned: components already placed (passed in dispatched), as given; scope: "pipeline", or "model" for one
-        model (`ModelMixin`): the strategy names keep accelerate's model-level meaning.
-    module_order: {component: submodule paths in call order} (`trace_module_order`), splits cut in it; None: structural.
-    runs_per_call: {component: runs per call}, e.g. {"transformer": 28} (28 steps; 56 with guidance as a second
-        pass); others once. Not fitting resident, the plan moves the fewest bytes per call (what runs most stays).
-    link_bandwidth: host -> accelerator bytes/s for the plan's times (a number, or "25GB" read per second);
-        None: measured if the plan moves weights to this machine's CUDA GPUs, else the named GPU's host link, else
-        25 GB/s assumed (it says).
-    gpu: the GPU the seconds per call assume ("rtx4090", "h100", ...: `gpu_profiles.PROFILES`; "measure": this
-        machine's CUDA GPU timed once per process, `gpu_profiles.measure_gpu_profile`); None: this machine's CUDA
-        GPU where the plan uses it, else `gpu_profiles.DEFAULT_GPU` assumed (the plan says which).
-    flops_per_run / bytes_touched_per_run: {component: FLOPs / bytes one run computes / touches at the call}, as
-        the activation estimate counts them (`estimate_call(...).flops`); with them the plan predicts seconds per
-        call (`Plan.seconds_per_call`), without them only bytes.
-    disk_read_bandwidth: the disk's read bytes/s (a number, or "2GB"; `transfers.inputs.measure_disk_read` measures it
-        on the checkpoint's drive); None: assumed (NVMe, it says). The plan states the host RAM it needs, and warns
-        when the "cpu" budget cannot hold it (`Plan.host_memory`).
+    activations: {component: peak activation bytes} of the call; None plans weights only (and says so).
+    pinned: components passed in already placed. module_order: {component: submodule paths in call order}.
+    runs_per_call: {component: runs}, e.g. {"transformer": 28}; not fitting resident, what runs most stays.
+    link_bandwidth / disk_read_bandwidth: bytes/s (or "25GB") for the plan's times; None: measured or assumed.
+    gpu: the profile the seconds assume ("rtx4090", "h100", "measure"); None: this machine's CUDA GPU or assumed.
+    flops_per_run / bytes_touched_per_run: {component: per run at the call} (`estimate_call(...).flops`); with
+        them the plan predicts seconds per call, without them only bytes.
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
@@ -125,14 +113,10 @@ def plan(
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
                                gpu=None if profile is None else profile.key)
-    return _with_disk_speed(_assemble(spec, order, model_graph, state, requests, notes + list(state.warnings),
-                                      budgets, inputs, activations_accounted=activations is not None,
-                                      bandwidth=link_bandwidth and bandwidth, gpu=profile, work=work), disk)
-
-
-def _with_disk_speed(placed: Plan, disk: Optional[float]) -> Plan:
-    """`placed` with the stated disk read speed (None: the assumed one it has)."""
-    if disk is None:
+    placed = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
+                       activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
+                       gpu=profile, work=work)
+    if disk is None:  # the assumed disk speed the plan has
         return placed
     return placed.model_copy(update={"disk_read_bandwidth": disk, "disk_read_bandwidth_source": "given"})
 
@@ -153,9 +137,8 @@ def _cost_model(model_graph, requests, runs, work, profile, accelerators, disk, 
 
 def _timing(work: Mapping[str, tuple], requests, profile: Optional[GpuProfile], accelerators,
             runs: Mapping[str, int], disk: Optional[float], link: float) -> Optional[Timing]:
-    """What the search predicts exposed copy seconds with (`cost.Timing`) when the caller counted FLOPs: each
-    component's seconds per run on the GPU the plan's seconds assume (`choose_gpu`), at the link given (else the
-    named GPU's, else assumed). None without FLOPs: the objective stays bytes."""
+    """What the search predicts exposed copy seconds with (`cost.Timing`), from each component's seconds per run
+    on the plan's GPU (`choose_gpu`); None without FLOPs: the objective stays bytes."""
     if all(flops is None for flops, _ in work.values()):
         return None
     gpu = choose_gpu(profile, accelerators)[0]
@@ -172,9 +155,8 @@ def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, Comp
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
               activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
               work: Mapping[str, tuple]) -> Plan:
-    """The Plan from the strategy's final state, components in execution order; `bandwidth` if given, else
-    measured where the plan moves weights to this machine's GPUs (`transfers.inputs.link_speed`), else the named GPU's
-    host link, else assumed; the GPU profile the seconds assume (`gpu_profiles.choose_gpu`)."""
+    """The Plan from the strategy's final state; link `bandwidth` if given, else measured where the plan moves
+    weights to this machine's GPUs, else the named GPU's host link, else assumed."""
     by_name = state.by_name
     components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}
     profile, profile_source = choose_gpu(gpu, state.ledger.accelerators)

@@ -1,32 +1,13 @@
 """`placement.plan_replicas()`: as many copies of a pipeline as one machine's accelerators hold.
 
-The accelerators are partitioned into disjoint groups of one size, each holding one replica planned by
-`placement.plan` (same strategies, placement kinds and memory model) on that group's budgets alone:
-
-- A group counts as a replica only if its plan runs without the CPU or the disk: RESIDENT (every component
-  whole or split on the group's accelerators) or, only when no group of any size can be resident, STREAMED
-  (weights offloaded to CPU RAM, executed on the group's accelerators). Resident and streamed replicas are
-  never mixed: prompts are shared out equally, so one slow replica would set the pace of the whole run.
-- The group size is the one that gives the most replicas; on a tie, the smaller group (fewer GPUs idle per
-  replica, the smallest group that holds the pipeline). `group_size=` fixes it instead.
-- GPUs of different sizes: for each group size, an exact search over the ways to cut the GPUs into groups
-  maximises the number of groups that hold a replica, each group planned on its real GPUs. So a big GPU is
-  paired with a small one when that pair holds a replica and two big ones would waste room, and like goes with
-  like when only that works. Among equally good cuts, groups of the lowest free indices win: equal GPUs give
-  the groups 0–1, 2–3, .... Groups whose budgets (in index order) are equal are planned once. Equal GPUs, and
-  machines of more than EXACT_SEARCH_LIMIT accelerators (the search is exponential in their number), are cut
-  into consecutive groups by index.
-- Detected budgets (max_memory=None) of GPUs within DETECTED_JITTER (2%) of each other are evened down to the
-  smallest: identical GPUs report free memory a few MiB apart, and should group as equals.
-- Host RAM is shared: each group is planned with the CPU budget divided by the number of groups of its size
-  the machine could form (`n // group_size`), so streamed replicas together never exceed it.
-- Device indices stay real: the group {2, 3} is planned with `max_memory={2: ..., 3: ..., "cpu": share}`,
-  and its Plan names devices 2 and 3 (the strategies place over the given indices, contiguous or not;
-  "balanced_low_0" keeps GPU 0 free only in the group that contains it).
-
-The result, `ReplicaPlan` (copies of one pipeline, each placed on its own group of accelerators of one machine), is
-a frozen pydantic model like `Plan` (it holds one `Plan` per group), with a JSON round trip and `explain()`. Device
-indices are the machine's real ones: the group {2, 3} holds a plan whose devices are 2 and 3.
+The accelerators are cut into disjoint groups of one size, each planned by `placement.plan` on its own budgets
+(real device indices) and host RAM divided by the groups of that size the machine could form. A group counts only
+if it runs without the CPU or disk: RESIDENT, or STREAMED only when no size gives a resident replica; the two never
+mix, since prompts are shared equally and one slow replica would set the pace. The size giving the most replicas
+wins, the smaller on a tie. GPUs of different sizes get an exact search over the ways to cut them (groups of the
+lowest free indices first; equal budgets planned once); equal GPUs, or more than EXACT_SEARCH_LIMIT, are cut into
+consecutive groups. Detected budgets within DETECTED_JITTER are evened down: identical GPUs report free memory
+a few MiB apart.
 """
 
 from __future__ import annotations
@@ -37,31 +18,27 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Callable, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from .budgets import ZeroBudgetWarning, exact_budgets, resolve_budgets
 from .devices import Device, is_accelerator
 from .errors import DoesNotFitError, PlanError
-from .plan_schema import PlacementKind, Plan
+from .plan_schema import FrozenModel, PlacementKind, Plan
 from .planner import plan as plan_placement
 from .sizes import format_bytes
 from .strategies.state import NAMED_STRATEGIES, parse_strategy
 
 
 class ReplicaFit(str, Enum):
-    """How a group's plan runs. Only these two make a replica: a plan that executes a component on the CPU or
-    serves weights from disk is too slow to be worth a copy."""
+    """How a group's plan runs; a plan on the CPU or from disk is too slow to be worth a copy."""
 
     RESIDENT = "resident"  # every component whole or split on the group's accelerators
     STREAMED = "streamed"  # some weights offloaded to CPU RAM, streamed to the group's accelerators per call
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ReplicaGroup(_Frozen):
+class ReplicaGroup(FrozenModel):
     """One replica: its accelerators (real indices, ascending), how it fits, and its placement plan."""
 
     replica: int  # 0, 1, ...: the local rank that takes this group under torchrun
@@ -75,12 +52,11 @@ class ReplicaGroup(_Frozen):
 
     @property
     def max_memory(self) -> dict[Device, int]:
-        """The budgets this replica was planned with ({2: ..., 3: ..., "cpu": its share}): what a load of
-        this replica passes as `max_memory`, so it plans exactly this group."""
+        """The budgets this replica was planned with: what a load of it passes as `max_memory`."""
         return {entry.device: entry.budget for entry in self.plan.devices if entry.budget is not None}
 
 
-class GroupSizeOption(_Frozen):
+class GroupSizeOption(FrozenModel):
     """What one group size gives: the considered alternatives, for explain() and for benchmarks."""
 
     group_size: int
@@ -88,7 +64,7 @@ class GroupSizeOption(_Frozen):
     fit: Optional[ReplicaFit]  # None: no group of this size runs without the CPU or disk
 
 
-class ReplicaPlan(_Frozen):
+class ReplicaPlan(FrozenModel):
     group_size: int  # 0 when no group of any considered size holds a replica
     groups: list[ReplicaGroup]
     unused: list[int]  # accelerators in no group
@@ -156,9 +132,7 @@ def group_label(accelerators: list[int]) -> str:
 def replica_fit(plan: Plan) -> Optional[ReplicaFit]:
     """RESIDENT, STREAMED, or None when a component executes on the CPU or has weights on disk."""
     kinds = {component.kind for component in plan.components.values()}
-    if kinds & {PlacementKind.CPU, PlacementKind.DISK}:
-        return None
-    if any(not is_accelerator(c.execution_device) for c in plan.components.values()):
+    if PlacementKind.DISK in kinds or any(not is_accelerator(c.execution_device) for c in plan.components.values()):
         return None
     return ReplicaFit.STREAMED if PlacementKind.OFFLOADED in kinds else ReplicaFit.RESIDENT
 
@@ -179,12 +153,8 @@ def plan_replicas(
     group_size: Optional[int] = None,
     strategy: str = "balanced",
 ) -> ReplicaPlan:
-    """Partition the accelerators of `max_memory` into groups, one replica each (see the module doc).
-
-    max_memory: {0: "80GiB", 1: "80GiB", ..., "cpu": "512GiB"} for one machine (None: detected); the other
-        arguments are `placement.plan`'s, applied to every group. group_size: GPUs per replica, or None to
-        choose the size that gives the most replicas.
-    """
+    """Partition the accelerators of `max_memory` (one machine's; None: detected) into groups, one replica each.
+    The other arguments are `placement.plan`'s; group_size: GPUs per replica (None: the size with most replicas)."""
     _check_strategy(strategy)
     budgets = resolve_budgets(max_memory)
     inventory = _even_out_detected({index: budgets.limit(index) for index in budgets.accelerators}, budgets.detected)
@@ -194,12 +164,8 @@ def plan_replicas(
             "Pass max_memory={0: '24GiB', 1: '24GiB', ...} for the GPUs of one machine."
         )
     sizes = _group_sizes(group_size, len(inventory))
-    planner = _GroupPlanner(
-        lambda group: plan_placement(
-            components, max_memory=group, strategy=strategy, graph=graph, dtype=dtype, activations=activations
-        )
-    )
-    search = _Search(inventory=inventory, cpu=budgets.limit("cpu"), planner=planner)
+    search = _Search(inventory=inventory, cpu=budgets.limit("cpu"), plan_group=lambda group: plan_placement(
+        components, max_memory=group, strategy=strategy, graph=graph, dtype=dtype, activations=activations))
     options = [search.option(size) for size in sizes]
     chosen = _choose(options)
     if chosen is None:
@@ -249,12 +215,15 @@ def _choose(options: list[GroupSizeOption]) -> Optional[GroupSizeOption]:
     return None
 
 
-class _GroupPlanner:
-    """`placement.plan` for one group's budgets, remembered: equal budgets give the same plan."""
+class _Search:
+    """The exact search over which GPUs go together, for one machine's inventory."""
 
-    def __init__(self, plan_group: Callable[[dict], Plan]):
+    def __init__(self, *, inventory: dict[int, int], cpu: int, plan_group: Callable[[dict], Plan]):
+        self.inventory = inventory
+        self.cpu = cpu
         self._plan_group = plan_group
         self._plans: dict[tuple, Optional[Plan]] = {}
+        self._fits: dict[tuple, Optional[ReplicaFit]] = {}
 
     def plan(self, group: dict[int, int], cpu: int) -> Optional[Plan]:
         """The group's plan with `cpu` bytes of host RAM, or None when nothing places it without the disk."""
@@ -267,20 +236,6 @@ class _GroupPlanner:
             except DoesNotFitError:
                 self._plans[key] = None  # needs the disk (no offload folder is given) or fits nowhere
         return self._plans[key]
-
-    def fit(self, group: dict[int, int], cpu: int) -> Optional[ReplicaFit]:
-        found = self.plan(group, cpu)
-        return None if found is None else replica_fit(found)
-
-
-class _Search:
-    """The exact search over which GPUs go together, for one machine's inventory."""
-
-    def __init__(self, *, inventory: dict[int, int], cpu: int, planner: _GroupPlanner):
-        self.inventory = inventory
-        self.cpu = cpu
-        self.planner = planner
-        self._fits: dict[tuple, Optional[ReplicaFit]] = {}
 
     def cpu_share(self, group_size: int) -> int:
         return self.cpu // (len(self.inventory) // group_size)
@@ -297,8 +252,8 @@ class _Search:
         whether GPU 0 is in it), so groups alike in both are planned once."""
         key = (tuple(self.inventory[index] for index in group), 0 in group, group_size)
         if key not in self._fits:
-            self._fits[key] = self.planner.fit({index: self.inventory[index] for index in group},
-                                               self.cpu_share(group_size))  # fmt: skip
+            found = self.plan({index: self.inventory[index] for index in group}, self.cpu_share(group_size))
+            self._fits[key] = None if found is None else replica_fit(found)
         return self._fits[key]
 
     def packing(self, group_size: int, fit: ReplicaFit) -> tuple[Group, ...]:
@@ -336,9 +291,9 @@ class _Search:
         size, share = chosen.group_size, self.cpu_share(chosen.group_size)
         groups = []
         for indices in self.packing(size, chosen.fit):
-            found = self.planner.plan({index: self.inventory[index] for index in indices}, share)
-            fit = replica_fit(found)
-            groups.append(ReplicaGroup(replica=len(groups), accelerators=list(indices), fit=fit, plan=found))
+            found = self.plan({index: self.inventory[index] for index in indices}, share)
+            groups.append(ReplicaGroup(replica=len(groups), accelerators=list(indices), fit=replica_fit(found),
+                                       plan=found))
         used = {index for group in groups for index in group.accelerators}
         return ReplicaPlan(
             group_size=size, groups=groups, unused=sorted(set(self.inventory) - used), fit=chosen.fit,

@@ -1,47 +1,6 @@
-"""The Plan's text reports: the verdict it opens with, each device's peak in the plan's vocabulary, and
-`Plan.explain()`. `plan_schema` builds the first two into the Plan's derived fields and calls the third.
-
-The verdict: does the pipeline fit, how tightly, and what runs slowly. Four outcomes, from best to worst: every
-component on accelerators; some weights streamed from CPU RAM or disk (fits with offloading); some component
-executing on the CPU; a device over its budget (does not fit: only components passed in already placed can
-cause it, the strategies raise instead). The costs quoted for streamed and CPU components are what a user
-needs to judge them: the bytes that move from host memory to the execution device per call
-(`ComponentPlan.transfer`: loaded once per call, plus the runs times what streams at every run), and the time
-that takes at the plan's link bandwidth (25 GB/s, PCIe 4.0 x16, unless given); then the total per call. Plans
-without a transfer model (schema version < 3) quote the bytes per run. With FLOPs known (a plan for a call),
-the verdict also says the predicted seconds per call (`time_model.time_line`).
-
-The device breakdown (`with_breakdown`): a device's largest phase split into activations, streaming working
-set (and the part of it loaded once per call), derived from the components, so files of any version get it.
-The phase that sets the device's peak is `DevicePlan.peak_phase` (files before version 3 have no phases: the
-component with the largest transient there is taken). Its parts on this device:
-- executing here: its activations, and when it has host-homed weights, its streaming working set (what it
-  loads for the call plus its blocks in flight: `ComponentPlan.streamed_unit_bytes`), of which
-  `transfer.loaded_per_call_bytes` is loaded per call;
-- holding resident parts here while executing elsewhere (a split, or resident blocks of an offloaded
-  component): its activations (charged to every accelerator it spans, as the memory model does);
-- loading blocks per call here while executing elsewhere (`transfer.per_call_devices`): its activations and
-  those blocks (streaming working set, all of it loaded per call: the rest of its phase here).
-Hand-made or pinned plans whose parts do not add up to the device's transient keep the sum exact, streaming
-first.
-
-`Plan.explain()` (`explain_plan`): an aligned table a person reads at a glance, then the reasons.
-
-    component     kind   dtype                 runs on  GPU 0  GPU 1   CPU
-    text_encoder  whole  bfloat16 (requested)  GPU 1        .   9.00     .
-    denoiser      split  bfloat16 (requested)  GPU 0    20.00   4.00     .
-    ...
-    device  budget  weights  activations  streaming working set  (loaded per call)  runtime overhead
-            predicted peak  left  peak while
-    component  runs  resident  loaded per call  streamed per run  per call  time
-    component  runs  compute  copies  exposed  total
-
-It opens with the verdict (and its warnings) and ends with the fallbacks' reasons. Every column of the device
-table is one word of the plan's memory vocabulary (see `plan_schema`): the device's resident weights, and the
-activations / streaming working set of the phase that sets its peak ("peak while": the component running
-then). The transfer table says what crosses from host memory to the accelerators per call, per component and
-in total, and the time at the plan's link bandwidth; the time table, with FLOPs known (a plan for a call), the
-predicted seconds per call (`time_model`). The reasons use the same words.
+"""The Plan's text reports: the verdict's warnings, each device's peak split in the plan's memory vocabulary
+(`with_breakdown`, derived from the components so files of any version get it), and `Plan.explain()`'s tables.
+`plan_schema` builds the first two into the Plan's derived fields and calls the third.
 """
 
 from __future__ import annotations
@@ -56,9 +15,8 @@ if TYPE_CHECKING:  # plan_schema imports this module for the Plan's derived fiel
     from .plan_schema import ComponentPlan, DevicePlan, Plan
 
 
-# A device with less than this share of its budget left gets a warning: the activation estimates are
-# measured to within a few percent, and the caching allocator's rounding is of the same order, so a plan with
-# less than 5% to spare may still run out of memory on the real call.
+# Under this share left, a device is warned about: the activation estimate and the allocator's rounding are each
+# good to a few percent.
 TIGHT_SHARE = 0.05
 
 
@@ -73,8 +31,8 @@ def fullest_device(devices: list[DevicePlan]) -> Optional[DevicePlan]:
 
 def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan], *,
                      link_bandwidth: float = PCIE_BYTES_PER_S, link_source: str = "") -> list[str]:
-    """A device with less than 5% of its budget left, over its budget, and each component that moves weights
-    per call or executes on the CPU, with what that costs per call (and the total)."""
+    """A device over its budget or under 5% left; each component that moves weights per call or executes on the
+    CPU, with its cost per call (plans before the transfer model: per run)."""
     notes = []
     for device in devices:
         if not device.budget or not (device.weight_bytes or device.predicted_peak):
@@ -104,18 +62,15 @@ _TECHNIQUE_WORDS = {"vae_tiling": "VAE tiling", "vae_slicing": "VAE slicing"}
 
 
 def technique_notes(component: ComponentPlan) -> list[str]:
-    """One line per memory technique the plan turned on for `component` (the load applies it), with why."""
     return [f"{component.name}: {_TECHNIQUE_WORDS.get(used.technique.value, used.technique.value)} on "
             f"(the load turns it on): {used.reason}" for used in component.memory_techniques]
 
 
 def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str) -> list[str]:
-    """Per component that moves weights or computes on the CPU, what and how long per call; then the total."""
     notes = []
     for component in components:
         if component.execution_device == "cpu":
-            notes.append(f"{component.name} executes on the CPU: {format_bytes(component.bytes)} of weights computed "
-                         "at CPU speed on every run, typically 10-100x slower than on a GPU.")
+            notes.append(_cpu_note(component))
             continue
         transfer = component.transfer
         if transfer is None or not transfer.bytes_per_call:
@@ -149,12 +104,16 @@ def _seconds(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
+def _cpu_note(component: ComponentPlan) -> str:
+    return (f"{component.name} executes on the CPU: {format_bytes(component.bytes)} of weights computed at CPU speed "
+            "on every run, typically 10-100x slower than on a GPU.")
+
+
 def _slow_component(component: ComponentPlan) -> Optional[str]:
     size = format_bytes(component.bytes)
     runs_on = device_label(component.execution_device)
     if component.execution_device == "cpu":
-        return (f"{component.name} executes on the CPU: {size} of weights computed at CPU speed on every run, "
-                "typically 10-100x slower than on a GPU.")
+        return _cpu_note(component)
     if component.kind.value == "offloaded":
         seconds = component.bytes / PCIE_BYTES_PER_S
         return (f"{component.name} is offloaded: {size} move from CPU RAM to {runs_on} on every run, "
@@ -170,7 +129,8 @@ _STREAMED_KINDS = ("offloaded", "disk")
 
 
 def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
-    """`device` with `activations`, `streaming_working_set` and `loaded_per_call` filled from its peak phase."""
+    """`device` with `activations`, `streaming_working_set` and `loaded_per_call` filled from its peak phase (files
+    before v3 have no phases: the largest transient is taken)."""
     parts = {name: _parts(component, device.device, device.phases.get(name)) for name, component in
              plan.components.items()}
     peak = device.peak_phase
@@ -190,8 +150,9 @@ def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
 
 
 def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, int, int, int]:
-    """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`
-    (`phase`: what the plan says that phase brings there, when it says)."""
+    """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`:
+    executing here, its activations and streaming working set; spanning it while executing elsewhere, its
+    activations; loading blocks here per call (`per_call_devices`), its activations and those blocks."""
     activation = component.activation_bytes or 0
     transfer = component.transfer
     if transfer is not None and device != component.execution_device and device in transfer.per_call_devices.values():
@@ -199,11 +160,9 @@ def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, in
         return activation + loaded, activation, loaded, loaded
     if component.execution_device == device:
         streamed = component.streamed_unit_bytes if component.kind.value in _STREAMED_KINDS else 0
-        transfer = component.transfer
         loaded = min(transfer.loaded_per_call_bytes, streamed) if transfer is not None and streamed else 0
         return activation + streamed, activation, streamed, loaded
-    spans = is_accelerator(device) and device in component.placed_bytes and component.kind.value != "whole"
-    if spans:
+    if is_accelerator(device) and device in component.placed_bytes and component.kind.value != "whole":
         return activation, activation, 0, 0
     return 0, 0, 0, 0
 
@@ -212,26 +171,19 @@ EMPTY = "."
 
 
 def explain_plan(plan: Plan) -> str:
+    """The verdict, a components x devices table, the device, transfer and time tables, then the reasons."""
     lines = [*verdict_lines(plan), *simulated_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
-    lines += _component_table(plan)
-    lines += ["", *_device_table(plan)]
-    lines += transfer_lines(plan)
-    lines += time_lines(plan)
-    lines += ["", _activation_note(plan)]
-    lines += budget_source_lines(plan)
-    if plan.crossing_edges:
-        lines.append("Edges crossing devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges))
-    else:
-        lines.append("Edges crossing devices: none")
+    lines += [*_component_table(plan), "", *_device_table(plan), *transfer_lines(plan), *time_lines(plan), "",
+              _activation_note(plan), *budget_source_lines(plan)]
+    edges = ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges) or "none"
+    lines.append(f"Edges crossing devices: {edges}")
     if plan.map_reasons or plan.left_empty:
-        lines += ["", "Why this map:"]
-        lines += [f"  {reason}" for reason in [*plan.map_reasons, *plan.left_empty.values()]]
+        lines += ["", "Why this map:", *[f"  {reason}" for reason in [*plan.map_reasons, *plan.left_empty.values()]]]
     if plan.fallbacks:
         lines += ["", *fallback_lines(plan)]
     said = [*plan.warnings, *plan.advise()]  # the advice is worked out now, when a person reads the plan
     if said:
-        lines += ["", "Warnings:"]
-        lines += [f"  {warning}" for warning in said]
+        lines += ["", "Warnings:", *[f"  {warning}" for warning in said]]
     return "\n".join(lines)
 
 
@@ -262,23 +214,14 @@ def _device_table(plan: Plan) -> list[str]:
         budget = "unlimited" if entry.budget is None else format_bytes(entry.budget)
         budget += " (detected)" if entry.detected else ""
         own = [format_bytes(entry.activations or 0)][: len(activations)]
-        rows.append([
-            device_label(entry.device),
-            budget,
-            format_bytes(entry.weight_bytes),
-            *own,
-            format_bytes(entry.streaming_working_set),
-            format_bytes(entry.loaded_per_call),
-            format_bytes(entry.overhead),
-            format_bytes(entry.predicted_peak),
-            EMPTY if entry.left is None else format_bytes(entry.left),
-            entry.peak_phase or EMPTY,
-        ])
+        sizes = (entry.streaming_working_set, entry.loaded_per_call, entry.overhead, entry.predicted_peak)
+        rows.append([device_label(entry.device), budget, format_bytes(entry.weight_bytes), *own,
+                     *map(format_bytes, sizes), EMPTY if entry.left is None else format_bytes(entry.left),
+                     entry.peak_phase or EMPTY])
     return aligned_columns(header, rows, left=1)
 
 
 def transfer_lines(plan: Plan) -> list[str]:
-    """Per component and in total: what crosses host -> accelerator per call, and how long at the link speed."""
     if plan.transfer_bytes_per_call is None:
         return []  # a plan written before the transfer model
     if plan.transfer_bytes_per_call == 0:  # a table of zeros says less than one line
@@ -286,14 +229,10 @@ def transfer_lines(plan: Plan) -> list[str]:
     speed = f"{plan.link_bandwidth / 1e9:g} GB/s, {plan.link_bandwidth_source}"
     title = f"Moved per call, host -> accelerator, steady state (time at {speed}):"
     header = ["component", "runs", "resident", "loaded per call", "streamed per run", "per call", "time"]
-    rows = []
-    for name, component in plan.components.items():
-        transfer = component.transfer
-        if transfer is None:
-            continue
-        rows.append([name, str(transfer.runs_per_call), format_bytes(transfer.resident_bytes),
-                     format_bytes(transfer.loaded_per_call_bytes), format_bytes(transfer.streamed_per_run_bytes),
-                     format_bytes(transfer.bytes_per_call), format_seconds(transfer.bytes_per_call / plan.link_bandwidth)])
+    moving = [(name, c.transfer) for name, c in plan.components.items() if c.transfer is not None]
+    rows = [[name, str(t.runs_per_call), *map(format_bytes, (t.resident_bytes, t.loaded_per_call_bytes,
+                                                             t.streamed_per_run_bytes, t.bytes_per_call)),
+             format_seconds(t.bytes_per_call / plan.link_bandwidth)] for name, t in moving]
     rows.append(["total", "", "", "", "", format_bytes(plan.transfer_bytes_per_call),
                  format_seconds(plan.transfer_seconds_per_call)])
     return ["", title, *aligned_columns(header, rows, left=1)]
@@ -305,32 +244,29 @@ def format_seconds(seconds: float) -> str:
 
 
 def verdict_lines(plan: Plan) -> list[str]:
-    """The verdict's headline, then its warnings (a tight device; a component streamed or on the CPU)."""
     verdict = plan.verdict
-    time = [] if verdict.time is None else [verdict.time]
-    host = [] if verdict.host_memory is None else [verdict.host_memory]
-    return [verdict.headline, *time, *host, *[f"  ! {warning}" for warning in verdict.warnings]]
+    said = [line for line in (verdict.time, verdict.host_memory) if line is not None]
+    return [verdict.headline, *said, *[f"  ! {warning}" for warning in verdict.warnings]]
 
 
 def time_lines(plan: Plan) -> list[str]:
-    """Per component and in total: predicted compute, copies and the copies compute does not hide, per call
-    (`time_model`); nothing for a plan without FLOPs (planned without a call)."""
+    """Predicted compute, copies and exposed copies per call (`time_model`); nothing without FLOPs."""
     if plan.seconds_per_call is None:
         return []
     time = plan.time_per_call()
-    title = (f"Predicted time per call on {short_name(time.gpu)} ({plan.gpu_source}; {time.gpu.bf16_tflops:g} bf16 / {time.gpu.fp32_tflops:g} fp32 "
-             f"TFLOPS, {time.gpu.memory_gb_s:g} GB/s memory, at the efficiencies of placement.gpu_profiles; "
-             f"{OVERLAP_MODEL}):")
+    gpu = time.gpu
+    title = (f"Predicted time per call on {short_name(gpu)} ({plan.gpu_source}; {gpu.bf16_tflops:g} bf16 / "
+             f"{gpu.fp32_tflops:g} fp32 TFLOPS, {gpu.memory_gb_s:g} GB/s memory, at the efficiencies of "
+             f"placement.gpu_profiles; {OVERLAP_MODEL}):")
     header = ["component", "runs", "compute", "copies", "exposed", "total"]
-    rows = [[c.name, str(c.runs), "?" if c.compute_s is None else format_seconds(c.compute_s) + (" (CPU)" if c.on_cpu else ""),
-             format_seconds(c.copy_s), format_seconds(c.exposed_s), format_seconds(c.total_s)] for c in time.components]
-    rows.append(["total", "", format_seconds(time.compute_s), format_seconds(time.copy_s), format_seconds(time.exposed_s), format_seconds(time.seconds)])
+    rows = [[c.name, str(c.runs),
+             "?" if c.compute_s is None else format_seconds(c.compute_s) + (" (CPU)" if c.on_cpu else ""),
+             *map(format_seconds, (c.copy_s, c.exposed_s, c.total_s))] for c in time.components]
+    rows.append(["total", "", *map(format_seconds, (time.compute_s, time.copy_s, time.exposed_s, time.seconds))])
     return ["", title, *aligned_columns(header, rows, left=1)]
 
 
 def simulated_lines(plan: Plan) -> list[str]:
-    """A plan for accelerators the planning machine did not have says so, at the top: what it shows is where
-    the pipeline would go there, not what this machine can run."""
     simulated = plan.simulated_accelerators
     if not simulated:
         return []
@@ -353,7 +289,6 @@ def fallback_lines(plan: Plan) -> list[str]:
 
 
 def budget_source_lines(plan: Plan) -> list[str]:
-    """Where each budget came from: given in max_memory, detected (with the margin), or unlimited."""
     sources = ", ".join(f"{device_label(d.device)} {d.budget_source}" for d in plan.devices)
     margin = f" The {plan.budget_margin}." if plan.budget_margin else ""
     return [f"Budgets: {sources}.{margin}"]

@@ -1,14 +1,8 @@
 """Memory sizes: the one place where size strings are parsed and bytes are formatted.
 
-Units: B, KB/MB/GB/TB are powers of 1000; KiB/MiB/GiB/TiB are powers of 1024; the letters are
-case-insensitive; a bare int (or digit string) is bytes. Unlike accelerate, "10gb" means gigabytes, never
-gigabits: a lower-case "b" is a byte here, because nobody budgets GPU memory in bits.
-
-A budget (`parse_budget`) is a size with one more rule: a number without a unit (`max_memory={0: 24}`,
-`{0: "24"}`, `--max-memory 0=24`) from 1 byte to just under 1 MiB is refused, because it is almost always a unit
-left out (24 GiB was meant; 24 bytes would silently plan everything onto the CPU). Tiny budgets (tiny test
-models) are written with their unit: "5000B". Budgets that code computes and passes through a user-facing entry
-are written so too (`budgets.exact_budgets`); 0 and sizes from 1 MiB up are bytes as they are.
+KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024, case-insensitive; a bare int is bytes. Unlike accelerate,
+"10gb" means gigabytes, never gigabits. A budget (`parse_budget`) without a unit under 1 MiB is refused: it is
+almost always a unit left out (24 GiB meant, 24 bytes would plan everything onto the CPU).
 """
 
 from __future__ import annotations
@@ -17,17 +11,8 @@ import re
 
 from .errors import PlanError
 
-_UNITS = {
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
+_UNITS = {"b": 1, **{f"{prefix}b": 1000 ** (i + 1) for i, prefix in enumerate("kmgt")},
+          **{f"{prefix}ib": 1024 ** (i + 1) for i, prefix in enumerate("kmgt")}}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 GiB = 1024**3
@@ -83,9 +68,7 @@ def _non_negative(n: int, original) -> int:
 
 
 def format_bytes(n: int | float) -> str:
-    """Bytes in the largest binary unit that keeps the number readable: "24.00 GiB", "312.50 KiB", "17 B".
-
-    Tables and error messages use this, so that tiny test models do not all read "0.00 GiB"."""
+    """Bytes in the largest binary unit that keeps the number readable: "24.00 GiB", "312.50 KiB", "17 B"."""
     for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= factor:
             return f"{n / factor:.2f} {unit}"

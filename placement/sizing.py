@@ -1,31 +1,9 @@
 """Bytes of a module at a requested dtype, and the units a device map may place independently.
 
-Sizes come from `accelerate.utils.compute_module_sizes` (the accelerate-style `{"": total, "blocks": ...,
-"blocks.0": ...}` dict every device-map tool speaks), corrected where accelerate is wrong for loading:
-
-- a bool tensor takes one byte per element in memory; accelerate counts 1/8 byte (a bit);
-- a floating tensor stored smaller than the requested dtype (an fp16 parameter loaded with fp32) is cast
-  up when loaded; accelerate takes the smaller of the two sizes;
-- a non-floating tensor (int, bool, complex) is never cast; accelerate casts complex ones;
-- `_keep_in_fp32_modules` only ever applies to floating tensors; accelerate's `special_dtypes` would
-  also "cast" an int64 buffer inside such a module to 4 bytes.
-
-Tied parameters are counted once (at their first name, as `named_parameters` yields them).
-
-Quantized tensors (torchao, optimum-quanto, bitsandbytes, GGUF) count their real storage, never cast
-(`storage_bytes`); a plan labels such a component by its format ("nf4 (bitsandbytes), compute bfloat16",
-`quantization_label`). A quantized weight is not what its `numel() * element_size()` says:
-- torchao (`Int8Tensor`, `Float8Tensor`, affine-quantized tensors) and optimum-quanto (`WeightQBytesTensor`, ...)
-  are wrapper tensor subclasses whose dtype is the *logical* (compute) dtype: their storage is their inner
-  tensors (`__tensor_flatten__`: int8 data, scales, zero points), about half of bf16 for int8;
-- a bitsandbytes 4-bit weight (`Params4bit`) is packed uint8 data plus a `quant_state` (absmax per block, its own
-  quantization when double-quantized, the code book); an 8-bit one (`Int8Params`) is int8 data plus one float32
-  scale per row (`SCB`). On `meta`, before the weights are read, a quantizer's replaced layer holds a dense
-  weight that will be quantized at load: its bytes follow from bitsandbytes' block layout (`quantize_4bit`);
-- a GGUF weight (diffusers' `GGUFParameter`) is uint8 data of the quantized blocks: counted as it is.
-
-Nothing here imports a quantization package: formats are recognised by their classes' modules and attributes,
-so planning works where the package is not installed (a plan made for a machine that has it).
+Sizes are `accelerate.utils.compute_module_sizes`, corrected where it is wrong for loading: bools take a byte,
+a smaller floating tensor is cast up, non-floating tensors are never cast, `_keep_in_fp32_modules` skips
+non-floating ones. Quantized tensors (torchao, quanto, bitsandbytes, GGUF) count their real storage; formats are
+recognised by class module and attributes, so no quantization package need be installed.
 """
 
 from __future__ import annotations
@@ -42,10 +20,10 @@ from torch import nn
 
 from .errors import PlanError
 
+
 @dataclass(frozen=True, kw_only=True)
 class SplitUnit:
-    """One piece a device map may put on a device of its own: a `_no_split_modules` block, a leaf module
-    outside those blocks, or a parameter/buffer held directly by a module that has children."""
+    """A `_no_split_modules` block, a leaf outside them, or a tensor held by a module with children."""
 
     path: str
     bytes: int
@@ -88,7 +66,6 @@ def size_module(module: nn.Module, dtype: torch.dtype | None = None) -> Componen
 
 
 def no_split_classes(module: nn.Module) -> tuple[str, ...]:
-    """The module's `_no_split_modules` class names (None or absent means no block is protected)."""
     names = getattr(module, "_no_split_modules", None) or ()
     if isinstance(names, str):
         names = (names,)
@@ -96,11 +73,8 @@ def no_split_classes(module: nn.Module) -> tuple[str, ...]:
 
 
 def block_classes(module: nn.Module) -> tuple[str, ...]:
-    """The classes of the blocks in `module`'s block lists (the children of a ModuleList or Sequential, found
-    without looking inside a block): what a split keeps whole when the module declares no `_no_split_modules`.
-    A block's forward mixes its own tensors with its submodules' outputs (FLUX's `gate_mlp * ff(x)`), so a cut
-    inside one would meet two devices in one op; between blocks, only the blocks' inputs cross, and the input
-    hooks move them."""
+    """Classes of the ModuleList/Sequential members: kept whole when no `_no_split_modules` is declared, since a
+    block's forward mixes its own tensors with its submodules' outputs (FLUX's `gate_mlp * ff(x)`)."""
     found: list[str] = []
 
     def descend(parent: nn.Module) -> None:
@@ -115,12 +89,8 @@ def block_classes(module: nn.Module) -> tuple[str, ...]:
 
 
 def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.dtype]:
-    """`{tensor path: torch.float32}` for the floating tensors that loading keeps in float32.
-
-    diffusers (and this library's ModelMixin) keep `_keep_in_fp32_modules` in fp32 whatever `torch_dtype` is;
-    transformers only does so when loading in fp16, and keeps `_keep_in_fp32_modules_strict` in fp32 for
-    fp16 and bf16. A name matches when it is one dotted part of the tensor's path ("wo" in "block.0.wo.weight").
-    """
+    """`{tensor path: torch.float32}` for the floating tensors loading keeps in float32 (`kept_fp32_module_names`;
+    a name matches one dotted part of the path, "wo" in "block.0.wo.weight")."""
     keep = kept_fp32_module_names(module, dtype)
     if not keep:
         return {}
@@ -132,12 +102,8 @@ def fp32_kept_tensors(module: nn.Module, dtype: torch.dtype | None) -> dict[str,
 
 
 def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tuple[str, ...]) -> tuple[SplitUnit, ...]:
-    """The module's split units in structural execution order: accelerate's traversal (own parameters,
-    children, own buffers), with a U-Net's middle block moved before its decoder path (`execution_children`).
-
-    A split fills devices in this order, so the closer it is to the order the units run in, the fewer times a
-    forward crosses devices. `placement.unit_order.order_units` replaces it by a traced order when the caller
-    has example inputs."""
+    """Split units in the order a split fills devices: accelerate's traversal, `execution_children` order (a
+    traced order replaces it when the caller has inputs: `unit_order.order_units`)."""
     units: list[SplitUnit] = []
     protected = set(no_split)
 
@@ -157,16 +123,14 @@ def split_units(module: nn.Module, module_sizes: Mapping[str, int], no_split: tu
     return tuple(units)
 
 
-# U-Nets (diffusers' UNet2DConditionModel, its VAE decoder) register the middle block after the up path
-# (conv_in, down_blocks, up_blocks, mid_block, ...) but run it between down and up: cut in registration order,
+# U-Nets register the middle block after the up path but run it between down and up: cut in registration order,
 # a UNet split over two GPUs crosses devices 5 times per step instead of once.
 _MIDDLE_NAMES = ("mid_block", "mid", "middle_block", "bottleneck")
 _UP_PREFIXES = ("up", "output_blocks", "decoder_blocks")
 
 
 def execution_children(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """`module`'s children in the order a forward is expected to run them, without tracing: registration
-    order, except that a middle block registered after the up path is moved just before it."""
+    """Registration order, with a middle block registered after the up path moved just before it."""
     children = list(module.named_children())
     names = [name for name, _ in children]
     middle = next((idx for idx, name in enumerate(names) if name in _MIDDLE_NAMES), None)
@@ -188,7 +152,6 @@ def dtype_for(dtype_spec, component: str) -> torch.dtype | None:
 
 
 def _resolve_dtype(spec, *, where: str) -> torch.dtype | None:
-    """None, a floating torch.dtype, or its name ("bfloat16", "torch.float16") -> the dtype."""
     if spec is None:
         return None
     dtype = spec
@@ -203,7 +166,8 @@ def _resolve_dtype(spec, *, where: str) -> torch.dtype | None:
 
 
 def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[str]:
-    """Names of the submodules that loading at `dtype` keeps in float32 (the rule of the module's library)."""
+    """Submodule names loading at `dtype` keeps in float32: diffusers' `_keep_in_fp32_modules` always,
+    transformers' only in fp16, plus `_keep_in_fp32_modules_strict` in fp16 and bf16."""
     if dtype is None or dtype == torch.float32 or dtype.itemsize > 4:
         return set()
     is_transformers = hasattr(type(module), "_keep_in_fp32_modules_strict")
@@ -216,10 +180,8 @@ def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[
 
 
 def dtype_label(module: nn.Module, dtype: torch.dtype | None, *, origin: str | None = None) -> str:
-    """The dtype a plan states it assumed for a component: "bfloat16 (requested; float32 kept: wo)" when a dtype
-    is requested, else the tensors' own by bytes, e.g. "float32 (as built)". `origin` says where the dtype came
-    from ("torch_dtype", "checkpoint", "config.json only: no weights read", ...). A component holding quantized
-    tensors says its format instead: "nf4 (bitsandbytes), compute bfloat16 (checkpoint)"."""
+    """The dtype a plan states: "bfloat16 (requested; float32 kept: wo)", "float32 (as built)", or a quantized
+    format, "nf4 (bitsandbytes), compute bfloat16 (checkpoint)"; `origin` replaces "requested"/"as built"."""
     quantized = quantization_label([tensor for _, tensor in named_module_tensors(module, recurse=True)])
     if quantized is not None:
         return f"{quantized} ({origin or 'as built'})"
@@ -251,7 +213,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _corrections(module: nn.Module, dtype: torch.dtype | None, kept_fp32: Mapping[str, torch.dtype]):
-    """(tensor path, bytes to add) wherever accelerate's per-tensor size differs from the loaded size."""
     for name, tensor in named_module_tensors(module, recurse=True):
         if name in kept_fp32:
             continue  # accelerate uses the special dtype exactly, as loading does
@@ -265,7 +226,6 @@ def _corrections(module: nn.Module, dtype: torch.dtype | None, kept_fp32: Mappin
 
 
 def _loaded_itemsize(own: torch.dtype, requested: torch.dtype | None) -> int:
-    """Bytes per element once loaded: floating tensors take the requested dtype; others keep theirs."""
     if requested is not None and own.is_floating_point:
         return requested.itemsize
     return own.itemsize
@@ -294,7 +254,7 @@ _BNB_CODE_ENTRIES = {4: 16, 8: 256}  # code book entries: nf4/fp4 (16), the dyna
 
 @dataclass(frozen=True, kw_only=True)
 class TensorFormat:
-    """How one tensor is stored: `name` ("nf4", "int8", "float8_e4m3fn", "Q4_K") and its `library`."""
+    """How one tensor is stored: "nf4", "int8", "float8_e4m3fn", "Q4_K", and its library."""
 
     name: str
     library: str
@@ -314,7 +274,6 @@ def _library(tensor: torch.Tensor) -> str | None:
 
 
 def is_quantized_tensor(tensor: torch.Tensor) -> bool:
-    """A tensor stored in a quantized format this module knows (its bytes are not numel x element size)."""
     return _library(tensor) is not None or _is_wrapper_subclass(tensor)
 
 
@@ -323,7 +282,8 @@ def _is_wrapper_subclass(tensor: torch.Tensor) -> bool:
 
 
 def storage_bytes(tensor: torch.Tensor) -> int:
-    """Bytes `tensor` occupies once loaded (on meta: once its weights are read and quantized)."""
+    """Bytes `tensor` occupies once loaded (on meta: once quantized). torchao/quanto wrapper subclasses: their
+    inner tensors; bitsandbytes: packed data plus its quant state (or, on meta, its block layout)."""
     library = _library(tensor)
     if library == "bitsandbytes":
         return _bnb_bytes(tensor)
@@ -368,7 +328,6 @@ def _state_tensors(state) -> Iterator[torch.Tensor]:
 
 
 def tensor_format(tensor: torch.Tensor) -> TensorFormat | None:
-    """The quantized format of `tensor`, None for a plain tensor."""
     library = _library(tensor)
     if library is None and not _is_wrapper_subclass(tensor):
         return None
@@ -383,19 +342,16 @@ def tensor_format(tensor: torch.Tensor) -> TensorFormat | None:
 
 
 def _inner_dtype_name(tensor: torch.Tensor) -> str:
-    """The dtype of the largest inner tensor of a wrapper subclass: int8, float8_e4m3fn, uint8 (packed int4)..."""
     names, _ = tensor.__tensor_flatten__()
     inner = [getattr(tensor, name) for name in names if isinstance(getattr(tensor, name, None), torch.Tensor)]
     if not inner:
-        return str(tensor.dtype).removeprefix("torch.")
-    largest = max(inner, key=lambda t: t.numel() * t.element_size())
-    return str(largest.dtype).removeprefix("torch.")
+        return _dtype_name(tensor.dtype)
+    return _dtype_name(max(inner, key=lambda t: t.numel() * t.element_size()).dtype)
 
 
 def quantization_label(tensors: list[torch.Tensor]) -> str | None:
-    """"nf4 (bitsandbytes), compute bfloat16" for a module whose tensors include quantized ones (most bytes first
-    when it mixes formats); None when none is quantized. The compute dtype is that of the other floating tensors
-    (biases, norms: the dtype the quantized layers compute in)."""
+    """"nf4 (bitsandbytes), compute bfloat16" (formats by bytes; compute: the plain floating tensors' dtype), or
+    None when nothing is quantized."""
     by_format: dict[str, int] = {}
     plain: dict[torch.dtype, int] = {}
     for tensor in tensors:
@@ -409,5 +365,4 @@ def quantization_label(tensors: list[torch.Tensor]) -> str | None:
     formats = "+".join(sorted(by_format, key=lambda label: -by_format[label]))
     if not plain:
         return formats
-    compute = str(max(plain, key=plain.get)).removeprefix("torch.")
-    return f"{formats}, compute {compute}"
+    return f"{formats}, compute {_dtype_name(max(plain, key=plain.get))}"

@@ -1,22 +1,10 @@
 """Split one module over several devices along its split units, never cutting a `_no_split_modules` block.
 
-Units are cut in the order of `size.split_units`, which is their execution order (structural, or traced from
-example inputs: `placement.unit_order`), so a split over k devices crosses devices k-1 times per forward where
-the module's structure allows it: every device holds one run of consecutive units.
-
-accelerate's `infer_auto_device_map` is asked first. It reserves room for the largest layer on the first
-device (for a layer offloaded later, which a split never has) and counts bools at 1/8 byte, so it can refuse
-a split that fits, or (rarely) overfill a device. Its answer is therefore checked against our corrected sizes
-and, when it is not a valid split, replaced by an exact contiguous packing of the split units: fill each
-device in the given order with as many consecutive units as fit. For units in a fixed order that greedy
-packing is optimal (if any contiguous assignment fits, the greedy one does), so a feasible split is never
-left on the table. accelerate's answer follows registration order; it is kept only when it is such a
-contiguous run in execution order too (a U-Net's down/up/mid registration would otherwise cost 5 crossings).
-
-Given each device's whole budget (`balance=`, what the pipeline-level strategies pass), the pieces are balanced
-instead: the contiguous packing whose fullest device (its predicted peak with the piece, as a share of its
-budget) is the least full, found by bisecting on that share with the exact greedy packing as the test. A split
-then never fills one GPU to 98% while the next has gigabytes free (accelerate fills the first device first).
+Units are cut in execution order, so each device holds one run of consecutive units. accelerate's
+`infer_auto_device_map` is asked first, but it reserves room for the largest layer, counts bools at 1/8 byte and
+follows registration order: its answer is kept only when it is a valid contiguous split by our sizes, else the
+exact greedy packing replaces it (optimal for units in a fixed order). With `balance=`, the packing whose fullest
+device is least full is found by bisecting on that share, so one GPU is never at 98% while the next has room.
 """
 
 from __future__ import annotations
@@ -171,8 +159,6 @@ def _is_contiguous(assignment: Mapping[str, Device], units: Sequence[SplitUnit])
 def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set[str]]:
     """Sets of unit paths that share a tied parameter and so must sit on one device."""
     groups = find_tied_parameters(module)
-    if not groups:
-        return []
     unit_paths = {unit.path for unit in units}
     result = []
     for names in groups:

@@ -1,17 +1,8 @@
-"""What block-level offloading streams: ONE definition shared by the runtime and the planner.
+"""What block-level offloading streams: one definition shared by the runtime (`hooks.group_offload`) and the
+planner (`streaming_working_set`), so they never disagree (here because `hooks` may import `placement`).
 
-`hooks.group_offload.module_group.plan_groups` builds its offload groups from `block_groups(module)`, and the planner's
-`streaming_working_set` (what an offloaded component keeps on its execution device at once) reads the same
-layout, so the plan and the runtime never disagree on which bytes stream. (It lives here because `hooks`
-may import `placement`, never the reverse.)
-
-A block list is an `nn.ModuleList` / `nn.Sequential`; its children are the blocks, moved to the device one
-at a time. Block lists are found at any depth: a child that is not a block list itself but holds one further
-down (a transformers `T5EncoderModel` keeps its blocks under `encoder.block`, a CLIP text model under
-`text_model.encoder.layers`, a VAE under `encoder.down_blocks`) is descended into. Everything outside the
-blocks -- the root's own tensors, the tensors of the modules descended through, and every child that holds
-no block list (embeddings, norms, heads) -- is the "rest", resident while any part of the module runs.
-Blocks are never looked into: a block's own lists move with it.
+A block list is an `nn.ModuleList` / `nn.Sequential` found at any depth (T5's `encoder.block`); its children are
+the blocks, moved one at a time and never looked into. Everything else is the "rest", resident while the module runs.
 """
 
 from __future__ import annotations
@@ -36,7 +27,8 @@ class BlockList:
     @property
     def blocks(self) -> list[tuple[str, nn.Module]]:
         """(qualified path, block) for each child, in order."""
-        return [(f"{self.path}.{name}" if self.path else name, block) for name, block in self.container.named_children()]
+        return [(f"{self.path}.{name}" if self.path else name, block)
+                for name, block in self.container.named_children()]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,10 +72,8 @@ def _descend(module: nn.Module, prefix: str, block_lists: list[BlockList], rest:
 
 @dataclass(frozen=True, kw_only=True)
 class TransferUnit:
-    """One piece the transfer planner keeps resident, loads per call or streams: a block, or a piece of the rest.
-
-    `path` is a device-map key relative to the component (a module path, or a tensor path for a tensor held
-    directly by a module the layout descends through)."""
+    """One piece the transfer planner keeps resident, loads per call or streams: a block, or a piece of the rest
+    (`path`: a device-map key relative to the component)."""
 
     path: str
     bytes: int
@@ -91,13 +81,9 @@ class TransferUnit:
 
 
 def transfer_units(module: nn.Module, size: ComponentSize) -> tuple[TransferUnit, ...]:
-    """The rest's pieces (in module order), then every block in execution order: together they cover every
-    tensor of `module` once, so a device map over their paths places all of it.
-
-    The rest's pieces are the tensors held directly by the root and by the modules descended through, and
-    every other child that holds no block list (whole). Pieces without tensors are left out. Tied tensors are
-    counted once (where `size` counts them): when two pieces share one, the rest's largest piece is charged
-    less, so that the units always sum to `size.total`. Blocks without tensors are left out too."""
+    """The rest's pieces (in module order), then every block in execution order, covering every tensor of
+    `module` once; a tied tensor shared by two pieces is charged less to the rest's largest, so the units sum to
+    `size.total`. Pieces without tensors are left out."""
     layout = block_groups(module)
     rest: list[TransferUnit] = []
     _rest_pieces(module, "", size.module_sizes, rest)
@@ -132,12 +118,7 @@ def _holds_block_list(module: nn.Module) -> bool:
 
 
 def streaming_working_set(module: nn.Module, size: ComponentSize) -> int:
-    """Bytes an offloaded component keeps on its execution device at once while it runs.
-
-    The rest stays on the device for the whole forward and the blocks move one at a time with the next one
-    prefetched, so the working set is the rest plus the blocks in flight (`cost.working_set`). A module with
-    no block list streams nothing: its working set is all of it, and offloading it saves no accelerator
-    memory. Tied tensors are counted once, where `size` counts them (their first name).
-    """
+    """Bytes an offloaded component keeps on its execution device at once: the rest plus the blocks in flight
+    (`cost.working_set`); all of it for a module with no block list."""
     blocks = [size.module_sizes.get(path, 0) for path in block_groups(module).block_paths]
     return working_set(max(size.total - sum(blocks), 0), blocks)

@@ -1,11 +1,6 @@
-"""The order a module's split units run in, traced from one forward on fake tensors, so splits are cut in it.
-
-A split fills devices with consecutive units, so a forward crosses devices once per boundary only if the
-units are in the order the forward runs them. Without example inputs the order is structural
-(`sizing.split_units`: registration order, a U-Net's middle block before its up path). With them, one forward
-runs on fake tensors (`estimate_activations`: no memory, modules on meta are fine) while forward pre-hooks
-record which submodule runs first; the pipeline planner records it during its activation estimate, so a
-call-aware plan costs no extra forward.
+"""The order a module's split units run in, traced from one forward on fake tensors, so splits are cut in it:
+a split crosses devices once per boundary only if its units are in run order. The pipeline planner records it
+during its activation estimate, so a call-aware plan costs no extra forward.
 """
 
 from __future__ import annotations
@@ -19,15 +14,14 @@ from torch import nn
 
 from .activations.estimate import estimate_activations
 from .activations.tracking import CallObserver
+from .device_maps import owning_key
 from .sizing import SplitUnit
 
 
 @contextlib.contextmanager
 def record_module_order(module: nn.Module, *, every_call: bool = False) -> Iterator[list[str]]:
-    """Within the block, the paths of `module`'s submodules are appended to the yielded list the first time
-    each one is called (its own path "" included when its forward runs); with `every_call`, at every call.
-    The recorders are `CallObserver`s: calls an estimate replays (identical blocks) or answers from its cache
-    are recorded too, in the order the real run made them."""
+    """Within the block, the yielded list gets each submodule's path ("" for `module`) at its first call (every
+    call with `every_call`); `CallObserver`s, so calls an estimate replays or answers from its cache count too."""
     order: list[str] = []
     seen: set[str] = set()
     handles = [sub.register_forward_pre_hook(_PathRecorder(path, order, seen, every_call))
@@ -81,19 +75,10 @@ def device_crossings(calls: Sequence[str], device_map: Mapping[str, Any]) -> int
     prefix; unmapped paths, such as the containers of a split, are skipped)."""
     crossings, current = 0, None
     for path in calls:
-        device = _device_of(path, device_map)
-        if device is None:
+        key = owning_key(path, device_map)
+        if key is None:
             continue
-        if current is not None and device != current:
+        if current is not None and device_map[key] != current:
             crossings += 1
-        current = device
+        current = device_map[key]
     return crossings
-
-
-def _device_of(path: str, device_map: Mapping[str, Any]):
-    parts = path.split(".") if path else []
-    for length in range(len(parts), -1, -1):
-        prefix = ".".join(parts[:length])
-        if prefix in device_map:
-            return device_map[prefix]
-    return None

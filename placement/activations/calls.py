@@ -1,50 +1,18 @@
-"""A call described: the keys an estimate's result depends on (its inputs' signature, its module's state), and
-what it did, so that a replay does it again (its outputs, its writes into the lists and dicts it was given).
+"""A call described: the keys an estimate's result depends on, and what the call did, so a replay does it again.
 
-What an estimate's result depends on, as hashable keys: a call's inputs and a module's state.
+`call_signature`: the inputs' pytree structure, each tensor's layout, dtype and storage size (not its device: an
+estimate runs on meta), which inputs share a storage or object, and plain leaves' values; None when a leaf is
+anything else (a KV cache, a generator), so such a call is never skipped. `module_state`: everything of a
+module tree that can change what its call does, short of weight values (`layer_idx` ignored for blocks:
+transformers numbers identical layers with it only to index a KV cache).
 
-`call_signature((args, kwargs))`: the structure (a pytree spec: tuples, dicts, namedtuples, registered output
-classes), each tensor's shape, strides, storage offset, dtype and storage size (not its device: an estimate
-runs on meta whatever it was on), which inputs share a storage or are the same object, and the values of
-plain leaves (numbers, strings, dtypes...). None when a leaf is anything else (a KV cache, a generator): such
-a call is never skipped, since we cannot tell what it would do.
-
-`module_state(module)`: everything of a module tree that can change what its call does, short of weight values:
-per submodule its class, its parameters' and buffers' shapes/dtypes/strides, its plain attributes (a VAE's
-`use_tiling`, `training`, a dropout's `p`), the type of any other attribute (an attention processor) and the
-function behind any function attribute. Two blocks with equal states run the same code on the same shapes.
-`layer_idx` is left out for blocks (`ignore=`): transformers numbers its otherwise identical layers with it, to
-index a KV cache, which comes in as an argument and so makes the call unskippable anyway.
-
-What one call did, described so that a replay does it again: what it returned, and what it wrote into the lists
-and dicts it was given (the block memo's record of a call; `memo` decides which calls are replayed).
-
-A causal video VAE decodes frame by frame: AutoencoderKLWan's `_decode` calls its decoder once per latent frame
-with `feat_cache` (a list holding the last frames each causal convolution saw) and `feat_idx` (a one-int list);
-the decoder replaces the list's entries with new tensors and advances the index. From the third latent frame on,
-every call finds a cache of the same shapes and does the same thing, so Wan's 21 latent frames (81 video frames)
-cost 3 runs on fake tensors and 18 replays, not 21 runs. A replay leaves behind what the run would have:
-
-- `Entry` (taken as the call begins): the input pytree's leaves, tensors by weak reference (a strong one would
-  keep a replaced cache entry alive through the call, and the peak would change), their storages and layouts, and
-  the lists and dicts among the inputs (`layout`: which of them are the same object, part of the memo's key).
-- `Effects.of` (as it ends): each output leaf and each item of each list and dict, as a plain value, an input
-  ("same"), a view of an input's storage ("view"), a tensor alone in a storage the call allocated ("fresh") or a
-  view of one several share ("new"), a list or dict of the inputs ("container"); and which inputs' storages the
-  call freed (cache entries it replaced, held by nothing else). Not described (None: the call runs every time): a
-  call that freed any other storage alive at its entry, left one alive that it neither returned nor wrote into a
-  list or dict, changed an input tensor's layout, put a new list, dict or other object into a list, or changed
-  its inputs when they hold nodes other than tuples, lists and dicts (a dataclass, a model output).
-- `Effects.apply` (a replay): the views of inputs first, then the lists and dicts emptied (what the run freed is
-  freed now, checked input by input against the record), then the new storages allocated and the lists, dicts
-  and outputs filled. The live bytes end where the run's ended, and never rise above the run's peak on the way
-  (the memo emits that peak first; the end state of a run is never above its peak). A replay that finds other
-  storages freed (an old cache entry held elsewhere this time) raises `ReplayDiverged`, and the estimate runs
-  again without the memo: a replay is exact or does not count.
-
-Where an input view starts in its storage (`x[:, :, i:i+1]`, another frame each call) is not part of the memo's
-key (`call_signature(offsets=False)`): no op allocates by it. A view of an input that a call returns or caches is
-rebuilt at the same distance from that input's own start.
+A replay must leave behind what the run would have (a causal video VAE decodes frame by frame, replacing
+`feat_cache` entries and advancing `feat_idx`): `Entry` notes the inputs as the call begins (tensors by weak
+reference, so a replaced cache entry can die), `Effects.of` describes each output leaf and list/dict item against
+them ("same", "view", "fresh", "new", "container", "plain") with the input storages it freed, or None when the
+call did something a replay could not redo. `Effects.apply` redoes it and raises `ReplayDiverged` unless the
+frees and live bytes match the run's. Where a view starts in its storage is not part of the memo's key
+(`offsets=False`): no op allocates by it.
 """
 
 from __future__ import annotations
@@ -138,6 +106,7 @@ def _describe_items(value: Any, depth: int, seen: dict) -> Hashable:
     if isinstance(attributes, dict):
         return type(value), _describe_items(attributes, depth, seen)
     return "object", type(value)
+
 
 # The leaves a call's record holds as plain values.
 _RECORDED_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -239,7 +208,8 @@ class Effects:
                    freed=frozenset(i for i, key in enumerate(entry.keys) if key in before - after), grown=grown)
 
     def apply(self, inputs: Any, tracker: LiveStorageTracker) -> Any:
-        """Do it again on `inputs` (the replayed call's): returns the output (module doc for the order)."""
+        """Do it again on `inputs` and return the output: input views first, then the lists and dicts emptied (the
+        frees checked), then new storages allocated and filled in, so live bytes never pass the run's peak."""
         entry_bytes = tracker.live_bytes
         containers = _containers(inputs)[0] or ()
         bound, keys = self._bind(inputs)

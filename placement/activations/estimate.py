@@ -1,27 +1,12 @@
 """estimate_call / estimate_activations: the peak memory one call of a module adds on top of its weights, and
 what it returns, without memory.
 
-The call runs for real — every op of the module's Python code, with its real shapes and dtypes — but on
-fake tensors (`torch._subclasses.FakeTensorMode`): no data is allocated, so a FLUX-size DiT on `meta` can
-be "run" at 1024x1024 on a laptop. A dispatch mode (`LiveStorageTracker`) adds up the bytes of the storages
-that are alive after each op and keeps the maximum; scaled-dot-product attention is counted as the fused
-GPU kernels allocate (`FusedAttentionAccounting`), not as the math path meta execution would take.
-
-What the number means: the peak, over the call, of the bytes held by tensors that are not the module's
-parameters or buffers — the inputs (they sit on the device while it runs), every intermediate while it is
-alive, and the output. So a device's peak is weights + this, for the component that runs there.
-Not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, the CUDA context (the planner
-adds a documented per-device overhead for those), and temporaries private to one composite op: under
-inference mode the tracker sees `aten.linear` or `aten.layer_norm` whole, so e.g. the copy `linear` makes of
-a non-contiguous input, or layer norm's per-row statistics, are not seen (small next to the tensors that are).
-
-`measure_activations` (the reference): the same quantity `estimate_activations` predicts, measured on a real run.
-
-It runs the call for real (real tensors, real kernels) under
-`torch.distributed._tools.mem_tracker.MemTracker` — torch's own tracker, a different implementation from
-the estimator's — and reads its peak snapshot without the parameter and buffer bytes. Tests and
-`benchmarks/activation_accuracy.py` use it as the reference the estimate must match; it needs the memory
-the call really takes, so use it on small configs.
+The call runs for real, every op of the module's Python code, but on fake tensors (`FakeTensorMode`), so a
+FLUX-size DiT on `meta` "runs" at 1024x1024 on a laptop; `LiveStorageTracker` keeps the peak of live storage
+bytes (inputs, intermediates, output; not weights). Not counted: allocator rounding, cuBLAS/cuDNN workspaces,
+the CUDA context (the planner adds an overhead for those), and temporaries private to one composite op seen
+whole under inference mode. `measure_activations` is the reference: the same quantity measured on a real run
+with torch's own `MemTracker`, for tests and benchmarks on small configs.
 """
 
 from __future__ import annotations
@@ -46,27 +31,20 @@ from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, obse
 from ..errors import PlanError
 from ..sizing import kept_fp32_module_names
 
-# Fake tensors claim the `meta` device, whatever the originals were on: model code written to be planned on
-# meta already skips its value checks there (`if not x.is_meta: int(x.max())`), which fake tensors, having no
-# values, could not run. Attention is accounted for by FusedAttentionAccounting, so meta's math path for
-# scaled_dot_product_attention never runs. What fake tensors cannot run at all (constants made on meta,
-# MoE routing by values) gets a documented shape-only stand-in (`fake_tensors`).
+# Fake tensors claim `meta`: model code written to be planned on meta already skips its value checks there
+# (`if not x.is_meta: int(x.max())`), which fake tensors, having no values, could not run.
 _FAKE_DEVICE = torch.device("meta")
 # With `keep_values`, the device the fake tensors claim: that of the constants they carry (see estimate_call).
 _VALUES_DEVICE = torch.device("cpu")
 # The most elements a constant made by an op on constants may have: fake mode's own limit is 1 (scalars).
 _VALUES_NUMEL_LIMIT = 1 << 20
 
-# Methods named in the error when the requested one does not exist.
 _COMMON_CALLS = ("forward", "encode", "decode")
 
 
 class ActivationEstimateError(PlanError, RuntimeError):
-    """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...).
-
-    Its message is one line (torch's own, often multi-line, error shortened to its first line; the full error
-    is the `__cause__`). `for_component(name)` is the same error naming the pipeline component and what to
-    pass instead, as planners raise it."""
+    """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...): one line,
+    the full error in `__cause__`; `for_component(name)` names the pipeline component, as planners raise it."""
 
     def __init__(self, message: str, *, call: str = "", cause: str = "") -> None:
         super().__init__(message)
@@ -102,27 +80,16 @@ def estimate_call(
     keep_values: bool = False,
 ) -> CallEstimate:
     """`module.<method>(*args, **kwargs)` run on fake tensors under `torch.inference_mode()`: the peak bytes it
-    adds on top of the weights, and its return value with every tensor a `meta` tensor of the same shape, dtype
-    and strides (usable outside the estimate; tuples, dicts, output classes and objects holding tensors keep
-    their types).
+    adds on top of the weights, and its return value with every tensor a `meta` tensor laid out alike.
 
-    `module` may be on `meta` (the usual case: built by `accelerate.init_empty_weights()`), hold real
-    weights, or already be dispatched/offloaded with accelerate hooks (they are bypassed for the estimate and
-    restored); it is not modified and nothing of its size is allocated. `args` is a tuple (a lone tensor is
-    accepted) and `kwargs` a dict; their tensors may be `meta` or real, and only their shapes and dtypes
-    matter. `method` names the method to call (`"decode"` for a VAE). `dtype`, when given, is the floating
-    dtype the module will run in: floating weights and inputs are cast to it, except in the module's
-    `_keep_in_fp32_modules`, exactly as loading with `torch_dtype` would.
+    `module` may be on `meta`, hold real weights, or carry accelerate hooks (bypassed, then restored); it is not
+    modified. `args` is a tuple (or a lone tensor); only shapes and dtypes matter. `dtype`: the floating dtype the
+    module runs in, cast as loading with `torch_dtype` would (`_keep_in_fp32_modules` kept).
 
-    `keep_values`: real integer and boolean inputs (token ids, attention masks, image sizes) keep their values,
-    for models that size tensors by them (Lumina 2 reads each caption's length from its mask: `mask.sum(1)
-    .tolist()`). Their fake copies carry the values as constants, every op on constants alone is computed for
-    real (small, integer work), and the fake tensors then claim the CPU, where those constants live.
+    `keep_values`: real integer and boolean inputs keep their values as constants, for models that size tensors
+    by them (Lumina 2: `mask.sum(1).tolist()`); ops on constants alone then run for real, on the CPU.
 
-    Identical blocks called with inputs seen before, and a video VAE's decoder called again frame after frame
-    on a cache of the same shapes, are replayed, not run (`memo`: the peak is the same to the byte; a
-    replay that would not be exact makes the estimate run again without them), and a call estimated before on
-    an unchanged module is answered from memory (`memo`; not a call whose values are kept: its key holds shapes
+    Repeated calls are replayed and earlier estimates reused (`memo`; not with `keep_values`: the key holds shapes
     only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
     """
     _check_call(module, method)
@@ -148,8 +115,7 @@ def estimate_activations(
     method: str = "forward",
     dtype: torch.dtype | None = None,
 ) -> int:
-    """Peak bytes `module.<method>(*args, **kwargs)` under `torch.inference_mode()` adds on top of the weights:
-    `estimate_call(...).peak_bytes` (see there for what each argument may be)."""
+    """`estimate_call(...).peak_bytes`: what the call adds on top of the weights."""
     return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
 
 
@@ -224,13 +190,11 @@ class _FakeCopies:
 
     def module_tensors(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter and buffer by its full name (tied ones under each of their names)."""
-        # The same rule as sizing and loading: diffusers keeps these modules fp32 at any dtype, transformers
-        # only for fp16 (plus its `_strict` list for bf16).
         keep_fp32 = kept_fp32_module_names(module, self._dtype)
         named = list(module.named_parameters(remove_duplicate=False))
         named += list(module.named_buffers(remove_duplicate=False))
         return {
-            name: self.tensor(value, cast=not _in_kept_module(name, keep_fp32))
+            name: self.tensor(value, cast=keep_fp32.isdisjoint(name.split(".")))
             for name, value in named
             if value is not None
         }
@@ -259,9 +223,6 @@ def _constants_propagated(on: bool) -> Iterator[None]:
         fake_tensor_module.CONSTANT_NUMEL_LIMIT = limit
 
 
-def _in_kept_module(name: str, keep_fp32: set[str]) -> bool:
-    # A weight stays fp32 when one of its path segments names a kept module.
-    return bool(keep_fp32) and any(segment in keep_fp32 for segment in name.split("."))
 
 
 def _defines(module: nn.Module, method: str) -> bool:
@@ -303,6 +264,7 @@ def _describe(tree: Any) -> str:
     if isinstance(tree, (tuple, list)):
         return "(" + ", ".join(_describe(item) for item in tree) + ")"
     return repr(tree)
+
 
 # MemTracker's snapshot categories that are weights, not activations.
 _WEIGHT_CATEGORIES = ("Parameter", "Buffer")

@@ -1,53 +1,18 @@
 """What running a call on fake tensors needs around it: stand-ins for what fake tensors cannot run, attention
 counted as the fused kernels allocate, and the call's outputs made plain meta tensors for use outside.
 
-Stand-ins. Shape-only stand-ins for the few things real models do that fake tensors cannot run.
+Shape-only stand-ins: 1. constants made on `meta` (`MetaConstants` makes them on the CPU, where fake mode keeps
+small constants' values); 2. MoE routing read from values (every token to experts 0..k-1: the largest per-expert
+batch any routing gives, an upper bound); 3. HiDream's unpatchify by sizes held in a tensor (its reshape-only
+`is_training` branch); 4. bitsandbytes layers built on meta, which cannot forward without a quant state (the
+weight dequantized into a temporary, then one `F.linear`).
 
-1. `torch.tensor(data, device="meta")`: under `FakeTensorMode` a constant made straight on `meta` is a real
-   meta tensor that the next in-place op refuses, and it has no values. `MetaConstants` makes such constants
-   on the CPU instead, where the fake mode keeps small constants' values: code that reads them back (HiDream's
-   `img_sizes`, used as slice bounds) runs. An empty one (transformers' KV caches start as
-   `torch.tensor([], device=...)` and grow by `cat` with meta tensors) is moved to meta, where the fake mode
-   makes it a fake meta tensor. So LLM-style encoders (Llama, Gemma2, Qwen2.5-VL) are estimated as the
-   pipelines call them, their KV cache (allocated when `use_cache` is left on, as diffusers leaves it) included.
-2. Mixture-of-experts routing (`moe_infer`, DeepSeek-V3 style, used by HiDream-I1): how many tokens each
-   expert gets is read from the routing's values (`bincount().cpu().numpy()`), which fake tensors do not have.
-   `worst_case_routing` replaces it, for the length of the estimate, by the same computation under a routing
-   chosen without data: every token goes to experts 0..k-1 (k = activated experts per token). That is a
-   routing the gate may really produce and the largest per-expert batch any routing gives (each expert sees at
-   most every token once), so the estimate is an upper bound of the real peak, tight when routing is skewed,
-   above it by the experts' intermediate (tokens x hidden) for a balanced routing.
-3. Unpatchifying by sizes held in a tensor (HiDream-I1: `unpatchify(x, img_sizes, is_training)` slices each
-   image by `img_sizes[i]`'s values). Its other branch (`is_training=True`) computes the same output bytes by
-   reshapes alone; `shape_only_unpatchify` takes it for the length of the estimate.
-4. bitsandbytes layers built on meta (`Linear4bit`, `Linear8bitLt`): their quantization state is made when the
-   weights are quantized on a device, so their `forward` fails without it (an assert in `fix_4bit_weight_quant_state
-   _from_module`). For the estimate they compute as bitsandbytes computes a batch of tokens: the weight
-   dequantized into a temporary of the compute dtype, then one `F.linear` (`_dequantized_linear`).
+`FusedAttentionAccounting`: on a GPU, scaled-dot-product attention runs a fused kernel that never holds the
+L x S score matrix; meta's math path builds it, ~10x too high at image sequence lengths. The Python call is
+answered before dispatch with the fused kernel's allocations (output, and flash's log-sum-exp rows).
 
-Attention (`FusedAttentionAccounting`). Count scaled-dot-product attention the way the fused GPU kernels run it.
-
-On an accelerator, `torch.nn.functional.scaled_dot_product_attention` runs the flash or memory-efficient
-kernel: it never materialises the L x S score matrix; it allocates the output (L x Ev per head) and, for
-flash, a float32 log-sum-exp row (L per head). On meta or fake tensors there is no such kernel, and the
-op falls back to the math path, which builds the full score matrix (and its softmax) — an estimate that is
-~10x too high for image-size sequence lengths. `FusedAttentionAccounting` intercepts the Python call before
-dispatch (so it holds whichever device, backend choice or dispatch-mode order is in effect) and replaces it
-with exactly the allocations of the fused kernel.
-
-What is left out, on purpose: the kernels' on-chip tiles (not device memory), and the math fallback a GPU
-takes for unsupported shapes (e.g. head dims above 256 on older cards) — such models are rare and would be
-under-estimated by the score matrix.
-
-Outputs (`to_meta`). A call's return value made usable outside the estimate: every tensor in it becomes a plain `meta` tensor.
-
-Fake tensors belong to the `FakeTensorMode` that made them; outside it, code that builds on an estimate's
-output (the next component's inputs, a pipeline's own `__call__` run on stand-ins) needs tensors it can use
-anywhere. Each becomes a meta tensor of the same shape, dtype, strides and storage offset, and tensors that
-shared a storage share one again (a diffusers `DiagonalGaussianDistribution`'s `mean` and `logvar` are halves
-of its `parameters`). Structures keep their types: tuples, lists, dicts, namedtuples and the registered output
-classes (diffusers' `BaseOutput`, transformers' `ModelOutput`) through torch's pytree, and plain objects that
-hold tensors as attributes (the distribution above) as shallow copies with their attributes converted.
+`to_meta`: fake tensors belong to their mode; outside it every tensor becomes a plain meta tensor of the same
+layout, storages shared as they were, structures (pytrees and plain objects holding tensors) keeping their types.
 """
 
 from __future__ import annotations
@@ -163,6 +128,7 @@ def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Ite
         for sub, name in patched:
             delattr(sub, name)
 
+
 def fused_attention_output(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -173,12 +139,8 @@ def fused_attention_output(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """Allocate what a flash/memory-efficient attention kernel allocates and return its (empty) output.
-
-    The signature is `scaled_dot_product_attention`'s, so it can stand in for it; the mask, dropout, causal
-    flag and scale change values, not memory. The log-sum-exp is allocated alongside the output and freed
-    when the call returns, so it shows in the peak exactly while the kernel runs.
-    """
+    """Allocate what a flash/memory-efficient attention kernel allocates (its log-sum-exp only while it runs) and
+    return its (empty) output; mask, dropout, causal flag and scale change values, not memory."""
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ValueError(
             "scaled_dot_product_attention needs query, key and value with the same number (>= 2) of dims; "
@@ -215,6 +177,7 @@ class FusedAttentionAccounting(TorchFunctionMode):
                 self._on_call(query, key, value, output)
             return output
         return func(*args, **kwargs)
+
 
 _DEPTH = 4  # how deep objects inside objects are looked into
 

@@ -1,26 +1,11 @@
 """What an estimate sets aside while the module's call runs on fake tensors, and puts back exactly on exit.
 
-- accelerate's hooks (`accelerate_hooks_bypassed`): a module the caller already dispatched, offloaded or pinned
-  carries hooks that replace `module.forward` with a wrapper moving inputs to an execution device and loading
-  offloaded weights; on fake tensors that would mean moving them to a real device. What the estimate needs is
-  the module's own computation, so every hooked submodule runs its original forward (`_old_forward`, kept by
-  `add_hook_to_module`) and has no `_hf_hook` (entry points such as a VAE's `decode` check it).
-- the module's own state (`module_state_kept`): models cache what they compute lazily on their first call (Z-Image's
-  rotary embedder keeps its frequency tables in `self.freqs_cis`); computed during an estimate, that cache would
-  hold fake tensors, and the real run after it would read them (wrong values, or none). Every attribute of every
-  submodule (and of the plain objects they hold, and the lists and dicts among them) is put back as it was.
-- torch's own reports (`torch_silenced`): fake-tensor execution logs every meta kernel that raises ("failed
-  while attempting to run meta for aten.mm", with the whole traceback: 30-odd lines on stderr through torch's
-  own handler) before the exception reaches us, and some ops warn about what fake tensors do. The estimate
-  turns the exception into an `ActivationEstimateError` that names the component and what to do; torch's log
-  lines and warnings for the same event would only bury it, so the `torch` loggers are disabled and warnings
-  issued from torch's own modules are ignored.
-- Python's cyclic garbage collector (`collection_paused`): a fake run makes hundreds of thousands of short-lived
-  objects, which set off full collections that walk every object torch, diffusers and transformers loaded
-  (0.2 s of a 2 s plan). Paused, the estimate is also deterministic: a tensor freed only by a collection (one
-  caught in a reference cycle) would otherwise leave the live bytes when the collector happened to run; now it
-  stays counted to the end, as a run that never collects would hold it. Tensors freed by their last reference
-  going away, which is all of them in the models we estimate, are counted exactly as before.
+- accelerate's hooks: a dispatched module would move fake inputs to a real device; its original forwards run.
+- the module's own state: lazily computed caches (Z-Image's `freqs_cis`) would keep fake tensors for the real run.
+- torch's log lines and warnings: a failing meta kernel logs 30-odd lines before the exception reaches us, which
+  becomes an `ActivationEstimateError` naming the component; the log would only bury it.
+- the cyclic garbage collector: full collections over everything loaded cost 10% of a plan, and a tensor freed
+  only by a collection would leave the live bytes whenever it happened to run; paused, estimates are deterministic.
 """
 
 from __future__ import annotations
@@ -125,13 +110,7 @@ def module_state_kept(module: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for state, saved in objects:
-            for key in [key for key in state if key not in saved]:
-                del state[key]
-            for key, value in saved.items():
-                if state.get(key, _MISSING) is not value:
-                    state[key] = value
-        for container, saved in containers:
+        for container, saved in [*objects, *containers]:
             _put_back(container, saved)
 
 

@@ -1,66 +1,24 @@
 """Estimates not run twice: a repeated block called with inputs seen before is replayed (`BlockMemo`, within one
-estimate), and a call estimated before on an unchanged module is answered from memory (the cache, across
-plans). Both key on `calls.call_signature` and `calls.module_state`, and tell `CallObserver`s of the calls
-they skip.
+estimate), and a call estimated before on an unchanged module is answered from memory (the cache, across plans).
+Both key on `calls.call_signature` and `calls.module_state`, and tell `CallObserver`s of the calls they skip.
 
-Repeated calls estimated once: a block called with inputs an identical block (or itself) was called with before
-is replayed, not run.
+A FLUX DiT runs 57 blocks of two kinds, a causal video VAE its decoder once per latent frame: each call on fake
+tensors costs as much as the first and tells nothing new. Candidates are the repeated members of a ModuleList or
+Sequential and the estimated module's children. A replay allocates and frees the first run's transient at once
+(every tracker sees its peak), rebuilds its outputs and list/dict writes (`calls.Effects`), counts its FLOPs
+again and reports its submodules' calls in order. A run is recorded only when what it did can be described;
+blocks with foreign hooks are never replayed; a replay that diverges reruns the estimate without the memo.
 
-A FLUX DiT runs 57 blocks of two kinds, Wan 40 of one, T5-XXL 24; a causal video VAE (Wan's) runs its decoder
-once per latent frame, 21 times for 81 frames: each such call on fake tensors costs as much as the first and tells
-nothing new. The candidates, within one estimate:
-
-- the members of a `ModuleList` or `nn.Sequential` that have submodules and share their class and parameter
-  shapes with another member (the repeated blocks of a DiT or a text encoder);
-- the children of the estimated module that have submodules (a VAE's `encoder` and `decoder`, which its
-  `_encode`/`_decode` call in a loop over frames).
-
-When a candidate is called and an identical block (`calls.module_state`, the layer index left out) was
-called before with the same inputs (`calls.call_signature`, where a view starts in its storage left out:
-`calls`), and with its lists and dicts aliased alike, the call is replayed (`Effects.apply`):
-
-- its transient: an empty storage of the first run's peak above the live bytes at its entry is allocated and
-  freed at once, so every tracker sees the peak a full run reaches (the storages a block allocates and frees do
-  not depend on what was live before it: its inputs are held by its caller for the whole call, and the cache
-  entries it replaces are freed as they were, checked);
-- its outputs and writes: new empty tensors of the recorded shapes, strides and dtypes, storages shared as they
-  were; an output that was an input is that input again, a view of an input the same view of it; the lists and
-  dicts it was given (Wan's `feat_cache` and `feat_idx`) hold what the run left in them. The live bytes after the
-  call are the full run's;
-- its FLOPs and bytes touched (`tracking.FlopTally`): the first run's, counted again;
-- its submodules' calls, in order, reported to their `CallObserver`s (`record_module_order`), so the order a
-  split is cut in does not change.
-
-A first run is recorded only when what it did can be described (`calls`), checked on the tracker: the
-block's own state is as it was, the storages it freed were inputs it dropped from a list or dict, and the ones it
-left alive are exactly those of its outputs and of what it wrote into its lists and dicts (a block that stashes a
-tensor on itself is run every time). Blocks carrying hooks other than observers, or a `forward` wrapped by other
-code, are never replayed. A replay that finds the frees differ from its run's stops the memo for this estimate,
-which runs again without it (`ReplayDiverged`). `PLACEMENT_BLOCK_MEMO=0` turns the memo off (for A/B runs).
-
-Estimates reused across plans: a call estimated once is answered from memory while nothing it depends on
-has changed.
-
-A load plans several times (formats, VAE techniques, suggestions, what-would-fit offers), and a pipeline's
-`__call__` run on stand-ins calls each component once per step with the same inputs: each distinct call is
-estimated once. The key is everything the estimate depends on: the module's state (`calls.module_state`:
-classes, parameter and buffer shapes and dtypes, plain attributes such as a VAE's `use_tiling`), the method,
-the inputs' signature, the dtype the weights are cast to, torch's default dtype, and whether the block memo is
-on. So weights re-cast, a technique toggled or a processor swapped in between give another key: a changed
-module never gets a stale answer.
-
-A module whose state equals one estimated before gets that one's answer: the key holds everything the estimate
-depends on, so Wan 2.2 A14B's two experts (one config, other weights) are one estimate, not two.
-
-Entries are held per module, weakly (a module freed drops its entries), at most `_PER_MODULE` of them. A call is
-never cached when its inputs hold something other than tensors and plain values, or when a module in it carries
-hooks other than `CallObserver`s (they would not see a call answered from memory; the observers are told the
-recorded calls). `PLACEMENT_ESTIMATE_CACHE=0` turns it off.
+The cache key holds everything an estimate depends on (module state, method, inputs, dtype, torch's default
+dtype, whether the memo is on), so a changed module never gets a stale answer and two modules of equal state
+(Wan 2.2's two experts) share one. Entries are held per module, weakly, at most `_PER_MODULE` of them; a call
+whose inputs hold other than tensors and plain values, or whose modules carry foreign hooks, is never cached.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import weakref
@@ -143,9 +101,10 @@ class BlockMemo:
         if effects is None:
             self._failures[group] = self._failures.get(group, 0) + 1
         else:
-            self._records[key] = _Record(transient_bytes=window.transient_bytes, effects=effects,
-                                         flops=self._tally.flops - flops, bytes_touched=self._tally.bytes_touched - touched,
-                                         children=self._log.paths(block, start, len(self._log.calls)))
+            self._records[key] = _Record(
+                transient_bytes=window.transient_bytes, effects=effects, flops=self._tally.flops - flops,
+                bytes_touched=self._tally.bytes_touched - touched,
+                children=self._log.paths(block, start, len(self._log.calls)))
         return output
 
 
@@ -190,6 +149,7 @@ class _Record:
         del transient  # the first run's peak above the live bytes at entry, reached for an instant
         notify_paths(block, self.children)
         return self.effects.apply(inputs, tracker)
+
 
 CACHE_ENV = "PLACEMENT_ESTIMATE_CACHE"
 _PER_MODULE = 64  # distinct calls remembered per module (the oldest goes first)
@@ -236,8 +196,7 @@ def cached(module: nn.Module, key: Hashable | None) -> CachedCall | None:
             return None
         remember(module, key, entry)
     notify_paths(module, entry.calls)
-    return CachedCall(peak_bytes=entry.peak_bytes, output=to_meta(entry.output), calls=entry.calls,
-                      flops=entry.flops, bytes_touched=entry.bytes_touched)
+    return dataclasses.replace(entry, output=to_meta(entry.output))
 
 
 def remember(module: nn.Module, key: Hashable | None, call: CachedCall) -> None:

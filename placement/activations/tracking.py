@@ -2,51 +2,13 @@
 (`LiveStorageTracker`), which modules are called (`CallObserver`, `CallLog`), and the FLOPs and bytes touched
 (`FlopTally`).
 
-LiveStorageTracker: the peak of live tensor-storage bytes while a call runs, weights left out.
-
-Why not `torch.distributed._tools.mem_tracker.MemTracker`? It exists in this torch and gives the same peak
-(the tests measure real runs with it, as an independent reference), but it installs global module hooks and
-rescans every tracked module after every op: on a FLUX-size DiT at 1024x1024 it costs more than the fake
-forward itself. This tracker keeps only what the estimate needs: one running total, one peak.
-
-How it counts: every tensor an op returns is looked at by its untyped storage (so views and in-place results
-add nothing); a storage seen for the first time adds its bytes, and a weak reference on it takes them away
-when the program drops the last tensor that uses it — the same moment a real allocator would free it.
-Storages registered with `exclude` (the weights) are never counted, even when an op returns a view of one
-(`weight.t()` inside `linear`).
-
-Call observers: forward pre-hooks that note only *that* a module was called, so an estimate may skip calls.
-
-An estimate skips calls in two places: an identical block called again with inputs already seen is replayed
-(`memo`), and a whole call estimated before is answered from the cache (`memo`). A hook that reads a
-call's inputs or outputs cannot be told about a skipped call, so where a module carries one, nothing under it is
-skipped (`only_observed`). A `CallObserver` (what `unit_order.record_module_order` registers) needs nothing but
-the module: a skipped call is reported to it with `notify`, in the order the real run called the modules, so the
-order a split is cut in is the same with or without skipping.
-
-`CallLog` is the observer an estimate puts on every submodule while it runs: the sequence of calls it sees is
-what a replay or a cache hit reports later.
-
-FLOPs and bytes touched by one call, counted on the same fake tensors as the activation estimate.
-
-The plan's time model (`placement.time_model`) needs what a component computes per run at the call's shapes:
-`FlopTally` counts it while the estimate runs, for free next to the fake forward that already happens. The
-formulas are torch's own (`torch.utils.flop_counter.flop_registry`: matmuls, convolutions, attention kernels),
-applied as `FlopCounterMode` applies them: an op without a formula is decomposed when it has a decomposition
-(under inference mode `aten.linear` reaches dispatch whole; its decomposition holds the `addmm`), and counts 0
-otherwise (elementwise ops, norms: memory-bound, seen in the bytes instead). So a call counted here equals
-`FlopCounterMode` on a real run of the same call, to the FLOP (tests hold it), except attention:
-`FusedAttentionAccounting` answers `scaled_dot_product_attention` before dispatch (as the fused GPU kernels
-allocate), so it reports the call here (`attention`), counted as the fused kernels compute it: Q K^T and P V,
-2 FLOPs per multiply-add (on the CPU, FlopCounterMode sees `_scaled_dot_product_flash_attention_for_cpu`, which
-has no formula, and counts 0).
-
-Why not `FlopCounterMode` itself: it tracks the module hierarchy with global module hooks (costly on a FLUX-size
-DiT, and the block memo must see no foreign hooks) and keeps per-module tables the plan does not read.
-
-Bytes touched: per op that computes (not views), the bytes of its tensor inputs and outputs: a memory-traffic
-upper bound without caches, weights read once per op that uses them; the time model sets it against the memory
-bandwidth for the memory-bound part of a run (VAE decoders, norms).
+Not torch's MemTracker or FlopCounterMode: both install global module hooks (costly on a FLUX-size DiT, and the
+block memo must see no foreign hooks). The tracker counts each storage once, from the first op returning it until
+a weak reference sees it die, weights excluded. An estimate skips calls (`memo`), so modules under a hook that
+reads inputs or outputs are never skipped; `CallObserver`s only need to know a module ran and are told of
+skipped calls in order. `FlopTally` applies torch's `flop_registry` formulas as FlopCounterMode does (equal to
+the FLOP, tests hold it), with attention counted as the fused kernels compute it; bytes touched are each
+computing op's inputs and outputs, a memory-traffic upper bound.
 """
 
 from __future__ import annotations
@@ -65,6 +27,7 @@ from torch.nn.modules import module as torch_module
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
 
 class LiveStorageTracker(TorchDispatchMode):
     """A dispatch mode that records `live_bytes` and its maximum `peak_bytes`.
@@ -140,6 +103,7 @@ class Window:
 
     entry_bytes: int
     transient_bytes: int = 0
+
 
 class CallObserver:
     """A forward pre-hook (`module.register_forward_pre_hook(observer)`) that only notes which module ran."""
@@ -230,11 +194,10 @@ def notify_paths(root: nn.Module, paths: Iterable[str]) -> None:
     for path in paths:
         notify(modules[path])
 
-_SHAPE_QUERIES = {torch.ops.aten.sym_size.default, torch.ops.aten.sym_stride.default, torch.ops.aten.size.default,
-                  torch.ops.aten.stride.default, torch.ops.aten.numel.default, torch.ops.aten.dim.default,
-                  torch.ops.aten.is_contiguous.default, torch.ops.aten.sym_numel.default,
-                  torch.ops.aten.sym_storage_offset.default, torch.ops.aten.storage_offset.default,
-                  torch.ops.prim.layout.default, torch.ops.prim.device.default}
+
+_SHAPE_QUERIES = {getattr(torch.ops.aten, name).default for name in (
+    "sym_size", "sym_stride", "size", "stride", "numel", "dim", "is_contiguous", "sym_numel", "sym_storage_offset",
+    "storage_offset")} | {torch.ops.prim.layout.default, torch.ops.prim.device.default}
 
 
 class FlopTally(TorchDispatchMode):
