@@ -1,15 +1,7 @@
-"""Transformer pieces shared by the reference models: attention, feed-forward, norms, timestep embeddings.
-
-Every attention goes through `torch.nn.functional.scaled_dot_product_attention`: the activation-memory
-estimator of the planner observes that call, and it is the fast kernel on every backend.
-
-Convolutional pieces shared by the UNet and the VAE: resnet blocks, resampling, spatial self-attention.
-
-The parameter layouts follow diffusers' `ResnetBlock2D`, `Downsample2D`, `Upsample2D` and the VAE mid-block
-attention, so that the presets have the parameter counts of the real models.
-
-Checks of forward inputs, shared by the reference models: each failure is a CallError that says
-which model and argument, what the config expects and what was given."""
+"""Layers and input checks shared by the reference models, in diffusers' parameter layouts (so presets have the
+real models' parameter counts). Attention goes through `scaled_dot_product_attention`: the planner's
+activation estimator observes that call.
+"""
 
 from __future__ import annotations
 
@@ -83,7 +75,7 @@ class FeedForward(nn.Module):
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, S, heads*D) -> (B, heads, S, D), the layout scaled_dot_product_attention takes."""
+    """(B, S, heads*D) -> (B, heads, S, D)."""
     batch, seq, _ = x.shape
     return x.view(batch, seq, heads, -1).transpose(1, 2)
 
@@ -95,11 +87,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self- or cross-attention (cross when `context_dim` is given).
-
-    `forward(x, context=None, mask=None)`: `mask` is a boolean (B, 1, S_q or 1, S_kv) tensor, True where
-    attention is allowed, or None; `causal=True` adds a causal mask (text encoders of the CLIP kind).
-    """
+    """Multi-head self- or cross-attention; `mask` is boolean, True where attention is allowed."""
 
     def __init__(
         self,
@@ -263,7 +251,6 @@ def check_spatial_multiple(model: str, name: str, tensor: torch.Tensor, multiple
 
 
 def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | None, batch: int) -> None:
-    """`pooled` is required exactly when the config has a `pooled_projection_dim`."""
     if expected_dim is None:
         if pooled is not None:
             raise CallError(
@@ -283,7 +270,6 @@ def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | No
 def check_denoiser_inputs(
     model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int, text_dim_field: str
 ) -> None:
-    """The denoiser call `(latents, timestep, encoder_hidden_states, pooled)` shared by UNet and DiT."""
     check_rank(model, "latents", latents, 4, "(B, C, H, W)")
     check_channels(model, "latents", latents, config.in_channels, "in_channels")
     check_spatial_multiple(model, "latents", latents, spatial_multiple)
@@ -304,7 +290,7 @@ def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None
 def timesteps_for_batch(
     model: str, timestep: torch.Tensor | float | int, batch: int, device: torch.device
 ) -> torch.Tensor:
-    """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`: one timestep per sample."""
+    """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`."""
     t = torch.as_tensor(timestep, device=device)
     if t.ndim == 0:
         t = t.expand(batch)
