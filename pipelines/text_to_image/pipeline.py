@@ -101,14 +101,8 @@ class ComponentCall:
         return estimate_activations(module, self.args, self.kwargs, method=self.method, dtype=dtype)
 
 
-def text_to_image_activation_inputs(
-    pipe,
-    height: int,
-    width: int,
-    batch_size: int = 1,
-    num_images_per_prompt: int = 1,
-    guidance_scale: float = 4.0,
-) -> dict[str, ComponentCall]:
+def text_to_image_activation_inputs(pipe, height: int, width: int, batch_size: int = 1, num_images_per_prompt: int = 1,
+                                    guidance_scale: float = 4.0) -> dict[str, ComponentCall]:
     """Per module component, the inputs `pipe(prompt, ...)` gives it, on meta; defaults as `__call__`'s."""
     _check_spec(pipe, height, width, batch_size, num_images_per_prompt)
     images = batch_size * num_images_per_prompt

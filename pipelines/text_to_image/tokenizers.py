@@ -45,13 +45,8 @@ class ByteTokenizer(ConfigFileComponent):
     def model_max_length(self) -> int:
         return self._config.model_max_length
 
-    def __call__(
-        self,
-        texts: str | Sequence[str],
-        max_length: int | None = None,
-        padding: Padding | str = Padding.MAX_LENGTH,
-        truncation: bool = True,
-    ) -> dict[str, torch.Tensor]:
+    def __call__(self, texts: str | Sequence[str], max_length: int | None = None,
+                 padding: Padding | str = Padding.MAX_LENGTH, truncation: bool = True) -> dict[str, torch.Tensor]:
         """{"input_ids": (B, L) int64, "attention_mask": (B, L) int64, 1 on real tokens}."""
         texts = [texts] if isinstance(texts, str) else texts
         if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence) or not texts or not all(

@@ -179,15 +179,8 @@ class TileGrid:
         return weight.to(dtype)
 
 
-def blend_tiles(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    x: torch.Tensor,
-    *,
-    tile_size: int,
-    overlap: int,
-    scale: float,
-    align: int = 1,
-) -> torch.Tensor:
+def blend_tiles(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, tile_size: int, overlap: int,
+                scale: float, align: int = 1) -> torch.Tensor:
     """`fn(x)` tile by tile, `fn` scaling h and w by `scale`; `align` keeps a downscaled tile on whole pixels."""
     height, width = x.shape[-2:]
     rows = TileGrid.cover(height, tile_size, overlap, align)

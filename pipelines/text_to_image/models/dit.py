@@ -212,13 +212,8 @@ class DiT(ModelMixin):
         )
         self.output = OutputLayer(dim, patch_features)
 
-    def forward(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor | float | int,
-        encoder_hidden_states: torch.Tensor,
-        pooled: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor | float | int,
+                encoder_hidden_states: torch.Tensor, pooled: torch.Tensor | None = None) -> torch.Tensor:
         check_denoiser_inputs(type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
                               spatial_multiple=self.config.patch_size, text_dim_field="joint_attention_dim")
         batch, _, height, width = latents.shape

@@ -89,16 +89,8 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Multi-head self- or cross-attention; `mask` is boolean, True where attention is allowed."""
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        heads: int,
-        head_dim: int,
-        context_dim: int | None = None,
-        qkv_bias: bool = False,
-        out_bias: bool = True,
-    ):
+    def __init__(self, dim: int, *, heads: int, head_dim: int, context_dim: int | None = None,
+                 qkv_bias: bool = False, out_bias: bool = True):
         super().__init__()
         inner = heads * head_dim
         kv_dim = context_dim if context_dim is not None else dim
@@ -108,14 +100,8 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(kv_dim, inner, bias=qkv_bias)
         self.to_out = nn.Linear(inner, dim, bias=out_bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        causal: bool = False,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                causal: bool = False) -> torch.Tensor:
         source = x if context is None else context
         q = split_heads(self.to_q(x), self.heads)
         k = split_heads(self.to_k(source), self.heads)
@@ -155,15 +141,8 @@ class MLPEmbedding(nn.Module):
 class ResnetBlock2D(nn.Module):
     """GroupNorm-SiLU-conv twice, with an optional timestep-embedding shift and a 1x1 shortcut when widths differ."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        *,
-        temb_channels: int | None,
-        groups: int,
-        eps: float = 1e-6,
-    ):
+    def __init__(self, in_channels: int, out_channels: int, *, temb_channels: int | None, groups: int,
+                 eps: float = 1e-6):
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, in_channels, eps=eps)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
@@ -267,9 +246,8 @@ def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | No
     check_batch(model, "pooled", pooled, batch)
 
 
-def check_denoiser_inputs(
-    model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int, text_dim_field: str
-) -> None:
+def check_denoiser_inputs(model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int,
+                          text_dim_field: str) -> None:
     check_rank(model, "latents", latents, 4, "(B, C, H, W)")
     check_channels(model, "latents", latents, config.in_channels, "in_channels")
     check_spatial_multiple(model, "latents", latents, spatial_multiple)
@@ -287,9 +265,8 @@ def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None
         )
 
 
-def timesteps_for_batch(
-    model: str, timestep: torch.Tensor | float | int, batch: int, device: torch.device
-) -> torch.Tensor:
+def timesteps_for_batch(model: str, timestep: torch.Tensor | float | int, batch: int,
+                        device: torch.device) -> torch.Tensor:
     """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`."""
     t = torch.as_tensor(timestep, device=device)
     if t.ndim == 0:

@@ -272,13 +272,8 @@ class UNet(ModelMixin):
     def downsampling_factor(self) -> int:
         return 2 ** (len(self.config.block_out_channels) - 1)
 
-    def forward(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor | float | int,
-        encoder_hidden_states: torch.Tensor,
-        pooled: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor | float | int,
+                encoder_hidden_states: torch.Tensor, pooled: torch.Tensor | None = None) -> torch.Tensor:
         check_denoiser_inputs(type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
                               spatial_multiple=self.downsampling_factor, text_dim_field="cross_attention_dim")
         timesteps = timesteps_for_batch(type(self).__name__, timestep, latents.shape[0], latents.device)
