@@ -1,8 +1,7 @@
 """The checkpoint folder's file names, exactly as diffusers and transformers write them (a variant goes before
 the last suffix, as `diffusers.utils._add_variant` puts it), and its JSON config files: one writer and one
 reader, `_class_name` and other "_" keys as bookkeeping beside the pydantic fields, every failure naming the
-file and the field.
-"""
+file and the field."""
 
 from __future__ import annotations
 
@@ -115,8 +114,7 @@ def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file
 
 def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
     """Written to a temporary sibling and renamed: never half a file, and a file hard-linked from an earlier save
-    is never modified.
-    """
+    is never modified."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         temporary.write_text(json.dumps(content, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")

@@ -2,8 +2,7 @@
 model, from the headers alone: a 20 GB checkpoint is inspected in milliseconds, and every problem (a missing
 shard, a truncated file, a key or shape mismatch, a dtype the model cannot take) is reported before a weight
 moves. Without `torch_dtype`, one float parameter stored in another float dtype than the rest would fail at the
-first call, so it is refused here; integer and bool tensors are never cast.
-"""
+first call, so it is refused here; integer and bool tensors are never cast."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class WeightsIndex:
         """accelerate's offload index serving model tensors from the checkpoint files themselves (no copy).
 
         `names`: model tensor names (a tied one absent from the checkpoint served by its source in `tied_weights`),
-        or {model name: checkpoint name}; `dtype_of(entry)`: the dtype each is read back as.
-        """
+        or {model name: checkpoint name}; `dtype_of(entry)`: the dtype each is read back as."""
         if isinstance(names, Mapping):
             sources = dict(names)
         else:
@@ -296,8 +294,7 @@ def validate_weights(module: nn.Module, weights: WeightsIndex, *, tied_weights: 
                      ) -> None:
     """Raise if a key is missing or unexpected, or a shape differs, naming each.
 
-    Tied weights may be absent (re-tied after loading); keys matching an `ignore_unexpected` regex may be extra.
-    """
+    Tied weights may be absent (re-tied after loading); keys matching an `ignore_unexpected` regex may be extra."""
     expected = expected_shapes(module, model_tensors)
     tied = set(tied_weights or ())
     present = set(weights.tensors)

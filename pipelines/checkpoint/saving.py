@@ -4,8 +4,7 @@ A save writes a fresh staging folder beside the target, then links in every old 
 owns (other variants, a README survive) and swaps the staging folder into place: a failed save leaves the
 target as it was, and a writer truncating a file only ever touches a new one, never a file a concurrent load
 maps. A regular file and the working folder are never targets. Staging folders carry their pid, so one left by
-a killed save is removed by the next save once that process is gone.
-"""
+a killed save is removed by the next save once that process is gone."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Pa
     """Yield an empty staging folder; on success it replaces `target`, carrying over what the save left alone.
 
     `rewrites(path)` ("/"-separated, relative to the target) names old entries the save owns: dropped even when
-    not rewritten (a sharded checkpoint re-saved as one file must not keep its old index).
-    """
+    not rewritten (a sharded checkpoint re-saved as one file must not keep its old index)."""
     target = check_target(target)
     staging = target.parent / f".{target.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -119,8 +117,7 @@ def _link_or_copy(source, destination) -> None:
 
 def _swap_into_place(staging: Path, target: Path) -> None:
     """Put `staging` at `target`: in one renameat2 exchange where Linux offers it (a concurrent load sees the old or
-    the new folder), else two renames, undone if the second fails. The old folder ends up at `staging`.
-    """
+    the new folder), else two renames, undone if the second fails. The old folder ends up at `staging`."""
     if not target.exists():
         os.rename(staging, target)
         return
@@ -210,8 +207,7 @@ def save_weights(state_dict: Mapping[str, torch.Tensor], folder: str | Path, *,
 
     `offloaded` serves `meta` placeholders of weights kept elsewhere (`hooks.gather.offloaded_weights`), each read
     as its shard is written: at most one shard of them is in memory at once. Shared memory is refused (declare
-    tied weights instead).
-    """
+    tied weights instead)."""
     folder = Path(folder)
     naming = WeightsNaming(weights_name=weights_name, variant=variant)
     offloaded = {} if offloaded is None else offloaded

@@ -4,8 +4,7 @@ bar in bytes (one over a whole pipeline load when the loader opens `load_progres
 A CPU load keeping the checkpoint's dtype copies nothing: `safe_open(...).get_tensor` returns tensors backed by
 a private map of the file. A cast or a move makes the one real copy (cast first, on the host, as accelerate
 does), and the file is reopened every `_REMAP_BYTES` so pages already read stop counting against the process.
-Saves replace files rather than rewrite them, so a mapped model stays valid when its folder is saved over.
-"""
+Saves replace files rather than rewrite them, so a mapped model stays valid when its folder is saved over."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def load_weights(module: nn.Module, weights: WeightsIndex, *, device_map: Mappin
     `device_map` ({module path: device}, None = all on "cpu"): the longest matching prefix wins; parameters on
     "disk" stay on meta for the dispatch step, their buffers load to the CPU. `dtype` casts floating tensors except
     in `keep_in_fp32` modules. `ignore_unexpected`: regexes of checkpoint keys left unread. Keys and shapes are
-    validated first; on any failure every tensor goes back to meta, so no half-loaded model holds memory.
-    """
+    validated first; on any failure every tensor goes back to meta, so no half-loaded model holds memory."""
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     stream_weights(module, weights, device_map=device_map, load_dtypes=load_dtypes(weights, dtype, keep_in_fp32),
                    tied_weights=tied_weights, progress=progress, label=label, accelerators=accelerators)
@@ -118,8 +116,7 @@ def stream_weights(module: nn.Module, weights: WeightsIndex, *, device_map: Mapp
 def _place_unsaved_buffers(module: nn.Module, device_map: Mapping[str, Device] | None,
                            accelerators: Accelerators) -> None:
     """Buffers no checkpoint holds (CLIP's `position_ids`) to the accelerator their module is planned on: a CPU
-    `position_ids` indexing a GPU embedding fails. Streamed modules' hooks move their own.
-    """
+    `position_ids` indexing a GPU embedding fails. Streamed modules' hooks move their own."""
     if device_map is None:
         return
     normalized = {key: normalize_device(device) for key, device in device_map.items()}
@@ -224,8 +221,7 @@ def _stream_file(path: Path, items: list[_Read], *, on_tensor: Callable[[int], o
 
 def set_tensor(read: _Read, value: torch.Tensor) -> None:
     """`value` cast, moved and set in place of its meta tensor: accelerate's `set_module_tensor_to_device` without
-    the per-call lookups that cost a third of a load's time; other parameter classes (quantized) go through it.
-    """
+    the per-call lookups that cost a third of a load's time; other parameter classes (quantized) go through it."""
     if value.dtype != read.dtype:
         value = value.to(read.dtype)
     value = value.to(read.target)  # the same tensor when it is there already (a CPU load keeps the mapping)

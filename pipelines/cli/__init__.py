@@ -2,8 +2,7 @@
 
 Only argparse and the subcommands' parsers load at import, so `--help` and argument errors answer at once.
 Exit codes: 0 success, 2 bad input, 1 internal error, 130 Ctrl-C. Errors are one line in flag names, never a
-traceback unless `--debug` or PLACEMENT_DEBUG=1; a reader that stops early (`| head`) ends it quietly with 0.
-"""
+traceback unless `--debug` or PLACEMENT_DEBUG=1; a reader that stops early (`| head`) ends it quietly with 0."""
 
 from __future__ import annotations
 
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _reader_gone() -> int:
     """stdout's reader closed the pipe (`| head`): stop quietly, stdout pointed at /dev/null so the final flush
-    does not fail again.
-    """
+    does not fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

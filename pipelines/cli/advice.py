@@ -1,8 +1,7 @@
 """What a plan's outcome does not say by itself, worked out (never guessed) and said in flag names: how a float32
 plan would do in bfloat16, that a CPU budget was detected here rather than given, what GPU budgets would give
 on a machine without GPUs, and why a GPU no larger than the runtime overhead holds nothing. A `DoesNotFitError`
-carries these lines with it, the likeliest fix first (dtype, budgets, then the disk).
-"""
+carries these lines with it, the likeliest fix first (dtype, budgets, then the disk)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def plan_with_advice(make_plan: TargetPlanner, *, dtype: Optional[str], max_memo
                      budgets_example: str, suggest_gpus: bool = False) -> tuple[Plan, list[str]]:
     """`make_plan(torch_dtype=...)` at `dtype` and the advice for its outcome; a planning error is raised again as a
     `DoesNotFitError` carrying the advice. `suggest_gpus`: work out GPU budgets where there are none (not for a
-    run, which can only use what is here).
-    """
+    run, which can only use what is here)."""
     outcome = _attempt(make_plan, dtype)
     lines = advise(outcome, make_plan=make_plan, dtype=dtype, max_memory=max_memory, budgets_example=budgets_example,
                    suggest_gpus=suggest_gpus)

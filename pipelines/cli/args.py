@@ -4,8 +4,7 @@ Imports nothing beyond the standard library, so `placement --help` and argument 
 check the syntax, `placement` parses the values when the command runs. `--max_memory` is read as `--max-memory`
 (accelerate's and diffusers' scripts use underscores); an unknown flag or command names the closest known one;
 an error is one line and a pointer to `--help`; a value starting with "-" is a value (`--max-memory -1=24GiB`
-reaches the budget parser, which says why a device id is never negative).
-"""
+reaches the budget parser, which says why a device id is never negative)."""
 
 from __future__ import annotations
 
@@ -210,8 +209,7 @@ def call_spec(args: argparse.Namespace) -> dict | None:
 
 def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | None:
     """Why `flag`'s `path` cannot be written as a file or used as a folder (made if absent), or None: checked before
-    any work, so a typo does not cost a plan first.
-    """
+    any work, so a typo does not cost a plan first."""
     if path is None or path == "-":
         return None
     path = Path(path)

@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from .targets import check_callable, default_call
     from .targets import resolve_budgets_arg, warnings_once
     from .run_job import RunJob
-    from .targets import hf_libraries, pipeline_class_of
+    from ..distributed.replica import folder_pipeline_class
+    from .targets import hf_libraries
 
     launch = Launch.from_env()
     if args.group_size is not None and not launch.distributed:
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     locked = run_lock(args.out, wait=args.wait) if launch.rank == 0 else nullcontext()
     with locked, _pipeline_folder(args.target) as (source, configs, label):
         with quiet(preload=hf_libraries(configs)):  # reading the class may import diffusers: quietly
-            cls = pipeline_class_of(configs)
+            cls = folder_pipeline_class(configs)
             check_callable(configs, cls)
             call = {**default_call(configs, cls), **given}  # what the images are made with: plan and run.json
         job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,

@@ -1,7 +1,6 @@
 """The steps of `placement run` once its arguments are read: check DIR (nothing left: say so, load nothing), plan
 and print the verdict, load that very plan, make the images. Under torchrun each rank loads its replica and
-DIR is checked through rank 0, so every rank agrees on what is left.
-"""
+DIR is checked through rank 0, so every rank agrees on what is left."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ imports torch), never for `--help`.
 `placement run` passes the pipeline only what the user gave; to plan that call and size its progress bar it
 reads the same defaults beforehand: the class's `__call__` defaults (ours, or the diffusers class the folder
 names) and, for diffusers' `height=None`, diffusers' own rule (the denoiser's `sample_size` times the VAE's
-downsampling). A number not found this way stays unknown, and the plan is made for weights only.
-"""
+downsampling). A number not found this way stays unknown, and the plan is made for weights only."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from placement.devices import device_label, normalize_device
 from placement.errors import PlacementError
 from placement.sizes import parse_budget
 
+from ..distributed.replica import folder_pipeline_class
 from ..errors import LoadError
 from ..hf.quiet import hf_libraries, quiet
 from .args import BUDGET_EXAMPLE, BudgetsArg
@@ -85,23 +85,11 @@ def _one_edit(a: str, b: str) -> bool:
     return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
-def pipeline_class_of(folder: Path) -> type:
-    """The folder's own pipeline class when it is one of ours (so call= works), else the generic Pipeline."""
-    import pipelines
-
-    from ..folder.model_index import ModelIndex
-    from ..framework.pipeline import Pipeline
-
-    found = getattr(pipelines, ModelIndex.read(folder).class_name, None)
-    return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
-
-
 @dataclass(kw_only=True)
 class TargetPlanner:
     """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly.
 
-    A preset is built in memory, not loaded, so `layerwise_casting` (--layerwise-casting) applies to folders only.
-    """
+    A preset is built in memory, not loaded, so `layerwise_casting` (--layerwise-casting) applies to folders only."""
 
     target: str
     device_map: Any
@@ -135,7 +123,7 @@ class TargetPlanner:
         if self.layerwise_casting:
             options["layerwise_casting"] = dict(self.layerwise_casting)
         with quiet(preload=hf_libraries(folder)):
-            return pipeline_class_of(folder).plan_placement(folder, **options)
+            return folder_pipeline_class(folder).plan_placement(folder, **options)
 
 
 
@@ -232,7 +220,7 @@ def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:
         return class_defaults(TextToImagePipeline)
     folder = planner.folder()
     with quiet(preload=hf_libraries(folder)):
-        return default_call(folder, pipeline_class_of(folder))
+        return default_call(folder, folder_pipeline_class(folder))
 
 
 _FLAGS = {"num_inference_steps": "steps"}  # call keys whose flag has another name

@@ -5,8 +5,7 @@ Each file is written through a temporary file renamed into place, so a stopped r
 image run.json does not list (the run stopped between the two writes) is made again. A rerun skips the images
 done; one of another source, call or seed is refused unless `overwrite`. `run_lock` makes a run OUT's only
 writer: an exclusive `flock` the kernel drops however the process ends (kill -9 included), so a crashed run
-never blocks the next, and the holder clears the temporary files a killed run left.
-"""
+never blocks the next, and the holder clears the temporary files a killed run left."""
 
 from __future__ import annotations
 
@@ -114,8 +113,7 @@ class RunFolder:
 
     def unrecorded(self, prompts: list[str]) -> list[str]:
         """Images in OUT that run.json does not list (a run stopped before recording them): their prompt and seed cannot
-        be vouched for, so they are made again.
-        """
+        be vouched for, so they are made again."""
         if self.overwrite or not self.out.is_dir():
             return []
         names = {image_name(index): index for index in range(len(prompts))}
@@ -142,15 +140,10 @@ class RunFolder:
                    "images": [self.entries[index] for index in sorted(self.entries)]}
         write_atomically(self.out / RUN_FILE, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
 
-    @property
-    def path(self) -> Path:
-        return self.out / RUN_FILE
-
 
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary sibling and a rename (readers see old or new, never a part), with the
-    umask's mode rather than mkstemp's 0600; a failure names `path`.
-    """
+    umask's mode rather than mkstemp's 0600; a failure names `path`."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -4,8 +4,7 @@ Prompt i uses a CPU generator seeded `seed + i`, so its image never depends on w
 work in rounds (each rank makes one image, rank 0 writes them) and agree between rounds whether to stop.
 Ctrl-C (or the SIGTERM torchrun's agent sends) finishes the current image first; a second one stops at once,
 but one press reaches a torchrun worker twice within milliseconds, so signals that close count as one. One bar
-counts every step of every image: the pipe's own `progress_bar` is swapped for one that advances it.
-"""
+counts every step of every image: the pipe's own `progress_bar` is swapped for one that advances it."""
 
 from __future__ import annotations
 

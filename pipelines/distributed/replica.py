@@ -11,8 +11,7 @@ could differ as free memory moves, and one node's groups must be disjoint. Each 
 group's `max_memory`, so it plans exactly that group), or without accelerators onto the CPU (GPU budgets or a
 `group_size` there are an error, never ignored). A status is then all-gathered, so a failure on one rank raises
 ReplicaLoadError on all, naming each failed rank. Replicas exchange only small objects, always over Gloo (a
-Gloo group beside NCCL under CUDA), so no exchange needs a GPU.
-"""
+Gloo group beside NCCL under CUDA), so no exchange needs a GPU."""
 
 from __future__ import annotations
 
@@ -102,8 +101,7 @@ class Exchange:
 
     def close(self, *, wait_for_the_others: bool = False) -> None:
         """Destroy the process group if this Exchange made it; `wait_for_the_others` (a normal end) barriers first, as
-        Gloo aborts a process whose peer closes under it. Never after a failure: a stuck rank would keep all waiting.
-        """
+        Gloo aborts a process whose peer closes under it. Never after a failure: a stuck rank would keep all waiting."""
         if self.owns_process_group and dist.is_initialized():
             if wait_for_the_others:
                 dist.barrier(group=self.group)
@@ -177,8 +175,7 @@ def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_clas
     """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc).
 
     Run plainly (no torchrun): one replica over the whole machine (`device_map=strategy`), all the inputs.
-    `max_memory`: one node's budgets. `pipeline_class`: default the folder's own class when ours, else `Pipeline`.
-    """
+    `max_memory`: one node's budgets. `pipeline_class`: default the folder's own class when ours, else `Pipeline`."""
     launch = Launch.from_env()
     exchange = Exchange(launch, timeout=timeout)
     cls = pipeline_class or folder_pipeline_class(pretrained)

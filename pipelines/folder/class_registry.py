@@ -3,8 +3,7 @@
 Library classes are saved as ["pipelines", ClassName], never a module path, so they may move between modules;
 the package face declares each name with the function importing its module, so a lookup imports one module and
 an undeclared name imports none. A user's class (saved under its module path) resolves only once registered or
-passed in: importing a module a folder names would run its code (`trust_remote_code=True` opts in).
-"""
+passed in: importing a module a folder names would run its code (`trust_remote_code=True` opts in)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ attribute exists) and what the load switched on (VAE tiling) switched off.
 
 Saving writes one subfolder per component into `atomic_folder`'s staging folder, model_index.json last with a
 fresh `_save_id`; a placed pipeline saves as it is, every weight read from where it lives (`hooks.gather`).
-Entries the save does not write are carried over; the saved variant's old weight files are replaced wholesale.
-"""
+Entries the save does not write are carried over; the saved variant's old weight files are replaced wholesale."""
 
 from __future__ import annotations
 
@@ -97,15 +96,15 @@ def origins_of(pipe: Any) -> dict[str, ComponentOrigin]:
 
 def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, ComponentOrigin]) -> None:
     """Put every module back as its record says; one without a record (never placed by a load, or replaced since)
-    loses every hook, goes to the CPU and keeps no device map.
-    """
+    loses every hook, goes to the CPU and keeps no device map."""
     for name, module in modules.items():
         origin = origins.get(name)
         if origin is None or origin.module_id != id(module):
             undispatch(module)
             module.to("cpu")
-            _clear_device_map(module)
-        elif origin.origin is Origin.KEPT:
+            _restore_device_map(module, None)
+            continue
+        if origin.origin is Origin.KEPT:
             if origin.owner_hooked:  # the owner's hooks stay; only a hand-over of outputs may be the load's
                 remove_hooks_of_type(module, DeliverOutputsHook)
             else:
@@ -115,21 +114,16 @@ def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, C
             undispatch(module)  # every hook, offload ones too; offloaded and disk weights come back
             module.to(origin.device)
             _restore_device_map(module, origin)
-        if origin is not None and origin.module_id == id(module):
-            for method in origin.undo_calls:
-                getattr(module, method)()
+        for method in origin.undo_calls:
+            getattr(module, method)()
 
 
-def _restore_device_map(module: nn.Module, origin: ComponentOrigin) -> None:
-    if origin.had_device_map:
+def _restore_device_map(module: nn.Module, origin: ComponentOrigin | None) -> None:
+    """The recorded map; without a record none (None on ours: ModelMixin declares the attribute)."""
+    if origin is not None and origin.had_device_map:
         module.hf_device_map = copy.deepcopy(origin.device_map)
-    elif "hf_device_map" in vars(module):
-        del module.hf_device_map
-
-
-def _clear_device_map(module: nn.Module) -> None:
-    if isinstance(module, OwnModel):
-        module.hf_device_map = None  # declared by ModelMixin: None means "not device-mapped"
+    elif origin is None and isinstance(module, OwnModel):
+        module.hf_device_map = None
     elif "hf_device_map" in vars(module):
         del module.hf_device_map
 
@@ -147,8 +141,7 @@ class PipelineComponents:
     """The state of every pipeline: components, model graph, hf_device_map and the plan it was loaded with.
 
     `model_graph` edges `(producer, consumer)` give the execution order; an edge touching an optional component
-    registered as None is ignored, one naming an unregistered component is an error.
-    """
+    registered as None is ignored, one naming an unregistered component is an error."""
 
     model_graph: ClassVar[Sequence[tuple[str, str]]] = ()
 
@@ -264,8 +257,7 @@ class PipelineComponents:
 
 def module_execution_device(module: Any) -> torch.device:
     """Where an offloaded module computes (group offload's onload device, a hook's execution device), else its
-    first weight's device.
-    """
+    first weight's device."""
     if not isinstance(module, nn.Module):
         return torch.device("cpu")
     session = group_offloading_session(module)
@@ -321,8 +313,7 @@ def save_pipeline(pipe: PipelineComponents, target: Path, *, max_shard_size: int
 
 def rewritten_entries(components: dict[str, Any], variant: str | None) -> Callable[[str], bool]:
     """Old entries this save replaces even where it writes no file of that name: model_index.json, and per module
-    component its config and every weight file of the saved variant.
-    """
+    component its config and every weight file of the saved variant."""
     namings = {name: WeightsNaming(weights_name=_weights_name(obj), variant=variant)
                for name, obj in components.items() if isinstance(obj, nn.Module)}
 
@@ -362,8 +353,7 @@ def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, vari
 @contextmanager
 def saving_placed(name: str, module: nn.Module) -> Iterator[None]:
     """While a diffusers or transformers model's `save_pretrained` runs, its `state_dict()` holds its offloaded
-    weights (all at once: those writers take the whole state dict), without transformers' warning about them.
-    """
+    weights (all at once: those writers take the whole state dict), without transformers' warning about them."""
     unserved = unserved_placeholders(module, offloaded_weights(module))
     if unserved:
         raise CheckpointSaveError(

@@ -4,8 +4,7 @@ one, "_" keys as metadata. We add `_model_graph` (so a generic load can order an
 
 A load is a snapshot of one save: a save swaps the whole folder at once, but a load reads files at different
 moments, so the folder's version (save id, folder and index identity) is read before and after the load, and a
-load that straddled a save starts again.
-"""
+load that straddled a save starts again."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import importlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -157,8 +155,7 @@ def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: boo
     """The class of a component entry, looked up without importing anything the folder names.
 
     Found among this library's, diffusers', transformers', registered and `known` classes; any other module is
-    imported only with `trust_remote_code=True`, because importing it runs its code.
-    """
+    imported only with `trust_remote_code=True`, because importing it runs its code."""
     library, class_name = spec.library, spec.class_name
     if library == LIBRARY:
         found = find_library_class(class_name)
@@ -210,16 +207,8 @@ Result = TypeVar("Result")
 ATTEMPTS = 5
 
 
-@dataclass(frozen=True, kw_only=True)
-class FolderVersion:
-    save_id: str | None
-    folder_inode: int
-    index_inode: int
-    index_mtime_ns: int
-
-
-def folder_version(folder: Path) -> FolderVersion | None:
-    """The version of the save in place at `folder` (None while the folder or its index is missing)."""
+def folder_version(folder: Path) -> tuple | None:
+    """(save id, folder inode, index inode, index mtime) of the save in place at `folder`; None while missing."""
     index = folder / MODEL_INDEX_NAME
     try:
         folder_stat, index_stat = os.stat(folder), os.stat(index)
@@ -227,8 +216,8 @@ def folder_version(folder: Path) -> FolderVersion | None:
     except (OSError, ValueError, RecursionError):  # unreadable now: the read itself says why
         return None
     save_id = content.get(SAVE_ID_KEY) if isinstance(content, dict) else None
-    return FolderVersion(save_id=save_id if isinstance(save_id, str) else None, folder_inode=folder_stat.st_ino,
-                         index_inode=index_stat.st_ino, index_mtime_ns=index_stat.st_mtime_ns)
+    return (save_id if isinstance(save_id, str) else None, folder_stat.st_ino, index_stat.st_ino,
+            index_stat.st_mtime_ns)
 
 
 def read_snapshot(folder: Path, read: Callable[[], Result], *,
@@ -236,8 +225,7 @@ def read_snapshot(folder: Path, read: Callable[[], Result], *,
     """`read()` retried until the folder's version is the same before and after it.
 
     An error raised while the folder changed is a symptom of the change and retried; one raised while it stood
-    still is the real answer.
-    """
+    still is the real answer."""
     for attempt in range(ATTEMPTS):
         before = folder_version(folder)
         try:

@@ -1,8 +1,7 @@
 """From a pipeline folder (local, or a Hub id downloaded with only the files a load needs) to its components:
 each one's class, family (ours, diffusers, transformers, non-module: built and named differently) and subfolder.
 `OwnModel` is what the folder format and the loader read of a `pipelines.ModelMixin`, so neither imports the
-framework.
-"""
+framework."""
 
 from __future__ import annotations
 
@@ -84,8 +83,7 @@ class HubOptions:
 def resolve_folder(name_or_path: str | Path, *, allow_patterns: Sequence[str] | None = None,
                    subfolder: str | None = None, hub: HubOptions = HubOptions()) -> Path:
     """The local folder of `name_or_path` (joined with `subfolder`): an existing path untouched, else a Hub id
-    fetched with `snapshot_download`, limited to `allow_patterns` (relative to the repository root).
-    """
+    fetched with `snapshot_download`, limited to `allow_patterns` (relative to the repository root)."""
     local = Path(name_or_path).expanduser()
     if local.exists():
         return _with_subfolder(local, subfolder)
@@ -157,8 +155,7 @@ def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool, hub: HubOp
 def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any],
                       trust_remote_code: bool = False) -> dict[str, ComponentSource]:
     """Every present component the folder provides, less those in `skip` (passed by the caller). Every class is
-    resolved before any is built: an untrusted class fails before any work.
-    """
+    resolved before any is built: an untrusted class fails before any work."""
     known = tuple({type(value) for value in skip.values() if value is not None})
     sources = {}
     for name, spec in index.components.items():

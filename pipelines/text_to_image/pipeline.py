@@ -3,8 +3,7 @@
 The pipeline never moves weights: it hands each component its inputs on that component's execution device.
 How encoders feed the denoiser follows from their widths (SDXL concatenates two; Flux attends to the second
 and pools the first), so no per-pipeline flag can disagree with the models. `activation_inputs` mirrors
-`__call__` shape for shape on meta, using the same `text_conditioning`, so the plan is of the real call.
-"""
+`__call__` shape for shape on meta, using the same `text_conditioning`, so the plan is of the real call."""
 
 from __future__ import annotations
 

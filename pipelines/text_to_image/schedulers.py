@@ -2,8 +2,7 @@
 
 x_sigma = (1 - sigma) * x_0 + sigma * noise; the denoiser predicts the velocity noise - x_0 at timestep
 sigma * num_train_timesteps. `shift` > 1 spends more steps at high noise, as diffusers'
-FlowMatchEulerDiscreteScheduler does for high resolutions.
-"""
+FlowMatchEulerDiscreteScheduler does for high resolutions."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Ids: PAD = 0, BOS = 1, EOS = 2, byte b = b + 3 (vocabulary of 259, which every reference text encoder
 preset covers). A text becomes `[BOS] bytes [EOS]`, right-padded with PAD; truncation cuts the bytes, never
-the EOS, so a text encoder's last-token pooling always lands on EOS.
-"""
+the EOS, so a text encoder's last-token pooling always lands on EOS."""
 
 from __future__ import annotations
 

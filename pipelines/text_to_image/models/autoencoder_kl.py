@@ -3,8 +3,7 @@
 Pipelines scale as diffusers does: denoiser latents = (vae latents - shift_factor) * scaling_factor. Memory
 savers, off by default: slicing (one sample at a time, equal to the plain call up to rounding) and tiling
 (overlapping tiles blended by linear ramps; GroupNorm and the mid-block attention see one tile at a time, so
-close to, not equal to, the plain call).
-"""
+close to, not equal to, the plain call)."""
 
 from __future__ import annotations
 
@@ -208,8 +207,7 @@ Method = TypeVar("Method", bound=Callable)
 def hooked_entry_point(method: Method) -> Method:
     """`encode`/`decode` through the model's accelerate hook (which replaces only `forward`).
 
-    diffusers' `apply_forward_hook` runs only the pre-forward; the whole hook also returns the output as forward's.
-    """
+    diffusers' `apply_forward_hook` runs only the pre-forward; the whole hook also returns the output as forward's."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):

@@ -1,8 +1,7 @@
 """DiT: an MMDiT/Flux-like diffusion transformer in diffusers' `FluxTransformer2DModel` layout.
 
 Same call as `UNet`'s; it patchifies the (B, C, H, W) latents itself. Flux-dev's guidance embedding is left
-out: the reference pipeline uses classifier-free guidance.
-"""
+out: the reference pipeline uses classifier-free guidance."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Layers and input checks shared by the reference models, in diffusers' parameter layouts (so presets have the
 real models' parameter counts). Attention goes through `scaled_dot_product_attention`: the planner's
-activation estimator observes that call.
-"""
+activation estimator observes that call."""
 
 from __future__ import annotations
 
@@ -23,10 +22,6 @@ class Activation(str, Enum):
     QUICK_GELU = "quick_gelu"  # CLIP
     GEGLU = "geglu"  # Stable Diffusion transformer blocks: GELU-gated, one fused input projection
     GATED_GELU = "gated_gelu"  # T5 v1.1: separate gate and up projections
-
-    @property
-    def is_gated(self) -> bool:
-        return self in (Activation.GEGLU, Activation.GATED_GELU)
 
 
 class NormKind(str, Enum):

@@ -1,8 +1,7 @@
 """TextEncoder: a CLIP/T5-like transformer encoder returning `(last_hidden_state, pooled_output)`.
 
 Pooling: the last token the attention mask keeps (CLIP; the EOS of a right-padded batch) or the mean over
-kept tokens (T5-style), then the projection when `projection_dim` is set.
-"""
+kept tokens (T5-style), then the projection when `projection_dim` is set."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Its call, shared with `DiT`: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`. `pooled` is
 SDXL's added conditioning, required exactly when the config sets `pooled_projection_dim`; SDXL's `time_ids`
-are left out (they would widen that call).
-"""
+are left out (they would widen that call)."""
 
 from __future__ import annotations
 
@@ -132,8 +131,7 @@ class UpBlock(nn.Module):
     """Resnets fed with the running state and a skip state, then an optional upsample.
 
     It concatenates inside itself, so it is in `_no_split_modules`: cut across devices, the concatenation would
-    see tensors on two devices.
-    """
+    see tensors on two devices."""
 
     def __init__(self, in_channels: int, skip_channels: list[int], out_channels: int, *, depth: int,
                  head_dim: int, cross_attention_dim: int, temb_channels: int, groups: int, add_upsample: bool):
