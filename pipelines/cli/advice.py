@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN, DETECTED_CPU_NOTE
@@ -19,13 +19,12 @@ from placement.sizes import format_bytes
 from placement.reports import TIGHT_SHARE
 
 from ..loading.suggestions import BF16_SUGGESTION
+from .args import budgets_arg
+from .targets import TargetPlanner, resolve_budgets_arg
 
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
 EXAMPLE_GPUS = "2x24GiB,cpu=64GiB"  # the GPUs a plan on a machine without any is worked out for
-
-if TYPE_CHECKING:
-    from .targets import TargetPlanner
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +109,6 @@ def _bf16_line(outcome: Outcome, bf16: Outcome) -> list[str]:
 
 def _no_gpu_line(outcome: Outcome, make_plan: TargetPlanner, dtype: Optional[str]) -> list[str]:
     """No GPU here and no budgets given: what example GPU budgets would give (in bfloat16 for a float32 plan)."""
-    from .args import budgets_arg
-    from .targets import resolve_budgets_arg
-
     reduced = dtype in _REDUCED or not _in_float32(outcome)
     flags = f"{'' if reduced else '--dtype bf16 '}--max-memory {EXAMPLE_GPUS}"
     budgets = resolve_budgets_arg(budgets_arg(EXAMPLE_GPUS), "--max-memory")

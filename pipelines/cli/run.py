@@ -24,8 +24,6 @@ from pathlib import Path
 
 from .args import budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, strategy_arg
 
-EXIT_BAD_INPUT = 2
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -62,16 +60,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed.images import read_prompts
-    from ..distributed.replica import Launch
-    from ..distributed.images import run_lock
+    from ..distributed.images import read_prompts, run_lock
+    from ..distributed.replica import Launch, folder_pipeline_class
     from ..errors import ImageRunError, LoadError, ReplicaLoadError
     from ..hf.quiet import quiet
-    from .targets import check_callable, default_call
-    from .targets import resolve_budgets_arg, warnings_once
+    from . import EXIT_BAD_INPUT
     from .run_job import RunJob
-    from ..distributed.replica import folder_pipeline_class
-    from .targets import hf_libraries
+    from .targets import check_callable, default_call, hf_libraries, resolve_budgets_arg, warnings_once
 
     launch = Launch.from_env()
     if args.group_size is not None and not launch.distributed:

@@ -17,9 +17,8 @@ from ..distributed.replica import Launch
 from ..errors import ImageRunError
 from ..hf.quiet import quiet
 from .args import torch_dtype
+from . import EXIT_INTERRUPTED
 from .targets import STEPS, TargetPlanner, hf_libraries, in_flag_names, warnings_once
-
-EXIT_INTERRUPTED = 130
 
 
 @dataclass(kw_only=True)
