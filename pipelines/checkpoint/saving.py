@@ -203,11 +203,8 @@ def save_weights(state_dict: Mapping[str, torch.Tensor], folder: str | Path, *,
                  weights_name: str = DIFFUSERS_WEIGHTS_NAME, variant: str | None = None,
                  max_shard_size: int | str | None = None,
                  offloaded: Mapping[str, torch.Tensor] | None = None) -> list[Path]:
-    """Write `state_dict` into the existing `folder`; returns the files written, index last.
-
-    `offloaded` serves `meta` placeholders of weights kept elsewhere (`hooks.gather.offloaded_weights`), each read
-    as its shard is written: at most one shard of them is in memory at once. Shared memory is refused (declare
-    tied weights instead)."""
+    """Write `state_dict` into the existing `folder`; returns the files written, index last. `offloaded` serves
+    `meta` placeholders (`hooks.gather.offloaded_weights`), read shard by shard: one shard of them in memory."""
     folder = Path(folder)
     naming = WeightsNaming(weights_name=weights_name, variant=variant)
     offloaded = {} if offloaded is None else offloaded

@@ -88,10 +88,9 @@ def load_weights(module: nn.Module, weights: WeightsIndex, *, device_map: Mappin
                  progress: bool = True, label: str | None = None, accelerators: Accelerators | None = None) -> None:
     """Fill `module` (built on meta) with the tensors of `weights`, in place.
 
-    `device_map` ({module path: device}, None = all on "cpu"): the longest matching prefix wins; parameters on
-    "disk" stay on meta for the dispatch step, their buffers load to the CPU. `dtype` casts floating tensors except
-    in `keep_in_fp32` modules. `ignore_unexpected`: regexes of checkpoint keys left unread. Keys and shapes are
-    validated first; on any failure every tensor goes back to meta, so no half-loaded model holds memory."""
+    `device_map` ({module path: device}, None = all on "cpu"): the longest matching prefix wins; "disk" parameters
+    stay on meta for the dispatch step. Keys and shapes are validated first; on any failure every tensor goes back
+    to meta, so no half-loaded model holds memory."""
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     stream_weights(module, weights, device_map=device_map, load_dtypes=load_dtypes(weights, dtype, keep_in_fp32),
                    tied_weights=tied_weights, progress=progress, label=label, accelerators=accelerators)

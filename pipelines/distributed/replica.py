@@ -172,10 +172,8 @@ def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_clas
                  torch_dtype=None, max_memory: Optional[Mapping] = None, call: Optional[Mapping[str, Any]] = None,
                  group_size: Optional[int] = None, strategy: str = "balanced",
                  timeout: timedelta = DEFAULT_TIMEOUT, progress: Optional[bool] = None) -> Replica:
-    """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc).
-
-    Run plainly (no torchrun): one replica over the whole machine (`device_map=strategy`), all the inputs.
-    `max_memory`: one node's budgets. `pipeline_class`: default the folder's own class when ours, else `Pipeline`."""
+    """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc); run
+    plainly, one replica over the whole machine (`device_map=strategy`) with all the inputs."""
     launch = Launch.from_env()
     exchange = Exchange(launch, timeout=timeout)
     cls = pipeline_class or folder_pipeline_class(pretrained)

@@ -138,10 +138,8 @@ OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose
 
 
 class PipelineComponents:
-    """The state of every pipeline: components, model graph, hf_device_map and the plan it was loaded with.
-
-    `model_graph` edges `(producer, consumer)` give the execution order; an edge touching an optional component
-    registered as None is ignored, one naming an unregistered component is an error."""
+    """The state of every pipeline: components, model graph (edges `(producer, consumer)`, those touching a None
+    component ignored), hf_device_map and the plan it was loaded with."""
 
     model_graph: ClassVar[Sequence[tuple[str, str]]] = ()
 

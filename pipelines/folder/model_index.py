@@ -152,10 +152,8 @@ def spec_for(obj: Any) -> ComponentSpec:
 
 def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: bool = False,
                   known: tuple[type, ...] = ()) -> type:
-    """The class of a component entry, looked up without importing anything the folder names.
-
-    Found among this library's, diffusers', transformers', registered and `known` classes; any other module is
-    imported only with `trust_remote_code=True`, because importing it runs its code."""
+    """The class of a component entry, found among this library's, diffusers', transformers', registered and `known`
+    classes; any other module is imported only with `trust_remote_code=True`, because importing runs its code."""
     library, class_name = spec.library, spec.class_name
     if library == LIBRARY:
         found = find_library_class(class_name)
@@ -222,10 +220,8 @@ def folder_version(folder: Path) -> tuple | None:
 
 def read_snapshot(folder: Path, read: Callable[[], Result], *,
                   discard: Callable[[Result], object] = lambda result: None) -> Result:
-    """`read()` retried until the folder's version is the same before and after it.
-
-    An error raised while the folder changed is a symptom of the change and retried; one raised while it stood
-    still is the real answer."""
+    """`read()` retried until the folder's version is the same before and after it; an error raised while the
+    folder changed is a symptom of the change and retried, one raised while it stood still is the answer."""
     for attempt in range(ATTEMPTS):
         before = folder_version(folder)
         try:

@@ -268,11 +268,9 @@ class AutoencoderKL(ModelMixin):
         channels, layers, groups = config.block_out_channels, config.layers_per_block, config.norm_num_groups
         self.encoder = Encoder(config.in_channels, config.latent_channels, channels, layers, groups)
         self.decoder = Decoder(config.latent_channels, config.out_channels, channels, layers, groups)
-        moments = 2 * config.latent_channels
-        self.quant_conv = nn.Conv2d(moments, moments, 1) if config.use_quant_conv else None
-        self.post_quant_conv = (
-            nn.Conv2d(config.latent_channels, config.latent_channels, 1) if config.use_quant_conv else None
-        )
+        latent = config.latent_channels
+        self.quant_conv = nn.Conv2d(2 * latent, 2 * latent, 1) if config.use_quant_conv else None
+        self.post_quant_conv = nn.Conv2d(latent, latent, 1) if config.use_quant_conv else None
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = config.tile_sample_size

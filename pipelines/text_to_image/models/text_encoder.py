@@ -121,9 +121,8 @@ class TextEncoder(ModelMixin):
         self.embeddings = TextEmbeddings(config)
         self.layers = nn.ModuleList(TextEncoderLayer(config) for _ in range(config.num_layers))
         self.final_norm = make_norm(config.norm, config.hidden_size, config.norm_eps)
-        self.projection = (
-            nn.Linear(config.hidden_size, config.projection_dim, bias=False) if config.projection_dim else None
-        )
+        projection = config.projection_dim
+        self.projection = nn.Linear(config.hidden_size, projection, bias=False) if projection else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TextEncoderOutput:
         self._check_inputs(input_ids, attention_mask)

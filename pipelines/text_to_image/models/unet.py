@@ -128,10 +128,8 @@ class MidBlock(nn.Module):
 
 
 class UpBlock(nn.Module):
-    """Resnets fed with the running state and a skip state, then an optional upsample.
-
-    It concatenates inside itself, so it is in `_no_split_modules`: cut across devices, the concatenation would
-    see tensors on two devices."""
+    """Resnets fed with the running state and a skip state, then an optional upsample. In `_no_split_modules`:
+    cut across devices, its concatenation would see tensors on two devices."""
 
     def __init__(self, in_channels: int, skip_channels: list[int], out_channels: int, *, depth: int,
                  head_dim: int, cross_attention_dim: int, temb_channels: int, groups: int, add_upsample: bool):
