@@ -1,14 +1,5 @@
-"""The checkpoint folder format: file names and variants, config files, atomic sharded saving, dtype and key
-validation, tensor streaming, errors. It imports neither `hooks` nor any other subpackage of `pipelines`: where
-tensors go is decided above it (`pipelines.loading`).
-
-Works for any `nn.Module` (ours, diffusers', transformers'):
-
-    weights = find_weights(folder, weights_name="diffusion_pytorch_model", variant=None)  # "model" for transformers
-    with accelerate.init_empty_weights():
-        module = build(config)
-    load_weights(module, weights, device_map={"": "cpu"}, dtype=torch.float16, keep_in_fp32=("norm",))
-"""
+"""The checkpoint folder format: file names, configs, atomic sharded saving, validation and tensor streaming, for
+any `nn.Module`. It imports no other subpackage of `pipelines`: where tensors go is decided in `loading`."""
 
 from ..errors import CheckpointSaveError, CheckpointShapeError, WeightsNotFoundError
 from .index import TensorEntry, WeightsIndex, check_dtypes, find_weights, read_header, validate_weights

@@ -1,16 +1,7 @@
-"""File names of the checkpoint folder format, exactly as diffusers and transformers write them.
-
-diffusers: `diffusion_pytorch_model.safetensors`, shards `diffusion_pytorch_model-00001-of-00003.safetensors`
-with the index `diffusion_pytorch_model.safetensors.index.json`. transformers uses the stem `model`.
-A variant is inserted before the last suffix, as `diffusers.utils._add_variant` does it:
-`diffusion_pytorch_model.fp16.safetensors`, shards `diffusion_pytorch_model.fp16-00001-of-00002.safetensors`,
-index `diffusion_pytorch_model.safetensors.index.fp16.json`.
-
-The JSON config files of a saved folder, one writer and one reader for all of them.
-
-`config.json` of a model and `scheduler_config.json` / `tokenizer_config.json` of a non-module component hold
-the pydantic config's fields plus `_class_name`, as diffusers writes them. Keys starting with "_" (`_class_name`,
-`_diffusers_version`, ...) are bookkeeping, not config fields. Every failure names the file and the field."""
+"""The checkpoint folder's file names, exactly as diffusers and transformers write them (a variant goes before
+the last suffix, as `diffusers.utils._add_variant` puts it), and its JSON config files: one writer and one
+reader, `_class_name` and other "_" keys as bookkeeping beside the pydantic fields, every failure naming the
+file and the field."""
 
 from __future__ import annotations
 
@@ -37,7 +28,7 @@ _VARIANT = re.compile(r"^[A-Za-z0-9_]+$")
 
 @dataclass(frozen=True, kw_only=True)
 class WeightsNaming:
-    """The names of one model's weight files for one variant (None = the default, unsuffixed weights)."""
+    """The names of one model's weight files for one variant (None: the unsuffixed weights)."""
 
     weights_name: str = DIFFUSERS_WEIGHTS_NAME
     variant: str | None = None
@@ -101,7 +92,7 @@ _PICKLE_STEMS = {TRANSFORMERS_WEIGHTS_NAME: (TRANSFORMERS_WEIGHTS_NAME, "pytorch
 
 
 def pickle_files_in(folder: Path, weights_name: str) -> list[str]:
-    """Weights saved with pickle (`.bin`, ...): we never unpickle, but the error should say they are there."""
+    """Pickle weights (never unpickled here), so that the error can say they are there."""
     if not folder.is_dir():
         return []
     stems = _PICKLE_STEMS.get(weights_name, (weights_name,))
@@ -110,14 +101,11 @@ def pickle_files_in(folder: Path, weights_name: str) -> list[str]:
 
 CLASS_NAME_KEY = "_class_name"
 Config = TypeVar("Config", bound=BaseModel)
-# The deepest nesting a folder's JSON may have: real configs nest 3 to 10 levels (a torchao quantization_config
-# the most); a file nested thousands deep would exhaust the interpreter's stack (a raw RecursionError) in the
-# JSON reader or in whatever walks the result.
+# Real configs nest 3 to 10 levels; thousands would exhaust the stack (a raw RecursionError) in whatever walks them.
 MAX_JSON_DEPTH = 64
 
 
 def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file_name: str = CONFIG_NAME) -> Path:
-    """Write `file_name` in `folder` (created if needed). The file is replaced, never rewritten in place."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     content = {CLASS_NAME_KEY: class_name, **config.model_dump(mode="json")}
@@ -125,8 +113,8 @@ def write_config(folder: str | Path, config: BaseModel, *, class_name: str, file
 
 
 def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
-    """Write to a temporary sibling, then rename: a reader never sees half a file, and a file hard-linked from
-    an earlier save (see `atomic`) is never modified."""
+    """Written to a temporary sibling and renamed: never half a file, and a file hard-linked from an earlier save
+    is never modified."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         temporary.write_text(json.dumps(content, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")
@@ -137,7 +125,6 @@ def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
 
 
 def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[str, Any]:
-    """The raw JSON object of `folder/file_name` (errors name the file)."""
     path = Path(folder) / file_name
     if not path.is_file():
         raise WeightsNotFoundError(
@@ -156,8 +143,7 @@ def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[s
 
 
 def parse_json(text: str, path: Path) -> Any:
-    """`json.loads(text)`, refusing a document nested deeper than `MAX_JSON_DEPTH` with a
-    `FolderError` naming `path` (invalid JSON raises `json.JSONDecodeError` as usual)."""
+    """`json.loads(text)`, refusing a document nested deeper than `MAX_JSON_DEPTH` (naming `path`)."""
     try:
         content = json.loads(text)
         too_deep = json_depth(content) > MAX_JSON_DEPTH
@@ -172,7 +158,7 @@ def parse_json(text: str, path: Path) -> Any:
 
 
 def json_depth(content: Any) -> int:
-    """How deep `content` (parsed JSON) nests objects and arrays; a scalar is 0. Walked without recursion."""
+    """How deep `content` nests objects and arrays; walked without recursion."""
     deepest, stack = 0, [(content, 1)]
     while stack:
         value, depth = stack.pop()
@@ -185,10 +171,9 @@ def json_depth(content: Any) -> int:
     return deepest
 
 
-def read_config(
-    folder: str | Path, config_class: type[Config], *, file_name: str = CONFIG_NAME, subfolder: str | None = None
-) -> Config:
-    """Validate the config file against `config_class`; an unknown, missing or ill-typed field is named."""
+def read_config(folder: str | Path, config_class: type[Config], *, file_name: str = CONFIG_NAME,
+                subfolder: str | None = None) -> Config:
+    """`config_class` validated from the config file; an unknown, missing or ill-typed field is named."""
     folder = Path(folder) / subfolder if subfolder else Path(folder)
     content = read_config_dict(folder, file_name)
     fields = {key: value for key, value in content.items() if not key.startswith("_")}
@@ -202,7 +187,7 @@ def read_config(
 
 
 def describe_validation_error(error: ValidationError) -> str:
-    """"field 'shift': Input should be greater than 0 (got -1)" for each problem, joined by "; "."""
+    """"field 'shift': Input should be greater than 0 (got -1)" per problem, joined by "; "."""
     problems = []
     for problem in error.errors():
         field = ".".join(str(part) for part in problem.get("loc", ())) or "<root>"

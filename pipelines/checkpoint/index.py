@@ -1,17 +1,8 @@
-"""Find a model's weights in a folder: one safetensors file, or shards listed by an index json.
-
-`find_weights` reads only headers (names, shapes, dtypes): no tensor data is touched, so a 20 GB checkpoint
-is inspected in milliseconds, and every structural problem (missing shard, truncated file, index naming a
-tensor its shard lacks) is reported before a single weight is moved.
-
-Which checkpoint dtypes a model takes as they are, checked from the headers before anything loads.
-
-A float checkpoint tensor is cast when `torch_dtype` asks for it. Without `torch_dtype` each tensor keeps the
-checkpoint's dtype, so one parameter stored in another float dtype than the rest would load as is and fail at the
-first call (a float16 weight meeting float32 activations): that is refused here, naming the tensor. Integer and
-bool tensors (token ids, counters, masks) are never cast, so they must match the model's dtype exactly.
-
-Compare a checkpoint's tensor names and shapes with a model's, before anything is loaded."""
+"""Find a model's weights (one safetensors file, or shards listed by an index json) and check them against the
+model, from the headers alone: a 20 GB checkpoint is inspected in milliseconds, and every problem (a missing
+shard, a truncated file, a key or shape mismatch, a dtype the model cannot take) is reported before a weight
+moves. Without `torch_dtype`, one float parameter stored in another float dtype than the rest would fail at the
+first call, so it is refused here; integer and bool tensors are never cast."""
 
 from __future__ import annotations
 
@@ -50,8 +41,6 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True, kw_only=True)
 class TensorEntry:
-    """Where one tensor lives and what it is, read from its file's header."""
-
     name: str
     file: Path
     shape: tuple[int, ...]
@@ -64,8 +53,6 @@ class TensorEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class WeightsIndex:
-    """A model's weights on disk: every tensor's file, shape and dtype, files in shard order."""
-
     folder: Path
     naming: WeightsNaming
     index_file: Path | None
@@ -79,15 +66,12 @@ class WeightsIndex:
     def is_sharded(self) -> bool:
         return self.index_file is not None
 
-    def offload_index(
-        self, names: Iterable[str] | Mapping[str, str], dtype_of, *, tied_weights: Mapping[str, str] | None = None
-    ) -> dict[str, dict[str, str]]:
+    def offload_index(self, names: Iterable[str] | Mapping[str, str], dtype_of, *,
+                      tied_weights: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
         """accelerate's offload index serving model tensors from the checkpoint files themselves (no copy).
 
-        `names`: model tensor names (each served by the checkpoint tensor of that name, or for a tied weight
-        absent from the checkpoint by its source in `tied_weights`), or a mapping {model name: checkpoint
-        name}. `dtype_of(entry)` gives the dtype each must have when it is read back.
-        """
+        `names`: model tensor names (a tied one absent from the checkpoint served by its source in `tied_weights`),
+        or {model name: checkpoint name}; `dtype_of(entry)`: the dtype each is read back as."""
         if isinstance(names, Mapping):
             sources = dict(names)
         else:
@@ -110,15 +94,9 @@ class WeightsIndex:
         return index
 
 
-def find_weights(
-    folder: str | Path, *, weights_name: str = DIFFUSERS_WEIGHTS_NAME, variant: str | None = None
-) -> WeightsIndex:
-    """The weights of the model saved in `folder`: the single file, or the shards its index json lists.
-
-    `weights_name` is the file stem: "diffusion_pytorch_model" (diffusers, ours) or "model" (transformers).
-    Raises `WeightsNotFoundError` (naming the files, or listing the variants that exist)
-    or `FolderError` (naming the file) before any tensor is read.
-    """
+def find_weights(folder: str | Path, *, weights_name: str = DIFFUSERS_WEIGHTS_NAME,
+                 variant: str | None = None) -> WeightsIndex:
+    """The weights of the model in `folder` (`weights_name`: "diffusion_pytorch_model", or "model" for transformers)."""
     folder = Path(folder)
     naming = WeightsNaming(weights_name=weights_name, variant=variant)
     if not folder.is_dir():
@@ -137,7 +115,6 @@ def find_weights(
 
 
 def read_header(path: Path) -> list[TensorEntry]:
-    """The tensors of one safetensors file, in storage order, from its header only."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             return [_entry(handle, name, path) for name in handle.offset_keys()]
@@ -185,8 +162,7 @@ def is_plain_file_name(name: str) -> bool:
 
 
 def _refuse_special_files(paths: Iterable[Path]) -> None:
-    """A weights name that exists but is not a regular file (a FIFO, a device such as /dev/zero, a folder, a link
-    to one) would block, read without end or be taken for a missing file: named as what it is."""
+    """A FIFO, a device or a folder under a weights name would block, read without end or pass for a missing file."""
     for path in paths:
         try:
             mode = path.stat().st_mode
@@ -260,8 +236,7 @@ def _no_weights_error(folder: Path, naming: WeightsNaming) -> WeightsNotFoundErr
 
 def check_dtypes(module: nn.Module, weights: WeightsIndex, *, dtype: torch.dtype | None,
                  keep_in_fp32: Iterable[str] = (), model_tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-    """Raise `FolderError` for tensors of `weights` the model `module` (on meta) cannot take.
-    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already."""
+    """Raise `FolderError` for tensors of `weights` the model `module` (on meta) cannot take."""
     model = dict(module.state_dict(keep_vars=True)) if model_tensors is None else model_tensors
     matched = {name: entry for name, entry in weights.tensors.items() if name in model}
     kinds = [f"{name!r}: checkpoint {_short(entry.dtype)}, model {_short(model[name].dtype)}"
@@ -309,25 +284,17 @@ def _short(dtype: torch.dtype) -> str:
 
 def expected_shapes(module: nn.Module, model_tensors: Mapping[str, torch.Tensor] | None = None
                     ) -> dict[str, tuple[int, ...]]:
-    """Every tensor the checkpoint must provide: parameters and persistent buffers (works on meta)."""
+    """Parameters and persistent buffers: every tensor the checkpoint must provide."""
     tensors = module.state_dict(keep_vars=True) if model_tensors is None else model_tensors
     return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
 
 
-def validate_weights(
-    module: nn.Module,
-    weights: WeightsIndex,
-    *,
-    tied_weights: Mapping[str, str] | None = None,
-    ignore_unexpected: Iterable[str] = (),
-    model_tensors: Mapping[str, torch.Tensor] | None = None,
-) -> None:
-    """Raise if a key is missing or unexpected (all named) or a shape differs (named, both shapes).
+def validate_weights(module: nn.Module, weights: WeightsIndex, *, tied_weights: Mapping[str, str] | None = None,
+                     ignore_unexpected: Iterable[str] = (), model_tensors: Mapping[str, torch.Tensor] | None = None
+                     ) -> None:
+    """Raise if a key is missing or unexpected, or a shape differs, naming each.
 
-    Tied weights (`{tied name: source name}`) may be absent: they are re-tied to their source after loading.
-    Checkpoint keys matching a regex of `ignore_unexpected` may be present without the model having them.
-    `model_tensors`: `module.state_dict(keep_vars=True)` when the caller has it already.
-    """
+    Tied weights may be absent (re-tied after loading); keys matching an `ignore_unexpected` regex may be extra."""
     expected = expected_shapes(module, model_tensors)
     tied = set(tied_weights or ())
     present = set(weights.tensors)

@@ -1,24 +1,10 @@
-"""Write weights as safetensors (sharded with an index json past `max_shard_size`), atomically.
+"""Write weights as safetensors (sharded past `max_shard_size`), and the one atomic save of models and pipelines.
 
-Callers write into `atomic.atomic_folder` (re-exported here), the one atomic save of models and pipelines:
-a save that fails half-way (full disk, a crash, an exception) leaves an existing checkpoint exactly as it was,
-and what the save does not rewrite (other variants, a README) is carried over.
-
-The one atomic save of the folder format, shared by model saves and pipeline saves.
-
-A save writes into a fresh staging folder next to the target. Once everything is written, every entry of the
-existing target that the save neither wrote nor owns is carried over into the staging folder (hard links, so
-other variants' weights are not copied; a README, train.py or data/ survive), and the staging folder takes the
-target's place in one step. The merge happens after writing, so a writer that truncates a file in place only
-ever touches a new file, never a file shared with the folder a concurrent load may be reading.
-
-Refused: a target that is a regular file, and a target that is the working folder or contains it (swapping it
-would pull the folder out from under the running process). Any failure leaves the target exactly as it was and
-no hidden staging or backup folder behind; a write error from any writer (`OSError`: full disk, a file too large,
-an I/O error, permissions; safetensors' `SafetensorError` and the tokenizers library's bare `Exception`, which wrap
-the same) becomes `CheckpointSaveError`. A staging folder names the process that
-made it (`.<target>.saving-<pid>-<random>`): one left by a killed save (kill -9 runs no cleanup) is removed by the
-next save of that target once no process of that pid is alive."""
+A save writes a fresh staging folder beside the target, then links in every old entry it neither wrote nor
+owns (other variants, a README survive) and swaps the staging folder into place: a failed save leaves the
+target as it was, and a writer truncating a file only ever touches a new one, never a file a concurrent load
+maps. A regular file and the working folder are never targets. Staging folders carry their pid, so one left by
+a killed save is removed by the next save once that process is gone."""
 
 from __future__ import annotations
 
@@ -54,12 +40,10 @@ def never(_path: str) -> bool:
 
 @contextmanager
 def atomic_folder(target: str | Path, *, rewrites: Owned = never) -> Iterator[Path]:
-    """Yield an empty staging folder; on success it replaces `target` carrying over what the save left alone.
+    """Yield an empty staging folder; on success it replaces `target`, carrying over what the save left alone.
 
-    `rewrites(path)` (path relative to the target, "/"-separated, e.g. "vae/diffusion_pytorch_model.safetensors")
-    says which old entries the save owns: they are dropped even when the new save did not write them (a sharded
-    checkpoint re-saved as one file must not keep its old index). Everything else the save did not write is kept.
-    """
+    `rewrites(path)` ("/"-separated, relative to the target) names old entries the save owns: dropped even when
+    not rewritten (a sharded checkpoint re-saved as one file must not keep its old index)."""
     target = check_target(target)
     staging = target.parent / f".{target.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -132,9 +116,8 @@ def _link_or_copy(source, destination) -> None:
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
-    """Put `staging` at `target`. Where the kernel can exchange two paths atomically (Linux renameat2), the
-    target never disappears, so a concurrent load sees either the old or the new folder; elsewhere two renames,
-    and a failure of the second puts the old folder back. The old folder ends up at `staging` (then deleted)."""
+    """Put `staging` at `target`: in one renameat2 exchange where Linux offers it (a concurrent load sees the old or
+    the new folder), else two renames, undone if the second fails. The old folder ends up at `staging`."""
     if not target.exists():
         os.rename(staging, target)
         return
@@ -168,14 +151,12 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 WRITE_ERRORS = (OSError, SafetensorError)
-# How Rust's std::io::Error shows an OS error: the tokenizers library (a fast tokenizer's tokenizer.json) raises a
-# bare `Exception("File too large (os error 27)")`, safetensors "... I/O error: No space left on device (os error 28)".
+# How Rust's std::io::Error shows an OS error: "File too large (os error 27)".
 _RUST_OS_ERROR = re.compile(r"\(os error \d+\)|Os \{ code: \d+")
 
 
 def is_write_error(error: BaseException | None) -> bool:
-    """An error of writing a file, whoever wrote it: Python's `OSError`, safetensors' `SafetensorError`, or any
-    other writer's error carrying an OS error code the way Rust writers show it (tokenizers)."""
+    """`OSError`, `SafetensorError`, or an OS error in Rust's words (the tokenizers library raises a bare Exception)."""
     if isinstance(error, WRITE_ERRORS):
         return True
     return isinstance(error, Exception) and bool(_RUST_OS_ERROR.search(str(error)))
@@ -195,8 +176,7 @@ def _save_error(target: Path, error: Exception, staging: Path | None = None) -> 
 
 
 def remove_dead_staging(target: Path) -> list[Path]:
-    """Remove the staging folders of `target` whose saving process is gone (a save killed with -9); a live
-    process's (a concurrent save) and folders of any other name are left alone. Returns what was removed."""
+    """Remove `target`'s staging folders whose saving process is gone; a live one's (a concurrent save) stays."""
     removed = []
     for entry in target.parent.glob(f".{target.name}.saving-*"):
         pid = entry.name.removeprefix(f".{target.name}.saving-").partition("-")[0]
@@ -219,24 +199,12 @@ def _alive(pid: int) -> bool:
 DEFAULT_MAX_SHARD_SIZE = "10GB"  # diffusers' default
 
 
-def save_weights(
-    state_dict: Mapping[str, torch.Tensor],
-    folder: str | Path,
-    *,
-    weights_name: str = DIFFUSERS_WEIGHTS_NAME,
-    variant: str | None = None,
-    max_shard_size: int | str | None = None,
-    offloaded: Mapping[str, torch.Tensor] | None = None,
-) -> list[Path]:
-    """Write `state_dict` into `folder` (which must exist); returns the files written, index last.
-
-    One file when the tensors fit `max_shard_size` (int bytes or a size string such as "2GB"; default
-    10GB), else numbered shards plus the index json `{"metadata": {"total_size"}, "weight_map"}`.
-    Tensors that share memory must be de-duplicated by the caller (declare them as tied weights).
-    `offloaded` serves the entries that are `meta` placeholders of weights kept elsewhere (a placed model's
-    offloaded weights, `hooks.gather.offloaded_weights`): each is read when its shard is written, so no more
-    than one shard of them is in memory at once.
-    """
+def save_weights(state_dict: Mapping[str, torch.Tensor], folder: str | Path, *,
+                 weights_name: str = DIFFUSERS_WEIGHTS_NAME, variant: str | None = None,
+                 max_shard_size: int | str | None = None,
+                 offloaded: Mapping[str, torch.Tensor] | None = None) -> list[Path]:
+    """Write `state_dict` into the existing `folder`; returns the files written, index last. `offloaded` serves
+    `meta` placeholders (`hooks.gather.offloaded_weights`), read shard by shard: one shard of them in memory."""
     folder = Path(folder)
     naming = WeightsNaming(weights_name=weights_name, variant=variant)
     offloaded = {} if offloaded is None else offloaded
@@ -285,5 +253,3 @@ def _checked_tensors(state_dict: Mapping[str, torch.Tensor],
     return {name: tensor.detach() if tensor.is_meta else tensor.detach().contiguous()
             for name, tensor in state_dict.items()}
 
-
-__all__ = ["DEFAULT_MAX_SHARD_SIZE", "atomic_folder", "save_weights"]

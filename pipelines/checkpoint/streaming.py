@@ -1,22 +1,10 @@
-"""Stream a checkpoint into a model built on the meta device, each tensor straight to its device and dtype.
+"""Stream a checkpoint into a model built on meta, each tensor straight to its device and dtype, with a progress
+bar in bytes (one over a whole pipeline load when the loader opens `load_progress`).
 
-Host memory: `safe_open(...).get_tensor` (safetensors >= 0.6) returns a tensor backed by a private memory
-map of the file, so a CPU load that keeps the checkpoint's dtype copies nothing: the weights are the page
-cache's pages, mapped copy-on-write, and a CPU load peaks at one model size. A cast or a move to an
-accelerator makes the one real copy (cast first, on the host: half the bytes cross the bus for a bf16 load, as
-accelerate's `set_module_tensor_to_device` does); the mapped source is dropped right after, and the file is reopened every `_REMAP_BYTES` so the pages already read stop
-counting against the process (one 20 GB file would otherwise add its whole size to the peak).
-Files are replaced, never rewritten in place, by our saves (`atomic_folder`) and by safetensors' `save_file`,
-so a mapped model stays valid when its folder is saved over. Truncating a loaded file in place (not replacing
-it) faults the mapped pages with SIGBUS, exactly as for `safetensors.torch.load_file`; load with a `torch_dtype`
-cast to get tensors that own their memory.
-
-Load progress in bytes: one bar over a whole pipeline load, labelled with the component being read.
-
-`load_progress(total_bytes, enabled=...)` opens the overall bar (the pipeline loader does, around all its
-components); `reading(label)` is what `load_weights` reports to: the overall bar relabelled "Loading
-text_encoder_2" when one is open, else a bar of its own for that one model (a model-level load).
-Bytes, not tensors: a 2 GB embedding and a 4 KB bias are not the same amount of waiting."""
+A CPU load keeping the checkpoint's dtype copies nothing: `safe_open(...).get_tensor` returns tensors backed by
+a private map of the file. A cast or a move makes the one real copy (cast first, on the host, as accelerate
+does), and the file is reopened every `_REMAP_BYTES` so pages already read stop counting against the process.
+Saves replace files rather than rewrite them, so a mapped model stays valid when its folder is saved over."""
 
 from __future__ import annotations
 
@@ -35,14 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from placement.device_maps import owning_key
-from placement.devices import (
-    Accelerators,
-    Device,
-    detect_accelerators,
-    is_accelerator,
-    normalize_device,
-    torch_device,
-)
+from placement.devices import Accelerators, Device, detect_accelerators, is_accelerator, normalize_device, torch_device
 from placement.errors import PlanError
 
 from ..errors import FolderError, WeightsNotFoundError
@@ -53,7 +34,7 @@ _OVERALL: ContextVar["tqdm | None"] = ContextVar("load_progress", default=None)
 
 
 def _bar(total: int, label: str, enabled: bool) -> tqdm:
-    # disable=None: tqdm shows the bar on terminals and notebooks only (quiet in CI logs and tests).
+    # disable=None: shown on terminals and notebooks only.
     return tqdm(total=total, desc=f"Loading {label}", unit="B", unit_scale=True, unit_divisor=1024,
                 disable=None if enabled else True)
 
@@ -72,7 +53,7 @@ def load_progress(total_bytes: int, *, enabled: bool, label: str = "pipeline") -
 
 @contextmanager
 def reading(label: str, total_bytes: int, *, enabled: bool) -> Iterator[tqdm]:
-    """The bar that `total_bytes` of `label` advance: the overall one, relabelled, or a new one."""
+    """The overall bar, relabelled, or a new one for a model-level load."""
     overall = _OVERALL.get()
     if overall is not None:
         overall.set_description(f"Loading {label}")
@@ -87,8 +68,7 @@ _REMAP_BYTES = 256 * 1024**2
 
 @dataclass(frozen=True, kw_only=True)
 class _Read:
-    """One tensor to read, everything about it worked out before the first byte moves: where it is in the
-    checkpoint, the device and dtype it is loaded as, and the submodule attribute it goes into."""
+    """One tensor to read, with everything about it worked out before the first byte moves."""
 
     entry: TensorEntry
     device: Device
@@ -99,56 +79,28 @@ class _Read:
 
     @property
     def loaded_bytes(self) -> int:
-        """The bytes the tensor occupies once loaded (after its cast): what the progress bars count."""
         return math.prod(self.entry.shape) * self.dtype.itemsize
 
 
-def load_weights(
-    module: nn.Module,
-    weights: WeightsIndex,
-    *,
-    device_map: Mapping[str, Device] | None = None,
-    dtype: torch.dtype | None = None,
-    keep_in_fp32: Iterable[str] = (),
-    tied_weights: Mapping[str, str] | None = None,
-    ignore_unexpected: Iterable[str] = (),
-    progress: bool = True,
-    label: str | None = None,
-    accelerators: Accelerators | None = None,
-) -> None:
-    """Fill `module` (built under `init_empty_weights()`) with the tensors of `weights`, in place.
+def load_weights(module: nn.Module, weights: WeightsIndex, *, device_map: Mapping[str, Device] | None = None,
+                 dtype: torch.dtype | None = None, keep_in_fp32: Iterable[str] = (),
+                 tied_weights: Mapping[str, str] | None = None, ignore_unexpected: Iterable[str] = (),
+                 progress: bool = True, label: str | None = None, accelerators: Accelerators | None = None) -> None:
+    """Fill `module` (built on meta) with the tensors of `weights`, in place.
 
-    `device_map` ({module path: device}, "" for the whole model; None = everything on "cpu"): each tensor goes
-    to the device of its longest matching prefix. Parameters mapped to "disk" stay on meta (the dispatch step
-    serves them from the checkpoint files); their persistent buffers are loaded to the CPU.
-    `dtype`: floating tensors are cast to it, except in submodules named in `keep_in_fp32` (kept float32);
-    None keeps each tensor's dtype from the checkpoint. `tied_weights` ({tied name: source name}) are tied
-    after loading. `ignore_unexpected`: regexes of checkpoint keys the model may lack (left unread), as
-    transformers' `_keys_to_ignore_on_load_unexpected`. Keys and shapes are validated before anything moves
-    (then `stream_weights`); on any failure every tensor loaded so far goes back to meta: no half-loaded model
-    holds memory. `progress`: a bar in bytes, labelled `label` (default: the class name), or the pipeline's
-    overall bar. `accelerators`: the accelerators the device map's indices name (detected when None).
-    """
+    `device_map` ({module path: device}, None = all on "cpu"): the longest matching prefix wins; "disk" parameters
+    stay on meta for the dispatch step. Keys and shapes are validated first; on any failure every tensor goes back
+    to meta, so no half-loaded model holds memory."""
     validate_weights(module, weights, tied_weights=tied_weights, ignore_unexpected=ignore_unexpected)
     stream_weights(module, weights, device_map=device_map, load_dtypes=load_dtypes(weights, dtype, keep_in_fp32),
                    tied_weights=tied_weights, progress=progress, label=label, accelerators=accelerators)
 
 
-def stream_weights(
-    module: nn.Module,
-    weights: WeightsIndex,
-    *,
-    device_map: Mapping[str, Device] | None,
-    load_dtypes: Mapping[str, torch.dtype],
-    tied_weights: Mapping[str, str] | None = None,
-    progress: bool = True,
-    label: str | None = None,
-    accelerators: Accelerators | None = None,
-) -> None:
-    """`load_weights` for a caller that validated `weights` against `module` already and worked out each
-    tensor's dtype once (`load_dtypes`, {checkpoint name: dtype}): one pass over the files, nothing checked twice.
-    Accelerator indices become torch devices through `accelerators` (one detection per load, not per tensor);
-    that they exist is the caller's check (the loader makes it once, for the whole plan)."""
+def stream_weights(module: nn.Module, weights: WeightsIndex, *, device_map: Mapping[str, Device] | None,
+                   load_dtypes: Mapping[str, torch.dtype], tied_weights: Mapping[str, str] | None = None,
+                   progress: bool = True, label: str | None = None,
+                   accelerators: Accelerators | None = None) -> None:
+    """`load_weights` for a caller that validated already and worked out each tensor's dtype (`load_dtypes`)."""
     accelerators = accelerators or detect_accelerators()
     plan = _reads(module, weights, device_map, load_dtypes, accelerators)
     try:
@@ -162,10 +114,8 @@ def stream_weights(
 
 def _place_unsaved_buffers(module: nn.Module, device_map: Mapping[str, Device] | None,
                            accelerators: Accelerators) -> None:
-    """Buffers no checkpoint holds (non-persistent ones: CLIP's `position_ids`, rotary `inv_freq`) were made on
-    the CPU by the model's constructor: each goes to the accelerator its module is planned on, as the saved
-    tensors did (on a GPU, a CPU `position_ids` indexing a GPU embedding fails). Streamed modules' hooks move
-    their own buffers."""
+    """Buffers no checkpoint holds (CLIP's `position_ids`) to the accelerator their module is planned on: a CPU
+    `position_ids` indexing a GPU embedding fails. Streamed modules' hooks move their own."""
     if device_map is None:
         return
     normalized = {key: normalize_device(device) for key, device in device_map.items()}
@@ -180,14 +130,12 @@ def _place_unsaved_buffers(module: nn.Module, device_map: Mapping[str, Device] |
 
 def load_dtypes(weights: WeightsIndex, dtype: torch.dtype | None, keep_in_fp32: Iterable[str] = ()
                 ) -> dict[str, torch.dtype]:
-    """{checkpoint tensor: the dtype it loads as} (`target_dtype` of each), worked out once per load."""
     keep = tuple(keep_in_fp32 or ())
     return {name: target_dtype(entry, dtype, keep) for name, entry in weights.tensors.items()}
 
 
 def target_dtype(entry: TensorEntry, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
-    """The dtype `entry` is loaded as: integer/bool tensors never change; with a `dtype`, tensors of the modules
-    in `keep_in_fp32` (`placement.sizing.kept_fp32_module_names`, the rule sizing uses) become float32."""
+    """Integer/bool tensors never change; with a `dtype`, `keep_in_fp32` modules' tensors become float32."""
     if dtype is None or not entry.dtype.is_floating_point:
         return entry.dtype  # no torch_dtype: every tensor as saved, fp32-kept modules included (as diffusers)
     if keep_in_fp32 and any(part in keep_in_fp32 for part in entry.name.split(".")):
@@ -206,9 +154,7 @@ def tie_weights(module: nn.Module, tied_weights: Mapping[str, str] | None) -> No
 
 def _reads(module: nn.Module, weights: WeightsIndex, device_map: Mapping[str, Device] | None,
            load_dtypes: Mapping[str, torch.dtype], accelerators: Accelerators) -> list[_Read]:
-    """Every tensor of `weights` the module takes (checkpoint keys it lacks are left unread), with its device:
-    the longest `device_map` key that contains it (None: everything on the CPU); parameters on "disk" stay on
-    meta (the dispatch step serves them). Torch devices are looked up once per distinct device."""
+    """Every tensor of `weights` the module takes, with its device; "disk" parameters are left to the dispatch step."""
     mapped = {"": "cpu"} if device_map is None else {key: normalize_device(d) for key, d in device_map.items()}
     whole = list(mapped) == [""]  # one device for everything: no prefix to look up per tensor
     submodules = dict(module.named_modules(remove_duplicate=False))
@@ -251,8 +197,7 @@ def _stream(plan: list[_Read], *, progress: bool, label: str) -> None:
 
 def _stream_file(path: Path, items: list[_Read], *, on_tensor: Callable[[int], object]) -> None:
     pending = deque(items)
-    # Reopening only helps when the mapped source of each tensor is dropped (cast or moved off the CPU); tensors
-    # that keep their dtype on the CPU are the mapping itself, so the file is opened once.
+    # Tensors kept as they are on the CPU are the mapping itself: reopening would free nothing.
     copies = any(item.dtype != item.entry.dtype or item.target.type != "cpu" for item in items)
     remap_bytes = _REMAP_BYTES if copies else math.inf
     try:
@@ -274,10 +219,8 @@ def _stream_file(path: Path, items: list[_Read], *, on_tensor: Callable[[int], o
 
 
 def set_tensor(read: _Read, value: torch.Tensor) -> None:
-    """Put `value` (cast, then moved) into the module in place of its meta tensor, as a parameter of the class it
-    had or as a buffer. What `accelerate.utils.set_module_tensor_to_device` does for a plain tensor, without the
-    per-call lookups and checks that cost it a third of a load's time (every fact is in `read` already); other
-    parameter classes (quantized ones) go through accelerate."""
+    """`value` cast, moved and set in place of its meta tensor: accelerate's `set_module_tensor_to_device` without
+    the per-call lookups that cost a third of a load's time; other parameter classes (quantized) go through it."""
     if value.dtype != read.dtype:
         value = value.to(read.dtype)
     value = value.to(read.target)  # the same tensor when it is there already (a CPU load keeps the mapping)

@@ -1,13 +1,8 @@
-"""The `placement` console script. Each subcommand lives in its own module and registers itself here.
+"""The `placement` console script; each subcommand registers itself from its own module.
 
-Nothing is imported at module level beyond argparse and the subcommands' parsers (which import neither torch
-nor `placement`): `placement --help` and argument errors answer at once; a command imports what it runs.
-
-Exit codes: 0 success, 2 bad input (a typed `PlacementError`, a path that cannot be read or written, or bad
-arguments), 1 an internal error, 130 interrupted (Ctrl-C). Errors print one line, in flag names, never a
-traceback; `--debug` (anywhere on the command line) or PLACEMENT_DEBUG=1 prints the traceback too. Output
-piped into a reader that stops early (`placement plan ... | head`) ends quietly, with exit code 0.
-"""
+Only argparse and the subcommands' parsers load at import, so `--help` and argument errors answer at once.
+Exit codes: 0 success, 2 bad input, 1 internal error, 130 Ctrl-C. Errors are one line in flag names, never a
+traceback unless `--debug` or PLACEMENT_DEBUG=1; a reader that stops early (`| head`) ends it quietly with 0."""
 
 from __future__ import annotations
 
@@ -39,7 +34,6 @@ DEBUG_HELP = "on an error, print the traceback too (also PLACEMENT_DEBUG=1)"
 
 
 def _version() -> str:
-    """The installed distribution's version (read from its metadata: no torch import)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -84,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reader_gone() -> int:
-    """stdout's reader closed the pipe (`| head`): what it read is all it wanted, so stop quietly. stdout is
-    pointed at /dev/null so that the interpreter's final flush does not fail again."""
+    """stdout's reader closed the pipe (`| head`): stop quietly, stdout pointed at /dev/null so the final flush
+    does not fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -95,7 +89,6 @@ def _reader_gone() -> int:
 
 
 def describe_failure(error: Exception) -> tuple[int, str]:
-    """(exit code, one line) for an error escaping a subcommand."""
     from placement.errors import PlacementError  # imports torch: only once a command has run
 
     from .targets import in_flag_names

@@ -1,27 +1,14 @@
-"""What a plan's outcome does not say by itself, worked out and said in flag names.
-
-- fp32: a plan made in float32 (the presets are built in it; a configs-only folder is sized in it) that fails,
-  offloads or runs on the CPU is planned again in bfloat16; when that does better, the user reads how much
-  better (the bf16 verdict) and the flag (`--dtype bf16`). Computed, never guessed.
-- a detected CPU budget: GPU budgets given without `cpu=` plan the host RAM of *this* machine; when the plan
-  fails or uses the CPU's RAM, the message says that budget was detected here and how to give another.
-- no GPU here and no budgets given (`placement plan flux-like` on a laptop): the plan is for this machine's CPU;
-  the message says so, with the outcome worked out for example GPU budgets (in bfloat16 when the plan is in
-  float32): what a user planning for a server wanted.
-- the runtime overhead: with a call planned for, each GPU in use keeps 1 GiB (CUDA context, workspaces,
-  fragmentation); GPUs whose budgets do not exceed it hold nothing, and the message says that is why.
-
-`Outcome` is one attempt (a plan, or the error that stopped it); `advise` returns the lines to print after
-the plan, and a `DoesNotFitError` carries them with the error, the likeliest fix first: the dtype, then budgets, then
-the disk (the library's own fix for a pipeline that needs it, `--offload-folder`).
-"""
+"""What a plan's outcome does not say by itself, worked out (never guessed) and said in flag names: how a float32
+plan would do in bfloat16, that a CPU budget was detected here rather than given, what GPU budgets would give
+on a machine without GPUs, and why a GPU no larger than the runtime overhead holds nothing. A `DoesNotFitError`
+carries these lines with it, the likeliest fix first (dtype, budgets, then the disk)."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from placement import ACCELERATOR_RUNTIME_OVERHEAD, Plan
 from placement.budgets import CPU_MARGIN, DETECTED_CPU_NOTE
@@ -32,13 +19,12 @@ from placement.sizes import format_bytes
 from placement.reports import TIGHT_SHARE
 
 from ..loading.suggestions import BF16_SUGGESTION
+from .args import budgets_arg
+from .targets import TargetPlanner, resolve_budgets_arg
 
 _RANK = [VerdictKind.FITS, VerdictKind.OFFLOADED, VerdictKind.PARTLY_CPU, VerdictKind.NO_FIT]
 _REDUCED = ("bfloat16", "float16")
 EXAMPLE_GPUS = "2x24GiB,cpu=64GiB"  # the GPUs a plan on a machine without any is worked out for
-
-if TYPE_CHECKING:
-    from .targets import TargetPlanner
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +40,9 @@ class Outcome:
 
 def plan_with_advice(make_plan: TargetPlanner, *, dtype: Optional[str], max_memory: Optional[Mapping],
                      budgets_example: str, suggest_gpus: bool = False) -> tuple[Plan, list[str]]:
-    """`make_plan(torch_dtype=...)` at `dtype` (a name or None) and the advice for its outcome; a planning
-    error is raised again as a `DoesNotFitError` when there is advice to add, the likeliest fix first (the dtype,
-    then budgets, then the disk). `suggest_gpus`: on a machine without GPUs and no budgets given, work out what
-    GPU budgets would give (`placement plan`; not for a run, which can only use what is here)."""
+    """`make_plan(torch_dtype=...)` at `dtype` and the advice for its outcome; a planning error is raised again as a
+    `DoesNotFitError` carrying the advice. `suggest_gpus`: work out GPU budgets where there are none (not for a
+    run, which can only use what is here)."""
     outcome = _attempt(make_plan, dtype)
     lines = advise(outcome, make_plan=make_plan, dtype=dtype, max_memory=max_memory, budgets_example=budgets_example,
                    suggest_gpus=suggest_gpus)
@@ -104,13 +89,12 @@ def _attempt(make_plan: Callable[..., Plan], dtype: Optional[str]) -> Outcome:
 
 
 def _said_bf16(outcome: Outcome) -> bool:
-    """The library suggested bfloat16 already (a folder's plan, `loading.suggestions`): not said twice."""
     said = [str(outcome.error)] if outcome.plan is None else [*outcome.plan.warnings, *outcome.plan.advise()]
     return any(BF16_SUGGESTION in text for text in said)
 
 
 def _in_float32(outcome: Outcome) -> bool:
-    """The plan sized some component in float32 (an error says nothing of dtypes: assume the plan would have)."""
+    """The plan sized some component in float32 (an error says nothing of dtypes: assume it would have)."""
     if outcome.plan is None:
         return True
     return any(component.dtype.startswith("float32") for component in outcome.plan.components.values())
@@ -124,11 +108,7 @@ def _bf16_line(outcome: Outcome, bf16: Outcome) -> list[str]:
 
 
 def _no_gpu_line(outcome: Outcome, make_plan: TargetPlanner, dtype: Optional[str]) -> list[str]:
-    """No GPU here and no budgets given: the plan is for this machine's CPU. What GPUs would give, worked out
-    at example budgets (in bfloat16 when the plan is in float32)."""
-    from .args import budgets_arg
-    from .targets import resolve_budgets_arg
-
+    """No GPU here and no budgets given: what example GPU budgets would give (in bfloat16 for a float32 plan)."""
     reduced = dtype in _REDUCED or not _in_float32(outcome)
     flags = f"{'' if reduced else '--dtype bf16 '}--max-memory {EXAMPLE_GPUS}"
     budgets = resolve_budgets_arg(budgets_arg(EXAMPLE_GPUS), "--max-memory")

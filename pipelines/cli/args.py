@@ -1,21 +1,10 @@
-"""Argument parsing shared by the CLI subcommands: budgets, dtypes, call specs, plan targets.
+"""Argument parsing of the `placement` subcommands, forgiving the habits of neighbouring tools.
 
-Nothing here imports torch (nor `placement`, whose package imports it): `placement --help` and argparse's
-own errors answer at once. Argument types check the syntax; the values (sizes, devices) are parsed by
-`placement` when the command runs (`resolve.resolve_budgets_arg`), in the one place sizes are parsed.
-
-The `placement` argument parser: argparse, forgiving the habits of neighbouring tools.
-
-- `--max_memory` works for `--max-memory` (accelerate's and diffusers' scripts spell flags with underscores):
-  every `--a_b` is read as `--a-b` when the parser knows that flag. The aliases are not listed in `--help`.
-- An unknown flag or subcommand is an error that names the closest known one: "unrecognized argument
-  --max-memroy (did you mean --max-memory?)", "unknown command 'pln' (did you mean 'plan'?)".
-- An error is one line and a pointer to `--help` (argparse prints its usage block first; here only `--help`
-  prints the usage).
-- A flag's value that starts with "-" is its value, not a flag: `--max-memory -1=24GiB` reaches the budget
-  parser (which says a device id is never negative) instead of "expected one argument".
-
-Imports nothing beyond the standard library: `placement --help` and argument errors answer at once."""
+Imports nothing beyond the standard library, so `placement --help` and argument errors answer at once: types
+check the syntax, `placement` parses the values when the command runs. `--max_memory` is read as `--max-memory`
+(accelerate's and diffusers' scripts use underscores); an unknown flag or command names the closest known one;
+an error is one line and a pointer to `--help`; a value starting with "-" is a value (`--max-memory -1=24GiB`
+reaches the budget parser, which says why a device id is never negative)."""
 
 from __future__ import annotations
 
@@ -40,15 +29,14 @@ _NEGATIVE = re.compile(r"-\s*\d+")
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetsArg:
-    """A budget string as typed: (device spelling, size spelling) pairs, `NxSIZE` expanded to N accelerators
-    numbered after those already named."""
+    """A budget string as typed: (device, size) spellings, `NxSIZE` expanded to N accelerators after those named."""
 
     text: str
     items: tuple[tuple[str, str], ...]
 
 
 def budgets_arg(text: str) -> BudgetsArg:
-    """"0=24GiB,1=24GiB,cpu=64GiB", "2x24GiB" or both ("2x24GiB,cpu=64GiB"): one syntax for every flag."""
+    """"0=24GiB,1=24GiB,cpu=64GiB", "2x24GiB" or both: one syntax for every flag."""
     items: list[tuple[str, str]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         device, separator, size = item.partition("=")
@@ -80,7 +68,7 @@ def _not_a_budget(item: str) -> str:
 
 
 def positive_int_arg(flag: str, example: str):
-    """An argument type: a whole number of 1 or more, refused in the flag's words (`--steps 0`)."""
+    """An argument type: a whole number of 1 or more, refused in the flag's words."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -94,7 +82,6 @@ def positive_int_arg(flag: str, example: str):
 
 
 def fraction_arg(text: str) -> float:
-    """--strength: a share of the steps, above 0 and at most 1."""
     try:
         value = float(text)
     except ValueError:
@@ -119,7 +106,6 @@ def finite_float_arg(flag: str):
 
 
 def dtype_arg(text: str) -> str:
-    """A dtype name ("bfloat16"); `torch_dtype()` turns it into the torch dtype when the command runs."""
     try:
         return DTYPES[text.lower()]
     except KeyError:
@@ -131,7 +117,7 @@ STORAGE_DTYPES = {"fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn
 
 
 def layerwise_casting_arg(text: str) -> dict[str, str]:
-    """`transformer=fp8_e4m3fn[,vae=fp8_e5m2]` -> {component: storage dtype name} (fp8 layerwise casting)."""
+    """`transformer=fp8_e4m3fn[,vae=fp8_e5m2]` -> {component: storage dtype name}."""
     parsed = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, dtype = item.partition("=")
@@ -149,8 +135,7 @@ def torch_dtype(name: str | None):
     return None if name is None else getattr(torch, name)
 
 
-# placement's named strategies (tests/pipelines/cli/test_cli_flags.py holds them equal to placement's own list),
-# and the device spellings placement.devices reads: known here so that a typo is refused before torch loads.
+# placement's strategies and device spellings (a test holds them equal), so a typo is refused before torch loads.
 STRATEGY_NAMES = ("balanced", "auto", "sequential", "balanced_low_0")
 DEVICE_SPELLING = re.compile(r"(cpu|disk|\d+|(cuda|xpu|mps|npu|vgpu)(:\d+)?)")
 
@@ -173,7 +158,7 @@ def strategy_arg(text: str):
 
 
 def image_output_arg(text: str) -> Path:
-    """A path whose extension names an image format PIL writes (".png", ".jpg", ".webp", ...)."""
+    """A path whose extension names an image format PIL writes."""
     from PIL import Image  # PIL imports no torch: argument errors stay immediate
 
     path = Path(text)
@@ -187,7 +172,6 @@ def image_output_arg(text: str) -> Path:
 
 
 def output_arg(text: str) -> Path | str:
-    """A file to write, or "-" for stdout."""
     return "-" if text == "-" else Path(text)
 
 
@@ -216,22 +200,16 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def call_spec(args: argparse.Namespace) -> dict | None:
-    """`call=` for planning from --height/--width/--batch-size/--num-images-per-prompt/--guidance-scale/
-    --num-frames/--max-sequence-length/--steps/--strength as given (None when none is given); --steps is
-    `num_inference_steps`. A size left out is the pipeline's own (`with_default_size`, once the target is known)."""
-    given = {"height": args.height, "width": args.width, "batch_size": getattr(args, "batch_size", None),
-             "num_images_per_prompt": getattr(args, "num_images_per_prompt", None),
-             "guidance_scale": args.guidance_scale, "num_frames": getattr(args, "num_frames", None),
-             "max_sequence_length": getattr(args, "max_sequence_length", None),
-             "num_inference_steps": getattr(args, "steps", None), "strength": getattr(args, "strength", None)}
-    if all(value is None for value in given.values()):
-        return None
-    return {key: value for key, value in given.items() if value is not None}
+    """`call=` from the call flags given (None when none is); a size left out is the pipeline's own, filled later."""
+    keys = ("height", "width", "batch_size", "num_images_per_prompt", "guidance_scale", "num_frames",
+            "max_sequence_length", "num_inference_steps", "strength")
+    given = {key: getattr(args, "steps" if key == "num_inference_steps" else key) for key in keys}
+    return {key: value for key, value in given.items() if value is not None} or None
 
 
 def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | None:
-    """Why `flag`'s `path` cannot be written as a file (`folder` False) or used as a folder (made if absent), or
-    None: checked before any work, so that a typo does not cost a plan first."""
+    """Why `flag`'s `path` cannot be written as a file or used as a folder (made if absent), or None: checked before
+    any work, so a typo does not cost a plan first."""
     if path is None or path == "-":
         return None
     path = Path(path)
@@ -289,8 +267,7 @@ class ForgivingArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
     def _values_attached(self, args: list[str]) -> list[str]:
-        """`--flag -value` as `--flag=-value` where `--flag` takes one value and `-value` is no flag of this
-        parser (argparse reads only plain negative numbers as values)."""
+        """`--flag -value` as `--flag=-value` where `--flag` takes one value and `-value` is no flag of this parser."""
         takes_one = {option for action in self._actions if action.nargs is None for option in action.option_strings}
         known = set(self._option_strings())
         fixed: list[str] = []
@@ -309,8 +286,7 @@ class ForgivingArgumentParser(argparse.ArgumentParser):
         return fixed
 
     def _hyphenated(self, args: list[str]) -> list[str]:
-        """`--a_b[=value]` as `--a-b[=value]` where this parser knows `--a-b` (or a flag it abbreviates);
-        everything after a bare `--` is left as it is."""
+        """`--a_b[=value]` as `--a-b[=value]` where this parser knows `--a-b` (or a flag it abbreviates)."""
         known = self._option_strings()
         fixed: list[str] = []
         for position, arg in enumerate(args):

@@ -105,10 +105,11 @@ def component_facts(name: str, module, budgets, dtype) -> ComponentFacts:
     sizes = {"as saved": size_module(module).total, "bfloat16": size_module(module, torch.bfloat16).total,
              "float32": size_module(module, torch.float32).total}
     chosen = size_module(module, dtype)
+    streamed = streaming_working_set(module, chosen)
     return ComponentFacts(
         name=name, class_name=type(module).__name__, as_saved=str(own).removeprefix("torch."), sizes=sizes,
-        largest_block=chosen.largest_unit, streamed=streaming_working_set(module, chosen),
-        runs_on=could_run_on(chosen.total, chosen.largest_unit, streaming_working_set(module, chosen), budgets),
+        largest_block=chosen.largest_unit, streamed=streamed,
+        runs_on=could_run_on(chosen.total, chosen.largest_unit, streamed, budgets),
     )
 
 

@@ -21,18 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-
-from .args import (
-    add_call_arguments,
-    budgets_arg,
-    call_spec,
-    dtype_arg,
-    layerwise_casting_arg,
-    output_arg,
-    path_problem,
-    strategy_arg,
-    write_text,
-)
+from .args import (add_call_arguments, budgets_arg, call_spec, dtype_arg, layerwise_casting_arg, output_arg,
+                   path_problem, strategy_arg, write_text)
 
 
 def register(subparsers) -> None:
@@ -64,9 +54,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .advice import plan_with_advice
-    from .targets import complete_call
-    from .targets import in_flag_names, resolve_budgets_arg, warnings_once
-    from .targets import TargetPlanner
+    from .targets import TargetPlanner, complete_call, in_flag_names, resolve_budgets_arg, warnings_once
 
     outputs = {"--json": args.json, "--svg": args.svg, "--timeline": args.timeline}
     to_stdout = [flag for flag, path in outputs.items() if path == "-"]

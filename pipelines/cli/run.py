@@ -24,8 +24,6 @@ from pathlib import Path
 
 from .args import budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, strategy_arg
 
-EXIT_BAD_INPUT = 2
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -62,15 +60,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed.images import read_prompts
-    from ..distributed.replica import Launch
-    from ..distributed.images import run_lock
+    from ..distributed.images import read_prompts, run_lock
+    from ..distributed.replica import Launch, folder_pipeline_class
     from ..errors import ImageRunError, LoadError, ReplicaLoadError
     from ..hf.quiet import quiet
-    from .targets import check_callable, default_call
-    from .targets import resolve_budgets_arg, warnings_once
+    from . import EXIT_BAD_INPUT
     from .run_job import RunJob
-    from .targets import hf_libraries, pipeline_class_of
+    from .targets import check_callable, default_call, hf_libraries, resolve_budgets_arg, warnings_once
 
     launch = Launch.from_env()
     if args.group_size is not None and not launch.distributed:
@@ -90,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     locked = run_lock(args.out, wait=args.wait) if launch.rank == 0 else nullcontext()
     with locked, _pipeline_folder(args.target) as (source, configs, label):
         with quiet(preload=hf_libraries(configs)):  # reading the class may import diffusers: quietly
-            cls = pipeline_class_of(configs)
+            cls = folder_pipeline_class(configs)
             check_callable(configs, cls)
             call = {**default_call(configs, cls), **given}  # what the images are made with: plan and run.json
         job = RunJob(args=args, launch=launch, prompts=prompts, source=source, label=label, configs=configs,

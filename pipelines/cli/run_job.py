@@ -1,10 +1,6 @@
-"""The steps of `placement run` once its arguments are read: check DIR, plan (the verdict first), load, make.
-
-A plain run checks DIR before anything else (nothing left to make: it says so and loads nothing), then plans
-the pipeline for the call it will make and prints the verdict and any advice, then loads that very plan. Under
-torchrun each rank loads its replica (`load_replica`), rank 0 prints its group's verdict, and DIR is checked
-through rank 0 so that every rank agrees on what is left.
-"""
+"""The steps of `placement run` once its arguments are read: check DIR (nothing left: say so, load nothing), plan
+and print the verdict, load that very plan, make the images. Under torchrun each rank loads its replica and
+DIR is checked through rank 0, so every rank agrees on what is left."""
 
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ from ..distributed.replica import Launch
 from ..errors import ImageRunError
 from ..hf.quiet import quiet
 from .args import torch_dtype
+from . import EXIT_INTERRUPTED
 from .targets import STEPS, TargetPlanner, hf_libraries, in_flag_names, warnings_once
-
-EXIT_INTERRUPTED = 130
 
 
 @dataclass(kw_only=True)
@@ -32,12 +27,12 @@ class RunJob:
     launch: Launch
     prompts: list[str]
     source: str  # what from_pretrained loads: the folder, or the Hub id
-    label: str  # how run.json names it: a folder's absolute path, a Hub id, a preset
+    label: str  # how run.json names it
     configs: Path  # a local folder with its configs
     cls: type
-    given: dict[str, Any]  # the call arguments the user gave: the pipeline's own defaults apply to the rest
-    call: dict[str, Any]  # the call the images are made with (given + defaults found): for the plan and run.json
-    max_memory: Optional[dict]  # --max-memory resolved (`resolve.resolve_budgets_arg`)
+    given: dict[str, Any]  # what the user gave: the pipeline's own defaults apply to the rest
+    call: dict[str, Any]  # given + defaults found: for the plan and run.json
+    max_memory: Optional[dict]
 
     def run(self) -> Optional[RunResult]:
         """The result on rank 0 (None on the others); ImagesInterrupted after a requested stop."""
@@ -50,10 +45,9 @@ class RunJob:
                       "them again).")
                 return RunResult(made=0, skipped=len(self.prompts), failed=())
             folder.note_unrecorded(self.prompts)
-        max_memory = self.max_memory
         with warnings_once():
-            strategy = self._plan(max_memory) if not self.launch.distributed else self.args.strategy
-            replica = self._load(strategy, max_memory)
+            strategy = self._plan(self.max_memory) if not self.launch.distributed else self.args.strategy
+            replica = self._load(strategy, self.max_memory)
         with replica:
             if first and replica.group is not None:
                 print(f"{self.launch.world_size} replica(s); rank 0 on {replica.group.label}: "

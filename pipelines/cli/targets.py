@@ -1,18 +1,11 @@
-"""What a command's TARGET is (a preset, a local folder, a Hub id) and its plan.
+"""A command's TARGET (a preset, a local folder, a Hub id), its plan and its default call, and what the CLI prints
+in its own words (budgets, library messages in flag names, warnings once). Imported when a command runs (it
+imports torch), never for `--help`.
 
-Imported when a command runs (it imports torch through `placement` and `pipelines`), never for `--help`.
-
-The call a pipeline makes by default: its own size, steps and guidance, read from the class, not assumed.
-
-`placement run` passes the pipeline only what the user gave, so the pipeline's defaults apply (FLUX: 1024x1024,
-28 steps; SD 1.5: 512x512, 50 steps; ours: 512x512, 20 steps). To plan for that call and to size the progress
-bar it needs the same numbers beforehand: the defaults of the class's `__call__` (ours, or the diffusers class
-the folder names), and where a diffusers `__call__` says `height=None` ("the default sample size"), diffusers'
-own rule: the denoiser config's `sample_size` times the VAE's downsampling, 2 ** (len(block_out_channels) - 1).
-A number that cannot be found this way stays unknown (None): the plan is then made for weights only.
-
-What the CLI prints, in its own words: budgets parsed by `placement`, library messages in flag names,
-warnings once. Imported when a command runs (it imports `placement`, hence torch), never for `--help`."""
+`placement run` passes the pipeline only what the user gave; to plan that call and size its progress bar it
+reads the same defaults beforehand: the class's `__call__` defaults (ours, or the diffusers class the folder
+names) and, for diffusers' `height=None`, diffusers' own rule (the denoiser's `sample_size` times the VAE's
+downsampling). A number not found this way stays unknown, and the plan is made for weights only."""
 
 from __future__ import annotations
 
@@ -24,7 +17,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, TYPE_CHECKING
+from typing import Any, Iterator, Mapping, Optional
 
 from placement import Plan
 from placement.budgets import exact_budgets, warn_zero_budgets
@@ -32,6 +25,7 @@ from placement.devices import device_label, normalize_device
 from placement.errors import PlacementError
 from placement.sizes import parse_budget
 
+from ..distributed.replica import folder_pipeline_class
 from ..errors import LoadError
 from ..hf.quiet import hf_libraries, quiet
 from .args import BUDGET_EXAMPLE, BudgetsArg
@@ -48,8 +42,7 @@ def is_preset(target: str) -> bool:
 
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..folder.sources import looks_like_a_path
-    from ..folder.sources import resolve_pipeline_folder
+    from ..folder.sources import looks_like_a_path, resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
 
     path = Path(target).expanduser()
@@ -92,24 +85,11 @@ def _one_edit(a: str, b: str) -> bool:
     return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
-def pipeline_class_of(folder: Path) -> type:
-    """The folder's own pipeline class when it is one of ours (so call= works), else the generic Pipeline."""
-    import pipelines
-
-    from ..folder.model_index import ModelIndex
-    from ..framework.pipeline import Pipeline
-
-    found = getattr(pipelines, ModelIndex.read(folder).class_name, None)
-    return found if isinstance(found, type) and issubclass(found, Pipeline) else Pipeline
-
-
 @dataclass(kw_only=True)
 class TargetPlanner:
-    """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly (see `pipelines.hf.quiet`).
+    """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly.
 
-    `call` may hold num_inference_steps (`--steps`): the planner weighs streaming by the runs per call.
-    `layerwise_casting` ({component: fp8 dtype name}, `--layerwise-casting`) plans a folder's components with fp8
-    storage; a preset is built in memory, not loaded, so it has no load to cast at."""
+    A preset is built in memory, not loaded, so `layerwise_casting` (--layerwise-casting) applies to folders only."""
 
     target: str
     device_map: Any
@@ -117,9 +97,9 @@ class TargetPlanner:
     offload_folder: Optional[Path]
     call: Optional[Mapping[str, Any]]
     layerwise_casting: Optional[Mapping[str, str]] = None
-    gpu: Optional[str] = None  # --gpu: the GPU the plan's seconds per call assume
+    gpu: Optional[str] = None
     notes: list[str] = field(default_factory=list)
-    _folder: Optional[Path] = field(default=None, repr=False)  # resolved once (a Hub id: downloaded once)
+    _folder: Optional[Path] = field(default=None, repr=False)  # a Hub id: downloaded once
 
     def folder(self) -> Path:
         if self._folder is None:
@@ -143,7 +123,7 @@ class TargetPlanner:
         if self.layerwise_casting:
             options["layerwise_casting"] = dict(self.layerwise_casting)
         with quiet(preload=hf_libraries(folder)):
-            return pipeline_class_of(folder).plan_placement(folder, **options)
+            return folder_pipeline_class(folder).plan_placement(folder, **options)
 
 
 
@@ -152,8 +132,7 @@ DENOISERS = ("transformer", "unet")
 
 
 def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
-    """{height, width, num_inference_steps, guidance_scale} the pipeline in `folder` uses when not told; a key
-    whose value cannot be found is left out."""
+    """{height, width, num_inference_steps, guidance_scale} the pipeline in `folder` uses when not told, if found."""
     runtime = _runtime_class(folder, pipeline_class)
     defaults = {} if runtime is None else class_defaults(runtime)
     if "height" not in defaults or "width" not in defaults:
@@ -164,16 +143,12 @@ def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
 
 
 def class_defaults(runtime: type) -> dict[str, Any]:
-    """The numbers among KEYS that `runtime.__call__` gives as its defaults."""
     parameters = inspect.signature(runtime.__call__).parameters
     return {key: parameters[key].default for key in KEYS if key in parameters
             and isinstance(parameters[key].default, (int, float)) and parameters[key].default is not True}
 
 
 def check_callable(folder: Path, pipeline_class: type) -> None:
-    """A folder loaded as a generic pipeline (its class is neither ours nor diffusers') has no `__call__`."""
-    from ..errors import LoadError
-
     if _runtime_class(folder, pipeline_class) is None:
         raise LoadError(
             f"{str(folder)!r} loads as a generic pipeline (its model_index.json names a class that is neither this "
@@ -183,8 +158,7 @@ def check_callable(folder: Path, pipeline_class: type) -> None:
 
 
 def describes_its_call(folder: Path, pipeline_class: type) -> bool:
-    """Whether a plan can account for this pipeline's call: its class describes its inputs
-    (`activation_inputs`), or the folder names a diffusers pipeline (its own `__call__` is captured)."""
+    """Whether a plan can account for this pipeline's call: its class has `activation_inputs`, or it is diffusers'."""
     from ..hf.diffusers_pipeline import is_diffusers_folder
     from ..folder.model_index import ModelIndex
 
@@ -201,7 +175,7 @@ def _runtime_class(folder: Path, pipeline_class: type) -> Optional[type]:
         return pipeline_class
     index = ModelIndex.read(folder)
     if not is_diffusers_folder(index):
-        return None  # a generic pipeline of ours has no __call__ of its own
+        return None
     return diffusers_pipeline_class(index)
 
 
@@ -216,8 +190,6 @@ def _default_sample_pixels(folder: Path) -> Optional[int]:
 
 
 def _config(component: Path) -> dict:
-    from placement.errors import PlacementError
-
     from ..checkpoint.files import read_config_dict
 
     try:
@@ -227,10 +199,7 @@ def _config(component: Path) -> dict:
 
 
 def complete_call(planner: "TargetPlanner") -> list[str]:
-    """`planner.call`'s height and width where it lacks them: the pipeline's own default size (as a run of it
-    would use); the keys filled in. An error naming the flags when the pipeline has no default size."""
-    from ..errors import LoadError
-
+    """Fill `planner.call`'s missing height and width with the pipeline's default size; returns the keys filled."""
     call = planner.call
     missing = [key for key in ("height", "width") if call is not None and key not in call]
     if not missing:
@@ -245,23 +214,20 @@ def complete_call(planner: "TargetPlanner") -> list[str]:
 
 
 def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:
-    """{height, width, num_inference_steps, guidance_scale} the target's pipeline uses when not told."""
-    from ..hf.quiet import hf_libraries, quiet
     from ..text_to_image.pipeline import TextToImagePipeline
 
     if is_preset(planner.target):
         return class_defaults(TextToImagePipeline)
     folder = planner.folder()
     with quiet(preload=hf_libraries(folder)):
-        return default_call(folder, pipeline_class_of(folder))
+        return default_call(folder, folder_pipeline_class(folder))
 
 
 _FLAGS = {"num_inference_steps": "steps"}  # call keys whose flag has another name
 
 
 def resolve_budgets_arg(budgets: BudgetsArg | None, flag: str) -> dict | None:
-    """{0: "…B", 1: "…B", "cpu": "…B"} (exact bytes, `placement.budgets.exact_budgets`) from a parsed flag; a bad
-    size or a device named twice is an error that names the flag."""
+    """A parsed budgets flag as exact bytes per device; a bad size or a device named twice names the flag."""
     if budgets is None:
         return None
     resolved: dict = {}
@@ -306,8 +272,7 @@ def in_flag_names(text: str) -> str:
 
 @contextmanager
 def warnings_once(already_shown: list[str] | None = None) -> Iterator[list[str]]:
-    """Collect the library's warnings while the body runs, then print each distinct one once to stderr,
-    in flag names, skipping those the caller prints anyway (e.g. in the plan's own warnings)."""
+    """The library's warnings from the block, each distinct one printed once in flag names, less `already_shown`."""
     caught_messages: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,26 +1,11 @@
-"""The output folder of `placement run`: one PNG per prompt and `run.json`, each written whole or not at all.
+"""The output folder of `placement run`: OUT/00000.png, ... by prompt index and OUT/run.json (source, call, seed,
+and per image its prompt, seed, rank, GPUs, seconds, file or error).
 
-OUT/00000.png, OUT/00001.png, ... are named by prompt index; OUT/run.json records the run (`source`, the
-`call` every image was made with, the base `seed`) and per image its prompt, seed, the rank and GPUs that made
-it, the seconds it took and its file (or its error). Both are written as soon as an image is made, through a
-temporary file renamed into place (with the mode the umask gives new files), so an interrupted or crashed run
-leaves every finished image and a run.json that lists at most those, never half a file; an image on disk that
-run.json does not list (the run stopped between the two writes) is said and made again by the next run. A write
-that fails names its path. One run writes into OUT at a time (`run_lock`).
-
-A rerun skips the prompts whose image is done (same prompt, its file present); one made with another source,
-call or seed is refused (its images would not belong together) unless `overwrite` starts the folder afresh.
-
-One `placement run` at a time per output folder.
-
-Two runs writing into one OUT would each record only its own images in run.json, and the last writer's run.json
-would hide the other's images. `run_lock(out)` holds an exclusive `flock` on OUT/.placement-run.lock (holding the
-holder's pid) while a run writes there: a second run is refused with that pid, or waits for it (`wait=True`,
-`placement run --wait`). The kernel drops the lock when its process ends, however it ends (kill -9 included), so a
-crashed run never blocks the next one; the file itself is removed by the run that held it.
-
-While it holds the lock a run is OUT's only writer, so it removes the temporary files a killed run left behind
-(`.00003.png.<pid>.<random>.tmp`, see `images.write_atomically`)."""
+Each file is written through a temporary file renamed into place, so a stopped run leaves whole files only; an
+image run.json does not list (the run stopped between the two writes) is made again. A rerun skips the images
+done; one of another source, call or seed is refused unless `overwrite`. `run_lock` makes a run OUT's only
+writer: an exclusive `flock` the kernel drops however the process ends (kill -9 included), so a crashed run
+never blocks the next, and the holder clears the temporary files a killed run left."""
 
 from __future__ import annotations
 
@@ -57,7 +42,6 @@ class ImageRecord:
         return image_name(self.index) if self.error is None else None
 
     def entry(self) -> dict[str, Any]:
-        """Its run.json entry (without the image bytes)."""
         fields = {key: value for key, value in asdict(self).items() if key != "png"}
         return {**fields, "file": self.file, "seconds": round(self.seconds, 3)}
 
@@ -95,7 +79,7 @@ class RunFolder:
 
     @property
     def entries(self) -> dict[int, dict[str, Any]]:
-        """run.json's entries by prompt index (read on first use; a run.json of another run is an error)."""
+        """run.json's entries by prompt index (read on first use; another run's run.json is an error)."""
         if self._entries is None:
             self._entries = {} if self.overwrite else self._previous_entries()
         return self._entries
@@ -128,8 +112,8 @@ class RunFolder:
         return [index for index, prompt in enumerate(prompts) if not self.is_done(index, prompt)]
 
     def unrecorded(self, prompts: list[str]) -> list[str]:
-        """Images of these prompts in OUT that run.json does not list: written by a run that stopped (killed, a
-        full disk) before recording them. They are made again, as their prompt and seed cannot be vouched for."""
+        """Images in OUT that run.json does not list (a run stopped before recording them): their prompt and seed cannot
+        be vouched for, so they are made again."""
         if self.overwrite or not self.out.is_dir():
             return []
         names = {image_name(index): index for index in range(len(prompts))}
@@ -137,7 +121,6 @@ class RunFolder:
                       if entry.name in names and names[entry.name] not in self.entries)
 
     def note_unrecorded(self, prompts: list[str]) -> None:
-        """Say which images are made again because run.json does not list them (see `unrecorded`)."""
         names = [] if self._noted else self.unrecorded(prompts)
         self._noted = True
         if names:
@@ -146,7 +129,6 @@ class RunFolder:
                   "recording them; they are made again.", flush=True)
 
     def write(self, record: ImageRecord, *, world_size: int) -> None:
-        """The image (when it was made) and run.json with its entry, each atomically."""
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -158,15 +140,10 @@ class RunFolder:
                    "images": [self.entries[index] for index in sorted(self.entries)]}
         write_atomically(self.out / RUN_FILE, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
 
-    @property
-    def path(self) -> Path:
-        return self.out / RUN_FILE
-
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary file in the same folder and a rename: readers (and a run cut
-    short) see the old file or the new one, never a part. Made with the mode the umask gives new files (as any
-    program's output), not mkstemp's 0600. A failure (a full disk, an I/O error) names `path`."""
+    """`data` into `path` through a temporary sibling and a rename (readers see old or new, never a part), with the
+    umask's mode rather than mkstemp's 0600; a failure names `path`."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -183,7 +160,6 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def write_error(path: Path, error: OSError) -> ImageRunError:
-    """A write that failed, in words that name the path and say that what was written before is kept."""
     return ImageRunError(
         f"Cannot write {str(path)!r}: {error.strerror or error}. The images written before it are kept and listed "
         f"in {RUN_FILE}; fix that (free some space, or choose another --out) and run the same command again to "

@@ -5,28 +5,13 @@
         image = replica.pipe(prompt, generator=torch.Generator().manual_seed(index)).images[0]
     everything = replica.gather(results)              # on rank 0: every rank's results; elsewhere None
 
-Steps, the same on every rank so that none waits for a collective another skips:
-1. With accelerators (CUDA, XPU, or the virtual ones of PLACEMENT_VIRTUAL_ACCELERATORS, which are planned,
-   grouped and loaded exactly like GPUs): local rank 0 of each node plans the node's replicas
-   (`placement.plan_replicas`, on meta; budgets detected unless `max_memory` is given; `group_size` GPUs each
-   if given) and every rank takes its node's plan: plans made on each rank could differ (free memory moves),
-   and the ranks of one node must agree on disjoint groups.
-2. Each rank loads the pipeline onto the group of its local rank (`from_pretrained` with the group's
-   `max_memory`, so it plans exactly that group; device indices are real). Without accelerators every rank
-   loads onto the CPU (within `max_memory`'s "cpu" budget if given); GPU budgets or a `group_size` there are
-   an error that says how to get accelerators (never silently ignored).
-3. A status is all-gathered before any work: if one rank could not plan or load, every rank raises
-   ReplicaLoadError naming each failed rank and why, so none is left waiting in a later collective.
-
-Where this process stands in a `torchrun` launch, and the process group its replicas talk over.
-
-torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK (the node) for every process it
-starts; a plain `python` run has none of them and is one process on the whole machine. Replicas exchange only
-small Python objects (a plan, a status, PNG bytes), always over Gloo: with CUDA the default group is NCCL (for
-the user's own collectives on GPU tensors) and a Gloo group is made beside it, so no exchange needs a GPU.
-
-The replica plan of a pipeline folder: its modules built on meta (no weight read), `placement.plan_replicas`
-with the pipeline's model graph and, with `call=`, each component's activation peak for that call."""
+Every rank takes the same steps, so none waits for a collective another skips. Local rank 0 of each node plans
+the node's replicas (`placement.plan_replicas`, on meta) and every rank takes that plan: plans made per rank
+could differ as free memory moves, and one node's groups must be disjoint. Each rank loads onto its group (the
+group's `max_memory`, so it plans exactly that group), or without accelerators onto the CPU (GPU budgets or a
+`group_size` there are an error, never ignored). A status is then all-gathered, so a failure on one rank raises
+ReplicaLoadError on all, naming each failed rank. Replicas exchange only small objects, always over Gloo (a
+Gloo group beside NCCL under CUDA), so no exchange needs a GPU."""
 
 from __future__ import annotations
 
@@ -100,7 +85,6 @@ class Exchange:
         self.group = dist.group.WORLD if gloo else dist.new_group(backend="gloo", timeout=timeout)
 
     def all_gather(self, value: Any) -> list[Any]:
-        """Every rank's `value`, by rank."""
         if not self.launch.distributed:
             return [value]
         gathered: list[Any] = [None] * self.launch.world_size
@@ -116,10 +100,8 @@ class Exchange:
         return gathered
 
     def close(self, *, wait_for_the_others: bool = False) -> None:
-        """Destroy the process group if this Exchange made it. `wait_for_the_others` (the normal end of a job:
-        every rank gets here): a barrier first, so that no rank tears its connections down while a peer is still
-        finishing the last collective (Gloo aborts a process whose peer closes under it). Never after a failure:
-        a rank stuck in a collective would keep the others waiting."""
+        """Destroy the process group if this Exchange made it; `wait_for_the_others` (a normal end) barriers first, as
+        Gloo aborts a process whose peer closes under it. Never after a failure: a stuck rank would keep all waiting."""
         if self.owns_process_group and dist.is_initialized():
             if wait_for_the_others:
                 dist.barrier(group=self.group)
@@ -130,7 +112,6 @@ class Exchange:
 def plan_pipeline_replicas(pipeline_class: type, pretrained: str | Path, *, max_memory: Optional[Mapping] = None,
                            torch_dtype=None, call: Optional[Mapping[str, Any]] = None,
                            group_size: Optional[int] = None, strategy: str = "balanced") -> placement.ReplicaPlan:
-    """How many replicas of the pipeline in `pretrained` this machine's GPUs hold (see `placement.replicas`)."""
     folder = resolve_pipeline_folder(pretrained, weights=False)
     index = ModelIndex.read(folder)
     check_constructor(pipeline_class, index, {})
@@ -150,8 +131,7 @@ def plan_pipeline_replicas(pipeline_class: type, pretrained: str | Path, *, max_
 
 
 def folder_pipeline_class(pretrained: str | Path) -> type:
-    """The class `pretrained` names when it is one of this library's pipelines (so its own `__call__` and
-    `activation_inputs` apply), else the generic `Pipeline` (which loads diffusers folders as their class)."""
+    """The folder's class when it is one of this library's pipelines (its own `__call__` applies), else `Pipeline`."""
     import pipelines
 
     from ..framework.pipeline import Pipeline
@@ -171,7 +151,7 @@ class Replica:
     exchange: Exchange = field(repr=False)
 
     def gather(self, results: Sequence[Any]) -> Optional[list[Any]]:
-        """Every rank's `results` concatenated on rank 0 (in rank order; None on the other ranks)."""
+        """Every rank's `results` concatenated on rank 0 in rank order (None elsewhere)."""
         gathered = self.exchange.gather_to_first(list(results))
         return None if gathered is None else [item for part in gathered for item in part]
 
@@ -179,7 +159,6 @@ class Replica:
         return self.exchange.all_gather(value)
 
     def close(self, *, wait_for_the_others: bool = False) -> None:
-        """Destroy the process group if `load_replica` created it (see `Exchange.close`)."""
         self.exchange.close(wait_for_the_others=wait_for_the_others)
 
     def __enter__(self) -> "Replica":
@@ -193,13 +172,8 @@ def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_clas
                  torch_dtype=None, max_memory: Optional[Mapping] = None, call: Optional[Mapping[str, Any]] = None,
                  group_size: Optional[int] = None, strategy: str = "balanced",
                  timeout: timedelta = DEFAULT_TIMEOUT, progress: Optional[bool] = None) -> Replica:
-    """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc).
-
-    Run plainly (no torchrun) it is one replica on the whole machine: the pipeline placed over every GPU
-    (`device_map=strategy`), all the inputs. `max_memory`: one node's budgets (default: detected).
-    `pipeline_class`: the class to load as (default: the folder's own class when it is one of ours, else
-    `pipelines.Pipeline`).
-    """
+    """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc); run
+    plainly, one replica over the whole machine (`device_map=strategy`) with all the inputs."""
     launch = Launch.from_env()
     exchange = Exchange(launch, timeout=timeout)
     cls = pipeline_class or folder_pipeline_class(pretrained)
@@ -220,7 +194,7 @@ def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_clas
 
 
 def _node_group(exchange: Exchange, cls, pretrained, **planning) -> Optional[placement.ReplicaGroup]:
-    """This rank's GPU group from its node's replica plan (made by the node's local rank 0); None without GPUs."""
+    """This rank's GPU group from its node's replica plan (made by local rank 0); None without GPUs."""
     launch = exchange.launch
     mine = None
     if launch.local_rank == 0:
@@ -252,8 +226,7 @@ def _reason(failure: Exception) -> str:
 
 
 def _has_accelerators(max_memory: Optional[Mapping], group_size: Optional[int]) -> bool:
-    """Whether this node plans replicas over accelerators; without any, GPU budgets or a group size are an
-    error (they would otherwise be ignored: every rank runs on the CPU)."""
+    """Whether this node plans replicas over accelerators; without any, GPU budgets or a group size are an error."""
     if detect_accelerators().count:
         return True
     named = [device_label(key) for key in (max_memory or {}) if is_accelerator(placement.normalize_device(key))]

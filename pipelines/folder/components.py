@@ -1,38 +1,14 @@
-"""PipelineComponents: named components (models and non-models), the model graph and the placement state.
+"""PipelineComponents: the named components, model graph and placement state that loading, saving and the offload
+techniques act on (`framework.pipeline.Pipeline` adds the entry points on top, so this module never imports it).
 
-This is the state that loading (`pipelines.loading`), saving (`save_pipeline` below) and the offload techniques
-(`framework.pipeline`) act on; `framework.pipeline.Pipeline` adds the folder entry points (`from_pretrained`,
-`plan_placement`, `save_pretrained`) and the memory methods on top, so those modules import this one and never
-the class that calls them.
+`reset_device_map()` puts back what a placement changed, per component as the loader recorded it: one the load
+built goes to the CPU; one passed in goes back to its own device (or, pinned by its owner, stays); each gets
+its `hf_device_map` back (absent where it had none: transformers' `save_pretrained` checks only that the
+attribute exists) and what the load switched on (VAE tiling) switched off.
 
-What a placement changed on each module component, so that `reset_device_map()` puts back what was there.
-
-The loader records each component just before placing it (`record_origins`) and keeps the record on the pipeline
-(`remember_origins`); reset restores it (`restore_components`), for our pipelines and diffusers' classes alike:
-- a component the load built (`LOADED`): its hooks removed, its weights on the CPU, and its `hf_device_map` as
-  it was built: absent on diffusers and transformers models (transformers' `save_pretrained` checks only that
-  the attribute exists, so None would break it), None on ours (a `ModelMixin` declares it);
-- a component passed in and placed by the load (`PLACED`): its hooks removed, its weights back on the device
-  they came on, its `hf_device_map` as it carried it (or none);
-- a component passed in placed by its owner and pinned where it is (`KEPT`): its weights never moved, so they
-  stay; the input-moving hooks the load gave it are removed and its own map put back; one that came with its
-  owner's hooks was not touched by the load, and reset leaves it as it is too.
-Every kind also gets back what the load switched on in it (`undo_calls`: VAE tiling or slicing the plan turned
-on, undone by `disable_tiling()` / `disable_slicing()`). So a component passed in is pinned again by the next load, and every model saves with its own `save_pretrained`.
-
-Pipeline.save_pretrained: model_index.json plus one subfolder per component, in one atomic save.
-
-A placed pipeline saves as it is, whatever each component's placement (whole, split, offloaded, per-call
-residency, disk): every weight is read from where it lives (`hooks.gather`) and the placement is left alone.
-Our models read their offloaded weights one shard at a time (`ModelMixin.save_pretrained`); diffusers' and
-transformers' models, whose `save_pretrained` takes the whole `state_dict()`, get them filled into it
-(`saving_placed`).
-
-Components are written into the staging folder of `checkpoint.saving.atomic_folder` (the same atomic save a
-model uses); model_index.json is written last, with a fresh `_save_id` that a load checks to be sure all the
-components it read come from one save (see `snapshot`). Entries of an existing folder the save does not write
-(a README, other variants' weights, a component now absent) are carried over; an existing component's weights of
-the variant being saved are replaced wholesale, so no stale shard or index survives."""
+Saving writes one subfolder per component into `atomic_folder`'s staging folder, model_index.json last with a
+fresh `_save_id`; a placed pipeline saves as it is, every weight read from where it lives (`hooks.gather`).
+Entries the save does not write are carried over; the saved variant's old weight files are replaced wholesale."""
 
 from __future__ import annotations
 
@@ -76,10 +52,7 @@ class Origin(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class ComponentOrigin:
-    """One component as it was before the placement. `device`: where its weights go back to; `device_map`: the
-    `hf_device_map` it carried (`had_device_map` False: it had none at all); `owner_hooked`: it came with its
-    owner's hooks (then the load did not touch it); `module_id`: which object this record is about;
-    `undo_calls`: methods of the module that turn off what the load switched on (`disable_tiling`)."""
+    """One component as it was before the placement (`undo_calls`: methods turning off what the load switched on)."""
 
     origin: Origin
     module_id: int
@@ -91,8 +64,7 @@ class ComponentOrigin:
 
 
 def record_origins(components: Mapping[str, Any], plan: Plan, passed: Mapping[str, Any]) -> dict[str, ComponentOrigin]:
-    """Each planned component as it is now, before `plan` is carried out; `passed`: the components the caller
-    gave (a pinned one with a map of its own is kept where it is, as the loader does)."""
+    """Each planned component as it is now; a pinned one passed in with a map of its own is kept where it is."""
     origins = {}
     for name, planned in plan.components.items():
         module = components[name]
@@ -110,13 +82,11 @@ def record_origins(components: Mapping[str, Any], plan: Plan, passed: Mapping[st
 
 def with_undo_calls(origins: Mapping[str, ComponentOrigin],
                     undo: Mapping[str, tuple[str, ...]]) -> dict[str, ComponentOrigin]:
-    """The records with the methods that turn off what the load switched on in each component."""
     return {name: replace(origin, undo_calls=(*origin.undo_calls, *undo.get(name, ())))
             for name, origin in origins.items()}
 
 
 def remember_origins(pipe: Any, origins: Mapping[str, ComponentOrigin]) -> None:
-    """Keep the record on the pipeline (ours or a diffusers one) until the next placement replaces it."""
     setattr(pipe, _ORIGINS, dict(origins))
 
 
@@ -125,16 +95,16 @@ def origins_of(pipe: Any) -> dict[str, ComponentOrigin]:
 
 
 def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, ComponentOrigin]) -> None:
-    """Put every module back as its record says (see the module docstring). A module without a record (the
-    pipeline was never placed by a load, or the component was replaced since) loses every hook, goes to the CPU
-    and keeps no device map."""
+    """Put every module back as its record says; one without a record (never placed by a load, or replaced since)
+    loses every hook, goes to the CPU and keeps no device map."""
     for name, module in modules.items():
         origin = origins.get(name)
         if origin is None or origin.module_id != id(module):
             undispatch(module)
             module.to("cpu")
-            _clear_device_map(module)
-        elif origin.origin is Origin.KEPT:
+            _restore_device_map(module, None)
+            continue
+        if origin.origin is Origin.KEPT:
             if origin.owner_hooked:  # the owner's hooks stay; only a hand-over of outputs may be the load's
                 remove_hooks_of_type(module, DeliverOutputsHook)
             else:
@@ -144,21 +114,16 @@ def restore_components(modules: Mapping[str, nn.Module], origins: Mapping[str, C
             undispatch(module)  # every hook, offload ones too; offloaded and disk weights come back
             module.to(origin.device)
             _restore_device_map(module, origin)
-        if origin is not None and origin.module_id == id(module):
-            for method in origin.undo_calls:
-                getattr(module, method)()
+        for method in origin.undo_calls:
+            getattr(module, method)()
 
 
-def _restore_device_map(module: nn.Module, origin: ComponentOrigin) -> None:
-    if origin.had_device_map:
+def _restore_device_map(module: nn.Module, origin: ComponentOrigin | None) -> None:
+    """The recorded map; without a record none (None on ours: ModelMixin declares the attribute)."""
+    if origin is not None and origin.had_device_map:
         module.hf_device_map = copy.deepcopy(origin.device_map)
-    elif "hf_device_map" in vars(module):
-        del module.hf_device_map
-
-
-def _clear_device_map(module: nn.Module) -> None:
-    if isinstance(module, OwnModel):
-        module.hf_device_map = None  # declared by ModelMixin: None means "not device-mapped"
+    elif origin is None and isinstance(module, OwnModel):
+        module.hf_device_map = None
     elif "hf_device_map" in vars(module):
         del module.hf_device_map
 
@@ -169,30 +134,20 @@ def _weights_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-__all__ = ["ComponentOrigin", "Origin", "origins_of", "record_origins", "remember_origins", "restore_components",
-           "with_undo_calls"]
-
-
 OFFLOAD_TECHNIQUES = OFFLOADING  # read from the technique table: the rows whose hooks hold their own weights
 
 
 class PipelineComponents:
-    """The state of every pipeline: components, model graph, hf_device_map and the plan it was loaded with.
-
-    `model_graph` lists edges `(producer, consumer)` between module components; its topological order is the
-    execution order that planning and model offload follow. Edges that touch an optional component registered
-    as None are ignored; an edge naming a component that was never registered is an error.
-    """
+    """The state of every pipeline: components, model graph (edges `(producer, consumer)`, those touching a None
+    component ignored), hf_device_map and the plan it was loaded with."""
 
     model_graph: ClassVar[Sequence[tuple[str, str]]] = ()
 
     def __init__(self) -> None:  # no components of its own: see `is_generic`
         self._component_names: list[str] = []
         self.hf_device_map: dict[str, Any] | None = None
-        # The placement.Plan the pipeline was loaded with (None when not device-mapped); kept for inspection.
         self.placement_plan = None
 
-    # ----------------------------------------------------------------------------------------- components
     def register_components(self, **named: Any) -> None:
         """Register components (modules, non-modules, or None for an absent optional one) as attributes."""
         for name, component in named.items():
@@ -204,7 +159,7 @@ class PipelineComponents:
 
     @property
     def components(self) -> dict[str, Any]:
-        """Every registered component by name (modules, non-modules, None for absent ones), in registration order."""
+        """Every registered component by name, in registration order."""
         return {name: getattr(self, name) for name in self._component_names}
 
     @property
@@ -215,7 +170,7 @@ class PipelineComponents:
 
     @property
     def graph_edges(self) -> list[tuple[str, str]]:
-        """The model graph's edges between present module components (edges touching a None component dropped)."""
+        """The model graph's edges between present module components."""
         components = self.components
         edges = []
         for producer, consumer in self.model_graph:
@@ -238,7 +193,6 @@ class PipelineComponents:
         except PlanError as error:
             raise FolderError(f"{type(self).__name__}.model_graph: {error}") from error
 
-    # ------------------------------------------------------------------------------------------ devices
     def component_execution_device(self, name: str) -> torch.device:
         """Where component `name` computes: its plan's execution device, an offload hook's, or its weights'."""
         if self.placement_plan is not None and name in self.placement_plan.components:
@@ -256,20 +210,17 @@ class PipelineComponents:
         return module_dtype(*self.module_components.values())
 
     def to(self, *args, **kwargs) -> "PipelineComponents":
-        """Move/cast every module component like `nn.Module.to`; refused on a device-mapped pipeline."""
+        """`nn.Module.to` for every module component; refused on a device-mapped or offloaded pipeline."""
         self._refuse_if_device_mapped(".to()")
         self._refuse_if_offloaded(".to()")
-        # The argument parser nn.Module.to itself uses: .to accepts exactly what a module's .to accepts.
+        # nn.Module.to's own argument parser: exactly what a module's .to accepts.
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         for module in self.module_components.values():
             module.to(device=device, dtype=dtype)
         return self
 
     def reset_device_map(self) -> None:
-        """Undo the placement: every hook it added removed, the weights the load read brought to the CPU (disk
-        and offloaded ones read back), each model's `hf_device_map` as it was before, and a component passed in
-        back as it came (its device, its map, its owner's hooks: see `component_origins`); then `.to()` and the
-        offload methods work."""
+        """Undo the placement (see the module docstring); then `.to()` and the offload methods work."""
         restore_components(self.module_components, origins_of(self))
         self.hf_device_map = None
         self.placement_plan = None
@@ -282,8 +233,7 @@ class PipelineComponents:
             )
 
     def _refuse_if_offloaded(self, operation: str) -> None:
-        """Offload hooks keep their own copies of the weights (a CPU state dict, group stores): moving or casting
-        the module under them would leave the two disagreeing, and the next call would fail or run stale."""
+        """Offload hooks keep their own copies of the weights: moving the module under them splits the two."""
         on = {name: sorted(t.value for t in techniques_on(module) if t in OFFLOAD_TECHNIQUES)
               for name, module in self.module_components.items()}
         on = {name: found for name, found in on.items() if found}
@@ -304,8 +254,8 @@ class PipelineComponents:
 
 
 def module_execution_device(module: Any) -> torch.device:
-    """Where an offloaded module computes (group offload's onload device, an accelerate hook's execution
-    device), else its first weight's device."""
+    """Where an offloaded module computes (group offload's onload device, a hook's execution device), else its
+    first weight's device."""
     if not isinstance(module, nn.Module):
         return torch.device("cpu")
     session = group_offloading_session(module)
@@ -324,8 +274,7 @@ def module_execution_device(module: Any) -> torch.device:
 
 
 def module_dtype(*modules: nn.Module) -> torch.dtype:
-    """The dtype `modules` compute in: that of the first floating parameter (float32 if there is none); fp8 ones
-    are storage only (layerwise casting upcasts them per layer), never what a module computes in."""
+    """The dtype of the first floating parameter (float32 if none); fp8 ones are storage only, never computed in."""
     floats = (tensor.dtype for module in modules for tensor in module.parameters()
               if tensor.is_floating_point() and tensor.dtype.itemsize > 1)
     return next(floats, torch.float32)
@@ -336,8 +285,7 @@ def _torch_device(device) -> torch.device:
 
 
 def is_generic(cls: type) -> bool:
-    """A pipeline class without a constructor of its own (`pipelines.Pipeline` itself): loaded generically,
-    every component of the folder an attribute, rather than through its constructor's arguments."""
+    """A pipeline class without a constructor of its own (`pipelines.Pipeline`): every folder component an attribute."""
     return cls.__init__ is PipelineComponents.__init__
 
 
@@ -362,8 +310,8 @@ def save_pipeline(pipe: PipelineComponents, target: Path, *, max_shard_size: int
 
 
 def rewritten_entries(components: dict[str, Any], variant: str | None) -> Callable[[str], bool]:
-    """Old entries this save replaces even where it writes no file of that name: model_index.json, and per
-    module component its config and every weight file of the saved variant (old shards of a now single file)."""
+    """Old entries this save replaces even where it writes no file of that name: model_index.json, and per module
+    component its config and every weight file of the saved variant."""
     namings = {name: WeightsNaming(weights_name=_weights_name(obj), variant=variant)
                for name, obj in components.items() if isinstance(obj, nn.Module)}
 
@@ -402,9 +350,8 @@ def _save_component(name: str, obj: Any, folder: Path, *, shard_bytes: int, vari
 
 @contextmanager
 def saving_placed(name: str, module: nn.Module) -> Iterator[None]:
-    """While a diffusers or transformers model's own `save_pretrained` runs: its `state_dict()` holds its
-    offloaded weights read into memory (all of them at once: those writers take the whole state dict), and
-    transformers' warning about saving offloaded modules is not shown (the weights are all there)."""
+    """While a diffusers or transformers model's `save_pretrained` runs, its `state_dict()` holds its offloaded
+    weights (all at once: those writers take the whole state dict), without transformers' warning about them."""
     unserved = unserved_placeholders(module, offloaded_weights(module))
     if unserved:
         raise CheckpointSaveError(

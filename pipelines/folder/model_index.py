@@ -1,24 +1,10 @@
-"""model_index.json: which class each component of a saved pipeline is, and how to import it again.
+"""model_index.json (diffusers-compatible): `[library, ClassName]` per component, `[null, null]` for an absent
+one, "_" keys as metadata. We add `_model_graph` (so a generic load can order any folder we wrote) and
+`_save_id`, fresh per save and written last. Classes resolve without importing what a folder names.
 
-The file is diffusers-compatible: `{"_class_name": "TextToImagePipeline", "vae": ["pipelines", "AutoencoderKL"],
-"text_encoder_2": [null, null], ...}`. Keys starting with "_" are metadata; every other key is a component
-whose value is `[library, ClassName]`. `library` is "pipelines" (this package), "diffusers"/"transformers"
-(the `[hf]` extra), or for a user's own class its importable module path (`cls.__module__`). `[null, null]`
-marks an optional component that is absent. We add `_model_graph` (the pipeline's edges) so that a generic
-`Pipeline.from_pretrained` can order any folder we wrote, and `_save_id` (a fresh id per save, written last)
-so that a load can tell that every file it read belongs to one save; diffusers ignores unknown "_" keys.
-
-Classes are resolved without importing anything a folder names (`resolve_class`): a folder never runs code
-unless the caller passes `trust_remote_code=True`.
-
-A load is a snapshot of one save, even while another process saves over the folder.
-
-A save replaces the whole folder in one step (`checkpoint.saving`), but a load opens model_index.json and each
-component's files at different moments, so a save landing in between would hand the load components of two
-saves. The folder's version (the `_save_id` a save writes into model_index.json, plus the identity of the folder
-and of that file) is read before and after the whole load. The same version at both ends means one save was in
-place the whole time (a version is in place over one unbroken interval: ids are never reused); otherwise the
-result is discarded and the load starts again, a few times, before a clear error."""
+A load is a snapshot of one save: a save swaps the whole folder at once, but a load reads files at different
+moments, so the folder's version (save id, folder and index identity) is read before and after the load, and a
+load that straddled a save starts again."""
 
 from __future__ import annotations
 
@@ -26,7 +12,6 @@ import importlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -45,7 +30,7 @@ HF_LIBRARIES = ("diffusers", "transformers")
 
 
 class ComponentSpec(BaseModel):
-    """One component entry: the library it comes from and its class name (both None when absent)."""
+    """One component entry: its library and class name (both None when absent)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -61,7 +46,7 @@ class ComponentSpec(BaseModel):
 
 
 class ModelIndex(BaseModel):
-    """The parsed model_index.json. `components` keeps the file's order (it is the generic load order)."""
+    """The parsed model_index.json; `components` keeps the file's order (the generic load order)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -95,7 +80,6 @@ class ModelIndex(BaseModel):
 
     @property
     def save_id(self) -> str | None:
-        """The id of the save that wrote this index (None for folders written by other tools)."""
         value = self.metadata.get(SAVE_ID_KEY)
         return value if isinstance(value, str) else None
 
@@ -148,7 +132,7 @@ def _model_graph(graph: Any, source: str) -> list[tuple[str, str]] | None:
 
 
 def spec_for(obj: Any) -> ComponentSpec:
-    """The `[library, ClassName]` entry that will import `obj`'s class again (None -> [null, null])."""
+    """The `[library, ClassName]` entry that imports `obj`'s class again (None -> [null, null])."""
     if obj is None:
         return ComponentSpec(library=None, class_name=None)
     cls = type(obj)
@@ -168,12 +152,8 @@ def spec_for(obj: Any) -> ComponentSpec:
 
 def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: bool = False,
                   known: tuple[type, ...] = ()) -> type:
-    """The class of a component entry, looked up without importing anything the folder names.
-
-    Resolved from this library's registry, diffusers and transformers (the `[hf]` extra), the classes registered
-    with `pipelines.register_class` and `known` (classes the caller passed); any other module path is imported
-    only with `trust_remote_code=True`, because importing it runs its code.
-    """
+    """The class of a component entry, found among this library's, diffusers', transformers', registered and `known`
+    classes; any other module is imported only with `trust_remote_code=True`, because importing runs its code."""
     library, class_name = spec.library, spec.class_name
     if library == LIBRARY:
         found = find_library_class(class_name)
@@ -225,16 +205,8 @@ Result = TypeVar("Result")
 ATTEMPTS = 5
 
 
-@dataclass(frozen=True, kw_only=True)
-class FolderVersion:
-    save_id: str | None
-    folder_inode: int
-    index_inode: int
-    index_mtime_ns: int
-
-
-def folder_version(folder: Path) -> FolderVersion | None:
-    """The version of the save in place at `folder` now (None while the folder or its index is missing)."""
+def folder_version(folder: Path) -> tuple | None:
+    """(save id, folder inode, index inode, index mtime) of the save in place at `folder`; None while missing."""
     index = folder / MODEL_INDEX_NAME
     try:
         folder_stat, index_stat = os.stat(folder), os.stat(index)
@@ -242,17 +214,14 @@ def folder_version(folder: Path) -> FolderVersion | None:
     except (OSError, ValueError, RecursionError):  # unreadable now: the read itself says why
         return None
     save_id = content.get(SAVE_ID_KEY) if isinstance(content, dict) else None
-    return FolderVersion(save_id=save_id if isinstance(save_id, str) else None, folder_inode=folder_stat.st_ino,
-                         index_inode=index_stat.st_ino, index_mtime_ns=index_stat.st_mtime_ns)
+    return (save_id if isinstance(save_id, str) else None, folder_stat.st_ino, index_stat.st_ino,
+            index_stat.st_mtime_ns)
 
 
 def read_snapshot(folder: Path, read: Callable[[], Result], *,
                   discard: Callable[[Result], object] = lambda result: None) -> Result:
-    """`read()` retried until the folder's version is the same before and after it.
-
-    An error raised while the folder changed is taken for a symptom of the change (a file gone mid-read) and
-    retried too; an error raised while it stood still is the real answer and propagates as it is.
-    """
+    """`read()` retried until the folder's version is the same before and after it; an error raised while the
+    folder changed is a symptom of the change and retried, one raised while it stood still is the answer."""
     for attempt in range(ATTEMPTS):
         before = folder_version(folder)
         try:

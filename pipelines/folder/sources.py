@@ -1,19 +1,7 @@
-"""From a pipeline folder to its components: which class each one is and where its files are.
-
-Which family a component class belongs to, and what that says about its folder.
-
-Our own `ModelMixin`s (and users' subclasses), diffusers models and transformers models all keep a
-`config.json` and safetensors weights in their subfolder, but they are built from their config differently and
-name their weight files differently (`diffusion_pytorch_model*.safetensors` vs transformers' `model*.safetensors`).
-Non-module components (tokenizers, schedulers) only need `from_pretrained(folder)`.
-
-"Is this class ours?" is asked below the user base classes: `OwnModel` holds what the folder format and the
-loader read of a `pipelines.ModelMixin` (which derives from it), so neither needs to import the framework.
-
-Where a model or pipeline lives: a local folder as it is, or a Hugging Face Hub id downloaded on demand.
-
-Only the files a load needs are fetched (`snapshot_download(allow_patterns=...)`): asking for the fp16
-variant of one component never downloads the fp32 weights of the whole repository."""
+"""From a pipeline folder (local, or a Hub id downloaded with only the files a load needs) to its components:
+each one's class, family (ours, diffusers, transformers, non-module: built and named differently) and subfolder.
+`OwnModel` is what the folder format and the loader read of a `pipelines.ModelMixin`, so neither imports the
+framework."""
 
 from __future__ import annotations
 
@@ -32,6 +20,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
+from ..checkpoint.index import is_plain_file_name
 from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNotFoundError
 from ..errors import FolderError
 from .class_registry import LIBRARY, find_library_class
@@ -39,13 +28,7 @@ from .model_index import ComponentSpec, ModelIndex, resolve_class
 
 
 class OwnModel(nn.Module):
-    """The contract of a model saved in this library's format, as the folder format and the loader read it.
-
-    `config_class`: the pydantic class of its `config.json`; the constructor takes one instance of it.
-    `weights_name`: the stem of its safetensors files. `_no_split_modules`: block class names a device map never
-    cuts; `_keep_in_fp32_modules`: submodules kept float32 at any `torch_dtype`; `_tied_weights_keys`:
-    `{tied parameter: source}`, the tied one not saved and re-tied after loading.
-    """
+    """The contract of a model saved in this library's format, as the folder format and the loader read it."""
 
     config_class: ClassVar[type[BaseModel]]
     weights_name: ClassVar[str] = DIFFUSERS_WEIGHTS_NAME
@@ -89,8 +72,7 @@ def weights_name_for(cls: type) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class HubOptions:
-    """diffusers' download keywords, passed to `snapshot_download` as they are; part of every load request
-    (`loading.request.LoadRequest.hub`), never carried implicitly."""
+    """diffusers' download keywords for `snapshot_download`, part of every load request, never carried implicitly."""
 
     revision: str | None = None
     token: str | bool | None = None
@@ -98,19 +80,10 @@ class HubOptions:
     local_files_only: bool = False
 
 
-def resolve_folder(
-    name_or_path: str | Path,
-    *,
-    allow_patterns: Sequence[str] | None = None,
-    subfolder: str | None = None,
-    hub: HubOptions = HubOptions(),
-) -> Path:
-    """The local folder of `name_or_path` (joined with `subfolder`).
-
-    An existing local path passes through untouched (never any network). Anything else must be a Hub id
-    ("org/name"); it is fetched with `huggingface_hub.snapshot_download`, limited to `allow_patterns`
-    (paths relative to the repository root, so they include `subfolder`), with the download options `hub`.
-    """
+def resolve_folder(name_or_path: str | Path, *, allow_patterns: Sequence[str] | None = None,
+                   subfolder: str | None = None, hub: HubOptions = HubOptions()) -> Path:
+    """The local folder of `name_or_path` (joined with `subfolder`): an existing path untouched, else a Hub id
+    fetched with `snapshot_download`, limited to `allow_patterns` (relative to the repository root)."""
     local = Path(name_or_path).expanduser()
     if local.exists():
         return _with_subfolder(local, subfolder)
@@ -127,8 +100,6 @@ def resolve_folder(
             revision=hub.revision, **{key: value for key, value in given.items() if value},
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
-        # huggingface_hub's own message talks of snapshots and connections only; a mistyped local path lands
-        # here too, so say both what was looked for and what to check.
         raise WeightsNotFoundError(
             f"{repo_id!r} is not an existing folder (looked for {str(local.absolute())!r}), and fetching it as a "
             f"Hugging Face Hub id failed ({type(error).__name__}: {str(error).splitlines()[0]}). Check the path; "
@@ -138,8 +109,7 @@ def resolve_folder(
 
 
 def looks_like_a_path(text: str) -> bool:
-    """"./my-pipe", "my-pipe/", "/data/x", "~/x", "a/b/c", "C:\\x": a local path, never a Hub id ("name" or
-    "owner/name", without a trailing slash)."""
+    """"./x", "x/", "/x", "~/x", "a/b/c", "C:\\x": a local path, never a Hub id ("name" or "owner/name")."""
     return text.startswith((".", "/", "~")) or text.endswith("/") or "\\" in text or text.count("/") > 1
 
 
@@ -179,14 +149,13 @@ class ComponentSource:
 
 
 def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool, hub: HubOptions = HubOptions()) -> Path:
-    """A local folder as it is, or a hub id downloaded with only the files needed (configs; weights if asked)."""
     return resolve_folder(pretrained, allow_patterns=LOAD_PATTERNS if weights else PLAN_PATTERNS, hub=hub)
 
 
 def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any],
                       trust_remote_code: bool = False) -> dict[str, ComponentSource]:
-    """Every present component the folder provides (those in `skip`, passed by the caller, excluded).
-    Every class is resolved before any is built: a folder naming an untrusted class fails before any work."""
+    """Every present component the folder provides, less those in `skip` (passed by the caller). Every class is
+    resolved before any is built: an untrusted class fails before any work."""
     known = tuple({type(value) for value in skip.values() if value is not None})
     sources = {}
     for name, spec in index.components.items():
@@ -206,8 +175,7 @@ def component_sources(index: ModelIndex, folder: Path, *, skip: Mapping[str, Any
 
 
 def _check_not_a_loop(subfolder: Path, folder: Path, name: str) -> None:
-    """A component subfolder linked to itself cannot be read, and one linked to the pipeline folder (or a folder
-    above it) would be read as a component: both are named here, not reported as a missing folder."""
+    """A component subfolder linked to itself, or to the pipeline folder or above, holds no component: said so."""
     if not subfolder.is_symlink():
         return
     if _is_loop(subfolder):
@@ -235,8 +203,7 @@ def _is_loop(path: Path) -> bool:
 
 
 def _check_subfolder_name(name: str) -> None:
-    """A component name is a subfolder of the pipeline folder: never a path that leaves it."""
-    if name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
+    if not is_plain_file_name(name):
         raise FolderError(
             f"model_index.json names component {name!r}, which is not a plain folder name; component names may "
             "not contain '/', '\\' or be '..'. Fix model_index.json."
@@ -265,9 +232,7 @@ def load_non_module(source: ComponentSource) -> Any:
 
 
 def model_folder_class(folder: Path) -> type:
-    """The class a single model's folder holds, from its config.json: a diffusers model (`_class_name`, written
-    with `_diffusers_version`), a transformers model (`architectures`) or one of this library's (`_class_name`),
-    resolved as a pipeline's components are (nothing a folder names is imported)."""
+    """The class a single model's folder holds, from its config.json, resolved as a pipeline's components are."""
     config = read_config_dict(folder)
     class_name = config.get(CLASS_NAME_KEY)
     architectures = config.get("architectures") or []
@@ -286,8 +251,7 @@ def model_folder_class(folder: Path) -> type:
 
 
 def foreign_model_folder(folder: Path, cls: type) -> str | None:
-    """Which library saved `folder`, when it is not `cls`'s (a diffusers or transformers model folder given to
-    a `pipelines.ModelMixin`): "diffusers UNet2DConditionModel"; None when it is ours."""
+    """"diffusers UNet2DConditionModel" when `folder` was saved by another library than ours; None when ours."""
     try:
         config = read_config_dict(folder)
     except FolderError:

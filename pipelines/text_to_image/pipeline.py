@@ -1,29 +1,9 @@
 """TextToImagePipeline: text encoder(s) -> denoiser (UNet or DiT) -> VAE, flow matching with classifier-free guidance.
 
-The pipeline never moves weights: it hands each component its inputs on that component's execution device
-(device-mapped components carry hooks that do it; a plain pipeline moved with `.to()` needs it), keeps the
-latents where the denoiser computes, and returns images on the CPU ("pil", "np") or on the execution device
-of the VAE ("pt").
-
-How one or two text encoders feed a denoiser, derived from their widths (no per-pipeline flag to get wrong).
-
-- SDXL: the two encoders' hidden states are concatenated along the feature axis (768 + 1280 = the UNet's
-  2048-wide cross-attention); the pooled embedding comes from the encoder whose pooled width matches.
-- Flux: the second encoder (T5) alone is the sequence the DiT attends to (4096 wide); the pooled embedding
-  comes from the first (CLIP, 768).
-- One encoder: its hidden states and (if the denoiser takes one) its pooled output.
-
-What one TextToImagePipeline call feeds each component: example inputs on meta, for activation estimates.
-
-`text_to_image_activation_inputs` is bound as `TextToImagePipeline.activation_inputs`. It mirrors
-`TextToImagePipeline.__call__` shape for shape, so the estimate is of the call the user will make:
-- each text encoder sees every prompt text — the negative ones too under classifier-free guidance — padded
-  to the tokenizer's max length (the encoder's `max_position_embeddings`), with an attention mask;
-- the denoiser sees the latents (height / f, width / f, f the VAE's downsampling factor), a 0-d timestep, the
-  combined text sequence and the pooled embedding (`pipe.text_conditioning` decides which, as in the call);
-  guidance_scale > 1 doubles its batch (unconditional + conditional in one pass);
-- the VAE runs `decode` on one latent per image.
-Floating inputs have the dtype of the component's weights; `estimate_activations(dtype=...)` recasts both."""
+The pipeline never moves weights: it hands each component its inputs on that component's execution device.
+How encoders feed the denoiser follows from their widths (SDXL concatenates two; Flux attends to the second
+and pools the first), so no per-pipeline flag can disagree with the models. `activation_inputs` mirrors
+`__call__` shape for shape on meta, using the same `text_conditioning`, so the plan is of the real call."""
 
 from __future__ import annotations
 
@@ -55,7 +35,6 @@ class TextConditioning:
     pooled_from: int | None  # index of the encoder giving the pooled embedding; None: the denoiser takes none
 
     def combine(self, outputs: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(encoder_hidden_states, pooled) on `device` from the encoders' outputs."""
         states = [output.last_hidden_state.to(device) for output in outputs]
         if self.sequence is SequenceSource.CONCAT:
             sequence = torch.cat(states, dim=-1)
@@ -78,7 +57,7 @@ def denoiser_text_widths(denoiser) -> tuple[int, int | None]:
 
 
 def text_conditioning_for(encoders: list, denoiser) -> TextConditioning:
-    """Match the encoders' hidden/pooled widths to the denoiser's; a clear error when nothing matches."""
+    """Match the encoders' hidden/pooled widths to the denoiser's."""
     width, pooled_width = denoiser_text_widths(denoiser)
     hidden = [encoder.config.hidden_size for encoder in encoders]
     pooled = [encoder.config.pooled_dim for encoder in encoders]
@@ -118,25 +97,15 @@ class ComponentCall:
     method: str = "forward"
 
     def estimate(self, module: torch.nn.Module, *, dtype: torch.dtype | None = None) -> int:
-        """Peak activation bytes of this call on `module` (see `placement.estimate_activations`)."""
         return estimate_activations(module, self.args, self.kwargs, method=self.method, dtype=dtype)
 
 
-def text_to_image_activation_inputs(
-    pipe,
-    height: int,
-    width: int,
-    batch_size: int = 1,
-    num_images_per_prompt: int = 1,
-    guidance_scale: float = 4.0,
-) -> dict[str, ComponentCall]:
-    """Per module component, the inputs `pipe(prompt, height=..., width=..., ...)` gives it, on meta.
-
-    `batch_size` is the number of prompts. The defaults match `TextToImagePipeline.__call__`'s.
-    """
+def text_to_image_activation_inputs(pipe, height: int, width: int, batch_size: int = 1, num_images_per_prompt: int = 1,
+                                    guidance_scale: float = 4.0) -> dict[str, ComponentCall]:
+    """Per module component, the inputs `pipe(prompt, ...)` gives it, on meta; defaults as `__call__`'s."""
     _check_spec(pipe, height, width, batch_size, num_images_per_prompt)
     images = batch_size * num_images_per_prompt
-    guided_batch = images * (2 if guidance_scale > 1.0 else 1)  # CFG: negatives + prompts in one batch
+    guided_batch = images * (2 if guidance_scale > 1.0 else 1)
 
     calls: dict[str, ComponentCall] = {}
     encoder_outputs = []
@@ -146,7 +115,6 @@ def text_to_image_activation_inputs(
             continue
         calls[name] = _text_encoder_call(encoder, guided_batch)
         encoder_outputs.append(_text_encoder_output(encoder, guided_batch))
-    # The pipeline's own rule combines the encoders' outputs, so the shapes cannot drift from the real call.
     sequence, pooled = pipe.text_conditioning.combine(encoder_outputs, _META)
 
     factor = pipe.vae_scale_factor
@@ -161,8 +129,7 @@ def text_to_image_activation_inputs(
 
 def text_to_image_runs_per_call(pipe, num_inference_steps: int = 20, strength: float | None = None,
                                 **sizes) -> dict[str, int]:
-    """Runs per call of each component (bound as `TextToImagePipeline.runs_per_call`): the denoiser once per
-    step (guidance doubles its batch, not its passes), the others once. Defaults as `__call__`'s."""
+    """The denoiser runs once per step (guidance doubles its batch, not its passes), the others once."""
     if strength is not None:  # a run key, so activation_inputs never sees it: refused here, not ignored
         raise LoadError(
             f"strength={strength!r}: {type(pipe).__name__} does not start from an image; leave strength out.")
@@ -223,13 +190,11 @@ class TextToImageOutput:
 
 @library_class
 class TextToImagePipeline(Pipeline):
-    """The reference text-to-image pipeline (see module docstring); `text_encoder_2` is optional."""
+    """The reference text-to-image pipeline; `text_encoder_2` is optional."""
 
     model_graph = [("text_encoder", "denoiser"), ("text_encoder_2", "denoiser"), ("denoiser", "vae")]
-    # What one call feeds each component (meta tensors), for `call=` planning: activation_inputs(height, width,
-    # batch_size=1, num_images_per_prompt=1, guidance_scale=4.0) -> {component: ComponentCall}.
     activation_inputs = text_to_image_activation_inputs
-    runs_per_call = text_to_image_runs_per_call  # how often each component runs per call (`placement.plan`)
+    runs_per_call = text_to_image_runs_per_call
 
     def __init__(self, text_encoder, denoiser, vae, scheduler, tokenizer, text_encoder_2=None):
         super().__init__()
@@ -238,8 +203,7 @@ class TextToImagePipeline(Pipeline):
 
     @classmethod
     def from_preset(cls, name: str, *, device: str = "cpu", seed: int = 0) -> "TextToImagePipeline":
-        """A pipeline from a named preset ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like"); random weights
-        from `seed` on "cpu", or built on "meta" (no memory) for planning."""
+        """A preset's pipeline: random weights from `seed` on "cpu", or built on "meta" for planning."""
         from .presets import build_preset_components
 
         return cls(**build_preset_components(name, device=device, seed=seed))
@@ -258,8 +222,7 @@ class TextToImagePipeline(Pipeline):
 
     @property
     def image_size_multiple(self) -> int:
-        """Height and width must be multiples of this: the VAE's factor times the denoiser's (a UNet's
-        downsampling factor, a DiT's patch size)."""
+        """The VAE's factor times the denoiser's (a UNet's downsampling factor, a DiT's patch size)."""
         denoiser = self.denoiser
         return self.vae_scale_factor * getattr(denoiser, "downsampling_factor",
                                                getattr(denoiser.config, "patch_size", 1))
@@ -269,7 +232,6 @@ class TextToImagePipeline(Pipeline):
                  height: int = 512, width: int = 512, num_inference_steps: int = 20, guidance_scale: float = 4.0,
                  num_images_per_prompt: int = 1, generator: torch.Generator | None = None,
                  latents: torch.Tensor | None = None, output_type: OutputType | str = "pil") -> TextToImageOutput:
-        """Generate images; guidance_scale > 1 runs classifier-free guidance (the denoiser sees a doubled batch)."""
         output_type = _output_type(output_type)
         if not isinstance(prompt, (str, list, tuple)):
             raise CallError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}.")
@@ -287,13 +249,11 @@ class TextToImagePipeline(Pipeline):
             latents = self.denoise(latents, sequence, pooled, num_inference_steps, guidance_scale if guided else None)
             images = self.decode(latents, output_type)
         finally:
-            # Model offload keeps the last component (the VAE) on the accelerator; send it back so memory is
-            # free between calls, also after a failed one. A no-op unless model offload is on.
+            # Model offload keeps the VAE on the accelerator: freed between calls, also after a failed one.
             self.maybe_free_model_hooks()
         return TextToImageOutput(images=images)
 
     def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encoder outputs combined as the denoiser wants them (see `text_conditioning`), on its device."""
         outputs = []
         for name, encoder in (("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2)):
             if encoder is None:
@@ -305,7 +265,7 @@ class TextToImagePipeline(Pipeline):
 
     def prepare_latents(self, batch: int, height: int, width: int, *, generator: torch.Generator | None,
                         latents: torch.Tensor | None) -> torch.Tensor:
-        """Gaussian noise drawn on the generator's device (CPU by default: the same noise on every machine)."""
+        """Noise drawn on the generator's device (CPU by default: the same noise on every machine)."""
         factor = self.vae_scale_factor
         shape = (batch, self.denoiser.config.in_channels, height // factor, width // factor)
         if latents is None:
@@ -322,7 +282,7 @@ class TextToImagePipeline(Pipeline):
         sequence = sequence.to(dtype)
         pooled = pooled.to(dtype) if pooled is not None else None
         extra = {} if pooled is None else {"pooled": pooled}
-        for timestep in self.progress_bar(self.scheduler.timesteps):  # set_progress_bar_config(disable=True) hides it
+        for timestep in self.progress_bar(self.scheduler.timesteps):
             model_input = torch.cat([latents, latents]) if guidance_scale is not None else latents
             prediction = self.denoiser(model_input, timestep, sequence, **extra)
             if guidance_scale is not None:
@@ -362,8 +322,7 @@ class TextToImagePipeline(Pipeline):
 
 
 def _check_numbers(*, guidance_scale, **integers) -> None:
-    """Integers must be ints (not bools or floats) and guidance_scale a finite number: a NaN or infinite scale
-    would only show as black images, a string only as a TypeError deep in the denoising loop."""
+    """Ints and a finite guidance_scale: a NaN scale shows only as black images, a string as a deep TypeError."""
     for name, value in integers.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise CallError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")

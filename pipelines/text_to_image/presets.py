@@ -4,8 +4,7 @@
 - "tiny-dit": tiny CLIP-like + tiny T5-like encoders + tiny DiT + tiny VAE (the Flux layout in miniature).
 - "sdxl-like": CLIP-L + CLIP-bigG + the SDXL UNet (~2.6B) + the SDXL VAE.
 - "flux-like": CLIP-L + T5-XXL (~4.7B) + the Flux DiT (~12B) + the Flux VAE.
-Weights are random (seeded), so images are noise; shapes, sizes and mechanics are the real ones.
-"""
+Weights are random (seeded), so images are noise; shapes, sizes and mechanics are the real ones."""
 
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ def preset(name: str) -> PipelinePreset:
 
 
 def build_preset_components(name: str, *, device: str = "cpu", seed: int = 0) -> dict:
-    """The components of preset `name`: random weights from `seed` on the CPU, or no memory at all on meta."""
+    """Random weights from `seed` on the CPU, or no memory at all on meta."""
     spec = preset(name)
     if device not in DEVICES:
         raise LoadError(
@@ -91,9 +90,8 @@ def build_preset_components(name: str, *, device: str = "cpu", seed: int = 0) ->
 
 
 class NoInitOnMeta(TorchFunctionMode):
-    """Initialising a meta tensor in place writes nothing: skipped. Each such op still runs torch's Python reference
-    kernel on meta (`uniform_` through `torch._refs`): ~0.5 s for the flux-like preset's 1,400 `reset_parameters`
-    calls, 10 times what building its modules takes without them."""
+    """Skips in-place initialisation of meta tensors, which writes nothing yet runs torch's Python reference kernel
+    (~0.5 s for flux-like's 1,400 `reset_parameters` calls, 10 times the build itself)."""
 
     _IN_PLACE = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.fill_, torch.Tensor.zero_})
 

@@ -1,24 +1,19 @@
-"""FlowMatchEulerScheduler: Euler steps along the straight noise-to-data path of rectified flow (SD3, Flux).
+"""FlowMatchEulerScheduler: Euler steps along rectified flow's straight noise-to-data path (SD3, Flux).
 
-The sample at noise level sigma is `x_sigma = (1 - sigma) * x_0 + sigma * noise`; the denoiser predicts the
-velocity `noise - x_0`; one step from sigma to the next sigma' is `x + (sigma' - sigma) * velocity`.
-Timesteps are `sigma * num_train_timesteps` (what the denoiser is called with), sigmas run from 1 down to
-1/num_train_timesteps, then 0. `shift` > 1 spends more steps at high noise (`shift*s / (1 + (shift-1)*s)`),
-as diffusers' FlowMatchEulerDiscreteScheduler does for high resolutions.
-"""
+x_sigma = (1 - sigma) * x_0 + sigma * noise; the denoiser predicts the velocity noise - x_0 at timestep
+sigma * num_train_timesteps. `shift` > 1 spends more steps at high noise, as diffusers'
+FlowMatchEulerDiscreteScheduler does for high resolutions."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
 from ..errors import CallError
-
-from ..checkpoint.files import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
+from .config_file import ConfigFileComponent
 
 SCHEDULER_CONFIG_NAME = "scheduler_config.json"
 
@@ -31,23 +26,12 @@ class FlowMatchEulerSchedulerConfig(BaseModel):
 
 
 @library_class
-class FlowMatchEulerScheduler:
+class FlowMatchEulerScheduler(ConfigFileComponent):
     """`set_timesteps(n)`, then for each `t` in `timesteps`: `sample = step(model_output, t, sample)`."""
 
+    config_class = FlowMatchEulerSchedulerConfig
     config_name = SCHEDULER_CONFIG_NAME
-
-    def __init__(self, config: FlowMatchEulerSchedulerConfig | None = None, **fields):
-        if config is not None and fields:
-            raise CallError("Pass either a FlowMatchEulerSchedulerConfig or keyword fields, not both.")
-        try:
-            self._config = config or FlowMatchEulerSchedulerConfig(**fields)
-        except ValidationError as error:
-            raise CallError(f"FlowMatchEulerScheduler: {describe_validation_error(error)}.") from error
-        self._sigmas: torch.Tensor | None = None
-
-    @property
-    def config(self) -> FlowMatchEulerSchedulerConfig:
-        return self._config
+    _sigmas: torch.Tensor | None = None
 
     @property
     def sigmas(self) -> torch.Tensor:
@@ -66,9 +50,7 @@ class FlowMatchEulerScheduler:
 
     def set_timesteps(self, num_inference_steps: int) -> None:
         if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise CallError(
-                f"num_inference_steps must be a positive integer, got {num_inference_steps!r}."
-            )
+            raise CallError(f"num_inference_steps must be a positive integer, got {num_inference_steps!r}.")
         total = self._config.num_train_timesteps
         sigmas = torch.linspace(1.0, 1.0 / total, num_inference_steps, dtype=torch.float64)
         shift = self._config.shift
@@ -78,9 +60,7 @@ class FlowMatchEulerScheduler:
     def step(self, model_output: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor) -> torch.Tensor:
         """The sample at the next noise level; computed in float32, returned in the sample's dtype."""
         if model_output.shape != sample.shape:
-            raise CallError(
-                f"model_output has shape {tuple(model_output.shape)} but sample has {tuple(sample.shape)}."
-            )
+            raise CallError(f"model_output has shape {tuple(model_output.shape)} but sample has {tuple(sample.shape)}.")
         index = self.index_for_timestep(timestep)
         sigmas = self._require_schedule()
         delta = float(sigmas[index + 1] - sigmas[index])
@@ -104,19 +84,8 @@ class FlowMatchEulerScheduler:
             f"{timesteps[-1]:.2f}); call step() with the values of scheduler.timesteps."
         )
 
-    def save_pretrained(self, folder: str | Path) -> Path:
-        """Write `scheduler_config.json` into `folder` (created if needed)."""
-        return write_config(folder, self._config, class_name=type(self).__name__, file_name=SCHEDULER_CONFIG_NAME)
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path, *, subfolder: str | None = None) -> "FlowMatchEulerScheduler":
-        return cls(read_config(folder, FlowMatchEulerSchedulerConfig, file_name=SCHEDULER_CONFIG_NAME,
-                               subfolder=subfolder))
-
     def _require_schedule(self) -> torch.Tensor:
         if self._sigmas is None:
             raise CallError("No schedule yet: call scheduler.set_timesteps(num_inference_steps) first.")
         return self._sigmas
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._config!r})"

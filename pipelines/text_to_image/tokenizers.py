@@ -2,22 +2,19 @@
 
 Ids: PAD = 0, BOS = 1, EOS = 2, byte b = b + 3 (vocabulary of 259, which every reference text encoder
 preset covers). A text becomes `[BOS] bytes [EOS]`, right-padded with PAD; truncation cuts the bytes, never
-the EOS, so a text encoder's last-token pooling always lands on EOS.
-"""
+the EOS, so a text encoder's last-token pooling always lands on EOS."""
 
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 from typing import Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ..errors import CallError
-
-from ..checkpoint.files import describe_validation_error, read_config, write_config
 from ..folder.class_registry import library_class
+from .config_file import ConfigFileComponent
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
@@ -34,37 +31,21 @@ class ByteTokenizerConfig(BaseModel):
 
 
 @library_class
-class ByteTokenizer:
+class ByteTokenizer(ConfigFileComponent):
     pad_token_id = 0
     bos_token_id = 1
     eos_token_id = 2
     byte_offset = 3
     vocab_size = 256 + byte_offset
+    config_class = ByteTokenizerConfig
     config_name = TOKENIZER_CONFIG_NAME
-
-    def __init__(self, config: ByteTokenizerConfig | None = None, **fields):
-        if config is not None and fields:
-            raise CallError("Pass either a ByteTokenizerConfig or keyword fields, not both.")
-        try:
-            self._config = config or ByteTokenizerConfig(**fields)
-        except ValidationError as error:
-            raise CallError(f"ByteTokenizer: {describe_validation_error(error)}.") from error
-
-    @property
-    def config(self) -> ByteTokenizerConfig:
-        return self._config
 
     @property
     def model_max_length(self) -> int:
         return self._config.model_max_length
 
-    def __call__(
-        self,
-        texts: str | Sequence[str],
-        max_length: int | None = None,
-        padding: Padding | str = Padding.MAX_LENGTH,
-        truncation: bool = True,
-    ) -> dict[str, torch.Tensor]:
+    def __call__(self, texts: str | Sequence[str], max_length: int | None = None,
+                 padding: Padding | str = Padding.MAX_LENGTH, truncation: bool = True) -> dict[str, torch.Tensor]:
         """{"input_ids": (B, L) int64, "attention_mask": (B, L) int64, 1 on real tokens}."""
         texts = [texts] if isinstance(texts, str) else texts
         if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence) or not texts or not all(
@@ -104,17 +85,6 @@ class ByteTokenizer:
 
     def batch_decode(self, ids: torch.Tensor | Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(row) for row in ids]
-
-    def save_pretrained(self, folder: str | Path) -> Path:
-        """Write `tokenizer_config.json` into `folder` (created if needed)."""
-        return write_config(folder, self._config, class_name=type(self).__name__, file_name=TOKENIZER_CONFIG_NAME)
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path, *, subfolder: str | None = None) -> "ByteTokenizer":
-        return cls(read_config(folder, ByteTokenizerConfig, file_name=TOKENIZER_CONFIG_NAME, subfolder=subfolder))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._config!r})"
 
 
 def _parse_padding(padding: Padding | str) -> Padding:

@@ -1,7 +1,6 @@
 """Reference models: real architectures in miniature, each a `ModelMixin` with `presets` ("tiny" and real sizes).
 
-Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`.
-"""
+Denoisers (`UNet`, `DiT`) share one call: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`."""
 
 from .autoencoder_kl import AutoencoderKL, AutoencoderKLConfig, DiagonalGaussian
 from .dit import DiT, DiTConfig

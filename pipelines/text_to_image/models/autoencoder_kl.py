@@ -1,27 +1,9 @@
-"""AutoencoderKL: the VAE of latent diffusion (conv encoder/decoder with a KL bottleneck).
+"""AutoencoderKL: the VAE of latent diffusion, in diffusers' `AutoencoderKL` layout.
 
-- `encode(images) -> DiagonalGaussian`: images (B, in_channels, H, W) in [-1, 1], H and W multiples of
-  `downsampling_factor`; the posterior over unscaled latents (`.sample(generator)` or `.mode()`).
-- `decode(latents) -> Tensor`: unscaled latents (B, latent_channels, h, w) -> images (B, out_channels, h*f, w*f).
-- A pipeline scales as diffusers does: denoiser latents = (vae latents - shift_factor) * scaling_factor, and
-  decodes `latents / scaling_factor + shift_factor`.
-
-Memory savers (both off by default; neither changes weights):
-- `enable_slicing()`: encode/decode one sample of the batch at a time (saves nothing for a batch of one).
-  Results equal the plain call up to float rounding.
-- `enable_tiling(tile_sample_size=None, overlap_factor=None)`: split one image into overlapping spatial tiles
-  of `tile_sample_size` pixels (default `config.tile_sample_size`), run each, blend the overlaps linearly.
-  Skipped when the input is no larger than one tile. GroupNorm statistics and the mid-block attention see
-  one tile at a time, so the result is close to, not equal to, the plain call.
-
-Encoder, decoder and posterior of the KL autoencoder (diffusers' `AutoencoderKL` layout).
-
-Run a spatial function over overlapping tiles and blend the results linearly (the VAE's tiled decode/encode).
-
-Each tile's output is weighted by a separable ramp that rises linearly across the overlap with a neighbour
-and is flat elsewhere (and at the image border); the canvas is the weighted sum divided by the summed
-weights. The weights are continuous and positive inside every tile, so the blend has no seams, whatever
-the number of tiles that overlap a pixel."""
+Pipelines scale as diffusers does: denoiser latents = (vae latents - shift_factor) * scaling_factor. Memory
+savers, off by default: slicing (one sample at a time, equal to the plain call up to rounding) and tiling
+(overlapping tiles blended by linear ramps; GroupNorm and the mid-block attention see one tile at a time, so
+close to, not equal to, the plain call)."""
 
 from __future__ import annotations
 
@@ -128,11 +110,7 @@ class Decoder(nn.Module):
 
 @dataclass(frozen=True, kw_only=True)
 class DiagonalGaussian:
-    """The encoder's posterior: a diagonal Gaussian per latent element.
-
-    `sample(generator)` draws latents, `mode()` is the mean; both are unscaled (multiply by the VAE's
-    `scaling_factor` after subtracting `shift_factor` before handing them to a denoiser).
-    """
+    """The encoder's posterior; `sample(generator)` and `mode()` give unscaled latents."""
 
     mean: torch.Tensor
     logvar: torch.Tensor
@@ -160,7 +138,7 @@ class DiagonalGaussian:
         return self.mean
 
     def kl(self) -> torch.Tensor:
-        """KL divergence to N(0, I) per sample, summed over latent elements."""
+        """KL divergence to N(0, I) per sample."""
         return 0.5 * (self.mean.pow(2) + self.logvar.exp() - 1.0 - self.logvar).sum(dim=(1, 2, 3))
 
 
@@ -174,10 +152,7 @@ class TileGrid:
 
     @classmethod
     def cover(cls, length: int, size: int, overlap: int, align: int = 1) -> "TileGrid":
-        """Fewest tiles of `size` overlapping by at least `overlap`, evenly spread, starts multiples of `align`.
-
-        The last tile ends exactly at `length`, so every tile is full-size (no thin last tile).
-        """
+        """Fewest full-size tiles overlapping by at least `overlap`, evenly spread, starts multiples of `align`."""
         if length <= size:
             return cls(length=length, size=length, starts=(0,))
         if not 0 < overlap < size:
@@ -189,34 +164,23 @@ class TileGrid:
         return cls(length=length, size=size, starts=starts)
 
     def weights(self, index: int, scale: float, device, dtype) -> torch.Tensor:
-        """The blend weight of tile `index` along this axis, in output pixels (input pixels x `scale`)."""
+        """Tile `index`'s blend weight in output pixels: a ramp across each overlap, flat elsewhere."""
         out_size = round(self.size * scale)
         position = torch.arange(out_size, dtype=torch.float32, device=device) + 0.5
         weight = torch.ones(out_size, dtype=torch.float32, device=device)
         start = self.starts[index]
-        if index > 0:  # ramp up across the overlap with the previous tile
+        if index > 0:
             overlap = (self.starts[index - 1] + self.size - start) * scale
             weight = torch.minimum(weight, position / overlap)
-        if index < len(self.starts) - 1:  # ramp down across the overlap with the next tile
+        if index < len(self.starts) - 1:
             overlap = (start + self.size - self.starts[index + 1]) * scale
             weight = torch.minimum(weight, (out_size - position) / overlap)
         return weight.to(dtype)
 
 
-def blend_tiles(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    x: torch.Tensor,
-    *,
-    tile_size: int,
-    overlap: int,
-    scale: float,
-    align: int = 1,
-) -> torch.Tensor:
-    """`fn(x)` computed tile by tile. `fn` maps an (B, C, h, w) tile to (B, C', h*scale, w*scale).
-
-    `align` keeps tile starts on multiples of it, so that with a downscaling `fn` (scale < 1) every tile's
-    output lands on whole output pixels.
-    """
+def blend_tiles(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, tile_size: int, overlap: int,
+                scale: float, align: int = 1) -> torch.Tensor:
+    """`fn(x)` tile by tile, `fn` scaling h and w by `scale`; `align` keeps a downscaled tile on whole pixels."""
     height, width = x.shape[-2:]
     rows = TileGrid.cover(height, tile_size, overlap, align)
     cols = TileGrid.cover(width, tile_size, overlap, align)
@@ -241,13 +205,9 @@ Method = TypeVar("Method", bound=Callable)
 
 
 def hooked_entry_point(method: Method) -> Method:
-    """Make an extra entry point (`encode`/`decode`) go through the model's accelerate hook.
+    """`encode`/`decode` through the model's accelerate hook (which replaces only `forward`).
 
-    accelerate installs its hooks by replacing `module.forward`; a pipeline that calls `vae.decode(...)` would
-    bypass them, so an offloaded or dispatched VAE would run with its weights elsewhere and its inputs on the
-    wrong device. diffusers solves this with `apply_forward_hook` (pre-forward only); we run the whole hook:
-    the inputs move to the execution device, the weights are loaded, and the output comes back as from forward.
-    """
+    diffusers' `apply_forward_hook` runs only the pre-forward; the whole hook also returns the output as forward's."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -308,11 +268,9 @@ class AutoencoderKL(ModelMixin):
         channels, layers, groups = config.block_out_channels, config.layers_per_block, config.norm_num_groups
         self.encoder = Encoder(config.in_channels, config.latent_channels, channels, layers, groups)
         self.decoder = Decoder(config.latent_channels, config.out_channels, channels, layers, groups)
-        moments = 2 * config.latent_channels
-        self.quant_conv = nn.Conv2d(moments, moments, 1) if config.use_quant_conv else None
-        self.post_quant_conv = (
-            nn.Conv2d(config.latent_channels, config.latent_channels, 1) if config.use_quant_conv else None
-        )
+        latent = config.latent_channels
+        self.quant_conv = nn.Conv2d(2 * latent, 2 * latent, 1) if config.use_quant_conv else None
+        self.post_quant_conv = nn.Conv2d(latent, latent, 1) if config.use_quant_conv else None
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = config.tile_sample_size
@@ -320,7 +278,6 @@ class AutoencoderKL(ModelMixin):
 
     @property
     def downsampling_factor(self) -> int:
-        """Pixels per latent along each side (8 for the real presets)."""
         return 2 ** (len(self.config.block_out_channels) - 1)
 
     def enable_slicing(self) -> None:
@@ -358,8 +315,8 @@ class AutoencoderKL(ModelMixin):
 
     def forward(self, images: torch.Tensor, sample_posterior: bool = False,
                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """Reconstruction: decode(encode(images)), from the posterior mean unless `sample_posterior`."""
-        # The unhooked bodies: forward already went through the hook; running it again would offload mid-call.
+        """decode(encode(images)), from the posterior mean unless `sample_posterior`."""
+        # Unhooked bodies: forward went through the hook already; a second pass would offload mid-call.
         posterior = self._encode(images)
         return self._decode(posterior.sample(generator) if sample_posterior else posterior.mode())
 

@@ -1,19 +1,7 @@
-"""DiT: an MMDiT/Flux-like diffusion transformer denoiser.
+"""DiT: an MMDiT/Flux-like diffusion transformer in diffusers' `FluxTransformer2DModel` layout.
 
-Denoiser interface (the same as `UNet`'s; the pipeline calls nothing else):
-    `denoiser(latents, timestep, encoder_hidden_states, pooled=None) -> Tensor` of the latents' shape.
-- `latents` (B, in_channels, H, W) in image layout; H and W multiples of `patch_size`. The model patchifies
-  them itself into (H/p * W/p) tokens of in_channels * p * p features, and unpatchifies its output.
-- `timestep`: a number, a 0-d or a (B,) tensor, in the scheduler's scale (0 .. num_train_timesteps).
-- `encoder_hidden_states` (B, S, config.joint_attention_dim): the text tokens (T5 states for Flux).
-- `pooled` (B, config.pooled_projection_dim): the pooled text embedding (CLIP's for Flux); required when the
-  config sets `pooled_projection_dim`, refused otherwise.
-
-Flux-dev's guidance embedding is left out: the reference pipeline uses classifier-free guidance.
-
-The blocks of the MMDiT/Flux-like DiT: adaLN modulation, joint (double-stream) and single-stream blocks.
-
-Layouts follow diffusers' `FluxTransformer2DModel` so the "flux" preset has its parameter count."""
+Same call as `UNet`'s; it patchifies the (B, C, H, W) latents itself. Flux-dev's guidance embedding is left
+out: the reference pipeline uses classifier-free guidance."""
 
 from __future__ import annotations
 
@@ -42,10 +30,7 @@ TIMESTEP_CHANNELS = 256
 
 
 class AdaLNZero(nn.Module):
-    """LayerNorm (no affine) modulated by `chunks` vectors projected from the conditioning vector.
-
-    Returns the modulated input and the remaining modulation vectors (gates and the MLP's shift/scale).
-    """
+    """LayerNorm (no affine) modulated by the conditioning; returns the input modulated and the other vectors."""
 
     def __init__(self, dim: int, chunks: int):
         super().__init__()
@@ -139,8 +124,7 @@ class SingleStreamBlock(nn.Module):
 
 
 class TimeTextConditioning(nn.Module):
-    """The conditioning vector of adaLN: timestep embedding plus the projected pooled text (one module, so a
-    device map never separates the two halves of the sum)."""
+    """Timestep embedding plus projected pooled text: one module, so a device map never splits the sum."""
 
     def __init__(self, dim: int, pooled_projection_dim: int | None):
         super().__init__()
@@ -169,11 +153,7 @@ class OutputLayer(nn.Module):
 
 
 def sincos_position_embedding(height: int, width: int, dim: int, device, dtype) -> torch.Tensor:
-    """Fixed 2-D sin-cos embedding of a height x width grid of patches -> (height*width, dim).
-
-    Half the channels encode the row, half the column. It carries no parameters (DiT / SD3 style); the
-    position information is what matters here, not Flux's exact rotary scheme.
-    """
+    """Fixed 2-D sin-cos embedding of a height x width patch grid (DiT / SD3 style, not Flux's rotary one)."""
     quarter = dim // 4
     omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32, device=device) / quarter)
     rows = torch.arange(height, dtype=torch.float32, device=device)[:, None] * omega
@@ -206,9 +186,6 @@ class DiTConfig(ModelConfig):
 
 @library_class
 class DiT(ModelMixin):
-    """Patchify, joint text-image (double-stream) blocks, single-stream blocks over [text; image], adaLN
-    modulation from timestep + pooled text, unpatchify."""
-
     config_class = DiTConfig
     _no_split_modules = ["DoubleStreamBlock", "SingleStreamBlock", "TimeTextConditioning", "OutputLayer"]
     presets: ClassVar[dict[str, DiTConfig]] = {
@@ -234,14 +211,10 @@ class DiT(ModelMixin):
         )
         self.output = OutputLayer(dim, patch_features)
 
-    def forward(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor | float | int,
-        encoder_hidden_states: torch.Tensor,
-        pooled: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        self._check_inputs(latents, encoder_hidden_states, pooled)
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor | float | int,
+                encoder_hidden_states: torch.Tensor, pooled: torch.Tensor | None = None) -> torch.Tensor:
+        check_denoiser_inputs(type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
+                              spatial_multiple=self.config.patch_size, text_dim_field="joint_attention_dim")
         batch, _, height, width = latents.shape
         timesteps = timesteps_for_batch(type(self).__name__, timestep, batch, latents.device)
         cond = self.conditioning(timesteps, pooled, latents.dtype)
@@ -267,14 +240,7 @@ class DiT(ModelMixin):
         return x.permute(0, 2, 4, 1, 3, 5).reshape(batch, (height // p) * (width // p), channels * p * p)
 
     def unpatchify(self, tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """The inverse of `patchify`."""
         p, channels = self.config.patch_size, self.config.in_channels
         batch = tokens.shape[0]
         x = tokens.reshape(batch, height // p, width // p, channels, p, p)
         return x.permute(0, 3, 1, 4, 2, 5).reshape(batch, channels, height, width)
-
-    def _check_inputs(self, latents, encoder_hidden_states, pooled) -> None:
-        check_denoiser_inputs(
-            type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
-            spatial_multiple=self.config.patch_size, text_dim_field="joint_attention_dim",
-        )

@@ -1,15 +1,6 @@
-"""Transformer pieces shared by the reference models: attention, feed-forward, norms, timestep embeddings.
-
-Every attention goes through `torch.nn.functional.scaled_dot_product_attention`: the activation-memory
-estimator of the planner observes that call, and it is the fast kernel on every backend.
-
-Convolutional pieces shared by the UNet and the VAE: resnet blocks, resampling, spatial self-attention.
-
-The parameter layouts follow diffusers' `ResnetBlock2D`, `Downsample2D`, `Upsample2D` and the VAE mid-block
-attention, so that the presets have the parameter counts of the real models.
-
-Checks of forward inputs, shared by the reference models: each failure is a CallError that says
-which model and argument, what the config expects and what was given."""
+"""Layers and input checks shared by the reference models, in diffusers' parameter layouts (so presets have the
+real models' parameter counts). Attention goes through `scaled_dot_product_attention`: the planner's
+activation estimator observes that call."""
 
 from __future__ import annotations
 
@@ -31,10 +22,6 @@ class Activation(str, Enum):
     QUICK_GELU = "quick_gelu"  # CLIP
     GEGLU = "geglu"  # Stable Diffusion transformer blocks: GELU-gated, one fused input projection
     GATED_GELU = "gated_gelu"  # T5 v1.1: separate gate and up projections
-
-    @property
-    def is_gated(self) -> bool:
-        return self in (Activation.GEGLU, Activation.GATED_GELU)
 
 
 class NormKind(str, Enum):
@@ -83,7 +70,7 @@ class FeedForward(nn.Module):
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, S, heads*D) -> (B, heads, S, D), the layout scaled_dot_product_attention takes."""
+    """(B, S, heads*D) -> (B, heads, S, D)."""
     batch, seq, _ = x.shape
     return x.view(batch, seq, heads, -1).transpose(1, 2)
 
@@ -95,22 +82,10 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self- or cross-attention (cross when `context_dim` is given).
+    """Multi-head self- or cross-attention; `mask` is boolean, True where attention is allowed."""
 
-    `forward(x, context=None, mask=None)`: `mask` is a boolean (B, 1, S_q or 1, S_kv) tensor, True where
-    attention is allowed, or None; `causal=True` adds a causal mask (text encoders of the CLIP kind).
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        heads: int,
-        head_dim: int,
-        context_dim: int | None = None,
-        qkv_bias: bool = False,
-        out_bias: bool = True,
-    ):
+    def __init__(self, dim: int, *, heads: int, head_dim: int, context_dim: int | None = None,
+                 qkv_bias: bool = False, out_bias: bool = True):
         super().__init__()
         inner = heads * head_dim
         kv_dim = context_dim if context_dim is not None else dim
@@ -120,14 +95,8 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(kv_dim, inner, bias=qkv_bias)
         self.to_out = nn.Linear(inner, dim, bias=out_bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        causal: bool = False,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                causal: bool = False) -> torch.Tensor:
         source = x if context is None else context
         q = split_heads(self.to_q(x), self.heads)
         k = split_heads(self.to_k(source), self.heads)
@@ -167,15 +136,8 @@ class MLPEmbedding(nn.Module):
 class ResnetBlock2D(nn.Module):
     """GroupNorm-SiLU-conv twice, with an optional timestep-embedding shift and a 1x1 shortcut when widths differ."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        *,
-        temb_channels: int | None,
-        groups: int,
-        eps: float = 1e-6,
-    ):
+    def __init__(self, in_channels: int, out_channels: int, *, temb_channels: int | None, groups: int,
+                 eps: float = 1e-6):
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, in_channels, eps=eps)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
@@ -263,7 +225,6 @@ def check_spatial_multiple(model: str, name: str, tensor: torch.Tensor, multiple
 
 
 def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | None, batch: int) -> None:
-    """`pooled` is required exactly when the config has a `pooled_projection_dim`."""
     if expected_dim is None:
         if pooled is not None:
             raise CallError(
@@ -280,10 +241,8 @@ def check_pooled(model: str, pooled: torch.Tensor | None, expected_dim: int | No
     check_batch(model, "pooled", pooled, batch)
 
 
-def check_denoiser_inputs(
-    model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int, text_dim_field: str
-) -> None:
-    """The denoiser call `(latents, timestep, encoder_hidden_states, pooled)` shared by UNet and DiT."""
+def check_denoiser_inputs(model: str, config, latents, encoder_hidden_states, pooled, *, spatial_multiple: int,
+                          text_dim_field: str) -> None:
     check_rank(model, "latents", latents, 4, "(B, C, H, W)")
     check_channels(model, "latents", latents, config.in_channels, "in_channels")
     check_spatial_multiple(model, "latents", latents, spatial_multiple)
@@ -301,10 +260,9 @@ def check_batch(model: str, name: str, tensor: torch.Tensor, batch: int) -> None
         )
 
 
-def timesteps_for_batch(
-    model: str, timestep: torch.Tensor | float | int, batch: int, device: torch.device
-) -> torch.Tensor:
-    """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`: one timestep per sample."""
+def timesteps_for_batch(model: str, timestep: torch.Tensor | float | int, batch: int,
+                        device: torch.device) -> torch.Tensor:
+    """A number, a 0-d or a (B,) tensor as a float32 (B,) tensor on `device`."""
     t = torch.as_tensor(timestep, device=device)
     if t.ndim == 0:
         t = t.expand(batch)

@@ -1,11 +1,7 @@
-"""TextEncoder: a CLIP/T5-like transformer encoder (token + position embeddings, pre-norm layers, final norm).
+"""TextEncoder: a CLIP/T5-like transformer encoder returning `(last_hidden_state, pooled_output)`.
 
-`forward(input_ids, attention_mask=None) -> TextEncoderOutput(last_hidden_state, pooled_output)`:
-- `last_hidden_state` (B, S, hidden_size): the final-normed states, what a denoiser cross-attends to.
-- `pooled_output` (B, projection_dim or hidden_size): with `pooling="last_token"` (CLIP) the state of the last
-  token the attention mask keeps (the EOS of a right-padded batch); with `pooling="mean"` (T5-style) the mean
-  over kept tokens; then the projection when `projection_dim` is set (CLIP-with-projection).
-"""
+Pooling: the last token the attention mask keeps (CLIP; the EOS of a right-padded batch) or the mean over
+kept tokens (T5-style), then the projection when `projection_dim` is set."""
 
 from __future__ import annotations
 
@@ -45,14 +41,11 @@ class TextEncoderConfig(ModelConfig):
     @model_validator(mode="after")
     def _heads_divide_width(self):
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})")
         return self
 
     @property
     def pooled_dim(self) -> int:
-        """The width of `pooled_output`: the projection's when there is one, else the hidden size."""
         return self.projection_dim or self.hidden_size
 
 
@@ -77,19 +70,12 @@ class TextEmbeddings(nn.Module):
 
 
 class TextEncoderLayer(nn.Module):
-    """Pre-norm: x + attn(norm(x)), then x + mlp(norm(x))."""
-
     def __init__(self, config: TextEncoderConfig):
         super().__init__()
         head_dim = config.hidden_size // config.num_heads
         self.norm1 = make_norm(config.norm, config.hidden_size, config.norm_eps)
-        self.self_attn = Attention(
-            config.hidden_size,
-            heads=config.num_heads,
-            head_dim=head_dim,
-            qkv_bias=config.bias,
-            out_bias=config.bias,
-        )
+        self.self_attn = Attention(config.hidden_size, heads=config.num_heads, head_dim=head_dim,
+                                   qkv_bias=config.bias, out_bias=config.bias)
         self.norm2 = make_norm(config.norm, config.hidden_size, config.norm_eps)
         self.mlp = FeedForward(config.hidden_size, config.intermediate_size, config.activation, bias=config.bias)
         self.causal = config.causal
@@ -135,9 +121,8 @@ class TextEncoder(ModelMixin):
         self.embeddings = TextEmbeddings(config)
         self.layers = nn.ModuleList(TextEncoderLayer(config) for _ in range(config.num_layers))
         self.final_norm = make_norm(config.norm, config.hidden_size, config.norm_eps)
-        self.projection = (
-            nn.Linear(config.hidden_size, config.projection_dim, bias=False) if config.projection_dim else None
-        )
+        projection = config.projection_dim
+        self.projection = nn.Linear(config.hidden_size, projection, bias=False) if projection else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TextEncoderOutput:
         self._check_inputs(input_ids, attention_mask)

@@ -1,18 +1,8 @@
-"""UNet: a conditional UNet denoiser (Stable Diffusion / SDXL architecture).
+"""UNet: a conditional UNet denoiser in diffusers' `UNet2DConditionModel` (SDXL) layout.
 
-Denoiser interface (shared with `DiT`; the pipeline calls nothing else):
-    `denoiser(latents, timestep, encoder_hidden_states, pooled=None) -> Tensor` of the latents' shape.
-- `latents` (B, in_channels, H, W), H and W multiples of `downsampling_factor`.
-- `timestep`: a number, a 0-d or a (B,) tensor, in the scheduler's scale (0 .. num_train_timesteps).
-- `encoder_hidden_states` (B, S, config.cross_attention_dim): the text states the transformers attend to.
-- `pooled` (B, config.pooled_projection_dim): the pooled text embedding added to the timestep embedding
-  (SDXL's added conditioning); required when the config sets `pooled_projection_dim`, refused otherwise.
-  SDXL's micro-conditioning on image sizes (its `time_ids`) is left out: it is a few hundred thousand
-  parameters and would widen the denoiser interface.
-
-The blocks of the conditional UNet: cross-attention transformers, down, mid and up blocks, conditioning.
-
-Layouts follow diffusers' `UNet2DConditionModel` (SDXL flavour) so the "sdxl" preset has its parameter count."""
+Its call, shared with `DiT`: `denoiser(latents, timestep, encoder_hidden_states, pooled=None)`. `pooled` is
+SDXL's added conditioning, required exactly when the config sets `pooled_projection_dim`; SDXL's `time_ids`
+are left out (they would widen that call)."""
 
 from __future__ import annotations
 
@@ -87,11 +77,7 @@ def _maybe_transformer(channels: int, depth: int, head_dim: int, cross_dim: int,
 
 
 class DownBlock(nn.Module):
-    """Resnets (each followed by a transformer when `depth > 0`), then an optional downsample.
-
-    `forward` returns the block's output and the states the matching up block concatenates (one per resnet,
-    plus the downsampled one).
-    """
+    """Resnets (each followed by a transformer when `depth > 0`), then an optional downsample."""
 
     def __init__(self, in_channels: int, out_channels: int, *, num_layers: int, depth: int, head_dim: int,
                  cross_attention_dim: int, temb_channels: int, groups: int, add_downsample: bool):
@@ -142,11 +128,8 @@ class MidBlock(nn.Module):
 
 
 class UpBlock(nn.Module):
-    """Resnets fed with the concatenation of the running state and a skip state, then an optional upsample.
-
-    It takes all its skip states as one argument and concatenates inside itself, which is why it is in the
-    UNet's `_no_split_modules`: cut across devices, the concatenation would see tensors on two devices.
-    """
+    """Resnets fed with the running state and a skip state, then an optional upsample. In `_no_split_modules`:
+    cut across devices, its concatenation would see tensors on two devices."""
 
     def __init__(self, in_channels: int, skip_channels: list[int], out_channels: int, *, depth: int,
                  head_dim: int, cross_attention_dim: int, temb_channels: int, groups: int, add_upsample: bool):
@@ -173,10 +156,7 @@ class UpBlock(nn.Module):
 
 
 class TimestepConditioning(nn.Module):
-    """Timestep embedding plus (SDXL-like) the projected pooled text embedding, summed.
-
-    One module, so that the sum is never split across devices by a device map.
-    """
+    """Timestep embedding plus the projected pooled text: one module, so a device map never splits the sum."""
 
     def __init__(self, base_channels: int, temb_channels: int, pooled_projection_dim: int | None):
         super().__init__()
@@ -236,9 +216,6 @@ class UNetConfig(ModelConfig):
 
 @library_class
 class UNet(ModelMixin):
-    """Timestep conditioning, down blocks (resnets + cross-attention transformers), mid block, up blocks that
-    concatenate the down path's skip states, output head."""
-
     config_class = UNetConfig
     # UpBlock: it concatenates skips inside its forward (never cut it). The rest: the units of a device map.
     _no_split_modules = ["UpBlock", "ResnetBlock2D", "Transformer2D", "BasicTransformerBlock", "TimestepConditioning"]
@@ -289,17 +266,12 @@ class UNet(ModelMixin):
 
     @property
     def downsampling_factor(self) -> int:
-        """Latent height and width must be multiples of this."""
         return 2 ** (len(self.config.block_out_channels) - 1)
 
-    def forward(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor | float | int,
-        encoder_hidden_states: torch.Tensor,
-        pooled: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        self._check_inputs(latents, encoder_hidden_states, pooled)
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor | float | int,
+                encoder_hidden_states: torch.Tensor, pooled: torch.Tensor | None = None) -> torch.Tensor:
+        check_denoiser_inputs(type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
+                              spatial_multiple=self.downsampling_factor, text_dim_field="cross_attention_dim")
         timesteps = timesteps_for_batch(type(self).__name__, timestep, latents.shape[0], latents.device)
         temb = self.conditioning(timesteps, pooled, latents.dtype)
 
@@ -314,9 +286,3 @@ class UNet(ModelMixin):
             block_skips, skips = tuple(skips[-count:]), skips[:-count]
             x = block(x, block_skips, temb, encoder_hidden_states)
         return self.head(x)
-
-    def _check_inputs(self, latents, encoder_hidden_states, pooled) -> None:
-        check_denoiser_inputs(
-            type(self).__name__, self.config, latents, encoder_hidden_states, pooled,
-            spatial_multiple=self.downsampling_factor, text_dim_field="cross_attention_dim",
-        )
