@@ -163,22 +163,16 @@ def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_p
             continue
         # The component's root may hold tensors of its own (Z-Image's x_pad_token): their names have no prefix.
         prefix = "".join(f"{part}." for part in (key, name) if part)
-        hook = ServeWeightsHook(
-            place=place,
-            execution_device=device,
-            offload=True,
-            weights_map=PrefixedDataset(weights_map, prefix) if weights_map is not None else None,
-            offload_buffers=False,
-            tied_params_map=tied_params_map,
-        )
-        add_hook_last(submodule, hook)
+        serve_from_host(submodule, place, PrefixedDataset(weights_map, prefix) if weights_map is not None else None,
+                        tied_params_map)
 
 
-def serve_from_host(module: nn.Module, place: Device) -> None:
-    """Serve `module`'s own parameters (e.g. an adapter's added to a streamed entry) from host RAM to `place`."""
-    device = torch_device(place)
-    add_hook_last(module, ServeWeightsHook(place=place, execution_device=device, offload=True, weights_map=None,
-                                       offload_buffers=False, tied_params_map=None))
+def serve_from_host(module: nn.Module, place: Device, weights_map=None, tied_params_map=None) -> None:
+    """Serve `module`'s own tensors to `place` for each forward, from `weights_map` (None: accelerate copies its
+    parameters to host RAM, e.g. an adapter's added to a streamed entry)."""
+    add_hook_last(module, ServeWeightsHook(place=place, execution_device=torch_device(place), offload=True,
+                                           weights_map=weights_map, offload_buffers=False,
+                                           tied_params_map=tied_params_map))
 
 
 def undispatch(module: nn.Module) -> None:
@@ -305,8 +299,7 @@ class DeviceMapEdit:
                 self._homed.append((slot, (store, key), value, home.data_ptr()))
 
     def close(self) -> list[str]:
-        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
-                    for name in self.stand_ins.put_back(self.module)]
+        problems = self.stand_ins.put_back(self.module)
         for slot, (store, key), put, home_pointer in self._homed:
             held = slot.get()
             if held is not put or held.data_ptr() != home_pointer:

@@ -38,14 +38,8 @@ def move_to_device(data: Any, device: torch.device, place: Device | None = None)
         if place is not None and meter.metering():
             data = _count_input(data, place)
         return data if is_on(data, device) else data.to(device)
-    if isinstance(data, list):
-        for index, item in enumerate(data):
-            moved = move_to_device(item, device, place)
-            if moved is not item:
-                data[index] = moved
-        return data
-    if isinstance(data, dict):
-        for key, item in list(data.items()):
+    if isinstance(data, (list, dict)):  # updated in place: a write the module makes into it is the caller's
+        for key, item in list(data.items() if isinstance(data, dict) else enumerate(data)):
             moved = move_to_device(item, device, place)
             if moved is not item:
                 data[key] = moved

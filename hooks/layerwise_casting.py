@@ -124,38 +124,26 @@ def apply_layerwise_casting(
     else:
         config = LayerwiseCastingConfig(**layerwise_casting_fields(
             storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking))
-    _apply(module, config)
-    return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
-                  remover=remove_layerwise_casting)
-
-
-def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> None:
     check_compatible(module, SPEC)
     remove_layerwise_casting(module)
-    targets = _targets(module, config)
+    targets = [(name, layer) for name, layer in module.named_modules()
+               if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)]
     _check_dtypes(module, config, targets)
     entries = collect_entries(module)
     for _, layer in targets:
-        layer_entries = tuple(
-            entries[tid] for tid in direct_tensor_ids(layer) if entries[tid].get().is_floating_point()
-        )
+        layer_entries = tuple(entries[tid] for tid in direct_tensor_ids(layer)
+                              if entries[tid].get().is_floating_point())
         for entry in layer_entries:
             if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
                 entry.set(entry.get().detach().to(config.storage_dtype))
         add_hook_last(layer, LayerwiseCastingHook(entries=layer_entries, config=config))
+    return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
+                  remover=remove_layerwise_casting)
 
 
 def remove_layerwise_casting(module: nn.Module) -> None:
     """Remove the casting hooks of `module`'s tree; weights go back to the compute dtype."""
     remove_hooks_of_type(module, LayerwiseCastingHook)
-
-
-def _targets(module: nn.Module, config: LayerwiseCastingConfig) -> list[tuple[str, nn.Module]]:
-    return [
-        (name, layer)
-        for name, layer in module.named_modules()
-        if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)
-    ]
 
 
 def _dtype(value, field: str) -> torch.dtype:

@@ -250,12 +250,11 @@ def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> Non
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
            blocks: list[ModuleGroup], per_call: Mapping[Device, list[ModuleGroup]]) -> None:
-    keys, name = [key for key in device_map if key], phase.config.name or phase.name
+    name = phase.config.name or phase.name
     streamed = {id(member) for group in blocks for member in group.modules}
     trace.label_block(module, trace.BlockLabel(component=name, path="", place=phase.place))
     for path, block in (pair for listed in block_groups(module).block_lists for pair in listed.blocks):
-        home = device_map.get(owning_key(path, keys) or "", device_map.get(""))
-        where = away.get(path) or (home if is_accelerator(home) else phase.place)
+        where = _runs_on(path, device_map, away, phase.place)
         trace.label_block(block, trace.BlockLabel(component=name, path=path, place=where,
                                                   streamed=id(block) in streamed))
     for group in [*blocks, *phase.per_run, *(g for groups in per_call.values() for g in groups)]:
@@ -271,14 +270,7 @@ def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Dev
         return []
     modules = dict(module.named_modules())
     keys = [key for key in device_map if key]
-
-    def runs_on(path: str) -> Device:
-        if path in away:
-            return away[path]
-        owner = owning_key(path, keys)
-        home = device_map.get(owner) if owner is not None else device_map.get("")
-        return home if is_accelerator(home) else place
-
+    runs_on = functools.partial(_runs_on, device_map=device_map, away=away, place=place)
     layout = block_groups(module)
     in_lists = [block_list.path for block_list in layout.block_lists]
     routes: dict[int, list] = {}  # id(module) -> [module, place, back]
@@ -299,6 +291,15 @@ def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Dev
         if ran[-1][1] != place and last:
             routes[id(last[0])][2] = place
     return [tuple(route) for route in routes.values()]
+
+
+def _runs_on(path: str, device_map: Mapping[str, Device], away: Mapping[str, Device], place: Device) -> Device:
+    """The accelerator a module runs on: where it is loaded per call, else its resident entry's, else `place`."""
+    if path in away:
+        return away[path]
+    owner = owning_key(path, [key for key in device_map if key])
+    home = device_map.get(owner) if owner is not None else device_map.get("")
+    return home if is_accelerator(home) else place
 
 
 def _inside(path: str, container: str) -> bool:
@@ -347,7 +348,7 @@ class ResidencyEdit(GroupsEdit):
         return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
 
     def close(self) -> list[str]:
-        problems = self.put_back()
+        problems = self.stand_ins.put_back(self.module)
         phase, config = self.phase, self.phase.config
         away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
 

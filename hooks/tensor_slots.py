@@ -100,9 +100,6 @@ class StandIns:
     def __init__(self) -> None:
         self._swaps: list[_Swap] = []
 
-    def __len__(self) -> int:
-        return len(self._swaps)
-
     def put(self, name: str, slots: Sequence[TensorSlot]) -> None:
         """Replace the meta placeholder held in `slots` (one tensor; `name`: its qualified name) by a stand-in."""
         placeholder = slots[0].get()
@@ -114,8 +111,8 @@ class StandIns:
                                  data_ptr=stand_in.data_ptr()))
 
     def put_back(self, root: nn.Module) -> list[str]:
-        """Put every placeholder back; returns the names of the weights the edit re-pointed, or whose layer it
-        replaced by another holding a weight of that name (a copy of the stand-in computes with zeros)."""
+        """Put every placeholder back; the problems: weights the edit re-pointed, or whose layer it replaced by
+        another holding a weight of that name (a copy of the stand-in computes with zeros)."""
         live = {id(module) for module in root.modules()}
         current = dict(root.named_parameters(remove_duplicate=False))
         current.update(root.named_buffers(remove_duplicate=False))
@@ -123,7 +120,7 @@ class StandIns:
         for swap in self._swaps:
             replaced = any(id(slot.module) not in live for slot in swap.slots) and swap.name in current
             if replaced or any(id(slot.module) in live and not _holds(slot, swap) for slot in swap.slots):
-                changed.append(swap.name)
+                changed.append(f"{swap.name} (its weights are on disk; the edit tried to change them)")
             for slot in swap.slots:
                 slot.holder[slot.name] = swap.placeholder
         self._swaps = []

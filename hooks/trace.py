@@ -119,38 +119,36 @@ def _device_of(label: BlockLabel) -> torch.device:
 
 
 def _called(module: nn.Module, args) -> None:
-    label = _BLOCKS.get(module)
-    if label is not None and not label.streamed and _ACTIVE is not None:
-        _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+    if not getattr(_BLOCKS.get(module), "streamed", True):  # a streamed block's group hook says when it computes
+        compute_started(module)
 
 
 def _returned(module: nn.Module, args, output) -> None:
-    label = _BLOCKS.get(module)
-    if label is not None and _ACTIVE is not None:
-        _ACTIVE.record(COMPUTE_END, label, device=_device_of(label))
+    _compute(COMPUTE_END, module)
 
 
 def compute_started(module: nn.Module) -> None:
-    """A streamed block's weights are ready and it computes now (called by its group hook)."""
-    if _ACTIVE is not None:
-        label = _BLOCKS.get(module)
-        if label is not None:
-            _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+    _compute(COMPUTE_START, module)
+
+
+def _compute(kind: str, module: nn.Module) -> None:
+    label = _BLOCKS.get(module)
+    if label is not None and _ACTIVE is not None:
+        _ACTIVE.record(kind, label, device=_device_of(label))
 
 
 def copy_issued(group, device: torch.device, stream=None) -> None:
-    if _ACTIVE is not None:
-        _ACTIVE.record(COPY_ISSUED, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
+    _copy(COPY_ISSUED, group, device, stream)
 
 
 def copy_done(group, device: torch.device, stream=None) -> None:
+    _copy(COPY_DONE, group, device, stream)
+
+
+def _copy(kind: str, group, device: torch.device, stream) -> None:
     if _ACTIVE is not None:
-        _ACTIVE.record(COPY_DONE, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
-
-
-def _group_label(group) -> BlockLabel:
-    label = _GROUPS.get(group)
-    return label or BlockLabel(component="", path=group.name, place=group.onload_place)
+        label = _GROUPS.get(group) or BlockLabel(component="", path=group.name, place=group.onload_place)
+        _ACTIVE.record(kind, label, nbytes=group.num_bytes, device=device, stream=stream)
 
 
 __all__ = ["BlockLabel", "CallTrace", "TraceEvent", "compute_started", "copy_done", "copy_issued", "label_block",

@@ -49,7 +49,8 @@ class ModuleGroup:
     """Onloads/offloads the entries of `spec` as one unit; its `modules` are those whose calls drive it, in order."""
 
     def __init__(self, spec: GroupSpec, *, store: HostStore | DiskStore | CheckpointStore,
-                 transfer: BlockingTransfer | StreamTransfer, onload_device: torch.device, onload_place: Device) -> None:
+                 transfer: BlockingTransfer | StreamTransfer, onload_device: torch.device,
+                 onload_place: Device) -> None:
         self.name = spec.name
         self.modules = tuple(spec.modules)
         self.entries = tuple(spec.entries)

@@ -404,11 +404,6 @@ class GroupsEdit:
                 if entry.get().is_meta:
                     self.stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
 
-    def put_back(self) -> list[str]:
-        """Restore the placeholders; the problems: disk-homed weights the edit tried to change."""
-        return [f"{name} (its weights are on disk; the edit tried to change them)"
-                for name in self.stand_ins.put_back(self.module)]
-
     def homes(self) -> dict[str, Device]:
         """Where each grouped weight rests, by its store (a group loaded for its phase holds device tensors)."""
         names = {id(tensor): name for name, tensor in named_tensors(self.module)}
@@ -426,7 +421,7 @@ class GroupOffloadEdit(GroupsEdit):
         return self.session.groups
 
     def close(self) -> list[str]:
-        problems = self.put_back()
+        problems = self.stand_ins.put_back(self.module)
         self.session.refresh(self.module)
         grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
         return problems + [f"{name} (no data: created on meta, nothing serves it)"
