@@ -25,7 +25,8 @@ from .errors import OffloadConflictError
 from .hook_utils import add_hook_last, find_hooks, hooks_of
 from .input_moving import MoveInputsHook, is_on
 from .techniques import TECHNIQUES, techniques_on
-from .tensor_slots import named_tensors
+from .tensor_slots import direct_slots, named_tensors
+from .transfer_meter import place_of_device
 
 _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit of one module is the same edit)
 
@@ -66,8 +67,7 @@ def weight_homes(module: nn.Module) -> dict[str, Device]:
     for editor in _editors(module):
         homes.update(editor.homes())
     if not homes:
-        homes = {name: "cpu" if t.device.type in ("cpu", "meta") else (t.device.index or 0)
-                 for name, t in [*module.named_parameters(), *module.named_buffers()]}
+        homes = {name: place_of_device(t.device) for name, t in [*module.named_parameters(), *module.named_buffers()]}
     return homes
 
 
@@ -125,7 +125,7 @@ def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, cove
     no_data: list[str] = []
     mapped = mapped_homes(root, device_map)
     for path, module in root.named_modules():
-        direct = [(name, tensor) for name, tensor in _direct_tensors(module) if id(tensor) not in covered]
+        direct = [(slot.name, tensor) for slot, tensor in direct_slots(module) if id(tensor) not in covered]
         if not direct:
             continue
         prefix = f"{path}." if path else ""
@@ -155,11 +155,6 @@ def mapped_homes(root: nn.Module, device_map: Mapping[str, Device]) -> dict[int,
         if key is not None:
             homes.setdefault(id(tensor), device_map[key])
     return homes
-
-
-def _direct_tensors(module: nn.Module) -> list[tuple[str, object]]:
-    return [*((n, t) for n, t in module._parameters.items() if t is not None),
-            *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
 __all__ = ["edit_placed_weights", "is_streamed", "mapped_homes", "refresh_placement", "settle", "weight_homes"]

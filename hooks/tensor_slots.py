@@ -60,7 +60,7 @@ def collect_entries(root: nn.Module) -> dict[int, ModelTensor]:
     first_name: dict[int, str] = {}
     for module_name, module in root.named_modules():
         prefix = f"{module_name}." if module_name else ""
-        for slot, tensor in _direct_slots(module):
+        for slot, tensor in direct_slots(module):
             slots_by_tensor.setdefault(id(tensor), []).append(slot)
             first_name.setdefault(id(tensor), prefix + slot.name)
     return {
@@ -70,7 +70,7 @@ def collect_entries(root: nn.Module) -> dict[int, ModelTensor]:
 
 
 def direct_tensor_ids(module: nn.Module) -> list[int]:
-    return [id(tensor) for _, tensor in _direct_slots(module)]
+    return [id(tensor) for _, tensor in direct_slots(module)]
 
 
 def named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -78,7 +78,7 @@ def named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from module.named_buffers(remove_duplicate=False)
 
 
-def _direct_slots(module: nn.Module) -> Iterable[tuple[TensorSlot, torch.Tensor]]:
+def direct_slots(module: nn.Module) -> Iterable[tuple[TensorSlot, torch.Tensor]]:
     for name, param in module._parameters.items():
         if param is not None:
             yield TensorSlot(module=module, name=name, is_parameter=True), param
@@ -132,4 +132,5 @@ def _holds(slot: TensorSlot, swap: _Swap) -> bool:
     return held is swap.stand_in and held.data_ptr() == swap.data_ptr
 
 
-__all__ = ["ModelTensor", "StandIns", "TensorSlot", "collect_entries", "direct_tensor_ids", "named_tensors"]
+__all__ = ["ModelTensor", "StandIns", "TensorSlot", "collect_entries", "direct_slots", "direct_tensor_ids",
+           "named_tensors"]

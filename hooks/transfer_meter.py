@@ -51,10 +51,8 @@ class TransferMeter:
         self._bytes[(payload, direction)] += num_bytes
 
     def traffic(self, *payloads: Payload) -> Traffic:
-        def total(direction: Direction) -> int:
-            return sum(self._bytes[(payload, direction)] for payload in payloads)
-
-        return Traffic(**{f"{direction.value}_bytes": total(direction) for direction in Direction})
+        return Traffic(**{f"{direction.value}_bytes": sum(self._bytes[(payload, direction)] for payload in payloads)
+                          for direction in Direction})
 
     @property
     def weights(self) -> Traffic:
