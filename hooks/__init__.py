@@ -1,32 +1,18 @@
-"""Runtime: applies a placement Plan to real modules (dispatch, input-moving hooks, offloading, casting,
-per-call residency) and meters what it moves. Every technique has one calling shape,
-`apply_x(module, config) -> handle` with `handle.remove()`, and one row in `TECHNIQUES`, which its own file
-registers when this package imports it (the imports below).
+"""Runtime: applies a placement Plan to real modules (dispatch, offloading, casting, per-call residency) and
+meters what it moves. Every technique is `apply_x(module, config) -> handle` (`handle.remove()`) and one row in
+`TECHNIQUES`, registered by its own file when imported here.
 
     placed = hooks.apply_plan({"text_encoder": te, "transformer": dit, "vae": vae}, plan)
-    with hooks.measure_transfers() as meter:
+    with hooks.measure_transfers() as meter, hooks.trace_calls() as trace:
         pipe(...)
-    meter.host_to_accelerator_bytes, meter.weights, meter.inputs
-    with hooks.trace_calls() as trace:        # what it did, when: copies and block compute, per device
-        pipe(...)
-    trace.save("run.json")                    # Chrome trace JSON (Perfetto); plan.timeline() is the predicted one
-    with hooks.edit_placed_weights(dit):      # in-place edits (adapters) follow each layer's placement
-        dit.load_lora_adapter(...)
 """
 
 from .dispatch import DeviceMapConfig, DiskWeights, apply_device_map, dispatch, undispatch
 from .editing import edit_placed_weights, refresh_placement, weight_homes
 from .errors import OffloadConfigError, OffloadConflictError, PlacementRuntimeError
-from .group_offload.offload import (
-    GroupOffloadHook,
-    GroupOffloadingConfig,
-    GroupOffloadSession,
-    OffloadType,
-    apply_group_offloading,
-    group_offloading_fields,
-    group_offloading_session,
-    remove_group_offloading,
-)
+from .group_offload.offload import (GroupOffloadHook, GroupOffloadingConfig, GroupOffloadSession, OffloadType,
+                                    apply_group_offloading, group_offloading_fields, group_offloading_session,
+                                    remove_group_offloading)
 from .input_moving import execution_place, resolve_execution_device
 from .layerwise_casting import LayerwiseCastingConfig, apply_layerwise_casting, layerwise_casting_fields
 from .layerwise_casting import remove_layerwise_casting

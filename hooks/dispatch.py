@@ -1,39 +1,14 @@
-"""Apply a relative device map to a loaded module with input-moving hooks, and take the hooks off again.
+"""The device-map technique: run a loaded module as `{submodule path: device}` places it, with as few hooks as
+that needs. A whole module gets ONE `MoveInputsHook` at its top; a split one also gets one at the top of each
+entry that executes where its weights are (accelerate's `dispatch_model(force_hooks=True)` hooks every submodule:
+987 on FLUX's transformer, 15-20 us per firing). Streamed entries ("cpu" while an accelerator executes, "disk")
+get accelerate's offloading hook on every submodule holding tensors (`ServeWeightsHook`), "disk" weights read
+from the checkpoint's own files through an offload index. Buffers are never offloaded (accelerate's default
+loses persistent buffers of disk modules). A dispatch that fails removes every hook it attached.
 
-`dispatch` runs a module as `{submodule path: device}` places it, with as few hooks as that needs:
-- a module placed whole on one device (`{"": 0}`) gets ONE `MoveInputsHook` at its top (inputs to its
-  device, outputs back to the caller's) and nothing on its submodules;
-- a map over several devices gets that hook at the top (on the execution device) and one at the top of each
-  entry that executes where its weights are (an accelerator, or "cpu" when the CPU executes): the modules
-  where the device can change. accelerate's `dispatch_model(force_hooks=True)` puts a hook on every submodule
-  (987 on FLUX's transformer), at 15-20 us per firing, and copies list arguments (see `input_moving`);
-- entries whose weights live elsewhere ("cpu" while an accelerator executes, "disk") stream them: every
-  submodule holding tensors gets a `ServeWeightsHook` (accelerate's `AlignDevicesHook` with offload, moving
-  inputs as `input_moving` does), which loads its weights onto the execution device for its forward only;
-- "disk" weights are served from the checkpoint's own safetensors files through an offload index
-  (`{name: {"safetensors_file", "weight_name", "dtype"}}`): nothing is copied to an offload folder;
-- buffers are never offloaded, so the caller loads persistent buffers of disk modules to the CPU (the
-  checkpoint loader does) instead of losing them as accelerate's default does.
-Accelerators become torch devices through `placement.devices.torch_device` only (virtual ones run on the CPU).
-A dispatch that fails removes every hook it attached before re-raising.
-
-This is the "device map" technique of the technique table: `apply_device_map(module, DeviceMapConfig(...))`
-returns a handle; `dispatch(module, device_map, ...)` is the same with the config's fields as arguments.
-Served weights are counted by the transfer meter (host -> the execution device, per forward).
-
-Editing a dispatched module (`DeviceMapEdit`, its row's `editor`): whole, split, cpu, disk, and offloaded
-with part resident.
-
-Resident entries hold their weights on their device; an edit there (peft adds a LoRA beside its base layer,
-on the base weight's device) needs nothing but a check that new tensors sit on their entry's device. Streamed
-entries ("disk", or "cpu" while an accelerator executes) hold `meta` between forwards, each layer's weights
-served by its `ServeWeightsHook` from host RAM (a CPU state dict) or the checkpoint's files. For an edit:
-- open: each served weight homed in RAM is put back into its module (the stored tensor itself: a fuse writes
-  into it), each one homed on disk gets a stand-in (`tensor_slots.StandIns`), so new tensors are created in host RAM;
-- close: weights the edit replaced go back into the hook's RAM store; every served slot is `meta` again;
-  modules holding new tensors in a streamed entry get a hook serving them from host RAM like their
-  neighbours (a container that never runs, e.g. a ParameterDict, has its tensors moved to the executing
-  device instead); tensors of resident entries are moved to their entry's device if they are elsewhere.
+Editing (`DeviceMapEdit`): resident entries need only a check that new tensors sit on their entry's device;
+streamed entries put their RAM-served weights back for the edit (a fuse writes into them) and stand-ins for disk
+ones, then re-store replaced weights and serve new tensors from host RAM like their neighbours.
 """
 
 from __future__ import annotations
@@ -42,32 +17,25 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
-from accelerate.hooks import AlignDevicesHook, ModelHook, add_hook_to_module, remove_hook_from_module
-from accelerate.utils import (
-    OffloadedWeightsLoader,
-    PrefixedDataset,
-    extract_submodules_state_dict,
-    find_tied_parameters,
-    retie_parameters,
-    set_module_tensor_to_device,
-)
+from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module
+from accelerate.utils import (OffloadedWeightsLoader, PrefixedDataset, extract_submodules_state_dict,
+                              find_tied_parameters, retie_parameters, set_module_tensor_to_device)
 from accelerate.utils.modeling import named_module_tensors
 from torch import nn
 
-from placement.devices import (
-    Device, check_can_execute, is_accelerator, normalize_device, safetensors_device, torch_device,
-)
+from placement.devices import (Device, check_can_execute, is_accelerator, normalize_device, safetensors_device,
+                               torch_device)
 from placement.device_maps import flatten_device_map, owning_key
-from placement.plan_schema import ComponentPlan, PlacementKind
+from placement.plan_schema import PlacementKind
 
 from . import transfer_meter as meter
 from .errors import OffloadConfigError
 from .editing import is_streamed, mapped_homes, settle
-from .gather import served_slots
+from .gather import served_slots, unwrap
 from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, runs_forward
 from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_entry_methods, move_to_device
 from .input_moving import remove_glue, restore_entry_methods
-from .techniques import Handle, PlanContext, Technique, TechniqueSpec, follows_transfer_plan, register
+from .techniques import Handle, Technique, TechniqueSpec, follows_transfer_plan, register
 from .techniques import streams_everything
 from .tensor_slots import StandIns, TensorSlot
 
@@ -76,8 +44,7 @@ DiskWeights = Mapping[str, Mapping[str, str]]
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceMapConfig:
-    """A relative device map ({submodule path: device}, "" = whole), where streamed parts execute (None: the
-    first accelerator in the map, else "cpu"), and the checkpoint files serving its "disk" entries."""
+    """`dispatch`'s arguments: the relative device map, where streamed parts execute, the "disk" entries' files."""
 
     device_map: Mapping[str, Device]
     execution_device: Device | None = None
@@ -85,9 +52,8 @@ class DeviceMapConfig:
 
 
 class ServeWeightsHook(AlignDevicesHook):
-    """accelerate's offloading `AlignDevicesHook` for one module's own tensors, moving inputs without copying
-    the caller's lists (`input_moving.move_to_device`); what it serves is counted by the transfer meter as
-    weights moved from the host to `place` (the plan's spelling of the execution device)."""
+    """accelerate's offloading `AlignDevicesHook`, moving inputs without copying the caller's lists and counting
+    what it serves as weights moved from the host to `place`."""
 
     def __init__(self, *, place: Device, **accelerate_arguments) -> None:
         super().__init__(**accelerate_arguments)
@@ -100,8 +66,7 @@ class ServeWeightsHook(AlignDevicesHook):
                                           recurse=self.place_submodules, remove_non_persistent=True)
             meter.record(meter.Payload.WEIGHTS, sum(meter.tensor_bytes(tensor) for _, tensor in served),
                          source="cpu", target=self.place)
-        return (move_to_device(args, self.execution_device, self.place),
-                move_to_device(kwargs, self.execution_device, self.place))
+        return move_to_device((args, kwargs), self.execution_device, self.place)
 
 
 def dispatch(
@@ -111,15 +76,10 @@ def dispatch(
     execution_device: Device | None = None,
     disk_weights: DiskWeights | None = None,
 ) -> nn.Module:
-    """Attach hooks so `module` runs as `device_map` ({submodule path: device}, "" = whole) places it.
-
-    Weights of accelerator and plain-CPU entries must already be on their device (the loader puts them
-    there); "cpu" entries are streamed when an accelerator executes; "disk" parameters are on meta and
-    served by `disk_weights`. Nested keys (`{"": "cpu", "blocks.0": "disk"}`) mean "the longest prefix wins";
-    they are flattened first, because a mapped module is hooked whole. `execution_device` (default:
-    the first accelerator in the map, else "cpu") runs the streamed parts and receives the inputs. Sets
-    `module.hf_device_map` to the flattened map.
-    """
+    """Attach hooks so `module` runs as `device_map` ({submodule path: device}, "" = whole; the longest prefix
+    wins) places it. Weights of resident entries are already on their device; "disk" parameters are on meta and
+    served by `disk_weights`. `execution_device` (default: the first accelerator in the map, else "cpu") runs
+    the streamed parts. Sets `module.hf_device_map` to the flattened map."""
     normalized = flatten_device_map(module, {name: normalize_device(device) for name, device in device_map.items()})
     _check_complete(module, normalized)
     main = _execution_device(normalized, execution_device)
@@ -136,18 +96,13 @@ def dispatch(
 
 
 def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Device, disk_index) -> None:
-    """One input-moving hook at the top (on `main`), one per resident entry, weight-serving hooks in streamed ones."""
     modules = dict(module.named_modules())
     keys = [key for key in device_map if key in modules]
     streamed = [key for key in keys if is_streamed(device_map[key], main)]
     weights_map = _weights_map(module, [key for key in streamed if device_map[key] == "cpu"], disk_index, main)
     tied_params = find_tied_parameters(module)
-    tied_params_map = {
-        tensor.data_ptr(): {}
-        for group in tied_params
-        for name in group
-        if (tensor := module.get_parameter(name)).device.type != "meta"
-    }
+    tied_params_map = {tensor.data_ptr(): {} for group in tied_params for name in group
+                       if (tensor := module.get_parameter(name)).device.type != "meta"}
     main_device = torch_device(main)
     if "" not in keys or "" in streamed:
         add_hook_to_module(module, MoveInputsHook(main_device, io_same_device=True, place=main))
@@ -162,7 +117,7 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
             device = device_map[key]
             arrive = _inputs_arrive_at(modules[key], key)
             for entry in arrive:
-                _add_hook(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
+                add_hook_last(entry, MoveInputsHook(torch_device(device), io_same_device=key == "", place=device))
             entries.extend(arrive)
     if "" not in keys and len({d for d in device_map.values() if is_accelerator(d)} | {main}) > 1:
         glue_parent_forward(module, entries)  # its own forward meets tensors from several accelerators
@@ -170,10 +125,8 @@ def _attach_hooks(module: nn.Module, device_map: Mapping[str, Device], main: Dev
 
 
 def _inputs_arrive_at(entry: nn.Module, key: str) -> list[nn.Module]:
-    """The modules of a split entry whose inputs may come from another device. Besides the entry (or its called
-    children), its token embeddings: multimodal parents (Gemma3, Mistral3, Llava) call
-    `get_input_embeddings()(input_ids)` themselves, so the ids reach the embedding without passing the entry's
-    hook. An embedding's one input is a small tensor of ids: the extra hook moves next to nothing."""
+    """The modules of a split entry whose inputs may come from another device: the entry (or its called
+    children), and its token embeddings, which multimodal parents (Gemma3, Mistral3, Llava) call directly."""
     called = _called_modules(entry)
     if key == "":  # a whole component: its top hook sees every call
         return called
@@ -181,16 +134,14 @@ def _inputs_arrive_at(entry: nn.Module, key: str) -> list[nn.Module]:
 
 
 def _called_modules(entry: nn.Module) -> list[nn.Module]:
-    """Where an entry's inputs arrive: the entry itself, or, for a container that is never called (a ModuleList
-    of blocks the parent loops over), each child that is: a hook on the container would never fire, and the
-    first block would receive its inputs on the previous entry's device."""
+    """Where an entry's inputs arrive: the entry itself, or for a container that is never called (a ModuleList
+    the parent loops over), each child that is (a hook on the container would never fire)."""
     if type(entry).forward is not nn.Module.forward:
         return [entry]
     return [called for child in entry.children() for called in _called_modules(child)]
 
 
 def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Device):
-    """Where streamed weights are read from: the CPU entries' own tensors, the disk entries' checkpoint files."""
     if not cpu_keys and not disk_index:
         return None
     state_dict = None
@@ -203,51 +154,30 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
 
 
 def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_params_map) -> None:
-    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, loading them onto `place` for its
-    forward, and inputs moved at its top (the root's own hook does that for the entry "")."""
+    """A `ServeWeightsHook` on every submodule of `entry` holding tensors, and inputs moved at its top."""
     device = torch_device(place)
     if key and not any(True for _ in named_module_tensors(entry, recurse=False)):
-        _add_hook(entry, MoveInputsHook(device, place=place))
+        add_hook_last(entry, MoveInputsHook(device, place=place))
     for name, submodule in entry.named_modules():
         if not any(True for _ in named_module_tensors(submodule, recurse=False)):
             continue
         # The component's root may hold tensors of its own (Z-Image's x_pad_token): their names have no prefix.
         prefix = "".join(f"{part}." for part in (key, name) if part)
-        hook = ServeWeightsHook(
-            place=place,
-            execution_device=device,
-            offload=True,
-            weights_map=PrefixedDataset(weights_map, prefix) if weights_map is not None else None,
-            offload_buffers=False,
-            tied_params_map=tied_params_map,
-        )
-        _add_hook(submodule, hook)
+        serve_from_host(submodule, place, PrefixedDataset(weights_map, prefix) if weights_map is not None else None,
+                        tied_params_map)
 
 
-def serve_from_host(module: nn.Module, place: Device) -> None:
-    """Serve `module`'s own parameters (real tensors, e.g. an adapter's added to a streamed entry) from host
-    RAM to `place` for each forward, as a streamed entry's other layers are: accelerate's hook copies them to
-    the CPU as its weights map and leaves `meta` in the module between forwards."""
-    device = torch_device(place)
-    _add_hook(module, ServeWeightsHook(place=place, execution_device=device, offload=True, weights_map=None,
-                                       offload_buffers=False, tied_params_map=None))
-
-
-def _add_hook(module: nn.Module, hook: ModelHook) -> None:
-    """Install `hook` on `module`, after the hook already there (the root's input-moving one) if any."""
-    if getattr(module, "_hf_hook", None) is None:
-        add_hook_to_module(module, hook)
-    else:
-        add_hook_last(module, hook)
+def serve_from_host(module: nn.Module, place: Device, weights_map=None, tied_params_map=None) -> None:
+    """Serve `module`'s own tensors to `place` for each forward, from `weights_map` (None: accelerate copies its
+    parameters to host RAM, e.g. an adapter's added to a streamed entry)."""
+    add_hook_last(module, ServeWeightsHook(place=place, execution_device=torch_device(place), offload=True,
+                                           weights_map=weights_map, offload_buffers=False,
+                                           tied_params_map=tied_params_map))
 
 
 def undispatch(module: nn.Module) -> None:
-    """Remove every accelerate hook under `module`; offloaded weights come back as real tensors.
-
-    CPU-offloaded weights return to the CPU (accelerate restores them), disk-offloaded ones are read from
-    their files onto the CPU (accelerate would leave them on meta), so the module is whole again and `.to()`
-    works. Weights already on accelerators stay where they are.
-    """
+    """Remove every accelerate hook under `module`; offloaded weights come back as CPU tensors (disk ones too:
+    accelerate would leave them on meta), so `.to()` works. Weights on accelerators stay."""
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)
@@ -280,11 +210,9 @@ def _execution_device(device_map: Mapping[str, Device], requested: Device | None
 def _place_direct_tensors(
     module: nn.Module, device_map: Mapping[str, Device], main: Device, disk_index: DiskWeights | None
 ) -> dict[str, Device]:
-    """Keys naming a tensor rather than a module (a top-level `pos_embed`, a model's own buffer): accelerate
-    hooks modules only, so it would leave such a tensor where it is, on meta when planned for "disk". Each one
-    is put where it executes instead: its accelerator, else the execution device (offloading one tensor saves
-    too little to be worth a hook). Returns the map with those keys pointing where their tensor now is; a key
-    naming neither a module nor a tensor is an OffloadConfigError."""
+    """Keys naming a tensor rather than a module (a top-level `pos_embed`): accelerate hooks modules only, so
+    each is put where it executes (its accelerator, else `main`: one tensor is not worth a hook). Returns the
+    map with those keys pointing where their tensor now is."""
     modules = dict(module.named_modules())
     tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
     unknown = [key for key in device_map if key not in modules and key not in tensors]
@@ -312,11 +240,7 @@ def _disk_index(module: nn.Module, device_map: Mapping[str, Device], disk_weight
     disk_prefixes = [name for name, device in device_map.items() if device == "disk"]
     if not disk_prefixes:
         return None
-    parameters = [
-        name
-        for name, _ in module.named_parameters()
-        if owning_key(name, disk_prefixes) is not None
-    ]
+    parameters = [name for name, _ in module.named_parameters() if owning_key(name, disk_prefixes) is not None]
     unserved = [name for name in parameters if disk_weights is None or name not in disk_weights]
     if unserved:
         raise OffloadConfigError(
@@ -347,17 +271,8 @@ def apply_device_map(module: nn.Module, config: DeviceMapConfig) -> Handle:
     return Handle(technique=Technique.DEVICE_MAP, module=module, config=config, remover=undispatch)
 
 
-def _serves(component: ComponentPlan, context: PlanContext) -> bool:
-    return not follows_transfer_plan(component, context) and not streams_everything(component)
-
-
-def _plan_config(component: ComponentPlan, context: PlanContext) -> DeviceMapConfig:
-    return DeviceMapConfig(device_map=component.device_map, execution_device=component.execution_device,
-                           disk_weights=context.disk_weights)
-
-
 class DeviceMapEdit:
-    """One edit of a dispatched module (see the module docstring)."""
+    """One edit of a dispatched module (module docstring)."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -384,8 +299,7 @@ class DeviceMapEdit:
                 self._homed.append((slot, (store, key), value, home.data_ptr()))
 
     def close(self) -> list[str]:
-        problems = [f"{name} (its weights are on disk; the edit tried to change them)"
-                    for name in self.stand_ins.put_back(self.module)]
+        problems = self.stand_ins.put_back(self.module)
         for slot, (store, key), put, home_pointer in self._homed:
             held = slot.get()
             if held is not put or held.data_ptr() != home_pointer:
@@ -411,7 +325,6 @@ class DeviceMapEdit:
         return [f"{name} (no data: created on meta, nothing serves it)" for name in no_data]
 
     def homes(self) -> dict[str, Device]:
-        """Where each weight lives between calls: its entry's device, "cpu" (served from RAM) or "disk"."""
         found: dict[str, Device] = {}
         mapped = mapped_homes(self.module, self.device_map)
         for path, submodule in self.module.named_modules():
@@ -428,7 +341,6 @@ class DeviceMapEdit:
 
 
 def execution_place_of(module: nn.Module) -> Device:
-    """Where a dispatched module executes: the place of the input-moving hook at its top."""
     for hook in hooks_of(module):
         if isinstance(hook, MoveInputsHook):
             return hook.place
@@ -436,19 +348,15 @@ def execution_place_of(module: nn.Module) -> Device:
 
 
 def _store_of(weights_map, name: str):
-    """(the in-memory mapping that holds `name`'s served value, its key there); (None, None) when the value is
-    read from a file (a checkpoint's, through the hook's offload index)."""
-    key = name
-    if isinstance(weights_map, PrefixedDataset):
-        weights_map, key = weights_map.dataset, weights_map.prefix + name
-    if isinstance(weights_map, OffloadedWeightsLoader):
-        return (weights_map.state_dict, key) if key in weights_map.state_dict else (None, None)
-    return (weights_map, key) if isinstance(weights_map, dict) else (None, None)
+    """(the in-memory mapping that may hold `name`'s served value, its key there); (None, None) when values are
+    read from files."""
+    base, key = unwrap(weights_map, name)
+    if isinstance(base, OffloadedWeightsLoader):
+        base = base.state_dict
+    return (base, key) if isinstance(base, dict) else (None, None)
 
 
 def device_map_editor(module: nn.Module) -> DeviceMapEdit | None:
-    """The editor of a module whose weights input-moving or weight-serving hooks run (a device map, and
-    sequential offload's served layers)."""
     if any(isinstance(hook, MoveInputsHook) for hook in hooks_of(module)) or has_hook(module, ServeWeightsHook):
         return DeviceMapEdit(module)
     return None
@@ -462,8 +370,11 @@ SPEC = register(TechniqueSpec(
     refuses={},  # the loader applies a placement to fresh modules; it replaces nothing
     offloads_weights=False,  # streamed entries aside, weights are where the map says; pipelines refuse .to()
     plan_kinds=frozenset(PlacementKind),
-    serves=_serves,
-    plan_config=_plan_config,
+    serves=lambda component, context: (not follows_transfer_plan(component, context)
+                                       and not streams_everything(component)),
+    plan_config=lambda component, context: DeviceMapConfig(
+        device_map=component.device_map, execution_device=component.execution_device,
+        disk_weights=context.disk_weights),
     editor=device_map_editor,
     gather=served_slots,
 ))

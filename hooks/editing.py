@@ -1,27 +1,13 @@
 """Edit a placed module in place (adapters loaded, fused, unloaded) and keep its placement serving it.
 
     with hooks.edit_placed_weights(pipe.transformer):
-        pipe.transformer.load_lora_adapter(...)        # or fuse_lora(), unload_lora(), delete_adapters(...)
-    hooks.weight_homes(pipe.transformer)                # {"...to_q.lora_A.default.weight": "cpu", ...}
+        pipe.transformer.load_lora_adapter(...)
 
-Code that edits a module (peft) creates new tensors beside the weights it wraps, on their device, and writes
-merged weights into them. On a placed module those weights may not be where the layer runs: they may wait in
-host RAM (offloaded, per-call, streamed) or on disk (`meta` placeholders, read at each forward), and the
-runtime's bookkeeping (offload groups, served weights) was made before the new tensors existed. So an edit
-runs inside `edit_placed_weights`, which gives every technique on the module a chance to open and close it:
-- open: the module holds each weight's home form: groups offloaded, RAM-served weights put back, disk ones as
-  stand-ins (`tensor_slots.StandIns`: new tensors land in host RAM; a write to the disk copy is refused);
-- close: new tensors follow their layer (its device for whole/split/cpu entries; its offload group, its
-  streamed entry's served set, its per-call or streamed unit otherwise), removed ones are forgotten, replaced
-  ones re-stored; input-moving hooks of layers that were wrapped move up to the wrapper.
-What cannot be followed raises `OffloadConflictError` naming the tensors, after the module is consistent again:
-a write to disk-homed weights (their new values are dropped; the checkpoint's serve the layer), tensors with
-no data. Each technique's row says how its weights are edited (`TechniqueSpec.editor`: the device map's and
-sequential offload's served weights, group offloading's and per-call residency's offload groups); the editor is
-the one of the technique whose hooks sit highest on the module, and a module without placement hooks is edited
-as it is. Nested edits of one module are one edit. What the editors share is here too: settling the tensors no
-technique serves onto the device their device-map entry names (offload groups are opened by
-`group_offload.offload.GroupsEdit`).
+peft creates new tensors beside the weights it wraps, on their device; on a placed module those may wait in host
+RAM or on disk (`meta`), and the runtime's bookkeeping predates the new tensors. So the editor of the technique
+whose hooks sit highest (its row's `editor`) opens the module (home forms in place, disk ones as stand-ins) and
+closes it (new tensors follow their layer, removed ones are forgotten); what cannot be followed raises
+`OffloadConflictError` once the module is consistent again.
 """
 
 from __future__ import annotations
@@ -39,15 +25,15 @@ from .errors import OffloadConflictError
 from .hook_utils import add_hook_last, find_hooks, hooks_of
 from .input_moving import MoveInputsHook, is_on
 from .techniques import TECHNIQUES, techniques_on
-from .tensor_slots import named_tensors
+from .tensor_slots import direct_slots, named_tensors
+from .transfer_meter import place_of_device
 
 _EDITING: set[int] = set()  # ids of the modules inside an edit (a nested edit of one module is the same edit)
 
 
 @contextmanager
 def edit_placed_weights(module: nn.Module, *, what: str = "the edit") -> Iterator[None]:
-    """Run the body as an edit of `module`'s tensors that its placement follows (see the module docstring);
-    `what` names the edit in errors. Raises `OffloadConflictError` (after closing) for what cannot be followed."""
+    """Run the body as an edit of `module`'s tensors that its placement follows; `what` names it in errors."""
     if id(module) in _EDITING:
         yield
         return
@@ -69,9 +55,7 @@ def edit_placed_weights(module: nn.Module, *, what: str = "the edit") -> Iterato
 
 
 def refresh_placement(module: nn.Module) -> None:
-    """Make the placement serve `module` as it is now, after an edit made outside `edit_placed_weights`: new
-    tensors follow their layer, removed ones are forgotten. (Tensors created beside disk-homed weights
-    outside an edit have no data: that is reported.)"""
+    """Make the placement serve `module` as it is now, after an edit made outside `edit_placed_weights`."""
     with edit_placed_weights(module, what="an earlier edit"):
         pass
 
@@ -83,14 +67,13 @@ def weight_homes(module: nn.Module) -> dict[str, Device]:
     for editor in _editors(module):
         homes.update(editor.homes())
     if not homes:
-        homes = {name: "cpu" if t.device.type in ("cpu", "meta") else (t.device.index or 0)
-                 for name, t in [*module.named_parameters(), *module.named_buffers()]}
+        homes = {name: place_of_device(t.device) for name, t in [*module.named_parameters(), *module.named_buffers()]}
     return homes
 
 
 def _editors(module: nn.Module) -> list:
-    """The input-moving hooks' follower, and the editor of the technique whose hooks sit highest on `module`
-    (its own row's `editor`; ties go by table order)."""
+    """The input-moving hooks' follower, and the editor of the technique whose hooks sit highest (ties: table
+    order)."""
     editors: list = [WrappedLayers(module)]
     present = techniques_on(module)
     order = list(TECHNIQUES)
@@ -108,9 +91,8 @@ def _depth(path: str) -> int:
 
 
 class WrappedLayers:
-    """Input-moving hooks follow their layer when an edit wraps it (peft puts a LoRA layer where the layer was,
-    holding it as `base_layer`): the wrapper's own branch reads the input before the wrapped layer's hook moves
-    it, so the wrapper gets the same hook."""
+    """A layer an edit wraps (peft's LoRA layer holds it as `base_layer`) passes its input-moving hook to the
+    wrapper, whose own branch reads the input before the wrapped layer's hook moves it."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -136,15 +118,14 @@ class WrappedLayers:
 
 def settle(root: nn.Module, device_map: Mapping[str, Device], main: Device, covered: set[int]) -> tuple[
         list[tuple[str, nn.Module]], list[str]]:
-    """Put each tensor of `root` that no technique serves (`covered`: ids of served / grouped tensors) on the
-    device of its device-map entry, when that entry is resident (an accelerator, or the CPU that executes).
-    Returns the modules holding such tensors in streamed entries (host-homed while `main` executes), for the
-    caller to serve, and the names of tensors that have no data (meta) and nothing to serve them."""
+    """Put each tensor no technique serves (`covered`: ids of the served ones) on its resident entry's device.
+    Returns the modules holding such tensors in streamed entries, for the caller to serve, and the names of
+    tensors with no data (meta) and nothing serving them."""
     streamed: list[tuple[str, nn.Module]] = []
     no_data: list[str] = []
     mapped = mapped_homes(root, device_map)
     for path, module in root.named_modules():
-        direct = [(name, tensor) for name, tensor in _direct_tensors(module) if id(tensor) not in covered]
+        direct = [(slot.name, tensor) for slot, tensor in direct_slots(module) if id(tensor) not in covered]
         if not direct:
             continue
         prefix = f"{path}." if path else ""
@@ -167,19 +148,13 @@ def is_streamed(home: Device, main: Device) -> bool:
 
 def mapped_homes(root: nn.Module, device_map: Mapping[str, Device]) -> dict[int, Device]:
     """Each tensor's device-map home, by identity: a tied tensor (T5's `encoder.embed_tokens` is `shared`) is
-    homed by whichever of its names the map covers, so the alias the map does not name is not taken for a
-    tensor of the root entry."""
+    homed by whichever of its names the map covers."""
     homes: dict[int, Device] = {}
     for name, tensor in named_tensors(root):
         key = owning_key(name, device_map)
         if key is not None:
             homes.setdefault(id(tensor), device_map[key])
     return homes
-
-
-def _direct_tensors(module: nn.Module) -> list[tuple[str, object]]:
-    return [*((n, t) for n, t in module._parameters.items() if t is not None),
-            *((n, t) for n, t in module._buffers.items() if t is not None)]
 
 
 __all__ = ["edit_placed_weights", "is_streamed", "mapped_homes", "refresh_placement", "settle", "weight_homes"]

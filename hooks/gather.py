@@ -1,21 +1,8 @@
-"""Read a placed module's weights from wherever they live, without changing its placement.
+"""Read a placed module's weights from wherever they live, without changing its placement (for saving).
 
-A placed module does not always hold its weights. Where a technique keeps them elsewhere, the module holds a
-`meta` placeholder of the right shape and dtype between calls:
-- accelerate's offloading `AlignDevicesHook`s (our `ServeWeightsHook`: the "cpu" and "disk" entries of a device
-  map, sequential offload; accelerate's own `dispatch_model` / `cpu_offload` / `disk_offload` hooks on a component
-  its owner placed) serve them from the hook's `weights_map`: a CPU state dict, or an offload index into
-  safetensors files (a checkpoint's own files, or an offload folder);
-- group offloading and per-call residency (`ModuleGroup`s) keep a resting group in a `DiskStore` (one safetensors
-  file per group) or a `CheckpointStore` (a checkpoint's "disk" weights). Groups homed in host memory leave real
-  CPU tensors in the module, and resident or onloaded weights are real too: those need no gathering.
-
-Each technique's row says how its placeholders are gathered (`TechniqueSpec.gather`: `served_slots` for the hooks'
-`weights_map`s, `group_slots` for offload groups); `offloaded_weights(module)` asks every row, and returns a lazy
-mapping {state-dict name: the weight read into CPU memory}, so a writer can read them one shard at a time;
-`offloaded_weights_in_state_dict(module)` makes `module.state_dict()` return the real weights while it is open, for
-writers that call `state_dict()` themselves (diffusers' and transformers' `save_pretrained`). Nothing moves: no hook
-fires, no group is onloaded, the transfer meter counts nothing, and the placement is the same afterwards.
+Where a technique keeps weights elsewhere the module holds `meta` placeholders; each row's `gather` says where
+they are read from (`served_slots`: offloading `AlignDevicesHook`s' `weights_map`s; `group_slots`: offload
+groups' disk stores). Nothing moves: no hook fires, no group is onloaded, the transfer meter counts nothing.
 """
 
 from __future__ import annotations
@@ -40,8 +27,6 @@ SlotKey = tuple[int, str]  # (id of the module holding the tensor, its attribute
 
 
 class _ServedWeight:
-    """A weight an offloading `AlignDevicesHook` serves: `key` in its `weights_map`."""
-
     def __init__(self, weights_map: Mapping, key: str) -> None:
         self.weights_map = weights_map
         self.key = key
@@ -51,9 +36,6 @@ class _ServedWeight:
 
 
 class _GroupWeight:
-    """A weight resting in an offload group's store; the group's tensors are read once for all its weights
-    (`cache`: the reader's last group)."""
-
     def __init__(self, group: ModuleGroup, key: str) -> None:
         self.group = group
         self.key = key
@@ -63,8 +45,8 @@ class _GroupWeight:
 
 
 class _LastGroup:
-    """The tensors of the last group read: writers go through a state dict in order, and a group's tensors are
-    neighbours there, so each group is read about once while at most one group's weights are held."""
+    """The last group's tensors: writers go through a state dict in order, where a group's tensors are
+    neighbours, so each group is read about once while at most one group's weights are held."""
 
     def __init__(self) -> None:
         self.group: ModuleGroup | None = None
@@ -82,8 +64,8 @@ Source = _ServedWeight | _GroupWeight
 
 
 class OffloadedWeights(Mapping[str, torch.Tensor]):
-    """{state-dict name: weight} for every tensor a placed module holds as a placeholder; each weight is read
-    into CPU memory when it is looked up (tied names share one source: `source_of(name)` tells them apart)."""
+    """{state-dict name: weight read into CPU memory when looked up} for a placed module's placeholders (tied
+    names share one `source_of(name)`)."""
 
     def __init__(self, sources: Mapping[str, Source]) -> None:
         self._sources = dict(sources)
@@ -93,7 +75,6 @@ class OffloadedWeights(Mapping[str, torch.Tensor]):
         return self._sources[name].read(self._cache)
 
     def read(self, source: Source) -> torch.Tensor:
-        """`source` (one of `source_of`'s) read into CPU memory."""
         return source.read(self._cache)
 
     def __iter__(self) -> Iterator[str]:
@@ -107,8 +88,7 @@ class OffloadedWeights(Mapping[str, torch.Tensor]):
 
 
 def offloaded_weights(module: nn.Module) -> OffloadedWeights:
-    """The weights `module` holds as `meta` placeholders and where each is read from (see the module docstring).
-    A placeholder nothing serves (a weight never loaded) is not in it: `unserved_placeholders` names those."""
+    """The weights `module` holds as `meta` placeholders (those nothing serves: `unserved_placeholders`)."""
     slots: dict[SlotKey, Source] = {}
     for gather in dict.fromkeys(row.gather for row in TECHNIQUES.values() if row.gather is not None):
         slots.update(gather(module))
@@ -129,8 +109,7 @@ def unserved_placeholders(module: nn.Module, weights: OffloadedWeights) -> list[
 @contextmanager
 def offloaded_weights_in_state_dict(module: nn.Module) -> Iterator[OffloadedWeights]:
     """While open, `module.state_dict()` holds every offloaded weight read into CPU memory instead of its
-    placeholder (tied names get one tensor, as they share one in the module). All of them are read at each
-    `state_dict()` call: writers that take the whole state dict at once need them all at once."""
+    placeholder (for writers that call `state_dict()` themselves: diffusers', transformers' `save_pretrained`)."""
     weights = offloaded_weights(module)
 
     def fill_in(_module: nn.Module, state_dict: dict[str, Any], prefix: str, _metadata: Any) -> None:
@@ -150,9 +129,8 @@ def offloaded_weights_in_state_dict(module: nn.Module) -> Iterator[OffloadedWeig
 
 
 def read_into_memory(weights_map: Mapping, key: str) -> torch.Tensor:
-    """`weights_map[key]` as a CPU tensor. An offload index is read straight into memory: the hook's own loader
-    may read onto its execution device, which a save does not need."""
-    base, full_key = _unwrap(weights_map, key)
+    """`weights_map[key]` as a CPU tensor (an index read straight into memory, not onto the hook's device)."""
+    base, full_key = unwrap(weights_map, key)
     if isinstance(base, OffloadedWeightsLoader) and full_key not in base.state_dict:
         one = OffloadedWeightsLoader(index={full_key: base.index[full_key]}, save_folder=base.save_folder)
         return one[full_key]
@@ -160,8 +138,7 @@ def read_into_memory(weights_map: Mapping, key: str) -> torch.Tensor:
 
 
 def served_slots(module: nn.Module) -> dict[SlotKey, Source]:
-    """The placeholders under `module` that offloading `AlignDevicesHook`s serve from their `weights_map`
-    (ours, and accelerate's own on a component its owner placed)."""
+    """The placeholders under `module` that offloading `AlignDevicesHook`s serve (ours, and accelerate's own)."""
     slots: dict[SlotKey, Source] = {}
     by_tensor: dict[int, Source] = {}  # tied parameters (one Parameter in two modules) share one source
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
@@ -179,7 +156,6 @@ def served_slots(module: nn.Module) -> dict[SlotKey, Source]:
 
 
 def group_slots(groups: Iterable[ModuleGroup]) -> dict[SlotKey, Source]:
-    """The placeholders that `groups` keep in their stores (a tied tensor: one entry, several slots)."""
     slots: dict[SlotKey, Source] = {}
     for group in groups:
         for entry in group.entries:
@@ -190,7 +166,7 @@ def group_slots(groups: Iterable[ModuleGroup]) -> dict[SlotKey, Source]:
     return slots
 
 
-def _unwrap(weights_map: Mapping, key: str) -> tuple[Mapping, str]:
+def unwrap(weights_map: Mapping, key: str) -> tuple[Mapping, str]:
     while isinstance(weights_map, PrefixedDataset):
         weights_map, key = weights_map.dataset, f"{weights_map.prefix}{key}"
     return weights_map, key
@@ -198,7 +174,7 @@ def _unwrap(weights_map: Mapping, key: str) -> tuple[Mapping, str]:
 
 def _serves(weights_map: Mapping, key: str) -> bool:
     """Whether `weights_map` has `key`, without reading it (a `PrefixedDataset`'s `in` would)."""
-    base, full_key = _unwrap(weights_map, key)
+    base, full_key = unwrap(weights_map, key)
     if isinstance(base, OffloadedWeightsLoader):
         return full_key in base.state_dict or full_key in base.index
     return full_key in base

@@ -1,26 +1,12 @@
-"""Small helpers over accelerate's hook mechanism: one `_hf_hook` per module, chained by `SequentialHook`.
-
-Every technique of this package installs `accelerate.hooks.ModelHook`s with `add_hook_to_module`, so
-`accelerate.hooks.remove_hook_from_module(module, recurse=True)` undoes all of them. These helpers let a
-technique find its own hooks (or a conflicting one) and remove only its own.
-"""
+"""Helpers over accelerate's one `_hf_hook` per module (chained by `SequentialHook`): every technique installs
+accelerate hooks, so `remove_hook_from_module(recurse=True)` undoes all; these find and remove one's own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from accelerate.hooks import (
-    AlignDevicesHook,
-    CpuOffload,
-    ModelHook,
-    SequentialHook,
-    add_hook_to_module,
-    remove_hook_from_module,
-)
+from accelerate.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
 from torch import nn
-
-# Hooks that move a module's weights between devices on their own (accelerate's offloading/dispatch).
-ACCELERATE_PLACEMENT_HOOKS = (AlignDevicesHook, CpuOffload)
 
 
 def hooks_of(module: nn.Module) -> list[ModelHook]:
@@ -48,22 +34,8 @@ def has_hook(root: nn.Module, hook_types: type | tuple[type, ...]) -> bool:
 
 
 def remove_hooks_of_type(root: nn.Module, hook_types: type | tuple[type, ...]) -> int:
-    """Detach every hook of `hook_types` in `root`'s tree, keeping the other hooks chained as they were.
-
-    Returns how many hooks were removed. Hooks are detached root first, as `remove_hook_from_module` does.
-    """
-    removed = 0
-    for module in list(root.modules()):
-        hooks = hooks_of(module)
-        kept = [hook for hook in hooks if not isinstance(hook, hook_types)]
-        if len(kept) == len(hooks):
-            continue
-        removed += len(hooks) - len(kept)
-        for hook in hooks:
-            if isinstance(hook, hook_types):
-                hook.detach_hook(module)
-        _reinstall(module, kept)
-    return removed
+    """Detach every hook of `hook_types` in `root`'s tree (root first), keeping the others chained; how many."""
+    return sum(remove_hooks_where(module, lambda hook: isinstance(hook, hook_types)) for module in list(root.modules()))
 
 
 def remove_hooks_where(module: nn.Module, predicate) -> int:
@@ -94,30 +66,21 @@ def running_ancestor(root: nn.Module, module: nn.Module) -> nn.Module:
 
 
 def add_hook_first(module: nn.Module, hook: ModelHook) -> None:
-    """Install `hook` so that it runs before the hooks already on `module` (whose state is kept)."""
-    existing = hooks_of(module)
+    """Install `hook` before the hooks already on `module` (whose state is kept)."""
     hook.init_hook(module)
-    _reinstall(module, [hook, *existing])
+    _reinstall(module, [hook, *hooks_of(module)])
 
 
 def add_hook_last(module: nn.Module, hook: ModelHook) -> None:
-    """Install `hook` after the hooks already on `module`, without detaching them.
-
-    accelerate's `add_hook_to_module(append=True)` detaches the existing hook first (a layerwise-casting
-    hook would cast its weights back, a group offloading hook would restore them).
-    """
-    existing = hooks_of(module)
+    """Install `hook` after the hooks already on `module`, without detaching them (as accelerate's append does:
+    a layerwise-casting hook would cast its weights back, a group offloading hook would restore them)."""
     hook.init_hook(module)
-    _reinstall(module, [*existing, hook])
+    _reinstall(module, [*hooks_of(module), hook])
 
 
 def _reinstall(module: nn.Module, hooks: list[ModelHook]) -> None:
-    """Chain already-initialised `hooks` on `module` in this order.
-
-    accelerate's `add_hook_to_module(append=True)` would detach the hook already there (undoing its work)
-    and re-run `init_hook` of every hook in the chain (e.g. `CpuOffload` moves the module to the CPU again),
-    so the forward wrapper is rebuilt here with `init_hook` silenced for the duration of the call.
-    """
+    """Chain already-initialised `hooks` on `module`, with `init_hook` silenced: accelerate would re-run it on
+    every hook of the chain (`CpuOffload` would move the module to the CPU again)."""
     _unwrap_forward(module)
     if not hooks:
         return

@@ -1,47 +1,14 @@
 """Move a module's inputs to the device it executes on without copying what is already there.
 
-accelerate's `send_to_device` rebuilds every list, tuple and dict it walks, so a module that writes into a
-list argument (Wan's VAE keeps its causal cache as `feat_cache[idx] = x`) writes into a copy, and the caller
-never sees the write. `move_to_device` keeps the caller's containers:
-- a tensor already on the device is returned as it is (no copy, no new object);
-- a list or dict is updated in place, only at the entries that had to move, and returned itself: a write
-  the module makes into it is the caller's write, whatever devices the entries were on;
-- a tuple (named or not) is rebuilt only when an entry moved (tuples cannot be updated in place);
-- any other object with a `.to` (model outputs, distributions) goes through accelerate's `send_to_device`.
+accelerate's `send_to_device` rebuilds every list, tuple and dict it walks, so a module that writes into a list
+argument (Wan's VAE cache: `feat_cache[idx] = x`) writes into a copy the caller never sees. `move_to_device`
+updates lists and dicts in place, rebuilds a tuple only when an entry moved, and leaves other objects to
+`send_to_device`. A *place* is the plan's spelling of a device (accelerator index, "cpu"): under non-strict
+virtual accelerators the torch device is the CPU and only the place says a copy crosses the bus (for the meter).
 
-`MoveInputsHook` is the one hook a component placed whole gets (at its top), and the hook at the top of each
-device-map entry of a split component. A hook wraps `forward` only, and pipelines call a VAE through `encode` /
-`decode`, which reach its submodules without passing the top's forward (accelerate's hook on every submodule
-catches that); `move_inputs_of_entry_methods` makes those methods move their inputs too.
-
-Given the `place` it moves to (the plan's spelling of the device), a move is counted by the transfer meter
-(`transfer_meter`) as inputs, also under virtual accelerators where no byte moves.
-
-Where a module executes (`execution_place`): a user's device spec as a place (the plan's spelling) and as a
-torch device.
-
-A *place* is a device as device maps spell it: an accelerator index, "cpu" or "disk" (`placement.devices`).
-The runtime keeps the place beside the torch device because under `PLACEMENT_VIRTUAL_ACCELERATORS` with
-`PLACEMENT_VIRTUAL_STRICT=0` an accelerator's torch device is the CPU: only the place says that a copy to it
-crosses the bus (the transfer meter counts it as a GPU copy; strict, it is `vgpu:k` and says so itself).
-Techniques resolve their configs' devices here.
-
-The code of a split component that runs between its entries, fed its tensors on one device.
-
-A split puts a component's entries (blocks, embedders, heads) on several accelerators, and each entry's hook
-moves its inputs to where it runs. The component's own forward also computes between entries, and there it can
-meet tensors from two devices, where no entry hook is: SD3's transformer adds the ControlNet's residual (made
-before the blocks, on the execution device) to the hidden state a block on GPU 1 returned; a U-Net's up block, not
-itself an entry, concatenates the hidden state with a skip connection kept from a down block on another GPU. On
-CUDA such an op raises "Expected all tensors to be on the same device".
-
-While a split component's forward runs, `ParentGlue` watches the ops that run outside its entries (a
-`TorchFunctionMode`; entries count as inside while their hooks run): an op whose tensors are on two or more
-accelerators gets them moved to the first one's device (the hidden state's, in both examples), once per op and
-counted by the transfer meter as inputs moved. Inside entries nothing is moved: a mix-up there is a real
-placement bug and still raises. CPU tensors are left as they are (a 0-d CPU tensor is a scalar to CUDA; any
-other one mixed with a device tensor is an error there too). The cost is a Python check per op of the forward,
-about a microsecond each, only for split components.
+A split component's own forward computes between its entries and can meet tensors from two accelerators there
+(SD3's ControlNet residual, a U-Net's skip connections): `ParentGlue` watches the ops outside entries and moves
+mixed accelerator tensors to the first one's device, about a microsecond per op, only for split components.
 """
 
 from __future__ import annotations
@@ -65,22 +32,14 @@ from .transfer_meter import place_of_device
 
 
 def move_to_device(data: Any, device: torch.device, place: Device | None = None) -> Any:
-    """`data` with every tensor on `device`, the caller's lists and dicts kept (see the module docstring).
-
-    With `place` (where `device` is, as the plan spells it) each tensor not there yet is counted as an input
-    moved there, when a transfer meter is on."""
+    """`data` with every tensor on `device`, the caller's lists and dicts kept; with `place`, each tensor not
+    there yet is counted as an input moved there."""
     if isinstance(data, torch.Tensor):
         if place is not None and meter.metering():
             data = _count_input(data, place)
         return data if is_on(data, device) else data.to(device)
-    if isinstance(data, list):
-        for index, item in enumerate(data):
-            moved = move_to_device(item, device, place)
-            if moved is not item:
-                data[index] = moved
-        return data
-    if isinstance(data, dict):
-        for key, item in list(data.items()):
+    if isinstance(data, (list, dict)):  # updated in place: a write the module makes into it is the caller's
+        for key, item in list(data.items() if isinstance(data, dict) else enumerate(data)):
             moved = move_to_device(item, device, place)
             if moved is not item:
                 data[key] = moved
@@ -106,9 +65,8 @@ def _count_input(tensor: torch.Tensor, place: Device) -> torch.Tensor:
 
 
 def return_to_caller(output: Any, device: torch.device | None, *, source: Device, target: Device | None) -> Any:
-    """Outputs computed on `source`, moved to the caller's `device` (None: left where they are); counted as
-    inputs moved to `target` (the caller's place) from where each one is (`source` where devices do not say:
-    plain-CPU virtual accelerators), and tagged there for the next hook."""
+    """Outputs computed on `source`, moved to the caller's `device` (None: left there), counted as inputs moved
+    to `target` (the caller's place) and tagged there for the next hook."""
     if meter.metering() and target is not None:
         tracking = meter.tracking_places()
         for tensor in _tensors(output):
@@ -139,28 +97,9 @@ def is_on(tensor: torch.Tensor, device: torch.device) -> bool:
     return here.type == device.type and (device.index is None or here.index == device.index)
 
 
-def first_tensor_device(data: Any) -> torch.device | None:
-    """The device of the first tensor in `data` (positional arguments first), as accelerate's `find_device`."""
-    if isinstance(data, torch.Tensor):
-        return data.device
-    if isinstance(data, dict):
-        data = list(data.values())
-    if isinstance(data, (list, tuple)):
-        for item in data:
-            found = first_tensor_device(item)
-            if found is not None:
-                return found
-    return None
-
-
 class MoveInputsHook(AlignDevicesHook):
-    """Move the forward's inputs to `execution_device`; with `io_same_device`, its outputs back to where the
-    inputs came from. Weights are not touched: they already live on `execution_device`.
-
-    An `AlignDevicesHook` without offloading, as accelerate's dispatch puts on a mapped module, so the other
-    techniques recognise a dispatched module by it and refuse to fight over its weights; it only moves its
-    inputs differently (`move_to_device`) and leaves the module's tensors alone when attached. `place` is the
-    plan's spelling of `execution_device` (default: derived from it; give it for a virtual accelerator)."""
+    """Move the forward's inputs to `execution_device` (with `io_same_device`, outputs back); weights are not
+    touched. An `AlignDevicesHook`, so the other techniques recognise a dispatched module by it."""
 
     def __init__(self, execution_device: torch.device, *, io_same_device: bool = False,
                  place: Device | None = None) -> None:
@@ -181,8 +120,7 @@ class MoveInputsHook(AlignDevicesHook):
             first = first_tensor([args, kwargs])
             self.input_device = None if first is None else first.device
             self.input_place = None if first is None or not meter.metering() else meter.place_of(first)
-        moved = move_to_device(args, self.execution_device, self.place), move_to_device(kwargs, self.execution_device,
-                                                                                         self.place)
+        moved = move_to_device((args, kwargs), self.execution_device, self.place)
         self._entered = meter.enter_place(self.place)
         return moved
 
@@ -201,10 +139,8 @@ def first_tensor(data: Any) -> torch.Tensor | None:
 
 
 class ReturnOutputsHook(ModelHook):
-    """Send a module's outputs back to the device its first input came from (accelerate's `io_same_device`),
-    for a runtime whose own top hook leaves them where the module ran (group offloading): every placement kind
-    then hands its caller the outputs where the inputs were. Install it first (`add_hook_first`), so that it
-    sees the inputs before the next hook moves them."""
+    """Outputs back to the device the first input came from, for a runtime whose top hook leaves them where
+    the module ran (group offloading). Install it first, to see the inputs before the next hook moves them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -214,7 +150,8 @@ class ReturnOutputsHook(ModelHook):
         return "ReturnOutputsHook()"
 
     def pre_forward(self, module: nn.Module, *args, **kwargs):
-        self.input_device = first_tensor_device([args, kwargs])
+        first = first_tensor([args, kwargs])
+        self.input_device = None if first is None else first.device
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output):
@@ -222,8 +159,7 @@ class ReturnOutputsHook(ModelHook):
 
 
 class DeliverOutputsHook(ModelHook):
-    """Hand a module's outputs over on `device`, where its caller joins them with another module's outputs (the
-    caller's lists kept, as `move_to_device` keeps them). Of no technique: a device map's companion."""
+    """Hand a module's outputs over on `device`, where its caller joins them with another module's."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
@@ -243,33 +179,27 @@ _WRAPPED = "_placement_entry_methods"
 
 def move_inputs_of_entry_methods(module: nn.Module, device: torch.device, *, place: Device | None = None,
                                  phase=None) -> None:
-    """Make `module.encode(...)` / `module.decode(...)` (those it has) move their inputs to `device` first,
-    as the top hook does for `forward`; with `phase` (an object with `enter()` / `exit()`, the per-call
-    residency of the component) the call is also one of the component's runs. `restore_entry_methods` undoes it."""
-    wrapped = []
+    """Make `module.encode(...)` / `module.decode(...)` move their inputs to `device` as the top hook does for
+    `forward` (a hook wraps `forward` only); with `phase` (`enter()` / `exit()`) the call is also a run."""
     device = torch.device(device)
     place = place_of_device(device) if place is None else place
-    for name in ENTRY_METHODS:
-        method = getattr(module, name, None)
-        if not callable(method) or name in module.__dict__:
-            continue
-        setattr(module, name, _moving(method, device, place, phase))  # an instance attribute: the class is untouched
-        wrapped.append(name)
-    if wrapped:
-        setattr(module, _WRAPPED, tuple(wrapped))
+    _wrap_entry_methods(module, lambda method: _moving(method, device, place, phase))
 
 
 def run_entry_methods_through(module: nn.Module, hook, *, nested) -> None:
-    """Make `module.encode(...)` / `module.decode(...)` run through `hook` as `forward` does (its
-    `pre_forward`, the method, its `post_forward`, also when the method raised), unless `nested()` says a run
-    of the module is already going on (a forward calling its own encode). `restore_entry_methods` undoes it."""
+    """Make `module.encode(...)` / `module.decode(...)` run through `hook` as `forward` does, unless `nested()`
+    says a run of the module is already going on (a forward calling its own encode)."""
+    _wrap_entry_methods(module, lambda method: _through(module, method, hook, nested))
+
+
+def _wrap_entry_methods(module: nn.Module, wrap) -> None:
+    """Instance attributes (the class is untouched) that `restore_entry_methods` drops."""
     wrapped = []
     for name in ENTRY_METHODS:
         method = getattr(module, name, None)
-        if not callable(method) or name in module.__dict__:
-            continue
-        setattr(module, name, _through(module, method, hook, nested))
-        wrapped.append(name)
+        if callable(method) and name not in module.__dict__:
+            setattr(module, name, wrap(method))
+            wrapped.append(name)
     if wrapped:
         setattr(module, _WRAPPED, tuple(wrapped))
 
@@ -291,7 +221,7 @@ def _through(module: nn.Module, method, hook, nested):
 
 
 def restore_entry_methods(module: nn.Module) -> None:
-    """Drop the wrappers `move_inputs_of_entry_methods` installed on `module` and its submodules."""
+    """Drop the entry-method wrappers installed on `module` and its submodules."""
     for submodule in module.modules():
         for name in submodule.__dict__.pop(_WRAPPED, ()):
             submodule.__dict__.pop(name, None)
@@ -303,7 +233,7 @@ def _moving(method, device: torch.device, place: Device, phase):
         if phase is not None:
             phase.enter()
         try:
-            args, kwargs = move_to_device(args, device, place), move_to_device(kwargs, device, place)
+            args, kwargs = move_to_device((args, kwargs), device, place)
             entered = meter.enter_place(place)
             try:
                 output = method(*args, **kwargs)
@@ -318,14 +248,8 @@ def _moving(method, device: torch.device, place: Device, phase):
     return wrapper
 
 
-
-
 def execution_place(device=None) -> Device:
-    """`device` as a place that can execute; None means accelerator 0, or the CPU on a machine without one.
-
-    Offloading "to the CPU" and executing on the CPU moves nothing, but it runs every hook of the technique:
-    that is how CPU-only machines (CI) exercise the code path.
-    """
+    """`device` as a place that can execute; None: accelerator 0, or the CPU (which still runs every hook)."""
     if device is None:
         return 0 if accelerators_present() else "cpu"
     try:
@@ -364,7 +288,7 @@ _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.
 
 class ParentGlue:
     """Per split component: the mode its forward runs under, and how deep inside its entries the current op is
-    (torch's own forward hooks on each entry count it, `always_call`: also when an entry raises)."""
+    (torch forward hooks count it, `always_call`: also when an entry raises)."""
 
     def __init__(self, entries: list[nn.Module]) -> None:
         self.depth = 0
@@ -406,7 +330,7 @@ class _GlueMode(TorchFunctionMode):
 
 
 def _op_tensors(data: Any):
-    """The tensors of an op's argument: itself, or those of a list/tuple of them (torch.cat's), as aten takes."""
+    """The tensors of an op's argument: itself, or those of a list/tuple of them (torch.cat's)."""
     if isinstance(data, torch.Tensor):
         yield data
     elif isinstance(data, (list, tuple)):
@@ -431,8 +355,7 @@ def _mixed_accelerators(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 def _to(data: Any, device: torch.device) -> Any:
-    """`data` (an op's args or kwargs) with the accelerator tensors `_tensors` finds on `device`, in new
-    containers: the caller's lists stay as they are."""
+    """`data` (an op's args or kwargs) with its accelerator tensors on `device`, in new containers."""
     if isinstance(data, torch.Tensor):
         return data if data.device.type in ("cpu", "meta") else move_to_device(data, device, place_of_device(device))
     if isinstance(data, dict):
@@ -444,9 +367,8 @@ def _to(data: Any, device: torch.device) -> Any:
 
 
 def glue_parent_forward(module: nn.Module, entries: list[nn.Module]) -> ParentGlue:
-    """Run `module.forward` (its hooked forward: call this after the hooks are on) inside a `ParentGlue` that
-    leaves the ops of `entries` alone. Removing the module's accelerate hooks restores its original forward, which
-    drops this wrapper; `remove_glue` takes the entries' counters off."""
+    """Run `module.forward` (hooked: call this after the hooks are on) inside a `ParentGlue` that leaves the ops
+    of `entries` alone; removing the accelerate hooks drops the wrapper, `remove_glue` the entries' counters."""
     glue = ParentGlue(entries)
     hooked = module.forward
 
@@ -464,7 +386,6 @@ def glue_of(module: nn.Module) -> ParentGlue | None:
 
 
 def remove_glue(module: nn.Module) -> None:
-    """Take the glue off `module` and every submodule holding one (the wrapped forward goes with the hooks)."""
     for submodule in module.modules():
         glue = submodule.__dict__.pop(_GLUE, None)
         if glue is not None:
@@ -472,6 +393,6 @@ def remove_glue(module: nn.Module) -> None:
 
 
 __all__ = ["DeliverOutputsHook", "ENTRY_METHODS", "MoveInputsHook", "ParentGlue", "ReturnOutputsHook",
-           "config_with_execution_device", "execution_place", "first_tensor", "first_tensor_device", "glue_of",
+           "config_with_execution_device", "execution_place", "first_tensor", "glue_of",
            "glue_parent_forward", "is_on", "move_inputs_of_entry_methods", "move_to_device", "remove_glue",
            "resolve_execution_device", "restore_entry_methods", "return_to_caller", "run_entry_methods_through"]

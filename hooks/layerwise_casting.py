@@ -2,17 +2,9 @@
 
     apply_layerwise_casting(denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
 
-Each Linear / Conv / ConvTranspose layer keeps its weights in `storage_dtype`; just before it runs its hook
-puts a `compute_dtype` copy in the module and just after puts the stored tensor back, so at most one layer's
-weights exist in the compute dtype at a time. Normalisation layers and embeddings are skipped by default
-(by class, and by the name patterns in `DEFAULT_SKIP_MODULES_PATTERN`): they are small and precision
-sensitive. The rest of the module must already be in `compute_dtype` (load it with that `torch_dtype`).
-
-Combining: apply layerwise casting first, then group offloading or per-call residency (the offloaded groups
-then hold the small dtype too) or model offload. Sequential offload is refused both ways (it restores
-full-precision weights from its own state dict on every call). `handle.remove()` / `remove_layerwise_casting`
-(or accelerate's `remove_hook_from_module(recurse=True)`) puts the weights back in `compute_dtype`; the
-rounding to `storage_dtype` is not undone.
+Each Linear / Conv layer's hook puts a `compute_dtype` copy in the module for its forward only. Norms and
+embeddings are skipped by default (small, precision sensitive). Apply it before group offloading or per-call
+residency (the groups then hold the small dtype); removing it leaves the rounding.
 """
 
 from __future__ import annotations
@@ -30,16 +22,8 @@ from .hook_utils import add_hook_last, remove_hooks_of_type
 from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
 from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
-__all__ = [
-    "SPEC",
-    "DEFAULT_SKIP_MODULES_CLASSES",
-    "DEFAULT_SKIP_MODULES_PATTERN",
-    "LayerwiseCastingConfig",
-    "LayerwiseCastingHook",
-    "apply_layerwise_casting",
-    "layerwise_casting_fields",
-    "remove_layerwise_casting",
-]
+__all__ = ["SPEC", "DEFAULT_SKIP_MODULES_CLASSES", "DEFAULT_SKIP_MODULES_PATTERN", "LayerwiseCastingConfig",
+           "LayerwiseCastingHook", "apply_layerwise_casting", "layerwise_casting_fields", "remove_layerwise_casting"]
 
 CASTABLE_LAYERS = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
@@ -55,9 +39,8 @@ DEFAULT_SKIP_MODULES_PATTERN = ("norm", "emb")
 
 @dataclass(frozen=True, kw_only=True)
 class LayerwiseCastingConfig:
-    """Dtypes may be given as strings ("float8_e4m3fn"); `skip_modules_pattern`: regexes searched in qualified
-    module names (None: `DEFAULT_SKIP_MODULES_PATTERN`; `()` skips by class only); `skip_modules_classes`
-    (None: `DEFAULT_SKIP_MODULES_CLASSES`). Normalised and checked on construction."""
+    """Dtypes may be strings ("float8_e4m3fn"); `skip_modules_pattern`: regexes searched in qualified names
+    (None: the default; `()`: by class only). Normalised and checked on construction."""
 
     storage_dtype: torch.dtype | str = torch.float8_e4m3fn
     compute_dtype: torch.dtype | str = torch.bfloat16
@@ -79,8 +62,6 @@ class LayerwiseCastingConfig:
 
 
 class LayerwiseCastingHook(ModelHook):
-    """Swaps the module's stored (small) weights for compute-dtype copies for the duration of its forward."""
-
     technique = Technique.LAYERWISE_CASTING
 
     def __init__(self, *, entries: tuple[ModelTensor, ...], config: LayerwiseCastingConfig) -> None:
@@ -121,9 +102,7 @@ LAYERWISE_CASTING_FIELDS = ("storage_dtype", "compute_dtype", "skip_modules_patt
 
 def layerwise_casting_fields(storage_dtype: Any, compute_dtype: Any, skip_modules_pattern: Any,
                              skip_modules_classes: Any, non_blocking: bool = False) -> dict[str, Any]:
-    """The `LayerwiseCastingConfig` fields for diffusers' positional/keyword spelling, `apply_layerwise_casting(
-    module, storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking)` (None: the
-    default; non_blocking accepted: casts run on the weights' own device)."""
+    """The `LayerwiseCastingConfig` fields for diffusers' spelling of `apply_layerwise_casting` (None: default)."""
     del non_blocking  # accepted for diffusers' signature: casts run on the weights' own device
     values = dict(zip(LAYERWISE_CASTING_FIELDS, (storage_dtype, compute_dtype, skip_modules_pattern,
                                                  skip_modules_classes)))
@@ -138,49 +117,33 @@ def apply_layerwise_casting(
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
     non_blocking: bool = False,
 ) -> Handle:
-    """Store the weights of `module`'s Linear/Conv layers in `storage_dtype`, compute in `compute_dtype`.
-
-    `apply_layerwise_casting(module, LayerwiseCastingConfig(...))` is the one shape; diffusers' spelling
-    (the config's fields as arguments, see `layerwise_casting_fields`) works too. Returns a handle whose `config` is
-    the resolved config. Applying again replaces the previous casting.
-    """
+    """Store `module`'s Linear/Conv weights in `storage_dtype`, compute in `compute_dtype` (again: replaces it).
+    Takes a `LayerwiseCastingConfig` or diffusers' spelling (`layerwise_casting_fields`)."""
     if isinstance(storage_dtype, LayerwiseCastingConfig):
         config = storage_dtype
     else:
         config = LayerwiseCastingConfig(**layerwise_casting_fields(
             storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes, non_blocking))
-    _apply(module, config)
-    return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
-                  remover=remove_layerwise_casting)
-
-
-def _apply(module: nn.Module, config: LayerwiseCastingConfig) -> None:
     check_compatible(module, SPEC)
     remove_layerwise_casting(module)
-    targets = _targets(module, config)
+    targets = [(name, layer) for name, layer in module.named_modules()
+               if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)]
     _check_dtypes(module, config, targets)
     entries = collect_entries(module)
     for _, layer in targets:
-        layer_entries = tuple(
-            entries[tid] for tid in direct_tensor_ids(layer) if entries[tid].get().is_floating_point()
-        )
+        layer_entries = tuple(entries[tid] for tid in direct_tensor_ids(layer)
+                              if entries[tid].get().is_floating_point())
         for entry in layer_entries:
             if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
                 entry.set(entry.get().detach().to(config.storage_dtype))
         add_hook_last(layer, LayerwiseCastingHook(entries=layer_entries, config=config))
+    return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
+                  remover=remove_layerwise_casting)
 
 
 def remove_layerwise_casting(module: nn.Module) -> None:
-    """Remove the casting hooks of `module`'s tree; weights go back to the compute dtype (rounding stays)."""
+    """Remove the casting hooks of `module`'s tree; weights go back to the compute dtype."""
     remove_hooks_of_type(module, LayerwiseCastingHook)
-
-
-def _targets(module: nn.Module, config: LayerwiseCastingConfig) -> list[tuple[str, nn.Module]]:
-    return [
-        (name, layer)
-        for name, layer in module.named_modules()
-        if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)
-    ]
 
 
 def _dtype(value, field: str) -> torch.dtype:

@@ -1,22 +1,12 @@
 """Model offload: whole components move to the accelerator when called; the previous one goes back.
 
     chain = apply_model_cpu_offload([text_encoder, denoiser, vae], ModelOffloadConfig(execution_device=0))
-    ... run the pipeline ...
     chain.offload_all()            # after a pipeline call: nothing stays on the accelerator
-    chain.remove()                 # the handle: every hook off, the components on the CPU
 
-One calling shape, `apply_model_cpu_offload(module, config) -> handle`, where `module` is one component or
-the components of a chain in call order (model offload is a chain: calling one component offloads its
-predecessor). The components in the chain are linked so that calling one offloads the one before it; the
-link is closed into a ring so that the next pipeline call's first component also sends the previous call's
-last one back. Components passed as `standalone` (outside the model graph) are offloaded on their own: they
-move when called and go back at `offload_all()`.
-
-Built on accelerate's `CpuOffload` hook and `UserCpuOffloadHook`; our `ModelOffloadHook` keeps whether its
-component is on the execution device itself (on plain-CPU virtual accelerators its weights never leave the CPU) and
-counts each move to the accelerator with the transfer meter. Components are often entered through a method
-other than `forward` (a VAE's `decode`): every direct child of a component carries a `ComponentEntryHook`
-that runs the component's offload hook first when the component is not on the execution device yet.
+accelerate's `CpuOffload` / `UserCpuOffloadHook` chain, closed into a ring so the next call's first component
+sends the last one back. Our hook knows whether its component is onloaded itself (plain-CPU virtual accelerators
+never move weights) and meters each move; every direct child carries a `ComponentEntryHook`, as components are
+often entered through another method than `forward` (a VAE's `decode`).
 """
 
 from __future__ import annotations
@@ -43,8 +33,7 @@ __all__ = ["SPEC", "ComponentEntryHook", "ModelOffloadChain", "ModelOffloadConfi
 
 
 class ModelOffloadHook(CpuOffload):
-    """accelerate's `CpuOffload`, knowing whether its component is on the execution device (`onloaded`)
-    rather than reading a weight's device, and counting each onload as weights moved to `place`."""
+    """accelerate's `CpuOffload`, knowing whether its component is onloaded rather than reading a weight's device."""
 
     technique = Technique.MODEL_OFFLOAD
 
@@ -72,8 +61,7 @@ class ModelOffloadHook(CpuOffload):
 
     def pre_forward(self, module, *args, **kwargs):
         self.onload(module)
-        moved = move_to_device(args, self.execution_device, self.place), move_to_device(
-            kwargs, self.execution_device, self.place)
+        moved = move_to_device((args, kwargs), self.execution_device, self.place)
         self._entered = meter.enter_place(self.place)
         return moved
 
@@ -85,8 +73,6 @@ class ModelOffloadHook(CpuOffload):
 
 
 class ComponentEntryHook(ModelHook):
-    """On a direct child of an offloaded component: bring the component over if it is entered here first."""
-
     technique = Technique.MODEL_OFFLOAD
 
     def __init__(self, *, component: nn.Module, offload: UserCpuOffloadHook) -> None:
@@ -101,8 +87,7 @@ class ComponentEntryHook(ModelHook):
         hook = self.offload.hook
         if not hook.onloaded:
             hook.onload(self.component)  # offloads the predecessor, moves the component
-        return move_to_device(args, self.execution_device, hook.place), move_to_device(
-            kwargs, self.execution_device, hook.place)
+        return move_to_device((args, kwargs), self.execution_device, hook.place)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +97,7 @@ class ModelOffloadConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOffloadChain:
-    """The handle of one `apply_model_cpu_offload` call: its offload hooks, chained ones first, in call order."""
+    """The handle of `apply_model_cpu_offload`: its offload hooks, chained ones first, in call order."""
 
     config: ModelOffloadConfig  # as resolved: execution_device is a place (an accelerator index or "cpu")
     execution_device: torch.device
@@ -125,7 +110,6 @@ class ModelOffloadChain:
         return [hook.model for hook in (*self.chained, *self.standalone)]
 
     def offload_all(self) -> None:
-        """Send every component back to the CPU (what a pipeline does at the end of a call)."""
         for hook in (*self.chained, *self.standalone):
             installed = any(inner is hook.hook for inner in hooks_of(hook.model))  # not removed since
             if installed and hook.hook.onloaded:
@@ -143,10 +127,8 @@ def apply_model_cpu_offload(
     standalone: Sequence[nn.Module] = (),
     execution_device=None,
 ) -> ModelOffloadChain:
-    """Model-offload `module` (one component, or a chain of them in call order) and `standalone` modules.
-    Applying again replaces it.
-
-    `execution_device=` alone is the same as `ModelOffloadConfig(execution_device=...)`."""
+    """Model-offload `module` (one component, or a chain in call order) and `standalone` ones, offloaded on their
+    own (again: replaces it). `execution_device=` alone is `ModelOffloadConfig(execution_device=...)`."""
     config = config_with_execution_device(config, ModelOffloadConfig, execution_device,
                                           function="apply_model_cpu_offload")
     place = execution_place(config.execution_device)

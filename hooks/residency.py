@@ -1,47 +1,22 @@
 """Per-call residency: run a component as its plan's transfer model says, module by module.
 
-    coordinators = {0: DeviceCoordinator(place=0, room=room_on_gpu0)}   # shared by the components on GPU 0
     handle = apply_residency(denoiser, ResidencyConfig(
         execution_device=0, device_map={"blocks.0": 0, "blocks.1": "cpu", "blocks.2": "cpu", "norm": 0},
-        per_call_modules=("blocks.1",), streamed_modules=("blocks.2",), coordinators=coordinators))
+        per_call_modules=("blocks.1",), streamed_modules=("blocks.2",), coordinators={0: DeviceCoordinator(...)}))
 
-The three residency levels of `placement.ComponentTransfer`, at module granularity:
-- resident: the device-map entries naming an accelerator; the loader put their weights there, nothing moves;
-- per call: homed on the host ("cpu" RAM, pinned where CUDA is, or "disk": read from the checkpoint's own
-  files), brought to the execution device -- or, for a block in `per_call_devices`, to another accelerator
-  where the component's phase has room -- when the component's phase starts (its first run of a call), kept
-  through all its runs, released only when another component's phase on that device needs the room:
-  diffusers' model offload, at block granularity and within the budget. The component's start loads them all;
-- streamed: homed on the host, moved block by block at every run (group offloading's groups and hooks, on the
-  streamed blocks only): each run's first streamed block sent when the run starts, the next one when one starts
-  computing, so each copy runs behind the compute since then -- the resident blocks the planner interleaved
-  between them included -- on a side stream where CUDA is (`placement.time_model` counts it so).
-A listed module holding block lists (a `ModuleList`/`Sequential` at any depth, as `placement.streaming`
-finds them) is cut into its blocks and the rest, so per-call releases and streaming go block by block; a
-listed block is one unit. The rest of a streamed module is needed through the whole run: the start of each
-run brings it and the end sends it back (no hook on the modules holding it).
-
-One hook per component boundary: `ResidencyHook` at the top (inputs to the execution device, outputs back
-to the caller's), torch hooks beside it that start and end each run (for `encode`/`decode` calls, their
-wrappers), group hooks on the streamed units, and, only when part of the component runs on another
-accelerator (resident or per-call blocks there), input-moving hooks where the device changes: at the
-device-map entries, and on every block of a block list that runs partly elsewhere, the list's last block
-handing its outputs back to the execution device when it ran elsewhere (the code after a list runs there).
-Which per-call units leave when room is needed is decided per device (`residency_phases`).
-
-Editing a module run by per-call residency (`ResidencyEdit`, its row's `editor`): its units are offload groups.
-For an edit every unit is offloaded (per-call units kept on the accelerator across calls go back to the host:
-the next call loads them again, as after a release), so the module holds each weight's host form, disk-homed
-ones as stand-ins. Afterwards the units are regrouped (`group_offload.module_group.regroup`) by the component's
-own lists: a LoRA inside a per-call block joins that block, one inside a streamed block moves with it at every run;
-tensors of resident entries stay on their accelerator (moved there if an edit left them elsewhere). The
-phase's byte counts follow, so the coordinator makes room for what the component now loads.
+Resident entries stay where the loader put them. Per-call units (host- or disk-homed) are loaded when the
+component's phase starts, kept through its runs and released only when another phase on that device needs the
+room (`residency_phases`): diffusers' model offload at block granularity, within the budget. Streamed units move
+block by block at every run through group offloading's session and hooks, each copy issued behind the compute
+before it. A listed module holding block lists is cut into its blocks and the rest. Only where part of the
+component runs on another accelerator do input-moving hooks go where the device changes (`input_routes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -54,16 +29,15 @@ from placement.streaming import block_groups
 from .dispatch import _called_modules as called_modules
 from .errors import OffloadConfigError
 from .editing import mapped_homes, settle
-from .gather import group_slots
 from .group_offload.module_group import GroupSpec, ModuleGroup, ReleaseRule, make_transfer, held_tensor
 from .group_offload.module_group import regroup, unit_specs
 from .group_offload.offload import GroupMemberHook, GroupOffloadingConfig, GroupOffloadSession, GroupsEdit
-from .group_offload.offload import unhook_groups
+from .group_offload.offload import hooked_group_slots, unhook_groups
 from .group_offload.storage import CheckpointStore, HostStore
 from .group_offload.transfer import BlockingTransfer, StreamTransfer
 from . import trace
 from . import transfer_meter as meter
-from .hook_utils import add_hook_first, add_hook_last, find_hooks, hooks_of, remove_hooks_of_type
+from .hook_utils import add_hook_first, add_hook_last, hooks_of, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
 from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
 from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
@@ -74,8 +48,7 @@ HOST = ("cpu", "disk")
 
 
 class ResidencyHook(MoveInputsHook):
-    """At the top of the component: inputs to its execution device, outputs back. Its runs (the phase's
-    `enter`/`exit`) are started and ended by torch hooks beside it (`ComponentPhase.run_hooks`)."""
+    """At the top of the component: inputs to its execution device, outputs back (runs: `phase.run_hooks`)."""
 
     technique = Technique.PER_CALL_RESIDENCY
 
@@ -87,10 +60,12 @@ class ResidencyHook(MoveInputsHook):
         self.phase.close()
         return module
 
+    def groups(self) -> list[ModuleGroup]:
+        return [*self.phase.per_call, *self.phase.per_run]
+
 
 class HandBackHook(MoveInputsHook):
-    """On the last block of a block list that runs on another accelerator than the execution device: inputs
-    there, outputs handed back to the execution device, where the code after the list runs."""
+    """On the last block of a list that ran on another accelerator: outputs back to the execution device."""
 
     def __init__(self, place: Device, *, back: Device) -> None:
         super().__init__(torch_device(place), place=place)
@@ -104,22 +79,15 @@ class HandBackHook(MoveInputsHook):
 
 
 class StreamedBlockHook(GroupMemberHook):
-    """Group offloading's hook, on a streamed unit of a per-call-residency component."""
-
     technique = Technique.PER_CALL_RESIDENCY
 
 
 @dataclass(frozen=True, kw_only=True)
 class ResidencyConfig:
-    """A component's placement with its transfer model (see the module docstring). `device_map` is relative
-    to the component; `per_call_modules` / `streamed_modules` list module paths homed on the host, every
-    host-homed tensor under exactly one; `per_call_devices` names the per-call modules loaded onto another
-    accelerator than the execution device; `disk_weights` serves the "disk" ones; `coordinators` (one per
-    accelerator) are shared by the components of a pipeline (an accelerator without one gets its own, with
-    unlimited room); `activation_bytes` is what its runs need besides weights, on every accelerator it runs
-    blocks on; `use_stream` None means on CUDA. Streamed blocks are prefetched in any case: the next one when
-    one starts, each run's first one when the run starts (blocking copies, e.g. on virtual accelerators, then
-    only come earlier; the order is the one a CUDA side stream overlaps)."""
+    """A component's placement with its transfer model. Every host-homed tensor is under exactly one of
+    `per_call_modules` / `streamed_modules`; `per_call_devices`: per-call modules loaded onto another accelerator;
+    `coordinators` (one per accelerator, shared by a pipeline's components; missing: unlimited room);
+    `activation_bytes`: what runs need besides weights on each accelerator used; `use_stream` None: on CUDA."""
 
     execution_device: Device
     device_map: Mapping[str, Device]
@@ -142,11 +110,11 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     device_map = flatten_device_map(module, {key: normalize_device(d) for key, d in config.device_map.items()})
     away = {path: normalize_device(d) for path, d in config.per_call_devices.items()}
     _check_lists(module, device_map, config, away)
-    transfers = _Transfers(config.use_stream)
+    transfers = _transfers(config.use_stream)
     per_call, streamed = _build_units(module, config, place, away, transfers)
     per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
     blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
-    session, here = None, transfers.of(place)
+    session, here = None, transfers(place)
     if blocks:
         session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
                                       groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
@@ -169,19 +137,13 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
                   state=phase)
 
 
-class _Transfers:
-    """One transfer per accelerator: a side CUDA stream each (prefetching, pinned memory), else blocking."""
-
-    def __init__(self, use_stream: bool | None) -> None:
-        self.use_stream = use_stream
-        self.by_place: dict[Device, BlockingTransfer | StreamTransfer] = {}
-
-    def of(self, place: Device) -> BlockingTransfer | StreamTransfer:
-        if place not in self.by_place:
-            device = torch_device(place)
-            self.by_place[place] = make_transfer(device, device.type == "cuda" if self.use_stream is None
-                                                 else self.use_stream)
-        return self.by_place[place]
+def _transfers(use_stream: bool | None) -> Callable[[Device], BlockingTransfer | StreamTransfer]:
+    """One transfer per accelerator: a side CUDA stream each, else blocking."""
+    @functools.cache
+    def of(place: Device) -> BlockingTransfer | StreamTransfer:
+        device = torch_device(place)
+        return make_transfer(device, device.type == "cuda" if use_stream is None else use_stream)
+    return of
 
 
 def _devices_used(place: Device, device_map: Mapping[str, Device], away: Mapping[str, Device]) -> list[Device]:
@@ -200,8 +162,7 @@ def remove_residency(module: nn.Module) -> None:
 
 def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: ResidencyConfig,
                  away: Mapping[str, Device]) -> None:
-    """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once;
-    modules loaded elsewhere are per-call modules, loaded onto accelerators."""
+    """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once."""
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
     modules = dict(module.named_modules())
@@ -237,7 +198,7 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
 
 
 def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away: Mapping[str, Device],
-                 transfers: _Transfers) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
+                 transfers) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
     """The per-call units by the accelerator they load onto, and the streamed units (onto `place`)."""
     entries = collect_entries(module)
     block_paths = block_groups(module).block_paths
@@ -249,7 +210,7 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
             kept = tuple(e for e in spec.entries if id(e.get()) not in claimed)  # tied: the first unit keeps it
             claimed.update(id(e.get()) for e in kept)
             if kept:
-                built.append(_group(spec, kept, onto, transfers.of(onto), config.disk_weights))
+                built.append(_group(spec, kept, onto, transfers(onto), config.disk_weights))
         return built
 
     per_call: dict[Device, list[ModuleGroup]] = {}
@@ -265,8 +226,8 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> M
         store = CheckpointStore(disk_weights=disk_weights or {}, pin_memory=pin)
     else:
         store = HostStore(offload_device=torch.device("cpu"), pin_memory=pin)
-    return ModuleGroup.from_spec(spec, entries=entries, store=store, transfer=transfer,
-                                 onload_device=torch_device(place), onload_place=place)
+    return ModuleGroup(replace(spec, entries=entries), store=store, transfer=transfer,
+                       onload_device=torch_device(place), onload_place=place)
 
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
@@ -282,7 +243,6 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
 
 
 def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> None:
-    """Group offloading's member hooks on the streamed blocks, first in each chain (as group offloading's own)."""
     for group in blocks:
         for member in group.modules:
             add_hook_first(member, StreamedBlockHook(group=group, session=session, is_root=False))
@@ -290,13 +250,11 @@ def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> Non
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
            blocks: list[ModuleGroup], per_call: Mapping[Device, list[ModuleGroup]]) -> None:
-    """Name the component's run, its blocks and its units in traces (`hooks.trace_calls`)."""
-    keys, name = [key for key in device_map if key], phase.config.name or phase.name
+    name = phase.config.name or phase.name
     streamed = {id(member) for group in blocks for member in group.modules}
     trace.label_block(module, trace.BlockLabel(component=name, path="", place=phase.place))
     for path, block in (pair for listed in block_groups(module).block_lists for pair in listed.blocks):
-        home = device_map.get(owning_key(path, keys) or "", device_map.get(""))
-        where = away.get(path) or (home if is_accelerator(home) else phase.place)
+        where = _runs_on(path, device_map, away, phase.place)
         trace.label_block(block, trace.BlockLabel(component=name, path=path, place=where,
                                                   streamed=id(block) in streamed))
     for group in [*blocks, *phase.per_run, *(g for groups in per_call.values() for g in groups)]:
@@ -306,20 +264,13 @@ def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, De
 def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Device,
                  away: Mapping[str, Device]) -> list[tuple[nn.Module, Device, Device | None]]:
     """(called module, the accelerator it runs on, where its outputs go back to or None) for every module whose
-    inputs must move because part of the component runs on another accelerator than `place` (see the module
-    docstring); empty when none does."""
+    inputs must move because part of the component runs on another accelerator than `place`: the device-map
+    entries, and every block of a list that runs partly elsewhere, its last block handing outputs back."""
     if not away and not any(is_accelerator(d) and d != place for d in device_map.values()):
         return []
     modules = dict(module.named_modules())
     keys = [key for key in device_map if key]
-
-    def runs_on(path: str) -> Device:
-        if path in away:
-            return away[path]
-        owner = owning_key(path, keys)
-        home = device_map.get(owner) if owner is not None else device_map.get("")
-        return home if is_accelerator(home) else place
-
+    runs_on = functools.partial(_runs_on, device_map=device_map, away=away, place=place)
     layout = block_groups(module)
     in_lists = [block_list.path for block_list in layout.block_lists]
     routes: dict[int, list] = {}  # id(module) -> [module, place, back]
@@ -342,13 +293,22 @@ def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Dev
     return [tuple(route) for route in routes.values()]
 
 
+def _runs_on(path: str, device_map: Mapping[str, Device], away: Mapping[str, Device], place: Device) -> Device:
+    """The accelerator a module runs on: where it is loaded per call, else its resident entry's, else `place`."""
+    if path in away:
+        return away[path]
+    owner = owning_key(path, [key for key in device_map if key])
+    home = device_map.get(owner) if owner is not None else device_map.get("")
+    return home if is_accelerator(home) else place
+
+
 def _inside(path: str, container: str) -> bool:
     return path == container or path.startswith(f"{container}.")
 
 
 def room_on(plan: Plan, place: Device) -> int | None:
-    """Bytes for per-call units, activations and stream buffers on `place`: its budget minus the runtime
-    overhead and every component's resident weights there (None: no budget, unlimited)."""
+    """Bytes for per-call units, activations and stream buffers on `place`: its budget less the overhead and
+    every component's resident weights there (None: unlimited)."""
     device = next((d for d in plan.devices if d.device == place), None)
     if device is None or device.budget is None:
         return None
@@ -374,7 +334,8 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
 
 
 class ResidencyEdit(GroupsEdit):
-    """One edit of a module under per-call residency (see the module docstring)."""
+    """One edit of a per-call residency component: units are offloaded (per-call ones reload next call), then
+    regrouped by the component's own lists; resident tensors stay on their accelerator (`settle`)."""
 
     def __init__(self, module: nn.Module, phase: ComponentPhase) -> None:
         super().__init__(module)
@@ -387,7 +348,7 @@ class ResidencyEdit(GroupsEdit):
         return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
 
     def close(self) -> list[str]:
-        problems = self.put_back()
+        problems = self.stand_ins.put_back(self.module)
         phase, config = self.phase, self.phase.config
         away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
 
@@ -445,7 +406,6 @@ class ResidencyEdit(GroupsEdit):
 
 
 def residency_phase(module: nn.Module) -> ComponentPhase | None:
-    """The phase of the per-call residency applied to `module` itself (None: none is)."""
     for hook in hooks_of(module):
         if isinstance(hook, ResidencyHook):
             return hook.phase
@@ -455,18 +415,6 @@ def residency_phase(module: nn.Module) -> ComponentPhase | None:
 def _editor(module: nn.Module) -> ResidencyEdit | None:
     phase = residency_phase(module)
     return None if phase is None else ResidencyEdit(module, phase)
-
-
-def _gather(module: nn.Module) -> dict:
-    """The placeholders of the units under `module`: per-call and per-run ones (their component's hook knows
-    them) and streamed blocks (each carries its own hook)."""
-    groups: dict[int, ModuleGroup] = {}
-    for _, _, hook in find_hooks(module, (ResidencyHook, StreamedBlockHook)):
-        found = [*hook.phase.per_call, *hook.phase.per_run] if isinstance(hook, ResidencyHook) else \
-            [*hook.session.groups, *([hook.group] if hook.group is not None else [])]
-        for group in found:
-            groups.setdefault(id(group), group)
-    return group_slots(groups.values())
 
 
 SPEC = register(TechniqueSpec(
@@ -483,7 +431,7 @@ SPEC = register(TechniqueSpec(
     serves=follows_transfer_plan,
     plan_config=_plan_config,
     editor=_editor,
-    gather=_gather,
+    gather=lambda module: hooked_group_slots(module, (ResidencyHook, StreamedBlockHook)),
 ))
 
 __all__ = ["SPEC", "ComponentPhase", "DeviceCoordinator", "DeviceShare", "HandBackHook", "ResidencyConfig",

@@ -1,13 +1,9 @@
 """Who holds what on each accelerator between a pipeline's phases: per-call residency's bookkeeping.
 
-A component's run is its *phase* (`ComponentPhase`: entered at each run, `enter`/`exit` nest). On each
-accelerator it uses -- where it executes, where it keeps resident blocks, where it loads per-call blocks -- it
-has a `DeviceShare`: the per-call units it loads there and the bytes its runs need there besides weights (its
-activations, charged to every accelerator it runs blocks on as the planner charges them, and on its execution
-device its stream buffers). The components of a pipeline share one `DeviceCoordinator` per accelerator: when
-a phase starts, each coordinator it has a share with releases the per-call units of the components that ran
-longest ago, last unit first, until the arriving share fits in `room` (the device's budget less the runtime
-overhead and everyone's resident weights); then the phase loads its per-call units on every device at once.
+A component's runs are its phase (`ComponentPhase`); on each accelerator it uses it has a `DeviceShare` (its
+per-call units there and what its runs need besides weights). One `DeviceCoordinator` per accelerator: when a
+phase starts, it releases the per-call units of the components that ran longest ago, last unit first, until the
+arriving share fits in `room`; then the phase loads its per-call units on every device at once.
 """
 
 from __future__ import annotations
@@ -22,10 +18,8 @@ from .group_offload.offload import GroupOffloadSession
 
 
 class DeviceCoordinator:
-    """The shares of the components that use one accelerator.
-
-    `room`: bytes the per-call units, the running component's activations and its stream buffers may use on
-    the device (None: unlimited, nothing is released until removal)."""
+    """The shares of the components that use one accelerator; `room`: bytes for per-call units, the running
+    component's activations and stream buffers (None: unlimited)."""
 
     def __init__(self, *, place: Device, room: int | None) -> None:
         self.place = place
@@ -44,7 +38,7 @@ class DeviceCoordinator:
             return
         allowed = self.room - share.transient_bytes - share.per_call_bytes
         excess = sum(other.loaded_bytes for other in self.phases if other is not share) - allowed
-        idle = sorted((p for p in self.phases if p is not share and not p.active), key=lambda p: p.last_entered)
+        idle = sorted((p for p in self.phases if p is not share and not p.phase.active), key=lambda p: p.last_entered)
         for other in idle:
             if excess <= 0:
                 break
@@ -52,8 +46,8 @@ class DeviceCoordinator:
 
 
 class DeviceShare:
-    """One component's part of one accelerator: its per-call units there and what its runs need there. The byte
-    counts are read from the units at each phase start, so an edit that regroups them (adapters) is followed."""
+    """One component's part of one accelerator; byte counts are read from the units at each phase start, so a
+    regroup after an edit is followed."""
 
     def __init__(self, *, phase: ComponentPhase, coordinator: DeviceCoordinator, per_call: list[ModuleGroup]) -> None:
         self.phase = phase
@@ -69,16 +63,11 @@ class DeviceShare:
         return self.phase.name
 
     @property
-    def active(self) -> bool:
-        return self.phase.active
-
-    @property
     def per_call_bytes(self) -> int:
         return sum(group.num_bytes for group in self.per_call)
 
     @property
     def transient_bytes(self) -> int:
-        """Its runs' activations, and where it executes, its stream buffers."""
         here = self.coordinator.place == self.phase.place
         return self.phase.activation_bytes + (self.phase.stream_buffer_bytes if here else 0)
 
@@ -99,7 +88,7 @@ class DeviceShare:
 
 
 class ComponentPhase:
-    """One component's shares, per-run units and streamed session, entered at each run (`enter`/`exit` nest)."""
+    """One component's shares, per-run units and streamed session; `enter`/`exit` nest."""
 
     def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup], session: GroupOffloadSession | None,
                  activation_bytes: int = 0, config=None) -> None:
@@ -111,20 +100,17 @@ class ComponentPhase:
         self.session = session
         self.shares: dict[Device, DeviceShare] = {}
         self.depth = 0
-        # The torch hooks that start and end a run of `module(...)` (the end also when the forward raised). Torch
-        # hooks, not the accelerate hook's pre_forward: an entry method (diffusers' `apply_forward_hook`, our
-        # `hooked_entry_point`) runs that pre_forward by hand, with no end to pair it; its run is counted by
-        # its `move_inputs_of_entry_methods` wrapper instead.
+        # Torch hooks that start and end a run (also when the forward raised), not the accelerate hook's
+        # pre_forward, which an entry method (diffusers' `apply_forward_hook`) runs by hand with no end to pair it.
         self.run_hooks: list = []
 
     def share(self, coordinators: Mapping[Device, DeviceCoordinator], place: Device,
               per_call: list[ModuleGroup]) -> None:
-        """Take a share of `place` (its coordinator in `coordinators`, else one of its own, unlimited)."""
+        """Take a share of `place` (its coordinator in `coordinators`, else an unlimited one of its own)."""
         coordinator = coordinators.get(place) or DeviceCoordinator(place=place, room=None)
         self.shares[place] = DeviceShare(phase=self, coordinator=coordinator, per_call=per_call)
 
     def join(self) -> None:
-        """Join the coordinators (once the component's hooks are in place)."""
         for share in self.shares.values():
             share.coordinator.phases.append(share)
 
@@ -142,8 +128,7 @@ class ComponentPhase:
 
     @property
     def stream_buffer_bytes(self) -> int:
-        """What streaming keeps on the execution device at once: the units onloaded for the whole run, plus the
-        blocks in flight (the running one and the prefetched one), as the planner counts it (`cost.working_set`)."""
+        """What streaming keeps on the execution device at once, as the planner counts it (`cost.working_set`)."""
         blocks = self.session.groups if self.session is not None else []
         return working_set(sum(group.num_bytes for group in self.per_run), (group.num_bytes for group in blocks))
 
@@ -168,7 +153,7 @@ class ComponentPhase:
                 group.offload()
 
     def close(self) -> None:
-        """Undo: every unit back where the loader put it (disk weights: on the CPU), coordinators forget it."""
+        """Every unit back where the loader put it (disk weights: on the CPU); coordinators forget it."""
         for handle in self.run_hooks:
             handle.remove()
         self.run_hooks = []

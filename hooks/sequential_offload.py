@@ -1,15 +1,7 @@
-"""Sequential offload: every layer's weights stay in CPU RAM and visit the accelerator only while it runs.
-
-    handle = apply_sequential_cpu_offload(denoiser, SequentialOffloadConfig(execution_device=0))
-    apply_sequential_cpu_offload(denoiser, execution_device=0)   # the same, diffusers' spelling
-    handle.remove()                                              # or remove_sequential_cpu_offload(denoiser)
-
-This is accelerate's `cpu_offload` (an `AlignDevicesHook` per module holding tensors, weights read from a
-CPU state dict per call, `meta` placeholders in between), with the weight-serving hooks of `dispatch` (which
-move inputs without copying the caller's lists and count what they serve). It needs the least accelerator
-memory and is by far the slowest technique: each layer waits for its own synchronous copy (see
-docs/memory.md for the measured ratio); group offloading with `offload_type="leaf_level", use_stream=True`
-saves as much and overlaps the copies with compute.
+"""Sequential offload: accelerate's `cpu_offload` (every layer's weights in a CPU state dict, visiting the
+accelerator only while it runs) with `dispatch`'s weight-serving hooks, which keep the caller's lists and meter
+what they serve. The least memory and by far the slowest (docs/memory.md); group offloading at leaf level with
+a stream saves as much and overlaps the copies.
 """
 
 from __future__ import annotations
@@ -38,18 +30,14 @@ class SequentialOffloadConfig:
 
 
 class SequentialRootHook(MoveInputsHook):
-    """At the root: inputs to the execution device, outputs back to the caller's (accelerate's root hook)."""
-
     technique = Technique.SEQUENTIAL_OFFLOAD
 
 
 def apply_sequential_cpu_offload(
     module: nn.Module, config: SequentialOffloadConfig | None = None, *, execution_device=None
 ) -> Handle:
-    """Sequentially offload `module`; applying again replaces it. The handle's config names the execution
-    device as resolved (`handle.config.execution_device`, a place: an accelerator index or "cpu").
-
-    `execution_device=` alone is the same as `SequentialOffloadConfig(execution_device=...)`."""
+    """Sequentially offload `module` (again: replaces it); the handle's config holds the resolved place.
+    `execution_device=` alone is `SequentialOffloadConfig(execution_device=...)`."""
     config = config_with_execution_device(config, SequentialOffloadConfig, execution_device,
                                           function="apply_sequential_cpu_offload")
     place = execution_place(config.execution_device)

@@ -1,40 +1,12 @@
-"""THE technique table: what a row says, the rows, and their readers (the conflict check, the plan dispatcher).
-
-Every technique is one file holding its config, its hooks, `apply_x(module, config) -> handle` (the handle's
-`.remove()` undoes it) and its row, a `TechniqueSpec`: config class, apply, remove, what it refuses and why,
-whether it offloads weights, which placements of a plan it serves, and how its weights are edited in place
-(`editor`: opened and closed around an edit, and where each weight lives between calls) and gathered for a
-save (`gather`). The file registers its row here (`register(SPEC)`), so `TECHNIQUES` lists every technique the
-package imports; readers iterate over the rows and never ask which hook type a module carries:
-- the conflict check (`check_compatible`, called by every `apply_x`): each row's `refuses`;
-- the pipeline/model `enable_*` methods: `apply_to_each`, `OFFLOADING`;
-- the plan dispatcher (`apply_component_plan` / `apply_plan`): the one row whose `serves` claims a component;
-- `editing` (`edit_placed_weights`, `weight_homes`) and `gather` (saving placed weights): `editor`, `gather`.
-
-Adding a technique: its file (config, hooks, apply, remove, and `SPEC = register(TechniqueSpec(...))`), its
-member of `Technique`, and its import in `hooks/__init__.py`.
-
-Two techniques fighting over the same weights (group offloading on top of accelerate's own offloading,
-sequential offload over layerwise casting, ...) would silently waste memory or compute in the wrong dtype, so
-applying a technique first calls `check_compatible(module, ITS_ROW)`, which finds the techniques already on
-the tree and raises `OffloadConflictError` for any its row refuses, saying where the other one sits.
-
-Our hook classes name their technique in a `technique` class attribute; accelerate's own hooks are recognised
-by type (`CpuOffload`: model offload; `AlignDevicesHook` that offloads or only moves inputs: sequential offload;
-one with an execution device: a device map). This file imports no technique, so none imports another.
-
-A plan's placements: the loader has already put every weight where the plan says (accelerator, CPU RAM, or left
-on meta for disk); `apply_component_plan` attaches the runtime of the row that serves each component's placement
-(`technique_for`): a device map for whole / split / cpu / disk (and offloaded with part resident), group
-offloading for offloaded with every weight in CPU RAM, per-call residency for a component with a transfer plan,
-its coordinators shared through `PlanContext` by the components of one `apply_plan`. A plan whose components
-have no transfer plan (older plans, or everything resident) runs exactly as before transfer plans existed.
+"""The technique table: each technique's file registers its row (`TechniqueSpec`), and readers (the conflict
+check, the plan dispatcher, `editing`, `gather`) iterate over the rows, never asking which hook type a module
+carries. Our hooks name their technique in a `technique` class attribute; accelerate's are recognised by type.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Set
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -60,9 +32,8 @@ class Technique(str, Enum):
 
 @dataclass(kw_only=True)
 class PlanContext:
-    """What the plan dispatcher hands a row besides the component: the whole plan (None for a component
-    applied alone), the checkpoint files serving its "disk" weights, and `shared`, where a row keeps state
-    that the components of one pipeline share (per-call residency's per-device coordinators)."""
+    """What a row gets besides the component: the plan (None: applied alone), its "disk" weights' files, and
+    state the components of one pipeline share (per-call residency's coordinators)."""
 
     plan: Plan | None = None
     disk_weights: Mapping[str, Mapping[str, str]] | None = None
@@ -71,7 +42,7 @@ class PlanContext:
 
 @dataclass(frozen=True, kw_only=True)
 class TechniqueSpec:
-    """One row of the technique table (see the module docstring)."""
+    """One row of the technique table."""
 
     technique: Technique
     config_class: type
@@ -89,12 +60,9 @@ class TechniqueSpec:
     plan_config: Callable[[ComponentPlan, PlanContext], Any] | None = None
     # What a plan's application adds after `apply` (group offloading: outputs back to the caller's device).
     finish_plan: Callable[[nn.Module], None] | None = None
-    # How its weights are edited in place (`editing`): editor(module) -> an object with open(), close() -> the
-    # problems found, homes() -> {qualified name: where the weight lives between calls}, when this technique
-    # runs `module` itself; None when it does not (its tensors are then edited as they are).
+    # editor(module) -> an object with open(), close() -> problems, homes() (see `editing`); None: edited as is.
     editor: Callable[[nn.Module], Any] | None = None
-    # How its weights are gathered for a save (`gather`): gather(module) -> {(id(owning module), attribute):
-    # source} for every `meta` placeholder it serves under `module`.
+    # gather(module) -> {(id(owning module), attribute): source} for the `meta` placeholders it serves (`gather`).
     gather: Callable[[nn.Module], Mapping[tuple[int, str], Any]] | None = None
 
     def runs(self, component: ComponentPlan, context: PlanContext) -> bool:
@@ -105,8 +73,7 @@ class TechniqueSpec:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Handle:
-    """What `apply_x(module, config)` returns: the module, the config as resolved, the runtime state the
-    technique keeps (a group offload session, a residency phase; None when it keeps none), and `remove()`."""
+    """What `apply_x(module, config)` returns; `state` is the technique's runtime state (session, phase) or None."""
 
     technique: Technique
     module: nn.Module
@@ -119,10 +86,8 @@ class Handle:
 
 
 def follows_transfer_plan(component: ComponentPlan, context: PlanContext) -> bool:
-    """The component runs by its transfer plan (per-call residency): it executes on an accelerator and lists
-    per-call or streamed modules, or uses an accelerator (executes there or holds resident parts there) where
-    another component loads modules per call (whose room its runs may need). Components without a transfer
-    plan (older plans) never do."""
+    """The component runs by its transfer plan (per-call residency): it lists per-call or streamed modules, or
+    uses an accelerator where another component loads modules per call (whose room its runs may need)."""
     transfer = component.transfer
     if transfer is None or not is_accelerator(component.execution_device):
         return False
@@ -134,7 +99,7 @@ def follows_transfer_plan(component: ComponentPlan, context: PlanContext) -> boo
 
 
 def per_call_places(component: ComponentPlan) -> set:
-    """The accelerators `component` loads modules onto per call (its execution device, `per_call_devices`)."""
+    """The accelerators `component` loads modules onto per call."""
     transfer = component.transfer
     if transfer is None or not transfer.per_call_modules:
         return set()
@@ -179,8 +144,9 @@ def techniques_on(root: nn.Module) -> dict[Technique, str]:
 
 
 _ROWS: dict[Technique, TechniqueSpec] = {}
-# The rows, in `Technique` order: each technique's file registers its own when the package is imported.
-TECHNIQUES: Mapping[Technique, TechniqueSpec] = MappingProxyType(_ROWS)
+TECHNIQUES: Mapping[Technique, TechniqueSpec] = MappingProxyType(_ROWS)  # in `Technique` order
+# The techniques whose hooks keep their own copies of the weights: a module under them cannot be .to()-ed.
+OFFLOADING: set[Technique] = set()
 
 
 def register(spec: TechniqueSpec) -> TechniqueSpec:
@@ -189,30 +155,9 @@ def register(spec: TechniqueSpec) -> TechniqueSpec:
     ordered = sorted(_ROWS.values(), key=lambda row: list(Technique).index(row.technique))
     _ROWS.clear()
     _ROWS.update((row.technique, row) for row in ordered)
+    if spec.offloads_weights:
+        OFFLOADING.add(spec.technique)
     return spec
-
-
-class _Offloading(Set):
-    """The techniques whose hooks keep their own copies of the weights: a module under them cannot be .to()-ed
-    (read from the rows, so a technique registered later is in it)."""
-
-    def _members(self) -> frozenset[Technique]:
-        return frozenset(technique for technique, spec in _ROWS.items() if spec.offloads_weights)
-
-    def __contains__(self, technique: object) -> bool:
-        return technique in self._members()
-
-    def __iter__(self) -> Iterator[Technique]:
-        return iter(self._members())
-
-    def __len__(self) -> int:
-        return len(self._members())
-
-    def __repr__(self) -> str:
-        return f"OFFLOADING({sorted(technique.value for technique in self._members())})"
-
-
-OFFLOADING: Set[Technique] = _Offloading()
 
 
 def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
@@ -268,11 +213,10 @@ def apply_to_each(technique: Technique, modules: Mapping[str, nn.Module],
 def apply_component_plan(module: nn.Module, component: ComponentPlan, *,
                          disk_weights: Mapping[str, Mapping[str, str]] | None = None,
                          context: PlanContext | None = None) -> Any:
-    """Attach the hooks that run `module` as `component` places it; sets `module.hf_device_map`. Returns the
-    technique's handle (`handle.remove()`; `hooks.dispatch.undispatch(module)` removes them all too).
-    `context` carries what the components of one pipeline share (`apply_plan` makes it); without one the
-    component is applied alone. If applying fails, nothing is left on the module."""
-    context = PlanContext(disk_weights=disk_weights) if context is None else _with_disk_weights(context, disk_weights)
+    """Attach the hooks that run `module` as `component` places it (`context`: what the components of one
+    `apply_plan` share); sets `module.hf_device_map`. If applying fails, nothing is left on the module."""
+    context = PlanContext() if context is None else context
+    context = replace(context, disk_weights=disk_weights)
     spec = technique_for(component, context)
     try:
         handle = spec.apply(module, spec.plan_config(component, context))
@@ -301,11 +245,9 @@ class PlacedModules:
 def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
                disk_weights: Mapping[str, Mapping[str, Mapping[str, str]] | None] | None = None,
                placed_by_owner: Collection[str] = ()) -> PlacedModules:
-    """Attach the runtime of every component of `plan` to `modules` (the loaded components, by name), with
-    the state the components share (one per-call coordinator per accelerator). `disk_weights`: each
-    component's offload index for its "disk" weights. `placed_by_owner`: planned components the caller runs
-    otherwise (pinned where their owner placed them); they get nothing here. If one component fails, those
-    already done are undone."""
+    """Attach the runtime of every component of `plan` to `modules`, sharing one per-call coordinator per
+    accelerator. `disk_weights`: each component's offload index; `placed_by_owner`: components the caller runs
+    otherwise (they get nothing here). If one component fails, those already done are undone."""
     skipped = set(placed_by_owner)
     missing = [name for name in plan.components if name not in modules and name not in skipped]
     if missing:
@@ -325,10 +267,6 @@ def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
         PlacedModules(handles=handles, context=context).remove()
         raise
     return PlacedModules(handles=handles, context=context)
-
-
-def _with_disk_weights(context: PlanContext, disk_weights: Mapping[str, Mapping[str, str]] | None) -> PlanContext:
-    return PlanContext(plan=context.plan, disk_weights=disk_weights, shared=context.shared)
 
 
 __all__ = ["OFFLOADING", "TECHNIQUES", "Handle", "PlacedModules", "PlanContext", "Technique", "TechniqueSpec",

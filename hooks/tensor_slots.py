@@ -1,21 +1,10 @@
-"""Where a module keeps each of its tensors, so a technique can swap them without caring about identity.
+"""Where a module keeps each of its tensors, so a technique can swap them: `param.data = other` cannot cross to or
+from `meta`, so (as accelerate's `set_module_tensor_to_device`) the owning module's `_parameters` / `_buffers`
+entry is replaced; a tied weight is one `ModelTensor` with several slots.
 
-Offloading replaces a module's parameters and buffers with other tensors (a device copy, a CPU copy, a
-`meta` placeholder while the weights live on disk). `param.data = other` cannot cross to or from `meta`, so,
-as accelerate's `set_module_tensor_to_device` does, we replace the `nn.Parameter` object in the owning
-module's `_parameters` (or the buffer in `_buffers`). A tied weight (one tensor held by several modules) is
-one `ModelTensor` with several slots, all of which receive the same new tensor.
-
-Stand-ins, for weights whose home is the disk, while a placed module is edited (adapters loaded, fused, ...):
-between calls a module placed on disk holds `meta` placeholders: the weights are read from the checkpoint's
-files (or a group's offload file) when a layer runs. Code that edits a module decides where new tensors go by
-the device of the weight beside them (peft creates a LoRA's matrices on the device of its base layer's weight):
-next to a placeholder that is `meta`, where the values are dropped without an error, and the layer then
-computes with garbage (NaN images). While an edit runs, each placeholder is replaced by a stand-in (`StandIns`):
-a CPU tensor of the same shape and dtype whose elements all share one zero (no memory), so new tensors land in
-host RAM, beside the weights that are served from there. Writing into a stand-in is impossible (torch refuses
-to write into a tensor whose elements share memory) and replacing its data is noticed: `put_back` reports the
-weights an edit tried to change, which the disk copy cannot take.
+`StandIns`: while a placed module is edited, its disk placeholders (`meta`) become CPU tensors of one shared
+zero (no memory), so new tensors that peft creates beside them land in host RAM instead of silently on meta (NaN
+images later); a write into a stand-in is refused by torch, and `put_back` reports replaced ones.
 """
 
 from __future__ import annotations
@@ -31,15 +20,12 @@ from placement.sizing import storage_bytes
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TensorSlot:
-    """One attribute (`name`) of one module that holds a parameter or a buffer."""
-
     module: nn.Module
     name: str
     is_parameter: bool
 
     @property
     def holder(self) -> dict:
-        """The module's dict that holds it (`_parameters` or `_buffers`)."""
         return self.module._parameters if self.is_parameter else self.module._buffers
 
     def get(self) -> torch.Tensor:
@@ -58,7 +44,6 @@ class ModelTensor:
 
     @property
     def num_bytes(self) -> int:
-        """Its storage: a quantized tensor's packed data and scales (`placement.sizing`)."""
         return storage_bytes(self.get())
 
     def set(self, value: torch.Tensor) -> None:
@@ -71,12 +56,11 @@ class ModelTensor:
 
 
 def collect_entries(root: nn.Module) -> dict[int, ModelTensor]:
-    """Every distinct tensor under `root`, keyed by `id(tensor)`, in `named_modules()` order."""
     slots_by_tensor: dict[int, list[TensorSlot]] = {}
     first_name: dict[int, str] = {}
     for module_name, module in root.named_modules():
         prefix = f"{module_name}." if module_name else ""
-        for slot, tensor in _direct_slots(module):
+        for slot, tensor in direct_slots(module):
             slots_by_tensor.setdefault(id(tensor), []).append(slot)
             first_name.setdefault(id(tensor), prefix + slot.name)
     return {
@@ -86,17 +70,15 @@ def collect_entries(root: nn.Module) -> dict[int, ModelTensor]:
 
 
 def direct_tensor_ids(module: nn.Module) -> list[int]:
-    """ids of the tensors `module` holds itself (not its children's)."""
-    return [id(tensor) for _, tensor in _direct_slots(module)]
+    return [id(tensor) for _, tensor in direct_slots(module)]
 
 
 def named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every parameter and buffer with its qualified name, tied ones under each of their names."""
     yield from module.named_parameters(remove_duplicate=False)
     yield from module.named_buffers(remove_duplicate=False)
 
 
-def _direct_slots(module: nn.Module) -> Iterable[tuple[TensorSlot, torch.Tensor]]:
+def direct_slots(module: nn.Module) -> Iterable[tuple[TensorSlot, torch.Tensor]]:
     for name, param in module._parameters.items():
         if param is not None:
             yield TensorSlot(module=module, name=name, is_parameter=True), param
@@ -115,17 +97,11 @@ class _Swap:
 
 
 class StandIns:
-    """The stand-ins put into a module for one edit; `put_back()` restores the placeholders."""
-
     def __init__(self) -> None:
         self._swaps: list[_Swap] = []
 
-    def __len__(self) -> int:
-        return len(self._swaps)
-
     def put(self, name: str, slots: Sequence[TensorSlot]) -> None:
-        """Replace the meta placeholder held in `slots` (one tensor, tied slots included; `name`: its qualified
-        name in the edited module now) by a stand-in."""
+        """Replace the meta placeholder held in `slots` (one tensor; `name`: its qualified name) by a stand-in."""
         placeholder = slots[0].get()
         value = torch.zeros((), dtype=placeholder.dtype).expand(placeholder.shape)
         stand_in = nn.Parameter(value, requires_grad=placeholder.requires_grad) if slots[0].is_parameter else value
@@ -135,10 +111,8 @@ class StandIns:
                                  data_ptr=stand_in.data_ptr()))
 
     def put_back(self, root: nn.Module) -> list[str]:
-        """Put every placeholder back; returns the names (in `root`, as given to `put`) of the weights the
-        edit re-pointed, or whose layer it replaced by another holding a weight of that name (a copy made from
-        the stand-in computes with its zeros). A weight removed with its layer (an adapter unloaded) is not a
-        change."""
+        """Put every placeholder back; the problems: weights the edit re-pointed, or whose layer it replaced by
+        another holding a weight of that name (a copy of the stand-in computes with zeros)."""
         live = {id(module) for module in root.modules()}
         current = dict(root.named_parameters(remove_duplicate=False))
         current.update(root.named_buffers(remove_duplicate=False))
@@ -146,7 +120,7 @@ class StandIns:
         for swap in self._swaps:
             replaced = any(id(slot.module) not in live for slot in swap.slots) and swap.name in current
             if replaced or any(id(slot.module) in live and not _holds(slot, swap) for slot in swap.slots):
-                changed.append(swap.name)
+                changed.append(f"{swap.name} (its weights are on disk; the edit tried to change them)")
             for slot in swap.slots:
                 slot.holder[slot.name] = swap.placeholder
         self._swaps = []
@@ -158,4 +132,5 @@ def _holds(slot: TensorSlot, swap: _Swap) -> bool:
     return held is swap.stand_in and held.data_ptr() == swap.data_ptr
 
 
-__all__ = ["ModelTensor", "StandIns", "TensorSlot", "collect_entries", "direct_tensor_ids", "named_tensors"]
+__all__ = ["ModelTensor", "StandIns", "TensorSlot", "collect_entries", "direct_slots", "direct_tensor_ids",
+           "named_tensors"]

@@ -2,24 +2,11 @@
 
     with hooks.trace_calls() as trace:
         pipe(...)
-    trace.save("run.json")          # Chrome trace JSON: open in https://ui.perfetto.dev or chrome://tracing
-    trace.events                    # the raw events, in the order the runtime made them
+    trace.save("run.json")          # Chrome trace JSON (Perfetto); `Plan.timeline()` writes the predicted one
 
-The plan promises an order (docs/design.md, "Seconds, not only bytes"): each streamed block's copy issued
-before the compute that should hide it starts, resident blocks interleaved with streamed ones, nothing copied
-twice in a run. Bytes alone (`measure_transfers`) cannot show any of that; this trace can, and the tests read
-it on virtual accelerators. `Plan.timeline()` writes the predicted trace in the same format, so the two open
-side by side.
-
-What is recorded, only while a trace is on (nothing runs otherwise but one `None` check per copy):
-- `copy_issued` / `copy_done`: a unit's weights sent to an accelerator (`ModuleGroup.onload`: per-call units,
-  the rest of a streamed module, streamed blocks). With a CUDA side stream the two are events on that stream,
-  so they time the copy itself; a blocking copy is done when it returns.
-- `compute_start` / `compute_end`: a block of a placed component (the blocks of its block lists, labelled when
-  the placement is applied: `label_blocks`) and each run of the component itself. A streamed block starts
-  computing once its copy is waited for (its group hook says so), the others when they are called.
-Times on a GPU are CUDA events on the stream that did the work, resolved when the trace ends; elsewhere the
-host clock. Under virtual accelerators nothing overlaps (the CPU copies when asked): the order is the point.
+Bytes alone cannot show the order the plan promises (each streamed copy issued before the compute that hides it);
+this can. On a GPU times are CUDA events on the stream that did the work; elsewhere the host clock. While no
+trace is on, the cost is one `None` check per copy.
 """
 
 from __future__ import annotations
@@ -41,8 +28,8 @@ from placement.devices import Device, is_accelerator, torch_device
 
 @dataclass(frozen=True, kw_only=True)
 class BlockLabel:
-    """What a traced module is: its component, its path there ("" for the component's own run), where it runs,
-    and whether it streams (its group hook then marks when it starts computing)."""
+    """A traced module: its component, its path there ("" for the component's own run), where it runs, and
+    whether it streams (its group hook then marks when it starts computing)."""
 
     component: str
     path: str
@@ -56,18 +43,14 @@ _ACTIVE: "CallTrace | None" = None
 
 
 def label_block(module: nn.Module, label: BlockLabel) -> None:
-    """Name `module` in traces (applied placements call this for each block and the component itself)."""
     _BLOCKS[module] = label
 
 
 def label_group(group, label: BlockLabel) -> None:
-    """Name a unit's copies in traces (a `ModuleGroup`: its weights move together)."""
     _GROUPS[group] = label
 
 
 class CallTrace:
-    """The events recorded while `trace_calls()` was on; `to_chrome()` / `save()` for Perfetto."""
-
     def __init__(self) -> None:
         self._raw: list[tuple[TraceEvent, object]] = []  # (event, host seconds or a CUDA event)
         self._base_host = time.perf_counter()
@@ -93,7 +76,6 @@ class CallTrace:
         return device, mark
 
     def finish(self) -> None:
-        """Resolve the times (CUDA events once the device is done) into `events`."""
         if self._base_cuda:
             torch.cuda.synchronize()
         resolved = []
@@ -107,7 +89,6 @@ class CallTrace:
         self.events = resolved
 
     def to_chrome(self) -> dict:
-        """`{"traceEvents": [...]}`: per device a compute and a copy track, one span per block visit."""
         return chrome_trace(self.events)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -117,7 +98,6 @@ class CallTrace:
 
 @contextmanager
 def trace_calls() -> Iterator[CallTrace]:
-    """Record what the runtime does while the block runs (module doc); the trace is complete on exit."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("trace_calls() is already on; traces do not nest.")
@@ -135,43 +115,40 @@ def trace_calls() -> Iterator[CallTrace]:
 
 
 def _device_of(label: BlockLabel) -> torch.device:
-    """Where the block computes: its stamps go on that device's clock (CUDA events on its current stream)."""
     return torch_device(label.place) if is_accelerator(label.place) else torch.device("cpu")
 
 
 def _called(module: nn.Module, args) -> None:
-    label = _BLOCKS.get(module)
-    if label is not None and not label.streamed and _ACTIVE is not None:
-        _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+    if not getattr(_BLOCKS.get(module), "streamed", True):  # a streamed block's group hook says when it computes
+        compute_started(module)
 
 
 def _returned(module: nn.Module, args, output) -> None:
-    label = _BLOCKS.get(module)
-    if label is not None and _ACTIVE is not None:
-        _ACTIVE.record(COMPUTE_END, label, device=_device_of(label))
+    _compute(COMPUTE_END, module)
 
 
 def compute_started(module: nn.Module) -> None:
-    """A streamed block's weights are ready and it computes now (called by its group hook)."""
-    if _ACTIVE is not None:
-        label = _BLOCKS.get(module)
-        if label is not None:
-            _ACTIVE.record(COMPUTE_START, label, device=_device_of(label))
+    _compute(COMPUTE_START, module)
+
+
+def _compute(kind: str, module: nn.Module) -> None:
+    label = _BLOCKS.get(module)
+    if label is not None and _ACTIVE is not None:
+        _ACTIVE.record(kind, label, device=_device_of(label))
 
 
 def copy_issued(group, device: torch.device, stream=None) -> None:
-    if _ACTIVE is not None:
-        _ACTIVE.record(COPY_ISSUED, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
+    _copy(COPY_ISSUED, group, device, stream)
 
 
 def copy_done(group, device: torch.device, stream=None) -> None:
+    _copy(COPY_DONE, group, device, stream)
+
+
+def _copy(kind: str, group, device: torch.device, stream) -> None:
     if _ACTIVE is not None:
-        _ACTIVE.record(COPY_DONE, _group_label(group), nbytes=group.num_bytes, device=device, stream=stream)
-
-
-def _group_label(group) -> BlockLabel:
-    label = _GROUPS.get(group)
-    return label or BlockLabel(component="", path=group.name, place=group.onload_place)
+        label = _GROUPS.get(group) or BlockLabel(component="", path=group.name, place=group.onload_place)
+        _ACTIVE.record(kind, label, nbytes=group.num_bytes, device=device, stream=stream)
 
 
 __all__ = ["BlockLabel", "CallTrace", "TraceEvent", "compute_started", "copy_done", "copy_issued", "label_block",

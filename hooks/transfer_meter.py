@@ -4,19 +4,10 @@
         pipe(...)
     meter.host_to_accelerator_bytes, meter.weights.host_to_accelerator_bytes, meter.inputs
 
-Counted where the hooks move things, by the *places* (plan spelling: accelerator index, "cpu", "disk") they
-move them between, never by sampling the device: weights (group offload onloads, per-call loads, model and
-sequential offload, weights served from CPU RAM or read from disk: the disk counts as host) and inputs (what
-the hooks at component and device boundaries move in, and outputs moved back to the caller). Under
-`PLACEMENT_VIRTUAL_ACCELERATORS` a copy to a virtual accelerator counts as it would on a GPU, though no byte
-moves. Nothing is counted, and no bookkeeping runs, while no meter is on.
-
-Inputs are counted from where each tensor is, which its device says: on GPUs, and on strict virtual
-accelerators (`vgpu:k`, the default), exactly. Only virtual accelerators that are not strict
-(`PLACEMENT_VIRTUAL_STRICT=0`) are approximate: every tensor is a CPU tensor there, so the meter tracks the
-logical place of the tensors that matter: a tensor our hooks returned to an accelerator caller is tagged with
-it; a tensor made inside a component is where that component executes (a stack of the executing places);
-anything else the caller made is on the host.
+Counted where the hooks move things, by *places* (accelerator index, "cpu", "disk": the disk counts as host), so
+a copy to a virtual accelerator counts as on a GPU. Under non-strict virtual accelerators every tensor is a CPU
+tensor, so the meter tracks logical places: tags on tensors returned to an accelerator caller, and a stack of the
+running components' places.
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ from placement.devices import Device, is_accelerator, strict_virtual_accelerator
 from placement.sizing import storage_bytes
 
 
-
 class Payload(str, Enum):
     WEIGHTS = "weights"
     INPUTS = "inputs"  # tensors moved at component/device boundaries: inputs in, outputs back to the caller
@@ -48,16 +38,12 @@ class Direction(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Traffic:
-    """Bytes moved in each direction (the disk counts as host)."""
-
     host_to_accelerator_bytes: int = 0
     accelerator_to_accelerator_bytes: int = 0
     accelerator_to_host_bytes: int = 0
 
 
 class TransferMeter:
-    """What `measure_transfers()` yields: bytes counted while it was on, weights and inputs apart."""
-
     def __init__(self) -> None:
         self._bytes: Counter[tuple[Payload, Direction]] = Counter()
 
@@ -65,10 +51,8 @@ class TransferMeter:
         self._bytes[(payload, direction)] += num_bytes
 
     def traffic(self, *payloads: Payload) -> Traffic:
-        def total(direction: Direction) -> int:
-            return sum(self._bytes[(payload, direction)] for payload in payloads)
-
-        return Traffic(**{f"{direction.value}_bytes": total(direction) for direction in Direction})
+        return Traffic(**{f"{direction.value}_bytes": sum(self._bytes[(payload, direction)] for payload in payloads)
+                          for direction in Direction})
 
     @property
     def weights(self) -> Traffic:
@@ -95,7 +79,7 @@ class TransferMeter:
 
 
 class _State:
-    """The meters on now, and (virtual accelerators that are not strict) where tensors and running components are."""
+    """The meters on now, and (non-strict virtual accelerators) where tensors and running components are."""
 
     meters: list[TransferMeter] = []
     tracking = False  # devices do not say where tensors are: plain-CPU virtual accelerators
@@ -105,7 +89,7 @@ class _State:
 
 @contextmanager
 def measure_transfers() -> Iterator[TransferMeter]:
-    """Count the bytes our hooks move while the block runs (meters may nest: each counts its own block)."""
+    """Count the bytes our hooks move while the block runs (meters may nest)."""
     meter = TransferMeter()
     if not _State.meters:
         _State.tracking = virtual_accelerator_count() is not None and not strict_virtual_accelerators()
@@ -126,8 +110,7 @@ def metering() -> bool:
 
 
 def direction(source: Device, target: Device) -> Direction | None:
-    """The direction of a copy from `source` to `target`; None when it crosses no bus (host to host, or a
-    device to itself)."""
+    """The direction of a copy from `source` to `target`; None when it crosses no bus."""
     if is_accelerator(target):
         if not is_accelerator(source):
             return Direction.HOST_TO_ACCELERATOR
@@ -136,7 +119,6 @@ def direction(source: Device, target: Device) -> Direction | None:
 
 
 def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) -> None:
-    """Count `num_bytes` moved from `source` to `target` on every meter that is on."""
     if not _State.meters or num_bytes <= 0:
         return
     moved = direction(source, target)
@@ -145,12 +127,9 @@ def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) 
             meter.add(payload, moved, num_bytes)
 
 
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes that cross the bus for `tensor`: a quantized one's real storage (its packed data and scales)."""
-    return storage_bytes(tensor)
+tensor_bytes = storage_bytes  # what crosses the bus: a quantized tensor's packed data and scales
 
 
-# ------------------------------------------------ logical places (virtual accelerators that are not strict)
 def tracking_places() -> bool:
     """Whether the meter tracks places itself: devices do not say them (plain-CPU virtual accelerators)."""
     return bool(_State.meters) and _State.tracking
@@ -164,8 +143,8 @@ def place_of_device(device: torch.device) -> Device:
 
 
 def place_of(tensor: torch.Tensor) -> Device:
-    """Where `tensor` is, as a place: its device (real or strict virtual accelerators); under plain-CPU virtual
-    accelerators its tag, else the place of the innermost running component, else the host (module docstring)."""
+    """Where `tensor` is: its device's place; under plain-CPU virtual accelerators its tag, else the innermost
+    running component's place, else the host."""
     if tensor.device.type != "cpu" or not _State.tracking:
         return place_of_device(tensor.device)
     tagged = _State.tags.get(id(tensor))
@@ -190,7 +169,7 @@ def tag(tensor: torch.Tensor, place: Device) -> None:
 
 
 def enter_place(place: Device) -> bool:
-    """A component starts running on `place`; True when it was recorded (then call `leave_place`)."""
+    """A component starts running on `place`; True when recorded (then call `leave_place`)."""
     if not tracking_places():
         return False
     _State.executing.append(place)

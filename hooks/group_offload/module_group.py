@@ -1,42 +1,14 @@
 """The streaming engine under group offloading and per-call residency: groups of modules whose weights are
-onloaded together before use and offloaded together after it, which modules form them, and how they follow edits.
+onloaded together before use and offloaded together after, which modules form them, and regrouping after edits.
 
-`ModuleGroup` moves one group's tensors between its store (`storage`: host RAM, an offload file, the
-checkpoint's files) and its onload device through a transfer (`transfer`: blocking, or a side CUDA stream from
-pinned memory; `make_transfer`). Each onload is counted by the transfer meter: the group's bytes, from its
-store's home to the place it onloads to (the plan's spelling of the onload device: under virtual accelerators
-the torch device is the CPU, the place says it is an accelerator). Both techniques build their groups from
-`GroupSpec`s (`ModuleGroup.from_spec`), drive blocks with `offload.GroupMemberHook`s and a
-`GroupOffloadSession` (prefetch order), and regroup after an edit with `regroup`. A group that reads ahead
-(homed on disk, prefetched by its session) does its onload -- the read, then the copy -- on the reader thread
-(`read_ahead`) and takes the copied tensors when it is about to compute.
+Block level: the blocks of every block list (`placement.streaming.block_groups`, the layout the planner sizes)
+cut into runs of `num_blocks_per_group`, plus one "rest" group onloaded while the root or any other module runs.
+Leaf level: every module holding tensors itself. Groups sharing a tensor (tied weights) are merged.
 
-Which modules form which offload group (pure bookkeeping: nothing moves here).
-
-Block level: the blocks of every block list `placement.streaming.block_groups` finds (an `nn.ModuleList` /
-`nn.Sequential` at any depth: T5's `encoder.block`, a VAE's `decoder.up_blocks`; the planner sizes offloaded
-components from the same layout) are cut into runs of `num_blocks_per_group`; everything else (the tensors
-of the root, of the modules descended through and of every other child) forms one "rest" group, onloaded
-while the root or any of those modules runs.
-Leaf level: every module that holds tensors itself (each leaf layer, and any parent with direct parameters)
-is its own group.
-Groups that share a tensor (tied weights) are merged so a tensor is never offloaded while still in use.
-Per-call residency cuts parts of a component the same way: `under` names the part, tensors keep their names
-relative to the component (`entries`), and `whole_group` makes one group of a part that is itself a block.
-
-Regrouping (`regroup`) keeps a module's groups in step with the module after it was edited in place. An
-adapter loaded into an offloaded module (peft wraps a layer and adds its matrices beside it), fused into its
-weights, or unloaded again changes the module's tensors under groups built before: new tensors sit outside
-every group (left in host RAM while their layer computes on the accelerator), replaced ones leave the store
-holding stale data, removed ones keep moving. Regrouping, with every group offloaded, runs the technique's own
-grouping over the module as it is now and reconciles:
-- a tensor the store no longer matches (`param.data = merged`) is taken again;
-- a tensor gone from the module is dropped from its group (and from its store);
-- a new tensor joins the group that holds the other tensors of its unit (a LoRA inside a block joins the
-  block); a unit made of new tensors only (a new leaf at leaf level) becomes a new group, for the caller to hook;
-- a group left without tensors is reported, for the caller to unhook.
-Old tensors never change group, and the store keeps them where they are (pinned memory stays pinned; disk
-placeholders are not read), so a regroup moves only the bytes that changed.
+An edit in place (an adapter loaded, fused, unloaded) changes tensors under groups built before; `regroup`
+re-runs the grouping and reconciles: replaced tensors are re-stored, gone ones forgotten, new ones join the group
+of their unit (or form a new group for the caller to hook). Old tensors never change group, so a regroup moves
+only the bytes that changed.
 """
 
 from __future__ import annotations
@@ -63,60 +35,39 @@ from ..tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 
 class GroupState(Enum):
-    OFFLOADED = "offloaded"  # weights in the store; the module holds the store's form (host tensor or meta)
-    ONLOADED = "onloaded"  # weights on the onload device (possibly still being copied on a side stream)
-    PLAIN = "plain"  # not (or no longer) offloaded: plain weights where they were, the group is inert
+    OFFLOADED = "offloaded"  # the module holds the store's form (host tensor or meta)
+    ONLOADED = "onloaded"  # possibly still being copied on a side stream
+    PLAIN = "plain"  # not (or no longer) offloaded: the group is inert
 
 
 class ReleaseRule(Enum):
-    """When a group goes back to its store."""
-
     AFTER_LAST_MODULE = "after_last_module"  # a run of blocks: after the last block of the run returns
     WHEN_IDLE = "when_idle"  # everything else: when no module of the group is running any more
 
 
 class ModuleGroup:
-    """Onloads/offloads `entries` as one unit; `modules` are the modules whose calls drive it, in order."""
+    """Onloads/offloads the entries of `spec` as one unit; its `modules` are those whose calls drive it, in order."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        modules: Sequence[nn.Module],
-        entries: Sequence[ModelTensor],
-        release: ReleaseRule,
-        onload_device: torch.device,
-        store: HostStore | DiskStore | CheckpointStore,
-        transfer: BlockingTransfer | StreamTransfer,
-        onload_place: Device | None = None,
-    ) -> None:
-        self.name = name
-        self.modules = tuple(modules)
-        self.entries = tuple(entries)
-        self.release = release
+    def __init__(self, spec: GroupSpec, *, store: HostStore | DiskStore | CheckpointStore,
+                 transfer: BlockingTransfer | StreamTransfer, onload_device: torch.device,
+                 onload_place: Device) -> None:
+        self.name = spec.name
+        self.modules = tuple(spec.modules)
+        self.entries = tuple(spec.entries)
+        self.release = spec.release
         self.onload_device = onload_device
-        self.onload_place = meter.place_of_device(onload_device) if onload_place is None else onload_place
+        self.onload_place = onload_place
         self.store = store
         self.transfer = transfer
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)
         self.original_devices = {entry.key: entry.get().device for entry in self.entries}
-        self.state = GroupState.PLAIN  # until `take_weights` hands the weights to the store
+        self.state = GroupState.PLAIN  # until `take_weights`
         self.active_calls = 0
         self._unused = False  # onloaded and not used yet
         self._pending: PendingCopy | None = None
-        # Set by a session that prefetches the group, for a store on disk (`read_ahead`): its onload runs on the
-        # reader thread, `_reading` until the module takes the tensors.
+        # Disk-homed and prefetched (`read_ahead`): its onload runs on the reader thread.
         self.reads_ahead = False
         self._reading: Future[PendingCopy] | None = None
-
-    @classmethod
-    def from_spec(cls, spec: GroupSpec, *, store: HostStore | DiskStore | CheckpointStore,
-                  transfer: BlockingTransfer | StreamTransfer, onload_device: torch.device, onload_place: Device,
-                  entries: Sequence[ModelTensor] | None = None) -> ModuleGroup:
-        """The group `spec` plans (with `entries` instead of the spec's own, when given)."""
-        return cls(name=spec.name, modules=spec.modules, entries=spec.entries if entries is None else entries,
-                   release=spec.release, onload_device=onload_device, onload_place=onload_place, store=store,
-                   transfer=transfer)
 
     def __repr__(self) -> str:
         return f"ModuleGroup({self.name!r}, {len(self.entries)} tensors, {self.num_bytes} bytes, {self.state.value})"
@@ -126,7 +77,6 @@ class ModuleGroup:
         return self.state is GroupState.ONLOADED
 
     def take_weights(self) -> None:
-        """Hand the weights to the store (once, when the technique is applied)."""
         self.store.take(self.entries)
         self.state = GroupState.OFFLOADED
 
@@ -146,21 +96,18 @@ class ModuleGroup:
         return True
 
     def _read_and_copy(self, side) -> PendingCopy:
-        """Read the stored weights (pinned when the transfer pins) and queue their copy to the onload device."""
         sources = self.store.read(pinned=self.transfer.uses_pinned_memory, device=self.onload_device)
         pending = self.transfer.copy(sources, self.onload_device)
         trace.copy_done(self, self.onload_device, side)
         return pending
 
     def _take(self, pending: PendingCopy) -> None:
-        """The module holds the copied tensors from now on (still being copied on a side stream, maybe)."""
         self._pending = pending
         for entry in self.entries:
             entry.set(pending.tensors[entry.key])
 
     def wait_until_ready(self) -> None:
-        """Take a read-ahead's tensors (waiting for the read), then make the current stream wait for the copy
-        (no-op for blocking copies)."""
+        """Take a read-ahead's tensors, then make the current stream wait for the copy."""
         if self._reading is not None:
             reading, self._reading = self._reading, None
             self._take(reading.result())
@@ -169,24 +116,17 @@ class ModuleGroup:
             self._pending = None
 
     def enter(self) -> bool:
-        """A module of the group is about to run: count it, onload if needed.
-
-        True for the first use since the weights came (onloaded here or prefetched before): the moment to
-        prefetch the next group, once per visit rather than once per module of the group.
-        """
+        """A module of the group is about to run: count it, onload if needed. True for the first use since the
+        weights came: the moment to prefetch the next group, once per visit rather than once per module."""
         self.active_calls += 1
         self.onload()
         first_use, self._unused = self._unused, False
         return first_use
 
     def leave(self, module: nn.Module) -> None:
-        """A module of the group returned: offload when the release rule says the group is done."""
         self.active_calls = max(0, self.active_calls - 1)
-        if self.release is ReleaseRule.AFTER_LAST_MODULE:
-            done = module is self.modules[-1]
-        else:
-            done = self.active_calls == 0
-        if done:
+        run_done = self.release is ReleaseRule.AFTER_LAST_MODULE and module is self.modules[-1]
+        if run_done or (self.release is ReleaseRule.WHEN_IDLE and self.active_calls == 0):
             self.offload()
 
     def offload(self) -> None:
@@ -197,13 +137,12 @@ class ModuleGroup:
         self.state = GroupState.OFFLOADED
 
     def reset(self) -> None:
-        """Forget running calls (a previous call may have raised between pre- and post-forward) and offload."""
+        """Forget running calls (a previous call may have raised mid-forward) and offload."""
         self.active_calls = 0
         self.offload()
 
     def adopt(self, entries: Sequence[ModelTensor]) -> None:
-        """Make `entries` (tensors added to the module, e.g. an adapter's, while the group was offloaded) part
-        of the group: the store takes them, and from now on they move with the group's other weights."""
+        """Make `entries` (tensors added while the group was offloaded, e.g. an adapter's) part of the group."""
         self.offload()
         for entry in entries:
             self.original_devices[entry.key] = entry.get().device
@@ -212,7 +151,6 @@ class ModuleGroup:
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)
 
     def forget(self, entries: Sequence[ModelTensor]) -> None:
-        """Drop `entries` (tensors no longer in the module, e.g. an unloaded adapter's) from the group."""
         keys = {entry.key for entry in entries}
         self.store.forget(keys)
         self.entries = tuple(entry for entry in self.entries if entry.key not in keys)
@@ -221,15 +159,14 @@ class ModuleGroup:
         self.num_bytes = sum(entry.num_bytes for entry in self.entries)
 
     def store_edits(self) -> None:
-        """Re-store the entries whose tensor was replaced while the group was offloaded (`param.data = fused`
-        leaves the store holding the old data; an in-place write changed the stored tensor itself)."""
+        """Re-store the entries whose tensor was replaced while offloaded (`param.data = fused`)."""
         changed = [entry for entry in self.entries if not self.store.holds(entry)]
         if changed:
             self.store.take(changed)
             self.num_bytes = sum(entry.num_bytes for entry in self.entries)
 
     def restore(self) -> None:
-        """Undo the technique for this group: plain weights back on their original devices (idempotent)."""
+        """Plain weights back on their original devices (idempotent)."""
         if self.state is GroupState.PLAIN:
             return
         self.wait_until_ready()
@@ -238,7 +175,6 @@ class ModuleGroup:
 
 
 def make_transfer(device: torch.device, use_stream: bool) -> BlockingTransfer | StreamTransfer:
-    """How groups onloading to `device` copy: on a side CUDA stream from pinned memory, or blocking."""
     return StreamTransfer(device) if use_stream else BlockingTransfer()
 
 
@@ -256,7 +192,7 @@ class OffloadType(str, Enum):
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class GroupSpec:
-    """A group to build: `modules` get the hook (the last one ends a run of blocks), `entries` move together."""
+    """`modules` get the hook (the last one ends a run of blocks), `entries` move together."""
 
     name: str
     modules: tuple[nn.Module, ...]
@@ -276,10 +212,9 @@ def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group
                 entries: dict[int, ModelTensor] | None = None) -> list[GroupSpec]:
     """The groups of `root` (of its submodule `under`, named from `root`; `entries`: `collect_entries(root)`)."""
     part = root.get_submodule(under)
-    if offload_type is OffloadType.BLOCK_LEVEL:
-        drafts = _block_drafts(part, num_blocks_per_group)
-    else:
-        drafts = _leaf_drafts(part)
+    drafts = _block_drafts(part, num_blocks_per_group) if offload_type is OffloadType.BLOCK_LEVEL else [
+        _Draft(name=name or "root", modules=[module], owned=[module], release=ReleaseRule.WHEN_IDLE)
+        for name, module in part.named_modules() if direct_tensor_ids(module)]
     entries = collect_entries(root) if entries is None else entries
     drafts = _merge_tied(drafts, entries)
     prefix = f"{under}." if under else ""
@@ -287,8 +222,7 @@ def plan_groups(root: nn.Module, offload_type: OffloadType, num_blocks_per_group
 
 
 def whole_group(root: nn.Module, under: str, entries: dict[int, ModelTensor]) -> GroupSpec | None:
-    """One group of every tensor of `root`'s submodule `under`, onloaded while it runs, released when it
-    returns (a block: never looked into; None: it holds no tensor)."""
+    """One group of every tensor of `root`'s submodule `under` (None: it holds none)."""
     part = root.get_submodule(under)
     draft = _Draft(name=under or "root", modules=[part], owned=list(part.modules()),
                    release=ReleaseRule.AFTER_LAST_MODULE)
@@ -296,8 +230,8 @@ def whole_group(root: nn.Module, under: str, entries: dict[int, ModelTensor]) ->
 
 
 def held_tensor(module: nn.Module, path: str) -> torch.Tensor | None:
-    """The parameter or buffer `path` names (a tensor a module holds itself, e.g. a transformer's root-level
-    `scale_shift_table`: the planner's units name such tensors by their own path), or None."""
+    """The parameter or buffer `path` names (the planner's units name a loose tensor such as a root-level
+    `scale_shift_table` by its path), or None."""
     owner, _, name = path.rpartition(".")
     try:
         holder = module.get_submodule(owner)
@@ -341,27 +275,14 @@ def _block_drafts(root: nn.Module, num_blocks_per_group: int) -> list[_Draft]:
             owned = [m for _, block in run for m in block.modules() if id(m) not in claimed]
             claimed.update(id(m) for m in owned)
             first, last = run[0][0], run[-1][0].rsplit(".", 1)[-1]
-            drafts.append(
-                _Draft(
-                    name=first if run[0][0] == run[-1][0] else f"{first}-{last}",
-                    modules=[block for _, block in run],
-                    owned=owned,
-                    release=ReleaseRule.AFTER_LAST_MODULE,
-                )
-            )
+            drafts.append(_Draft(name=first if run[0][0] == run[-1][0] else f"{first}-{last}",
+                                 modules=[block for _, block in run], owned=owned,
+                                 release=ReleaseRule.AFTER_LAST_MODULE))
     # The root is always hooked (it drives the session); a module shared with a block belongs to the block.
     rest_modules = [root, *(m for path, m in layout.rest_modules if path and id(m) not in claimed)]
     rest_owned = [m for m in root.modules() if id(m) not in claimed]
     rest = _Draft(name="rest", modules=rest_modules, owned=rest_owned, release=ReleaseRule.WHEN_IDLE)
     return [rest, *drafts]
-
-
-def _leaf_drafts(root: nn.Module) -> list[_Draft]:
-    return [
-        _Draft(name=name or "root", modules=[module], owned=[module], release=ReleaseRule.WHEN_IDLE)
-        for name, module in root.named_modules()
-        if direct_tensor_ids(module)
-    ]
 
 
 def _merge_tied(drafts: list[_Draft], entries: dict[int, ModelTensor]) -> list[_Draft]:
@@ -401,20 +322,17 @@ def _merge_tied(drafts: list[_Draft], entries: dict[int, ModelTensor]) -> list[_
 
 @dataclass(kw_only=True, eq=False)
 class Regrouped:
-    """What a regroup changed: groups made for units of new tensors only (with their specs), and groups left
-    empty; `adopted` counts the new tensors that joined existing groups."""
+    """Groups made for units of new tensors only (with their specs), and groups left empty."""
 
     added: list[tuple[GroupSpec, ModuleGroup]] = field(default_factory=list)
     emptied: list[ModuleGroup] = field(default_factory=list)
-    adopted: int = 0
 
 
 def regroup(root: nn.Module, groups: Sequence[ModuleGroup],
             specs_for: Callable[[dict[int, ModelTensor]], Iterable[GroupSpec]],
             new_group: Callable[[GroupSpec, tuple[ModelTensor, ...]], ModuleGroup]) -> Regrouped:
-    """Reconcile `groups` (all offloaded) with `root` as it is now. `specs_for(entries)` is the technique's
-    grouping of the current tensors (`entries` = `collect_entries(root)`); `new_group(spec, entries)` builds
-    and fills the group of a unit made of new tensors only."""
+    """Reconcile `groups` with `root` as it is now. `specs_for(entries)`: the technique's grouping of the
+    current tensors; `new_group(spec, entries)` builds and fills the group of a unit of new tensors only."""
     for group in groups:
         group.offload()
         group.store_edits()
@@ -437,7 +355,6 @@ def regroup(root: nn.Module, groups: Sequence[ModuleGroup],
         if homes:
             target = homes.most_common(1)[0][0]
             target.adopt(_unique_keys(fresh, target))
-            result.adopted += len(fresh)
         else:
             result.added.append((spec, new_group(spec, fresh)))
     result.emptied = [group for group in groups if not group.entries]
@@ -445,8 +362,7 @@ def regroup(root: nn.Module, groups: Sequence[ModuleGroup],
 
 
 def _unique_keys(entries: tuple[ModelTensor, ...], group: ModuleGroup) -> tuple[ModelTensor, ...]:
-    """`entries`, renamed where a key is already used in `group` (a store is keyed by name; a tensor that left
-    and a new one in its place may share one while the old is still held)."""
+    """`entries`, renamed where a key is already used in `group` (a new tensor may take a gone one's name)."""
     used = {entry.key for entry in group.entries}
     renamed = []
     for entry in entries:

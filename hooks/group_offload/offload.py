@@ -1,22 +1,11 @@
 """Group offloading: weights live in CPU RAM (or on disk) and visit the accelerator one group at a time.
 
-    handle = apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0))   # runs of blocks
-    apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0, offload_type="leaf_level",
-                                                           use_stream=True))             # + prefetch
+    handle = apply_group_offloading(denoiser, GroupOffloadingConfig(onload_device=0, use_stream=True))
     handle.remove()   # or remove_group_offloading(denoiser), or accelerate's remove_hook_from_module(recurse=True)
 
-A group is onloaded just before one of its modules runs and offloaded when it is done (see `module_group` for
-what the groups are). With `use_stream` (CUDA only) the first call records the order
-in which groups run; from the second call on, starting a group also queues the copy of the next one on a
-side stream from pinned memory, so the bus works while the GPU computes. With `offload_to_disk_path` each
-group is one safetensors file, and the module holds `meta` placeholders between calls.
-
-Built on accelerate's hooks: every hooked module holds a `GroupOffloadHook` in `_hf_hook`, so removing
-hooks with accelerate restores the plain module (weights back on the devices they had before).
-
-The session, the member hooks and the group editor (`GroupsEdit`: groups opened for an in-place edit, their
-placeholders swapped for stand-ins, regrouped after it) are also per-call residency's, for its streamed blocks
-and units. diffusers' keyword spelling becomes a config in `group_offloading_fields`.
+With `use_stream` (CUDA only) the first call records the order the groups run in; later calls queue the next
+group's copy on a side stream while the current one computes. The session, member hooks and group editor
+(`GroupsEdit`) also run per-call residency's streamed units.
 """
 
 from __future__ import annotations
@@ -50,21 +39,9 @@ from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_co
 from ..techniques import register, streams_everything
 from ..tensor_slots import StandIns, named_tensors
 
-__all__ = [
-    "SPEC",
-    "GroupMemberHook",
-    "GroupOffloadEdit",
-    "GroupsEdit",
-    "GroupOffloadHook",
-    "GroupOffloadingConfig",
-    "GroupOffloadSession",
-    "OffloadType",
-    "apply_group_offloading",
-    "group_offloading_fields",
-    "group_offloading_session",
-    "remove_group_offloading",
-    "unhook_groups",
-]
+__all__ = ["SPEC", "GroupMemberHook", "GroupOffloadEdit", "GroupsEdit", "GroupOffloadHook", "GroupOffloadingConfig",
+           "GroupOffloadSession", "OffloadType", "apply_group_offloading", "group_offloading_fields",
+           "group_offloading_session", "remove_group_offloading", "unhook_groups"]
 
 # diffusers' keywords for `apply_group_offloading(module, onload_device=..., ...)` (`group_offloading_fields`).
 GROUP_OFFLOAD_FIELDS = ("onload_device", "offload_device", "offload_type", "num_blocks_per_group", "use_stream",
@@ -75,7 +52,7 @@ UNSUPPORTED = ("block_modules", "exclude_kwargs")
 
 @dataclass(frozen=True, kw_only=True)
 class GroupOffloadingConfig:
-    """How to group-offload a module. Devices and the offload type are normalised on construction."""
+    """How to group-offload a module; normalised on construction."""
 
     onload_device: torch.device | int | str
     offload_device: torch.device | str = "cpu"
@@ -83,7 +60,7 @@ class GroupOffloadingConfig:
     num_blocks_per_group: int = 1
     use_stream: bool = False  # CUDA only: prefetch the next group on a side stream from pinned memory
     offload_to_disk_path: str | os.PathLike | None = None  # groups saved to / read from safetensors files
-    # Derived: onload_device as the plan spells it (an accelerator index, also a virtual one, or "cpu").
+    # onload_device as the plan spells it (an accelerator index, also a virtual one, or "cpu").
     onload_place: Device = field(init=False, default="cpu", compare=False)
 
     def __post_init__(self) -> None:
@@ -132,7 +109,7 @@ def _offload_type(value) -> OffloadType:
 
 
 class GroupOffloadSession:
-    """The state shared by all hooks of one `apply_group_offloading` call: the groups and the prefetch chain."""
+    """The groups and prefetch chain shared by all hooks of one application."""
 
     def __init__(self, *, config: GroupOffloadingConfig, groups: list[ModuleGroup], prefetches: bool,
                  disk_folder: str | None, prefetch_first: bool = False) -> None:
@@ -166,8 +143,7 @@ class GroupOffloadSession:
         return [group for group in self.groups if group.is_onloaded]
 
     def begin_call(self) -> None:
-        # Offload whatever a previous call that raised mid-forward left behind, then maybe start tracing.
-        self.in_call = True
+        self.in_call = True  # the resets drop what a call that raised mid-forward left behind
         for group in self.groups:
             group.reset()
         if self._prefetches and not self._traced:
@@ -198,9 +174,7 @@ class GroupOffloadSession:
             shutil.rmtree(self.disk_folder, ignore_errors=True)
 
     def refresh(self, root: nn.Module) -> Regrouped:
-        """Regroup after `root` was edited in place (adapters loaded, fused, unloaded: `regroup`): new tensors
-        join their unit's group, units of new tensors only get groups and hooks, emptied groups lose theirs,
-        and the prefetch order is traced again on the next call."""
+        """Regroup after `root` was edited in place (`regroup`); the prefetch order is traced again."""
         config = self.config
         transfer = self.groups[0].transfer if self.groups else make_transfer(config.onload_device, config.use_stream)
 
@@ -223,16 +197,12 @@ class GroupOffloadSession:
 
 
 def _read_ahead_from_disk(groups: list[ModuleGroup]) -> None:
-    """Groups a session prefetches read ahead when their store is on disk (`read_ahead`): the read of the next
-    one runs while the current one computes."""
     for group in groups:
         group.reads_ahead = group.store.home == "disk"
 
 
 class GroupMemberHook(ModelHook):
-    """Onloads the module's group before its forward, offloads it after; the root hook also runs the session.
-
-    Shared by group offloading (`GroupOffloadHook`) and the streamed blocks of per-call residency."""
+    """Onloads the module's group before its forward, offloads it after; the root hook also runs the session."""
 
     def __init__(self, *, group: ModuleGroup | None, session: GroupOffloadSession, is_root: bool) -> None:
         self.group = group
@@ -242,7 +212,6 @@ class GroupMemberHook(ModelHook):
 
     @property
     def execution_device(self) -> torch.device:
-        """Where the hooked module computes (read by code that puts inputs on a component's device)."""
         return self.session.onload_device
 
     def __repr__(self) -> str:
@@ -257,7 +226,7 @@ class GroupMemberHook(ModelHook):
             self.group.wait_until_ready()
             trace.compute_started(module)
         device, place = self.session.onload_device, self.session.onload_place
-        moved = move_to_device(args, device, place), move_to_device(kwargs, device, place)
+        moved = move_to_device((args, kwargs), device, place)
         self._entered = self.is_root and meter.enter_place(place)
         return moved
 
@@ -272,6 +241,9 @@ class GroupMemberHook(ModelHook):
             output = return_to_caller(output, None, source=self.session.onload_place, target=None)
         return output
 
+    def groups(self) -> list[ModuleGroup]:
+        return [*self.session.groups, *([self.group] if self.group is not None else [])]
+
     def detach_hook(self, module):
         if self.is_root:
             self.session.close()
@@ -281,20 +253,14 @@ class GroupMemberHook(ModelHook):
 
 
 class GroupOffloadHook(GroupMemberHook):
-    """The hook of group offloading (`apply_group_offloading`)."""
-
     technique = Technique.GROUP_OFFLOAD
 
 
 def apply_group_offloading(
     module: nn.Module, config: GroupOffloadingConfig | None = None, /, **diffusers_keywords
 ) -> Handle:
-    """Group-offload `module` in place; the handle's `remove()` undoes it and its `state` is the session.
-    Applying again replaces the previous group offloading.
-
-    `config` is a `GroupOffloadingConfig`; diffusers' spelling works too:
-    `apply_group_offloading(module, onload_device=..., offload_type=..., num_blocks_per_group=...)`
-    (see `group_offloading_fields` for what each of its keywords becomes)."""
+    """Group-offload `module` in place (again: replaces it); the handle's `state` is the session. diffusers'
+    keyword spelling works too (`group_offloading_fields`)."""
     if not isinstance(config, GroupOffloadingConfig) or diffusers_keywords:
         if isinstance(config, GroupOffloadingConfig):
             raise OffloadConfigError("Pass a GroupOffloadingConfig or diffusers' keywords, not both.")
@@ -326,13 +292,12 @@ def apply_group_offloading(
 
 
 def remove_group_offloading(module: nn.Module) -> None:
-    """Remove only the group offloading hooks of `module`'s tree; weights go back where they were."""
+    """Remove the group offloading hooks of `module`'s tree; weights go back where they were."""
     if remove_hooks_of_type(module, GroupOffloadHook):
         restore_entry_methods(module)
 
 
 def group_offloading_session(module: nn.Module) -> GroupOffloadSession | None:
-    """The session of the group offloading applied to `module` itself (None when there is none)."""
     for hook in hooks_of(module):
         if isinstance(hook, GroupOffloadHook) and hook.is_root:
             return hook.session
@@ -361,8 +326,8 @@ def _build_group(spec: GroupSpec, index: int, config: GroupOffloadingConfig, tra
         store = DiskStore(path=os.path.join(disk_folder, file_name))
     else:
         store = HostStore(offload_device=config.offload_device, pin_memory=transfer.uses_pinned_memory)
-    return ModuleGroup.from_spec(spec, store=store, transfer=transfer, onload_device=config.onload_device,
-                                 onload_place=config.onload_place)
+    return ModuleGroup(spec, store=store, transfer=transfer, onload_device=config.onload_device,
+                       onload_place=config.onload_place)
 
 
 def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str | None:
@@ -380,13 +345,9 @@ def _make_disk_folder(module: nn.Module, config: GroupOffloadingConfig) -> str |
 
 
 def group_offloading_fields(positional: Any, keywords: dict[str, Any]) -> dict[str, Any]:
-    """The `GroupOffloadingConfig` fields for `apply_group_offloading(module, positional, **keywords)`, diffusers'
-    spelling, where `positional` is diffusers' second argument (onload_device) or None:
-    - onload_device, offload_device, offload_type, num_blocks_per_group, use_stream, offload_to_disk_path: the
-      config field of the same name (num_blocks_per_group=None means 1, as for leaf_level);
-    - non_blocking, record_stream, low_cpu_mem_usage: accepted; they tune how diffusers copies, and ours decides
-      that itself (copies are asynchronous exactly when use_stream prefetches, from memory pinned once);
-    - block_modules, exclude_kwargs: not supported; passing one is an error rather than silently ignored."""
+    """The `GroupOffloadingConfig` fields for diffusers' `apply_group_offloading(module, positional, **keywords)`
+    (`positional`: its onload_device). `TUNING_ONLY` keywords are accepted and ignored: copies are asynchronous
+    exactly when use_stream prefetches; `UNSUPPORTED` ones are an error rather than silently ignored."""
     unknown = sorted(set(keywords) - set(GROUP_OFFLOAD_FIELDS) - set(TUNING_ONLY) - set(UNSUPPORTED))
     if unknown:
         raise OffloadConfigError(
@@ -422,10 +383,8 @@ def _refuse_unmaterialized_weights(module: nn.Module) -> None:
 
 
 class GroupsEdit:
-    """One edit of a module whose weights offload groups hold (group offloading, per-call residency; see
-    `editing`): on open every group is offloaded, so the module holds each weight's stored form (host tensors
-    in place: edits write into the store itself) and disk-homed placeholders are replaced by stand-ins; the
-    technique regroups on close (`close`)."""
+    """One edit of a module whose weights offload groups hold (`editing`): open offloads every group (edits then
+    write into the host store itself) and swaps disk placeholders for stand-ins; `close` regroups."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -445,23 +404,14 @@ class GroupsEdit:
                 if entry.get().is_meta:
                     self.stand_ins.put(names.get(id(entry.get()), entry.key), entry.slots)
 
-    def put_back(self) -> list[str]:
-        """Restore the placeholders; the problems: disk-homed weights the edit tried to change."""
-        return [f"{name} (its weights are on disk; the edit tried to change them)"
-                for name in self.stand_ins.put_back(self.module)]
-
     def homes(self) -> dict[str, Device]:
-        """Where each grouped weight lives between uses, as its store keeps it ("disk": read from files, the
-        checkpoint's own or the offload folder; else "cpu"). By the store, not by the tensor: a group loaded
-        for its phase holds device tensors, and their home is still the disk."""
+        """Where each grouped weight rests, by its store (a group loaded for its phase holds device tensors)."""
         names = {id(tensor): name for name, tensor in named_tensors(self.module)}
         return {names.get(id(entry.get()), entry.key): group.store.home_of(entry.key)
                 for group in self.groups for entry in group.entries}
 
 
 class GroupOffloadEdit(GroupsEdit):
-    """One edit of a group-offloaded module (its row's `editor`), regrouped by `GroupOffloadSession.refresh`."""
-
     def __init__(self, module: nn.Module, session: GroupOffloadSession) -> None:
         super().__init__(module)
         self.session = session
@@ -471,7 +421,7 @@ class GroupOffloadEdit(GroupsEdit):
         return self.session.groups
 
     def close(self) -> list[str]:
-        problems = self.put_back()
+        problems = self.stand_ins.put_back(self.module)
         self.session.refresh(self.module)
         grouped = {id(entry.get()) for group in self.session.groups for entry in group.entries}
         return problems + [f"{name} (no data: created on meta, nothing serves it)"
@@ -479,8 +429,8 @@ class GroupOffloadEdit(GroupsEdit):
 
 
 def unhook_groups(root: nn.Module, emptied: list[ModuleGroup]) -> None:
-    """Take the hooks of `emptied` groups (left without tensors by a regroup) off `root`'s tree; a root hook
-    stays, without a group, as it still runs the session."""
+    """Take the hooks of `emptied` groups off `root`'s tree; a root hook stays, without a group (it runs the
+    session)."""
     gone = {id(group) for group in emptied}
     for member in root.modules():
         for hook in hooks_of(member):
@@ -494,18 +444,10 @@ def _editor(module: nn.Module) -> GroupOffloadEdit | None:
     return None if session is None else GroupOffloadEdit(module, session)
 
 
-def _gather(module: nn.Module) -> dict:
-    groups: dict[int, ModuleGroup] = {}
-    for _, _, hook in find_hooks(module, GroupOffloadHook):
-        for group in [*hook.session.groups, *([hook.group] if hook.group is not None else [])]:
-            groups.setdefault(id(group), group)
+def hooked_group_slots(module: nn.Module, hook_types) -> dict:
+    """The placeholders of the groups that the `hook_types` hooks under `module` run (a row's `gather`)."""
+    groups = {id(group): group for _, _, hook in find_hooks(module, hook_types) for group in hook.groups()}
     return group_slots(groups.values())
-
-
-def _return_outputs(module: nn.Module) -> None:
-    # Outputs back where the inputs came from, as for the other placement kinds: a pipeline that joins an
-    # offloaded encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
-    add_hook_first(module, ReturnOutputsHook())
 
 
 def _plan_config(component: ComponentPlan, context: PlanContext) -> GroupOffloadingConfig:
@@ -526,7 +468,9 @@ SPEC = register(TechniqueSpec(
     plan_kinds=frozenset({PlacementKind.OFFLOADED}),
     serves=lambda component, context: streams_everything(component) and not follows_transfer_plan(component, context),
     plan_config=_plan_config,
-    finish_plan=_return_outputs,
+    # Outputs back where the inputs came from, as for the other placement kinds: a pipeline joining an offloaded
+    # encoder's output with a whole one's (SD3's pooled embeddings) gets both on one device.
+    finish_plan=lambda module: add_hook_first(module, ReturnOutputsHook()),
     editor=_editor,
-    gather=_gather,
+    gather=lambda module: hooked_group_slots(module, GroupOffloadHook),
 ))

@@ -1,14 +1,6 @@
-"""Where an offloaded group's weights live between calls: host memory, or safetensors files on disk.
-
-Every store puts the "offloaded form" of each tensor back into the module when the group is released, so
-the module always holds something valid between calls: a real host tensor (`HostStore`), or a `meta`
-placeholder of the right shape and dtype (`DiskStore`, a file per group written when offloading; and
-`CheckpointStore`, which reads a placed component's "disk" weights from the checkpoint's own files).
-`home` is the store's place ("cpu" or "disk"), for the transfer meter.
-
-A store can change after it took its weights (adapters loaded, fused or unloaded on an offloaded module,
-`module_group.regroup`): `take` adds entries (and re-takes replaced ones), `forget` drops entries, and `holds`
-says whether the module still holds the stored form of an entry (False after `param.data = other`).
+"""Where an offloaded group's weights rest between calls: host memory (`HostStore`), one safetensors file per
+group (`DiskStore`), or the checkpoint's own files (`CheckpointStore`). Released, the module holds the resting form:
+a host tensor or a `meta` placeholder. `take` / `forget` / `holds` follow edits (`module_group.regroup`).
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ class HostStore:
         self._tensors: dict[str, torch.Tensor] = {}
 
     def home_of(self, key: str) -> str:
-        """Where the tensor `key` lives between uses: host RAM."""
         return "cpu"
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
@@ -51,8 +42,7 @@ class HostStore:
             entry.set(stored)
 
     def read(self, *, pinned: bool, device: torch.device | None = None) -> Mapping[str, torch.Tensor]:
-        """The stored tensors themselves (already pinned when the store pins)."""
-        return self._tensors
+        return self._tensors  # already pinned when the store pins
 
     def release(self, entries: Sequence[ModelTensor]) -> None:
         for entry in entries:
@@ -86,7 +76,6 @@ class DiskStore:
         self._placeholders: dict[str, torch.Tensor] = {}
 
     def home_of(self, key: str) -> str:
-        """Where the tensor `key` lives between uses: this store's file."""
         return "disk"
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
@@ -145,10 +134,8 @@ class DiskStore:
 
 
 class CheckpointStore:
-    """A placed component's weights where the loader left them: "disk" parameters on `meta`, read from the
-    checkpoint's own safetensors files through its offload index (`{name: {"safetensors_file", "weight_name",
-    "dtype"}}`, keys relative to the component) at each onload; everything else (buffers, host-homed
-    parameters) in host memory, as `HostStore` keeps it."""
+    """A placed component's "disk" parameters (on `meta`) read from the checkpoint's files through its offload
+    index at each onload; everything else (buffers, host-homed parameters, adapters) in a `HostStore`."""
 
     home = "disk"
 
@@ -159,8 +146,6 @@ class CheckpointStore:
         self.pin_memory = pin_memory
 
     def home_of(self, key: str) -> str:
-        """Where the tensor `key` lives between uses: the checkpoint's files, or host RAM for the rest (buffers,
-        host-homed weights, tensors added later such as an adapter's)."""
         return "disk" if key in self._on_disk else "cpu"
 
     def take(self, entries: Sequence[ModelTensor]) -> None:
@@ -211,7 +196,6 @@ class CheckpointStore:
 
 
 def _same_data(held: torch.Tensor, stored: torch.Tensor) -> bool:
-    """`held` (what the module holds) is the stored tensor's data: same storage, shape and dtype."""
     return (held.device == stored.device and held.dtype == stored.dtype and held.shape == stored.shape
             and held.data_ptr() == stored.data_ptr())
 

@@ -1,9 +1,5 @@
-"""How an offloaded group's tensors reach the onload device: a plain blocking copy, or a CUDA side stream.
-
-With a side stream, the copy of the next group is queued on its own stream from pinned host memory while the
-compute stream runs the current group; the compute stream waits on an event (a GPU-side wait, the CPU does
-not block) before it touches the copied weights, and `record_stream` stops the caching allocator from
-reusing their memory before the compute stream is done with them.
+"""How a group's tensors reach the onload device: a blocking copy, or a side CUDA stream from pinned memory that
+the compute stream waits on by event (the CPU does not block).
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ class PendingCopy:
 
 
 class BlockingTransfer:
-    """`tensor.to(device)` on the current stream: simple, and the copy is done when it returns."""
-
     uses_pinned_memory = False
     prefetches = False
 
@@ -32,12 +26,10 @@ class BlockingTransfer:
         return PendingCopy(tensors={key: tensor.to(device) for key, tensor in sources.items()})
 
     def wait(self, pending: PendingCopy) -> None:
-        """Nothing to wait for: the copy finished inside `copy`."""
+        """The copy finished inside `copy`."""
 
 
 class StreamTransfer:
-    """Copies on a dedicated CUDA stream from pinned memory, overlapping the compute of the current group."""
-
     uses_pinned_memory = True
     prefetches = True
 
