@@ -1,22 +1,7 @@
-"""Loading a component through the library that owns its format: diffusers' or transformers' `from_pretrained`
-(quantized folders, quantization at load, transformers checkpoints whose keys are renamed on load) and diffusers'
-`from_single_file` (one checkpoint file of an original layout, GGUF included), given the device map our plan
-chose and the dtype the plan sized (`OwnerLoad`). Whatever runtime the owner attaches is removed by the caller
-and replaced by ours (`pipelines.loading.placing`).
-
-transformers checkpoints saved under their original key names: transformers 5 renames (and sometimes merges) a
-checkpoint's tensors while loading (`conversion_mapping`: Qwen2.5-VL's `model.embed_tokens` becomes
-`model.language_model.embed_tokens`, Llava and Mistral3 move their towers, ...) and writes the original names
-back when saving. Such a checkpoint is read by transformers itself; `renames_explain` only tells whether
-transformers' own conversion explains why a checkpoint's keys differ from the model's (so a checkpoint that is
-simply wrong still fails with the keys named, instead of loading with random weights).
-
-How each family of module class is built from its folder's config, and loaded by its own class.
-
-Our own `ModelMixin`s (`Family.OWN`), diffusers models and transformers models all keep a `config.json` in their
-subfolder, but each family builds from it its own way: ours validate it against `config_class`, diffusers'
-`from_config(load_config(folder))`, transformers' `_from_config(config_class.from_pretrained(folder))`. The one
-meta builder (`loading.meta.build_component`) calls `construct` under `init_empty_weights()`, then `retie`."""
+"""Loading a component through the library that owns its format (quantized folders, transformers checkpoints whose
+keys are renamed on load, single files), given our plan's map and dtype (`OwnerLoad`); how each family builds a
+module from its config (`construct`, `retie`). `renames_explain` tells whether transformers' own conversion
+explains a checkpoint's other key names, so a checkpoint that is simply wrong still fails with the keys named."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """Quantized components through their owners' quantizers: which config applies to a component, and the meta
-module sized as it will be loaded.
-
-A component is quantized when its folder says so (`quantization_config` in config.json: a pre-quantized save)
-or the load asks (`quantization_config=`: a diffusers `PipelineQuantizationConfig`, a `{component: config}`
-mapping as its `quant_mapping`, or, for one model, the library's own config object). The owner library
-(diffusers for its models, transformers for its own) prepares the meta model the way its `from_pretrained`
-does before reading any weight: its quantizer's `preprocess_model` replaces the layers it quantizes
-(bitsandbytes' `Linear4bit`, quanto's `QLinear`, ...). Then each weight the quantizer would quantize is put in
-its quantized form while still on meta (`materialize_on_meta`): torchao and quanto quantize meta tensors with
-their own code (the inner int8/fp8 data and scales come out on meta, exactly as they will be loaded), and
-bitsandbytes' weights are counted by its block layout (`placement.sizing`). The planner then sizes
-the module as it is (`placement.sizing`).
-"""
+module prepared as the owner's `from_pretrained` prepares it, each weight in its quantized form while still on
+meta, so the planner sizes what will be loaded."""
 
 from __future__ import annotations
 
@@ -72,9 +61,8 @@ def method_of(config: Any) -> QuantizationMethod:
 
 
 def folder_quantization(folder: Path, *, name: str = "", family: Family | None = None) -> dict | None:
-    """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none); with
-    `family`, checked by that owner's config class first (`owner_config`: a string, an unknown method, a field
-    missing is refused, never ignored)."""
+    """The `quantization_config` a pre-quantized save wrote into its config.json (None when none), checked by
+    the owner's config class when `family` is given."""
     if not (folder / "config.json").is_file():
         return None  # a folder without its config fails where it is built, with its own message
     found = read_config_dict(folder).get("quantization_config")
@@ -86,9 +74,8 @@ def folder_quantization(folder: Path, *, name: str = "", family: Family | None =
 
 
 def requested_quantization(quantization_config: Any, name: str, family: Family) -> Any | None:
-    """The config `quantization_config=` gives component `name` (of `family`), or None: a diffusers
-    `PipelineQuantizationConfig` (its `components_to_quantize` / `quant_mapping`, as diffusers resolves them), a
-    plain mapping `{component: config}`, or one config object (a one-model load)."""
+    """The config `quantization_config=` gives component `name`, or None: from a diffusers
+    `PipelineQuantizationConfig` (as diffusers resolves it), a mapping `{component: config}`, or one config object."""
     if quantization_config is None:
         return None
     if _is_pipeline_config(quantization_config):
@@ -161,12 +148,9 @@ _REFUSED_BY_OWNER = (ValueError, KeyError, TypeError, AssertionError, AttributeE
 
 
 def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
-    """`value` as its owner's config object, checked by the owner's config class (diffusers' or transformers'
-    `from_dict`); a config object is returned as it is (its class checked it when it was made). Anything the
-    owner would not apply as asked is a one-line `LoadError` naming the component, the field and
-    the accepted values: not a dict, an unknown `quant_method`, a method whose library is not installed, a field
-    missing (a torchao config without its `quant_type`), contradictory fields (bitsandbytes' load_in_4bit and
-    load_in_8bit)."""
+    """`value` as its owner's config object, checked by the owner's config class (`from_dict`); anything the owner
+    would not apply as asked (an unknown method, a library not installed, a field missing, contradictory fields) is
+    a one-line `LoadError` naming the component, the field and the accepted values."""
     if not isinstance(value, Mapping):
         if callable(getattr(value, "to_dict", None)):
             return value
@@ -245,9 +229,8 @@ def _auto_quantizer(family: Family):
 
 
 def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name: str = ""):
-    """The owner library's quantizer for `quantization` (its environment is not checked: planning for a GPU
-    machine works on a laptop; the owner's own load checks it). A library it imports that is not installed is a
-    `LoadError` naming the component."""
+    """The owner library's quantizer for `quantization`, its environment unchecked (planning for a GPU machine works
+    on a laptop; the owner's own load checks it)."""
     try:
         return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
     except ImportError as error:
@@ -307,9 +290,8 @@ def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, 
 
 
 def _quantize_once_per_shape(module: nn.Module, config: Any, owners: set[str], quantize_: Any) -> None:
-    """torchao's `quantize_` on the layers in `owners`, run once per distinct layer (class, weight shape and
-    dtype, bias) and copied to the others: on meta the result depends on nothing else, and quantizing each of
-    a real denoiser's ~700 Linears on meta takes seconds (torchao's qparams run through meta decompositions)."""
+    """torchao's `quantize_` run once per distinct layer (class, weight shape and dtype, bias) and copied to the
+    others: on meta the result depends on nothing else, and quantizing each of ~700 Linears takes seconds."""
     signatures = {path: _signature(module.get_submodule(path)) for path in sorted(owners)}
     first: dict[tuple, str] = {}
     for path, signature in signatures.items():

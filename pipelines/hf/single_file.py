@@ -1,12 +1,6 @@
-"""Single-file checkpoints (one `.safetensors` of a model's original layout, or a community `.gguf`), read by
-diffusers' `from_single_file` with the model's config taken from a local folder (`config=`: no Hub access).
-
-Planning builds the model on meta through diffusers' own single-file path: the file's tensors as meta tensors
-(safetensors header; GGUF tensor infos, quantized ones as diffusers' `GGUFParameter`s of their packed bytes)
-handed to `from_single_file(..., device="meta")`, which converts the original keys, lets the quantizer replace
-its layers and assigns each tensor in its load dtype, all on meta. So what is sized is what
-`from_single_file` will load, and no tensor data is read.
-"""
+"""Single-file checkpoints (a `.safetensors` of a model's original layout, or a `.gguf`), read by diffusers'
+`from_single_file` with the config from a local folder. Planning runs diffusers' own single-file path on meta
+tensors, so what is sized is what `from_single_file` will load and no tensor data is read."""
 
 from __future__ import annotations
 

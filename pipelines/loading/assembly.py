@@ -1,7 +1,5 @@
-"""The pipeline object a load builds around its components: `cls` through its constructor, a generic
-`Pipeline` (every component of the folder an attribute), or, for `Pipeline.from_pretrained` of a folder naming a
-diffusers pipeline class, that class (`hf.diffusers_pipeline`); and the checks made before any module is built.
-"""
+"""The pipeline object a load builds around its components (`cls`, a generic `Pipeline`, or the diffusers class
+its folder names), and the checks made before any module is built."""
 
 from __future__ import annotations
 

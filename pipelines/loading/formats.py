@@ -60,9 +60,7 @@ from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
 
 class Runtime(str, Enum):
-    """How our runtime runs a placement, as far as formats care: whole modules moved (whole, split, cpu),
-    group offloading from host RAM (offloaded, all weights in RAM), per-module weight streaming (a model-level
-    map mixing accelerator and "cpu" entries: accelerate's weight-serving hooks), or weights on disk."""
+    """How our runtime runs a placement, as far as formats care."""
 
     MOVED = "kept on its devices"
     GROUP_OFFLOADED = "offloaded"
@@ -228,9 +226,7 @@ def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]
 
 def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]) -> Plan:
     """`plan`, or, when it offloads a component whose format cannot be offloaded, the plan made again with that
-    component kept whole on the accelerator with the largest budget and the others placed around it (a run-once
-    encoder offloaded instead of an nf4 transformer); the error of `check_planned_formats` when that cannot fit
-    either. `replan(pins)` plans with `{component: device map}` pinned."""
+    component kept whole on the accelerator with the largest budget; the error when that cannot fit either."""
     refused = refused_components(plan, formats)
     accelerators = [device for device in plan.devices if is_accelerator(device.device) and device.budget]
     if not refused or not accelerators:
@@ -286,9 +282,7 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
 
 
 def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | None) -> set[str]:
-    """The module components a pipeline's single file holds: its diffusers models whose weights the file has
-    (as saved, or in the original layout diffusers converts), tested on meta; none without a file. A file
-    holding none of them is an error naming them."""
+    """The module components a pipeline's single file holds (tested on meta); a file holding none is an error."""
     if path is None:
         return set()
     checkpoint = meta_checkpoint(path)

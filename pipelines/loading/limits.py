@@ -1,28 +1,7 @@
-"""Limits checked before and while a module is built on meta from its config.json, so that an absurd config is
-refused at once with the number and the limit, never after minutes of building nor by torch's allocator.
-
-Two things make an absurd config expensive, and each has its check:
-- time: a constructor builds one block per layer, so `num_layers=1000000000000` loops for hours before anything
-  is sized. Config fields that count repeated blocks (`num_layers`, `num_single_layers`, `layers_per_block`,
-  `depth`, `num_experts`, ...) are read from config.json first and refused above `MAX_REPEATS`
-  (`check_repeat_counts`; released models have at most a few hundred layers or experts of one kind).
-- memory: `accelerate.init_empty_weights()` lets each `nn.Linear` create its weight on the CPU before moving it
-  to meta, so `hidden_size=1000000000000` asks the allocator for a petabyte. While the constructor runs, every
-  tensor the torch factories are asked for is counted before it is made (`bounded_construction`): a tensor, or
-  all of them together, needing more bytes than all budgets together, the disk's free space included (at the
-  fewest bits per element the component can load in), is refused before it is allocated, naming the config
-  numbers in its shape. Only the absurd is refused here: a model that merely does not fit is the planner's to
-  explain.
-
-Limits of a `call=` checked from its numbers alone, before any activation is estimated.
-
-Estimating a call's activations runs each component on fake tensors, and a VAE decode too large for its device is
-estimated tiled, tile by tile: `call={"height": 1000000, "width": 1000000}` would loop over millions of tiles
-for minutes. Some tensors of a call are certain whatever the models do, and each lives whole on one device:
-- the decoded output: height x width x frames x images, 3 channels, at 2 bytes at the fewest (a VAE decodes in
-  16 bits or more; tiling decodes tiles, but blends them into one output tensor);
-- the prompt's token ids: max_sequence_length x prompts x images, int64.
-One of them larger than the largest budget of a single device is refused at once, with the numbers."""
+"""Limits checked before and while a module is built on meta from its config.json, and of a `call=` from its
+numbers alone: an absurd config (`num_layers=1e12` loops for hours; `hidden_size=1e12` asks the allocator for a
+petabyte under `init_empty_weights`) or call (a decode over millions of tiles) is refused at once, naming the
+number and the limit. Only the absurd is refused here: a model that merely does not fit is the planner's to explain."""
 
 from __future__ import annotations
 
@@ -64,10 +43,8 @@ class BuildLimit:
 
     @classmethod
     def of(cls, max_memory: Mapping | None, offload_folder: str | Path | None, *, accelerators: int) -> "BuildLimit":
-        """All budgets of `max_memory` together (the CPU's detected where not given), the disk included: its
-        budget, else the free space where the `offload_folder` is (the working folder's without one: a plan that
-        needs the disk asks for an offload_folder, which says so better than this limit). Without `max_memory`,
-        a bound that touches no device: `accelerators` at `ACCELERATOR_BOUND` each, the machine's RAM, the disk."""
+        """All budgets of `max_memory` together, the disk's free space included; without `max_memory`, a bound that
+        touches no device: `accelerators` at `ACCELERATOR_BOUND` each, the machine's RAM, the disk."""
         if max_memory is None:
             parts = {f"{accelerators} accelerator(s) (1 TiB each at most)":
                      accelerators * ACCELERATOR_BOUND} if accelerators else {}
@@ -126,10 +103,8 @@ def fewest_bits(dtype: torch.dtype | None, *, quantized: bool, layerwise: bool) 
 @contextmanager
 def bounded_construction(name: str, path: Path, config: Mapping[str, Any], limit: BuildLimit | None, *,
                          bits: int) -> Iterator[None]:
-    """While the block runs (a constructor, in this thread), each tensor asked of torch's factories (`empty`,
-    `zeros`, `ones`, `full`, `rand`, `randn`, `arange`) is counted before it is made: one needing more than
-    `limit` at `bits` per element, or all together needing more, is a `DoesNotFitError`. Other threads are not
-    counted (the factories are patched for the process while the block runs, as accelerate patches them)."""
+    """While the block runs, each tensor asked of torch's factories is counted before it is made: one needing more
+    than `limit` at `bits` per element, or all together, is a `DoesNotFitError`."""
     if limit is None:
         yield
         return
@@ -232,9 +207,8 @@ _CHANNELS, _DECODE_BYTES, _TOKEN_BYTES = 3, 2, 8
 
 
 def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None, *, pipe: Any = None) -> None:
-    """A `DoesNotFitError` naming the call's numbers when a tensor the call must hold whole (its decoded output,
-    its token ids) is larger than every single device's budget. Only the keys `pipe` takes are weighed (our
-    pipelines say by `activation_inputs`' parameters): a key it does not take is the call's own error, later."""
+    """A `DoesNotFitError` when a tensor the call must hold whole (its decoded output, its token ids) is larger than
+    every single device's budget; only the keys `pipe` takes are weighed."""
     call = {key: value for key, value in call.items() if _takes(pipe, key)}
     budgets = resolve_budgets(max_memory)
     devices = {device: limit for device, limit in budgets.limits.items() if device != "disk" and limit is not None}

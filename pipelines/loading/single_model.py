@@ -1,17 +1,6 @@
-"""`pipelines.load_model(folder_or_file, device_map=...)`: one model of any family (diffusers, transformers or
-ours) loaded as the class its folder names, planned by our planner: the model-level counterpart of loading a
-diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would follow (configs and headers only).
-
-    folder -> its class (config.json: `_class_name` / `architectures`), built on meta (`build_component`: our
-              streaming reader, or the owner's for quantized / renamed-key checkpoints)
-    file   -> a single-file checkpoint with its config folder (`config=`), built on meta by diffusers'
-              single-file path (`formats.build_single_file_component`)
-    -> a one-component plan at model scope (accelerate's strategy names) -> `place_component`
-
-ModelMixin.from_pretrained / plan_placement (`load_own_model`, `plan_own_model`): a one-component load through
-the pipeline's functions. The model (component name: its class name) is built by `build_component`, planned by `planning.plan_modules` at
-model scope (the strategy names keep accelerate's model-level meaning, a dict maps submodule paths) and placed by
-`place_component`, with the pipeline's device check and undo."""
+"""`pipelines.load_model` / `plan_model`: one model of any family (diffusers, transformers or ours), from a folder
+or a single file, loaded as its own class and planned at model scope (accelerate's strategy names); and
+ModelMixin.from_pretrained / plan_placement, a one-component load through the pipeline's functions."""
 
 from __future__ import annotations
 
@@ -49,15 +38,10 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
                subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions(),
                **keywords: Any) -> nn.Module:
-    """The model saved in `pretrained` (a folder, a Hub id, or a single-file checkpoint with `config=` the local
-    folder of its config.json), as its own class, placed by our plan (`model.placement_plan`,
-    `model.hf_device_map`). `device_map`: "auto"/"balanced"/"balanced_low_0"/"sequential" (accelerate's
-    model-level meaning), a dict {submodule: device}, one device, or None (the CPU, no plan). `torch_dtype`: the
-    dtype to load in (None: the checkpoint's). `quantization_config`: the owner library's config (diffusers' or
-    transformers' `BitsAndBytesConfig`, `TorchAoConfig`, ...); a GGUF file is read quantized as it is.
-    `layerwise_casting`: a storage dtype (torch.float8_e4m3fn) for the Linear/Conv weights. diffusers' download
-    keywords (`revision`, `token`, `cache_dir`, `local_files_only`) go into `hub`; its other loading keywords are
-    accepted or refused by name (`hf.loading_keywords`), anything else is an error naming the closest argument."""
+    """The model saved in `pretrained` (a folder, a Hub id, or a single file with `config=` the local folder of its
+    config.json), as its own class, placed by our plan. `device_map`: accelerate's model-level strategies, a dict
+    {submodule: device}, one device, or None (the CPU). `layerwise_casting`: one storage dtype (fp8). diffusers'
+    download keywords go into `hub`; its other loading keywords are accepted or refused by name."""
     hub = _keywords(keywords, hub, entry=load_model)
     check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
     with quiet(preload=_libraries(pretrained, config, subfolder)):  # only our own bar and messages

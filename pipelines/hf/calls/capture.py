@@ -1,33 +1,7 @@
 """Call capture: what one call of a diffusers pipeline runs of each component, learned by running the pipeline's
-own `__call__` once on stand-ins.
-
-The pipeline object is the real one (its tokenizers and scheduler, its modules built on meta). For the length
-of the capture each module component's `forward` (and a VAE's `encode` / `decode`) is a recorder: it notes the
-call's inputs, counts it, and answers with outputs of the right shapes and types, zeros on the CPU, computed by
-running the real module on fake tensors (`placement.estimate_call`) once per distinct input signature, which is
-also the call's activation estimate. The pipeline's own code does the rest for real on the CPU, at the call's
-real sizes but with no model compute: prompts tokenized, latents packed, the scheduler's timesteps, guidance
-batching or second passes, `strength`, image and mask preprocessing, ControlNets at every step, two experts
-switching at a boundary timestep. So every diffusers class is planned for the call it really makes, without
-code naming it, and a diffusers release that changes a `__call__` changes the plan with it. What this cannot
-see by itself is in the overrides below.
-
-What call capture cannot see by running a pipeline's `__call__` as it is: each row with its reason.
-
-Capture (`capture.py`) runs the pipeline's own code; these are the few places where that code, run on stand-ins
-for planning, must be helped. Nothing here names a pipeline class.
-
-The arguments of the call `call=` describes, checked against the pipeline's own `__call__` signature.
-
-`call=` takes any keyword the pipeline's `__call__` accepts (`height`, `num_inference_steps`, `negative_prompt`,
-`true_cfg_scale`, `strength`, an `image` ...), plus three of this library's: `batch_size` (the number of prompts),
-and `vae_tiling` / `vae_slicing` (handled before this, `memory_techniques.VaeOptions`); `num_images_per_prompt`
-is a video pipeline's `num_videos_per_prompt` too. An unknown keyword is
-named with the closest one the signature has. Inputs the call needs but `call=` may leave out (an img2img
-pipeline's `image`, an inpaint's `mask_image`) are made blank at the call's size (`overrides.STAND_IN_INPUTS`);
-they may also be given as sizes: `image=(height, width)`, `video=(frames, height, width)`, or as the real objects.
-
-What one component runs for a `call=` (`ExampleCall`), and the errors of a `call=` that cannot be planned."""
+own `__call__` once with each module's forward a recorder that answers outputs of the right shapes (estimated on
+fake tensors, which is also the activation estimate). So every diffusers class is planned for the call it really
+makes without code naming it; the few things capture cannot see by itself are the overrides below."""
 
 from __future__ import annotations
 
@@ -141,9 +115,8 @@ def _stand_in(name: str, key: str, value: Any, call: Mapping[str, Any],
 
 
 def recorded_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """`call` as a plan records it (JSON): an image as [height, width], a list of frames as [frames, height,
-    width], a tensor or array as its shape; numbers, strings and their lists as they are; anything else by its
-    repr."""
+    """`call` as a plan records it (JSON): an image as [height, width], frames as [frames, height, width], a tensor
+    as its shape; numbers, strings and their lists as they are; anything else by its repr."""
     return {key: _recorded(value) for key, value in call.items()}
 
 
@@ -220,9 +193,8 @@ def _returned_as_is(*args: Any, **kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def optional_text_cleaning(pipe: Any) -> Iterator[None]:
-    """diffusers 0.42's Wan image-to-video and VACE pipelines call `ftfy.fix_text` without checking that ftfy is
-    installed (the text-to-video one checks): without it, planning their call would fail where cleaning the
-    prompt's text changes no shape. A stand-in that leaves the text as it is, for the length of the capture."""
+    """diffusers' Wan image-to-video and VACE pipelines call `ftfy.fix_text` without checking that ftfy is installed;
+    cleaning changes no shape, so the capture leaves the text as it is."""
     module = sys.modules.get(type(pipe).__module__)
     missing = module is not None and "ftfy" not in vars(module) and _mentions(module, "ftfy.fix_text")
     if missing:
@@ -271,8 +243,7 @@ _CPU = torch.device("cpu")
 @dataclass(frozen=True, kw_only=True)
 class CapturedCall:
     """One call of a pipeline as its `__call__` made it: per component, one example call per distinct input
-    signature (on meta, for estimates), how many times its `forward` ran, its activation peak (the largest of
-    its calls, no memory technique on), and the order its submodules ran in (splits are cut in it)."""
+    signature, its runs, its activation peak (no technique on) and the order its submodules ran in."""
 
     calls: dict[str, list[ExampleCall]]
     runs: dict[str, int]
