@@ -71,62 +71,17 @@ def _scalar_types(annotation: Any) -> set[type]:
     return {annotation} if isinstance(annotation, type) else set()
 
 
-class ModelMemoryMethods(nn.Module):
-    """Mixed into `ModelMixin`."""
-
-    # diffusers' name for the patterns a model keeps in its own dtype when casting (None: the hooks' default).
-    _skip_layerwise_casting_patterns: tuple[str, ...] | None = None
-
-    def enable_group_offload(
-        self,
-        onload_device: torch.device | int | str,
-        offload_device: torch.device | str = "cpu",
-        offload_type: str = "block_level",
-        num_blocks_per_group: int | None = None,
-        non_blocking: bool = False,
-        use_stream: bool = False,
-        record_stream: bool = False,
-        low_cpu_mem_usage: bool = False,
-        offload_to_disk_path: str | os.PathLike | None = None,
-        block_modules=None,
-        exclude_kwargs=None,
-    ) -> None:
-        """Group-offload this model: diffusers' signature, the group offloading row underneath."""
-        fields = group_offloading_fields(None, dict(
-            onload_device=onload_device, offload_device=offload_device, offload_type=offload_type,
-            num_blocks_per_group=num_blocks_per_group, non_blocking=non_blocking, use_stream=use_stream,
-            record_stream=record_stream, low_cpu_mem_usage=low_cpu_mem_usage,
-            offload_to_disk_path=offload_to_disk_path, block_modules=block_modules, exclude_kwargs=exclude_kwargs,
-        ))
-        TECHNIQUES[Technique.GROUP_OFFLOAD].apply(self, GroupOffloadingConfig(**fields))
-
-    def enable_layerwise_casting(
-        self,
-        storage_dtype: torch.dtype = torch.float8_e4m3fn,
-        compute_dtype: torch.dtype | None = None,
-        skip_modules_pattern: tuple[str, ...] | None = None,
-        skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
-        non_blocking: bool = False,
-    ) -> None:
-        """Store Linear/Conv weights in `storage_dtype`, compute in `compute_dtype` (None: the model's current
-        dtype, as diffusers does). `non_blocking` is accepted for diffusers' signature; casts are on-device."""
-        if compute_dtype is None:
-            compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
-        if skip_modules_pattern is None:
-            skip_modules_pattern = self._skip_layerwise_casting_patterns
-        fields = layerwise_casting_fields(storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes,
-                                          non_blocking)
-        TECHNIQUES[Technique.LAYERWISE_CASTING].apply(self, LayerwiseCastingConfig(**fields))
-
-
-class ModelMixin(ModelMemoryMethods, OwnModel):
+class ModelMixin(OwnModel):
     """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
 
     Subclasses set `config_class` and take the config as the only constructor argument. `_no_split_modules`,
     `_keep_in_fp32_modules` and `_tied_weights_keys` (`{"head.weight": "embed.weight"}`: not saved, re-tied after
-    loading, since ties made in `__init__` do not survive building on meta) are declared on `folder.sources.OwnModel`."""
+    loading, since ties made in `__init__` do not survive building on meta) are declared on
+    `folder.sources.OwnModel`."""
 
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    # diffusers' name for the patterns a model keeps in its own dtype when casting (None: the hooks' default).
+    _skip_layerwise_casting_patterns: tuple[str, ...] | None = None
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -178,13 +133,54 @@ class ModelMixin(ModelMemoryMethods, OwnModel):
     @classmethod
     @entry_signature(MODEL_LOAD)
     def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
-        """Load a saved model (a folder or a Hub id): build it on meta, plan, stream every tensor to its device, dispatch.
+        """Load a saved model (a folder or a Hub id): build on meta, plan, stream every tensor to its device, dispatch.
 
         `device_map`: None (the CPU, no hooks), one device (no hooks), accelerate's model-level strategies, or a dict
         {submodule path: device}; the plan is kept as `model.placement_plan`. Disk-offloaded weights are read from the
         checkpoint files themselves. Every failure raises before a half-loaded model can escape. diffusers' spellings
         and loading keywords are accepted or refused by name; any other keyword is an error naming the closest."""
         return load_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
+
+    def enable_group_offload(
+        self,
+        onload_device: torch.device | int | str,
+        offload_device: torch.device | str = "cpu",
+        offload_type: str = "block_level",
+        num_blocks_per_group: int | None = None,
+        non_blocking: bool = False,
+        use_stream: bool = False,
+        record_stream: bool = False,
+        low_cpu_mem_usage: bool = False,
+        offload_to_disk_path: str | os.PathLike | None = None,
+        block_modules=None,
+        exclude_kwargs=None,
+    ) -> None:
+        """Group-offload this model: diffusers' signature, the group offloading row underneath."""
+        fields = group_offloading_fields(None, dict(
+            onload_device=onload_device, offload_device=offload_device, offload_type=offload_type,
+            num_blocks_per_group=num_blocks_per_group, non_blocking=non_blocking, use_stream=use_stream,
+            record_stream=record_stream, low_cpu_mem_usage=low_cpu_mem_usage,
+            offload_to_disk_path=offload_to_disk_path, block_modules=block_modules, exclude_kwargs=exclude_kwargs,
+        ))
+        TECHNIQUES[Technique.GROUP_OFFLOAD].apply(self, GroupOffloadingConfig(**fields))
+
+    def enable_layerwise_casting(
+        self,
+        storage_dtype: torch.dtype = torch.float8_e4m3fn,
+        compute_dtype: torch.dtype | None = None,
+        skip_modules_pattern: tuple[str, ...] | None = None,
+        skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+        non_blocking: bool = False,
+    ) -> None:
+        """Store Linear/Conv weights in `storage_dtype`, compute in `compute_dtype` (None: the model's current
+        dtype, as diffusers does). `non_blocking` is accepted for diffusers' signature; casts are on-device."""
+        if compute_dtype is None:
+            compute_dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
+        if skip_modules_pattern is None:
+            skip_modules_pattern = self._skip_layerwise_casting_patterns
+        fields = layerwise_casting_fields(storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes,
+                                          non_blocking)
+        TECHNIQUES[Technique.LAYERWISE_CASTING].apply(self, LayerwiseCastingConfig(**fields))
 
 
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *, entry: Entry) -> LoadRequest:

@@ -41,12 +41,60 @@ from ..loading.request import (
 from ..loading.pipeline_loader import load_pipeline, plan_folder
 
 
-class PipelineMemoryMixin:
-    """Mixed into `pipelines.Pipeline`; each method installs hooks that `reset_device_map()` removes."""
+@library_class
+class Pipeline(PipelineComponents):
+    """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
+    arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
+    any folder as a generic pipeline."""
 
     _model_offload: ModelOffloadChain | None = None
 
-    # ------------------------------------------------------------------------------------------- offload
+    def set_progress_bar_config(self, **config: Any) -> None:
+        """diffusers' switch for the step bar of a call: tqdm keywords, e.g. `disable=True` to hide it,
+        `desc="Sampling"`, `leave=False`. Replaces the previous config."""
+        self._progress_bar_config = dict(config)
+
+    def progress_bar(self, iterable=None, *, total: int | None = None) -> tqdm:
+        """The bar a pipeline's `__call__` wraps its steps in. By default it shows on terminals and notebooks
+        only (tqdm's `disable=None`), like the load bar."""
+        config = {"desc": "Denoising", "unit": "step", "disable": None,
+                  **getattr(self, "_progress_bar_config", {})}
+        return tqdm(iterable, total=total, **config)
+
+    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
+                        variant: str | None = None) -> None:
+        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
+        components' own writers draw no bars: `hf.quiet`)."""
+        with quiet():
+            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+
+    @classmethod
+    @entry_signature(PIPELINE_LOAD, rest="components")
+    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
+        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
+
+        `device_map`: None (the CPU, no plan), a strategy, a dict {component: device | {submodule: device}}, one device,
+        or a saved plan (a `placement.Plan`, its JSON's path, or a flat `hf_device_map`). `torch_dtype`: a dtype or
+        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk" (weights read from the
+        checkpoint's own files). `components` replace saved ones by name; one that carries a device map is pinned.
+        `call` (e.g. `{"height": 1024, "width": 1024}`) plans activation memory. A folder naming a diffusers pipeline
+        class loads as that class unless `generic=True`. `trust_remote_code` lets model_index.json name modules to
+        import. `quantization_config` quantizes components as they load, `layerwise_casting` stores Linear/Conv weights
+        in fp8, `pin` keeps passed-in components where they are. A single-file checkpoint as `pretrained` takes
+        `config=` the folder of its pipeline's configs. Pickle weights are read only on `use_safetensors=False` without
+        `device_map`, by their owner library. diffusers' other loading keywords are accepted or refused by name; any
+        other keyword that is not a component is an error naming the closest argument."""
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_LOAD)
+        return load_pipeline(cls, request, passed=components, generic=request.options.generic)
+
+    @classmethod
+    @entry_signature(PIPELINE_PLAN, rest="components")
+    def plan_placement(cls, pretrained: str | Path, **keywords: Any):
+        """The `placement.Plan` that `from_pretrained` with the same keywords follows (default
+        `device_map="balanced"`); builds on meta and reads no weights."""
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
+        return plan_folder(cls, request, passed=components, generic=request.options.generic)
+
     def enable_model_cpu_offload(self, device: torch.device | int | str | None = None) -> None:
         """Whole components move to `device` when called, in model-graph order; the previous one goes back.
 
@@ -98,7 +146,6 @@ class PipelineMemoryMixin:
         if self._model_offload is not None:
             self._model_offload.offload_all()
 
-    # ----------------------------------------------------------------------------------------------- VAE
     def enable_vae_slicing(self) -> None:
         """Decode one sample of the batch at a time: saves activation memory for batches > 1, nothing for 1."""
         self._vae_feature("enable_slicing")()
@@ -114,7 +161,6 @@ class PipelineMemoryMixin:
     def disable_vae_tiling(self) -> None:
         self._vae_feature("disable_tiling")()
 
-    # ------------------------------------------------------------------------------------------- helpers
     def _refuse_offload_when_device_mapped(self, method: str) -> None:
         if self.hf_device_map is not None:
             raise OffloadConflictError(
@@ -129,62 +175,6 @@ class PipelineMemoryMixin:
             what = "has no vae component" if vae is None else f"has a vae ({type(vae).__name__}) without {method}()"
             raise CallError(f"{type(self).__name__} {what}; VAE slicing/tiling needs an AutoencoderKL-like vae.")
         return feature
-
-
-__all__ = ["PipelineMemoryMixin"]
-
-
-@library_class
-class Pipeline(PipelineMemoryMixin, PipelineComponents):
-    """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
-    arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
-    any folder as a generic pipeline."""
-
-    def set_progress_bar_config(self, **config: Any) -> None:
-        """diffusers' switch for the step bar of a call: tqdm keywords, e.g. `disable=True` to hide it,
-        `desc="Sampling"`, `leave=False`. Replaces the previous config."""
-        self._progress_bar_config = dict(config)
-
-    def progress_bar(self, iterable=None, *, total: int | None = None) -> tqdm:
-        """The bar a pipeline's `__call__` wraps its steps in. By default it shows on terminals and notebooks
-        only (tqdm's `disable=None`), like the load bar."""
-        config = {"desc": "Denoising", "unit": "step", "disable": None,
-                  **getattr(self, "_progress_bar_config", {})}
-        return tqdm(iterable, total=total, **config)
-
-    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
-                        variant: str | None = None) -> None:
-        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
-        components' own writers draw no bars: `hf.quiet`)."""
-        with quiet():
-            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
-
-    @classmethod
-    @entry_signature(PIPELINE_LOAD, rest="components")
-    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
-        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
-
-        `device_map`: None (the CPU, no plan), a strategy, a dict {component: device | {submodule: device}}, one device,
-        or a saved plan (a `placement.Plan`, its JSON's path, or a flat `hf_device_map`). `torch_dtype`: a dtype or
-        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk" (weights read from the
-        checkpoint's own files). `components` replace saved ones by name; one that carries a device map is pinned.
-        `call` (e.g. `{"height": 1024, "width": 1024}`) plans activation memory. A folder naming a diffusers pipeline
-        class loads as that class unless `generic=True`. `trust_remote_code` lets model_index.json name modules to
-        import. `quantization_config` quantizes components as they load, `layerwise_casting` stores Linear/Conv weights
-        in fp8, `pin` keeps passed-in components where they are. A single-file checkpoint as `pretrained` takes
-        `config=` the folder of its pipeline's configs. Pickle weights are read only on `use_safetensors=False` without
-        `device_map`, by their owner library. diffusers' other loading keywords are accepted or refused by name; any
-        other keyword that is not a component is an error naming the closest argument."""
-        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_LOAD)
-        return load_pipeline(cls, request, passed=components, generic=request.options.generic)
-
-    @classmethod
-    @entry_signature(PIPELINE_PLAN, rest="components")
-    def plan_placement(cls, pretrained: str | Path, **keywords: Any):
-        """The `placement.Plan` that `from_pretrained` with the same keywords follows (default
-        `device_map="balanced"`); builds on meta and reads no weights."""
-        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
-        return plan_folder(cls, request, passed=components, generic=request.options.generic)
 
 
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *,

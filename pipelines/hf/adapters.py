@@ -34,8 +34,7 @@ _MARK = "_placement_follows_adapters"
 
 
 def follow_adapters(pipe: Any) -> None:
-    """Wrap the adapter methods of `pipe` (a diffusers pipeline, or any pipeline) and of its module components
-    so that adapters follow their layer's placement (see the module docstring). Idempotent."""
+    """Wrap the adapter methods of `pipe` and of its module components so adapters follow their layer. Idempotent."""
     components = getattr(pipe, "components", {}) or {}
     for name, module in components.items():
         if isinstance(module, nn.Module):
@@ -194,8 +193,7 @@ def _adapter_layers_on_disk(module: nn.Module) -> list[str]:
 
 
 def _loadable(pipe: Any) -> dict[str, nn.Module]:
-    """The components a pipeline's adapter methods may touch: its `_lora_loadable_modules` (every module
-    component for a pipeline that does not say)."""
+    """Its `_lora_loadable_modules` (every module component for a pipeline that does not say)."""
     names = getattr(pipe, "_lora_loadable_modules", None)
     components = getattr(pipe, "components", {}) or {}
     if names is None:

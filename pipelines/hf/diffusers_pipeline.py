@@ -81,10 +81,8 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
                                arguments: Iterable[str]) -> None:
     """Before anything is built: every component the class requires is in the folder or passed, and every
     passed name is one of its components (else the closest of them or of the entry's `arguments`)."""
-    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
-    optional = set(pipeline_class._optional_components or ())
     present = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
-    missing = [name for name in expected if name not in present and name not in optional]
+    expected, missing = _required(pipeline_class, present)
     if missing:
         listed = {name: spec.to_json_value() for name, spec in index.components.items() if name in missing}
         raise MissingComponentsError(
@@ -97,6 +95,13 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
     if unknown:
         raise unknown_pipeline_keywords(unknown, pipeline=pipeline_class.__name__, components=expected,
                                         arguments=arguments)
+
+
+def _required(pipeline_class: type, present: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The components the class's constructor takes, and those of them it requires that are not `present`."""
+    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
+    optional = set(pipeline_class._optional_components or ())
+    return expected, [name for name in expected if name not in present and name not in optional]
 
 
 def build_diffusers_pipeline(pipeline_class: type, index: ModelIndex, components: Mapping[str, Any], *,
@@ -142,8 +147,7 @@ def graph_edges(pipeline_class: type, modules: Mapping[str, Any]) -> list[tuple[
 
 
 def attach_reset(pipe: Any) -> None:
-    """Replace the instance's `reset_device_map` by `reset_placement` and its `save_pretrained` by
-    `save_placed` (see the module docstring)."""
+    """Replace the instance's `reset_device_map` and `save_pretrained` by `reset_placement` and `save_placed`."""
     pipe.reset_device_map = types.MethodType(reset_placement, pipe)
     pipe.save_pretrained = types.MethodType(save_placed, pipe)
 
@@ -159,8 +163,7 @@ def reset_placement(pipe: Any) -> None:
 
 
 def is_capturable(pipe: Any) -> bool:
-    """Whether `pipe`'s call can be learned by running a diffusers pipeline's own `__call__` (`calls.capture`): it
-    is a diffusers pipeline, or a generic pipeline of a folder naming one the installed diffusers has."""
+    """Whether `pipe` is a diffusers pipeline, or a generic pipeline of a folder naming one diffusers has."""
     try:
         import diffusers
     except ImportError:
@@ -172,9 +175,8 @@ def is_capturable(pipe: Any) -> bool:
 
 
 def capturable(pipe: Any) -> Any:
-    """The diffusers pipeline whose `__call__` a capture runs: `pipe` itself, or for a generic pipeline of a
-    diffusers folder, that class built from its components; an error naming what the folder lacks (a configs-only
-    folder without its tokenizer or scheduler)."""
+    """The diffusers pipeline whose `__call__` a capture runs: `pipe`, or the class a generic pipeline's folder
+    names, built from its components."""
     import diffusers
 
     from ..errors import CallSpecError
@@ -182,10 +184,8 @@ def capturable(pipe: Any) -> Any:
     if isinstance(pipe, diffusers.DiffusionPipeline):
         return pipe
     pipeline_class = getattr(diffusers, pipe.folder_class_name)
-    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
-    optional = set(pipeline_class._optional_components or ())
     components = pipe.components
-    missing = [name for name in expected if components.get(name) is None and name not in optional]
+    expected, missing = _required(pipeline_class, [name for name, obj in components.items() if obj is not None])
     if missing:
         raise CallSpecError(
             f"call= plans by running {pipeline_class.__name__}'s own __call__, which needs its {missing}: the folder "

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import tie_weights
-from ..checkpoint.files import read_config
+from ..checkpoint.files import CONFIG_NAME, read_config
 from ..errors import PipelineLoadError, WeightsNotFoundError
 from ..folder.sources import Family
 from .quantizers import ComponentQuantization, QuantizationMethod
@@ -38,8 +38,7 @@ class OwnerLoad:
 
     @property
     def takes_multi_device_maps(self) -> bool:
-        """Whether the owner accepts a device map with several entries: diffusers' single-file loader takes one
-        device only, and its quanto quantizer refuses multi-entry maps."""
+        """diffusers' single-file loader takes one device only, and its quanto quantizer refuses multi-entry maps."""
         if self.single_file:
             return False
         quanto = self.quantization is not None and self.quantization.method is QuantizationMethod.QUANTO
@@ -87,8 +86,7 @@ def remove_owner_state(module: nn.Module) -> None:
 
 def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowed_missing: Iterable[str] = ()) -> bool:
     """Whether transformers' conversion mapping of `module`'s class turns `checkpoint_keys` into every tensor the
-    module needs (`allowed_missing`: tied weights re-tied after loading). False when nothing is converted (the
-    keys simply do not match) or the conversion API is not available."""
+    module needs (`allowed_missing`: tied weights); False when nothing is converted."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
@@ -110,13 +108,9 @@ def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowe
 __all__ = ["OwnerLoad", "load_with_owner", "remove_owner_state", "renames_explain"]
 
 
-CONFIG_FILE = "config.json"
-
-
 def construct(cls: type, folder: Path, family: Family) -> nn.Module:
-    """`cls` built from `folder/config.json` by its family's constructor (under `init_empty_weights()` the
-    weights stay on meta: no memory, no init cost)."""
-    config_path = folder / CONFIG_FILE
+    """`cls` built from `folder/config.json` by its family's constructor."""
+    config_path = folder / CONFIG_NAME
     if not config_path.is_file():
         raise WeightsNotFoundError(f"{config_path} not found: component folder {folder.name!r} needs its config.json.")
     if family is Family.OWN:
@@ -127,8 +121,7 @@ def construct(cls: type, folder: Path, family: Family) -> nn.Module:
 
 
 def retie(module: nn.Module, family: Family) -> None:
-    """Redo the weight ties the constructor made: accelerate's `init_empty_weights()` breaks them. Ours from
-    `_tied_weights_keys`; diffusers and transformers models by their own `tie_weights()`."""
+    """Redo the constructor's weight ties, which `init_empty_weights()` breaks."""
     if family is Family.OWN:
         tie_weights(module, type(module)._tied_weights_keys)
     elif callable(getattr(module, "tie_weights", None)):
@@ -137,8 +130,7 @@ def retie(module: nn.Module, family: Family) -> None:
 
 def load_without_device_map(cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
                             variant: str | None, quantization_config: Any = None) -> Any:
-    """A component loaded by its own class to the CPU (the no-device_map path of a pipeline); a quantized one by
-    its owner's quantizer (`quantization_config`: the component's own config object)."""
+    """A component loaded by its own class to the CPU, a quantized one by its owner's quantizer."""
     if family is Family.NON_MODULE:
         return cls.from_pretrained(folder)
     extra = {} if quantization_config is None else {"quantization_config": quantization_config}

@@ -249,10 +249,6 @@ def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], P
     return retried.model_copy(update={"warnings": [*retried.warnings, note]})
 
 
-__all__ = ["check_format_options", "check_planned_formats", "formats_of_metas", "formats_of_modules",
-           "load_modules_without_device_map", "plan_around_formats", "refused_components", "respect_formats"]
-
-
 def build_single_file_component(name: str, cls: type, path: Path, config_folder: Path, *,
                                 dtype: torch.dtype | None, quantization_config: Any = None,
                                 layerwise_casting: torch.dtype | None = None) -> MetaComponent:

@@ -70,7 +70,7 @@ def _free_space(folder: Path) -> int:
 def check_repeat_counts(name: str, path: Path, config: Mapping[str, Any]) -> None:
     """A field counting repeated blocks above `MAX_REPEATS` is a `FolderError` naming the field, its
     value and the limit (nested configs such as `text_config` included)."""
-    for field, value in _repeat_counts(config):
+    for field, value in _numbers(config, repeats=True):
         if value > MAX_REPEATS:
             raise FolderError(
                 f"Component {name!r}: {str(path)!r} sets {field}={value}, more blocks than any model has (the limit "
@@ -79,13 +79,15 @@ def check_repeat_counts(name: str, path: Path, config: Mapping[str, Any]) -> Non
             )
 
 
-def _repeat_counts(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
+def _numbers(config: Mapping[str, Any], prefix: str = "", *, repeats: bool = False) -> Iterator[tuple[str, int]]:
+    """(dotted field, value) for each integer of a config, nested ones included (depth bounded by the JSON reader);
+    `repeats`: of the fields counting repeated blocks only, each item of a list too."""
     for key, value in config.items():
         field = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            yield from _repeat_counts(value, prefix=f"{field}.")  # depth bounded by the JSON reader
-        elif _REPEAT_FIELD.search(str(key)):
-            for number in value if isinstance(value, list) else [value]:
+            yield from _numbers(value, f"{field}.", repeats=repeats)
+        elif not repeats or _REPEAT_FIELD.search(str(key)):
+            for number in value if repeats and isinstance(value, list) else [value]:
                 if isinstance(number, int) and not isinstance(number, bool):
                     yield field, number
 
@@ -146,7 +148,7 @@ class _Counter:
             self.refuse(f"a tensor of shape {list(shape)} ({elements:,} elements)", elements,
                         f"config numbers in that shape: {', '.join(fields)}" if fields else "")
         if self.elements * self.bits // 8 > self.limit.total:
-            counts = [f"{field}={value}" for field, value in _repeat_counts(self.config) if value > 1]
+            counts = [f"{field}={value}" for field, value in _numbers(self.config, repeats=True) if value > 1]
             self.refuse(f"{self.elements:,} elements of tensors so far", self.elements,
                         f"blocks repeated as {', '.join(counts)}" if counts else "")
 
@@ -158,14 +160,6 @@ class _Counter:
             f"together ({self.limit.described}). Nothing was allocated: fix the numbers in that config.json, or "
             "give budgets that can hold the model."
         )
-
-
-def _numbers(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            yield from _numbers(value, prefix=f"{prefix}{key}.")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            yield f"{prefix}{key}", value
 
 
 def _shape(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -45,6 +45,7 @@ from ..hf.quantizers import (
     prepare_on_meta,
     quantized_parameter_names,
 )
+from ..hf.single_file import largest_float_dtype
 from .limits import BuildLimit, bounded_construction, check_repeat_counts, fewest_bits
 
 
@@ -128,13 +129,7 @@ def _quantizer_keeps_fp32(quantizer, family: Family) -> bool:
 def checkpoint_float_dtype(weights: WeightsIndex | None, names: set[str] | None = None) -> torch.dtype | None:
     """The floating dtype holding most of the checkpoint's bytes (what the owner loads it in), among `names` when
     given (a pre-quantized checkpoint's scales may be float32 while its biases and norms are bfloat16)."""
-    if weights is None:
-        return None
-    by_dtype: dict[torch.dtype, int] = {}
-    for entry in weights.tensors.values():
-        if entry.dtype.is_floating_point and (names is None or entry.name in names):
-            by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
-    return max(by_dtype, key=by_dtype.get) if by_dtype else None
+    return None if weights is None else largest_float_dtype(weights.tensors.values(), names)
 
 
 def cast_floating_meta(module: nn.Module, dtype: torch.dtype | None, *, keep_in_fp32: list[str] | tuple[str, ...]
@@ -161,9 +156,6 @@ def _names_by_tensor(module: nn.Module) -> dict[int, list[str]]:
     for name, parameter in module.named_parameters(remove_duplicate=False):
         names.setdefault(id(parameter), []).append(name)
     return {key: value for key, value in names.items() if len(value) > 1}
-
-
-__all__ = ["build_owner_component", "cast_floating_meta", "checkpoint_float_dtype"]
 
 
 # diffusers' `hooks.layerwise_casting.DEFAULT_SKIP_MODULES_PATTERN` (what `enable_layerwise_casting` skips).

@@ -35,11 +35,13 @@ from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .formats import (
     Formats,
+    build_single_file_component,
     check_format_options,
     formats_of_metas,
     formats_of_modules,
     load_modules_without_device_map,
     respect_formats,
+    single_file_sources,
 )
 from .limits import BuildLimit
 from .memory_techniques import apply_memory_techniques
@@ -63,7 +65,6 @@ from .planning import (
     with_notes,
 )
 from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
-from .formats import build_single_file_component, single_file_sources
 
 
 # (component whose outputs travel, component whose device they are joined on)
@@ -126,9 +127,13 @@ def missing_weights_notes(metas: Mapping[str, MetaComponent], sources: Mapping[s
         if meta.weights is not None or source is None or meta.owner is not None and meta.owner.single_file:
             continue
         if others_have or saved_here or holds_weight_files(source.folder):
-            notes.append(f"{name}: {why_missing(source.folder, source.cls, variant)} The plan sized it from its "
-                         "config.json; loading it will fail until its weights are there.")
+            notes.append(missing_weights_note(name, source.folder, source.cls, variant))
     return notes
+
+
+def missing_weights_note(name: str, folder: Path, cls: type, variant: str | None) -> str:
+    return (f"{name}: {why_missing(folder, cls, variant)} The plan sized it from its config.json; loading it will "
+            "fail until its weights are there.")
 
 
 def holds_weight_files(folder: Path) -> bool:

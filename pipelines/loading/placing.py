@@ -115,9 +115,6 @@ def write_disk_entries(module: nn.Module, flat: Mapping[str, Device], name: str,
     return index
 
 
-__all__ = ["owner_device_map", "read_with_owner"]
-
-
 def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
     """Before anything is read: every accelerator the plan uses exists here."""
     absent_by_component = {

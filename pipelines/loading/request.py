@@ -177,19 +177,11 @@ def entry_signature(entry: Entry, *, rest: str | None = None) -> Callable[[Calla
     return decorate
 
 
-__all__ = ["Entry", "LoadOptions", "MODEL_LOAD", "MODEL_PLAN", "PIPELINE_ARGUMENTS", "PIPELINE_LOAD", "PIPELINE_PLAN",
-           "Scope",
-           "arguments_of", "entry_signature"]
-
-
-def is_plan_path(device_map: Any) -> bool:
-    return isinstance(device_map, Path) or (isinstance(device_map, str) and device_map.endswith(".json"))
-
-
 def saved_plan(device_map: Any) -> Plan | None:
+    """The plan `device_map` names, or None; a path (or a string ending in .json) always names a plan file."""
     if isinstance(device_map, Plan):
         return device_map
-    if not is_plan_path(device_map):
+    if not (isinstance(device_map, Path) or (isinstance(device_map, str) and device_map.endswith(".json"))):
         return None
     path = Path(device_map)
     if not path.is_file():
@@ -317,11 +309,11 @@ def refuse_storage_only(dtype: torch.dtype | None, key: str) -> torch.dtype | No
     must have the same dtype"): fp8 is a storage dtype, given as layerwise casting."""
     if dtype is None or dtype.itemsize > 1:
         return dtype
-    component = "transformer" if key == "default" else key
+    component, name = "transformer" if key == "default" else key, str(dtype).removeprefix("torch.")
     raise PlanError(
-        f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {str(dtype).removeprefix('torch.')} is a "
+        f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {name} is a "
         "storage dtype: layers cannot compute in it. Store weights in it with layerwise casting and compute in "
-        f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{str(dtype).removeprefix('torch.')}}}."
+        f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{name}}}."
     )
 
 

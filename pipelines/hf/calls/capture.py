@@ -39,16 +39,11 @@ ALIASES = {"num_images_per_prompt": "num_videos_per_prompt"}
 DEFAULT_PROMPT = " ".join(["a lighthouse on a rocky coast at dusk, waves, gulls, warm light,"] * 64)
 
 
-def call_parameters(pipeline_class: type) -> dict[str, inspect.Parameter]:
-    """The keyword parameters of the pipeline's `__call__` (its signature, `self` left out)."""
-    parameters = inspect.signature(pipeline_class.__call__).parameters
-    return {name: parameter for name, parameter in parameters.items() if name != "self"
-            and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
-
-
 def call_arguments(pipeline_class: type, call: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of the `__call__` that `call` describes (module doc)."""
-    parameters = call_parameters(pipeline_class)
+    """The keyword arguments of the `__call__` that `call` describes."""
+    parameters = {name: parameter for name, parameter in inspect.signature(pipeline_class.__call__).parameters.items()
+                  if name != "self" and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                               inspect.Parameter.VAR_KEYWORD)}
     name = pipeline_class.__name__
     call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
             for key, value in call.items()}
@@ -171,8 +166,7 @@ VIDEO_INPUTS = ("video", "mask")
 
 @contextlib.contextmanager
 def blank_results_not_converted(pipe: Any) -> Iterator[None]:
-    """The decoded result handed back as it is: its post-processing (denormalising, PIL or numpy conversion) costs
-    seconds for a video and runs no component, so every image/video processor's `postprocess` is skipped."""
+    """Post-processing (PIL or numpy conversion) runs no component and costs seconds for a video: skipped."""
     patched = []
     for processor in list(vars(pipe).values()):
         for method in ("postprocess", "postprocess_video"):
@@ -228,14 +222,6 @@ def progress_bar_off(pipe: Any) -> Iterator[None]:
         pipe._progress_bar_config = saved
 
 
-@contextlib.contextmanager
-def libraries_quiet() -> Iterator[None]:
-    """diffusers' and transformers' warnings about the call (a long prompt truncated at the maximum sequence
-    length, which the default prompt is on purpose) say nothing about the plan: silenced while capturing."""
-    with loggers_at_error("diffusers", "transformers"):
-        yield
-
-
 _ENTRY_METHODS = ("encode", "decode")  # besides forward: what pipelines call on a VAE
 _CPU = torch.device("cpu")
 
@@ -254,21 +240,21 @@ class CapturedCall:
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def work_per_run(self) -> dict[str, tuple[int, int]]:
-        """(FLOPs, bytes touched) per run: the call's total over the component's runs (its `forward`s; a VAE's
-        decode counts as its one run)."""
+        """(FLOPs, bytes touched) per run: the call's total over the component's runs."""
         return {name: (flops // max(self.runs.get(name, 1), 1), touched // max(self.runs.get(name, 1), 1))
                 for name, (flops, touched) in self.work.items()}
 
 
 def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                  dtype_of: Callable[[str], torch.dtype | None]) -> CapturedCall:
-    """Run `pipe(**call)` with each of `modules` replaced by a recorder (module doc); `dtype_of(name)` is the dtype
-    each component will run in."""
+    """Run `pipe(**call)` with each of `modules` replaced by a recorder; `dtype_of(name)`: each one's run dtype."""
     arguments = call_arguments(type(pipe), call)
     recorder = _Recorder(modules, dtype_of)
     with contextlib.ExitStack() as stack:
+        # The libraries' warnings about the call (a long prompt truncated, which the default prompt is on purpose)
+        # say nothing about the plan.
         for context in (optional_text_cleaning(pipe), progress_bar_off(pipe), blank_results_not_converted(pipe),
-                        _executing_on_the_cpu(pipe), libraries_quiet()):
+                        _executing_on_the_cpu(pipe), loggers_at_error("diffusers", "transformers")):
             stack.enter_context(context)
         for name, module in modules.items():
             stack.enter_context(recorder.standing_in(name, module))
@@ -336,8 +322,7 @@ class _Recorder:
                            self.outputs[key])
 
     def _estimate(self, name: str, module: nn.Module, example: ExampleCall) -> tuple[ExampleCall, Any]:
-        """The call run on fake tensors; again with its integer inputs' values when it reads them (module doc of
-        `placement.activations.estimate`)."""
+        """The call run on fake tensors; again with its integer inputs' values when it reads them."""
         self._inside = True
         try:
             try:
@@ -381,9 +366,8 @@ def _has_integer_inputs(example: ExampleCall) -> bool:
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple:
-    """What makes two calls of a component the same estimate: the inputs' structure, each tensor's shape, dtype
-    and strides, and the values of the other inputs (an int can size a reshape) except floats (a timestep, a
-    scale: they change values, not shapes)."""
+    """What makes two calls the same estimate: structure, each tensor's shape, dtype and strides, and the other
+    inputs' values (an int can size a reshape) except floats, which change values, not shapes."""
     leaves, spec = tree_flatten((args, kwargs))
 
     def leaf(value: Any) -> Any:
@@ -400,8 +384,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 
 @contextlib.contextmanager
 def _executing_on_the_cpu(pipe: Any) -> Iterator[None]:
-    """The pipeline's own tensors (latents, timesteps, masks) on the CPU: its modules are on meta, where diffusers
-    would otherwise make them (`_execution_device` is the first module's device)."""
+    """The pipeline's own tensors (latents, timesteps) on the CPU, not on its modules' meta device."""
     original = type(pipe)
     pipe.__class__ = _cpu_class(original)
     try:

@@ -16,10 +16,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from placement.activations.tracking import LiveStorageTracker
 from placement.plan_schema import MemoryTechnique
 
-# The VAE flag each technique sets (diffusers' names, and ours), and the method that sets it at load.
-_FLAGS = {MemoryTechnique.VAE_TILING: "use_tiling", MemoryTechnique.VAE_SLICING: "use_slicing"}
-_ENABLE = {MemoryTechnique.VAE_TILING: "enable_tiling", MemoryTechnique.VAE_SLICING: "enable_slicing"}
-_DISABLE = {MemoryTechnique.VAE_TILING: "disable_tiling", MemoryTechnique.VAE_SLICING: "disable_slicing"}
+# The VAE flag each technique sets, and its switches (diffusers' names, and ours): "use_tiling", "enable_tiling", ...
+_FLAGS, _ENABLE, _DISABLE = ({t: f"{verb}_{t.value.removeprefix('vae_')}" for t in MemoryTechnique}
+                             for verb in ("use", "enable", "disable"))
 # Submodules a tiled or sliced call runs once per tile or sample: replayed by shape.
 _REPEATED_PARTS = ("decoder", "encoder")
 # diffusers' in-place blends of two tiles' overlap: `blend_x(a, b, extent)` writes into `b` and returns it.
@@ -49,8 +48,7 @@ def is_on(module: nn.Module, technique: MemoryTechnique) -> bool:
 
 
 def enable_techniques(module: nn.Module, techniques) -> tuple[str, ...]:
-    """Turn the planned techniques on (`vae.enable_tiling()`, `vae.enable_slicing()`, each class's own); the
-    names of the methods that turn off those that were off (what a reset calls: `disable_tiling`)."""
+    """Turn the planned techniques on; the names of the methods that turn off those that were off (for a reset)."""
     undo = []
     for technique in map(MemoryTechnique, techniques):
         if not is_on(module, technique):
