@@ -63,8 +63,7 @@ class Pipeline(PipelineComponents):
 
     def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
                         variant: str | None = None) -> None:
-        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
-        components' own writers draw no bars: `hf.quiet`)."""
+        """Write model_index.json and one subfolder per component, atomically and quietly."""
         with quiet():
             save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
 
@@ -179,8 +178,8 @@ class Pipeline(PipelineComponents):
 
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *,
              entry: Entry) -> tuple[LoadRequest, dict[str, Any]]:
-    """The request both entries make from the same keywords (only the files fetched from the Hub differ: a
-    plan reads configs and headers), and the components passed in."""
+    """The request both entries make from the same keywords (a plan fetches configs and headers only), and the
+    components passed in."""
     options, components = LoadOptions.take(keywords, entry=entry, label=f"{cls.__name__}.{entry.method}")
     request = resolve_request(pretrained, options, scope=Scope.PIPELINE,
                               allow_patterns=PLAN_PATTERNS if entry.plans else LOAD_PATTERNS,

@@ -181,15 +181,11 @@ def _refuse_fusing_disk_weights(name: str, modules: Mapping[str, nn.Module], kin
 
 
 def _adapter_layers_on_disk(module: nn.Module) -> list[str]:
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:
-        return []
     homes = weight_homes(module)
     if "disk" not in homes.values():
         return []
-    return [path for path, layer in module.named_modules() if isinstance(layer, BaseTunerLayer)
-            and any(homes.get(f"{path}.base_layer.{weight}") == "disk" for weight in ("weight", "bias"))]
+    return [path for path in _tuner_layers(module)
+            if any(homes.get(f"{path}.base_layer.{weight}") == "disk" for weight in ("weight", "bias"))]
 
 
 def _loadable(pipe: Any) -> dict[str, nn.Module]:

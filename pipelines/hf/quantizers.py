@@ -32,8 +32,7 @@ class QuantizationMethod(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class ComponentQuantization:
-    """How one component is quantized: the owner library's config object, whether the folder holds weights
-    quantized already (`pre_quantized`), and the format."""
+    """How one component is quantized: the owner's config object, whether its folder holds it quantized, the format."""
 
     config: Any
     pre_quantized: bool
@@ -93,27 +92,19 @@ def is_config_dict(value: Any) -> bool:
     return isinstance(value, Mapping) and bool({"quant_method", "load_in_4bit", "load_in_8bit"} & set(value))
 
 
-def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
-    """The components a mapping (or a `PipelineQuantizationConfig`) names must be module components: a misspelt
-    one would silently load a dense model."""
+def requested_names(quantization_config: Any) -> list[str]:
+    """The components a `PipelineQuantizationConfig` or a mapping {component: config} quantizes (none for None)."""
     if quantization_config is None:
-        return
+        return []
     if _is_pipeline_config(quantization_config):
-        named = list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
-    elif isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
-        named = list(quantization_config)
-    else:
-        raise LoadError(
-            f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
-            "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
-            "components_to_quantize=[...]) or a mapping {component: config}."
-        )
-    unknown = sorted(set(named) - set(modules))
-    if unknown:
-        raise LoadError(
-            f"quantization_config names {unknown}, which are not module components of this pipeline; its module "
-            f"components are {sorted(modules)}."
-        )
+        return list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
+    if isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
+        return list(quantization_config)
+    raise LoadError(
+        f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
+        "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
+        "components_to_quantize=[...]) or a mapping {component: config}."
+    )
 
 
 def _is_pipeline_config(config: Any) -> bool:
@@ -249,8 +240,7 @@ def compute_dtype(quantizer, family: Family, dtype: torch.dtype | None) -> torch
 
 def prepare_on_meta(module: nn.Module, quantizer, family: Family, *, dtype: torch.dtype | None,
                     keep_in_fp32: list[str], checkpoint_files: list[str] | None = None) -> None:
-    """What the owner's `from_pretrained` does to the meta model before reading weights: the quantizer replaces
-    the layers it quantizes."""
+    """What the owner's `from_pretrained` does to the meta model before reading weights."""
     if family is Family.DIFFUSERS:
         quantizer.preprocess_model(model=module, device_map=None, keep_in_fp32_modules=keep_in_fp32)
     else:
@@ -327,6 +317,7 @@ def format_label(quantization: ComponentQuantization) -> str:
     return f"{quantization.method.value}"
 
 
-__all__ = ["ComponentQuantization", "QuantizationMethod", "check_requested_names", "component_quantization",
+__all__ = ["ComponentQuantization", "QuantizationMethod", "component_quantization",
            "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta", "is_config_dict", "method_of",
-           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]
+           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_names",
+           "requested_quantization"]

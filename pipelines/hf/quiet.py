@@ -91,8 +91,7 @@ def quiet(preload: Iterable[str] = ()) -> Iterator[None]:
 
 
 def hf_libraries(folder: Optional[Path]) -> tuple[str, ...]:
-    """The Hugging Face libraries a load of `folder` imports (a pipeline folder's components or class, a model
-    folder's config): what `quiet(preload=...)` should import inside the block."""
+    """The Hugging Face libraries a load of `folder` imports: what `quiet(preload=...)` imports inside the block."""
     from ..folder.model_index import ModelIndex
     from placement.errors import PlacementError
 

@@ -35,15 +35,16 @@ from placement.sizes import format_bytes
 from ..checkpoint import find_weights
 from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
+from ..folder.components import module_dtype
 from ..folder.sources import ComponentSource, Family, family_of, weights_name_for
 from ..hf.owner_loading import OwnerLoad, load_without_device_map
 from ..hf.quantizers import (
     ComponentQuantization,
     QuantizationMethod,
-    check_requested_names,
     component_quantization,
     format_label,
     method_of,
+    requested_names,
     requested_quantization,
 )
 from ..hf.single_file import (
@@ -103,40 +104,32 @@ def runtime_of(component: ComponentPlan, plan: Plan) -> Runtime:
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
     """Before anything is built: each option names components this load has (quantization: those read from
     the folder; layerwise casting: any module component; pins: those passed in)."""
-    quantized_passed = [name for name in passed if _names(request.options.quantization_config, name)]
+    options, modules = request.options, built + passed
+    quantized = requested_names(options.quantization_config)
+    quantized_passed = [name for name in passed if name in quantized]
     if quantized_passed:
         raise LoadError(
             f"quantization_config names {quantized_passed}, which were passed in: a component passed in is placed "
             "as it is; quantize it yourself (its owner's quantizer) or let the load read it from the folder."
         )
-    check_requested_names(request.options.quantization_config, built + passed)
-    modules = built + passed
-    unknown = sorted(set(request.options.layerwise_casting) - set(modules))
-    if unknown:
-        raise LoadError(
-            f"layerwise_casting names {unknown}, which are not module components of this pipeline; its module "
-            f"components are {sorted(modules)}."
-        )
-    stray = sorted(set(request.options.pin) - set(passed))
+    for option, named in (("quantization_config", quantized), ("layerwise_casting", options.layerwise_casting)):
+        unknown = sorted(set(named) - set(modules))
+        if unknown:  # a misspelt name would silently load that component as it is
+            raise LoadError(
+                f"{option} names {unknown}, which are not module components of this pipeline; its module "
+                f"components are {sorted(modules)}."
+            )
+    stray = sorted(set(options.pin) - set(passed))
     if stray:
         raise LoadError(
-            f"pin={list(request.options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
+            f"pin={list(options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
             f"(e.g. transformer=my_model) where it is. Passed in: {sorted(passed) or 'nothing'}."
         )
 
 
-def _names(quantization_config: Any, name: str) -> bool:
-    if isinstance(quantization_config, Mapping):
-        return name in quantization_config
-    if callable(getattr(quantization_config, "_resolve_quant_config", None)):
-        return name in (quantization_config.quant_mapping or {}) or name in (
-            quantization_config.components_to_quantize or [])
-    return False
-
-
 def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, nn.Module]:
-    """No device_map: each module component loaded to the CPU by its own class (quantized by its owner when the
-    request or its folder says so), with layerwise casting applied when asked."""
+    """No device_map: each module component loaded to the CPU by its own class (quantized by its owner when asked),
+    with layerwise casting applied when asked."""
     loaded = {}
     for name, source in opened.modules.items():
         # checked as a placed load checks them (its weights are safetensors, or pickles only on the explicit
@@ -149,14 +142,10 @@ def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, n
                                          variant=request.options.variant, quantization_config=config)
         storage = request.options.layerwise_casting.get(name)
         if storage is not None:
-            compute = opened.dtypes[name] or _floating_dtype(module)
+            compute = opened.dtypes[name] or module_dtype(module)
             apply_layerwise_casting(module, casting_config(module, storage, compute))
         loaded[name] = module
     return loaded
-
-
-def _floating_dtype(module: nn.Module):
-    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
 
 
 Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its format, the format in words)
@@ -208,16 +197,14 @@ def _advice(name: str, runtime: Runtime) -> str:
 
 
 def check_planned_formats(plan: Plan, formats: Formats) -> None:
-    """A quantized component planned where its format cannot run is an error now, before any weight is read,
-    with the numbers and what to do."""
+    """A quantized component planned where its format cannot run is an error before any weight is read."""
     refused = refused_components(plan, formats)
     if refused:
         raise LoadError(next(iter(refused.values())))
 
 
 def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
-    """`plan_around_formats` for a plan the strategy made; a plan the caller gave (a saved plan, pins, one
-    device) is followed as it is, so it is only checked."""
+    """`plan_around_formats` for a plan the strategy made; a plan the caller gave is followed as it is, only checked."""
     if device_map.kind is DeviceMapKind.STRATEGY:
         return plan_around_formats(plan, formats, replan)
     check_planned_formats(plan, formats)

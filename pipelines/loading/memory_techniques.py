@@ -233,8 +233,7 @@ def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcom
 
 @dataclass(frozen=True, kw_only=True)
 class PlannedCall:
-    """The call being planned: each component's example calls, the modules, their dtypes, the call's sizes,
-    and how to describe a smaller call (for what-would-fit offers)."""
+    """The call being planned, and how to describe a smaller one (for what-would-fit offers)."""
 
     runs: Mapping[str, list]
     modules: Mapping[str, nn.Module]
@@ -356,8 +355,7 @@ def _first_sentence(error: Exception | None) -> str:
 
 
 def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> dict[str, tuple[str, ...]]:
-    """Turn on, in each module of `pipe`, the techniques the plan turned on for it (`vae.enable_tiling()`);
-    {component: the methods that turn off what was off before} (`reset_device_map()` calls them)."""
+    """Turn on in each module the techniques the plan chose; {component: the methods that undo it} for a reset."""
     components, undo = getattr(pipe, "components", {}), {}
     for name, component in plan.components.items():
         if component.memory_techniques and isinstance(components.get(name), nn.Module):

@@ -86,14 +86,13 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
                                                             "module_order": module_order or None})
 
-    planned = None if call is None else _planned_call(pipe, modules, sizes, options, described, dtypes=dtypes,
-                                                      estimating=estimating, module_order=module_order)
-    activations = None if planned is None else planned.activations
+    planned, activations = (None, None) if call is None else _planned_call(
+        pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
     if planned is not None:
         arguments.update(work_arguments(described, modules, dtypes=dtypes, estimating=estimating))
     try:
         outcome = attempt(plan_for, None) if planned is None else \
-            plan_with_vae_techniques(plan_for, planned.call, activations, options)
+            plan_with_vae_techniques(plan_for, planned, activations, options)
         plan = outcome.result()
     except DoesNotFitError as error:
         if advise and device_map.kind is DeviceMapKind.STRATEGY:
@@ -133,14 +132,9 @@ def _advice(plan: placement.Plan, metas: Mapping[str, Any], replanning: Replanni
     return advice
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Estimated:
-    call: PlannedCall
-    activations: dict[str, int]
-
-
 def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions,
-                  described: DescribedCall, *, dtypes, estimating, module_order: dict[str, list[str]]) -> _Estimated:
+                  described: DescribedCall, *, dtypes, estimating,
+                  module_order: dict[str, list[str]]) -> tuple[PlannedCall, dict[str, int]]:
     """The call's runs of each component and their activation peaks (with what `call=` forces on the VAEs)."""
     with estimating():
         activations = estimate_peaks(described, modules, torch_dtype=dtypes, module_order=module_order,
@@ -148,7 +142,7 @@ def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, An
     planned = PlannedCall(runs=described.calls, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
                           describe=lambda smaller: describe_call(pipe, modules, smaller, dtypes=dtypes,
                                                                  estimating=estimating).calls)
-    return _Estimated(call=planned, activations=activations)
+    return planned, activations
 
 
 def caller_stacklevel() -> int:

@@ -283,10 +283,8 @@ class DtypeRequest:
 
     @classmethod
     def parse(cls, torch_dtype: Any) -> "DtypeRequest":
-        if not isinstance(torch_dtype, Mapping):
-            return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"))
         named = {str(key): refuse_storage_only(dtype_for(torch_dtype, key), str(key))
-                 for key in torch_dtype if key != "default"}
+                 for key in (torch_dtype if isinstance(torch_dtype, Mapping) else ()) if key != "default"}
         return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"),
                    named=MappingProxyType(named))
 
