@@ -1,18 +1,8 @@
-"""What users touch, cut along the data flow (each subpackage imports only those below it; tests/test_layering.py):
+"""What users touch: cli/, distributed/, text_to_image/, framework/ (the user base classes), loading/, hf/ (the
+diffusers/transformers bridge), folder/, checkpoint/, errors.py; each subpackage imports only those below it.
 
-cli/            the `placement` command
-distributed/    replicas under torchrun: load_replica, the `placement run` job
-text_to_image/  the reference text-to-image pipeline, its models, tokenizer, scheduler and presets
-framework/      the user base classes: ModelConfig, ModelMixin, Pipeline (and their memory methods)
-loading/        the one loader of models and pipelines: request, meta build, plan, place, undo
-hf/             the diffusers/transformers bridge, and the calls of diffusers' pipeline families
-folder/         what a folder is: model_index.json, component sources, the Hub, snapshots, class registry, saving
-checkpoint/     the file format only: safetensors shards and index, config files, atomic save, streaming
-errors.py       the error tree: a base per stage and the types callers catch; all exported here by name
-
-Names are imported on first use (PEP 562), so that `placement --help` (the console script lives in
-`pipelines.cli`) does not import torch. The class registry (`folder.class_registry`) is told here which library
-classes a saved folder may name and how to import each, so that it never names this package itself.
+Names are imported on first use (PEP 562), so that `placement --help` does not import torch. The class registry
+is told here which library classes a saved folder may name, so that it never names this package itself.
 """
 
 import functools
@@ -42,8 +32,7 @@ _EXPORTS = {
     "plan_model": ".loading.single_model",
 }
 
-# The errors: every name in the `__all__` of `errors.py` (where the error tree is drawn), so that a type added
-# there is exported here without a second list.
+# Every name in the `__all__` of `errors.py`: a type added there is exported here without a second list.
 _ERROR_MODULE = ".errors"
 
 

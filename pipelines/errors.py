@@ -17,11 +17,7 @@
     └── CallError               a pipeline called with inputs it cannot take (ValueError)
         └── ImageRunError             a `placement run` whose prompts, folder or images failed (RuntimeError)
 
-Everything else is said by the message (which names the input, the numbers and the fix), not by a type. This
-module sits below every subpackage (it imports none of them); the package face exports every name in
-`__all__` here. Every other problem of a checkpoint (a corrupt file, keys or dtypes that do not match, a
-config that does not validate, an unsafe path) is a `FolderError` whose message names the file, the keys and the
-numbers involved, and says what to do.
+Everything else is said by the message (which names the input, the numbers and the fix), not by a type.
 """
 
 from __future__ import annotations
@@ -34,35 +30,30 @@ _LISTED = 10  # how many names a message spells out before it says "and N more"
 
 
 class FolderError(PlacementError, ValueError):
-    """A saved folder that cannot be read as asked: its files, its model_index.json, its classes, its
-    components' folders, or a save that cannot be done."""
+    """A saved folder that cannot be read as asked, or a save that cannot be done."""
 
 
 class UntrustedClassError(FolderError):
-    """model_index.json names a class outside this library, diffusers, transformers and the registered classes.
-    Its own type because a load that is passed that component catches it and never imports the class."""
+    """model_index.json names a class outside this library, diffusers, transformers and the registered classes;
+    a load that is passed that component catches it and never imports the class."""
 
 
 class FolderChangedError(FolderError, RuntimeError):
-    """The folder was saved over during every attempt to load it, so no consistent snapshot could be read.
-    Its own type because the caller's remedy is to load again once the saving stops."""
+    """The folder was saved over during every attempt to load it; the remedy is to load again later."""
 
 
 class WeightsNotFoundError(FolderError, FileNotFoundError):
-    """Weights that cannot be had: no weights file, a shard the index names that is absent, a variant that has no
-    weights (the message lists those that do), a folder that does not exist, or a weights file that failed to
-    read mid-load (removed, unreadable). A `FileNotFoundError` (an `OSError`), so that callers that catch those
-    keep working; the loader catches it to plan from configs alone."""
+    """Weights that cannot be had (no file, an absent shard, a variant without weights, a file unreadable
+    mid-load); a `FileNotFoundError` so callers that catch those keep working."""
 
 
 class CheckpointShapeError(FolderError):
-    """A tensor whose shape in the checkpoint differs from the model's. Its own type because an adapter load
-    catches it to name the file the tensor came from."""
+    """A tensor whose shape in the checkpoint differs from the model's; an adapter load catches it to name its
+    file."""
 
 
 class CheckpointSaveError(FolderError, RuntimeError):
-    """Saving failed; the existing checkpoint (if any) is left untouched. Its own type because a save nested in
-    another's staging folder is caught and said once, for the outer target."""
+    """Saving failed, the existing checkpoint untouched; a save nested in another's is said once, for the outer."""
 
 
 def list_names(names: Iterable[str]) -> str:
@@ -74,23 +65,19 @@ def list_names(names: Iterable[str]) -> str:
 
 
 class LoadError(PlacementError, ValueError):
-    """A load or plan request that cannot be carried out as asked: its arguments, formats, quantization, saved
-    plans, single files, presets, or the folder given to the command."""
+    """A load or plan request that cannot be carried out as asked."""
 
 
 class UnknownKeywordError(LoadError, TypeError):
-    """A keyword argument that is no argument of the entry, no component and no loading keyword of diffusers.
-    A `TypeError`, as Python raises for an unexpected keyword."""
+    """A keyword that is no argument, component or diffusers loading keyword; a `TypeError`, as Python's."""
 
 
 class CallSpecError(LoadError):
-    """A `call=` the pipeline cannot be planned for (the message says which keyword, and why). Its own type
-    because planning catches it to fall back to a plan without the call."""
+    """A `call=` the pipeline cannot be planned for; planning catches it to fall back to a plan without it."""
 
 
 class MissingComponentsError(LoadError):
-    """The folder lacks components its diffusers class requires (`missing`); planning, which needs only the
-    models, catches it and goes ahead without them."""
+    """The folder lacks components its diffusers class requires (`missing`); planning goes ahead without them."""
 
     def __init__(self, message: str, *, missing: list[str]):
         super().__init__(message)
@@ -98,23 +85,20 @@ class MissingComponentsError(LoadError):
 
 
 class PipelineLoadError(LoadError, RuntimeError):
-    """A load that failed while running, not for its arguments: a component built without weights, a component
-    its owner library refused or could not place, a pipeline that could not be assembled."""
+    """A load that failed while running, not for its arguments."""
 
 
 class ReplicaLoadError(LoadError, RuntimeError):
-    """One or more ranks of a launch could not plan or load their replica; the message names each and why.
-    Every rank raises it alike, so that the command reports it once (from rank 0)."""
+    """Ranks of a launch that could not plan or load their replica; every rank raises it alike, so that the
+    command reports it once."""
 
 
 class CallError(PlacementError, ValueError):
-    """A pipeline (or one of its models, tokenizer, scheduler, its VAE's features) called with inputs it cannot
-    take; raised before any work is done."""
+    """A pipeline (or one of its parts) called with inputs it cannot take; raised before any work is done."""
 
 
 class ImageRunError(CallError, RuntimeError):
-    """A prompts file that gives no prompt, an output folder made by another run, or images that failed on
-    some rank (the message says which). Every rank raises it alike, so that the command reports it once."""
+    """A `placement run` whose prompts, output folder or images failed; every rank raises it alike."""
 
 
 __all__ = ["CallError", "CallSpecError", "CheckpointSaveError", "CheckpointShapeError", "FolderChangedError",

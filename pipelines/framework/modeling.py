@@ -1,13 +1,6 @@
-"""ModelConfig: the pydantic schema of a model's config.json.
-
-ModelMixin: the base class of every model this library saves, loads and places.
-
-Memory techniques on one model, under diffusers' `ModelMixin` method names, so code written for diffusers
-(`transformer.enable_group_offload(...)`, `transformer.enable_layerwise_casting(...)`) runs unchanged.
-
-Both apply a row of the technique table (`hooks.TECHNIQUES`, the same techniques the pipeline-level methods
-use), with diffusers' arguments turned into its config by `hooks.group_offloading_fields` /
-`hooks.layerwise_casting_fields`; see docs/memory.md for what each saves and costs."""
+"""ModelConfig (the pydantic schema of a model's config.json) and ModelMixin (the base class of every model this
+library saves, loads and places), with diffusers' memory method names so code written for diffusers runs
+unchanged."""
 
 from __future__ import annotations
 
@@ -51,12 +44,9 @@ from ..loading.request import (
 class ModelConfig(BaseModel):
     """Base class of every model config: frozen, and an unknown field is an error that names it.
 
-    Subclass it and declare the architecture's hyper-parameters as typed fields with defaults.
-    `config.json` stores these fields plus `_class_name` (the model class), as diffusers does.
-    Integer and boolean fields are strict: `true` for an int, `2.0` for an int or `1` for a bool is an error
-    naming the field, never coerced (a coerced `true` silently changes the architecture). Other fields keep
-    pydantic's JSON conversions (a list for a tuple, an int for a float).
-    """
+    Declare the architecture's hyper-parameters as typed fields with defaults; `config.json` stores them plus
+    `_class_name`, as diffusers does. Integer and boolean fields are strict (a coerced `true` silently changes the
+    architecture); other fields keep pydantic's JSON conversions."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
@@ -81,11 +71,75 @@ def _scalar_types(annotation: Any) -> set[type]:
     return {annotation} if isinstance(annotation, type) else set()
 
 
-class ModelMemoryMethods(nn.Module):
-    """Mixed into `ModelMixin`."""
+class ModelMixin(OwnModel):
+    """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
 
+    Subclasses set `config_class` and take the config as the only constructor argument. `_no_split_modules`,
+    `_keep_in_fp32_modules` and `_tied_weights_keys` (`{"head.weight": "embed.weight"}`: not saved, re-tied after
+    loading, since ties made in `__init__` do not survive building on meta) are declared on
+    `folder.sources.OwnModel`."""
+
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
     # diffusers' name for the patterns a model keeps in its own dtype when casting (None: the hooks' default).
     _skip_layerwise_casting_patterns: tuple[str, ...] | None = None
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}; "
+                f"use {type(self).__name__}.from_config(...) to build one from a dict."
+            )
+        self._config = config
+        self.hf_device_map: dict[str, Any] | None = None
+        self.placement_plan: Plan | None = None  # the plan from_pretrained(device_map=...) followed
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    @classmethod
+    def from_config(cls, config: ModelConfig | Mapping[str, Any], **overrides):
+        """Build the model (random init) from a config object or a dict such as a parsed config.json."""
+        if isinstance(config, ModelConfig):
+            config = config.model_dump()
+        fields = {k: v for k, v in dict(config).items() if not k.startswith("_")}
+        fields.update(overrides)
+        return cls(cls.config_class.model_validate(fields))
+
+    def save_pretrained(
+        self, save_directory: str | Path, *, max_shard_size: int | str | None = None, variant: str | None = None
+    ) -> None:
+        """Write config.json and the safetensors weights (sharded past `max_shard_size`, default 10GB), atomically:
+        an existing checkpoint is untouched on failure. Works in any placement, reading offloaded weights from where
+        they live one shard at a time."""
+        naming = WeightsNaming(weights_name=self.weights_name, variant=variant)
+        tied = set(self._tied_weights_keys or ())
+        state_dict = {name: t for name, t in self.state_dict().items() if name not in tied}
+        offloaded = offloaded_weights(self)
+        with atomic_folder(save_directory, rewrites=lambda name: name == CONFIG_NAME or naming.owns(name)) as staging:
+            write_config(staging, self.config, class_name=type(self).__name__)
+            save_weights(
+                state_dict, staging, weights_name=self.weights_name, variant=variant, max_shard_size=max_shard_size,
+                offloaded=offloaded)
+
+    @classmethod
+    @entry_signature(MODEL_PLAN)
+    def plan_placement(cls, pretrained: str | Path, **keywords: Any) -> Plan:
+        """The plan `from_pretrained` with the same keywords follows (default `device_map="auto"`): a one-component
+        `placement.Plan` named after the class, from config.json and the safetensors headers only."""
+        return plan_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_PLAN))
+
+    @classmethod
+    @entry_signature(MODEL_LOAD)
+    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
+        """Load a saved model (a folder or a Hub id): build on meta, plan, stream every tensor to its device, dispatch.
+
+        `device_map`: None (the CPU, no hooks), one device (no hooks), accelerate's model-level strategies, or a dict
+        {submodule path: device}; the plan is kept as `model.placement_plan`. Disk-offloaded weights are read from the
+        checkpoint files themselves. Every failure raises before a half-loaded model can escape. diffusers' spellings
+        and loading keywords are accepted or refused by name; any other keyword is an error naming the closest."""
+        return load_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
 
     def enable_group_offload(
         self,
@@ -127,96 +181,6 @@ class ModelMemoryMethods(nn.Module):
         fields = layerwise_casting_fields(storage_dtype, compute_dtype, skip_modules_pattern, skip_modules_classes,
                                           non_blocking)
         TECHNIQUES[Technique.LAYERWISE_CASTING].apply(self, LayerwiseCastingConfig(**fields))
-
-
-class ModelMixin(ModelMemoryMethods, OwnModel):
-    """An `nn.Module` built from a `ModelConfig`, saved and loaded in diffusers' folder format.
-
-    Subclasses set `config_class` and take the config as the only constructor argument.
-    `_no_split_modules` names the block classes a device map must never cut across devices;
-    `_keep_in_fp32_modules` names submodules that stay in float32 whatever `torch_dtype` asks for;
-    `_tied_weights_keys` maps each tied parameter to its source (`{"head.weight": "embed.weight"}`): the
-    tied one is not saved, and is re-tied to its source after loading (ties made in `__init__` do not survive
-    `init_empty_weights()`, which builds the model on meta).
-    `enable_group_offload` / `enable_layerwise_casting` take diffusers' arguments (the memory methods below).
-    These class attributes are declared (with `weights_name`) on `folder.sources.OwnModel`, the part of
-    this class that the folder format and the loader read.
-    """
-
-    config_class: ClassVar[type[ModelConfig]] = ModelConfig
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        if not isinstance(config, self.config_class):
-            raise TypeError(
-                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}; "
-                f"use {type(self).__name__}.from_config(...) to build one from a dict."
-            )
-        self._config = config
-        self.hf_device_map: dict[str, Any] | None = None
-        self.placement_plan: Plan | None = None  # the plan from_pretrained(device_map=...) followed
-
-    @property
-    def config(self) -> ModelConfig:
-        return self._config
-
-    @classmethod
-    def from_config(cls, config: ModelConfig | Mapping[str, Any], **overrides):
-        """Build the model (random init) from a config object or a dict such as a parsed config.json."""
-        if isinstance(config, ModelConfig):
-            config = config.model_dump()
-        fields = {k: v for k, v in dict(config).items() if not k.startswith("_")}
-        fields.update(overrides)
-        return cls(cls.config_class.model_validate(fields))
-
-    def save_pretrained(
-        self, save_directory: str | Path, *, max_shard_size: int | str | None = None, variant: str | None = None
-    ) -> None:
-        """Write config.json and the safetensors weights (sharded past `max_shard_size`, default 10GB).
-
-        Atomic: everything is written to a temporary folder next to `save_directory` and renamed into place;
-        if anything fails, an existing checkpoint there is untouched. Files of other variants are kept.
-        Works in any placement (from_pretrained(device_map=...)): offloaded weights are read from where they
-        live (CPU RAM, an offload store, the checkpoint files of "disk" parts) one shard at a time, and the
-        placement stays as it is.
-        """
-        naming = WeightsNaming(weights_name=self.weights_name, variant=variant)
-        tied = set(self._tied_weights_keys or ())
-        state_dict = {name: t for name, t in self.state_dict().items() if name not in tied}
-        offloaded = offloaded_weights(self)
-        with atomic_folder(save_directory, rewrites=lambda name: name == CONFIG_NAME or naming.owns(name)) as staging:
-            write_config(staging, self.config, class_name=type(self).__name__)
-            save_weights(
-                state_dict, staging, weights_name=self.weights_name, variant=variant, max_shard_size=max_shard_size,
-                offloaded=offloaded)
-
-    @classmethod
-    @entry_signature(MODEL_PLAN)
-    def plan_placement(cls, pretrained: str | Path, **keywords: Any) -> Plan:
-        """The plan `from_pretrained` with the same keywords follows (the same `LoadOptions`, planned by the same
-        function); without `device_map`, the plan of `device_map="auto"`: a one-component `placement.Plan`
-        (component name: the class name), with `explain()` and fallback reasons. Builds the model on meta and
-        reads config.json and the safetensors headers only (from the Hub: config and index only)."""
-        return plan_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_PLAN))
-
-    @classmethod
-    @entry_signature(MODEL_LOAD)
-    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
-        """Load a saved model: build it on meta, plan, stream every tensor to its device, dispatch.
-
-        `pretrained`: a folder or a Hub id. `device_map`: None (everything on the CPU, no hooks), a single
-        device ("cpu", "cuda", "cuda:1", 1, a torch.device: everything there, no hooks), "auto" / "balanced" /
-        "balanced_low_0" / "sequential" (accelerate's model-level meaning), or a dict {submodule path: device}.
-        A device map is planned by `placement.plan` (see `plan_placement`; the plan is kept as
-        `model.placement_plan`) and run by the same hooks as a pipeline component of that kind.
-        `torch_dtype` None keeps the checkpoint's dtypes. Disk-offloaded weights are read from the checkpoint
-        files themselves, so no offload folder is written. Every failure raises before a half-loaded model
-        (or one with hooks) can escape. diffusers' spellings work too: `dtype=` for `torch_dtype=`;
-        `use_safetensors`, `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Its other
-        loading keywords (`low_cpu_mem_usage`, ...) are accepted or refused by name (`hf.loading_keywords`); any
-        other keyword is an error naming the closest argument.
-        """
-        return load_own_model(cls, _request(cls, pretrained, keywords, entry=MODEL_LOAD))
 
 
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *, entry: Entry) -> LoadRequest:

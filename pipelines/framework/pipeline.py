@@ -1,16 +1,5 @@
-"""Pipeline: the base class of every pipeline, and used directly, a generic pipeline loaded from any folder.
-
-Its state (components, model graph, placement) lives in `folder.components.PipelineComponents`; this class adds
-the memory methods (below) and the folder entry points, which hand over to `pipelines.loading` (a request
-resolved once, then `load_pipeline` / `plan_folder`) and `folder.components`.
-
-Memory-saving methods of Pipeline (model/sequential/group offload, VAE slicing and tiling).
-
-The offload methods apply rows of the technique table (`hooks.TECHNIQUES`) to every module component. They
-are refused on a device-mapped pipeline (call `reset_device_map()` first), and two techniques that install
-hooks do not mix: undo one (`reset_device_map()` removes every hook) before enabling another. Enabling the
-same technique again replaces it. With `device=None` and no accelerator, offloading "executes" on the CPU:
-nothing moves, but every hook runs, so the code path is the same as on a GPU machine."""
+"""Pipeline: the base class of every pipeline, and the generic pipeline loaded from any folder. Its offload methods
+are refused on a device-mapped pipeline, and two hook techniques do not mix: `reset_device_map()` first."""
 
 from __future__ import annotations
 
@@ -52,19 +41,64 @@ from ..loading.request import (
 from ..loading.pipeline_loader import load_pipeline, plan_folder
 
 
-class PipelineMemoryMixin:
-    """Mixed into `pipelines.Pipeline`; each method installs hooks that `reset_device_map()` removes."""
+@library_class
+class Pipeline(PipelineComponents):
+    """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
+    arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
+    any folder as a generic pipeline."""
 
     _model_offload: ModelOffloadChain | None = None
 
-    # ------------------------------------------------------------------------------------------- offload
+    def set_progress_bar_config(self, **config: Any) -> None:
+        """diffusers' switch for the step bar of a call: tqdm keywords, e.g. `disable=True` to hide it,
+        `desc="Sampling"`, `leave=False`. Replaces the previous config."""
+        self._progress_bar_config = dict(config)
+
+    def progress_bar(self, iterable=None, *, total: int | None = None) -> tqdm:
+        """The bar a pipeline's `__call__` wraps its steps in. By default it shows on terminals and notebooks
+        only (tqdm's `disable=None`), like the load bar."""
+        config = {"desc": "Denoising", "unit": "step", "disable": None,
+                  **getattr(self, "_progress_bar_config", {})}
+        return tqdm(iterable, total=total, **config)
+
+    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
+                        variant: str | None = None) -> None:
+        """Write model_index.json and one subfolder per component, atomically and quietly."""
+        with quiet():
+            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
+
+    @classmethod
+    @entry_signature(PIPELINE_LOAD, rest="components")
+    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
+        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
+
+        `device_map`: None (the CPU, no plan), a strategy, a dict {component: device | {submodule: device}}, one device,
+        or a saved plan (a `placement.Plan`, its JSON's path, or a flat `hf_device_map`). `torch_dtype`: a dtype or
+        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk" (weights read from the
+        checkpoint's own files). `components` replace saved ones by name; one that carries a device map is pinned.
+        `call` (e.g. `{"height": 1024, "width": 1024}`) plans activation memory. A folder naming a diffusers pipeline
+        class loads as that class unless `generic=True`. `trust_remote_code` lets model_index.json name modules to
+        import. `quantization_config` quantizes components as they load, `layerwise_casting` stores Linear/Conv weights
+        in fp8, `pin` keeps passed-in components where they are. A single-file checkpoint as `pretrained` takes
+        `config=` the folder of its pipeline's configs. Pickle weights are read only on `use_safetensors=False` without
+        `device_map`, by their owner library. diffusers' other loading keywords are accepted or refused by name; any
+        other keyword that is not a component is an error naming the closest argument."""
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_LOAD)
+        return load_pipeline(cls, request, passed=components, generic=request.options.generic)
+
+    @classmethod
+    @entry_signature(PIPELINE_PLAN, rest="components")
+    def plan_placement(cls, pretrained: str | Path, **keywords: Any):
+        """The `placement.Plan` that `from_pretrained` with the same keywords follows (default
+        `device_map="balanced"`); builds on meta and reads no weights."""
+        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
+        return plan_folder(cls, request, passed=components, generic=request.options.generic)
+
     def enable_model_cpu_offload(self, device: torch.device | int | str | None = None) -> None:
         """Whole components move to `device` when called, in model-graph order; the previous one goes back.
 
-        Components in the model graph are chained (and the chain closed into a ring, so a new call sends the
-        last component of the previous call back); components outside it are offloaded on their own and go
-        back at `maybe_free_model_hooks()`.
-        """
+        The graph's chain is closed into a ring, so a new call sends the last component of the previous call back;
+        components outside it go back at `maybe_free_model_hooks()`."""
         self._refuse_offload_when_device_mapped("enable_model_cpu_offload")
         in_graph = {name for edge in self.model_graph for name in edge}
         modules = self.module_components  # in execution order
@@ -111,7 +145,6 @@ class PipelineMemoryMixin:
         if self._model_offload is not None:
             self._model_offload.offload_all()
 
-    # ----------------------------------------------------------------------------------------------- VAE
     def enable_vae_slicing(self) -> None:
         """Decode one sample of the batch at a time: saves activation memory for batches > 1, nothing for 1."""
         self._vae_feature("enable_slicing")()
@@ -127,7 +160,6 @@ class PipelineMemoryMixin:
     def disable_vae_tiling(self) -> None:
         self._vae_feature("disable_tiling")()
 
-    # ------------------------------------------------------------------------------------------- helpers
     def _refuse_offload_when_device_mapped(self, method: str) -> None:
         if self.hf_device_map is not None:
             raise OffloadConflictError(
@@ -144,92 +176,10 @@ class PipelineMemoryMixin:
         return feature
 
 
-__all__ = ["PipelineMemoryMixin"]
-
-
-@library_class
-class Pipeline(PipelineMemoryMixin, PipelineComponents):
-    """Subclass it: declare `model_graph = [("encoder", "denoiser"), ...]`, take the components as constructor
-    arguments and call `self.register_components(...)`. Used directly, `Pipeline.from_pretrained(folder)` loads
-    any folder as a generic pipeline."""
-
-    def set_progress_bar_config(self, **config: Any) -> None:
-        """diffusers' switch for the step bar of a call: tqdm keywords, e.g. `disable=True` to hide it,
-        `desc="Sampling"`, `leave=False`. Replaces the previous config."""
-        self._progress_bar_config = dict(config)
-
-    def progress_bar(self, iterable=None, *, total: int | None = None) -> tqdm:
-        """The bar a pipeline's `__call__` wraps its steps in. By default it shows on terminals and notebooks
-        only (tqdm's `disable=None`), like the load bar."""
-        config = {"desc": "Denoising", "unit": "step", "disable": None,
-                  **getattr(self, "_progress_bar_config", {})}
-        return tqdm(iterable, total=total, **config)
-
-    def save_pretrained(self, save_directory: str | Path, *, max_shard_size: int | str = "5GB",
-                        variant: str | None = None) -> None:
-        """Write model_index.json and one subfolder per component, atomically (see `saving`); quietly (the
-        components' own writers draw no bars: `hf.quiet`)."""
-        with quiet():
-            save_pipeline(self, Path(save_directory), max_shard_size=max_shard_size, variant=variant)
-
-    @classmethod
-    @entry_signature(PIPELINE_LOAD, rest="components")
-    def from_pretrained(cls, pretrained: str | Path, **keywords: Any):
-        """Load a pipeline folder or hub id; with `device_map`, plan on meta then stream weights to the plan.
-
-        `device_map`: None (everything on the CPU, no plan), "balanced", "sequential", "balanced_low_0", "auto",
-        a dict {component: device | {submodule: device}}, or one device. `torch_dtype`: a dtype or
-        {component: dtype, "default": dtype}. `offload_folder` permits planning onto "disk"; disk-offloaded
-        weights are read from the checkpoint's own safetensors files (nothing is copied). `components` replaces
-        saved components by name: a plain one is sized and placed with the rest (never cast), one that already
-        carries a device map is pinned where it is. `call` (e.g. `{"height": 1024, "width": 1024}`) makes the
-        plan account for activation memory where the pipeline knows its inputs (`activation_inputs`).
-
-        `device_map` may also be a saved plan: a `placement.Plan`, the path of its JSON, or a flat
-        `hf_device_map` with dotted keys; the placement it describes is reproduced.
-        A folder whose model_index.json names a diffusers pipeline class (written by diffusers) loads, through
-        `Pipeline` itself, as an instance of that class (e.g. a callable `diffusers.FluxPipeline`), placed by
-        this library; `generic=True` loads it as a generic `Pipeline` instead (each component an attribute).
-        `trust_remote_code`: a folder's model_index.json may name classes by module path; only this library's,
-        diffusers', transformers', registered (`pipelines.register_class`) and passed classes are used, and no
-        module is imported, unless this is True (then the named modules are imported: their code runs).
-        diffusers' spellings work too (`hf.loading_keywords`): `dtype=` for `torch_dtype=`; `use_safetensors`,
-        `local_files_only`, `revision`, `token`, `cache_dir` for the Hub download. Pickle weights (a
-        `pytorch_model.bin` only) are refused with or without a device map; `use_safetensors=False` with
-        `device_map=None` is the explicit opt-in that lets their owner library read them (`weights_only=True`).
-        diffusers' other loading keywords (`low_cpu_mem_usage`, `provider_options`, ...) are accepted where each
-        load here does what they ask anyway, refused by name with the reason otherwise (`hf.loading_keywords`);
-        any other keyword that is not a component is an error naming the closest argument ("did you mean
-        max_memory?").
-
-        Formats of their own: `quantization_config` (a diffusers `PipelineQuantizationConfig`, or `{component:
-        config}` with each library's own config) quantizes components as they load, through their owner's
-        quantizer, planned at their quantized size (pre-quantized folders are read as such without it);
-        `layerwise_casting={"transformer": torch.float8_e4m3fn}` stores Linear/Conv weights in fp8 and computes
-        in `torch_dtype`, planned at the stored size; `pin=["transformer"]` keeps a passed-in component where it is
-        (one whose own map puts weights on an accelerator is kept there anyway). A single-file checkpoint
-        (`.safetensors` of an original layout, or `.gguf`) as `pretrained`, with `config=` the folder or Hub id of
-        its pipeline's configs: the diffusers models it holds are read from it by diffusers' `from_single_file`
-        (planned first, on meta), the other components from `config`.
-        """
-        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_LOAD)
-        return load_pipeline(cls, request, passed=components, generic=request.options.generic)
-
-    @classmethod
-    @entry_signature(PIPELINE_PLAN, rest="components")
-    def plan_placement(cls, pretrained: str | Path, **keywords: Any):
-        """The `placement.Plan` that `from_pretrained` with the same keywords follows (the same `LoadOptions`,
-        planned by the same function); without `device_map`, the plan of `device_map="balanced"`. Builds on meta
-        and reads no weights (nor runs a folder's code: `trust_remote_code` as in `from_pretrained`). Quantized
-        components are sized as their quantizer will load them, layerwise-cast ones at their stored size."""
-        request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
-        return plan_folder(cls, request, passed=components, generic=request.options.generic)
-
-
 def _request(cls: type, pretrained: str | Path, keywords: dict[str, Any], *,
              entry: Entry) -> tuple[LoadRequest, dict[str, Any]]:
-    """The request both entries make from the same keywords (only the files fetched from the Hub differ: a
-    plan reads configs and headers), and the components passed in."""
+    """The request both entries make from the same keywords (a plan fetches configs and headers only), and the
+    components passed in."""
     options, components = LoadOptions.take(keywords, entry=entry, label=f"{cls.__name__}.{entry.method}")
     request = resolve_request(pretrained, options, scope=Scope.PIPELINE,
                               allow_patterns=PLAN_PATTERNS if entry.plans else LOAD_PATTERNS,

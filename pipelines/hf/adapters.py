@@ -1,24 +1,7 @@
-"""Adapters (LoRA, LoKr, ... through peft) on placed pipelines: they follow their layer, whatever the placement.
-
-    pipe = pipelines.Pipeline.from_pretrained(folder, device_map={"transformer": "disk"}, offload_folder=...)
-    pipe.load_lora_weights("my-lora")          # LoRA matrices in host RAM, served with their layer at each forward
-    pipe.set_adapters(["a", "b"], [1.0, 0.5]); pipe.unload_lora_weights()
-
-diffusers' and transformers' adapter methods edit modules in place: peft wraps each targeted layer and creates
-the adapter's tensors on the device of the layer's weight, and fusing writes into that weight. On a placed
-component that weight may be waiting in host RAM or on disk (a `meta` placeholder: peft's tensors would be
-created on meta and their values dropped, giving NaN images), and the offload groups were built before the
-adapter existed. So, when a pipeline is placed, `follow_adapters` wraps these methods on the instance (the
-pipeline's and each module component's): each call runs inside `hooks.edit_placed_weights` for the
-components it may touch, which places new tensors beside their layer (its device, its offload group, its
-served set, its per-call or streamed unit) and forgets removed ones.
-
-What cannot follow is refused before anything changes, with `OffloadConflictError`:
-- fusing (`fuse_lora`) into layers whose weights are read from disk (the checkpoint's files cannot be
-  rewritten): the LoRA still works unfused, or fuse before placing;
-- `set_lora_device`: on a placed pipeline adapters live where their layer is placed.
-After `reset_device_map()` the wrappers find nothing placed and behave as the methods they wrap.
-"""
+"""Adapters (LoRA, ... through peft) on placed pipelines follow their layer: peft creates an adapter's tensors on
+the device of the layer's weight, which on a placed component may be a `meta` placeholder (NaN images), so
+`follow_adapters` runs each adapter method inside `hooks.edit_placed_weights`. What cannot follow (fusing into
+weights read from disk, `set_lora_device`) is refused before anything changes."""
 
 from __future__ import annotations
 
@@ -51,8 +34,7 @@ _MARK = "_placement_follows_adapters"
 
 
 def follow_adapters(pipe: Any) -> None:
-    """Wrap the adapter methods of `pipe` (a diffusers pipeline, or any pipeline) and of its module components
-    so that adapters follow their layer's placement (see the module docstring). Idempotent."""
+    """Wrap the adapter methods of `pipe` and of its module components so adapters follow their layer. Idempotent."""
     components = getattr(pipe, "components", {}) or {}
     for name, module in components.items():
         if isinstance(module, nn.Module):
@@ -88,10 +70,9 @@ def _editing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[s
 
 
 def _load_checked(method, name: str, modules: Mapping[str, nn.Module], args, kwargs):
-    """A load of adapters that leaves the pipeline as it was when it fails: peft raises on a tensor of the wrong
-    shape after it has wrapped the layers (the pipeline's keys changed). What the load added is removed again,
-    and a wrong shape is a `CheckpointShapeError` naming the LoRA, the keys and both shapes. (A lora_A wider
-    than its FLUX layer is diffusers' Control-LoRA expansion of that layer, by design: not refused here.)"""
+    """A load of adapters that leaves the pipeline as it was when it fails (peft raises on a wrong shape after
+    wrapping the layers), a wrong shape a `CheckpointShapeError` naming the LoRA, the keys and both shapes. (A
+    lora_A wider than its FLUX layer is diffusers' Control-LoRA expansion, by design.)"""
     before = {label: _AdapterState.of(module) for label, module in modules.items()}
     source = args[0] if args else next((kwargs[key] for key in kwargs if key.startswith("pretrained_model")), None)
     what = f"{str(source)!r}" if isinstance(source, (str, os.PathLike)) else "the state dict given"
@@ -200,20 +181,15 @@ def _refuse_fusing_disk_weights(name: str, modules: Mapping[str, nn.Module], kin
 
 
 def _adapter_layers_on_disk(module: nn.Module) -> list[str]:
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:
-        return []
     homes = weight_homes(module)
     if "disk" not in homes.values():
         return []
-    return [path for path, layer in module.named_modules() if isinstance(layer, BaseTunerLayer)
-            and any(homes.get(f"{path}.base_layer.{weight}") == "disk" for weight in ("weight", "bias"))]
+    return [path for path in _tuner_layers(module)
+            if any(homes.get(f"{path}.base_layer.{weight}") == "disk" for weight in ("weight", "bias"))]
 
 
 def _loadable(pipe: Any) -> dict[str, nn.Module]:
-    """The components a pipeline's adapter methods may touch: its `_lora_loadable_modules` (every module
-    component for a pipeline that does not say)."""
+    """Its `_lora_loadable_modules` (every module component for a pipeline that does not say)."""
     names = getattr(pipe, "_lora_loadable_modules", None)
     components = getattr(pipe, "components", {}) or {}
     if names is None:

@@ -1,26 +1,7 @@
-"""A folder whose model_index.json names a diffusers pipeline class loads as THAT class (e.g. a callable
-`diffusers.FluxPipeline`), every module placed by our planner.
-
-The components are built, planned and streamed by `pipelines.loading` exactly as for our own pipelines; this module knows
-what differs for a diffusers pipeline object: which folders are diffusers pipelines, how the class is
-constructed from the components (diffusers' own constructor, as `DiffusionPipeline.from_pretrained` does), its
-model graph (`model_cpu_offload_seq`), and the placement state diffusers' guards read (`hf_device_map`).
-`pipe.reset_device_map()` is replaced on the instance by ours: diffusers' only removes hooks from components
-hooked at their top and cannot bring disk-offloaded weights back, so `.to()` would then fail; and so is
-`pipe.save_pretrained()`, by diffusers' own save run through our atomic save with every weight read from where it
-lives (`diffusers_saving`).
-
-`save_pretrained()` of a diffusers pipeline we placed: diffusers' own save, through our atomic save, with every
-weight read from where it lives.
-
-diffusers' `DiffusionPipeline.save_pretrained` writes into the target folder directly, component by component:
-a failure half-way leaves a half-written folder (a `vae/config.json` and nothing else), and each model's save
-deletes the old shards it finds there. And a placed model holds `meta` placeholders for its offloaded and disk
-weights, which diffusers' and transformers' writers cannot copy. So the placed pipeline's `save_pretrained` runs
-diffusers' own save (its model_index.json, its per-component writers, tokenizers and schedulers included) into
-the staging folder of `checkpoint.saving.atomic_folder`, with each model's `state_dict()` holding its weights
-read from wherever they live (`folder.components.saving_placed`); then the staging folder replaces the
-target, keeping what the save does not own (a README, other variants' weights). The placement is unchanged."""
+"""A folder whose model_index.json names a diffusers pipeline class loads as THAT class, every module placed by our
+planner. Its `reset_device_map()` is replaced by ours (diffusers' cannot bring disk-offloaded weights back), and
+its `save_pretrained()` runs diffusers' own save through our atomic save with every weight read from where it
+lives (diffusers writes into the target directly and cannot copy `meta` placeholders)."""
 
 from __future__ import annotations
 
@@ -42,9 +23,8 @@ from .quiet import quiet
 
 
 def save_placed(pipe: Any, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
-    """`type(pipe).save_pretrained(save_directory, ...)` (diffusers' arguments: `safe_serialization`, `variant`,
-    `max_shard_size`, `push_to_hub`, ...), written atomically and working in any placement (see the module
-    docstring). With `push_to_hub`, the repository is named after `save_directory` unless `repo_id` is given."""
+    """`type(pipe).save_pretrained(save_directory, ...)` with diffusers' arguments, written atomically in any
+    placement; with `push_to_hub`, the repository is named after `save_directory` unless `repo_id` is given."""
     save = type(pipe).save_pretrained
     arguments = inspect.signature(save).bind(pipe, save_directory, *args, **kwargs).arguments
     variant = arguments.get("variant")
@@ -66,9 +46,8 @@ GENERIC_HINT = "pass generic=True to load the folder's components as a generic p
 
 
 def is_diffusers_folder(index: ModelIndex) -> bool:
-    """Written by diffusers (its version stamp), or naming a class the installed diffusers has; never a folder
-    naming one of this library's pipeline classes. (A folder of a user's own pipeline class, unstamped, stays
-    a generic load.)"""
+    """Written by diffusers (its version stamp), or naming a class the installed diffusers has; never a folder naming
+    one of this library's pipeline classes."""
     if find_library_class(index.class_name) is not None:
         return False
     if "_diffusers_version" in index.metadata:
@@ -102,10 +81,8 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
                                arguments: Iterable[str]) -> None:
     """Before anything is built: every component the class requires is in the folder or passed, and every
     passed name is one of its components (else the closest of them or of the entry's `arguments`)."""
-    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
-    optional = set(pipeline_class._optional_components or ())
     present = {name for name, spec in index.components.items() if not spec.is_absent} | set(passed)
-    missing = [name for name in expected if name not in present and name not in optional]
+    expected, missing = _required(pipeline_class, present)
     if missing:
         listed = {name: spec.to_json_value() for name, spec in index.components.items() if name in missing}
         raise MissingComponentsError(
@@ -118,6 +95,13 @@ def check_diffusers_components(pipeline_class: type, index: ModelIndex, passed: 
     if unknown:
         raise unknown_pipeline_keywords(unknown, pipeline=pipeline_class.__name__, components=expected,
                                         arguments=arguments)
+
+
+def _required(pipeline_class: type, present: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The components the class's constructor takes, and those of them it requires that are not `present`."""
+    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
+    optional = set(pipeline_class._optional_components or ())
+    return expected, [name for name in expected if name not in present and name not in optional]
 
 
 def build_diffusers_pipeline(pipeline_class: type, index: ModelIndex, components: Mapping[str, Any], *,
@@ -163,18 +147,15 @@ def graph_edges(pipeline_class: type, modules: Mapping[str, Any]) -> list[tuple[
 
 
 def attach_reset(pipe: Any) -> None:
-    """Replace the instance's `reset_device_map` by `reset_placement` and its `save_pretrained` by
-    `save_placed` (see the module docstring)."""
+    """Replace the instance's `reset_device_map` and `save_pretrained` by `reset_placement` and `save_placed`."""
     pipe.reset_device_map = types.MethodType(reset_placement, pipe)
     pipe.save_pretrained = types.MethodType(save_placed, pipe)
 
 
 def reset_placement(pipe: Any) -> None:
-    """What a diffusers user expects of `reset_device_map()`: every hook the placement added removed (group
-    offload included), the weights the load read on the CPU (disk-offloaded ones read back), each model's
-    `hf_device_map` as it was before (deleted on the ones the load built, as transformers' `save_pretrained`
-    expects), a component passed in back as it came (`component_origins`); `pipe.hf_device_map` None. Then
-    `.to()`, `enable_model_cpu_offload()`, `enable_group_offload()` and `save_pretrained()` work."""
+    """What a diffusers user expects of `reset_device_map()`: every hook removed, the weights on the CPU (disk ones
+    read back), each model's `hf_device_map` as before and components passed in as they came, so that `.to()`,
+    the offload methods and `save_pretrained()` work."""
     restore_components(module_components(pipe), origins_of(pipe))
     pipe.hf_device_map = None
     pipe.placement_plan = None
@@ -182,8 +163,7 @@ def reset_placement(pipe: Any) -> None:
 
 
 def is_capturable(pipe: Any) -> bool:
-    """Whether `pipe`'s call can be learned by running a diffusers pipeline's own `__call__` (`calls.capture`): it
-    is a diffusers pipeline, or a generic pipeline of a folder naming one the installed diffusers has."""
+    """Whether `pipe` is a diffusers pipeline, or a generic pipeline of a folder naming one diffusers has."""
     try:
         import diffusers
     except ImportError:
@@ -195,9 +175,8 @@ def is_capturable(pipe: Any) -> bool:
 
 
 def capturable(pipe: Any) -> Any:
-    """The diffusers pipeline whose `__call__` a capture runs: `pipe` itself, or for a generic pipeline of a
-    diffusers folder, that class built from its components; an error naming what the folder lacks (a configs-only
-    folder without its tokenizer or scheduler)."""
+    """The diffusers pipeline whose `__call__` a capture runs: `pipe`, or the class a generic pipeline's folder
+    names, built from its components."""
     import diffusers
 
     from ..errors import CallSpecError
@@ -205,10 +184,8 @@ def capturable(pipe: Any) -> Any:
     if isinstance(pipe, diffusers.DiffusionPipeline):
         return pipe
     pipeline_class = getattr(diffusers, pipe.folder_class_name)
-    expected, _ = pipeline_class._get_signature_keys(pipeline_class)
-    optional = set(pipeline_class._optional_components or ())
     components = pipe.components
-    missing = [name for name in expected if components.get(name) is None and name not in optional]
+    expected, missing = _required(pipeline_class, [name for name, obj in components.items() if obj is not None])
     if missing:
         raise CallSpecError(
             f"call= plans by running {pipeline_class.__name__}'s own __call__, which needs its {missing}: the folder "

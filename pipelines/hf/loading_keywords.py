@@ -1,20 +1,6 @@
-"""Keywords of diffusers' (and transformers') `from_pretrained` that our entries do not take as their own, and
-the one message for a keyword that is nothing at all.
-
-Users coming from diffusers pass its loading keywords by habit. Each one known here is accepted when what it asks
-for is what every load here does anyway (the value is then dropped, and `why` says what we do instead), and refused
-by name with the reason otherwise. A keyword that is none of these, not an argument of the entry and not a
-component of the pipeline is an `UnknownKeywordError` naming the closest known name:
-"unknown keyword 'max_mem' (did you mean max_memory?)". A keyword that is a component name always means a
-component passed in: components are checked by the loader, which knows them.
-
-diffusers' spellings of `from_pretrained` arguments, accepted beside ours.
-
-- `dtype=` (diffusers' current name) beside `torch_dtype=`: either one; both only when they agree.
-- `use_safetensors`: None or True (the default here: weights are only ever read from safetensors); False
-  asks for pickle weights, which this library never unpickles, so it is refused with the reason.
-- `revision`, `token`, `cache_dir`, `local_files_only`, `variant`: passed to the Hub download
-  (`hub.HubOptions`; `variant` picks the weight files as before)."""
+"""Keywords of diffusers' (and transformers') `from_pretrained` that our entries do not take as their own:
+users pass them by habit, so each is accepted (dropped, logged with what every load here does instead) or refused
+by name with the reason; anything else is an `UnknownKeywordError` naming the closest known name."""
 
 from __future__ import annotations
 
@@ -22,7 +8,6 @@ import dataclasses
 import difflib
 import inspect
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -31,7 +16,6 @@ from ..folder.sources import HubOptions
 
 
 def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:
-    """The dtype spec from `torch_dtype=` or diffusers' `dtype=` (both: they must agree)."""
     if dtype is None:
         return torch_dtype
     if torch_dtype is not None and torch_dtype != dtype:
@@ -42,17 +26,14 @@ def chosen_dtype(torch_dtype: Any, dtype: Any) -> Any:
     return dtype
 
 
-# Why use_safetensors=False is refused, wherever it is given (loading_keywords' table says the same).
 SAFETENSORS_ONLY = ("weights are only ever read from safetensors: pickle (.bin/.pt) can run code and this library "
                     "never unpickles it; convert the checkpoint to safetensors, or pass use_safetensors=True / "
                     "leave it out")
 
 
 def pickle_opt_in(use_safetensors: bool | None, device_map: Any) -> bool:
-    """Whether a pipeline load may let a component's owner library read its pickle weights: only when asked
-    explicitly, `use_safetensors=False`, and only without `device_map` (the owner's `from_pretrained` then reads
-    them with `torch.load(weights_only=True)`; this library itself never unpickles). A placed load streams
-    safetensors only, so the opt-in is refused there with the reason."""
+    """Whether a pipeline load lets a component's owner read its pickle weights (`torch.load(weights_only=True)`;
+    this library never unpickles): only on `use_safetensors=False` without `device_map`."""
     if use_safetensors is not False:
         return False
     if device_map is not None:
@@ -65,19 +46,11 @@ def pickle_opt_in(use_safetensors: bool | None, device_map: Any) -> bool:
     return True
 
 
-def download_options(*, use_safetensors: bool | None, revision: str | None, token: str | bool | None,
-                     cache_dir: str | os.PathLike | None, local_files_only: bool) -> HubOptions:
-    if use_safetensors is False:
-        raise LoadError(f"from_pretrained(use_safetensors=False) is not supported: {SAFETENSORS_ONLY}.")
-    return HubOptions(revision=revision, token=token, cache_dir=cache_dir, local_files_only=bool(local_files_only))
-
-
 HUB_KEYWORDS = ("revision", "token", "cache_dir", "local_files_only")
 
 
 def with_hub_keywords(hub: HubOptions, keywords: Mapping[str, Any]) -> tuple[HubOptions, dict[str, Any]]:
-    """diffusers' download keywords given by name to an entry that takes `hub=HubOptions(...)` (`load_model`),
-    merged into it; the other keywords returned as they are."""
+    """diffusers' download keywords given by name to an entry that takes `hub=` (`load_model`), merged into it."""
     given = {name: keywords[name] for name in HUB_KEYWORDS if name in keywords}
     rest = {name: value for name, value in keywords.items() if name not in given}
     if "local_files_only" in given:
@@ -92,8 +65,7 @@ ANY_VALUE = None  # `ForeignKeyword.accepted`: every value is fine
 
 @dataclass(frozen=True, kw_only=True)
 class ForeignKeyword:
-    """A loading keyword of diffusers/transformers: `accepted` values (ANY_VALUE: all) are dropped, because each
-    load here does that anyway; any other value is refused. `why` says what we do instead, or why we cannot."""
+    """`accepted` values (ANY_VALUE: all) are dropped, any other is refused; `why` says what we do instead."""
 
     name: str
     accepted: tuple | None
@@ -148,9 +120,8 @@ FOREIGN_KEYWORDS: dict[str, ForeignKeyword] = {keyword.name: keyword for keyword
 
 
 def take_foreign_keywords(keywords: Mapping[str, Any], *, entry: str, own: Iterable[str] = ()) -> dict[str, Any]:
-    """`keywords` without the diffusers loading keywords they hold: accepted ones dropped (logged with what we do
-    instead), refused ones a `LoadError` naming the keyword and why. `own`: names that mean something
-    else at this entry (components of the pipeline), left as they are."""
+    """`keywords` without the diffusers loading keywords they hold (accepted ones dropped, refused ones raised);
+    `own`: names that mean something else at this entry (the pipeline's components)."""
     rest, own = {}, set(own)
     for name, value in keywords.items():
         keyword = FOREIGN_KEYWORDS.get(name)
@@ -165,8 +136,8 @@ def take_foreign_keywords(keywords: Mapping[str, Any], *, entry: str, own: Itera
 
 def unknown_keyword_error(names: Iterable[str], *, entry: str, arguments: Iterable[str],
                           components: Iterable[str] | None = None, owner: str = "") -> UnknownKeywordError:
-    """The error for keywords that are nothing at `entry`: each with the closest of `arguments` (the entry's own
-    keywords) and `components` (None: the entry takes no components), as "did you mean ...?"."""
+    """The error for keywords that are nothing at `entry`, each with the closest of `arguments` and `components`
+    (None: the entry takes no components)."""
     names, arguments = sorted(names), sorted(set(arguments))
     candidates = arguments + sorted(components or ())
     described = []
@@ -184,15 +155,12 @@ def unknown_keyword_error(names: Iterable[str], *, entry: str, arguments: Iterab
 
 def unknown_pipeline_keywords(names: Iterable[str], *, pipeline: str, components: Iterable[str],
                               arguments: Iterable[str]) -> UnknownKeywordError:
-    """Keywords given to a pipeline's from_pretrained/plan_placement that are neither its `arguments` (the fields
-    of `loading.request.LoadOptions` a pipeline takes) nor components of `pipeline` (the class name)."""
     return unknown_keyword_error(names, entry=f"{pipeline}.from_pretrained/plan_placement", arguments=arguments,
                                  components=components, owner=pipeline)
 
 
 def check_no_keywords_left(keywords: Mapping[str, Any], *, entry: Callable, label: str) -> None:
-    """For an entry without components (a model's from_pretrained, `load_model`, `place`): the diffusers keywords
-    taken (see `take_foreign_keywords`), nothing else left. `label`: the entry as the user called it."""
+    """For an entry without components: the diffusers keywords taken, nothing else left."""
     rest = take_foreign_keywords(keywords, entry=label)
     if rest:
         arguments = [name for name, parameter in inspect.signature(entry).parameters.items()

@@ -1,22 +1,7 @@
-"""Loading a component through the library that owns its format: diffusers' or transformers' `from_pretrained`
-(quantized folders, quantization at load, transformers checkpoints whose keys are renamed on load) and diffusers'
-`from_single_file` (one checkpoint file of an original layout, GGUF included), given the device map our plan
-chose and the dtype the plan sized (`OwnerLoad`). Whatever runtime the owner attaches is removed by the caller
-and replaced by ours (`pipelines.loading.placing`).
-
-transformers checkpoints saved under their original key names: transformers 5 renames (and sometimes merges) a
-checkpoint's tensors while loading (`conversion_mapping`: Qwen2.5-VL's `model.embed_tokens` becomes
-`model.language_model.embed_tokens`, Llava and Mistral3 move their towers, ...) and writes the original names
-back when saving. Such a checkpoint is read by transformers itself; `renames_explain` only tells whether
-transformers' own conversion explains why a checkpoint's keys differ from the model's (so a checkpoint that is
-simply wrong still fails with the keys named, instead of loading with random weights).
-
-How each family of module class is built from its folder's config, and loaded by its own class.
-
-Our own `ModelMixin`s (`Family.OWN`), diffusers models and transformers models all keep a `config.json` in their
-subfolder, but each family builds from it its own way: ours validate it against `config_class`, diffusers'
-`from_config(load_config(folder))`, transformers' `_from_config(config_class.from_pretrained(folder))`. The one
-meta builder (`loading.meta.build_component`) calls `construct` under `init_empty_weights()`, then `retie`."""
+"""Loading a component through the library that owns its format (quantized folders, transformers checkpoints whose
+keys are renamed on load, single files), given our plan's map and dtype (`OwnerLoad`); how each family builds a
+module from its config (`construct`, `retie`). `renames_explain` tells whether transformers' own conversion
+explains a checkpoint's other key names, so a checkpoint that is simply wrong still fails with the keys named."""
 
 from __future__ import annotations
 
@@ -28,7 +13,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import tie_weights
-from ..checkpoint.files import read_config
+from ..checkpoint.files import CONFIG_NAME, read_config
 from ..errors import PipelineLoadError, WeightsNotFoundError
 from ..folder.sources import Family
 from .quantizers import ComponentQuantization, QuantizationMethod
@@ -53,8 +38,7 @@ class OwnerLoad:
 
     @property
     def takes_multi_device_maps(self) -> bool:
-        """Whether the owner accepts a device map with several entries: diffusers' single-file loader takes one
-        device only, and its quanto quantizer refuses multi-entry maps."""
+        """diffusers' single-file loader takes one device only, and its quanto quantizer refuses multi-entry maps."""
         if self.single_file:
             return False
         quanto = self.quantization is not None and self.quantization.method is QuantizationMethod.QUANTO
@@ -102,8 +86,7 @@ def remove_owner_state(module: nn.Module) -> None:
 
 def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowed_missing: Iterable[str] = ()) -> bool:
     """Whether transformers' conversion mapping of `module`'s class turns `checkpoint_keys` into every tensor the
-    module needs (`allowed_missing`: tied weights re-tied after loading). False when nothing is converted (the
-    keys simply do not match) or the conversion API is not available."""
+    module needs (`allowed_missing`: tied weights); False when nothing is converted."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
@@ -125,13 +108,9 @@ def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowe
 __all__ = ["OwnerLoad", "load_with_owner", "remove_owner_state", "renames_explain"]
 
 
-CONFIG_FILE = "config.json"
-
-
 def construct(cls: type, folder: Path, family: Family) -> nn.Module:
-    """`cls` built from `folder/config.json` by its family's constructor (under `init_empty_weights()` the
-    weights stay on meta: no memory, no init cost)."""
-    config_path = folder / CONFIG_FILE
+    """`cls` built from `folder/config.json` by its family's constructor."""
+    config_path = folder / CONFIG_NAME
     if not config_path.is_file():
         raise WeightsNotFoundError(f"{config_path} not found: component folder {folder.name!r} needs its config.json.")
     if family is Family.OWN:
@@ -142,8 +121,7 @@ def construct(cls: type, folder: Path, family: Family) -> nn.Module:
 
 
 def retie(module: nn.Module, family: Family) -> None:
-    """Redo the weight ties the constructor made: accelerate's `init_empty_weights()` breaks them. Ours from
-    `_tied_weights_keys`; diffusers and transformers models by their own `tie_weights()`."""
+    """Redo the constructor's weight ties, which `init_empty_weights()` breaks."""
     if family is Family.OWN:
         tie_weights(module, type(module)._tied_weights_keys)
     elif callable(getattr(module, "tie_weights", None)):
@@ -152,8 +130,7 @@ def retie(module: nn.Module, family: Family) -> None:
 
 def load_without_device_map(cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
                             variant: str | None, quantization_config: Any = None) -> Any:
-    """A component loaded by its own class to the CPU (the no-device_map path of a pipeline); a quantized one by
-    its owner's quantizer (`quantization_config`: the component's own config object)."""
+    """A component loaded by its own class to the CPU, a quantized one by its owner's quantizer."""
     if family is Family.NON_MODULE:
         return cls.from_pretrained(folder)
     extra = {} if quantization_config is None else {"quantization_config": quantization_config}

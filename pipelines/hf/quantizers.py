@@ -1,17 +1,6 @@
 """Quantized components through their owners' quantizers: which config applies to a component, and the meta
-module sized as it will be loaded.
-
-A component is quantized when its folder says so (`quantization_config` in config.json: a pre-quantized save)
-or the load asks (`quantization_config=`: a diffusers `PipelineQuantizationConfig`, a `{component: config}`
-mapping as its `quant_mapping`, or, for one model, the library's own config object). The owner library
-(diffusers for its models, transformers for its own) prepares the meta model the way its `from_pretrained`
-does before reading any weight: its quantizer's `preprocess_model` replaces the layers it quantizes
-(bitsandbytes' `Linear4bit`, quanto's `QLinear`, ...). Then each weight the quantizer would quantize is put in
-its quantized form while still on meta (`materialize_on_meta`): torchao and quanto quantize meta tensors with
-their own code (the inner int8/fp8 data and scales come out on meta, exactly as they will be loaded), and
-bitsandbytes' weights are counted by its block layout (`placement.sizing`). The planner then sizes
-the module as it is (`placement.sizing`).
-"""
+module prepared as the owner's `from_pretrained` prepares it, each weight in its quantized form while still on
+meta, so the planner sizes what will be loaded."""
 
 from __future__ import annotations
 
@@ -43,8 +32,7 @@ class QuantizationMethod(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class ComponentQuantization:
-    """How one component is quantized: the owner library's config object, whether the folder holds weights
-    quantized already (`pre_quantized`), and the format."""
+    """How one component is quantized: the owner's config object, whether its folder holds it quantized, the format."""
 
     config: Any
     pre_quantized: bool
@@ -72,9 +60,8 @@ def method_of(config: Any) -> QuantizationMethod:
 
 
 def folder_quantization(folder: Path, *, name: str = "", family: Family | None = None) -> dict | None:
-    """The `quantization_config` a pre-quantized save wrote into its config.json (None when it has none); with
-    `family`, checked by that owner's config class first (`owner_config`: a string, an unknown method, a field
-    missing is refused, never ignored)."""
+    """The `quantization_config` a pre-quantized save wrote into its config.json (None when none), checked by
+    the owner's config class when `family` is given."""
     if not (folder / "config.json").is_file():
         return None  # a folder without its config fails where it is built, with its own message
     found = read_config_dict(folder).get("quantization_config")
@@ -86,9 +73,8 @@ def folder_quantization(folder: Path, *, name: str = "", family: Family | None =
 
 
 def requested_quantization(quantization_config: Any, name: str, family: Family) -> Any | None:
-    """The config `quantization_config=` gives component `name` (of `family`), or None: a diffusers
-    `PipelineQuantizationConfig` (its `components_to_quantize` / `quant_mapping`, as diffusers resolves them), a
-    plain mapping `{component: config}`, or one config object (a one-model load)."""
+    """The config `quantization_config=` gives component `name`, or None: from a diffusers
+    `PipelineQuantizationConfig` (as diffusers resolves it), a mapping `{component: config}`, or one config object."""
     if quantization_config is None:
         return None
     if _is_pipeline_config(quantization_config):
@@ -106,27 +92,19 @@ def is_config_dict(value: Any) -> bool:
     return isinstance(value, Mapping) and bool({"quant_method", "load_in_4bit", "load_in_8bit"} & set(value))
 
 
-def check_requested_names(quantization_config: Any, modules: list[str]) -> None:
-    """The components a mapping (or a `PipelineQuantizationConfig`) names must be module components: a misspelt
-    one would silently load a dense model."""
+def requested_names(quantization_config: Any) -> list[str]:
+    """The components a `PipelineQuantizationConfig` or a mapping {component: config} quantizes (none for None)."""
     if quantization_config is None:
-        return
+        return []
     if _is_pipeline_config(quantization_config):
-        named = list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
-    elif isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
-        named = list(quantization_config)
-    else:
-        raise LoadError(
-            f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
-            "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
-            "components_to_quantize=[...]) or a mapping {component: config}."
-        )
-    unknown = sorted(set(named) - set(modules))
-    if unknown:
-        raise LoadError(
-            f"quantization_config names {unknown}, which are not module components of this pipeline; its module "
-            f"components are {sorted(modules)}."
-        )
+        return list(quantization_config.quant_mapping or {}) + list(quantization_config.components_to_quantize or [])
+    if isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
+        return list(quantization_config)
+    raise LoadError(
+        f"quantization_config={type(quantization_config).__name__}(...) for a pipeline must say which "
+        "components it quantizes: give a diffusers PipelineQuantizationConfig (quant_backend=..., "
+        "components_to_quantize=[...]) or a mapping {component: config}."
+    )
 
 
 def _is_pipeline_config(config: Any) -> bool:
@@ -161,12 +139,9 @@ _REFUSED_BY_OWNER = (ValueError, KeyError, TypeError, AssertionError, AttributeE
 
 
 def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
-    """`value` as its owner's config object, checked by the owner's config class (diffusers' or transformers'
-    `from_dict`); a config object is returned as it is (its class checked it when it was made). Anything the
-    owner would not apply as asked is a one-line `LoadError` naming the component, the field and
-    the accepted values: not a dict, an unknown `quant_method`, a method whose library is not installed, a field
-    missing (a torchao config without its `quant_type`), contradictory fields (bitsandbytes' load_in_4bit and
-    load_in_8bit)."""
+    """`value` as its owner's config object, checked by the owner's config class (`from_dict`); anything the owner
+    would not apply as asked (an unknown method, a library not installed, a field missing, contradictory fields) is
+    a one-line `LoadError` naming the component, the field and the accepted values."""
     if not isinstance(value, Mapping):
         if callable(getattr(value, "to_dict", None)):
             return value
@@ -245,9 +220,8 @@ def _auto_quantizer(family: Family):
 
 
 def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name: str = ""):
-    """The owner library's quantizer for `quantization` (its environment is not checked: planning for a GPU
-    machine works on a laptop; the owner's own load checks it). A library it imports that is not installed is a
-    `LoadError` naming the component."""
+    """The owner library's quantizer for `quantization`, its environment unchecked (planning for a GPU machine works
+    on a laptop; the owner's own load checks it)."""
     try:
         return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
     except ImportError as error:
@@ -266,8 +240,7 @@ def compute_dtype(quantizer, family: Family, dtype: torch.dtype | None) -> torch
 
 def prepare_on_meta(module: nn.Module, quantizer, family: Family, *, dtype: torch.dtype | None,
                     keep_in_fp32: list[str], checkpoint_files: list[str] | None = None) -> None:
-    """What the owner's `from_pretrained` does to the meta model before reading weights: the quantizer replaces
-    the layers it quantizes."""
+    """What the owner's `from_pretrained` does to the meta model before reading weights."""
     if family is Family.DIFFUSERS:
         quantizer.preprocess_model(model=module, device_map=None, keep_in_fp32_modules=keep_in_fp32)
     else:
@@ -307,9 +280,8 @@ def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, 
 
 
 def _quantize_once_per_shape(module: nn.Module, config: Any, owners: set[str], quantize_: Any) -> None:
-    """torchao's `quantize_` on the layers in `owners`, run once per distinct layer (class, weight shape and
-    dtype, bias) and copied to the others: on meta the result depends on nothing else, and quantizing each of
-    a real denoiser's ~700 Linears on meta takes seconds (torchao's qparams run through meta decompositions)."""
+    """torchao's `quantize_` run once per distinct layer (class, weight shape and dtype, bias) and copied to the
+    others: on meta the result depends on nothing else, and quantizing each of ~700 Linears takes seconds."""
     signatures = {path: _signature(module.get_submodule(path)) for path in sorted(owners)}
     first: dict[tuple, str] = {}
     for path, signature in signatures.items():
@@ -345,6 +317,7 @@ def format_label(quantization: ComponentQuantization) -> str:
     return f"{quantization.method.value}"
 
 
-__all__ = ["ComponentQuantization", "QuantizationMethod", "check_requested_names", "component_quantization",
+__all__ = ["ComponentQuantization", "QuantizationMethod", "component_quantization",
            "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta", "is_config_dict", "method_of",
-           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_quantization"]
+           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_names",
+           "requested_quantization"]

@@ -1,24 +1,7 @@
-"""`quiet()`: silence what other libraries print while we plan, load and save, when it says nothing to our user.
-
-Importing diffusers pulls in its quantizers, whose imports log that torchao's CUDA kernels cannot be loaded
-("Failed to load ..._C_mxfp8...so"), that torchao's tensor types cannot be imported, or that bitsandbytes'
-`kernels` package is missing; torch's `_pytree` logs that registering torchao's enums is deprecated;
-transformers warns that an image processor falls back from torchvision to PIL and draws its "Loading weights"
-and "Writing model shards" bars. None of it is about the user's pipeline, and our own messages (the plan, its
-warnings, our load bar) already say what matters. Inside `with quiet():`
-
-- the loggers of `THIRD_PARTY` packages pass errors only (a library imported inside the block is configured
-  at its import: transformers and diffusers through their VERBOSITY variables, set for the block);
-- Python warnings raised from their modules are ignored (ours, pointed at the user's code, still show);
-- transformers' and diffusers' progress bars are off (huggingface_hub's download bars stay: a download is
-  worth watching).
-
-The library's plans, loads and saves run inside it (`pipeline_loader`, `single_model`, `Pipeline.save_pretrained`),
-as does the CLI; `preload` imports libraries inside the block (`hf_libraries(folder)`: the ones a folder's load
-will import), so that their import-time noise is silenced too and their bars are off before the load draws them.
-Blocks nest, in one thread or several: the outermost one sets everything and puts back exactly what it found
-when it ends (the user's own code after we return is never silenced). Errors are never silenced.
-"""
+"""`quiet()`: silence what other libraries print while we plan, load and save (torchao kernel failures at
+diffusers' import, transformers' bars, ...): third-party loggers pass errors only, their warnings are ignored
+and transformers'/diffusers' bars are off; huggingface_hub's download bars stay. Blocks nest across threads: the
+outermost one puts back exactly what it found, so the user's own code is never silenced."""
 
 from __future__ import annotations
 
@@ -108,8 +91,7 @@ def quiet(preload: Iterable[str] = ()) -> Iterator[None]:
 
 
 def hf_libraries(folder: Optional[Path]) -> tuple[str, ...]:
-    """The Hugging Face libraries a load of `folder` imports (a pipeline folder's components or class, a model
-    folder's config): what `quiet(preload=...)` should import inside the block."""
+    """The Hugging Face libraries a load of `folder` imports: what `quiet(preload=...)` imports inside the block."""
     from ..folder.model_index import ModelIndex
     from placement.errors import PlacementError
 
@@ -155,40 +137,34 @@ def _default_level(name: str) -> int:
     return logging.getLevelName(chosen) if isinstance(logging.getLevelName(chosen), int) else logging.WARNING
 
 
-def _bar_switches() -> dict:
+def _hf_logging() -> dict:
     """{library: its `utils.logging` module} for the libraries of HF_LIBRARIES already imported."""
-    switches = {}
-    if "transformers" in sys.modules:
-        from transformers.utils import logging as transformers_logging
+    return {name: importlib.import_module(f"{name}.utils.logging") for name in HF_LIBRARIES if name in sys.modules}
 
-        switches["transformers"] = transformers_logging
-    if "diffusers" in sys.modules:
-        from diffusers.utils import logging as diffusers_logging
 
-        switches["diffusers"] = diffusers_logging
-    return switches
+@contextmanager
+def _hub_bars_kept() -> Iterator[None]:
+    """transformers' and diffusers' bar switches also switch huggingface_hub's download bars: those stay as they
+    were (a download is worth watching)."""
+    from huggingface_hub import utils as hub
+
+    were_on = not hub.are_progress_bars_disabled()
+    yield
+    (hub.enable_progress_bars if were_on else hub.disable_progress_bars)()
 
 
 def _bars_off(was_on: dict[str, bool]) -> None:
     """Switch off the bars of the imported libraries not switched yet, recording in `was_on` whether they were."""
-    from huggingface_hub import utils as hub
-
-    hub_bars_were_on = not hub.are_progress_bars_disabled()
-    for library, switches in _bar_switches().items():
-        if library not in was_on:
-            was_on[library] = switches.is_progress_bar_enabled()
-            switches.disable_progress_bar()
-    if hub_bars_were_on:  # their switch also turns off huggingface_hub's download bars: keep those
-        hub.enable_progress_bars()
+    with _hub_bars_kept():
+        for library, switches in _hf_logging().items():
+            if library not in was_on:
+                was_on[library] = switches.is_progress_bar_enabled()
+                switches.disable_progress_bar()
 
 
 def _restore_bars(was_on: dict[str, bool]) -> None:
-    from huggingface_hub import utils as hub
-
-    hub_bars_were_on = not hub.are_progress_bars_disabled()
-    switches = _bar_switches()
-    for library, on in was_on.items():
-        if on:
-            switches[library].enable_progress_bar()
-    if not hub_bars_were_on:
-        hub.disable_progress_bars()
+    with _hub_bars_kept():
+        switches = _hf_logging()
+        for library, on in was_on.items():
+            if on:
+                switches[library].enable_progress_bar()

@@ -1,23 +1,17 @@
-"""Single-file checkpoints (one `.safetensors` of a model's original layout, or a community `.gguf`), read by
-diffusers' `from_single_file` with the model's config taken from a local folder (`config=`: no Hub access).
-
-Planning builds the model on meta through diffusers' own single-file path: the file's tensors as meta tensors
-(safetensors header; GGUF tensor infos, quantized ones as diffusers' `GGUFParameter`s of their packed bytes)
-handed to `from_single_file(..., device="meta")`, which converts the original keys, lets the quantizer replace
-its layers and assigns each tensor in its load dtype, all on meta. So what is sized is what
-`from_single_file` will load, and no tensor data is read.
-"""
+"""Single-file checkpoints (a `.safetensors` of a model's original layout, or a `.gguf`), read by diffusers'
+`from_single_file` with the config from a local folder. Planning runs diffusers' own single-file path on meta
+tensors, so what is sized is what `from_single_file` will load and no tensor data is read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Container, Iterable
 
 import torch
 from torch import nn
 
-from ..checkpoint import read_header
+from ..checkpoint import TensorEntry, read_header
 from ..errors import LoadError, list_names
 from .quantizers import ComponentQuantization, QuantizationMethod
 
@@ -137,9 +131,8 @@ def _compare(cls: type, checkpoint: dict[str, torch.Tensor], config_folder: Path
 
 
 def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path, config_folder: Path) -> None:
-    """A `LoadError` naming the file, the keys and the shapes when the file is not a whole `cls` of that
-    config: another model's file, one cut short, or one of other sizes (diffusers' conversion failed on such
-    files with a bare IndexError)."""
+    """A `LoadError` naming the file, the keys and the shapes when the file is not a whole `cls` of that config
+    (diffusers' conversion fails on such files with a bare IndexError)."""
     found = _compare(cls, checkpoint, config_folder)
     if found is None:
         return
@@ -162,15 +155,18 @@ def check_holds_model(cls: type, checkpoint: dict[str, torch.Tensor], path: Path
 
 def checkpoint_float_dtype(path: Path) -> torch.dtype | None:
     """The floating dtype holding most of a safetensors file's bytes (GGUF: None, its layers compute in bf16)."""
-    if is_gguf(path):
-        return None
+    return None if is_gguf(path) else largest_float_dtype(read_header(path))
+
+
+def largest_float_dtype(entries: Iterable[TensorEntry], names: Container[str] | None = None) -> torch.dtype | None:
+    """The floating dtype holding most of the bytes of `entries` (checkpoint headers), among `names` when given."""
     by_dtype: dict[torch.dtype, int] = {}
-    for entry in read_header(path):
-        if entry.dtype.is_floating_point:
+    for entry in entries:
+        if entry.dtype.is_floating_point and (names is None or entry.name in names):
             by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
     return max(by_dtype, key=by_dtype.get) if by_dtype else None
 
 
 __all__ = ["SINGLE_FILE_SUFFIXES", "build_on_meta", "check_holds_model", "check_single_file_class",
            "checkpoint_float_dtype", "gguf_quantization", "holds_component", "is_gguf", "is_single_file",
-           "meta_checkpoint"]
+           "largest_float_dtype", "meta_checkpoint"]

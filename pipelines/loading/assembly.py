@@ -1,7 +1,5 @@
-"""The pipeline object a load builds around its components: `cls` through its constructor, a generic
-`Pipeline` (every component of the folder an attribute), or, for `Pipeline.from_pretrained` of a folder naming a
-diffusers pipeline class, that class (`hf.diffusers_pipeline`); and the checks made before any module is built.
-"""
+"""The pipeline object a load builds around its components (`cls`, a generic `Pipeline`, or the diffusers class
+its folder names), and the checks made before any module is built."""
 
 from __future__ import annotations
 
@@ -51,16 +49,15 @@ def check_components(target: type, cls: type, index: ModelIndex, passed: Mapping
 
 
 def construct(target: type, index: ModelIndex, components: Mapping[str, Any], folder: Path | str) -> Any:
-    """The pipeline object holding `components`: ours through `construct_pipeline`, a diffusers class through
-    its own constructor."""
+    """The pipeline object holding `components`: ours, or a diffusers class through its own constructor."""
     if is_generic(target) or issubclass(target, PipelineComponents):
         return construct_pipeline(target, index, components)
     return build_diffusers_pipeline(target, index, components, name_or_path=str(folder))
 
 
 def install_component(pipe: Any, name: str, module: Any) -> None:
-    """Replace component `name` of a built pipeline (the meta module a load planned with, by the module its
-    owner loaded): through the pipeline's own registration, so diffusers' config stays consistent."""
+    """Replace component `name` (the meta module planned with, by its owner's loaded one) through the pipeline's
+    own registration, so diffusers' config stays consistent."""
     if isinstance(pipe, PipelineComponents):
         pipe.register_components(**{name: module})
     else:

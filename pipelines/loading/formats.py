@@ -35,15 +35,16 @@ from placement.sizes import format_bytes
 from ..checkpoint import find_weights
 from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
+from ..folder.components import module_dtype
 from ..folder.sources import ComponentSource, Family, family_of, weights_name_for
 from ..hf.owner_loading import OwnerLoad, load_without_device_map
 from ..hf.quantizers import (
     ComponentQuantization,
     QuantizationMethod,
-    check_requested_names,
     component_quantization,
     format_label,
     method_of,
+    requested_names,
     requested_quantization,
 )
 from ..hf.single_file import (
@@ -60,9 +61,7 @@ from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
 
 
 class Runtime(str, Enum):
-    """How our runtime runs a placement, as far as formats care: whole modules moved (whole, split, cpu),
-    group offloading from host RAM (offloaded, all weights in RAM), per-module weight streaming (a model-level
-    map mixing accelerator and "cpu" entries: accelerate's weight-serving hooks), or weights on disk."""
+    """How our runtime runs a placement, as far as formats care."""
 
     MOVED = "kept on its devices"
     GROUP_OFFLOADED = "offloaded"
@@ -105,40 +104,32 @@ def runtime_of(component: ComponentPlan, plan: Plan) -> Runtime:
 def check_format_options(request: LoadRequest, *, built: list[str], passed: list[str]) -> None:
     """Before anything is built: each option names components this load has (quantization: those read from
     the folder; layerwise casting: any module component; pins: those passed in)."""
-    quantized_passed = [name for name in passed if _names(request.options.quantization_config, name)]
+    options, modules = request.options, built + passed
+    quantized = requested_names(options.quantization_config)
+    quantized_passed = [name for name in passed if name in quantized]
     if quantized_passed:
         raise LoadError(
             f"quantization_config names {quantized_passed}, which were passed in: a component passed in is placed "
             "as it is; quantize it yourself (its owner's quantizer) or let the load read it from the folder."
         )
-    check_requested_names(request.options.quantization_config, built + passed)
-    modules = built + passed
-    unknown = sorted(set(request.options.layerwise_casting) - set(modules))
-    if unknown:
-        raise LoadError(
-            f"layerwise_casting names {unknown}, which are not module components of this pipeline; its module "
-            f"components are {sorted(modules)}."
-        )
-    stray = sorted(set(request.options.pin) - set(passed))
+    for option, named in (("quantization_config", quantized), ("layerwise_casting", options.layerwise_casting)):
+        unknown = sorted(set(named) - set(modules))
+        if unknown:  # a misspelt name would silently load that component as it is
+            raise LoadError(
+                f"{option} names {unknown}, which are not module components of this pipeline; its module "
+                f"components are {sorted(modules)}."
+            )
+    stray = sorted(set(options.pin) - set(passed))
     if stray:
         raise LoadError(
-            f"pin={list(request.options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
+            f"pin={list(options.pin)} names {stray}, which were not passed in; pin keeps a component you pass "
             f"(e.g. transformer=my_model) where it is. Passed in: {sorted(passed) or 'nothing'}."
         )
 
 
-def _names(quantization_config: Any, name: str) -> bool:
-    if isinstance(quantization_config, Mapping):
-        return name in quantization_config
-    if callable(getattr(quantization_config, "_resolve_quant_config", None)):
-        return name in (quantization_config.quant_mapping or {}) or name in (
-            quantization_config.components_to_quantize or [])
-    return False
-
-
 def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, nn.Module]:
-    """No device_map: each module component loaded to the CPU by its own class (quantized by its owner when the
-    request or its folder says so), with layerwise casting applied when asked."""
+    """No device_map: each module component loaded to the CPU by its own class (quantized by its owner when asked),
+    with layerwise casting applied when asked."""
     loaded = {}
     for name, source in opened.modules.items():
         # checked as a placed load checks them (its weights are safetensors, or pickles only on the explicit
@@ -151,14 +142,10 @@ def load_modules_without_device_map(opened, request: LoadRequest) -> dict[str, n
                                          variant=request.options.variant, quantization_config=config)
         storage = request.options.layerwise_casting.get(name)
         if storage is not None:
-            compute = opened.dtypes[name] or _floating_dtype(module)
+            compute = opened.dtypes[name] or module_dtype(module)
             apply_layerwise_casting(module, casting_config(module, storage, compute))
         loaded[name] = module
     return loaded
-
-
-def _floating_dtype(module: nn.Module):
-    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
 
 
 Formats = Mapping[str, tuple[QuantizationMethod, str]]  # component -> (its format, the format in words)
@@ -210,16 +197,14 @@ def _advice(name: str, runtime: Runtime) -> str:
 
 
 def check_planned_formats(plan: Plan, formats: Formats) -> None:
-    """A quantized component planned where its format cannot run is an error now, before any weight is read,
-    with the numbers and what to do."""
+    """A quantized component planned where its format cannot run is an error before any weight is read."""
     refused = refused_components(plan, formats)
     if refused:
         raise LoadError(next(iter(refused.values())))
 
 
 def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
-    """`plan_around_formats` for a plan the strategy made; a plan the caller gave (a saved plan, pins, one
-    device) is followed as it is, so it is only checked."""
+    """`plan_around_formats` for a plan the strategy made; a plan the caller gave is followed as it is, only checked."""
     if device_map.kind is DeviceMapKind.STRATEGY:
         return plan_around_formats(plan, formats, replan)
     check_planned_formats(plan, formats)
@@ -228,9 +213,7 @@ def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]
 
 def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]) -> Plan:
     """`plan`, or, when it offloads a component whose format cannot be offloaded, the plan made again with that
-    component kept whole on the accelerator with the largest budget and the others placed around it (a run-once
-    encoder offloaded instead of an nf4 transformer); the error of `check_planned_formats` when that cannot fit
-    either. `replan(pins)` plans with `{component: device map}` pinned."""
+    component kept whole on the accelerator with the largest budget; the error when that cannot fit either."""
     refused = refused_components(plan, formats)
     accelerators = [device for device in plan.devices if is_accelerator(device.device) and device.budget]
     if not refused or not accelerators:
@@ -251,10 +234,6 @@ def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], P
     note = (f"{kept} kept whole on {device_label(target)}: its format cannot be offloaded, so the other components "
             "were planned around it.")
     return retried.model_copy(update={"warnings": [*retried.warnings, note]})
-
-
-__all__ = ["check_format_options", "check_planned_formats", "formats_of_metas", "formats_of_modules",
-           "load_modules_without_device_map", "plan_around_formats", "refused_components", "respect_formats"]
 
 
 def build_single_file_component(name: str, cls: type, path: Path, config_folder: Path, *,
@@ -286,9 +265,7 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
 
 
 def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | None) -> set[str]:
-    """The module components a pipeline's single file holds: its diffusers models whose weights the file has
-    (as saved, or in the original layout diffusers converts), tested on meta; none without a file. A file
-    holding none of them is an error naming them."""
+    """The module components a pipeline's single file holds (tested on meta); a file holding none is an error."""
     if path is None:
         return set()
     checkpoint = meta_checkpoint(path)

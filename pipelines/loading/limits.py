@@ -1,28 +1,7 @@
-"""Limits checked before and while a module is built on meta from its config.json, so that an absurd config is
-refused at once with the number and the limit, never after minutes of building nor by torch's allocator.
-
-Two things make an absurd config expensive, and each has its check:
-- time: a constructor builds one block per layer, so `num_layers=1000000000000` loops for hours before anything
-  is sized. Config fields that count repeated blocks (`num_layers`, `num_single_layers`, `layers_per_block`,
-  `depth`, `num_experts`, ...) are read from config.json first and refused above `MAX_REPEATS`
-  (`check_repeat_counts`; released models have at most a few hundred layers or experts of one kind).
-- memory: `accelerate.init_empty_weights()` lets each `nn.Linear` create its weight on the CPU before moving it
-  to meta, so `hidden_size=1000000000000` asks the allocator for a petabyte. While the constructor runs, every
-  tensor the torch factories are asked for is counted before it is made (`bounded_construction`): a tensor, or
-  all of them together, needing more bytes than all budgets together, the disk's free space included (at the
-  fewest bits per element the component can load in), is refused before it is allocated, naming the config
-  numbers in its shape. Only the absurd is refused here: a model that merely does not fit is the planner's to
-  explain.
-
-Limits of a `call=` checked from its numbers alone, before any activation is estimated.
-
-Estimating a call's activations runs each component on fake tensors, and a VAE decode too large for its device is
-estimated tiled, tile by tile: `call={"height": 1000000, "width": 1000000}` would loop over millions of tiles
-for minutes. Some tensors of a call are certain whatever the models do, and each lives whole on one device:
-- the decoded output: height x width x frames x images, 3 channels, at 2 bytes at the fewest (a VAE decodes in
-  16 bits or more; tiling decodes tiles, but blends them into one output tensor);
-- the prompt's token ids: max_sequence_length x prompts x images, int64.
-One of them larger than the largest budget of a single device is refused at once, with the numbers."""
+"""Limits checked before and while a module is built on meta from its config.json, and of a `call=` from its
+numbers alone: an absurd config (`num_layers=1e12` loops for hours; `hidden_size=1e12` asks the allocator for a
+petabyte under `init_empty_weights`) or call (a decode over millions of tiles) is refused at once, naming the
+number and the limit. Only the absurd is refused here: a model that merely does not fit is the planner's to explain."""
 
 from __future__ import annotations
 
@@ -64,10 +43,8 @@ class BuildLimit:
 
     @classmethod
     def of(cls, max_memory: Mapping | None, offload_folder: str | Path | None, *, accelerators: int) -> "BuildLimit":
-        """All budgets of `max_memory` together (the CPU's detected where not given), the disk included: its
-        budget, else the free space where the `offload_folder` is (the working folder's without one: a plan that
-        needs the disk asks for an offload_folder, which says so better than this limit). Without `max_memory`,
-        a bound that touches no device: `accelerators` at `ACCELERATOR_BOUND` each, the machine's RAM, the disk."""
+        """All budgets of `max_memory` together, the disk's free space included; without `max_memory`, a bound that
+        touches no device: `accelerators` at `ACCELERATOR_BOUND` each, the machine's RAM, the disk."""
         if max_memory is None:
             parts = {f"{accelerators} accelerator(s) (1 TiB each at most)":
                      accelerators * ACCELERATOR_BOUND} if accelerators else {}
@@ -93,7 +70,7 @@ def _free_space(folder: Path) -> int:
 def check_repeat_counts(name: str, path: Path, config: Mapping[str, Any]) -> None:
     """A field counting repeated blocks above `MAX_REPEATS` is a `FolderError` naming the field, its
     value and the limit (nested configs such as `text_config` included)."""
-    for field, value in _repeat_counts(config):
+    for field, value in _numbers(config, repeats=True):
         if value > MAX_REPEATS:
             raise FolderError(
                 f"Component {name!r}: {str(path)!r} sets {field}={value}, more blocks than any model has (the limit "
@@ -102,13 +79,15 @@ def check_repeat_counts(name: str, path: Path, config: Mapping[str, Any]) -> Non
             )
 
 
-def _repeat_counts(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
+def _numbers(config: Mapping[str, Any], prefix: str = "", *, repeats: bool = False) -> Iterator[tuple[str, int]]:
+    """(dotted field, value) for each integer of a config, nested ones included (depth bounded by the JSON reader);
+    `repeats`: of the fields counting repeated blocks only, each item of a list too."""
     for key, value in config.items():
         field = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            yield from _repeat_counts(value, prefix=f"{field}.")  # depth bounded by the JSON reader
-        elif _REPEAT_FIELD.search(str(key)):
-            for number in value if isinstance(value, list) else [value]:
+            yield from _numbers(value, f"{field}.", repeats=repeats)
+        elif not repeats or _REPEAT_FIELD.search(str(key)):
+            for number in value if repeats and isinstance(value, list) else [value]:
                 if isinstance(number, int) and not isinstance(number, bool):
                     yield field, number
 
@@ -126,10 +105,8 @@ def fewest_bits(dtype: torch.dtype | None, *, quantized: bool, layerwise: bool) 
 @contextmanager
 def bounded_construction(name: str, path: Path, config: Mapping[str, Any], limit: BuildLimit | None, *,
                          bits: int) -> Iterator[None]:
-    """While the block runs (a constructor, in this thread), each tensor asked of torch's factories (`empty`,
-    `zeros`, `ones`, `full`, `rand`, `randn`, `arange`) is counted before it is made: one needing more than
-    `limit` at `bits` per element, or all together needing more, is a `DoesNotFitError`. Other threads are not
-    counted (the factories are patched for the process while the block runs, as accelerate patches them)."""
+    """While the block runs, each tensor asked of torch's factories is counted before it is made: one needing more
+    than `limit` at `bits` per element, or all together, is a `DoesNotFitError`."""
     if limit is None:
         yield
         return
@@ -171,7 +148,7 @@ class _Counter:
             self.refuse(f"a tensor of shape {list(shape)} ({elements:,} elements)", elements,
                         f"config numbers in that shape: {', '.join(fields)}" if fields else "")
         if self.elements * self.bits // 8 > self.limit.total:
-            counts = [f"{field}={value}" for field, value in _repeat_counts(self.config) if value > 1]
+            counts = [f"{field}={value}" for field, value in _numbers(self.config, repeats=True) if value > 1]
             self.refuse(f"{self.elements:,} elements of tensors so far", self.elements,
                         f"blocks repeated as {', '.join(counts)}" if counts else "")
 
@@ -183,14 +160,6 @@ class _Counter:
             f"together ({self.limit.described}). Nothing was allocated: fix the numbers in that config.json, or "
             "give budgets that can hold the model."
         )
-
-
-def _numbers(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            yield from _numbers(value, prefix=f"{prefix}{key}.")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            yield f"{prefix}{key}", value
 
 
 def _shape(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
@@ -232,9 +201,8 @@ _CHANNELS, _DECODE_BYTES, _TOKEN_BYTES = 3, 2, 8
 
 
 def check_call_limits(call: Mapping[str, Any], max_memory: Mapping | None, *, pipe: Any = None) -> None:
-    """A `DoesNotFitError` naming the call's numbers when a tensor the call must hold whole (its decoded output,
-    its token ids) is larger than every single device's budget. Only the keys `pipe` takes are weighed (our
-    pipelines say by `activation_inputs`' parameters): a key it does not take is the call's own error, later."""
+    """A `DoesNotFitError` when a tensor the call must hold whole (its decoded output, its token ids) is larger than
+    every single device's budget; only the keys `pipe` takes are weighed."""
     call = {key: value for key, value in call.items() if _takes(pipe, key)}
     budgets = resolve_budgets(max_memory)
     devices = {device: limit for device, limit in budgets.limits.items() if device != "disk" and limit is not None}

@@ -1,23 +1,7 @@
-"""VAE tiling and slicing, planned: when a VAE's decode does not fit, the plan turns tiling (or slicing, for a
-batch) on for it, and the load applies it.
-
-    plan with the call's activations (the techniques `call=` forces included)
-      -> fits on accelerators: done (nothing turned on that was not asked for)
-      -> otherwise, for each VAE that offers them: re-estimate its calls sliced (batch > 1), tiled, both
-         (`calls.vae_techniques`: each class's own tiled code on fake tensors) and re-plan; the first of those
-         that plans strictly better (a plan rather than none, a better verdict, fewer bytes off the
-         accelerators) is kept, and each technique it needs is recorded on the component with why
-      -> still no plan, and the VAE's activation is what does not fit (the plan fits with it left out): a
-         DoesNotFitError that names the activation, not the weights, and offers what would fit.
-
-`call={"vae_tiling": False}` (or `"vae_slicing"`) forbids a technique, `True` forces it. Slicing changes
-nothing but the peak; tiling changes the decoded values slightly (each tile is decoded alone, then blended),
-which is why it is turned on only when it is needed.
-
-When no plan fits even with the VAE techniques `call=` allows: if the VAEs' activations are what does not fit
-(the same plan fits with them left out), an error that says so, with the numbers, and what would fit: a
-technique `call=` forbade, a smaller call (the VAE re-estimated; the other components keep this call's
-activations, so the offer errs on the safe side), or the room one accelerator would need."""
+"""VAE tiling and slicing, planned: when a VAE's decode does not fit, the plan turns tiling (or slicing) on for it
+and the load applies it; tiling changes the decoded values slightly, so it is turned on only when needed.
+`call={"vae_tiling": False}` forbids a technique, `True` forces it. When nothing fits, the error says whether
+the VAE's activation is what does not fit, and what would."""
 
 from __future__ import annotations
 
@@ -249,8 +233,7 @@ def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcom
 
 @dataclass(frozen=True, kw_only=True)
 class PlannedCall:
-    """The call being planned: each component's example calls, the modules, their dtypes, the call's sizes,
-    and how to describe a smaller call (for what-would-fit offers)."""
+    """The call being planned, and how to describe a smaller one (for what-would-fit offers)."""
 
     runs: Mapping[str, list]
     modules: Mapping[str, nn.Module]
@@ -372,8 +355,7 @@ def _first_sentence(error: Exception | None) -> str:
 
 
 def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> dict[str, tuple[str, ...]]:
-    """Turn on, in each module of `pipe`, the techniques the plan turned on for it (`vae.enable_tiling()`);
-    {component: the methods that turn off what was off before} (`reset_device_map()` calls them)."""
+    """Turn on in each module the techniques the plan chose; {component: the methods that undo it} for a reset."""
     components, undo = getattr(pipe, "components", {}), {}
     for name, component in plan.components.items():
         if component.memory_techniques and isinstance(components.get(name), nn.Module):

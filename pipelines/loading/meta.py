@@ -1,35 +1,6 @@
-"""The one meta builder: a component's module on meta, each tensor in the dtype it will load as, with every fact
-about its weights that planning and placing need, worked out once (`MetaComponent`).
-
-    with init_empty_weights(): module = construct(cls, folder)   # its family's constructor (`hf.owner_loading`)
-    weights = find_weights(folder, ...)                           # each safetensors header read once per load
-    validate keys and shapes; check dtypes; re-type each meta tensor to its load dtype; re-tie
-
-Used for our `ModelMixin`s (a model load is a one-component load), diffusers and transformers models alike.
-
-What the meta builder hands to planning and placing: `MetaComponent`, and how its weights are read.
-
-Components read by their owner library (`WeightsReader.OWNER`), built on meta the way the owner builds them,
-so that the plan sizes exactly what the owner will load.
-
-    module = the class built from config.json on meta (hf_interop.construct)
-    dtype  = torch_dtype, else the checkpoint's own floating dtype; a quantizer may change it (bitsandbytes)
-    quantizer.preprocess_model(module)           # the owner's quantized layers replace the dense ones
-    every other floating meta tensor -> dtype    # fp32-kept modules stay float32
-    each quantized weight put in its quantized form, on meta (hf.quantizers.materialize_on_meta)
-
-The owner is then called with that dtype (`OwnerLoad`), so what it loads is what was sized.
-
-fp8 layerwise casting as a plan option: `layerwise_casting={"transformer": torch.float8_e4m3fn}`.
-
-The castable layers (Linear/Conv, outside diffusers' skip patterns: position/patch embeddings, norms, `proj_in`,
-`proj_out`, and the model's own `_skip_layerwise_casting_patterns` and fp32-kept modules) store their weights in
-the small dtype; each is upcast to the compute dtype (the component's `torch_dtype`, else its checkpoint's) for
-its own forward only (`hooks.layerwise_casting`). Planning sizes the stored bytes: the meta tensors of those
-layers take the storage dtype, and our loader reads them straight into it (no full-precision copy; from a
-checkpoint saved in another dtype than the compute one that is one rounding where diffusers, casting to
-torch_dtype first, makes two); a component read by its owner is cast after its load. The load applies the casting hooks before the placement's
-runtime (casting first, then offloading: the offloaded groups then hold the small dtype too)."""
+"""The one meta builder: a component's module on meta, each tensor in the dtype (or quantized form, or fp8
+layerwise-cast storage) it will load as, with every fact about its weights that planning and placing need,
+worked out once (`MetaComponent`), so that the plan sizes exactly what the load reads."""
 
 from __future__ import annotations
 
@@ -74,18 +45,14 @@ from ..hf.quantizers import (
     prepare_on_meta,
     quantized_parameter_names,
 )
+from ..hf.single_file import largest_float_dtype
 from .limits import BuildLimit, bounded_construction, check_repeat_counts, fewest_bits
 
 
 class WeightsReader(Enum):
-    """How a component's weights are read into its meta module: chosen when it is built (`build_component`), so
-    planning and placing never guess.
-
-    STREAM is this library's loader: each tensor from its safetensors file straight to its planned device
-    (`placing.place_component`). OWNER is the library that owns the format (transformers checkpoints whose keys
-    are renamed on load, quantized components, single files, GGUF): its `from_pretrained` / `from_single_file`
-    given our plan's device map, then our runtime (`placing.read_with_owner`).
-    """
+    """How a component's weights are read, chosen when it is built so planning and placing never guess: STREAM,
+    our loader (each tensor from its safetensors file to its device); OWNER, the library that owns the format
+    (renamed keys, quantized, single files), given our plan's map."""
 
     STREAM = "stream"
     OWNER = "owner"
@@ -93,13 +60,8 @@ class WeightsReader(Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class MetaComponent:
-    """A module component built on meta and sized exactly, with what its load needs.
-
-    `weights` is None when the folder has no weight files (planning from configs only). `load_dtypes` maps each
-    checkpoint tensor to the dtype it loads as; `keep_in_fp32` names the submodules kept float32 at `dtype`
-    (sizing's rule, so the plan and the load agree); `tied_weights` maps each tied parameter the checkpoint
-    lacks to the tensor that serves it. `owner`: the owner's load call, for `WeightsReader.OWNER`.
-    `layerwise_casting`: the storage dtype of fp8 layerwise casting when the load applies it."""
+    """A module component built on meta and sized exactly, with what its load needs. `weights`: None without
+    weight files (planning from configs); `tied_weights`: each tied parameter the checkpoint lacks -> its source."""
 
     name: str
     module: nn.Module
@@ -115,19 +77,16 @@ class MetaComponent:
 
     @property
     def quantization(self):
-        """The component's `hf.quantizers.ComponentQuantization`, None when it is not quantized."""
         return None if self.owner is None else self.owner.quantization
 
     @property
     def sizing_dtype(self) -> torch.dtype | None:
-        """The dtype `placement.plan` is told to size at: the requested one, except when layerwise casting stores
-        some weights smaller (its meta tensors already hold every load dtype; a requested dtype would count the
-        fp8 weights at the compute dtype)."""
+        """None under layerwise casting: the meta tensors hold every load dtype, and a requested dtype would size
+        the fp8 weights at the compute dtype."""
         return None if self.layerwise_casting is not None else self.dtype
 
     @property
     def dtype_origin(self) -> str:
-        """Where the dtype the component was sized at comes from, for the plan to state."""
         if self.dtype is not None:
             return "torch_dtype"
         if self.weights is not None or (self.owner is not None and self.owner.single_file):
@@ -138,8 +97,7 @@ class MetaComponent:
 def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Path, family: Family,
                           dtype: torch.dtype | None, variant: str | None, weights: WeightsIndex | None,
                           quantization: ComponentQuantization | None) -> MetaComponent:
-    """`module` (built on meta from `folder`'s config) prepared as its owner prepares it, each tensor in the
-    dtype and form it will load in; the `OwnerLoad` that loads it so."""
+    """`module` prepared as its owner prepares it, each tensor in the dtype and form it will load in."""
     if dtype is None:  # the checkpoint's dtype, read from the tensors the dense module has (not quantized states)
         load_dtype = (checkpoint_float_dtype(weights, names=set(module.state_dict(keep_vars=True)))
                       or checkpoint_float_dtype(weights))  # a renamed checkpoint shares no name with its module
@@ -169,22 +127,14 @@ def _quantizer_keeps_fp32(quantizer, family: Family) -> bool:
 
 
 def checkpoint_float_dtype(weights: WeightsIndex | None, names: set[str] | None = None) -> torch.dtype | None:
-    """The floating dtype holding most of the checkpoint's bytes (what the owner loads it in when no dtype is
-    asked for), among `names` when given (a pre-quantized checkpoint's scales may be float32 while its biases and
-    norms are bfloat16); None without weights (configs only: the config's dtypes are kept)."""
-    if weights is None:
-        return None
-    by_dtype: dict[torch.dtype, int] = {}
-    for entry in weights.tensors.values():
-        if entry.dtype.is_floating_point and (names is None or entry.name in names):
-            by_dtype[entry.dtype] = by_dtype.get(entry.dtype, 0) + entry.nbytes
-    return max(by_dtype, key=by_dtype.get) if by_dtype else None
+    """The floating dtype holding most of the checkpoint's bytes (what the owner loads it in), among `names` when
+    given (a pre-quantized checkpoint's scales may be float32 while its biases and norms are bfloat16)."""
+    return None if weights is None else largest_float_dtype(weights.tensors.values(), names)
 
 
 def cast_floating_meta(module: nn.Module, dtype: torch.dtype | None, *, keep_in_fp32: list[str] | tuple[str, ...]
                        ) -> None:
-    """Every floating meta tensor that is not quantized to `dtype` (float32 in the kept modules). Free: meta.
-    A parameter shared under several names (tied embeddings) stays one parameter."""
+    """Every floating, unquantized meta tensor to `dtype` (float32 in the kept modules); tied ones stay tied."""
     if dtype is None:
         return
     keep = set(keep_in_fp32)
@@ -208,15 +158,11 @@ def _names_by_tensor(module: nn.Module) -> dict[int, list[str]]:
     return {key: value for key, value in names.items() if len(value) > 1}
 
 
-__all__ = ["build_owner_component", "cast_floating_meta", "checkpoint_float_dtype"]
-
-
 # diffusers' `hooks.layerwise_casting.DEFAULT_SKIP_MODULES_PATTERN` (what `enable_layerwise_casting` skips).
 DIFFUSERS_SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
 
 
 def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
-    """`{component: storage dtype}` (a dtype or its name, e.g. "float8_e4m3fn"); anything else is an error."""
     if layerwise_casting is None:
         return {}
     if not isinstance(layerwise_casting, Mapping):
@@ -244,13 +190,11 @@ def parse_layerwise_casting(layerwise_casting: Any) -> dict[str, torch.dtype]:
 
 
 def layerwise_label(storage: torch.dtype) -> str:
-    """The format in a plan's words: "layerwise float8_e4m3fn"."""
     return f"layerwise {str(storage).removeprefix('torch.')}"
 
 
 def casting_config(module: nn.Module, storage: torch.dtype, compute: torch.dtype) -> LayerwiseCastingConfig:
-    """The casting diffusers' `enable_layerwise_casting` would apply to `module`: its skip patterns, plus the
-    model's own and its fp32-kept modules."""
+    """The casting diffusers' `enable_layerwise_casting` would apply to `module`."""
     patterns = list(DIFFUSERS_SKIP_PATTERNS)
     patterns += list(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
     patterns += [rf"(^|\.){name}($|\.)" for name in getattr(module, "_keep_in_fp32_modules", None) or ()]
@@ -269,7 +213,6 @@ def cast_tensor_names(module: nn.Module, config: LayerwiseCastingConfig) -> list
 
 
 def with_layerwise_casting(meta: MetaComponent, storage: torch.dtype | None) -> MetaComponent:
-    """`meta` with its castable layers' meta tensors (and their load dtypes) in `storage`, sized as stored."""
     if storage is None:
         return meta
     compute = compute_dtype(meta)
@@ -284,14 +227,12 @@ def with_layerwise_casting(meta: MetaComponent, storage: torch.dtype | None) -> 
 
 
 def compute_dtype(meta: MetaComponent) -> torch.dtype:
-    """What the cast layers compute in: torch_dtype, else the checkpoint's floating dtype, else float32."""
     if meta.owner is not None and meta.owner.dtype is not None:
         return meta.owner.dtype
     return meta.dtype or checkpoint_float_dtype(meta.weights) or torch.float32
 
 
 def apply_casting(module: nn.Module, meta: MetaComponent) -> None:
-    """The casting hooks on a loaded component (weights already stored small are left as they are)."""
     if meta.layerwise_casting is not None:
         apply_layerwise_casting(module, casting_config(module, meta.layerwise_casting, compute_dtype(meta)))
 
@@ -322,17 +263,9 @@ __all__ = ["DIFFUSERS_SKIP_PATTERNS", "apply_casting", "casting_config", "cast_t
 def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
                     variant: str | None, weights_required: bool, quantization_config: Any = None,
                     layerwise_casting: torch.dtype | None = None, limit: BuildLimit | None = None) -> MetaComponent:
-    """`cls` built on meta from `folder`, each tensor in its load dtype (the checkpoint's own unless `dtype`
-    says otherwise; fp32-kept modules stay fp32), so planning sizes it exactly. Reads config.json and the
-    safetensors headers only. Without weight files (a configs-only folder, when not `weights_required`) the
-    config's dtypes are kept. Keys and shapes are checked for every component about to be loaded, and for our
-    own models always (their checkpoints must match exactly).
-
-    The reader is chosen here: a quantized component (its folder's `quantization_config`, or
-    `quantization_config=` naming it) and a transformers checkpoint whose keys transformers renames on load
-    are prepared and read by their owner (`build_owner_component`); everything else is streamed by our loader.
-    `layerwise_casting`: a storage dtype (fp8) for the castable layers (`with_layerwise_casting`). `limit`: all budgets of
-    the load together; an absurd config is refused before it is built (`build_limits`)."""
+    """`cls` built on meta from `folder` (config.json and safetensors headers only), each tensor in its load
+    dtype. Keys and shapes are checked for every component about to be loaded, and for our own models always.
+    A quantized component, or a transformers checkpoint whose keys are renamed on load, is read by its owner."""
     quantization = component_quantization(quantization_config, name, family, folder)
     bits = fewest_bits(dtype, quantized=quantization is not None, layerwise=layerwise_casting is not None)
     with init_empty_weights(), _no_init_of_meta_tensors(), _within(name, folder, limit, bits=bits):
@@ -350,8 +283,7 @@ def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype
 
 @contextmanager
 def _within(name: str, folder: Path, limit: BuildLimit | None, *, bits: int) -> Iterator[None]:
-    """Its config's counts checked, then the constructor run with every tensor it asks for counted against
-    `limit` (`build_limits`); a folder without config.json fails in `construct` with its own message."""
+    """A folder without config.json fails in `construct` with its own message."""
     if not (folder / CONFIG_NAME).is_file():
         yield
         return
@@ -388,21 +320,13 @@ def _renamed_on_load(module: nn.Module, family: Family, weights: WeightsIndex | 
     ties = _tied_weights(module, family, weights, tensors)
     if set(tensors) - set(ties) <= set(weights.tensors):
         return False
-    return renames_explain(module, weights.tensors, allowed_missing=_all_tied_names(module))
-
-
-def _all_tied_names(module: nn.Module) -> set[str]:
-    """Every name of a parameter shared under several names (any of them may be absent from a checkpoint)."""
-    names_of: dict[int, list[str]] = {}
-    for name, tensor in module.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(tensor), []).append(name)
-    return {name for names in names_of.values() if len(names) > 1 for name in names}
+    tied = {name for names in _names_by_tensor(module).values() for name in names}  # any may be absent
+    return renames_explain(module, weights.tensors, allowed_missing=tied)
 
 
 def build_from_source(source: ComponentSource, *, dtype: torch.dtype | None, variant: str | None,
                       weights_required: bool, quantization_config: Any = None,
                       layerwise_casting: torch.dtype | None = None, limit: BuildLimit | None = None) -> MetaComponent:
-    """`build_component` of one component of a pipeline folder."""
     return build_component(source.name, source.cls, source.folder, family=source.family, dtype=dtype,
                            variant=variant, weights_required=weights_required, quantization_config=quantization_config,
                            layerwise_casting=layerwise_casting, limit=limit)
@@ -416,9 +340,8 @@ _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
 
 @contextmanager
 def _no_init_of_meta_tensors() -> Iterator[None]:
-    """`torch.nn.init` functions return a meta tensor untouched: initialising it computes nothing but still costs
-    a third of building a large model (diffusers and transformers skip init the same way when they build on
-    meta). Tensors with data (buffers, which `init_empty_weights` leaves on the CPU) are initialised as usual."""
+    """`torch.nn.init` returns a meta tensor untouched: initialising it computes nothing but costs a third of
+    building a large model. Tensors with data (buffers) are initialised as usual."""
     originals = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
 
     def skipping(original: Callable) -> Callable:
@@ -447,9 +370,7 @@ def _find_weights(cls: type, folder: Path, *, variant: str | None, required: boo
 def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
                   tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """{tied name: source name} for every parameter shared under several names whose checkpoint stores only one
-    of them (transformers' T5 `encoder.embed_tokens.weight` -> `shared.weight`), found from the module itself so
-    it holds for every family; our models' declared `_tied_weights_keys` as well (re-tied even when a checkpoint
-    stores both names)."""
+    (T5's `encoder.embed_tokens.weight` -> `shared.weight`); our models' declared `_tied_weights_keys` as well."""
     names_of: dict[int, list[str]] = {}
     for name, tensor in tensors.items():  # the state dict names a shared parameter under each of its names
         if isinstance(tensor, nn.Parameter):
@@ -465,9 +386,7 @@ def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
 
 def _cast_meta(module: nn.Module, weights: WeightsIndex, dtypes: Mapping[str, torch.dtype],
                tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None, keep_in_fp32: tuple[str, ...]) -> None:
-    """Give every meta tensor the dtype it will be loaded as, so that sizing (`compute_module_sizes`) is exact.
-    Costs nothing (meta tensors hold no memory). `FolderError` first for a checkpoint tensor the model
-    cannot take (`check_dtypes`)."""
+    """Every meta tensor in the dtype it will be loaded as, after `check_dtypes`, so that sizing is exact."""
     check_dtypes(module, weights, dtype=dtype, keep_in_fp32=keep_in_fp32, model_tensors=tensors)
     for name, target in dtypes.items():
         tensor = tensors.get(name)

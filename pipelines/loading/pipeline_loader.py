@@ -1,48 +1,7 @@
-"""Pipeline.from_pretrained / plan_placement: build on meta, plan, place each component, dispatch.
-
-    request (resolved once) -> model_index.json -> classes -> each module built on meta (`build_component`)
-           -> the pipeline object (`assembly`: `cls`, the generic `Pipeline`, or the diffusers class it names)
-           -> one plan (graph = the pipeline's model graph; passed dispatched components pinned)
-           -> per component: `read_component` (weights read to the planned devices)
-           -> the whole plan's runtime at once (`attach_plan_runtime`: each kind's hooks, per-call coordinators)
-           -> pipe.hf_device_map (flat) and each model's hf_device_map (relative)
-
-A load that fails anywhere after the first tensor moved undoes everything: hooks removed, loaded weights back
-to meta (memory freed), components passed in returned to where they were.
-
-`pipelines.place(pipe, ...)`: the placement `from_pretrained` gives, for a pipeline the user already built
-(e.g. a diffusers pipeline with a quantized transformer), without reloading anything.
-
-The modules are planned as they are (their own dtypes, nothing cast), moved to the plan's devices and given the
-hooks of their placement kind; `pipe.hf_device_map` and `pipe.placement_plan` are set as a load would set them.
-Components that already carry their own `hf_device_map` (loaded with a device_map) are pinned where they are.
-
-Components whose outputs a diffusers pipeline joins right where they come back.
-
-diffusers' pipelines send each component its inputs on that component's own device
-(`get_module_execution_device`) and move the results on afterwards, so each output comes back on its
-component's device. SDXL's `encode_prompt`, and the pipelines that copy it (img2img, inpaint, ControlNet, PAG,
-T2I-Adapter, AnimateDiff SDXL: every class with `StableDiffusionXLLoraLoaderMixin`), concatenates the hidden
-states of `text_encoder` and `text_encoder_2` before moving them: with the two encoders on two GPUs that is
-"Expected all tensors to be on the same device". `text_encoder` therefore hands its outputs over on
-`text_encoder_2`'s execution device, where the join happens; nothing else moves.
-
-Input-moving hooks for a component passed in already placed (pinned where its own `hf_device_map` says).
-
-Its owner placed it, so its weights are never moved. But transformers' and diffusers' `from_pretrained` place
-a one-device map (`device_map={"": 1}`) with no hook at all, and a diffusers pipeline sends every component
-its inputs on the pipeline's execution device: the component's embedding on GPU 1 would meet input ids on
-GPU 0 ("Expected all tensors to be on the same device"). Such a component gets the hooks its map calls for
-(one at the top for one device), as the components we load get; one that carries hooks (accelerate's
-`dispatch_model` over several devices) keeps its owner's. Undoing removes our hooks and keeps the owner's map.
-
-A plan of a local folder says which components' weights are missing: planning reads configs and headers
-only, so a folder whose weights file was deleted plans as it did before, and only its load fails. A component
-without weights is named (with why, from the checkpoint reader) when the folder evidently should hold them:
-its own folder has weight files of another kind or name (an index without its shards, pickles, another variant),
-another component has its weights, or this library saved the folder. A configs-only folder (the configs of a
-Hub pipeline, written to plan) is planned without a word, as documented, and so is a Hub download, which fetches
-configs only to plan."""
+"""Pipeline.from_pretrained / plan_placement, and `pipelines.place` (a pipeline already built, placed as a load
+would place it): request -> model_index.json -> each module built on meta -> the pipeline object -> one plan ->
+each component's weights read to its devices -> the whole plan's runtime at once. A load that fails after the
+first tensor moved undoes everything: hooks removed, loaded weights back to meta, components passed in returned."""
 
 from __future__ import annotations
 
@@ -76,11 +35,13 @@ from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .formats import (
     Formats,
+    build_single_file_component,
     check_format_options,
     formats_of_metas,
     formats_of_modules,
     load_modules_without_device_map,
     respect_formats,
+    single_file_sources,
 )
 from .limits import BuildLimit
 from .memory_techniques import apply_memory_techniques
@@ -104,7 +65,6 @@ from .planning import (
     with_notes,
 )
 from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
-from .formats import build_single_file_component, single_file_sources
 
 
 # (component whose outputs travel, component whose device they are joined on)
@@ -112,7 +72,9 @@ TEXT_ENCODERS_JOINED = ("text_encoder", "text_encoder_2")
 
 
 def deliver_joined_outputs(pipe: Any, plan: Plan) -> None:
-    """Install the output hand-over for the joins of `pipe`'s class, where the two components run apart."""
+    """SDXL's `encode_prompt` (every class with `StableDiffusionXLLoraLoaderMixin`) concatenates the outputs of
+    its two text encoders before moving them: on two GPUs, `text_encoder` hands its outputs over on
+    `text_encoder_2`'s device."""
     if not _joins_text_encoders(type(pipe)):
         return
     source, target = TEXT_ENCODERS_JOINED
@@ -130,7 +92,8 @@ def _joins_text_encoders(cls: type) -> bool:
 
 
 def hook_inputs_of_pinned(module: nn.Module, component: ComponentPlan) -> bool:
-    """Attach input-moving hooks to an unhooked pinned component; whether it did."""
+    """Attach input-moving hooks to an unhooked pinned component; whether it did. Its owner's one-device map
+    (`device_map={"": 1}`) has no hook, while a diffusers pipeline sends inputs on its execution device."""
     if any(hasattr(submodule, "_hf_hook") for submodule in module.modules()):
         return False
     owner_map = getattr(module, "hf_device_map", None)  # None: pinned on request (`pin=`), with no map of its own
@@ -154,7 +117,9 @@ _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.in
 
 def missing_weights_notes(metas: Mapping[str, MetaComponent], sources: Mapping[str, ComponentSource], *,
                           variant: str | None, saved_here: bool) -> list[str]:
-    """One plan note per component built from its folder without weights where weights were expected."""
+    """One plan note per component built from its folder without weights where weights were expected (its folder
+    holds weight files of another kind, another component has weights, or this library saved the folder); a
+    configs-only folder is planned without a word."""
     others_have = any(meta.weights is not None for meta in metas.values())
     notes = []
     for name, meta in metas.items():
@@ -162,9 +127,13 @@ def missing_weights_notes(metas: Mapping[str, MetaComponent], sources: Mapping[s
         if meta.weights is not None or source is None or meta.owner is not None and meta.owner.single_file:
             continue
         if others_have or saved_here or holds_weight_files(source.folder):
-            notes.append(f"{name}: {why_missing(source.folder, source.cls, variant)} The plan sized it from its "
-                         "config.json; loading it will fail until its weights are there.")
+            notes.append(missing_weights_note(name, source.folder, source.cls, variant))
     return notes
+
+
+def missing_weights_note(name: str, folder: Path, cls: type, variant: str | None) -> str:
+    return (f"{name}: {why_missing(folder, cls, variant)} The plan sized it from its config.json; loading it will "
+            "fail until its weights are there.")
 
 
 def holds_weight_files(folder: Path) -> bool:
@@ -213,9 +182,7 @@ def open_folder(cls: type, request: LoadRequest, passed: Mapping[str, Any], *, g
 
 
 def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_required: bool) -> dict[str, MetaComponent]:
-    """Each module component on meta: from the single file when the load reads one and it holds that component
-    (`single_files.single_file_sources`), else from its folder, refused before it is built when its config asks
-    for more than all budgets hold (`build_limits`)."""
+    """Each module component on meta, from the load's single file where it holds that component, else its folder."""
     from_file = single_file_sources(opened.modules, request.single_file)
     options = request.options
     limit = BuildLimit.of(options.max_memory, options.offload_folder, accelerators=request.accelerators.count)
@@ -230,9 +197,8 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 
 
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
-    """The pipeline of `cls` (or, for `Pipeline` itself, of the diffusers class a diffusers folder names unless
-    `generic`), each module placed on the plan's devices; from one save (see `folder.model_index.read_snapshot`): reloaded if the
-    folder was saved over while it loaded. Quietly (`hf.quiet`): only our own bar and messages are printed."""
+    """The pipeline of `cls` (for `Pipeline` itself, the diffusers class its folder names unless `generic`), each
+    module placed; reloaded if the folder was saved over while it loaded."""
     with quiet(preload=hf_libraries(request.folder)):
         return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
                              discard=lambda pipe: _discard(pipe, passed))
@@ -300,10 +266,8 @@ def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, Me
 
 def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent], *,
                     pins: Mapping[str, Any], notes: list[str], formats: Formats, passed_origin: str) -> Plan:
-    """The one plan of a pipeline's module components for a request, whether loaded, planned or placed as built
-    (`pipelines.place`): the VAE-technique retries run in `plan_modules`, the re-plans around formats that cannot
-    be offloaded in `respect_formats`, both here, so no entry re-plans apart. Each component's plan says which
-    dtype it assumed and why (`metas`: those built by this load; the others are the caller's, as they are)."""
+    """The one plan of a pipeline's module components, whether loaded, planned or placed as built, so no entry
+    re-plans apart; each component's dtype is labelled with its origin."""
     modules, edges = modules_and_edges(pipe)
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
     origins = {name: component_origin(metas[name]) if name in metas else passed_origin for name in modules}
@@ -418,13 +382,9 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
           offload_folder: str | Path | None = None, layerwise_casting: Mapping[str, Any] | None = None,
           pin: Sequence[str] = (), **keywords: Any) -> Plan:
     """Plan `pipe`'s module components as they are, move and dispatch them; returns the plan (also
-    `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes (a strategy, a dict, one device, a
-    saved plan). Refused on a pipeline that is device-mapped already: call `pipe.reset_device_map()` first.
-    Quantized components are planned at their real storage. `layerwise_casting={"transformer":
-    torch.float8_e4m3fn}` stores those components' Linear/Conv weights in fp8 first (diffusers' skip patterns),
-    so they are planned at that size. `pin=["transformer"]` keeps a component where it is; one whose own
-    `hf_device_map` puts weights on an accelerator is kept there anyway. Any other keyword is an error naming the
-    closest argument."""
+    `pipe.placement_plan`). `device_map` takes what `from_pretrained` takes. Refused on a pipeline device-mapped
+    already. `layerwise_casting={"transformer": torch.float8_e4m3fn}` stores those weights in fp8 first;
+    `pin=["transformer"]` keeps a component where it is."""
     check_no_keywords_left(keywords, entry=place, label="pipelines.place")
     if getattr(pipe, "hf_device_map", None) is not None:
         raise OffloadConflictError(

@@ -1,26 +1,7 @@
-"""Placing a component built on meta: its weights read to the devices its plan gives, then the runtime of its
-placement kind; one undo when anything fails. Models and pipelines place every component through here.
-
-    meta = build_component(...)                          # meta.py: sized exactly, headers read once
-    plan = placement.plan({name: meta.module}, ...)       # one planner for models and pipelines
-    check_plan_devices(plan, accelerators)               # the one check that the plan's accelerators exist
-    place_component(meta, plan.components[name], ...)    # weights read (meta.reader: ours, or the format's
-                                                         # owner library), then the kind's hooks
-    read_component(meta, ...); attach_plan_runtime(...)   # a pipeline: weights of each, then the whole plan's
-                                                         # runtime at once
-
-The OWNER reader: a component loaded by the library that owns its format, then placed by our runtime.
-
-    owner map = the plan's device map as the owner can take it      (owner_device_map)
-    module    = cls.from_pretrained(folder, device_map=owner map, dtype=the planned dtype, quantization...)
-                 or cls.from_single_file(file, config=local folder, ...)
-    undispatch(module)                 # the owner's own hooks off (offloaded weights come back to the CPU)
-    each planned entry moved to its device; "disk" entries written to the offload folder (safetensors)
-    -> the module and its disk offload index, for `placing.attach_runtime` to put our runtime on
-
-The owner loads straight onto a real accelerator when the plan puts weights there. Entries it cannot take
-(virtual accelerators, which exist for this library only; "disk", which our runtime serves from safetensors
-files of its own) are loaded to the CPU and moved after. A quantized format's tensors are moved as they are."""
+"""Placing a component built on meta: its weights read to the devices its plan gives (our streaming reader, or
+the format's owner library given our map, its own hooks then replaced by ours), then the runtime of its
+placement kind; one undo when anything fails. The owner loads onto real accelerators only: virtual ones and
+"disk" are ours, so those entries are loaded to the CPU and moved or written after."""
 
 from __future__ import annotations
 
@@ -66,11 +47,8 @@ def read_with_owner(meta: MetaComponent, device_map: Mapping[str, Device] | None
 
 
 def owner_device_map(flat: Mapping[str, Device], accelerators: Accelerators, *, multi: bool) -> dict:
-    """The plan's map in the owner's terms: a real accelerator as its torch device, everything else the CPU
-    (virtual accelerators and "disk" are ours to fill); one entry when all go to one place or the owner takes
-    one only. The CPU is given as `torch.device("cpu")`, never the string "cpu": to the owners' quantizers
-    "cpu" means offloaded, which they leave unquantized (diffusers' torchao) or refuse (bitsandbytes); here it
-    only says where to read the weights to (the offloading is ours)."""
+    """The plan's map in the owner's terms: real accelerators as torch devices, everything else the CPU. The CPU is
+    `torch.device("cpu")`, never "cpu", which the owners' quantizers read as offloaded (unquantized or refused)."""
     translated = {path: _owner_device(device, accelerators) for path, device in flat.items()}
     places = set(translated.values())
     if len(places) == 1:
@@ -113,8 +91,7 @@ def _owner_of(module: nn.Module, path: str):
 def write_disk_entries(module: nn.Module, flat: Mapping[str, Device], name: str,
                        offload_folder: str | Path | None) -> DiskWeights | None:
     """The parameters of the "disk" entries written to `offload_folder/<name>/` as safetensors and left on meta;
-    their offload index (what our disk runtime reads back per forward). Buffers stay in RAM, as for every
-    disk-offloaded component."""
+    their offload index. Buffers stay in RAM."""
     disk_keys = [path for path, device in flat.items() if device == "disk"]
     if not disk_keys:
         return None
@@ -138,9 +115,6 @@ def write_disk_entries(module: nn.Module, flat: Mapping[str, Device], name: str,
     return index
 
 
-__all__ = ["owner_device_map", "read_with_owner"]
-
-
 def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
     """Before anything is read: every accelerator the plan uses exists here."""
     absent_by_component = {
@@ -159,9 +133,8 @@ def check_plan_devices(plan: Plan, accelerators: Accelerators) -> None:
 
 
 def check_requested_devices(device_map: DeviceMapRequest, accelerators: Accelerators) -> None:
-    """Before anything is built: a load whose `device_map` names an accelerator this machine lacks
-    (device_map="cuda:0", 0, {"": "cuda:1"}, a pin) is an error, never a silent load onto the CPU. (A strategy
-    name asks for no device: without accelerators it runs on the CPU, with a warning.)"""
+    """Before anything is built: a `device_map` naming an accelerator this machine lacks is an error, never a silent
+    load onto the CPU."""
     if device_map.kind not in (DeviceMapKind.SINGLE_DEVICE, DeviceMapKind.PINS):
         return
     absent = sorted({device for device in _named_devices(device_map.value)
@@ -193,13 +166,9 @@ def _named_devices(value) -> list[Device]:
 
 def place_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
                     hooks: bool = True, progress: bool = True, offload_folder: str | Path | None = None) -> nn.Module:
-    """Read `meta`'s weights to the devices `component` plans (`read_component`), then attach its runtime
-    (`attach_runtime`). `component=None` (no device_map): every tensor to the CPU, no runtime, no map. Returns the
-    placed module: `meta.module` itself when our loader streams it, the owner's module when the owner reads it (a
-    quantized or renamed-key component: `read_with_owner`), which replaces `meta.module` in the pipeline.
-
-    A failure anywhere leaves the module hook-free with every tensor on meta (`unplace`): nothing half-loaded
-    escapes."""
+    """Read `meta`'s weights to the devices `component` plans, then attach its runtime (`component=None`: to the
+    CPU, no runtime). Returns the placed module, the owner's when the owner reads it. A failure leaves the module
+    hook-free with every tensor on meta."""
     module, disk_weights = read_component(meta, component, accelerators=accelerators, progress=progress,
                                           offload_folder=offload_folder)
     if component is not None:
@@ -214,9 +183,8 @@ def place_component(meta: MetaComponent, component: ComponentPlan | None, *, acc
 def read_component(meta: MetaComponent, component: ComponentPlan | None, *, accelerators: Accelerators,
                    progress: bool = True, offload_folder: str | Path | None = None,
                    ) -> tuple[nn.Module, DiskWeights | None]:
-    """`meta`'s weights read to the devices `component` plans (by our reader or the format's owner), cast as
-    its load options say, no runtime: the placed module and what serves its "disk" parts (None: none). A
-    failure leaves the module hook-free with every tensor on meta."""
+    """`meta`'s weights read to the devices `component` plans, cast, no runtime: the module and what serves its "disk"
+    parts. A failure leaves the module hook-free with every tensor on meta."""
     device_map = None if component is None else component.device_map
     module = meta.module
     try:
@@ -251,12 +219,8 @@ def attach_runtime(module: nn.Module, component: ComponentPlan, *, hooks: bool,
 
 def attach_plan_runtime(modules: Mapping[str, nn.Module], plan: Plan, *, hooks: bool,
                         disk_weights: Mapping[str, DiskWeights | None]) -> None:
-    """A pipeline's runtime, once every component's weights are where `plan` puts them: the whole plan at once
-    (`hooks.apply_plan`), so the components sharing an accelerator share one per-call coordinator there and the
-    modules one loads per call are released when another's phase needs the room. `modules`: the components
-    placed here (the plan's others are pinned where their owner placed them); `disk_weights`: what serves the
-    "disk" parts of those read from a checkpoint (`read_component`). `hooks=False` only records the maps. On
-    failure nothing of it is left (the caller's undo then unplaces the weights)."""
+    """A pipeline's runtime at once (`hooks.apply_plan`), so the components sharing an accelerator share one per-call
+    coordinator; `modules`: those placed here (the plan's others are pinned where their owner placed them)."""
     if not hooks:
         for name, module in modules.items():
             module.hf_device_map = plan.component_device_map(name)
@@ -287,9 +251,8 @@ def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, acc
 
 
 def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None) -> DiskWeights | None:
-    """The `disk_weights` for `hooks.dispatch.dispatch`: every parameter `device_map` puts on "disk", served
-    from its checkpoint file in its load dtype; a tied parameter by its source, even when the source itself is
-    not on disk (accelerate's hook asks for it by the tied name). None when nothing is on disk."""
+    """Every parameter `device_map` puts on "disk", served from its checkpoint file in its load dtype; a tied one by
+    its source, even when the source is not on disk (accelerate's hook asks for it by the tied name)."""
     disk = [name for name, device in (device_map or {}).items() if normalize_device(device) == "disk"]
     if not disk:
         return None

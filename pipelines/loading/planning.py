@@ -44,10 +44,8 @@ _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("p
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
                   modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None) -> placement.Plan:
-    """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta):
-    its model graph, and activations when `call` is given. `device_map` is interpreted here (it may also be a
-    saved plan: a `Plan` or the path of its JSON, used as it is after checking it fits these components, or a
-    flat `hf_device_map` with dotted keys)."""
+    """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta);
+    `device_map` may also be a saved plan or a flat `hf_device_map`."""
     if modules is None:
         modules, edges = modules_and_edges(pipe)
     return plan_modules(pipe, modules, edges=edges, device_map=DeviceMapRequest.interpret(device_map),
@@ -59,17 +57,10 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
                  advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None) -> placement.Plan:
-    """The plan of `modules` (of `pipe`, which describes its calls; None for one model) for a device map
-    interpreted once: a saved plan is checked and followed, anything else planned by `placement.plan` at
-    `scope`. `dtypes`: what `placement.plan(dtype=...)` takes, usually {component: dtype} resolved once.
-    `estimating`: a context the activation estimates run in (layerwise-cast layers computing in their dtype).
-    `sizing_dtypes`: what placement sizes at when it differs from the dtypes the components compute in (a
-    layerwise-cast component: None, its meta tensors hold their load dtypes). With `call`, each component's
-    activation peak for that call is planned for, and a VAE whose decode does not fit is planned tiled or sliced
-    (`memory_techniques`; `call={"vae_tiling": False}` forbids it). `advise`: the `MetaComponent`s of the
-    components built by this load: when the plan does not fit resident, its warnings (or the error) say which
-    single change to one of them would (`suggestions`). `gpu`: the GPU the plan's seconds per call assume
-    (`placement.plan(gpu=)`); with `call`, each component's FLOPs per run at that call are planned with."""
+    """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
+    followed, anything else planned by `placement.plan` at `scope`. `estimating`: the context activation estimates
+    run in; `sizing_dtypes`: what placement sizes at where it differs from `dtypes`; `advise`: the components built
+    by this load, for the single change that would make the plan fit (`suggestions`)."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -95,14 +86,13 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
                                                             "module_order": module_order or None})
 
-    planned = None if call is None else _planned_call(pipe, modules, sizes, options, described, dtypes=dtypes,
-                                                      estimating=estimating, module_order=module_order)
-    activations = None if planned is None else planned.activations
+    planned, activations = (None, None) if call is None else _planned_call(
+        pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
     if planned is not None:
         arguments.update(work_arguments(described, modules, dtypes=dtypes, estimating=estimating))
     try:
         outcome = attempt(plan_for, None) if planned is None else \
-            plan_with_vae_techniques(plan_for, planned.call, activations, options)
+            plan_with_vae_techniques(plan_for, planned, activations, options)
         plan = outcome.result()
     except DoesNotFitError as error:
         if advise and device_map.kind is DeviceMapKind.STRATEGY:
@@ -121,11 +111,8 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
 
 
 def with_measured_disk_speed(plan: placement.Plan, metas: Mapping[str, Any]) -> placement.Plan:
-    """`plan` with the read speed of the drive its disk-homed weights are served from, measured once per drive
-    and process (`placement.transfers.inputs.measure_disk_read` on the first checkpoint file of the first component
-    homed on "disk"), where the plan homes something on disk and assumed the speed. The load calls this, not
-    planning alone: the measurement reads up to 256 MiB of the checkpoint, and a plan made without loading reads
-    no weights. The seconds per call then use the drive's speed; the placement stays the one planned."""
+    """`plan` with the measured read speed of the drive its disk-homed weights are served from, where it assumed one.
+    The load calls this, not planning: the measurement reads up to 256 MiB, and a plan reads no weights."""
     if plan.disk_read_bandwidth_source != DEFAULT_DISK_SOURCE:
         return plan  # stated (a saved plan's given or measured speed): kept
     files = [file for name, component in plan.components.items() if component.placed_bytes.get("disk")
@@ -145,14 +132,9 @@ def _advice(plan: placement.Plan, metas: Mapping[str, Any], replanning: Replanni
     return advice
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Estimated:
-    call: PlannedCall
-    activations: dict[str, int]
-
-
 def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, Any], options: VaeOptions,
-                  described: DescribedCall, *, dtypes, estimating, module_order: dict[str, list[str]]) -> _Estimated:
+                  described: DescribedCall, *, dtypes, estimating,
+                  module_order: dict[str, list[str]]) -> tuple[PlannedCall, dict[str, int]]:
     """The call's runs of each component and their activation peaks (with what `call=` forces on the VAEs)."""
     with estimating():
         activations = estimate_peaks(described, modules, torch_dtype=dtypes, module_order=module_order,
@@ -160,7 +142,7 @@ def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, An
     planned = PlannedCall(runs=described.calls, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
                           describe=lambda smaller: describe_call(pipe, modules, smaller, dtypes=dtypes,
                                                                  estimating=estimating).calls)
-    return _Estimated(call=planned, activations=activations)
+    return planned, activations
 
 
 def caller_stacklevel() -> int:
@@ -178,10 +160,8 @@ def _in_library(filename: str) -> bool:
 
 def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                      torch_dtype=None, module_order: dict[str, list[str]] | None = None) -> dict[str, int]:
-    """Peak activation bytes per component for one call (`describe_call`; a component run several times counts
-    its largest), with the VAE techniques `call` turns on (`vae_tiling=True`, `vae_slicing=True`). When
-    `module_order` is a dict, each component's submodule paths are recorded into it in the order that call runs
-    them (splits are cut in it)."""
+    """Peak activation bytes per component for one call, with the VAE techniques `call` turns on; `module_order`,
+    when a dict, receives each component's submodule paths in the order the call runs them."""
     options, sizes = VaeOptions.split(call)
     described = describe_call(pipe, modules, sizes, dtypes=torch_dtype)
     return estimate_peaks(described, modules, torch_dtype=torch_dtype, module_order=module_order,
@@ -190,9 +170,8 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
 
 @dataclass(frozen=True, kw_only=True)
 class DescribedCall:
-    """What one call of a pipeline runs: per component its example calls (on meta), how many times it runs (None:
-    unknown), and, when the call was captured, each component's activation peak and submodule order already
-    estimated (no technique on)."""
+    """What one call of a pipeline runs: per component its example calls, its runs (None: unknown), and, when
+    captured, its activation peak and submodule order (no technique on)."""
 
     calls: dict[str, list]
     runs: dict[str, int] | None
@@ -203,10 +182,8 @@ class DescribedCall:
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
                   estimating=contextlib.nullcontext) -> DescribedCall:
-    """What `call` (None: the pipeline's defaults, for its runs only) runs of each component: a pipeline that
-    describes its inputs says so itself (`activation_inputs(**call)`, `runs_per_call(**call)`); a diffusers
-    pipeline is captured by running its own `__call__` on stand-ins (`hf.calls.capture_call`). `call` holds
-    what the pipeline's call takes (`VaeOptions.split` has taken the techniques out)."""
+    """What `call` (None: the pipeline's defaults, for its runs only) runs of each component: said by the pipeline
+    itself (`activation_inputs`, `runs_per_call`), or captured by running a diffusers pipeline's own `__call__`."""
     if hasattr(pipe, "activation_inputs") or hasattr(pipe, "runs_per_call") or not is_capturable(pipe):
         return _self_described(pipe, modules, call)
     try:
@@ -248,9 +225,7 @@ def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, A
 
 def work_arguments(described: DescribedCall, modules: Mapping[str, nn.Module], *, dtypes=None,
                    estimating=contextlib.nullcontext) -> dict[str, dict[str, int]]:
-    """`placement.plan`'s `flops_per_run` and `bytes_touched_per_run` for the call: captured ones as counted
-    (`CapturedCall.work_per_run`), a self-described component's from its call's estimate (the estimate cache answers
-    it: the peak's estimate ran the same call), a component the call never runs 0."""
+    """`placement.plan`'s `flops_per_run` and `bytes_touched_per_run` for the call (0 for a component it never runs)."""
     flops, touched = {}, {}
     for name, examples in described.calls.items():
         if name not in modules:
@@ -318,10 +293,8 @@ def pipeline_class_name(pipe: PipelineComponents) -> str:
 
 def passed_pins(passed: Mapping[str, Any], *, pin: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """Components passed in that stay where they are, with their device maps, and the plan's notes about the
-    others. A component is pinned where its own `hf_device_map` puts weights on an accelerator or the disk
-    (its owner placed it), or when the caller names it in `pin`; a map that keeps everything on the CPU
-    (`{'': 'cpu'}`, what diffusers leaves on `from_single_file` models and CPU `device_map="auto"` loads)
-    says nothing about where the user wants it to run: it is placed like any other component."""
+    others: pinned when their own map puts weights off the CPU (their owner placed them) or `pin` names them. A
+    map keeping everything on the CPU (what diffusers leaves on `from_single_file` models) says nothing."""
     pins, notes = {}, []
     for name, obj in passed.items():
         if not isinstance(obj, nn.Module):

@@ -1,33 +1,7 @@
-"""One load, resolved once at its entry (`from_pretrained` / `plan_placement` of pipelines and models): every
-argument turned into what it is before any module is built, then handed down as one frozen `LoadRequest`.
-
-- the options: as the caller gave them (`options.LoadOptions`, each keyword written there once);
-
-- the folder: local, after the Hub download (the download options are fields, never carried implicitly);
-- `device_map`: None, a saved plan, pins, a strategy or a single device (`DeviceMapRequest`), decided once;
-- `torch_dtype`: validated once (`DtypeRequest`); its keys are checked against the module components in one
-  place with one message, and each component's dtype is looked up once;
-- the accelerators: detected once per load (`placement.devices.detect_accelerators`), used by the device check
-  and by every tensor streamed.
-
-The options of a load, written once: every keyword of `from_pretrained` and `plan_placement` (a pipeline's and
-a model's), with its default and why it exists, taken from the caller's keywords in one place.
-
-The two entries of one scope take the same keywords and build the same `LoadOptions`, and both hand the request
-made from it to the same planning function (`pipeline_loader.plan_folder_pipeline`; for a model,
-`single_model._plan_own`), so `plan_placement(folder, **kw)` is the plan `from_pretrained(folder, **kw)` follows. The one
-difference is what a missing `device_map` means: no plan at all for `from_pretrained` (the CPU, as diffusers
-loads), the scope's default strategy for `plan_placement` (a plan of nothing would answer nothing). The entries'
-signatures, and the arguments a misspelt keyword is matched against, are generated from the fields below
-(`entry_signature`, `Entry.arguments`), so a keyword added here is taken by every entry of its scopes at once.
-
-Plans round-trip: `device_map=` may be a `placement.Plan`, the path of a plan's JSON (`plan.to_json()`), or
-the flat `plan.device_map` / `pipe.hf_device_map` with dotted keys; each reproduces the placement it describes.
-
-A saved plan is followed as it is (plan on a laptop, load that plan on the server): every component it places
-and every byte count must match the components being loaded, or the plan was made for something else (another
-folder, another torch_dtype) and following it would put the wrong sizes on the devices. A flat map is turned
-back into the dict strategy it expresses, `{component: device | {submodule: device}}`."""
+"""One load, resolved once at its entry: the caller's keywords become one frozen `LoadOptions` (each keyword
+written once; the entries' signatures are made from its fields), then one `LoadRequest` (the folder after the
+Hub, device_map as what it is, dtypes, accelerators), so `plan_placement(folder, **kw)` is the plan
+`from_pretrained(folder, **kw)` follows."""
 
 from __future__ import annotations
 
@@ -54,7 +28,7 @@ from ..errors import LoadError
 from ..folder.sources import HubOptions, resolve_folder
 from ..hf.loading_keywords import (
     chosen_dtype,
-    download_options,
+    SAFETENSORS_ONLY,
     pickle_opt_in,
     take_foreign_keywords,
     unknown_keyword_error,
@@ -76,18 +50,14 @@ PIPELINE_ONLY = frozenset({Scope.PIPELINE})
 MODEL_ONLY = frozenset({Scope.MODEL})
 
 
-def _option(default: Any = None, *, takes: frozenset = BOTH, factory: Callable[[], Any] | None = None) -> Any:
+def _option(default: Any = None, *, takes: frozenset = BOTH) -> Any:
     """A field of `LoadOptions`; `takes`: the scopes whose entries accept it as a keyword."""
-    if factory is not None:
-        return field(default_factory=factory, metadata={"takes": takes})
     return field(default=default, metadata={"takes": takes})
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoadOptions:
-    """Every option of a load or a plan, as the caller gave it, after the normalisations that need no folder
-    (`dtype` folded into `torch_dtype`, `layerwise_casting` parsed, `pin` a tuple). What needs the folder or the
-    machine (`device_map` interpreted, dtype keys checked, accelerators) is resolved by `request.resolve_request`."""
+    """Every option of a load or a plan, as the caller gave it, normalised where no folder is needed."""
 
     # Where the weights go: None (the CPU, no plan, as diffusers loads), a strategy name, a dict of pins, one
     # device, or a saved plan. plan_placement defaults to its scope's strategy (`Entry.defaults`).
@@ -116,9 +86,9 @@ class LoadOptions:
     # Lets model_index.json name classes by module path that are then imported (their code runs).
     trust_remote_code: bool = _option(False, takes=PIPELINE_ONLY)
     # diffusers' switch: None/True read safetensors (always here); False only lets a component's owner read its
-    # pickle weights in a load without device_map (`hf_spellings.pickle_opt_in`).
+    # pickle weights in a load without device_map (`pickle_opt_in`).
     use_safetensors: bool | None = _option()
-    # The Hub download (`folder.sources.HubOptions`), as diffusers spells it.
+    # The Hub download, as diffusers spells it.
     local_files_only: bool = _option(False)
     revision: str | None = _option()
     token: str | bool | None = _option()
@@ -127,8 +97,7 @@ class LoadOptions:
     # {component: config}); planned at their quantized size.
     quantization_config: Any = _option(takes=PIPELINE_ONLY)
     # {component: fp8 dtype}: Linear/Conv weights stored in it, computed in torch_dtype; planned at stored size.
-    layerwise_casting: Mapping[str, torch.dtype] = _option(takes=PIPELINE_ONLY,
-                                                           factory=lambda: MappingProxyType({}))
+    layerwise_casting: Mapping[str, torch.dtype] = _option(takes=PIPELINE_ONLY)
     # Components passed in that stay where they are, whatever their own map says.
     pin: tuple[str, ...] = _option((), takes=PIPELINE_ONLY)
     # With a single-file checkpoint as `pretrained`: the folder or Hub id of its pipeline's configs.
@@ -143,10 +112,8 @@ class LoadOptions:
 
     @classmethod
     def take(cls, keywords: Mapping[str, Any], *, entry: "Entry", label: str) -> tuple["LoadOptions", dict[str, Any]]:
-        """The options among `keywords` given to `entry` (called as `label`), and the keywords left: for a
-        pipeline, the components passed in (the loader, which knows them, checks their names); for a model,
-        nothing, or an error naming the closest argument. diffusers' own loading keywords are accepted or
-        refused by name on the way (`hf.loading_keywords`)."""
+        """The options among `keywords`, and the keywords left: a pipeline's components passed in (the loader
+        checks their names); for a model, nothing, or an error naming the closest argument."""
         arguments = entry.arguments
         own = {name: value for name, value in keywords.items() if name in arguments}
         rest = take_foreign_keywords({name: value for name, value in keywords.items() if name not in arguments},
@@ -157,17 +124,15 @@ class LoadOptions:
 
 
 def arguments_of(scope: Scope) -> tuple[str, ...]:
-    """The keywords the entries of `scope` take, in field order."""
     return tuple(f.name for f in dataclasses.fields(LoadOptions) if scope in f.metadata["takes"])
 
 
-# What a keyword that is no component of a pipeline may have meant (`hf.loading_keywords.unknown_pipeline_keywords`).
 PIPELINE_ARGUMENTS = arguments_of(Scope.PIPELINE)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Entry:
-    """A Python entry that takes load options: `from_pretrained` (plans=False) or `plan_placement` of a scope."""
+    """`from_pretrained` (plans=False) or `plan_placement` of a scope."""
 
     scope: Scope
     plans: bool
@@ -182,8 +147,7 @@ class Entry:
 
     @property
     def defaults(self) -> dict[str, Any]:
-        """plan_placement without device_map plans what the scope's anchor does by default: diffusers'
-        "balanced" for a pipeline, accelerate's "auto" for one model."""
+        """plan_placement plans diffusers' "balanced" for a pipeline, accelerate's "auto" for one model."""
         if not self.plans:
             return {}
         return {"device_map": "balanced" if self.scope is Scope.PIPELINE else "auto"}
@@ -196,16 +160,15 @@ MODEL_PLAN = Entry(scope=Scope.MODEL, plans=True)
 
 
 def entry_signature(entry: Entry, *, rest: str | None = None) -> Callable[[Callable], Callable]:
-    """Decorate an entry `f(cls, pretrained, **keywords)` with the signature its options make (`help()`,
-    `inspect.signature` and editors show every keyword and default); `rest`: the name of what else it takes by
-    keyword (a pipeline's components)."""
+    """Give an entry `f(cls, pretrained, **keywords)` the signature its options make, for help() and editors;
+    `rest`: the name of what else it takes by keyword (a pipeline's components)."""
     def decorate(function: Callable) -> Callable:
         parameters = list(inspect.signature(function).parameters.values())
         first, own = parameters[:2], parameters[2:]  # (cls, pretrained), then **keywords only
         if [p.kind for p in own] != [inspect.Parameter.VAR_KEYWORD]:  # a keyword of its own would be hidden
             raise TypeError(f"{function.__qualname__} must take (cls, pretrained, **keywords): its keywords are "
                             "the fields of LoadOptions")
-        defaults = {**{f.name: _default(f) for f in dataclasses.fields(LoadOptions)}, **entry.defaults}
+        defaults = {**{f.name: f.default for f in dataclasses.fields(LoadOptions)}, **entry.defaults}
         keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name])
                     for name in entry.arguments]
         tail = [inspect.Parameter(rest, inspect.Parameter.VAR_KEYWORD)] if rest else []
@@ -214,27 +177,11 @@ def entry_signature(entry: Entry, *, rest: str | None = None) -> Callable[[Calla
     return decorate
 
 
-def _default(option: dataclasses.Field) -> Any:
-    if option.default_factory is not dataclasses.MISSING:
-        return None  # layerwise_casting: none unless given
-    return option.default
-
-
-__all__ = ["Entry", "LoadOptions", "MODEL_LOAD", "MODEL_PLAN", "PIPELINE_ARGUMENTS", "PIPELINE_LOAD", "PIPELINE_PLAN",
-           "Scope",
-           "arguments_of", "entry_signature"]
-
-
-def is_plan_path(device_map: Any) -> bool:
-    """A path (or a string ending in .json) names a saved plan; strategy and device names never do."""
-    return isinstance(device_map, Path) or (isinstance(device_map, str) and device_map.endswith(".json"))
-
-
 def saved_plan(device_map: Any) -> Plan | None:
-    """The plan `device_map` names (a Plan, or the path of its JSON), or None when it is not a saved plan."""
+    """The plan `device_map` names, or None; a path (or a string ending in .json) always names a plan file."""
     if isinstance(device_map, Plan):
         return device_map
-    if not is_plan_path(device_map):
+    if not (isinstance(device_map, Path) or (isinstance(device_map, str) and device_map.endswith(".json"))):
         return None
     path = Path(device_map)
     if not path.is_file():
@@ -249,7 +196,8 @@ def saved_plan(device_map: Any) -> Plan | None:
 
 
 def check_saved_plan(plan: Plan, modules: Mapping[str, nn.Module], torch_dtype) -> Plan:
-    """`plan` itself, once its components and byte counts are those of `modules` at `torch_dtype`."""
+    """`plan` itself, once its components and byte counts are those of `modules` at `torch_dtype`: a plan
+    followed as saved must have been made for these components."""
     planned, present = set(plan.components), set(modules)
     if planned != present:
         raise LoadError(
@@ -322,32 +270,26 @@ class DeviceMapRequest:
 
     @property
     def hooks(self) -> bool:
-        """Whether placing attaches the runtime hooks: not for a single device (weights already where they run)."""
+        """A single device needs no hooks: the weights already sit where they run."""
         return self.kind is not DeviceMapKind.SINGLE_DEVICE
 
 
 @dataclass(frozen=True, kw_only=True)
 class DtypeRequest:
-    """`torch_dtype` validated once: one dtype (or None) for every component, or `{component: dtype}` with an
-    optional "default" for the others."""
+    """`torch_dtype` validated once: one dtype (or None), or `{component: dtype}` with an optional "default"."""
 
     default: torch.dtype | None = None
     named: Mapping[str, torch.dtype | None] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def parse(cls, torch_dtype: Any) -> "DtypeRequest":
-        """Every value checked (a floating dtype, its name, or None), with placement's message for a bad one;
-        an fp8 dtype is refused: nothing computes in it (see `refuse_storage_only`)."""
-        if not isinstance(torch_dtype, Mapping):
-            return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"))
         named = {str(key): refuse_storage_only(dtype_for(torch_dtype, key), str(key))
-                 for key in torch_dtype if key != "default"}
+                 for key in (torch_dtype if isinstance(torch_dtype, Mapping) else ()) if key != "default"}
         return cls(default=refuse_storage_only(dtype_for(torch_dtype, "default"), "default"),
                    named=MappingProxyType(named))
 
     def check_names(self, modules: Iterable[str], *, of: str) -> None:
-        """A dict may name module components and "default" only: a misspelt key would otherwise be ignored
-        without a word, loading that component in the default dtype. `of` names what the components are of."""
+        """A misspelt key would otherwise be ignored without a word, loading that component in the default."""
         modules = sorted(modules)
         unknown = sorted(key for key in self.named if key not in modules)
         if unknown:
@@ -365,19 +307,18 @@ def refuse_storage_only(dtype: torch.dtype | None, key: str) -> torch.dtype | No
     must have the same dtype"): fp8 is a storage dtype, given as layerwise casting."""
     if dtype is None or dtype.itemsize > 1:
         return dtype
-    component = "transformer" if key == "default" else key
+    component, name = "transformer" if key == "default" else key, str(dtype).removeprefix("torch.")
     raise PlanError(
-        f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {str(dtype).removeprefix('torch.')} is a "
+        f"torch_dtype {'' if key == 'default' else f'[{key!r}] '}= {name} is a "
         "storage dtype: layers cannot compute in it. Store weights in it with layerwise casting and compute in "
-        f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{str(dtype).removeprefix('torch.')}}}."
+        f"bfloat16: torch_dtype=torch.bfloat16, layerwise_casting={{{component!r}: torch.{name}}}."
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoadRequest:
-    """Everything one load or plan needs, resolved once: the caller's `options` as given (`LoadOptions`), and
-    what they resolve to against the folder and the machine. `folder` is None for `pipelines.place` (modules
-    already built: nothing is read)."""
+    """The options, and what they resolve to against the folder and the machine (`folder`: None for
+    `pipelines.place`, whose modules are built already)."""
 
     options: LoadOptions
     folder: Path | None
@@ -396,13 +337,13 @@ class LoadRequest:
 
 def resolve_request(pretrained: str | Path | None, options: LoadOptions, *, scope: Scope,
                     allow_patterns: Sequence[str] | None = None, pickle_patterns: Sequence[str] = ()) -> LoadRequest:
-    """The request of a load of `pretrained` (a folder or a Hub id, fetched with `allow_patterns` only, and
-    `pickle_patterns` too where a pipeline load opts in to pickle weights; None for modules already built; a
-    single-file checkpoint, with `options.config` the folder or Hub id of its pipeline's configs)."""
+    """The request of a load of `pretrained`: a folder or Hub id (fetched with `allow_patterns`, plus
+    `pickle_patterns` on the pickle opt-in), a single-file checkpoint (configs from `options.config`), or None."""
     allow_pickle = scope is Scope.PIPELINE and pickle_opt_in(options.use_safetensors, options.device_map)
-    hub = download_options(use_safetensors=None if allow_pickle else options.use_safetensors,
-                           revision=options.revision, token=options.token, cache_dir=options.cache_dir,
-                           local_files_only=options.local_files_only)
+    if options.use_safetensors is False and not allow_pickle:
+        raise LoadError(f"from_pretrained(use_safetensors=False) is not supported: {SAFETENSORS_ONLY}.")
+    hub = HubOptions(revision=options.revision, token=options.token, cache_dir=options.cache_dir,
+                     local_files_only=bool(options.local_files_only))
     single_file = None
     if pretrained is not None and is_single_file(pretrained):
         if options.config is None:

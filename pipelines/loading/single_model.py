@@ -1,24 +1,13 @@
-"""`pipelines.load_model(folder_or_file, device_map=...)`: one model of any family (diffusers, transformers or
-ours) loaded as the class its folder names, planned by our planner: the model-level counterpart of loading a
-diffusers pipeline folder. `pipelines.plan_model(...)` is the plan it would follow (configs and headers only).
-
-    folder -> its class (config.json: `_class_name` / `architectures`), built on meta (`build_component`: our
-              streaming reader, or the owner's for quantized / renamed-key checkpoints)
-    file   -> a single-file checkpoint with its config folder (`config=`), built on meta by diffusers'
-              single-file path (`formats.build_single_file_component`)
-    -> a one-component plan at model scope (accelerate's strategy names) -> `place_component`
-
-ModelMixin.from_pretrained / plan_placement (`load_own_model`, `plan_own_model`): a one-component load through
-the pipeline's functions. The model (component name: its class name) is built by `build_component`, planned by `planning.plan_modules` at
-model scope (the strategy names keep accelerate's model-level meaning, a dict maps submodule paths) and placed by
-`place_component`, with the pipeline's device check and undo."""
+"""`pipelines.load_model` / `plan_model`: one model of any family (diffusers, transformers or ours), from a folder
+or a single file, loaded as its own class and planned at model scope (accelerate's strategy names); and
+ModelMixin.from_pretrained / plan_placement, a one-component load through the pipeline's functions."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -34,8 +23,8 @@ from ..hf.quiet import hf_libraries, quiet
 from ..hf.single_file import is_single_file
 from .formats import build_single_file_component, check_planned_formats, formats_of_metas
 from .limits import BuildLimit
-from .meta import MetaComponent, build_component, computing_on_meta
-from .pipeline_loader import holds_weight_files, why_missing
+from .meta import MetaComponent, build_component, computing_on_meta, parse_layerwise_casting
+from .pipeline_loader import holds_weight_files, missing_weights_note
 from .placing import check_plan_devices, check_requested_devices, place_component
 from .planning import component_origin, label_dtypes, plan_modules, with_measured_disk_speed, with_notes
 from .request import DeviceMapKind, DeviceMapRequest, LoadOptions, LoadRequest, Scope, resolve_request
@@ -49,15 +38,10 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
                subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions(),
                **keywords: Any) -> nn.Module:
-    """The model saved in `pretrained` (a folder, a Hub id, or a single-file checkpoint with `config=` the local
-    folder of its config.json), as its own class, placed by our plan (`model.placement_plan`,
-    `model.hf_device_map`). `device_map`: "auto"/"balanced"/"balanced_low_0"/"sequential" (accelerate's
-    model-level meaning), a dict {submodule: device}, one device, or None (the CPU, no plan). `torch_dtype`: the
-    dtype to load in (None: the checkpoint's). `quantization_config`: the owner library's config (diffusers' or
-    transformers' `BitsAndBytesConfig`, `TorchAoConfig`, ...); a GGUF file is read quantized as it is.
-    `layerwise_casting`: a storage dtype (torch.float8_e4m3fn) for the Linear/Conv weights. diffusers' download
-    keywords (`revision`, `token`, `cache_dir`, `local_files_only`) go into `hub`; its other loading keywords are
-    accepted or refused by name (`hf.loading_keywords`), anything else is an error naming the closest argument."""
+    """The model saved in `pretrained` (a folder, a Hub id, or a single file with `config=` the local folder of its
+    config.json), as its own class, placed by our plan. `device_map`: accelerate's model-level strategies, a dict
+    {submodule: device}, one device, or None (the CPU). `layerwise_casting`: one storage dtype (fp8). diffusers'
+    download keywords go into `hub`; its other loading keywords are accepted or refused by name."""
     hub = _keywords(keywords, hub, entry=load_model)
     check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
     with quiet(preload=_libraries(pretrained, config, subfolder)):  # only our own bar and messages
@@ -65,14 +49,7 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                                quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                                offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                                progress=progress, hub=hub, weights_required=True)
-        if request.device_map.kind is DeviceMapKind.NONE:
-            return place_component(meta, None, accelerators=request.accelerators, progress=progress).eval()
-        plan = with_measured_disk_speed(_plan(meta, request), {meta.name: meta})
-        check_plan_devices(plan, request.accelerators)
-        module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
-                                 hooks=request.device_map.hooks, progress=progress, offload_folder=offload_folder)
-    module.placement_plan = plan
-    return module.eval()
+        return _place(meta, request, _plan)
 
 
 def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
@@ -88,10 +65,8 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                                progress=False, hub=hub, weights_required=False)
         plan = _plan(meta, request)
     if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
-        missing = why_missing(request.folder, type(meta.module), request.options.variant)
-        plan = with_notes(plan, [f"{meta.name}: {missing} "
-                                 "The plan sized it from its config.json; loading it will fail until its weights "
-                                 "are there."])
+        plan = with_notes(plan, [missing_weights_note(meta.name, request.folder, type(meta.module),
+                                                      request.options.variant)])
     return plan
 
 
@@ -137,7 +112,6 @@ def _keywords(keywords: Mapping[str, Any], hub: HubOptions, *, entry) -> HubOpti
 def _storage_dtype(layerwise_casting: Any) -> torch.dtype | None:
     if layerwise_casting is None:
         return None
-    from .meta import parse_layerwise_casting
     return parse_layerwise_casting({"model": layerwise_casting})["model"]
 
 
@@ -156,11 +130,8 @@ def _config_folder(path: Path, config: str | Path | None, subfolder: str | None)
 
 
 def _plan(meta: MetaComponent, request: LoadRequest) -> Plan:
-    plan = plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
-                        dtypes={meta.name: meta.dtype}, max_memory=request.options.max_memory,
-                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope,
-                        estimating=lambda: computing_on_meta({meta.name: meta}), advise={meta.name: meta},
-                        sizing_dtypes={meta.name: meta.sizing_dtype})
+    plan = _plan_own(meta, request, estimating=lambda: computing_on_meta({meta.name: meta}), advise={meta.name: meta},
+                     sizing_dtypes={meta.name: meta.sizing_dtype})
     plan = label_dtypes(plan, {meta.name: meta.module}, {meta.name: meta.dtype}, {meta.name: component_origin(meta)})
     check_planned_formats(plan, formats_of_metas({meta.name: meta}))  # one model: nothing else to move aside
     return plan
@@ -178,16 +149,21 @@ def load_own_model(cls: type, request: LoadRequest):
     """The model of `cls` saved in `request.folder`, every tensor streamed to its planned device (no device_map:
     to the CPU), with the runtime of its placement kind; nothing half-loaded escapes a failure."""
     check_requested_devices(request.device_map, request.accelerators)
-    meta = _build_own(cls, request, weights_required=True)
+    return _place(_build_own(cls, request, weights_required=True), request, _plan_own)
+
+
+def _place(meta: MetaComponent, request: LoadRequest, planner: Callable[[MetaComponent, LoadRequest], Plan]):
+    """The one model placed by `planner`'s plan (no device_map: read to the CPU, no plan), in eval mode."""
+    options = request.options
     if request.device_map.kind is DeviceMapKind.NONE:
-        place_component(meta, None, accelerators=request.accelerators, progress=request.options.progress)
-        return meta.module.eval()
-    plan = with_measured_disk_speed(_plan_own(meta, request), {meta.name: meta})
+        return place_component(meta, None, accelerators=request.accelerators, progress=options.progress).eval()
+    plan = with_measured_disk_speed(planner(meta, request), {meta.name: meta})
     check_plan_devices(plan, request.accelerators)
-    place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
-                    hooks=request.device_map.hooks, progress=request.options.progress)
-    meta.module.placement_plan = plan
-    return meta.module.eval()
+    module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
+                             hooks=request.device_map.hooks, progress=options.progress,
+                             offload_folder=options.offload_folder)
+    module.placement_plan = plan
+    return module.eval()
 
 
 def _build_own(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaComponent:
@@ -205,12 +181,13 @@ def _build_own(cls: type, request: LoadRequest, *, weights_required: bool) -> Me
                            variant=request.options.variant, weights_required=weights_required)
 
 
-def _plan_own(meta: MetaComponent, request: LoadRequest) -> Plan:
+def _plan_own(meta: MetaComponent, request: LoadRequest, **planning: Any) -> Plan:
     # As for a pipeline (and accelerate), `offload_folder` is what permits planning onto "disk"; nothing is
     # written there: the checkpoint's own safetensors files serve the disk-offloaded weights.
     return plan_modules(None, {meta.name: meta.module}, edges=None, device_map=request.device_map,
                         dtypes={meta.name: meta.dtype}, max_memory=request.options.max_memory,
-                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope)
+                        offload_folder=request.options.offload_folder, call=None, pinned={}, scope=request.scope,
+                        **planning)
 
 
 def _warn_on_other_class(cls: type, folder: Path) -> None:

@@ -1,15 +1,6 @@
-"""What the planner suggests when a pipeline does not fit resident: the single change to one component that would
-make it fit, or move the fewest bytes, computed by re-planning, never guessed.
-
-For the largest components that are not already small (not quantized, not layerwise-cast), each candidate
-storage is built on a copy of their meta module exactly as a load would build it, and the whole pipeline is
-planned again with the same budgets, strategy, graph and activations:
-- fp8 layerwise casting (`layerwise.with_layerwise_casting`'s layers, diffusers' skip patterns);
-- int8 weight-only (torchao), quantized on meta by torchao itself (`hf.quantizers.materialize_on_meta`);
-- nf4 (bitsandbytes), the owner's quantizer replacing the layers (`hf.quantizers.prepare_on_meta`).
-A candidate is reported when it does better than the plan: everything on accelerators where the plan streams or
-runs on the CPU, else fewer bytes moved per call (`Plan.transfer_bytes_per_call`, where the plan has it).
-"""
+"""The single change to one component (fp8 layerwise casting, torchao int8, nf4) that would make a pipeline fit,
+or move the fewest bytes: each candidate built on a copy of the meta module as a load would build it and the
+whole pipeline re-planned, never guessed."""
 
 from __future__ import annotations
 

@@ -1,33 +1,7 @@
 """Call capture: what one call of a diffusers pipeline runs of each component, learned by running the pipeline's
-own `__call__` once on stand-ins.
-
-The pipeline object is the real one (its tokenizers and scheduler, its modules built on meta). For the length
-of the capture each module component's `forward` (and a VAE's `encode` / `decode`) is a recorder: it notes the
-call's inputs, counts it, and answers with outputs of the right shapes and types, zeros on the CPU, computed by
-running the real module on fake tensors (`placement.estimate_call`) once per distinct input signature, which is
-also the call's activation estimate. The pipeline's own code does the rest for real on the CPU, at the call's
-real sizes but with no model compute: prompts tokenized, latents packed, the scheduler's timesteps, guidance
-batching or second passes, `strength`, image and mask preprocessing, ControlNets at every step, two experts
-switching at a boundary timestep. So every diffusers class is planned for the call it really makes, without
-code naming it, and a diffusers release that changes a `__call__` changes the plan with it. What this cannot
-see by itself is in the overrides below.
-
-What call capture cannot see by running a pipeline's `__call__` as it is: each row with its reason.
-
-Capture (`capture.py`) runs the pipeline's own code; these are the few places where that code, run on stand-ins
-for planning, must be helped. Nothing here names a pipeline class.
-
-The arguments of the call `call=` describes, checked against the pipeline's own `__call__` signature.
-
-`call=` takes any keyword the pipeline's `__call__` accepts (`height`, `num_inference_steps`, `negative_prompt`,
-`true_cfg_scale`, `strength`, an `image` ...), plus three of this library's: `batch_size` (the number of prompts),
-and `vae_tiling` / `vae_slicing` (handled before this, `memory_techniques.VaeOptions`); `num_images_per_prompt`
-is a video pipeline's `num_videos_per_prompt` too. An unknown keyword is
-named with the closest one the signature has. Inputs the call needs but `call=` may leave out (an img2img
-pipeline's `image`, an inpaint's `mask_image`) are made blank at the call's size (`overrides.STAND_IN_INPUTS`);
-they may also be given as sizes: `image=(height, width)`, `video=(frames, height, width)`, or as the real objects.
-
-What one component runs for a `call=` (`ExampleCall`), and the errors of a `call=` that cannot be planned."""
+own `__call__` once with each module's forward a recorder that answers outputs of the right shapes (estimated on
+fake tensors, which is also the activation estimate). So every diffusers class is planned for the call it really
+makes without code naming it; the few things capture cannot see by itself are the overrides below."""
 
 from __future__ import annotations
 
@@ -65,16 +39,11 @@ ALIASES = {"num_images_per_prompt": "num_videos_per_prompt"}
 DEFAULT_PROMPT = " ".join(["a lighthouse on a rocky coast at dusk, waves, gulls, warm light,"] * 64)
 
 
-def call_parameters(pipeline_class: type) -> dict[str, inspect.Parameter]:
-    """The keyword parameters of the pipeline's `__call__` (its signature, `self` left out)."""
-    parameters = inspect.signature(pipeline_class.__call__).parameters
-    return {name: parameter for name, parameter in parameters.items() if name != "self"
-            and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
-
-
 def call_arguments(pipeline_class: type, call: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of the `__call__` that `call` describes (module doc)."""
-    parameters = call_parameters(pipeline_class)
+    """The keyword arguments of the `__call__` that `call` describes."""
+    parameters = {name: parameter for name, parameter in inspect.signature(pipeline_class.__call__).parameters.items()
+                  if name != "self" and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                               inspect.Parameter.VAR_KEYWORD)}
     name = pipeline_class.__name__
     call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
             for key, value in call.items()}
@@ -141,9 +110,8 @@ def _stand_in(name: str, key: str, value: Any, call: Mapping[str, Any],
 
 
 def recorded_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """`call` as a plan records it (JSON): an image as [height, width], a list of frames as [frames, height,
-    width], a tensor or array as its shape; numbers, strings and their lists as they are; anything else by its
-    repr."""
+    """`call` as a plan records it (JSON): an image as [height, width], frames as [frames, height, width], a tensor
+    as its shape; numbers, strings and their lists as they are; anything else by its repr."""
     return {key: _recorded(value) for key, value in call.items()}
 
 
@@ -198,8 +166,7 @@ VIDEO_INPUTS = ("video", "mask")
 
 @contextlib.contextmanager
 def blank_results_not_converted(pipe: Any) -> Iterator[None]:
-    """The decoded result handed back as it is: its post-processing (denormalising, PIL or numpy conversion) costs
-    seconds for a video and runs no component, so every image/video processor's `postprocess` is skipped."""
+    """Post-processing (PIL or numpy conversion) runs no component and costs seconds for a video: skipped."""
     patched = []
     for processor in list(vars(pipe).values()):
         for method in ("postprocess", "postprocess_video"):
@@ -220,9 +187,8 @@ def _returned_as_is(*args: Any, **kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def optional_text_cleaning(pipe: Any) -> Iterator[None]:
-    """diffusers 0.42's Wan image-to-video and VACE pipelines call `ftfy.fix_text` without checking that ftfy is
-    installed (the text-to-video one checks): without it, planning their call would fail where cleaning the
-    prompt's text changes no shape. A stand-in that leaves the text as it is, for the length of the capture."""
+    """diffusers' Wan image-to-video and VACE pipelines call `ftfy.fix_text` without checking that ftfy is installed;
+    cleaning changes no shape, so the capture leaves the text as it is."""
     module = sys.modules.get(type(pipe).__module__)
     missing = module is not None and "ftfy" not in vars(module) and _mentions(module, "ftfy.fix_text")
     if missing:
@@ -256,14 +222,6 @@ def progress_bar_off(pipe: Any) -> Iterator[None]:
         pipe._progress_bar_config = saved
 
 
-@contextlib.contextmanager
-def libraries_quiet() -> Iterator[None]:
-    """diffusers' and transformers' warnings about the call (a long prompt truncated at the maximum sequence
-    length, which the default prompt is on purpose) say nothing about the plan: silenced while capturing."""
-    with loggers_at_error("diffusers", "transformers"):
-        yield
-
-
 _ENTRY_METHODS = ("encode", "decode")  # besides forward: what pipelines call on a VAE
 _CPU = torch.device("cpu")
 
@@ -271,8 +229,7 @@ _CPU = torch.device("cpu")
 @dataclass(frozen=True, kw_only=True)
 class CapturedCall:
     """One call of a pipeline as its `__call__` made it: per component, one example call per distinct input
-    signature (on meta, for estimates), how many times its `forward` ran, its activation peak (the largest of
-    its calls, no memory technique on), and the order its submodules ran in (splits are cut in it)."""
+    signature, its runs, its activation peak (no technique on) and the order its submodules ran in."""
 
     calls: dict[str, list[ExampleCall]]
     runs: dict[str, int]
@@ -283,21 +240,21 @@ class CapturedCall:
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def work_per_run(self) -> dict[str, tuple[int, int]]:
-        """(FLOPs, bytes touched) per run: the call's total over the component's runs (its `forward`s; a VAE's
-        decode counts as its one run)."""
+        """(FLOPs, bytes touched) per run: the call's total over the component's runs."""
         return {name: (flops // max(self.runs.get(name, 1), 1), touched // max(self.runs.get(name, 1), 1))
                 for name, (flops, touched) in self.work.items()}
 
 
 def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
                  dtype_of: Callable[[str], torch.dtype | None]) -> CapturedCall:
-    """Run `pipe(**call)` with each of `modules` replaced by a recorder (module doc); `dtype_of(name)` is the dtype
-    each component will run in."""
+    """Run `pipe(**call)` with each of `modules` replaced by a recorder; `dtype_of(name)`: each one's run dtype."""
     arguments = call_arguments(type(pipe), call)
     recorder = _Recorder(modules, dtype_of)
     with contextlib.ExitStack() as stack:
+        # The libraries' warnings about the call (a long prompt truncated, which the default prompt is on purpose)
+        # say nothing about the plan.
         for context in (optional_text_cleaning(pipe), progress_bar_off(pipe), blank_results_not_converted(pipe),
-                        _executing_on_the_cpu(pipe), libraries_quiet()):
+                        _executing_on_the_cpu(pipe), loggers_at_error("diffusers", "transformers")):
             stack.enter_context(context)
         for name, module in modules.items():
             stack.enter_context(recorder.standing_in(name, module))
@@ -365,8 +322,7 @@ class _Recorder:
                            self.outputs[key])
 
     def _estimate(self, name: str, module: nn.Module, example: ExampleCall) -> tuple[ExampleCall, Any]:
-        """The call run on fake tensors; again with its integer inputs' values when it reads them (module doc of
-        `placement.activations.estimate`)."""
+        """The call run on fake tensors; again with its integer inputs' values when it reads them."""
         self._inside = True
         try:
             try:
@@ -410,9 +366,8 @@ def _has_integer_inputs(example: ExampleCall) -> bool:
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple:
-    """What makes two calls of a component the same estimate: the inputs' structure, each tensor's shape, dtype
-    and strides, and the values of the other inputs (an int can size a reshape) except floats (a timestep, a
-    scale: they change values, not shapes)."""
+    """What makes two calls the same estimate: structure, each tensor's shape, dtype and strides, and the other
+    inputs' values (an int can size a reshape) except floats, which change values, not shapes."""
     leaves, spec = tree_flatten((args, kwargs))
 
     def leaf(value: Any) -> Any:
@@ -429,8 +384,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 
 @contextlib.contextmanager
 def _executing_on_the_cpu(pipe: Any) -> Iterator[None]:
-    """The pipeline's own tensors (latents, timesteps, masks) on the CPU: its modules are on meta, where diffusers
-    would otherwise make them (`_execution_device` is the first module's device)."""
+    """The pipeline's own tensors (latents, timesteps) on the CPU, not on its modules' meta device."""
     original = type(pipe)
     pipe.__class__ = _cpu_class(original)
     try:

@@ -1,19 +1,7 @@
-"""VAE tiling and slicing as planned memory techniques: which VAEs offer them, their tile sizes, and the
-activation estimate of a VAE call with them on.
-
-A tiled decode runs the decoder once per overlapping tile and keeps every decoded tile until they are blended;
-its peak is one tile's decode plus what is kept. The estimate runs the VAE's own tiled code (each class's
-`tiled_decode`, with its own tile sizes and strides: diffusers sets them per class in `__init__`, ours from
-its config) on fake tensors, as every activation estimate does, with one shortcut that keeps it to seconds on a
-video VAE that decodes hundreds of tiles: the decoder (and encoder) runs for real once per distinct input
-shape, and a repeat of a shape is replayed: it allocates the same transient peak (as one block, freed at once)
-and returns empty tensors of the same shapes. Tiles of one size cost the same memory, so the peak is the one a
-full run gives (the tests hold the two equal on every VAE class). What a replay does not do is the decoder's
-writes into its arguments: a causal video VAE's frame cache (Wan, CogVideoX) keeps the first call's tensors,
-which have the same sizes as the ones it would hold. And diffusers' blends (`blend_v`, `blend_h`, `blend_t`)
-write the overlaps in place one pixel row at a time, thousands of small ops on a large video: they are skipped,
-which leaves out one row's temporaries (the tiles they write into are counted).
-"""
+"""VAE tiling and slicing as planned memory techniques: which VAEs offer them, and the activation estimate of a VAE
+call with them on. The VAE's own tiled code runs on fake tensors, with each repeated tile shape replayed (same
+transient peak, empty outputs) and diffusers' in-place row blends skipped, so a video VAE of hundreds of tiles
+estimates in seconds with the peak a full run gives."""
 
 from __future__ import annotations
 
@@ -28,10 +16,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from placement.activations.tracking import LiveStorageTracker
 from placement.plan_schema import MemoryTechnique
 
-# The VAE flag each technique sets (diffusers' names, and ours), and the method that sets it at load.
-_FLAGS = {MemoryTechnique.VAE_TILING: "use_tiling", MemoryTechnique.VAE_SLICING: "use_slicing"}
-_ENABLE = {MemoryTechnique.VAE_TILING: "enable_tiling", MemoryTechnique.VAE_SLICING: "enable_slicing"}
-_DISABLE = {MemoryTechnique.VAE_TILING: "disable_tiling", MemoryTechnique.VAE_SLICING: "disable_slicing"}
+# The VAE flag each technique sets, and its switches (diffusers' names, and ours): "use_tiling", "enable_tiling", ...
+_FLAGS, _ENABLE, _DISABLE = ({t: f"{verb}_{t.value.removeprefix('vae_')}" for t in MemoryTechnique}
+                             for verb in ("use", "enable", "disable"))
 # Submodules a tiled or sliced call runs once per tile or sample: replayed by shape.
 _REPEATED_PARTS = ("decoder", "encoder")
 # diffusers' in-place blends of two tiles' overlap: `blend_x(a, b, extent)` writes into `b` and returns it.
@@ -61,8 +48,7 @@ def is_on(module: nn.Module, technique: MemoryTechnique) -> bool:
 
 
 def enable_techniques(module: nn.Module, techniques) -> tuple[str, ...]:
-    """Turn the planned techniques on (`vae.enable_tiling()`, `vae.enable_slicing()`, each class's own); the
-    names of the methods that turn off those that were off (what a reset calls: `disable_tiling`)."""
+    """Turn the planned techniques on; the names of the methods that turn off those that were off (for a reset)."""
     undo = []
     for technique in map(MemoryTechnique, techniques):
         if not is_on(module, technique):
