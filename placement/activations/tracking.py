@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class LiveStorageTracker(TorchDispatchMode):
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
-        # id(storage) -> weak reference whose callback releases the storage's bytes.
+        # storage key -> weak reference whose callback releases the storage's bytes.
         self._counted: dict[int, weakref.ref] = {}
         # Storages that are never counted; strong references keep their ids from being reused.
         self._excluded: dict[int, torch.UntypedStorage] = {}
@@ -49,7 +50,7 @@ class LiveStorageTracker(TorchDispatchMode):
         """Never count the storages of these tensors (the module's weights)."""
         for tensor in tensors:
             storage = tensor.untyped_storage()
-            self._excluded[id(storage)] = storage
+            self._excluded[_key(storage)] = storage
 
     def count(self, tensors: Iterable[Any]) -> None:
         """Count the storages of these tensors as live now (the call's inputs); non-tensors are skipped."""
@@ -74,7 +75,7 @@ class LiveStorageTracker(TorchDispatchMode):
             self.peak_bytes = max(saved, self.peak_bytes)
 
     def _count_storage(self, storage: torch.UntypedStorage) -> None:
-        key = id(storage)  # = storage_key(tensor)
+        key = _key(storage)
         if key in self._excluded or key in self._counted:
             return
         nbytes = storage.nbytes()
@@ -94,7 +95,21 @@ class LiveStorageTracker(TorchDispatchMode):
 
 def storage_key(tensor: torch.Tensor) -> int:
     """How the tracker tells storages apart (views of one tensor share it)."""
-    return id(tensor.untyped_storage())
+    return _key(tensor.untyped_storage())
+
+
+# Not id(storage): CPython gives a storage allocated after one is freed the freed one's address, so a cache entry
+# replaced during a call and its replacement would look like one storage that never died, and whether the memo
+# could describe the call would depend on the allocator's state (what ran before in the process).
+_keys: "weakref.WeakKeyDictionary[torch.UntypedStorage, int]" = weakref.WeakKeyDictionary()
+_next_key = itertools.count()
+
+
+def _key(storage: torch.UntypedStorage) -> int:
+    key = _keys.get(storage)
+    if key is None:
+        key = _keys[storage] = next(_next_key)
+    return key
 
 
 @dataclass(kw_only=True)

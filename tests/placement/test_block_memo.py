@@ -11,6 +11,7 @@ from torch import nn
 
 import placement
 from placement.activations.memo import CACHE_ENV, MEMO_ENV, _Record
+from placement.activations.tracking import storage_key
 from placement.unit_order import record_module_order
 
 
@@ -271,3 +272,16 @@ class RotaryChain(Chain):
 def test_blocks_taking_a_tuple_keyword_are_replayed(monkeypatch):
     # The keyword arguments' dict is the call's own: what a block does to it is no write to replay.
     assert_same_estimate(monkeypatch, RotaryChain(Rotary), (torch.empty(4, 8),), replayed=3)
+
+
+def test_a_storage_allocated_where_a_freed_one_was_gets_another_key():
+    # A replaced cache entry and its replacement are two storages even at one address (the memo tells frees apart
+    # by these keys: with addresses, recording a call depended on what ran before it in the process).
+    tensor = torch.empty(4, device="meta")
+    first, address = storage_key(tensor), id(tensor.untyped_storage())
+    del tensor
+    tensor = torch.empty(4, device="meta")
+    if id(tensor.untyped_storage()) != address:
+        pytest.skip("this interpreter did not reuse the freed storage's address")
+    assert storage_key(tensor) != first
+    assert storage_key(tensor) == storage_key(tensor[1:])  # views still share their storage's key
