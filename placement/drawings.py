@@ -301,7 +301,8 @@ def predicted_events(plan: Plan, gpu: Optional[GpuProfile] = None) -> list[Trace
     events: list[TraceEvent] = []
     now = 0.0
     for name in plan.execution_order:
-        now = _component_events(plan.components[name], gpu, plan.link_bandwidth, now, events)
+        now = _component_events(plan.components[name], gpu, plan.link_bandwidth, plan.disk_read_bandwidth, now,
+                                events)
     return events
 
 
@@ -333,7 +334,7 @@ def _units(component: ComponentPlan) -> list[_Unit]:
     return units
 
 
-def _component_events(component: ComponentPlan, gpu: GpuProfile, link: float, now: float,
+def _component_events(component: ComponentPlan, gpu: GpuProfile, link: float, disk: float, now: float,
                       events: list[TraceEvent]) -> float:
     transfer = component.transfer
     runs = transfer.runs_per_call if transfer else 1
@@ -341,7 +342,7 @@ def _component_events(component: ComponentPlan, gpu: GpuProfile, link: float, no
     on_cpu = place == "cpu"
     run_s = run_seconds(component.flops_per_run, component.bytes_touched_per_run, gpu, component.dtype,
                         on_cpu=on_cpu) or 0.0
-    speed = copy_bandwidth(component.kind, link)
+    speed = copy_bandwidth(component.kind, link, disk)
     units = _units(component)
     weight = max(float(component.bytes), 1.0)
 

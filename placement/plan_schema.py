@@ -296,7 +296,8 @@ class Plan(FrozenModel):
             fullest_peak=None if fullest is None else fullest.predicted_peak,
             fullest_budget=None if fullest is None else fullest.budget,
             warnings=verdict_warnings(components, devices, link_bandwidth=self.link_bandwidth,
-                                      link_source=self.link_bandwidth_source) + [
+                                      link_source=self.link_bandwidth_source,
+                                      disk_bandwidth=self.disk_read_bandwidth) + [
                 note for note in [budget_note(self.host_memory)] if note],
             time=time_line(self),
             host_memory=self.host_memory.summary() if self.host_memory.total_bytes else None,

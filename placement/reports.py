@@ -30,7 +30,8 @@ def fullest_device(devices: list[DevicePlan]) -> Optional[DevicePlan]:
 
 
 def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan], *,
-                     link_bandwidth: float = PCIE_BYTES_PER_S, link_source: str = "") -> list[str]:
+                     link_bandwidth: float = PCIE_BYTES_PER_S, link_source: str = "",
+                     disk_bandwidth: float = DISK_BYTES_PER_S) -> list[str]:
     """A device over its budget or under 5% left; each component that moves weights per call or executes on the
     CPU, with its cost per call (plans before the transfer model: per run)."""
     notes = []
@@ -51,7 +52,7 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan],
         return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
                         "slower than on a GPU)."]
     if any(c.transfer is not None for c in components):
-        return notes + transfer_warnings(components, link_bandwidth, link_source)
+        return notes + transfer_warnings(components, link_bandwidth, link_source, disk_bandwidth)
     slow = [note for component in components if (note := _slow_component(component))]
     if slow:
         slow.append("A cost per run multiplies by the runs per call: a denoiser runs once per denoising step.")
@@ -66,7 +67,8 @@ def technique_notes(component: ComponentPlan) -> list[str]:
             f"(the load turns it on): {used.reason}" for used in component.memory_techniques]
 
 
-def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str) -> list[str]:
+def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source: str,
+                      disk_bandwidth: float = DISK_BYTES_PER_S) -> list[str]:
     notes = []
     for component in components:
         if component.execution_device == "cpu":
@@ -76,7 +78,7 @@ def transfer_warnings(components: list[ComponentPlan], bandwidth: float, source:
         if transfer is None or not transfer.bytes_per_call:
             continue
         notes.append(f"{component.name} {_moves(component)}: {format_bytes(transfer.bytes_per_call)} per call, "
-                     f"about {_seconds(transfer.bytes_per_call / copy_bandwidth(component.kind, bandwidth))}.")
+                     f"about {_seconds(transfer.bytes_per_call / copy_bandwidth(component.kind, bandwidth, disk_bandwidth))}.")
     moved = sum(c.transfer.bytes_per_call for c in components if c.transfer is not None)
     if moved:
         where = f" ({source})" if source else ""

@@ -11,6 +11,7 @@ from placement import Plan
 from placement.transfers import inputs
 from placement.transfers.inputs import check_disk_read_bandwidth, measure_disk_read
 from placement.errors import PlanError
+from placement.drawings import predicted_events
 from placement.host_memory import HostMemory, budget_note
 from placement.sizes import GiB
 from placement.time_model import DISK_BYTES_PER_S
@@ -105,3 +106,19 @@ def test_the_disk_read_speed_is_measured_once_per_drive(tmp_path, monkeypatch):
     assert measure_disk_read(other) == (speed, source)  # the same drive: measured once
     with pytest.raises(PlanError, match="Cannot measure the disk read speed"):
         measure_disk_read(tmp_path / "missing")
+
+
+def test_the_verdict_and_the_timeline_copy_disk_homed_weights_at_the_plans_disk_speed(tmp_path):
+    # Both quote the speed `seconds_per_call` uses (the plan's disk_read_bandwidth), not the assumed NVMe one.
+    def disk_plan(speed):
+        return placement.plan(pipeline(), max_memory={0: "4GiB", "cpu": "3GiB"}, offload_folder=str(tmp_path),
+                              runs_per_call={"denoiser": 28}, disk_read_bandwidth=speed)
+
+    slow, fast = disk_plan("1GB"), disk_plan("2GB")
+    disk = [c for c in slow.components.values() if c.kind.value == "disk"]
+    assert disk, slow.explain()
+    for component in disk:
+        quoted = [w for w in slow.verdict.warnings if w.startswith(f"{component.name} ")]
+        assert quoted and f"about {component.transfer.bytes_per_call / 1e9:.1f} s." in quoted[0], quoted
+    ends = [max(event.time_us for event in predicted_events(plan)) for plan in (slow, fast)]
+    assert ends[0] > ends[1]  # half the disk speed: the disk-homed copies take longer on the timeline
