@@ -110,11 +110,12 @@ def test_symlinked_weight_files_as_in_the_hub_cache_still_load(tmp_path):
     assert torch.equal(loaded.embed.weight, model.embed.weight)
 
 
-def test_component_names_that_are_paths_are_refused(tmp_path):
+@pytest.mark.parametrize("name", ["../encoder", "", "."])  # "" and "." would name the pipeline folder itself
+def test_component_names_that_are_paths_are_refused(tmp_path, name):
     folder = tmp_path / "pipe"
     tiny_user_pipeline().save_pretrained(folder)
     index = json.loads((folder / "model_index.json").read_text())
-    index["../encoder"] = index.pop("encoder")
+    index[name] = index.pop("encoder")
     (folder / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(pipelines.folder.components.FolderError, match="not a plain folder name"):
         Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})
