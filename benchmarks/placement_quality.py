@@ -18,7 +18,7 @@ each component's activation peak at one common call -- 1024 x 1024 images, the v
 sizes -- from `placement.estimate_activations` on the meta-built components, see `real_calls.py`; kept in
 `data/real_activation_peaks.json`, rebuilt with --estimate), the best whole-component map's fullest GPU
 (peak / budget, the Plan's memory model: weights + the largest activation executing there + 1 GiB runtime
-overhead with activations), found by brute force (`optimum.py`), and ours / optimum and diffusers /
+overhead with activations), found by brute force (`whole_map_oracle.py`), and ours / optimum and diffusers /
 optimum for the same score (diffusers' map ignores activations: above 1.00 / optimum past 100% means it
 would not fit); the edges crossing devices (ours, diffusers, the fewest among maps within 5% of the optimum);
 our planning time. Then the count of scenarios above 1.05 x the optimum.

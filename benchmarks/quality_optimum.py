@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 import placement
-from optimum import TOLERANCE, Optimum, crossings, oracle, shares
+from whole_map_oracle import TOLERANCE, Optimum, crossings, oracle, shares
 
 GiB = 1024**3
 PEAKS = Path(__file__).resolve().parent / "data" / "real_activation_peaks.json"

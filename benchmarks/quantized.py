@@ -32,9 +32,6 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-# Run as a script, this folder comes first on sys.path, and its optimum.py would shadow the `optimum` package
-# (optimum-quanto, imported by diffusers' quanto quantizer).
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 DATA = HERE / "data"
 FAMILIES = {"flux1-dev": "real_pipelines.json", "qwen-image": "extra_pipelines.json",
             "wan2.1-t2v-14b": "real_pipelines.json"}

@@ -74,3 +74,14 @@ def test_the_scan_sees_optional_and_function_level_imports():
     found = imported_modules()
     assert "placement/budgets.py" in found["psutil"]  # imported inside a function
     assert distribution_of("PIL") == "pillow" and "diffusers" in found
+
+
+def test_no_benchmark_or_test_helper_shadows_an_installed_module():
+    """Tests put benchmarks/ and (pytest's prepend import mode) every test folder on sys.path; a file there named like an installed top-level
+    module (benchmarks/optimum.py once did) hides it from every later import in the process: optimum-quanto's
+    tests skipped with "'optimum' is not a package" in a whole run and passed alone."""
+    installed = set(packages_distributions()) | set(sys.stdlib_module_names)
+    folders = [ROOT / "benchmarks", ROOT / "tests", *(path for path in (ROOT / "tests").rglob("*") if path.is_dir())]
+    shadowing = sorted(str(path.relative_to(ROOT)) for folder in folders for path in folder.glob("*.py")
+                       if path.stem in installed)
+    assert shadowing == [], f"rename these: they share a name with an installed or standard module: {shadowing}"

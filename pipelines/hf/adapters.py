@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,11 +62,29 @@ def _editing(method, name: str, touched: Callable, kinds: Callable[[], Mapping[s
         with ExitStack() as stack:
             for label, module in modules.items():
                 stack.enter_context(edit_placed_weights(module, what=f"{name}() on {label}"))
+                stack.enter_context(_disk_homes_read_as_host(module))
             if name not in LOADING:
                 return method(*args, **kwargs)
             return _load_checked(method, name, modules, args, kwargs)
 
     return edit
+
+
+@contextmanager
+def _disk_homes_read_as_host(module: nn.Module) -> Iterator[None]:
+    """Show an adapter load a device map without "disk". transformers' `load_adapter` takes its device map from
+    `hf_device_map` and, seeing "disk", prepares disk offload from the adapter's checkpoint files, of which a state
+    dict given by diffusers has none (transformers 5.25: IndexError). Inside the edit the disk-homed layers are
+    open and new adapter tensors stay in host RAM, where the editor's close leaves them: "cpu" is where they go."""
+    device_map = getattr(module, "hf_device_map", None)
+    if not isinstance(device_map, dict) or "disk" not in device_map.values():
+        yield
+        return
+    module.hf_device_map = {key: "cpu" if device == "disk" else device for key, device in device_map.items()}
+    try:
+        yield
+    finally:
+        module.hf_device_map = device_map
 
 
 def _load_checked(method, name: str, modules: Mapping[str, nn.Module], args, kwargs):

@@ -224,24 +224,42 @@ def test_after_reset_the_lora_stays_and_the_methods_are_diffusers_own(flux, expe
 
 
 PEFT_FOR_TRANSFORMERS = tuple(int(part) for part in peft.__version__.split(".")[:2]) >= (0, 22)
+# Each placement kind of the CLIP text encoder (transformers' own load_adapter path): whole on a GPU, split over
+# two, run on the CPU, offloaded to host RAM and executed on a GPU, homed on disk.
+TEXT_ENCODER_PLACEMENTS = {
+    "whole": 0, "split": {"encoder.layers.0": 1, "": 0}, "cpu": "cpu",
+    "offloaded": {"": "cpu", "embeddings": 0}, "disk": "disk",
+}
 
 
-@pytest.mark.skipif(not PEFT_FOR_TRANSFORMERS, reason=f"transformers 5 loads text-encoder adapters only with "
-                    f"peft >= 0.22 (installed: {peft.__version__}); the transformer's LoRA is tested above")
-def test_a_text_encoder_lora_follows_a_text_encoder_on_disk(flux, gpus):
+@pytest.fixture(scope="module")
+def text_encoder_lora(flux):
     plain = diffusers.FluxPipeline.from_pretrained(flux / "flux")
     torch.manual_seed(4)
     plain.text_encoder.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
                                               target_modules=["q_proj", "k_proj", "v_proj", "out_proj"]))
-    state = get_peft_model_state_dict(plain.text_encoder)
-    diffusers.FluxPipeline.save_lora_weights(flux / "te", text_encoder_lora_layers=state)
+    diffusers.FluxPipeline.save_lora_weights(flux / "te",
+                                             text_encoder_lora_layers=get_peft_model_state_dict(plain.text_encoder))
     reference = diffusers.FluxPipeline.from_pretrained(flux / "flux")
     reference.load_lora_weights(flux / "te")
-    pipe = Pipeline.from_pretrained(flux / "flux", device_map={"transformer": 0, "text_encoder": "disk",
-                                                               "text_encoder_2": 1, "vae": 1},
-                                    max_memory=MEMORY, offload_folder=flux / "offload", progress=False)
+    return generate(reference)
+
+
+@pytest.mark.skipif(not PEFT_FOR_TRANSFORMERS, reason=f"transformers 5 loads text-encoder adapters only with "
+                    f"peft >= 0.22 (installed: {peft.__version__}); the transformer's LoRA is tested above")
+@pytest.mark.parametrize("placement", TEXT_ENCODER_PLACEMENTS)
+def test_a_text_encoder_lora_follows_the_text_encoder_wherever_it_is(placement, flux, text_encoder_lora, gpus):
+    device_map = {"transformer": 0, "text_encoder": TEXT_ENCODER_PLACEMENTS[placement], "text_encoder_2": 1, "vae": 1}
+    pipe = Pipeline.from_pretrained(flux / "flux", device_map=device_map, max_memory=MEMORY,
+                                    offload_folder=flux / "offload", progress=False)
     pipe.load_lora_weights(flux / "te")
-    assert_same_output(generate(pipe), generate(reference))
+    assert_same_output(generate(pipe), text_encoder_lora)
+    pipe.unload_lora_weights()
+    assert not _has_lora(pipe.text_encoder)
+
+
+def _has_lora(module):
+    return any("lora_" in name for name, _ in module.named_parameters())
 
 
 @pytest.mark.parametrize("placement", ["whole", "disk"])
