@@ -89,11 +89,10 @@ class TargetPlanner:
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
                        offload_folder=self.offload_folder, call=self.call, gpu=self.gpu)
         if is_preset(self.target):
-            if self.layerwise_casting:
-                raise LoadError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
-                                       "preset first (placement demo saves one), then plan that folder.")
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")
+                if self.layerwise_casting:
+                    raise LoadError(save_the_preset_first(self.target, pipe, self.layerwise_casting))
                 return plan_pipeline(pipe, pinned={}, **options)
         folder = self.folder()
         if self.layerwise_casting:
@@ -101,6 +100,32 @@ class TargetPlanner:
         with quiet(preload=hf_libraries(folder)):
             return folder_pipeline_class(folder).plan_placement(folder, **options)
 
+
+
+def save_the_preset_first(preset: str, pipe, layerwise_casting: Mapping[str, str]) -> str:
+    """--layerwise-casting on a preset: the commands that save it into a folder of the user's and plan that folder
+    (a preset is built in memory and never saved; layerwise casting is planned from a folder's load)."""
+    from placement.sizes import format_bytes
+    from placement.sizing import size_module
+
+    components = pipe.module_components
+    unknown = [name for name in layerwise_casting if name not in components]
+    if unknown:
+        return (f"--layerwise-casting names {', '.join(map(repr, unknown))}, which the {preset} preset does not "
+                f"have; its components are {', '.join(components)}.")
+    size = sum(size_module(module).total for module in components.values())
+    casting = ",".join(f"{name}={dtype.replace('float8_', 'fp8_')}" for name, dtype in layerwise_casting.items())
+    save = (f"python -c \"from pipelines import TextToImagePipeline; TextToImagePipeline.from_preset({preset!r}, "
+            f"seed=0).save_pretrained({preset!r})\"")
+    large = (f"; they are made in RAM first, so for a preset this size plan the real model's folder or Hub id with "
+             f"--layerwise-casting instead" if size > LARGE_PRESET_BYTES else "")
+    return (f"--layerwise-casting plans the load of a saved folder, and the {preset} preset is built in memory, never "
+            f"saved. Save it into a folder here first: {save} (writes ./{preset}, {format_bytes(size)} of random "
+            f"weights{large}), then plan that folder: placement plan ./{preset} --layerwise-casting {casting} (with "
+            "your other flags).")
+
+
+LARGE_PRESET_BYTES = 4 * 2**30  # above it, saving random weights is no quick step: say what else to plan
 
 
 KEYS = ("height", "width", "num_inference_steps", "guidance_scale")
