@@ -116,18 +116,23 @@ _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.in
 
 
 def check_expected_weights(metas: Mapping[str, MetaComponent], sources: Mapping[str, ComponentSource], *,
-                           variant: str | None, saved_here: bool) -> None:
-    """Refuse to plan a local folder missing weights where weights were expected (the component's folder holds
-    weight files of another kind, another component has weights, or this library saved the folder): the plan is
-    the one its load follows, and that load cannot happen, so a verdict would be half an answer. A configs-only
-    folder is planned from its configs, as documented."""
+                           variant: str | None, saved_here: bool) -> list[str]:
+    """Refuse to plan a local folder missing weights where weights were expected (another component has weights,
+    or the component's folder holds weight files of another kind): a plan is made for the load, which cannot
+    happen, so its verdict would be half an answer. A folder without any weights is planned from its configs, as
+    documented; the notes returned say which components a folder this library saved has lost (a configs-only copy
+    of it, or weights all gone: the load will tell)."""
     others_have = any(meta.weights is not None for meta in metas.values())
-    missing = [missing_weights_line(name, source.folder, source.cls, variant) for name, meta in metas.items()
-               if (source := sources.get(name)) is not None and meta.weights is None
-               and not (meta.owner is not None and meta.owner.single_file)
-               and (others_have or saved_here or holds_weight_files(source.folder))]
-    if missing:
-        raise missing_weights_error(missing)
+    missing = {name: source for name, meta in metas.items() if (source := sources.get(name)) is not None
+               and meta.weights is None and not (meta.owner is not None and meta.owner.single_file)}
+    broken = [missing_weights_line(name, source.folder, source.cls, variant) for name, source in missing.items()
+              if others_have or holds_weight_files(source.folder)]
+    if broken:
+        raise missing_weights_error(broken)
+    if not saved_here:
+        return []
+    return [f"{missing_weights_line(name, source.folder, source.cls, variant)} The plan sized it from its "
+            "config.json; loading it will fail until its weights are there." for name, source in missing.items()]
 
 
 def missing_weights_line(name: str, folder: Path, cls: type, variant: str | None) -> str:
@@ -253,12 +258,12 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
                       stacklevel=caller_stacklevel())
         opened = open_folder(cls, request, passed, generic=True)
     metas = build_components(opened, request, weights_required=False)
-    if request.local:  # a Hub pipeline is planned from its configs alone, by design
+    notes = [] if not request.local else (  # a Hub pipeline is planned from its configs alone, by design
         check_expected_weights(metas, opened.sources, variant=request.options.variant,
-                               saved_here=opened.index.save_id is not None)
+                               saved_here=opened.index.save_id is not None))
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
-    return plan_folder_pipeline(pipe, request, metas, passed)
+    return with_notes(plan_folder_pipeline(pipe, request, metas, passed), notes)
 
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],

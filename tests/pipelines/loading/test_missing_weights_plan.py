@@ -1,7 +1,8 @@
 """A local folder missing the weights its index, its other components or its save say it has is refused by the plan
 as by the load (`WeightsNotFoundError` naming the component and the file; `placement plan` and `placement run` exit
-2 with it before any verdict): a plan is made for the load, which cannot happen. A configs-only folder is planned
-without a word, as documented."""
+2 with it before any verdict): a plan is made for the load, which cannot happen. A folder without any weights is
+planned from its configs, as documented: without a word, or, for a folder this library saved, with a note per
+component (a configs-only copy of it, or weights all gone)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def folder(saved, tmp_path):
 
 
 def missing_notes(plan):
-    return [note for note in plan.warnings if "weights" in note and "missing" in note]
+    return [note for note in plan.warnings if "loading it will fail until its weights are there" in note]
 
 
 def test_a_deleted_weights_file_is_an_error_on_the_plan_as_on_the_load(folder):
@@ -80,6 +81,13 @@ def test_a_configs_only_folder_is_planned_without_a_word(folder):
     index.pop(SAVE_ID_KEY, None)  # not a save of this library: configs written to plan from
     (folder / "model_index.json").write_text(json.dumps(index))
     assert missing_notes(TextToImagePipeline.plan_placement(folder, max_memory=BUDGETS)) == []
+
+
+def test_a_saved_folder_without_any_weights_is_planned_with_a_note_per_component(folder):
+    for weights in folder.rglob("*.safetensors"):
+        weights.unlink()
+    notes = missing_notes(TextToImagePipeline.plan_placement(folder, max_memory=BUDGETS))
+    assert [note.partition(":")[0] for note in notes] == ["text_encoder", "text_encoder_2", "denoiser", "vae"]
 
 
 def test_a_shard_missing_from_its_index_is_named_on_a_model_plan(tmp_path):
