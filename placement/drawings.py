@@ -36,6 +36,11 @@ KIND_COLOURS = {"activations": "#F4A6A6", "streaming working set": "#F9D08B", "r
 LEFT_COLOUR = "#FFFFFF"
 OVER_COLOUR = "#D00000"
 SIMULATED_COLOUR = "#8A4B00"
+NOT_COUNTED_COLOUR = "#A00000"
+# Said in the picture of a plan made without a call, in words for Python and command-line users alike.
+NOT_COUNTED = ("Activations NOT counted (planned without a call): each bar is weights + streaming working set only, "
+               "and a large input can still run out of memory. Plan for the call to count them (call= in Python; "
+               "--height and --width with placement plan).")
 
 
 def plan_svg(plan: Plan) -> str:
@@ -58,6 +63,10 @@ def plan_svg(plan: Plan) -> str:
     for line in _wrapped(" ".join(simulated_lines(plan)), size=12, width=WIDTH - 2 * MARGIN):
         parts.append(_text(MARGIN, y + 13, line, size=12, weight="bold", fill=SIMULATED_COLOUR))
         y += 17
+    if not plan.activations_accounted:  # bars of weights alone look like a whole peak: say they are not
+        for line in _wrapped(NOT_COUNTED, size=12, width=WIDTH - 2 * MARGIN):
+            parts.append(_text(MARGIN, y + 13, line, size=12, weight="bold", fill=NOT_COUNTED_COLOUR))
+            y += 17
     y += 10
     title = f"Memory per device (strategy {plan.strategy!r}); each bar is the device's budget"
     parts.append(_text(MARGIN, y + 12, title, size=13, weight="bold"))

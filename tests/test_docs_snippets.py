@@ -156,6 +156,16 @@ def test_the_documents_have_examples_and_no_output_claims_left_in_comments():
                 assert not claims, f"{document}: output written in a comment, not in an output block: {claims}"
 
 
+def test_the_documents_state_the_schema_version_plans_carry():
+    """A number given for `schema_version` in README.md or docs/ is the one saved plans carry now."""
+    from placement.plan_schema import SCHEMA_VERSION
+
+    stated = {(document, int(number)) for document in DOCUMENTS
+              for number in re.findall(r"schema_version`?\s*\(?(\d+)", (ROOT / document).read_text())}
+    assert ("docs/memory.md", SCHEMA_VERSION) in stated  # the check reads what it polices
+    assert {number for _, number in stated} == {SCHEMA_VERSION}, sorted(stated)
+
+
 def update_documents() -> None:
     """Rewrite every output block (and console output) with what its example prints now."""
     for document in DOCUMENTS:

@@ -157,6 +157,57 @@ def strategy_arg(text: str):
     return int(stripped) if stripped.isdigit() else stripped
 
 
+# The presets' names (a test holds them equal to pipelines.text_to_image.presets.PRESETS), so that a TARGET naming
+# nothing is told before torch loads.
+PRESET_NAMES = ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like")
+
+
+def target_problem(target: str) -> str | None:
+    """Why TARGET names nothing, found without torch: a preset one edit off, or a local path that does not exist.
+    None for a preset, an existing path, or a Hub id (which only the Hub can answer)."""
+    from ..folder.paths import looks_like_a_path  # standard library only
+
+    path = Path(target).expanduser()
+    if path.exists() or target in PRESET_NAMES:
+        return None
+    typo = preset_typo(target)
+    if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
+        return (f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESET_NAMES)}; "
+                "otherwise give a folder or a Hub id owner/name)")
+    if looks_like_a_path(target):
+        return (f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; a Hub id is "
+                "written owner/name.")
+    return None
+
+
+def preset_typo(target: str) -> str | None:
+    """The preset `target` is one edit from (a letter added, dropped or changed, '_' for '-', case), or None."""
+    spelled = target.lower().replace("_", "-")
+    return next((name for name in PRESET_NAMES if name != target and _one_edit(spelled, name)), None)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def refused(args: argparse.Namespace, problem: str | None) -> int | None:
+    """A bad input found before torch loads (`problem`, None when there is none): printed as `main` prints an
+    error, one line, and the exit code of bad input; None lets the command go on."""
+    from . import EXIT_BAD_INPUT
+
+    if problem is None:
+        return None
+    print(f"{args.parser.prog}: error: {problem}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def image_output_arg(text: str) -> Path:
     """A path whose extension names an image format PIL writes."""
     from PIL import Image  # PIL imports no torch: argument errors stay immediate
@@ -207,6 +258,9 @@ def call_spec(args: argparse.Namespace) -> dict | None:
     return {key: value for key, value in given.items() if value is not None} or None
 
 
+_EXAMPLE_FILES = {"--svg": "plan.svg", "--timeline": "timeline.json"}  # a file each flag writes, for its example
+
+
 def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | None:
     """Why `flag`'s `path` cannot be written as a file or used as a folder (made if absent), or None: checked before
     any work, so a typo does not cost a plan first."""
@@ -217,7 +271,8 @@ def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | N
         if folder and not path.is_dir():
             return f"{flag} {str(path)!r} is a file, not a folder; name a folder (it is made if it does not exist)."
         if not folder and path.is_dir():
-            return f"{flag} {str(path)!r} is a folder; name a file in it, e.g. {str(path / 'plan.json')!r}."
+            example = path / _EXAMPLE_FILES.get(flag, "plan.json")
+            return f"{flag} {str(path)!r} is a folder; name a file in it, e.g. {str(example)!r}."
         if not os.access(path, os.W_OK):
             return f"{flag} {str(path)!r}: cannot write there (permission denied)."
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from .args import budgets_arg, dtype_arg, torch_dtype
+from .args import budgets_arg, dtype_arg, refused, target_problem, torch_dtype
 
 
 def register(subparsers) -> None:
@@ -41,6 +41,10 @@ class ComponentFacts:
 
 
 def run(args: argparse.Namespace) -> int:
+    early = refused(args, target_problem(args.target))
+    if early is not None:  # said before torch loads (seconds)
+        return early
+
     from placement.budgets import resolve_budgets
     from placement.devices import device_label
     from placement.reports import aligned_columns  # the table layout of Plan.explain()

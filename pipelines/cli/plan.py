@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from .args import (add_call_arguments, budgets_arg, call_spec, dtype_arg, layerwise_casting_arg, output_arg,
-                   path_problem, strategy_arg, write_text)
+                   path_problem, refused, strategy_arg, target_problem, write_text)
 
 
 def register(subparsers) -> None:
@@ -53,17 +53,20 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .advice import plan_with_advice
-    from .targets import TargetPlanner, complete_call, in_flag_names, resolve_budgets_arg, warnings_once
-
     outputs = {"--json": args.json, "--svg": args.svg, "--timeline": args.timeline}
     to_stdout = [flag for flag, path in outputs.items() if path == "-"]
     if len(to_stdout) > 1:
         args.parser.error(f"{' and '.join(f'{flag} -' for flag in to_stdout)} would all write to stdout; send all "
                           "but one of them to a file.")
+    early = refused(args, output_problem(args) or target_problem(args.target))  # before torch loads (seconds)
+    if early is not None:
+        return early
+
+    from .advice import plan_with_advice
+    from .targets import TargetPlanner, complete_call, in_flag_names, resolve_budgets_arg, warnings_once
+
     report = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON, SVG or trace alone
     example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
-    check_outputs(args)
     args.gpu = checked_gpu(args)
     with warnings_once() as printed_anyway:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
@@ -115,15 +118,13 @@ def checked_gpu(args: argparse.Namespace) -> str | None:
         args.parser.error(str(error).replace("gpu=", "--gpu "))
 
 
-def check_outputs(args: argparse.Namespace) -> None:
-    """--json, --svg, --timeline and --offload-folder can be written: said before the plan, not after it."""
-    from ..errors import LoadError
-
+def output_problem(args: argparse.Namespace) -> str | None:
+    """Why --json, --svg, --timeline or --offload-folder cannot be written, or None: said before the plan (and
+    before torch loads), not after it."""
     problems = [path_problem(args.json, flag="--json", folder=False), path_problem(args.svg, flag="--svg", folder=False),
                 path_problem(args.timeline, flag="--timeline", folder=False),
                 path_problem(args.offload_folder, flag="--offload-folder", folder=True)]
-    for problem in filter(None, problems):
-        raise LoadError(problem)
+    return next(filter(None, problems), None)
 
 
 def _named(path) -> str:

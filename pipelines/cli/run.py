@@ -22,7 +22,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from .args import budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, strategy_arg
+from .args import (budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, refused, strategy_arg,
+                   target_problem)
 
 
 def register(subparsers) -> None:
@@ -60,9 +61,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    early = refused(args, target_problem(args.target) or path_problem(args.out, flag="--out", folder=True))
+    if early is not None:  # said before torch loads (seconds)
+        return early
+
     from ..distributed.images import read_prompts, run_lock
-    from ..distributed.replica import Launch, folder_pipeline_class
-    from ..errors import ImageRunError, LoadError, ReplicaLoadError
+    from ..distributed.replica import Launch, check_gpu_budgets_have_gpus, folder_pipeline_class
+    from ..errors import ImageRunError, ReplicaLoadError
     from ..hf.quiet import quiet
     from . import EXIT_BAD_INPUT
     from .run_job import RunJob
@@ -72,12 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if args.group_size is not None and not launch.distributed:
         args.parser.error("--group-size sets the GPUs of each replica under torchrun; a plain run places one "
                           "pipeline over every GPU (use --max-memory to choose them).")
-    problem = path_problem(args.out, flag="--out", folder=True)
-    if problem is not None:
-        raise LoadError(problem)
     prompts = read_prompts(args.prompts)
     with warnings_once():
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
+    if not launch.distributed:  # under torchrun, local rank 0 says it once for every rank (load_replica)
+        check_gpu_budgets_have_gpus(max_memory)
     start = time.perf_counter()
     given = {"height": args.height, "width": args.width, "num_inference_steps": args.steps,
              "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt}

@@ -28,7 +28,7 @@ from placement.sizes import parse_budget
 from ..distributed.replica import folder_pipeline_class
 from ..errors import LoadError
 from ..hf.quiet import hf_libraries, quiet
-from .args import BUDGET_EXAMPLE, BudgetsArg
+from .args import BUDGET_EXAMPLE, BudgetsArg, target_problem
 
 
 STEPS = "num_inference_steps"
@@ -42,19 +42,14 @@ def is_preset(target: str) -> bool:
 
 def target_folder(target: str) -> Path:
     """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
-    from ..folder.sources import looks_like_a_path, resolve_pipeline_folder
+    from ..folder.sources import resolve_pipeline_folder
     from ..text_to_image.presets import PRESETS
 
-    path = Path(target).expanduser()
-    typo = preset_typo(target) if not path.exists() else None
-    if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
-        raise LoadError(f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESETS)}; "
-                              "otherwise give a folder or a Hub id owner/name)")
-    if path.exists() or looks_like_a_path(target):
-        if not path.exists():
-            raise LoadError(f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; "
-                                  "a Hub id is written owner/name.")
-        return resolve_pipeline_folder(path, weights=False)
+    problem = target_problem(target)  # the commands ask it first, before torch loads; here for every other caller
+    if problem is not None:
+        raise LoadError(problem)
+    if Path(target).expanduser().exists():
+        return resolve_pipeline_folder(Path(target).expanduser(), weights=False)
     try:
         return resolve_pipeline_folder(target, weights=False)
     except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
@@ -64,25 +59,6 @@ def target_folder(target: str) -> Path:
             f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}), nor a local folder, and the Hub did not "
             f"give it: {type(error).__name__}: {error}"
         ) from error
-
-
-def preset_typo(target: str) -> str | None:
-    """The preset `target` is one edit from (a letter added, dropped or changed, '_' for '-', case), or None."""
-    from ..text_to_image.presets import PRESETS
-
-    spelled = target.lower().replace("_", "-")
-    return next((name for name in PRESETS if name != target and _one_edit(spelled, name)), None)
-
-
-def _one_edit(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    if abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b)) == 1
-    short, long = sorted((a, b), key=len)
-    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 @dataclass(kw_only=True)
@@ -113,11 +89,10 @@ class TargetPlanner:
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
                        offload_folder=self.offload_folder, call=self.call, gpu=self.gpu)
         if is_preset(self.target):
-            if self.layerwise_casting:
-                raise LoadError(f"--layerwise-casting plans a saved folder's load; save the {self.target} "
-                                       "preset first (placement demo saves one), then plan that folder.")
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")
+                if self.layerwise_casting:
+                    raise LoadError(save_the_preset_first(self.target, pipe, self.layerwise_casting))
                 return plan_pipeline(pipe, pinned={}, **options)
         folder = self.folder()
         if self.layerwise_casting:
@@ -125,6 +100,32 @@ class TargetPlanner:
         with quiet(preload=hf_libraries(folder)):
             return folder_pipeline_class(folder).plan_placement(folder, **options)
 
+
+
+def save_the_preset_first(preset: str, pipe, layerwise_casting: Mapping[str, str]) -> str:
+    """--layerwise-casting on a preset: the commands that save it into a folder of the user's and plan that folder
+    (a preset is built in memory and never saved; layerwise casting is planned from a folder's load)."""
+    from placement.sizes import format_bytes
+    from placement.sizing import size_module
+
+    components = pipe.module_components
+    unknown = [name for name in layerwise_casting if name not in components]
+    if unknown:
+        return (f"--layerwise-casting names {', '.join(map(repr, unknown))}, which the {preset} preset does not "
+                f"have; its components are {', '.join(components)}.")
+    size = sum(size_module(module).total for module in components.values())
+    casting = ",".join(f"{name}={dtype.replace('float8_', 'fp8_')}" for name, dtype in layerwise_casting.items())
+    save = (f"python -c \"from pipelines import TextToImagePipeline; TextToImagePipeline.from_preset({preset!r}, "
+            f"seed=0).save_pretrained({preset!r})\"")
+    large = (f"; they are made in RAM first, so for a preset this size plan the real model's folder or Hub id with "
+             f"--layerwise-casting instead" if size > LARGE_PRESET_BYTES else "")
+    return (f"--layerwise-casting plans the load of a saved folder, and the {preset} preset is built in memory, never "
+            f"saved. Save it into a folder here first: {save} (writes ./{preset}, {format_bytes(size)} of random "
+            f"weights{large}), then plan that folder: placement plan ./{preset} --layerwise-casting {casting} (with "
+            "your other flags).")
+
+
+LARGE_PRESET_BYTES = 4 * 2**30  # above it, saving random weights is no quick step: say what else to plan
 
 
 KEYS = ("height", "width", "num_inference_steps", "guidance_scale")

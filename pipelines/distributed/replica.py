@@ -229,15 +229,26 @@ def _has_accelerators(max_memory: Optional[Mapping], group_size: Optional[int]) 
     """Whether this node plans replicas over accelerators; without any, GPU budgets or a group size are an error."""
     if detect_accelerators().count:
         return True
-    named = [device_label(key) for key in (max_memory or {}) if is_accelerator(placement.normalize_device(key))]
+    check_gpu_budgets_have_gpus(max_memory, group_size=group_size, runs="every replica would run")
+    return False
+
+
+def check_gpu_budgets_have_gpus(max_memory: Optional[Mapping], *, group_size: Optional[int] = None,
+                                runs: str = "the pipeline would run") -> None:
+    """On a machine without accelerators, budgets naming GPUs (or a GPU group size) are an error, never ignored: a
+    run given them would run on the CPU anyway, and its plan's advice would speak of GPUs it does not have."""
+    if detect_accelerators().count:
+        return
+    named = [device_label(key) for key in map(placement.normalize_device, max_memory or {}) if is_accelerator(key)]
     if named or group_size is not None:
         asked = f"max_memory names {', '.join(named)}" if named else f"group_size={group_size} asks for GPU groups"
         raise ReplicaLoadError(
-            f"{asked}, but this machine has no accelerator, so every replica would run on the CPU. Run on a "
-            "machine with GPUs, or set PLACEMENT_VIRTUAL_ACCELERATORS=N to try N CPU-backed accelerators "
-            "(replicas, groups and budgets then behave as on GPUs)."
+            f"{asked}, but this machine has no accelerator (no CUDA, XPU or MPS device is visible), so {runs} on "
+            "the CPU. Give budgets only for cpu and disk (or none), run on a machine with GPUs, or set "
+            "PLACEMENT_VIRTUAL_ACCELERATORS=N to try N CPU-backed accelerators (replicas, groups and budgets then "
+            "behave as on GPUs). To see where it would go on those GPUs, plan it (`placement plan`, or "
+            "plan_placement in Python): a plan is made for any budgets."
         )
-    return False
 
 
 def _load_on_group(cls, pretrained, group: Optional[placement.ReplicaGroup], *, strategy, max_memory,

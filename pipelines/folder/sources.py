@@ -25,6 +25,7 @@ from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, Weig
 from ..errors import FolderError
 from .class_registry import LIBRARY, find_library_class
 from .model_index import ComponentSpec, ModelIndex, resolve_class
+from .paths import looks_like_a_path
 
 
 class OwnModel(nn.Module):
@@ -106,11 +107,6 @@ def resolve_folder(name_or_path: str | Path, *, allow_patterns: Sequence[str] | 
             "for a Hub id, check its spelling, your network, and HF_TOKEN for gated or private repositories."
         ) from error
     return _with_subfolder(Path(snapshot), subfolder)
-
-
-def looks_like_a_path(text: str) -> bool:
-    """"./x", "x/", "/x", "~/x", "a/b/c", "C:\\x": a local path, never a Hub id ("name" or "owner/name")."""
-    return text.startswith((".", "/", "~")) or text.endswith("/") or "\\" in text or text.count("/") > 1
 
 
 def _is_repo_id(text: str) -> bool:

@@ -115,25 +115,37 @@ _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.in
                  "*.pth", "*.ckpt")
 
 
-def missing_weights_notes(metas: Mapping[str, MetaComponent], sources: Mapping[str, ComponentSource], *,
-                          variant: str | None, saved_here: bool) -> list[str]:
-    """One plan note per component built from its folder without weights where weights were expected (its folder
-    holds weight files of another kind, another component has weights, or this library saved the folder); a
-    configs-only folder is planned without a word."""
+def check_expected_weights(metas: Mapping[str, MetaComponent], sources: Mapping[str, ComponentSource], *,
+                           variant: str | None, saved_here: bool) -> list[str]:
+    """Refuse to plan a local folder missing weights where weights were expected (another component has weights,
+    or the component's folder holds weight files of another kind): a plan is made for the load, which cannot
+    happen, so its verdict would be half an answer. A folder without any weights is planned from its configs, as
+    documented; the notes returned say which components a folder this library saved has lost (a configs-only copy
+    of it, or weights all gone: the load will tell)."""
     others_have = any(meta.weights is not None for meta in metas.values())
-    notes = []
-    for name, meta in metas.items():
-        source = sources.get(name)
-        if meta.weights is not None or source is None or meta.owner is not None and meta.owner.single_file:
-            continue
-        if others_have or saved_here or holds_weight_files(source.folder):
-            notes.append(missing_weights_note(name, source.folder, source.cls, variant))
-    return notes
+    missing = {name: source for name, meta in metas.items() if (source := sources.get(name)) is not None
+               and meta.weights is None and not (meta.owner is not None and meta.owner.single_file)}
+    broken = [missing_weights_line(name, source.folder, source.cls, variant) for name, source in missing.items()
+              if others_have or holds_weight_files(source.folder)]
+    if broken:
+        raise missing_weights_error(broken)
+    if not saved_here:
+        return []
+    return [f"{missing_weights_line(name, source.folder, source.cls, variant)} The plan sized it from its "
+            "config.json; loading it will fail until its weights are there." for name, source in missing.items()]
 
 
-def missing_weights_note(name: str, folder: Path, cls: type, variant: str | None) -> str:
-    return (f"{name}: {why_missing(folder, cls, variant)} The plan sized it from its config.json; loading it will "
-            "fail until its weights are there.")
+def missing_weights_line(name: str, folder: Path, cls: type, variant: str | None) -> str:
+    return f"{name}: {why_missing(folder, cls, variant)}"
+
+
+def missing_weights_error(lines: Sequence[str]) -> WeightsNotFoundError:
+    which = "a component's weights are" if len(lines) == 1 else f"{len(lines)} components' weights are"
+    return WeightsNotFoundError(
+        f"This folder cannot load as it is: {which} missing. " + " ".join(lines) + " Restore them (download the "
+        "folder or save the pipeline again): until then it can be neither loaded nor planned, as a plan is made for "
+        "its load. A folder of configs only (no weights at all) is planned from its configs, as is a Hub id."
+    )
 
 
 def holds_weight_files(folder: Path) -> bool:
@@ -246,13 +258,12 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
                       stacklevel=caller_stacklevel())
         opened = open_folder(cls, request, passed, generic=True)
     metas = build_components(opened, request, weights_required=False)
+    notes = [] if not request.local else (  # a Hub pipeline is planned from its configs alone, by design
+        check_expected_weights(metas, opened.sources, variant=request.options.variant,
+                               saved_here=opened.index.save_id is not None))
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
-    plan = plan_folder_pipeline(pipe, request, metas, passed)
-    if not request.local:  # a Hub pipeline is planned from its configs alone, by design
-        return plan
-    return with_notes(plan, missing_weights_notes(metas, opened.sources, variant=request.options.variant,
-                                                  saved_here=opened.index.save_id is not None))
+    return with_notes(plan_folder_pipeline(pipe, request, metas, passed), notes)
 
 
 def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],

@@ -24,9 +24,9 @@ from ..hf.single_file import is_single_file
 from .formats import build_single_file_component, check_planned_formats, formats_of_metas
 from .limits import BuildLimit
 from .meta import MetaComponent, build_component, computing_on_meta, parse_layerwise_casting
-from .pipeline_loader import holds_weight_files, missing_weights_note
+from .pipeline_loader import holds_weight_files, missing_weights_error, missing_weights_line
 from .placing import check_plan_devices, check_requested_devices, place_component
-from .planning import component_origin, label_dtypes, plan_modules, with_measured_disk_speed, with_notes
+from .planning import component_origin, label_dtypes, plan_modules, with_measured_disk_speed
 from .request import DeviceMapKind, DeviceMapRequest, LoadOptions, LoadRequest, Scope, resolve_request
 
 
@@ -63,11 +63,11 @@ def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
                                quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                                offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                                progress=False, hub=hub, weights_required=False)
-        plan = _plan(meta, request)
-    if meta.weights is None and request.local and request.folder is not None and holds_weight_files(request.folder):
-        plan = with_notes(plan, [missing_weights_note(meta.name, request.folder, type(meta.module),
-                                                      request.options.variant)])
-    return plan
+        if meta.weights is None and request.local and request.folder is not None \
+                and holds_weight_files(request.folder):  # a shard gone, say: the load this plan is for cannot be
+            raise missing_weights_error([missing_weights_line(meta.name, request.folder, type(meta.module),
+                                                              request.options.variant)])
+        return _plan(meta, request)
 
 
 def _libraries(pretrained, config, subfolder) -> tuple[str, ...]:

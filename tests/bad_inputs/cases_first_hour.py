@@ -122,6 +122,26 @@ def _a_16_gib_laptop(tmp: Path):
         yield
 
 
+@contextmanager
+def _no_accelerator(tmp: Path):
+    """No CUDA, XPU or MPS device and no PLACEMENT_VIRTUAL_ACCELERATORS, whatever this machine has."""
+    import pipelines.distributed.replica
+    from placement.devices import Accelerators
+
+    with _patched(pipelines.distributed.replica, "detect_accelerators", lambda: Accelerators(count=0, kind="cuda")):
+        yield
+
+
+def _hub_checked(tmp: Path, target: str):
+    with _hub_is_recorded(tmp):
+        return cli("plan", target)(tmp)
+
+
+def _laptop_plan(tmp: Path):
+    with _a_16_gib_laptop(tmp):
+        return cli("plan", "flux-like")(tmp)
+
+
 CASES = [
     Case(name="cli: run --out that is a regular file", run=with_tiny_dit(*RUN, "--out", "{tmp}/prompts.txt"),
          error=CLI, words=("--out", "prompts.txt", "is a file, not a folder"),
@@ -169,14 +189,19 @@ CASES = [
          error=CLI, words=("Likeliest fixes first: (1)", "--dtype bf16 --max-memory 2x24GiB,cpu=64GiB",
                            "(2) Its weights must go to disk")),
     Case(name="cli: --version", run=cli("--version"), error=None),
+    Case(name="cli: run a local folder that does not exist",
+         run=cli("run", "{tmp}/no-such", "--prompts", "{pipe}/model_index.json", "--out", "{tmp}/images"),
+         error=CLI, words=("No such folder", "no-such", "owner/name"), harm=lambda tmp: (tmp / "images").exists()),
+    Case(name="cli: inspect a local folder that does not exist", run=cli("inspect", "./no-such-pipeline-folder"),
+         error=CLI, words=("No such folder", "no-such-pipeline-folder")),
+    Case(name="cli: run --max-memory 0=1GiB on a machine without a GPU",
+         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", "--max-memory", "0=1GiB", patch=_no_accelerator),
+         error=CLI, words=("--max-memory names GPU 0", "no accelerator", "would run on the CPU",
+                           "only for cpu and disk", "PLACEMENT_VIRTUAL_ACCELERATORS=N"),
+         harm=lambda tmp: (tmp / "images").exists()),
+    Case(name="cli: plan a folder whose weights file was deleted",
+         run=with_tiny_dit("plan", "{tmp}/tiny-dit", "--max-memory", "cpu=1GiB",
+                           before=lambda tmp: (tmp / "tiny-dit" / "vae" / "diffusion_pytorch_model.safetensors").unlink()),
+         error=CLI, words=("cannot load as it is", "vae: No weights in", "tiny-dit/vae",
+                           "diffusion_pytorch_model.safetensors")),
 ]
-
-
-def _hub_checked(tmp: Path, target: str):
-    with _hub_is_recorded(tmp):
-        return cli("plan", target)(tmp)
-
-
-def _laptop_plan(tmp: Path):
-    with _a_16_gib_laptop(tmp):
-        return cli("plan", "flux-like")(tmp)

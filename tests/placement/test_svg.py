@@ -39,6 +39,16 @@ def test_every_component_and_device_appears_with_its_numbers():
     assert all(f"{a} -> {b}" in titles for a, b in plan.crossing_edges) and plan.crossing_edges
 
 
+def test_a_plan_without_a_call_says_in_the_picture_that_activations_were_not_counted():
+    parts = {"text_encoder": whole(2), "denoiser": component([0.5] * 16, head=0.5)}
+    budgets = {0: "4GiB", "cpu": "64GiB"}
+    without = " ".join(texts(placement.plan(parts, max_memory=budgets).to_svg()))
+    assert "Activations NOT counted (planned without a call): each bar is weights + streaming working set only" in \
+        without and "--height and --width with placement plan" in without
+    with_call = placement.plan(parts, max_memory=budgets, activations={"denoiser": GiB // 4})
+    assert with_call.activations_accounted and "NOT counted" not in " ".join(texts(with_call.to_svg()))
+
+
 def test_names_that_need_escaping_stay_valid_xml():
     plan = placement.plan({"a<&>b": whole(1)}, max_memory={0: "4GiB", "cpu": "64GiB"})
     assert "a<&>b" in texts(plan.to_svg())

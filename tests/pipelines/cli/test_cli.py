@@ -110,3 +110,24 @@ def test_help_works_and_the_console_script_is_this_main(capsys):
             main(argv)
         out = capsys.readouterr().out
         assert exit_info.value.code == 0 and all(word in out for word in expected)
+
+
+def test_layerwise_casting_on_a_preset_gives_the_commands_that_make_and_plan_its_folder(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """The hint names commands the user can run here (no folder `placement demo` deleted): they work as printed."""
+    import re
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "tiny-dit", "--layerwise-casting", "denoiser=fp8"]) == 2
+    said = capsys.readouterr().err
+    save, plan = re.search(r"Save it into a folder here first: (python -c \".*\") \(writes ./tiny-dit, .* of random "
+                           r"weights\), then plan that folder: (placement plan .*) \(with your other flags\)", said).groups()
+    assert "placement demo" not in said
+    exec(shlex.split(save)[2])  # what `python -c` would run, here
+    assert main(shlex.split(plan)[1:] + ["--max-memory", "cpu=1GiB"]) == 0
+    assert "layerwise float8_e4m3fn" in capsys.readouterr().out
+
+    assert main(["plan", "flux-like", "--layerwise-casting", "transformer=fp8"]) == 2  # a name the preset lacks
+    assert "names 'transformer', which the flux-like preset does not have; its components are text_encoder, " \
+           "text_encoder_2, denoiser, vae." in capsys.readouterr().err

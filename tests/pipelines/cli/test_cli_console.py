@@ -47,6 +47,37 @@ print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
     assert "Traceback" not in done.stderr
 
 
+def test_a_target_that_names_nothing_is_told_before_torch_loads(tmp_path):
+    """A missing folder (plan, run, inspect), a preset one letter off and an --out that is a file: one line and exit
+    code 2 in well under a second, because nothing imports torch on the way (checked, not timed)."""
+    out_file = tmp_path / "taken.txt"
+    out_file.write_text("not a folder")
+    probe = f"""
+import sys
+from pipelines.cli import main
+results = []
+for argv in (["plan", "/no/such/folder"], ["run", "/no/such", "--prompts", "p.txt", "--out", "o"],
+             ["inspect", "/no/such"], ["plan", "tiny_dit"], ["plan", "./no-such", "--svg", "{tmp_path}"],
+             ["run", "tiny-dit", "--prompts", "p.txt", "--out", "{out_file}"]):
+    results.append(main(argv))
+print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
+"""
+    done = run_child([sys.executable, "-c", probe], env=env())
+    result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    assert result == "RESULT [2, 2, 2, 2, 2, 2] False False", done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[:3] == [f"placement {command}: error: No such folder: {target!r} (looked for "
+                         f"{str(Path(target).resolve())!r}). Check the path; a Hub id is written owner/name."
+                         for command, target in (("plan", "/no/such/folder"), ("run", "/no/such"),
+                                                 ("inspect", "/no/such"))]
+    assert lines[3].startswith("placement plan: error: 'tiny_dit' is not a preset; did you mean 'tiny-dit'?")
+    assert lines[4] == f"placement plan: error: --svg {str(tmp_path)!r} is a folder; name a file in it, e.g. " \
+                       f"{str(tmp_path / 'plan.svg')!r}."
+    assert lines[5] == f"placement run: error: --out {str(out_file)!r} is a file, not a folder; name a folder (it " \
+                       "is made if it does not exist)."
+    assert len(lines) == 6, done.stderr
+
+
 def test_the_no_accelerator_warning_is_printed_once_in_flag_names():
     done = placement_command("plan", "tiny-dit", "--max-memory", "cpu=8GiB")
     both = done.stdout + done.stderr

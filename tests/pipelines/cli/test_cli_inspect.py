@@ -38,3 +38,4 @@ def test_plan_svg_is_written_and_names_every_component_and_device(tmp_path, caps
     assert f"Plan picture written to {target}" in capsys.readouterr().out
     texts = [t.text for t in ET.parse(target).getroot().iter("{http://www.w3.org/2000/svg}text")]
     assert {"text_encoder", "text_encoder_2", "denoiser", "vae", "GPU 0", "GPU 1", "CPU"} <= set(texts)
+    assert any(text.startswith("Activations NOT counted (planned without a call)") for text in texts)  # no --height

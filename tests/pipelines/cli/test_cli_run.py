@@ -128,6 +128,28 @@ def test_group_size_without_torchrun_is_an_error_not_ignored(tiny, tmp_path, cap
         capsys.readouterr().err
 
 
+def test_gpu_budgets_on_a_machine_without_accelerators_are_an_error_not_ignored(tiny, tmp_path, capsys,
+                                                                                monkeypatch):
+    """As the README says: a plain run given --max-memory 0=... with no accelerator at all would run on the CPU
+    and advise about a GPU it lacks; it is refused before anything is planned, naming the GPU and what to do."""
+    import pipelines.distributed.replica as replica
+    from placement.devices import Accelerators
+
+    argv = ["run", str(tiny), "--prompts", str(prompts_file(tmp_path, 1)), "--out", str(tmp_path / "o"),
+            "--max-memory", "0=2GiB,cpu=4GiB", *CALL]
+    with monkeypatch.context() as no_gpu:
+        no_gpu.setattr(replica, "detect_accelerators", lambda: Accelerators(count=0, kind="cuda"))
+        assert main(argv) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith("placement run: error: --max-memory names GPU 0, but this machine has no "
+                                  "accelerator (no CUDA, XPU or MPS device is visible), so the pipeline would run on "
+                                  "the CPU. Give budgets only for cpu and disk (or none)"), printed.err
+    assert "PLACEMENT_VIRTUAL_ACCELERATORS=N" in printed.err and "Verdict" not in printed.out
+    assert not (tmp_path / "o").exists()
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")  # with an accelerator the same budgets are used
+    assert main(argv) == 0 and "1 image(s) made" in capsys.readouterr().out
+
+
 def test_one_bar_counts_every_step_of_every_image(tiny):
     pipe = TextToImagePipeline.from_pretrained(tiny, progress=False)
     assert run_bar(images=2, steps=3, enabled=True).total == 6
