@@ -13,13 +13,13 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import sys
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from ..checkpoint.saving import write_file_atomically
 from ..errors import ImageRunError
 
 
@@ -142,21 +142,11 @@ class RunFolder:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary sibling and a rename (readers see old or new, never a part), with the
-    umask's mode rather than mkstemp's 0600; a failure names `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    """`data` into `path`, whole or not at all (`write_file_atomically`); a failure names `path`."""
     try:
-        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise write_error(path, error) from error
-        raise
+        write_file_atomically(path, data)
+    except OSError as error:
+        raise write_error(path, error) from error
 
 
 def write_error(path: Path, error: OSError) -> ImageRunError:
