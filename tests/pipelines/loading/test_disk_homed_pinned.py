@@ -2,7 +2,8 @@
 the version it loaded while another thread saves over the folder (atomically), in every round of a race. Its
 files are hard-linked into the offload folder at load; where no link can be made (another filesystem), each read
 checks the file's identity and a changed, replaced, deleted or cut file fails the call with OffloadConflictError
-naming it — never a mix of two versions, never a raw error. Over two strict virtual accelerators."""
+naming it — never a mix of two versions, never a raw error. The denoiser homed on disk whole (accelerate's hooks
+read it) and streamed per call (group offloading's checkpoint store). Over two strict virtual accelerators."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hooks.errors import OffloadConflictError
 from hooks.pinned_files import PINNED_PREFIX
 
 from pipeline_fixtures import USER_IDS, TinyUserPipeline, tiny_user_pipeline
+from placed_kinds import kind_plan
 from same_output import assert_same_output, same_output
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
@@ -37,15 +39,24 @@ def outputs():
     return {seed: tiny_user_pipeline(seed)(USER_IDS) for seed in (0, 1, 2)}
 
 
-def load(folder: Path, offload: Path, *, links: bool, monkeypatch) -> TinyUserPipeline:
+def per_call_plan(folder: Path):
+    """The denoiser executed on GPU 0, its block 0 loaded from RAM per call and block 1 streamed from the disk
+    (group offloading's checkpoint store, read ahead on a background thread)."""
+    base = TinyUserPipeline.plan_placement(folder, max_memory={0: "1GiB", 1: "1GiB", "cpu": "1GiB"})
+    denoiser = tiny_user_pipeline(0).denoiser
+    return kind_plan(base, {"denoiser": denoiser}, "per_call", {"denoiser": ("blocks.0", "blocks.1")})
+
+
+def load(folder: Path, offload: Path, *, links: bool, monkeypatch, per_call: bool = False) -> TinyUserPipeline:
+    device_map = per_call_plan(folder) if per_call else DISK_DENOISER
     with monkeypatch.context() as patched:
         if not links:  # an offload folder on another filesystem: os.link fails with EXDEV
             def cross_device(*args, **kwargs):
                 raise OSError(errno.EXDEV, "Invalid cross-device link")
             patched.setattr(os, "link", cross_device)
-        pipe = TinyUserPipeline.from_pretrained(folder, device_map=DISK_DENOISER, offload_folder=offload,
+        pipe = TinyUserPipeline.from_pretrained(folder, device_map=device_map, offload_folder=offload,
                                                 progress=False)
-    assert pipe.hf_device_map["denoiser"] == "disk"
+    assert "disk" in pipe.hf_device_map.values()
     return pipe
 
 
@@ -53,12 +64,13 @@ def denoiser_file(folder: Path) -> Path:
     return next((folder / "denoiser").glob("*.safetensors"))
 
 
+@pytest.mark.parametrize("per_call", [False, True], ids=["disk", "streamed-per-call"])
 @pytest.mark.parametrize("links", [True, False], ids=["hard-linked", "checked-in-place"])
 def test_every_round_of_a_race_with_saves_computes_the_loaded_version_or_raises(tmp_path, monkeypatch, outputs,
-                                                                                   links):
+                                                                                   links, per_call):
     folder = tmp_path / "pipe"
     tiny_user_pipeline(0).save_pretrained(folder)
-    pipe = load(folder, tmp_path / "offload", links=links, monkeypatch=monkeypatch)
+    pipe = load(folder, tmp_path / "offload", links=links, monkeypatch=monkeypatch, per_call=per_call)
     assert_same_output(pipe(USER_IDS), outputs[0])  # float32 on one CPU: the same sums
     others = {seed: tiny_user_pipeline(seed) for seed in (1, 2)}
     saving, results = threading.Event(), []
