@@ -218,7 +218,8 @@ def test_a_model_load_model_returns_saves_atomically_over_another_version(tmp_pa
         other.save_pretrained(target, max_shard_size="20KB")  # diffusers writes one shard after another
     assert contents(target) == before and hidden(tmp_path) == []
     other.save_pretrained(target)  # one file now: the old shards and index go, the README stays
-    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json", "diffusion_pytorch_model.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json",
+                                                        "diffusion_pytorch_model.safetensors"]
     assert copy.deepcopy(other).save_pretrained.obj is not other
     if device_map is None:  # the atomic save is no obstacle to pickling (accelerate's hooks are, placed)
         assert isinstance(pickle.loads(pickle.dumps(other)), diffusers.FluxTransformer2DModel)

@@ -190,8 +190,8 @@ def _a_hard_link_to(outside: Path):
 
 @pytest.mark.parametrize("make, said", [(_a_link_to, "a symbolic link (to "), (_a_hard_link_to, "2 hard links"),
                                         (lambda outside: Path.mkdir, "is a folder")])
-def test_a_lock_path_that_is_not_a_plain_file_is_refused_and_nothing_outside_is_written(tiny, prompts, tmp_path,
-                                                                                        capsys, never_plans, make, said):
+def test_a_lock_path_that_is_not_a_plain_file_is_refused_and_nothing_outside_is_written(
+        tiny, prompts, tmp_path, capsys, never_plans, make, said):
     """A symbolic link there used to be followed (the file it names truncated, the pid written into it); a folder
     there gave a raw IsADirectoryError."""
     outside = tmp_path / "precious.txt"

@@ -90,7 +90,8 @@ def test_every_round_of_a_race_with_saves_computes_the_loaded_version_or_raises(
             assert str(denoiser_file(folder)) in str(error) and "Load the pipeline" in str(error)
             results.append(None)
     thread.join()
-    mixed = [index for index, result in enumerate(results) if result is not None and not same_output(result, outputs[0])]
+    mixed = [index for index, result in enumerate(results)
+             if result is not None and not same_output(result, outputs[0])]
     assert mixed == [], f"rounds {mixed} computed neither the loaded version nor raised"
     if links:  # pinned: the loaded version, every round and after the last save
         assert None not in results and same_output(pipe(USER_IDS), outputs[0])

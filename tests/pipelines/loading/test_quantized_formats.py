@@ -143,7 +143,8 @@ def test_a_cut_or_random_gguf_file_is_a_folder_error_naming_it(tmp_path, damage,
     """gguf's reader says these with a bare ValueError (numpy's reshape error for a cut file)."""
     pytest.importorskip("gguf")
     folder = save_flux(tmp_path)
-    path = write_gguf(diffusers.FluxTransformer2DModel.from_pretrained(folder).state_dict(), tmp_path / "f.gguf", "Q8_0")
+    dense = diffusers.FluxTransformer2DModel.from_pretrained(folder)
+    path = write_gguf(dense.state_dict(), tmp_path / "f.gguf", "Q8_0")
     path.write_bytes(damage(path.read_bytes()))
     for entry in (lambda: pipelines.plan_model(path, config=folder, max_memory={0: "1GiB"}),
                   lambda: pipelines.load_model(path, config=folder, progress=False)):
