@@ -111,8 +111,8 @@ def _link(source: str, folder: Path, *, number: int, recorded: Mapping[str, int]
     except OSError:  # another filesystem, no hard links there, a read-only offload folder: read in place
         return source
     if recorded is not None and identity_now(link, recorded) != dict(recorded):
-        link.unlink()  # saved over between the load's read and this link: that is not the version loaded
-        raise _changed(source, "it was replaced while the model was loading")
+        shutil.rmtree(folder, ignore_errors=True)  # saved over between the load's read and this link: not the
+        raise _changed(source, "it was replaced while the model was loading")  # version loaded; the load fails
     return str(link)
 
 

@@ -129,3 +129,28 @@ def test_the_links_go_with_the_pipeline_and_a_dead_process_leaves_none_behind(tm
     del pipe
     gc.collect()
     assert [entry.name for entry in offload.iterdir()] == []
+
+
+def test_a_file_saved_over_between_its_header_and_its_link_is_never_pinned_as_the_version_loaded(
+        tmp_path, monkeypatch, outputs):
+    """The identity is recorded before the header is read: a save landing before the link is made fails a model's
+    load, and a pipeline's load (a snapshot of one save) is read again, whole, from the new version."""
+    from pipeline_fixtures import Denoiser
+
+    folder, offload = tmp_path / "pipe", tmp_path / "offload"
+    tiny_user_pipeline(0).save_pretrained(folder)
+    real_link, saved = os.link, []
+
+    def saved_over_first(source, destination, *args, **kwargs):
+        if PINNED_PREFIX in str(destination) and not saved:  # the pin's link (the save links its carried entries)
+            saved.append(True)
+            tiny_user_pipeline(1).save_pretrained(folder)
+        return real_link(source, destination, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", saved_over_first)
+    with pytest.raises(OffloadConflictError, match="replaced while the model was loading"):
+        Denoiser.from_pretrained(folder / "denoiser", device_map={"": "disk"}, offload_folder=offload, progress=False)
+    assert [entry.name for entry in offload.iterdir()] == []
+    saved.clear()
+    pipe = TinyUserPipeline.from_pretrained(folder, device_map=DISK_DENOISER, offload_folder=offload, progress=False)
+    assert same_output(pipe(USER_IDS), outputs[1]) and len(saved) == 1
