@@ -35,6 +35,7 @@ from .gather import served_slots, unwrap
 from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, runs_forward
 from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_entry_methods, move_to_device
 from .input_moving import remove_glue, restore_entry_methods
+from .pinned_files import PinnedWeightsLoader
 from .techniques import Handle, Technique, TechniqueSpec, follows_transfer_plan, register
 from .techniques import streams_everything
 from .tensor_slots import StandIns, TensorSlot
@@ -150,7 +151,7 @@ def _weights_map(module: nn.Module, cpu_keys: list[str], disk_index, main: Devic
                                                                                               cpu_keys)
     # Disk tensors are read straight onto the execution device (as accelerate does with an offload index).
     device = safetensors_device(torch_device(main))
-    return OffloadedWeightsLoader(state_dict=state_dict, index=disk_index, device=device)
+    return PinnedWeightsLoader(state_dict=state_dict, index=disk_index, device=device)
 
 
 def serve_weights(entry: nn.Module, key: str, place: Device, weights_map, tied_params_map) -> None:
@@ -223,7 +224,7 @@ def _place_direct_tensors(
             "named_modules()."
         )
     placed = dict(device_map)
-    served = OffloadedWeightsLoader(index=disk_index) if disk_index else {}
+    served = PinnedWeightsLoader(index=disk_index) if disk_index else {}
     for key, device in device_map.items():
         if key in modules:
             continue

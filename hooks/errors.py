@@ -15,7 +15,8 @@ class OffloadConfigError(PlacementRuntimeError, ValueError):
 
 class OffloadConflictError(PlacementRuntimeError, RuntimeError):
     """An operation that would fight a placement over a module's weights (a second technique, `.to()`, an edit
-    the placement cannot serve); the message says what to remove first (`reset_device_map()`)."""
+    the placement cannot serve, a disk-homed weights file that changed under it); the message says what to do
+    (`reset_device_map()` first, or load again)."""
 
 
 __all__ = ["OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError"]

@@ -132,7 +132,7 @@ def read_into_memory(weights_map: Mapping, key: str) -> torch.Tensor:
     """`weights_map[key]` as a CPU tensor (an index read straight into memory, not onto the hook's device)."""
     base, full_key = unwrap(weights_map, key)
     if isinstance(base, OffloadedWeightsLoader) and full_key not in base.state_dict:
-        one = OffloadedWeightsLoader(index={full_key: base.index[full_key]}, save_folder=base.save_folder)
+        one = type(base)(index={full_key: base.index[full_key]}, save_folder=base.save_folder)  # checks kept
         return one[full_key]
     return base[full_key].to("cpu")
 

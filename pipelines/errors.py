@@ -53,7 +53,8 @@ class CheckpointShapeError(FolderError):
 
 
 class CheckpointSaveError(FolderError, RuntimeError):
-    """Saving failed, the existing checkpoint untouched; a save nested in another's is said once, for the outer."""
+    """Saving failed (a checkpoint, or a file the CLI writes), the existing one untouched; a save nested in
+    another's is said once, for the outer."""
 
 
 def list_names(names: Iterable[str]) -> str:

@@ -10,12 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import safetensors.torch
 import torch
-from accelerate.utils import OffloadedWeightsLoader
 from safetensors import safe_open
 
 from placement.devices import safetensors_device
 
 from ..errors import OffloadConfigError
+from ..pinned_files import PinnedWeightsLoader
 from ..tensor_slots import ModelTensor
 
 
@@ -140,7 +140,7 @@ class CheckpointStore:
     home = "disk"
 
     def __init__(self, *, disk_weights: Mapping[str, Mapping[str, str]], pin_memory: bool) -> None:
-        self._loader = OffloadedWeightsLoader(index={key: dict(info) for key, info in disk_weights.items()})
+        self._loader = PinnedWeightsLoader(index={key: dict(info) for key, info in disk_weights.items()})
         self._host = HostStore(offload_device=torch.device("cpu"), pin_memory=pin_memory)
         self._on_disk: dict[str, torch.Tensor] = {}  # key -> its meta placeholder
         self.pin_memory = pin_memory

@@ -124,6 +124,16 @@ def write_json(path: Path, content: Any, *, sort_keys: bool = True) -> Path:
     return path
 
 
+IDENTITY_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns")
+
+
+def file_identity(path: str | Path) -> dict[str, int]:
+    """What tells one version of a file from another: a save over it (a new file renamed into place) changes the
+    inode, a write into it the size or modification time. A symlink (the Hugging Face cache) is followed."""
+    status = os.stat(path)
+    return {field: getattr(status, field) for field in IDENTITY_FIELDS}
+
+
 def read_config_dict(folder: str | Path, file_name: str = CONFIG_NAME) -> dict[str, Any]:
     path = Path(folder) / file_name
     if not path.is_file():

@@ -10,7 +10,7 @@ import json
 import re
 import stat
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..errors import CheckpointShapeError, FolderError, WeightsNotFoundError, list_names
-from .files import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, parse_json, pickle_files_in, variants_in
+from .files import DIFFUSERS_WEIGHTS_NAME, WeightsNaming, file_identity, parse_json, pickle_files_in, variants_in
 
 
 # safetensors dtype codes -> torch dtypes (the codes `safe_open(...).get_slice(k).get_dtype()` returns).
@@ -57,6 +57,8 @@ class WeightsIndex:
     naming: WeightsNaming
     index_file: Path | None
     tensors: Mapping[str, TensorEntry]
+    # each file's identity (`file_identity`) before its header was read: what disk-homed reads check against
+    identities: Mapping[Path, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -106,12 +108,26 @@ def find_weights(folder: str | Path, *, weights_name: str = DIFFUSERS_WEIGHTS_NA
     _refuse_special_files([index_path, single])
     if index_path.is_file():
         weight_map = _read_index(index_path)
+        identities = _identities(folder / name for name in weight_map.values())  # before the headers are read
         tensors = _tensors_from_index(folder, index_path, weight_map)
-        return WeightsIndex(folder=folder, naming=naming, index_file=index_path, tensors=tensors)
+        return WeightsIndex(folder=folder, naming=naming, index_file=index_path, tensors=tensors,
+                            identities=identities)
     if single.is_file():
+        identities = _identities([single])
         tensors = {entry.name: entry for entry in read_header(single)}
-        return WeightsIndex(folder=folder, naming=naming, index_file=None, tensors=tensors)
+        return WeightsIndex(folder=folder, naming=naming, index_file=None, tensors=tensors, identities=identities)
     raise _no_weights_error(folder, naming)
+
+
+def _identities(paths: Iterable[Path]) -> dict[Path, dict[str, int]]:
+    """Each file's identity (`file_identity`) as found, absent ones left out (their error comes with the headers)."""
+    found = {}
+    for path in dict.fromkeys(paths):
+        try:
+            found[path] = file_identity(path)
+        except OSError:
+            continue
+    return found
 
 
 def read_header(path: Path) -> list[TensorEntry]:

@@ -150,6 +150,28 @@ def _exchange(first: Path, second: Path) -> bool:
     return result == 0
 
 
+def write_file_atomically(path: str | Path, data: bytes) -> Path:
+    """`data` into the file `path` through a temporary sibling, flushed to disk and renamed over it: a reader, a
+    crash or a full disk sees the old file or the new one, never a part, and a link at `path` is replaced, never
+    followed. The file gets the umask's mode (not mkstemp's 0600). A failure removes the temporary file and raises
+    the OSError with `path` as its file name."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename != str(path):
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
+    return path
+
+
 WRITE_ERRORS = (OSError, SafetensorError)
 # How Rust's std::io::Error shows an OS error: "File too large (os error 27)".
 _RUST_OS_ERROR = re.compile(r"\(os error \d+\)|Os \{ code: \d+")

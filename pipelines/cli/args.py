@@ -285,14 +285,29 @@ def path_problem(path: Path | str | None, *, flag: str, folder: bool) -> str | N
 
 
 def write_text(path: Path | str, text: str) -> None:
-    """`text` into the file `path`, or onto stdout for "-"."""
+    """`text` into the file `path` (see `write_file`), or onto stdout for "-"."""
     text = text if text.endswith("\n") else text + "\n"
     if path == "-":
         sys.stdout.write(text)
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_file(Path(path), text.encode("utf-8"))
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """`data` into the file `path` (through a link the user made there: into the file it names), whole or not at
+    all: a full disk leaves the previous file as it was and names the path."""
+    from ..checkpoint.saving import write_file_atomically
+    from ..errors import CheckpointSaveError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomically(path.resolve() if path.is_symlink() else path, data)
+    except OSError as error:
+        raise CheckpointSaveError(
+            f"Cannot write {str(path)!r}: {error.strerror or error}"
+            f"{f' (errno {error.errno})' if error.errno else ''}. The file there (if any) is unchanged; free disk "
+            "space or fix the permissions, or choose another path."
+        ) from error
 
 
 _INVALID_CHOICE = re.compile(

@@ -11,12 +11,13 @@ a trained model.
 from __future__ import annotations
 
 import argparse
+import io
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from .args import budgets_arg, image_output_arg, positive_int_arg
+from .args import budgets_arg, image_output_arg, positive_int_arg, write_file, write_text
 
 PROMPT = "a lighthouse on a cliff at sunset"
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         generator = torch.Generator().manual_seed(args.seed)
         image = pipe(PROMPT, height=args.size, width=args.size, num_inference_steps=args.steps,
                      generator=generator, output_type="pil").images[0]
-        image.save(args.output)
+        write_file(args.output, encoded(image, args.output))
         print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}. "
               "The preset's weights are random, so the image is noise: it shows the pipeline ran, not a picture.")
 
@@ -77,8 +78,17 @@ def run(args: argparse.Namespace) -> int:
                                                            call={"height": args.size, "width": args.size})
         print(in_flag_names(simulated.explain()).replace("given (--max-memory)", "given (--simulate)"))
     picture = args.output.with_name("plan.svg")
-    picture.write_text(simulated.to_svg())
+    write_text(picture, simulated.to_svg())
     print(f"\nThat plan's picture: {picture} (open it in a browser).")
     print(f"Done in {time.perf_counter() - started:.1f} s. Next: placement plan flux-like "
           "--max-memory 2x24GiB --dtype bf16 --height 1024 --width 1024 --svg flux.svg")
     return 0
+
+
+def encoded(image, path: Path) -> bytes:
+    """`image` in the format `path`'s extension names (PIL's own choice), as bytes written whole by `write_file`."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    image.save(buffer, format=Image.registered_extensions()[path.suffix.lower()])
+    return buffer.getvalue()

@@ -3,23 +3,27 @@ and per image its prompt, seed, rank, GPUs, seconds, file or error).
 
 Each file is written through a temporary file renamed into place, so a stopped run leaves whole files only; an
 image run.json does not list (the run stopped between the two writes) is made again. A rerun skips the images
-done; one of another source, call or seed is refused unless `overwrite`. `run_lock` makes a run OUT's only
-writer: an exclusive `flock` the kernel drops however the process ends (kill -9 included), so a crashed run
-never blocks the next, and the holder clears the temporary files a killed run left."""
+done; one of another source, call or seed, or holding images of other prompts, is refused unless `overwrite`.
+`run_lock` makes a run OUT's only writer: an exclusive `flock` the kernel drops however the process ends (kill -9
+included), so a crashed run never blocks the next, and the holder clears the temporary files a killed run left.
+The lock file is opened only as a plain file of its own (never through a link), and every record replaces a link
+at its name: nothing is written outside OUT."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
-import secrets
+import stat
 import sys
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from ..checkpoint.saving import write_file_atomically
 from ..errors import ImageRunError
 
 
@@ -109,7 +113,20 @@ class RunFolder:
                 and (self.out / image_name(index)).is_file())
 
     def todo(self, prompts: list[str]) -> list[int]:
+        self._refuse_other_prompts(prompts)
         return [index for index, prompt in enumerate(prompts) if not self.is_done(index, prompt)]
+
+    def _refuse_other_prompts(self, prompts: list[str]) -> None:
+        """Images run.json records for another prompt at the same index (another prompts file, or a run that waited
+        for this one): made again, they would replace that run's images without a word."""
+        changed = [f"{image_name(index)} was made for {entry.get('prompt')!r} (now {prompts[index]!r})"
+                   for index, entry in sorted(self.entries.items())
+                   if index < len(prompts) and entry.get("error") is None and entry.get("prompt") != prompts[index]]
+        if changed:
+            shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise ImageRunError(
+                f"{str(self.out)!r} holds images of other prompts: {shown}. Pass --overwrite to replace them, or "
+                "choose another --out to keep both.")
 
     def unrecorded(self, prompts: list[str]) -> list[str]:
         """Images in OUT that run.json does not list (a run stopped before recording them): their prompt and seed cannot
@@ -142,21 +159,11 @@ class RunFolder:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary sibling and a rename (readers see old or new, never a part), with the
-    umask's mode rather than mkstemp's 0600; a failure names `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    """`data` into `path`, whole or not at all (`write_file_atomically`); a failure names `path`."""
     try:
-        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise write_error(path, error) from error
-        raise
+        write_file_atomically(path, data)
+    except OSError as error:
+        raise write_error(path, error) from error
 
 
 def write_error(path: Path, error: OSError) -> ImageRunError:
@@ -193,7 +200,7 @@ def _acquire(out: Path, *, wait: bool) -> int:
     while True:
         try:  # again after a wait: the run waited for may have removed the folder it made
             out.mkdir(parents=True, exist_ok=True)
-            handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            handle = _open_lock_file(path)
         except OSError as error:
             raise write_error(out, error) from error
         try:
@@ -219,6 +226,38 @@ def _acquire(out: Path, *, wait: bool) -> int:
             os.write(handle, f"{os.getpid()}\n".encode())
             return handle
         os.close(handle)  # the holder removed the file as it finished: lock the one there now
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, opened without following a link and only if it is a plain file of its own: the pid is written
+    into it, and a link (symbolic or hard) there would carry that write to a file outside OUT."""
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            _refuse_lock_path(path)
+        raise
+    status = os.fstat(handle)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:
+        os.close(handle)
+        _refuse_lock_path(path)
+    return handle
+
+
+def _refuse_lock_path(path: Path) -> None:
+    status = os.lstat(path)
+    if stat.S_ISLNK(status.st_mode):
+        what = f"a symbolic link (to {os.readlink(path)!r})"
+    elif stat.S_ISDIR(status.st_mode):
+        what = "a folder"
+    elif stat.S_ISREG(status.st_mode):
+        what = f"a file with {status.st_nlink} hard links (one of them outside this run's lock)"
+    else:
+        what = "not a regular file"
+    raise ImageRunError(
+        f"{str(path)!r} is {what}: placement run keeps its lock file there and writes its pid into it, so it never "
+        f"opens anything else at that name. Remove it (rm {'-r ' if what == 'a folder' else ''}{str(path)!r}) if "
+        "no run is writing into this folder, or choose another --out.")
 
 
 def _still_the_lock_file(handle: int, path: Path) -> bool:

@@ -18,6 +18,7 @@ from hooks import OffloadConflictError, edit_placed_weights, weight_homes
 from hooks.hook_utils import hooks_of
 
 from ..checkpoint import CheckpointShapeError
+from ..errors import FolderError
 
 # Methods that edit a module's adapters, on the pipeline (diffusers' LoRA mixins) and on a model (diffusers'
 # PeftAdapterMixin, transformers' PeftAdapterMixin). Reading ones are listed too: between calls an offloaded
@@ -89,27 +90,57 @@ def _disk_homes_read_as_host(module: nn.Module) -> Iterator[None]:
 
 def _load_checked(method, name: str, modules: Mapping[str, nn.Module], args, kwargs):
     """A load of adapters that leaves the pipeline as it was when it fails (peft raises on a wrong shape after
-    wrapping the layers), a wrong shape a `CheckpointShapeError` naming the LoRA, the keys and both shapes. (A
-    lora_A wider than its FLUX layer is diffusers' Control-LoRA expansion, by design.)"""
+    wrapping the layers); a wrong shape is a `CheckpointShapeError` naming the LoRA, the keys and both shapes, a
+    file cut short or keys that adapt no layer a `FolderError` naming it. (A lora_A wider than its FLUX layer is
+    diffusers' Control-LoRA expansion, by design.)"""
     before = {label: _AdapterState.of(module) for label, module in modules.items()}
     source = args[0] if args else next((kwargs[key] for key in kwargs if key.startswith("pretrained_model")), None)
     what = f"{str(source)!r}" if isinstance(source, (str, os.PathLike)) else "the state dict given"
     try:
-        result = method(*args, **kwargs)
-    except (RuntimeError, ValueError) as error:
+        return method(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever failed, the pipeline is put back first
         for label, module in modules.items():
             before[label].restore(module)
-        if isinstance(error, CheckpointShapeError):  # a component's own load said it; say which file it was
-            raise CheckpointShapeError(f"{name}({what}): {str(error).split(': ', 1)[-1]}") from None
-        mismatches = [line.strip().rstrip(".") for line in str(error).splitlines() if "size mismatch" in line]
-        if not mismatches:
+        translated = _adapter_error(error, f"{name}({what})")
+        if translated is None:
             raise
-        raise CheckpointShapeError(
-            f"{name}({what}): the adapter does not fit the layers it adapts: {'; '.join(mismatches[:3])}"
+        raise translated from error
+
+
+def _adapter_error(error: Exception, call: str) -> Exception | None:
+    """What a failed adapter load says in our words, or None where the owner's error is the clearest."""
+    if isinstance(error, FolderError) and str(error).startswith(tuple(f"{name}(" for name in LOADING)):
+        return type(error)(f"{call}: {str(error).split(': ', 1)[-1]}")  # a component's own load: say which file
+    mismatches = [line.strip().rstrip(".") for line in str(error).splitlines() if "size mismatch" in line]
+    if mismatches and isinstance(error, (RuntimeError, ValueError)):
+        return CheckpointShapeError(
+            f"{call}: the adapter does not fit the layers it adapts: {'; '.join(mismatches[:3])}"
             f"{f' (and {len(mismatches) - 3} more)' if len(mismatches) > 3 else ''}. The pipeline is unchanged; "
             "this adapter was made for another model (or another size of it)."
-        ) from None
-    return result
+        )
+    reason = " ".join(str(error).split())
+    if isinstance(error, OSError) or type(error).__name__ == "SafetensorError":  # diffusers' words for a cut file
+        return FolderError(
+            f"{call}: the adapter's weights cannot be read ({reason}). The pipeline is unchanged; the file is cut "
+            "short, damaged or not a safetensors LoRA: download or save it again."
+        )
+    if _is_peft_error(error) or (isinstance(error, ValueError) and _NO_LORA_KEYS in reason):
+        return FolderError(
+            f"{call}: its keys adapt no layer of this pipeline ({type(error).__name__}: {reason}). The pipeline is "
+            "unchanged; this adapter was made for another model (check its keys against the model's module names)."
+        )
+    return None
+
+
+_NO_LORA_KEYS = "Invalid LoRA checkpoint"  # diffusers 0.42: a state dict none of whose names holds "lora"
+
+
+def _is_peft_error(error: Exception) -> bool:
+    try:
+        from peft.utils.error import PeftError
+    except ImportError:
+        return False
+    return isinstance(error, PeftError)
 
 
 @dataclass(frozen=True, kw_only=True)

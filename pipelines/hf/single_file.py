@@ -4,6 +4,7 @@ tensors, so what is sized is what `from_single_file` will load and no tensor dat
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Container, Iterable
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import TensorEntry, read_header
-from ..errors import LoadError, list_names
+from ..errors import FolderError, LoadError, WeightsNotFoundError, list_names
 from .quantizers import ComponentQuantization, QuantizationMethod
 
 SINGLE_FILE_SUFFIXES = (".safetensors", ".sft", ".gguf")
@@ -37,7 +38,7 @@ def meta_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     plain = {gguf.GGMLQuantizationType.F32: torch.float32, gguf.GGMLQuantizationType.F16: torch.float16,
              gguf.GGMLQuantizationType.BF16: torch.bfloat16}
     tensors = {}
-    for info in gguf.GGUFReader(str(path)).tensors:  # memory-mapped: the shapes, no data read
+    for info in _gguf_tensors(gguf, path):
         shape = tuple(int(size) for size in info.data.shape)
         if info.tensor_type in plain:
             tensors[info.name] = torch.empty(shape, dtype=plain[info.tensor_type], device="meta")
@@ -45,6 +46,20 @@ def meta_checkpoint(path: Path) -> dict[str, torch.Tensor]:
             packed = torch.empty(shape, dtype=torch.uint8, device="meta")
             tensors[info.name] = GGUFParameter(packed, quant_type=info.tensor_type)
     return tensors
+
+
+def _gguf_tensors(gguf, path: Path) -> list:
+    """The tensor infos of a GGUF file (memory-mapped: the shapes, no data read); a file that is not GGUF, or is cut
+    short, is named with gguf's reason (gguf says it with a bare ValueError, numpy's reshape error for a cut file)."""
+    try:
+        return list(gguf.GGUFReader(str(path)).tensors)
+    except OSError as error:
+        raise WeightsNotFoundError(f"Cannot read the GGUF file {str(path)!r}: {error}.") from error
+    except (ValueError, IndexError, KeyError, EOFError, OverflowError, struct.error) as error:
+        raise FolderError(
+            f"GGUF file {str(path)!r} is corrupt, truncated or not a GGUF file ({type(error).__name__}: {error}). "
+            "Re-download or re-convert this file."
+        ) from error
 
 
 def gguf_quantization(dtype: torch.dtype | None) -> ComponentQuantization:

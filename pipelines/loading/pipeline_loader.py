@@ -31,6 +31,7 @@ from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import follow_adapters
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left
+from ..hf.owner_saving import save_components_atomically
 from ..hf.quiet import hf_libraries, quiet
 from .assembly import check_components, construct, install_component, target_class
 from .formats import (
@@ -227,7 +228,9 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
             components.update({name: place_component(meta, None, accelerators=request.accelerators,
                                                      progress=request.options.progress)
                                for name, meta in build_components(opened, request, weights_required=True).items()})
-        return construct(opened.target, opened.index, {**components, **passed}, request.folder)
+        pipe = construct(opened.target, opened.index, {**components, **passed}, request.folder)
+        save_components_atomically(pipe, opened.modules)  # diffusers' own saves write in place
+        return pipe
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**components, **modules, **passed}, request.folder)
@@ -239,6 +242,7 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
         if request.device_map.kind is DeviceMapKind.SINGLE_DEVICE:  # as diffusers: "cuda" keeps .to() allowed
             execution = next(iter(plan.components.values())).execution_device
             pipe.hf_device_map = str(torch_device(execution, request.accelerators))
+    save_components_atomically(pipe, opened.modules)
     return pipe
 
 

@@ -14,6 +14,7 @@ from accelerate.utils import set_module_tensor_to_device
 from torch import nn
 
 from hooks.dispatch import DiskWeights, undispatch
+from hooks.pinned_files import IDENTITY_KEY, pin_checkpoint_files
 from hooks.techniques import apply_component_plan, apply_plan
 from placement.device_maps import flatten_device_map, owning_key
 from placement.devices import Accelerators, Device, is_accelerator, normalize_device, torch_device
@@ -192,7 +193,8 @@ def read_component(meta: MetaComponent, component: ComponentPlan | None, *, acce
             module, disk_weights = read_with_owner(meta, device_map, accelerators=accelerators,
                                                    offload_folder=offload_folder)
         else:
-            disk_weights = _stream(meta, device_map, accelerators=accelerators, progress=progress)
+            disk_weights = _stream(meta, device_map, accelerators=accelerators, progress=progress,
+                                   offload_folder=offload_folder)
         apply_casting(module, meta)
     except BaseException:
         _unplace_quietly(module)
@@ -239,7 +241,7 @@ def unplace(module: nn.Module, *, to: torch.device | str = "meta") -> None:
 
 
 def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, accelerators: Accelerators,
-            progress: bool) -> DiskWeights | None:
+            progress: bool, offload_folder: str | Path | None = None) -> DiskWeights | None:
     """Our reader: each tensor from its safetensors file straight to its device, in its load dtype; the disk
     part served from the checkpoint's own files (the offload index returned)."""
     if meta.weights is None:
@@ -247,12 +249,15 @@ def _stream(meta: MetaComponent, device_map: Mapping[str, Device] | None, *, acc
                                 "loaded. Build it with its weights required.")
     stream_weights(meta.module, meta.weights, device_map=device_map, load_dtypes=meta.load_dtypes,
                    tied_weights=meta.tied_weights, progress=progress, label=meta.name, accelerators=accelerators)
-    return disk_offload_index(meta, device_map)
+    return disk_offload_index(meta, device_map, offload_folder=offload_folder)
 
 
-def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None) -> DiskWeights | None:
+def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | None, *,
+                       offload_folder: str | Path | None = None) -> DiskWeights | None:
     """Every parameter `device_map` puts on "disk", served from its checkpoint file in its load dtype; a tied one by
-    its source, even when the source is not on disk (accelerate's hook asks for it by the tied name)."""
+    its source, even when the source is not on disk (accelerate's hook asks for it by the tied name). Pinned to the
+    version loaded (`hooks.pinned_files`): each entry carries its file's identity, and the files are hard-linked
+    into `offload_folder` where it shares their filesystem."""
     disk = [name for name, device in (device_map or {}).items() if normalize_device(device) == "disk"]
     if not disk:
         return None
@@ -262,4 +267,10 @@ def disk_offload_index(meta: MetaComponent, device_map: Mapping[str, Device] | N
             source = name if name in meta.weights.tensors else meta.tied_weights.get(name)
             if source is not None:
                 sources[name] = source
-    return meta.weights.offload_index(sources, lambda entry: meta.load_dtypes[entry.name])
+    index = meta.weights.offload_index(sources, lambda entry: meta.load_dtypes[entry.name])
+    identities = meta.weights.identities
+    for info in index.values():
+        identity = identities.get(Path(info["safetensors_file"]))
+        if identity is not None:
+            info[IDENTITY_KEY] = dict(identity)
+    return pin_checkpoint_files(index, offload_folder, owner=meta.module)

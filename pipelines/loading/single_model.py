@@ -19,6 +19,7 @@ from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import LoadError
 from ..folder.sources import Family, HubOptions, family_of, foreign_model_folder, model_folder_class
 from ..hf.loading_keywords import check_no_keywords_left, with_hub_keywords
+from ..hf.owner_saving import save_atomically
 from ..hf.quiet import hf_libraries, quiet
 from ..hf.single_file import is_single_file
 from .formats import build_single_file_component, check_planned_formats, formats_of_metas
@@ -156,14 +157,15 @@ def _place(meta: MetaComponent, request: LoadRequest, planner: Callable[[MetaCom
     """The one model placed by `planner`'s plan (no device_map: read to the CPU, no plan), in eval mode."""
     options = request.options
     if request.device_map.kind is DeviceMapKind.NONE:
-        return place_component(meta, None, accelerators=request.accelerators, progress=options.progress).eval()
+        module = place_component(meta, None, accelerators=request.accelerators, progress=options.progress)
+        return save_atomically(module).eval()  # a diffusers/transformers model's own save writes in place
     plan = with_measured_disk_speed(planner(meta, request), {meta.name: meta})
     check_plan_devices(plan, request.accelerators)
     module = place_component(meta, plan.components[meta.name], accelerators=request.accelerators,
                              hooks=request.device_map.hooks, progress=options.progress,
                              offload_folder=options.offload_folder)
     module.placement_plan = plan
-    return module.eval()
+    return save_atomically(module).eval()
 
 
 def _build_own(cls: type, request: LoadRequest, *, weights_required: bool) -> MetaComponent:

@@ -20,8 +20,9 @@ from cases_calls import CASES as CALL_CASES  # noqa: E402
 from cases_cli import CASES as CLI_CASES  # noqa: E402
 from cases_files import CASES as FILE_CASES  # noqa: E402
 from cases_first_hour import CASES as FIRST_HOUR_CASES  # noqa: E402
+from cases_nothing_lost import CASES as NOTHING_LOST_CASES  # noqa: E402
 
-ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES + FIRST_HOUR_CASES
+ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES + FIRST_HOUR_CASES + NOTHING_LOST_CASES
 
 
 def main(verbose: bool) -> Counter:

@@ -10,8 +10,9 @@ from cases_calls import CASES as CALL_CASES
 from cases_cli import CASES as CLI_CASES
 from cases_files import CASES as FILE_CASES
 from cases_first_hour import CASES as FIRST_HOUR_CASES
+from cases_nothing_lost import CASES as NOTHING_LOST_CASES
 
-ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES + FIRST_HOUR_CASES
+ALL_CASES = FILE_CASES + CALL_CASES + CLI_CASES + FIRST_HOUR_CASES + NOTHING_LOST_CASES
 
 
 def test_case_names_are_unique():

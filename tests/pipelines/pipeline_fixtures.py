@@ -120,3 +120,12 @@ def save_preset(folder: Path, name: str = "tiny-dit") -> tuple[Path, TextToImage
     pipe = TextToImagePipeline.from_preset(name, seed=0)
     pipe.save_pretrained(folder)
     return folder, pipe
+
+
+def holds_no_copy(offload: Path, checkpoint: Path) -> bool:
+    """Whether `offload` holds no bytes of its own: nothing, or hard links to `checkpoint`'s files (disk-homed weights
+    are served from the checkpoint, its files pinned by links at load: `hooks.pinned_files`)."""
+    if not offload.exists():
+        return True
+    inodes = {path.stat().st_ino for path in checkpoint.rglob("*") if path.is_file()}
+    return all(path.stat().st_ino in inodes for path in offload.rglob("*") if path.is_file())

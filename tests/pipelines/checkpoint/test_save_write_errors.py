@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 import pipelines.checkpoint.files as config_file
 import pipelines.checkpoint.saving as weights_saving
@@ -158,3 +159,67 @@ def test_a_real_file_too_large_from_the_rust_writers_is_a_save_error(tmp_path):
         assert "File too large (os error 27)" in report["error"] and "is unchanged" in report["error"]
         assert report["intact"] and str(tmp_path / report["writer"]) in report["error"]
     assert hidden(tmp_path) == []
+
+
+def _second_write_fails(module):
+    """`module.save_file` failing with ENOSPC on its second call: a full disk midway through a save."""
+    calls = []
+    return failing(module, "save_file", ERRORS["ENOSPC"], when=lambda *a, **k: calls.append(1) or len(calls) == 2)
+
+
+@pytest.mark.parametrize("device_map", [None, "cpu"])
+def test_a_diffusers_pipeline_we_return_saves_atomically_placed_or_not(tmp_path, device_map):
+    """Loaded without device_map, a diffusers pipeline kept diffusers' in-place save: a full disk after the first
+    component left one seed's components beside another's, and the folder loaded without a word."""
+    pytest.importorskip("diffusers")
+    import safetensors.torch
+
+    from test_diffusers_pipelines import build_flux
+
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        build_flux(tmp_path / "parts").save_pretrained(tmp_path / f"seed{seed}")
+    target = tmp_path / "saved"
+    Pipeline.from_pretrained(tmp_path / "seed0", device_map=device_map, progress=False).save_pretrained(target)
+    before = contents(target)
+    other = Pipeline.from_pretrained(tmp_path / "seed1", device_map=device_map, progress=False)
+    with _second_write_fails(safetensors.torch), pytest.raises(CheckpointSaveError, match=rf"'{target}'.*unchanged"):
+        other.save_pretrained(target)
+    assert contents(target) == before and hidden(tmp_path) == []
+    other.transformer.save_pretrained(target / "transformer", variant="fp16")  # a component's save: atomic too
+    assert (target / "transformer" / "diffusion_pytorch_model.fp16.safetensors").is_file()
+    other.save_pretrained(target, variant="fp16")  # diffusers passes the variant on to each component's save
+    assert (target / "vae" / "diffusion_pytorch_model.fp16.safetensors").is_file()
+    assert contents(target)[Path("vae/diffusion_pytorch_model.safetensors")] == before[
+        Path("vae/diffusion_pytorch_model.safetensors")]  # the default variant, carried over
+
+
+@pytest.mark.parametrize("device_map", [None, "auto"])
+def test_a_model_load_model_returns_saves_atomically_over_another_version(tmp_path, device_map):
+    diffusers = pytest.importorskip("diffusers")
+    import copy
+    import pickle
+
+    import safetensors.torch
+
+    from pipelines import load_model
+
+    config = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        diffusers.FluxTransformer2DModel(**config).save_pretrained(tmp_path / f"seed{seed}", max_shard_size="20KB")
+    target = tmp_path / "saved"
+    load_model(tmp_path / "seed0", device_map=device_map, progress=False).save_pretrained(target, max_shard_size="20KB")
+    (target / "README.md").write_text("mine")
+    before = contents(target)
+    other = load_model(tmp_path / "seed1", device_map=device_map, progress=False)
+    with _second_write_fails(safetensors.torch), pytest.raises(CheckpointSaveError, match=rf"'{target}'.*unchanged"):
+        other.save_pretrained(target, max_shard_size="20KB")  # diffusers writes one shard after another
+    assert contents(target) == before and hidden(tmp_path) == []
+    other.save_pretrained(target)  # one file now: the old shards and index go, the README stays
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json",
+                                                        "diffusion_pytorch_model.safetensors"]
+    assert copy.deepcopy(other).save_pretrained.obj is not other
+    if device_map is None:  # the atomic save is no obstacle to pickling (accelerate's hooks are, placed)
+        assert isinstance(pickle.loads(pickle.dumps(other)), diffusers.FluxTransformer2DModel)

@@ -193,7 +193,9 @@ def test_run_json_lists_each_image_as_soon_as_it_is_written(tmp_path):
     written = json.loads((tmp_path / "out" / "run.json").read_text())
     assert [image["index"] for image in written["images"]] == [1] and written["call"] == {"height": 8}
     again = RunFolder(tmp_path / "out", source="x", call={"height": 8}, seed=0, overwrite=False)
-    assert again.todo(["a", "b"]) == [0] and again.todo(["a", "changed"]) == [0, 1]
+    assert again.todo(["a", "b"]) == [0] and again.todo(["a", "b", "c"]) == [0, 2]
+    with pytest.raises(ImageRunError, match="00001.png was made for 'b' \\(now 'changed'\\)"):
+        again.todo(["a", "changed"])  # made again, it would replace that image without a word (issue 42)
 
 
 def test_ctrl_c_stops_after_the_current_image_with_one_line(tiny, tmp_path):

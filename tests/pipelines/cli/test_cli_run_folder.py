@@ -178,3 +178,56 @@ def test_ctrl_c_at_any_moment_is_one_line_and_frees_the_folder(tiny, prompts, tm
     assert not out.exists() or LOCK_NAME not in os.listdir(out)
     monkeypatch.undo()
     assert run(tiny, prompts, out) == 0  # nothing held: the next run goes ahead
+
+
+def _a_link_to(outside: Path):
+    return lambda lock: lock.symlink_to(outside)
+
+
+def _a_hard_link_to(outside: Path):
+    return lambda lock: os.link(outside, lock)
+
+
+@pytest.mark.parametrize("make, said", [(_a_link_to, "a symbolic link (to "), (_a_hard_link_to, "2 hard links"),
+                                        (lambda outside: Path.mkdir, "is a folder")])
+def test_a_lock_path_that_is_not_a_plain_file_is_refused_and_nothing_outside_is_written(
+        tiny, prompts, tmp_path, capsys, never_plans, make, said):
+    """A symbolic link there used to be followed (the file it names truncated, the pid written into it); a folder
+    there gave a raw IsADirectoryError."""
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    out = tmp_path / "images"
+    out.mkdir()
+    make(outside)(out / LOCK_NAME)
+    assert run(tiny, prompts, out) == 2
+    err = capsys.readouterr().err
+    assert str(out / LOCK_NAME) in err and said in err
+    assert "never opens anything else" in err and "choose another --out" in err and "Traceback" not in err
+    assert outside.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
+
+
+def test_records_in_out_replace_a_link_there_and_never_write_through_it(tmp_path):
+    outside = tmp_path / "precious.json"
+    outside.write_text("keep me")
+    (tmp_path / "run.json").symlink_to(outside)
+    write_atomically(tmp_path / "run.json", b"{}")
+    assert outside.read_text() == "keep me" and not (tmp_path / "run.json").is_symlink()
+
+
+def test_a_second_run_with_other_prompts_is_refused_instead_of_replacing_the_images(tiny, prompts, tmp_path, capsys):
+    """A second `placement run --wait` with other prompts made image i again for its own prompt i, replacing the
+    first run's without a word."""
+    out = tmp_path / "images"
+    assert run(tiny, prompts, out) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tmp_path / "other.txt"
+    other.write_text("a lighthouse\na blue whale\na third one\n")
+    capsys.readouterr()
+    assert run(tiny, other, out, "--wait") == 2
+    err = capsys.readouterr().err
+    assert "00001.png was made for 'a red fox' (now 'a blue whale')" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    prompts.write_text("a lighthouse\na red fox\na third one\n")  # more prompts after the same ones: made, added
+    assert run(tiny, prompts, out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["00000.png", "00001.png", "00002.png", "run.json"]
+    assert run(tiny, other, out, "--overwrite") == 0  # asked for: made again

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+
+import pytest
 
 from pipeline_fixtures import tiny_user_pipeline
 
@@ -50,3 +54,50 @@ def test_an_unwritable_output_path_is_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and "cannot access" in err
 
+
+
+class _DiskFillsUp:
+    """A file object that writes half of what it is given, then finds the disk full."""
+
+    def __init__(self, file):
+        self._file = file
+
+    def write(self, data):
+        self._file.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--svg", "--timeline"])
+def test_a_full_disk_midway_keeps_the_previous_output_file_and_names_it(tmp_path, capsys, monkeypatch, flag):
+    """`placement plan --json plan.json` on a full disk destroyed the previous plan.json, left a cut file and named
+    no path: every file the CLI writes goes through a temporary sibling renamed into place."""
+    target = tmp_path / "outputs" / "plan.out"
+    command = ["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", flag, str(target)]
+    assert cli.main(command) == 0
+    before = target.read_bytes()
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda *args, **kwargs: _DiskFillsUp(real_fdopen(*args, **kwargs)))
+    assert cli.main([*command[:-2], "--height", "64", "--width", "64", flag, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"Cannot write {str(target)!r}: No space left on device (errno {errno.ENOSPC})" in err
+    assert "unchanged" in err and "Traceback" not in err
+    assert target.read_bytes() == before and [p.name for p in target.parent.iterdir()] == ["plan.out"]
+
+
+def test_an_output_path_that_is_a_link_writes_the_file_it_names(tmp_path, capsys):
+    """The user's own link: the file it names gets the plan (the link stays), written whole as any output."""
+    real = tmp_path / "elsewhere" / "plan.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    (tmp_path / "plan.json").symlink_to(real)
+    assert cli.main(["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", "--json", str(tmp_path / "plan.json")]) == 0
+    assert (tmp_path / "plan.json").is_symlink() and json.loads(real.read_text())["schema_version"]

@@ -281,3 +281,42 @@ def test_a_lora_of_the_wrong_rank_is_named_and_leaves_the_pipeline_as_it_was(pla
     assert set(pipe.transformer.state_dict()) == keys
     assert set(getattr(pipe.transformer, "peft_config", {}) or {}) == ({"a"} if with_a else set())
     assert_same_output(denoise(pipe), output)
+
+
+def _cut_in_half(flux, folder):
+    source = flux / "a" / "pytorch_lora_weights.safetensors"
+    folder.mkdir(exist_ok=True)
+    (folder / source.name).write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+
+
+def _keys_of_no_layer(flux, folder):
+    diffusers.FluxPipeline.save_lora_weights(folder, transformer_lora_layers={
+        "single_transformer_blocks.7.no_such_layer.lora_A.weight": torch.zeros(4, 4),
+        "single_transformer_blocks.7.no_such_layer.lora_B.weight": torch.zeros(4, 4)})
+
+
+def _no_lora_names(flux, folder):
+    from safetensors.torch import save_file
+
+    folder.mkdir(exist_ok=True)
+    save_file({"some.weight": torch.zeros(3)}, str(folder / "pytorch_lora_weights.safetensors"))
+
+
+@pytest.mark.parametrize("placement", ["whole", "disk"])
+@pytest.mark.parametrize("make, says", [(_cut_in_half, "cannot be read .*Unable to load weights .*cut short"),
+                                        (_keys_of_no_layer, "adapt no layer .*NoMatchingPeftModuleError"),
+                                        (_no_lora_names, "adapt no layer .*Invalid LoRA checkpoint")])
+def test_a_cut_lora_or_one_whose_keys_match_nothing_is_named_and_changes_nothing(placement, flux, gpus, make, says):
+    """diffusers and peft said these with a raw OSError, NoMatchingPeftModuleError or ValueError."""
+    from pipelines.errors import FolderError
+
+    folder = flux / f"bad-{make.__name__}"
+    make(flux, folder)
+    pipe = load(flux, placement)
+    pipe.load_lora_weights(flux / "a", adapter_name="a")
+    keys, output = set(pipe.transformer.state_dict()), denoise(pipe)
+    with pytest.raises(FolderError, match=rf"load_lora_weights\('{folder}'\): .*{says}") as raised:
+        pipe.load_lora_weights(folder, adapter_name="bad")
+    assert "The pipeline is unchanged" in str(raised.value)
+    assert set(pipe.transformer.state_dict()) == keys and set(pipe.transformer.peft_config) == {"a"}
+    assert_same_output(denoise(pipe), output)

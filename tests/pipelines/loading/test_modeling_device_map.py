@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from checkpoint_models import Block, PlainConfig, PlainModel, TinyModel, saved_bytes, tiny_ids, tiny_model
+from pipeline_fixtures import holds_no_copy
 from same_output import assert_same_output
 
 
@@ -41,7 +42,7 @@ def test_auto_with_40_percent_cpu_offloads_to_disk_and_matches(saved, tmp_path):
     assert resident <= budget + 1024  # what is not on disk fits the cpu budget (plus the int buffer)
     ids = tiny_ids(model.config)
     assert_same_output(loaded(ids), model(ids))
-    assert not (tmp_path / "off").exists() or not any((tmp_path / "off").iterdir())  # served from the checkpoint
+    assert holds_no_copy(tmp_path / "off", folder)  # served from the checkpoint (pinned by hard links)
 
 
 @pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
@@ -66,9 +67,10 @@ def test_dict_map_with_disk_writes_nothing_to_the_offload_folder(saved, tmp_path
     model, folder = saved
     device_map = {"embed": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks": "disk", "norm_out": "cpu",
                   "head": "cpu", "steps": "cpu"}
-    # offload_folder permits the disk (as in accelerate); nothing is written there: the checkpoint serves it.
+    # offload_folder permits the disk (as in accelerate); no byte is written there: the checkpoint serves it (its
+    # file hard-linked there, so that a save over the folder cannot change what this model reads).
     loaded = TinyModel.from_pretrained(folder, device_map=device_map, offload_folder=tmp_path / "off", progress=False)
-    assert not (tmp_path / "off").exists()
+    assert holds_no_copy(tmp_path / "off", folder)
     flat = {**device_map, **{f"blocks.{i}": "disk" for i in range(2, 6)}}
     del flat["blocks"]  # nested keys are flattened: the longest prefix wins
     assert loaded.hf_device_map == flat

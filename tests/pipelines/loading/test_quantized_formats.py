@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pipelines
+from pipelines.errors import FolderError
 from pipelines.folder.sources import model_folder_class
 from placement.sizing import size_module
 
@@ -130,6 +131,26 @@ def test_a_gguf_file_is_planned_at_its_blocks_and_loaded_by_from_single_file(qua
     assert next(iter(plan.components.values())).dtype.startswith(f"{quant_type} (gguf), compute bfloat16")
     model = pipelines.load_model(path, config=folder, torch_dtype=BF16, progress=False)
     assert_same_output(run(model), run(reference))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda data: data[: len(data) // 2], "cannot reshape"),  # a download cut in half
+    (lambda data: data[:-100], "cannot reshape"),
+    (lambda data: bytes(range(256)) * 20, "GGUF magic invalid"),  # not a GGUF file at all
+    (lambda data: b"", "empty file"),
+])
+def test_a_cut_or_random_gguf_file_is_a_folder_error_naming_it(tmp_path, damage, says):
+    """gguf's reader says these with a bare ValueError (numpy's reshape error for a cut file)."""
+    pytest.importorskip("gguf")
+    folder = save_flux(tmp_path)
+    dense = diffusers.FluxTransformer2DModel.from_pretrained(folder)
+    path = write_gguf(dense.state_dict(), tmp_path / "f.gguf", "Q8_0")
+    path.write_bytes(damage(path.read_bytes()))
+    for entry in (lambda: pipelines.plan_model(path, config=folder, max_memory={0: "1GiB"}),
+                  lambda: pipelines.load_model(path, config=folder, progress=False)):
+        with pytest.raises(FolderError, match=rf"GGUF file '{path}' is corrupt, truncated or not a GGUF file "
+                                              rf"\(ValueError: .*{says}.*Re-download"):
+            entry()
 
 
 @pytest.mark.parametrize("name", ["torchao int8 weight-only", "quanto int8", "bitsandbytes nf4 (transformers)"])
