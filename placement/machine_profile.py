@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .devices import detect_accelerators, is_accelerator
 from .errors import PlanError
-from .gpu_profiles import GpuProfile, choose_gpu, match_device_name
+from .gpu_profiles import CPU_FLOPS, GpuProfile, choose_gpu, match_device_name
 
 PROFILE_VERSION = 1
 CACHE_ENV = "PLACEMENT_CACHE_DIR"  # where the profile lives instead of the user's cache (tests, shared machines)
@@ -206,9 +206,10 @@ def _cpu_flops(profile: MachineProfile) -> Optional[float]:
     """The CPU's forward FLOP/s: its measured fp32 matmul at `FORWARD_SHARE`, times its correction."""
     rate = (profile.host.matmul_flops.get("float32") if profile.host is not None else None)
     correction = profile.corrections.get(CPU_NAME)
-    if rate is None:
+    if rate is None and correction is None:
         return None
-    return rate * FORWARD_SHARE * (correction.compute_scale if correction is not None else 1.0)
+    base = CPU_FLOPS if rate is None else rate * FORWARD_SHARE
+    return base * (correction.compute_scale if correction is not None else 1.0)
 
 
 def _corrected(base: GpuProfile, correction: Optional[Correction], measured: Optional[DeviceMeasurement],
@@ -260,6 +261,6 @@ def gpu_from_measurement(measured: DeviceMeasurement) -> GpuProfile:
         measured_link_bytes_per_s=measured.pinned_copy_bytes_per_s)
 
 
-__all__ = ["CACHE_ENV", "Correction", "DeviceMeasurement", "HostMeasurement", "MachineChoice", "MachineProfile",
-           "VIRTUAL_NAME", "gpu_from_measurement", "load_profile", "machine_choice", "profile_path",
-           "save_profile"]
+__all__ = ["CACHE_ENV", "CPU_NAME", "Correction", "DeviceMeasurement", "HostMeasurement", "MachineChoice", "MachineProfile",
+           "VIRTUAL_NAME", "gpu_from_measurement", "load_profile", "machine_choice", "present_device_name",
+           "profile_path", "save_profile"]
