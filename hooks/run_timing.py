@@ -131,9 +131,10 @@ class RunTiming:
         calls = []
         for index in range(len(spans) // runs):
             mine = spans[index * runs:(index + 1) * runs]
-            begin = -float("inf") if index == 0 else mine[0][0]
-            end = spans[(index + 1) * runs][0] if len(spans) > (index + 1) * runs else float("inf")
-            moved = [(start, stop, nbytes) for start, stop, nbytes in copies if begin <= start < end]
+            # Its copies: issued after the previous call's last run ended (a per-call load may be sent ahead,
+            # while the component before it runs) and before this call's last run ended.
+            begin = -float("inf") if index == 0 else spans[index * runs - 1][1]
+            moved = [(start, stop, nbytes) for start, stop, nbytes in copies if begin < start <= mine[-1][1]]
             calls.append(MeasuredCall(
                 component=name, place=place, runs=runs, call_index=index, blocking=blocking,
                 seconds=sum(stop - start for start, stop, _ in mine) / 1e6,

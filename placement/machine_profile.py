@@ -219,8 +219,10 @@ def _corrected(base: GpuProfile, correction: Optional[Correction], measured: Opt
         update["cpu_flops"] = cpu_flops
     notes = ""
     if correction is not None and correction.compute_scale != 1.0:
+        # A run's compute is FLOP- or memory-bound (time_model.run_seconds): the correction scales both.
         update.update(bf16_tflops=base.bf16_tflops * correction.compute_scale,
                       fp32_tflops=base.fp32_tflops * correction.compute_scale,
+                      memory_gb_s=base.memory_gb_s * correction.compute_scale,
                       fp8_tflops=None if base.fp8_tflops is None else base.fp8_tflops * correction.compute_scale)
         notes += f", compute x{correction.compute_scale:.2g}"
     if correction is not None and correction.link_bytes_per_s is not None:

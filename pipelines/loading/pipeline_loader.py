@@ -224,7 +224,9 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, metas, passed, request)
     if request.device_map.hooks:  # every placed run checks its plan: pipe.placement_report()
-        start_run_check(pipe, plan, replan=lambda: plan_folder(cls, request, passed=passed, generic=generic))
+        planned = request.device_map.kind is not DeviceMapKind.SAVED_PLAN  # a saved plan is followed, not re-made
+        start_run_check(pipe, plan, replan=(lambda: plan_folder(cls, request, passed=passed, generic=generic))
+                        if planned else None)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
         if request.device_map.kind is DeviceMapKind.SINGLE_DEVICE:  # as diffusers: "cuda" keeps .to() allowed

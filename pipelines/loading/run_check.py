@@ -113,8 +113,9 @@ def advice(check: RunCheck, result: PlanCheck) -> list[str]:
     if not result.corrects:
         return []
     if check.replan is None:
-        return ["  To place it with the corrected profile: pipe.reset_device_map(), then pipelines.place(pipe, ...) "
-                "with the same arguments."]
+        return ["  To place it with the corrected profile: plan it again (a strategy such as device_map='auto', not "
+                "a saved plan, or pipe.reset_device_map() then pipelines.place(pipe, ...)): plans made on this "
+                "machine now use the corrected profile."]
     try:
         new = check.replan()
     except PlacementError as error:

@@ -117,4 +117,4 @@ def test_the_advice_names_a_faster_placement_and_how_to_get_it(machine):
     same = advice(RunCheck(plan=resident, timing=timing, replan=lambda: resident), found)
     assert "the same placement is still the best" in same[0]
     assert advice(RunCheck(plan=resident, timing=timing, replan=None), found)[0].startswith(
-        "  To place it with the corrected profile: pipe.reset_device_map()")
+        "  To place it with the corrected profile: plan it again")
