@@ -257,12 +257,12 @@ def gpu_from_measurement(measured: DeviceMeasurement) -> GpuProfile:
         fp32_tflops=_peak_for(fp32 * FORWARD_SHARE, "fp32_tflops", "float32"),
         fp8_tflops=(_peak_for(fp8 * FORWARD_SHARE, "bf16_tflops", "bfloat16") if fp8
                     else None if known is None else known.fp8_tflops),
-        memory_gb_s=(_peak_for(memory, "memory_gb_s", None) if memory
-                     else known.memory_gb_s if known is not None else 1000.0),
+        memory_gb_s=(_peak_for(memory, "memory_gb_s", None) if memory  # calibrate always measures it; a
+                     else known.memory_gb_s if known is not None else 1000.0),  # hand-written one may not
         pcie_gen=known.pcie_gen if known is not None else 4,
         measured_link_bytes_per_s=measured.pinned_copy_bytes_per_s)
 
 
-__all__ = ["CACHE_ENV", "CPU_NAME", "Correction", "DeviceMeasurement", "HostMeasurement", "MachineChoice", "MachineProfile",
-           "VIRTUAL_NAME", "gpu_from_measurement", "load_profile", "machine_choice", "present_device_name",
-           "profile_path", "save_profile"]
+__all__ = ["CACHE_ENV", "CPU_NAME", "Correction", "DeviceMeasurement", "HostMeasurement", "MachineChoice",
+           "MachineProfile", "VIRTUAL_NAME", "gpu_from_measurement", "load_profile", "machine_choice",
+           "present_device_name", "profile_path", "save_profile"]

@@ -78,8 +78,9 @@ class PlanCheck:
         lines = [f"Measured vs predicted per component, {which} of the calls timed:"]
         width = max((len(row.component) for row in self.rows), default=9)
         for row in self.rows:
+            overhead = f"  (predicted under {seconds_text(MIN_COMPUTE_S)}: overhead)"
             flag = "" if abs(row.ratio - 1) <= OFF_BY else "  <- off by more than 20%" if (
-                row.predicted.total_s >= MIN_COMPUTE_S) else f"  (predicted under {seconds_text(MIN_COMPUTE_S)}: overhead)"
+                row.predicted.total_s >= MIN_COMPUTE_S) else overhead
             copies = ""
             if row.measured.copy_bytes or row.predicted.copy_s:
                 copies = (f"; copies {seconds_text(row.measured.copy_seconds)} (predicted "

@@ -135,8 +135,8 @@ def advice(check: RunCheck, result: PlanCheck) -> list[str]:
                 f"{seconds_text(new_s)} per call against {seconds_text(old_s)} for this one ({_change(check.plan, new)}"
                 "). Load the pipeline again with the same arguments to get it: plans made on this machine now use "
                 "the corrected profile."]
-    return [f"  Re-planned with the corrected profile: the planner chooses another placement ({_change(check.plan, new)}"
-            f"), predicted {seconds_text(new_s)} per call against {seconds_text(old_s)} for this one: keep this one."]
+    return [f"  Re-planned with the corrected profile: the planner chooses another placement "
+            f"({_change(check.plan, new)}), predicted {seconds_text(new_s)} per call against {seconds_text(old_s)} for this one: keep this one."]
 
 
 def _change(old: Plan, new: Plan) -> str:

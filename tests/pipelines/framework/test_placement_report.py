@@ -80,7 +80,8 @@ def test_the_next_plan_uses_the_correction_and_reset_ends_the_report(machine, sa
     save_profile(MachineProfile(measured_on="2026-12-08", gpus=[SLOW, SLOW.model_copy(update={"index": 1})])
                  .corrected(VIRTUAL_NAME, compute_scale=4.0, why="test"))
     pipe = load(folder)
-    assert "corrected by placed runs" in pipe.placement_plan.gpu_source and "compute x4" in pipe.placement_plan.gpu_source
+    source = pipe.placement_plan.gpu_source
+    assert "corrected by placed runs" in source and "compute x4" in source
     generate(pipe)
     pipe.reset_device_map()
     with pytest.raises(CallError, match="placement_report\\(\\): this pipeline is not placed"):
