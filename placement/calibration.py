@@ -163,23 +163,30 @@ def _per_second(work: Callable[[], object], amount: float, device: torch.device,
     return amount * repeats / max(elapsed, 1e-9)
 
 
+def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Normal values made where they are used on CUDA (fast); on the CPU and moved elsewhere (a virtual device
+    draws from no generator of its own)."""
+    if device.type == "cuda":
+        return torch.randn(shape, dtype=dtype, device=device)
+    return torch.randn(shape, dtype=dtype).to(device)
+
+
 def _matmul(device: torch.device, dtype: torch.dtype, side: int, seconds: float) -> float:
-    a = torch.randn(side, side, dtype=dtype).to(device)
-    b = torch.randn(side, side, dtype=dtype).to(device)
+    a, b = _random((side, side), dtype, device), _random((side, side), dtype, device)
     return _per_second(lambda: torch.mm(a, b), 2 * side**3, device, seconds)
 
 
 def _attention(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], seconds: float) -> float:
     heads, tokens, dim = shape
-    q, k, v = (torch.randn(1, heads, tokens, dim, dtype=dtype).to(device) for _ in range(3))
+    q, k, v = (_random((1, heads, tokens, dim), dtype, device) for _ in range(3))
     flops = 4 * heads * tokens * tokens * dim  # Q K^T and P V
     return _per_second(lambda: F.scaled_dot_product_attention(q, k, v), flops, device, seconds)
 
 
 def _conv(device: torch.device, dtype: torch.dtype, shape: tuple[int, int], seconds: float) -> float:
     channels, side = shape
-    x = torch.randn(1, channels, side, side, dtype=dtype).to(device)
-    weight = torch.randn(channels, channels, 3, 3, dtype=dtype).to(device)
+    x = _random((1, channels, side, side), dtype, device)
+    weight = _random((channels, channels, 3, 3), dtype, device)
     flops = 2 * channels * channels * 9 * side * side
     return _per_second(lambda: F.conv2d(x, weight, padding=1), flops, device, seconds)
 
