@@ -108,3 +108,21 @@ def test_without_a_profile_plans_are_as_before_and_a_bad_file_is_named(cache):
     profile_path().write_text(json.dumps({"version": 99}))
     with pytest.raises(PlanError, match="version 99, newer than this library reads"):
         load_profile()
+
+
+@pytest.mark.gpu
+def test_calibrate_on_cuda_measures_each_gpu_and_a_plan_for_it_names_the_profile(cache):
+    import torch
+
+    profile = calibrate(seconds=0.05, shapes=QUICK, say=lambda _: None)
+    assert [g.name for g in profile.gpus] == [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    first = profile.gpus[0]
+    assert first.kind == "cuda" and first.pinned_copy_bytes_per_s > 0 and first.pageable_copy_bytes_per_s > 0
+    assert {"bfloat16", "float16", "float32"} <= set(first.matmul_flops) and first.memory_bytes_per_s > 0
+    assert set(first.attention_flops) == set(first.conv_flops) == {"bfloat16", "float16", "float32"}
+    fp8 = torch.cuda.get_device_capability(0) >= (8, 9)
+    assert ("float8_e4m3fn" in first.matmul_flops) == fp8 or any("fp8" in line for line in profile.not_measured)
+    save_profile(profile)
+    plan = plan_one({0: "4GiB", "cpu": "1GiB"})
+    assert plan.gpu.name == first.name and plan.gpu_source.startswith("profile: measured on this machine")
+    assert plan.link_bandwidth == first.pinned_copy_bytes_per_s
