@@ -110,9 +110,7 @@ def plan(
         if machine is not None and disk is None and machine.disk is not None:
             disk = machine.disk[0]
         effective = profile if machine is None else machine.gpu
-        link = (bandwidth if link_bandwidth is not None or effective is None else
-                machine.link[0] if machine is not None and machine.link is not None else
-                bandwidth if machine is not None else profile.link_bytes_per_s)
+        link = _search_link(bandwidth if link_bandwidth is not None else None, bandwidth, profile, machine)
         costs = _cost_model(model_graph, requests, runs, work, effective, ledger.accelerators, disk, link)
         state = _place_the_rest(spec, requests, ledger, context, placements, costs)
     except DoesNotFitError as error:  # what the message cannot say by itself
@@ -129,6 +127,16 @@ def plan(
     given = disk_read_bandwidth is not None or machine is None or machine.disk is None
     return placed.model_copy(update={"disk_read_bandwidth": disk,
                                      "disk_read_bandwidth_source": "given" if given else machine.disk[1]})
+
+
+def _search_link(given: Optional[float], default: float, named: Optional[GpuProfile], machine) -> float:
+    """The host link the search prices copies at: as given; else this machine's profile's (`machine_choice`),
+    where it measured or corrected the GPU present; else the named GPU's; else the default."""
+    if given is not None:
+        return given
+    if machine is not None:
+        return default if machine.link is None else machine.link[0]
+    return default if named is None else named.link_bytes_per_s
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
