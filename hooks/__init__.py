@@ -22,6 +22,7 @@ from .sequential_offload import SequentialOffloadConfig, apply_sequential_cpu_of
 from .techniques import OFFLOADING, TECHNIQUES, Handle, PlacedModules, PlanContext, Technique, TechniqueSpec
 from .techniques import apply_component_plan, apply_plan, apply_to_each, check_compatible, remove_technique
 from .techniques import technique_for, techniques_on
+from .run_timing import RunTiming
 from .trace import CallTrace, TraceEvent, trace_calls
 from .transfer_meter import Traffic, TransferMeter, measure_transfers
 
@@ -45,6 +46,8 @@ __all__ = [
     "group_offloading_fields", "layerwise_casting_fields", "execution_place", "resolve_execution_device",
     # the transfer meter, the call trace
     "Traffic", "TransferMeter", "measure_transfers", "CallTrace", "TraceEvent", "trace_calls",
+    # a placed run's first calls timed per component (pipe.placement_report())
+    "RunTiming",
     # errors
     "OffloadConfigError", "OffloadConflictError", "PlacementRuntimeError",
 ]

@@ -36,6 +36,7 @@ from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, runs_forw
 from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_entry_methods, move_to_device
 from .input_moving import remove_glue, restore_entry_methods
 from .pinned_files import PinnedWeightsLoader
+from .run_timing import remove_run_timing
 from .techniques import Handle, Technique, TechniqueSpec, follows_transfer_plan, register
 from .techniques import streams_everything
 from .tensor_slots import StandIns, TensorSlot
@@ -179,6 +180,7 @@ def serve_from_host(module: nn.Module, place: Device, weights_map=None, tied_par
 def undispatch(module: nn.Module) -> None:
     """Remove every accelerate hook under `module`; offloaded weights come back as CPU tensors (disk ones too:
     accelerate would leave them on meta), so `.to()` works. Weights on accelerators stay."""
+    remove_run_timing(module)  # first: it wraps the entry methods restored below
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)
     remove_hook_from_module(module, recurse=True)

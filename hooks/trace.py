@@ -114,6 +114,19 @@ def trace_calls() -> Iterator[CallTrace]:
         trace.finish()
 
 
+def record_into(trace: "CallTrace | None") -> "CallTrace | None":
+    """Make `trace` the one the runtime's copies and block marks go to (None: none), without the module-wide
+    hooks of `trace_calls()`; returns the one before, to put back. A placed run's timing (`hooks.run_timing`)
+    records its components' copies so."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, trace
+    return previous
+
+
+def active_trace() -> "CallTrace | None":
+    return _ACTIVE
+
+
 def _device_of(label: BlockLabel) -> torch.device:
     return torch_device(label.place) if is_accelerator(label.place) else torch.device("cpu")
 
@@ -151,5 +164,5 @@ def _copy(kind: str, group, device: torch.device, stream) -> None:
         _ACTIVE.record(kind, label, nbytes=group.num_bytes, device=device, stream=stream)
 
 
-__all__ = ["BlockLabel", "CallTrace", "TraceEvent", "compute_started", "copy_done", "copy_issued", "label_block",
-           "label_group", "trace_calls"]
+__all__ = ["BlockLabel", "CallTrace", "TraceEvent", "active_trace", "compute_started", "copy_done", "copy_issued",
+           "label_block", "label_group", "record_into", "trace_calls"]

@@ -50,6 +50,8 @@ class GpuProfile(BaseModel):
     # A measured profile's sustained pinned host -> GPU bytes/s and its numbers' source; None for a datasheet row.
     measured_link_bytes_per_s: Optional[float] = None
     source: Optional[str] = None
+    # This machine's CPU FLOP/s as `placement calibrate` measured it (`machine_profile`); None: `CPU_FLOPS`.
+    cpu_flops: Optional[float] = None
 
     @property
     def link_bytes_per_s(self) -> float:

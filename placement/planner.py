@@ -25,6 +25,7 @@ from .memory_model import Ledger
 from .transfers.residency import complete_transfers
 from .transfers.blocks import idle_units
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
+from .machine_profile import machine_choice
 from .time_model import run_seconds, short_name
 from .plan_schema import ComponentPlan, Plan, PlanInputs
 from .sizes import parse_size
@@ -104,8 +105,13 @@ def plan(
     try:
         placements = Placements()
         _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-        link = bandwidth if link_bandwidth is not None or profile is None else profile.link_bytes_per_s
-        costs = _cost_model(model_graph, requests, runs, work, profile, ledger.accelerators, disk, link)
+        # Without gpu=, this machine's profile (`placement calibrate`, corrected by placed runs) where there is one.
+        machine = None if profile is not None else machine_choice(ledger.accelerators)
+        if machine is not None and disk is None and machine.disk is not None:
+            disk = machine.disk[0]
+        effective = profile if machine is None else machine.gpu
+        link = _search_link(bandwidth if link_bandwidth is not None else None, bandwidth, profile, machine)
+        costs = _cost_model(model_graph, requests, runs, work, effective, ledger.accelerators, disk, link)
         state = _place_the_rest(spec, requests, ledger, context, placements, costs)
     except DoesNotFitError as error:  # what the message cannot say by itself
         raise with_detected_cpu_note(error, budgets)
@@ -115,10 +121,22 @@ def plan(
                                gpu=None if profile is None else profile.key)
     placed = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
                        activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
-                       gpu=profile, work=work)
+                       gpu=effective, work=work, machine_link=None if machine is None else machine.link)
     if disk is None:  # the assumed disk speed the plan has
         return placed
-    return placed.model_copy(update={"disk_read_bandwidth": disk, "disk_read_bandwidth_source": "given"})
+    given = disk_read_bandwidth is not None or machine is None or machine.disk is None
+    return placed.model_copy(update={"disk_read_bandwidth": disk,
+                                     "disk_read_bandwidth_source": "given" if given else machine.disk[1]})
+
+
+def _search_link(given: Optional[float], default: float, named: Optional[GpuProfile], machine) -> float:
+    """The host link the search prices copies at: as given; else this machine's profile's (`machine_choice`),
+    where it measured or corrected the GPU present; else the named GPU's; else the default."""
+    if given is not None:
+        return given
+    if machine is not None:
+        return default if machine.link is None else machine.link[0]
+    return default if named is None else named.link_bytes_per_s
 
 
 def _place_the_rest(spec, requests, ledger, context, placements, costs: CostModel):
@@ -154,14 +172,16 @@ def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, Comp
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
               activations_accounted: bool, bandwidth: Optional[float], gpu: Optional[GpuProfile],
-              work: Mapping[str, tuple]) -> Plan:
+              work: Mapping[str, tuple], machine_link: Optional[tuple[float, str]] = None) -> Plan:
     """The Plan from the strategy's final state; link `bandwidth` if given, else measured where the plan moves
     weights to this machine's GPUs, else the named GPU's host link, else assumed."""
     by_name = state.by_name
     components = {name: _finished(by_name[name].plan, requests[name], work[name]) for name in order}
     profile, profile_source = choose_gpu(gpu, state.ledger.accelerators)
     link = {} if bandwidth is None else {"link_bandwidth": bandwidth, "link_bandwidth_source": "given"}
-    if bandwidth is None:
+    if bandwidth is None and machine_link is not None:  # this machine's profile: measured once, or corrected
+        link = {"link_bandwidth": machine_link[0], "link_bandwidth_source": machine_link[1]}
+    elif bandwidth is None:
         moves = any(c.transfer is not None and c.transfer.bytes_per_call for c in components.values())
         measured = link_speed(state.ledger.accelerators, moves=moves)
         if measured is not None:

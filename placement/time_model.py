@@ -85,7 +85,7 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
     if flops is None:
         return None
     if on_cpu:
-        return flops / CPU_FLOPS
+        return flops / (gpu.cpu_flops or CPU_FLOPS)
     memory = (bytes_touched or 0) / gpu.memory_bytes_per_s
     return max(flops / gpu.flops_per_s(dtype), memory)
 

@@ -1,10 +1,12 @@
 import os
+import tempfile
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
 from placement.devices import VIRTUAL_STRICT_ENV
+from placement.machine_profile import CACHE_ENV
 
 # No property test's verdict depends on the machine's speed: no per-example deadline, no "generation too slow"
 # health check (both wall-clock limits), for the tests that set their own settings too (they inherit these).
@@ -26,6 +28,9 @@ def pytest_configure(config):
     CUDA), whatever the shell says, so a device mix-up fails here as it would on GPUs. Set in the environment so
     that subprocess tests (the CLI) run strict too."""
     os.environ[VIRTUAL_STRICT_ENV] = "0" if config.getoption("--virtual-not-strict") else "1"
+    # Plans use this machine's profile (`placement calibrate`) where one is saved: never the user's own in tests,
+    # so every plan is the same on every machine; a test that wants one saves it into its own folder.
+    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="placement-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 
-from . import demo, inspect, plan, run
+from . import calibrate, demo, inspect, plan, run
 from .args import ForgivingArgumentParser
 
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"placement {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, plan, inspect, run):
+    for module in (demo, plan, inspect, run, calibrate):
         module.register(subparsers)
     for command in (parser, *subparsers.choices.values()):
         # Read by main() wherever it is on the command line; declared so that every --help lists it.

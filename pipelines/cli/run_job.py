@@ -60,6 +60,8 @@ class RunJob:
                 if first:
                     raise
                 sys.exit(EXIT_INTERRUPTED)  # rank 0 says it, once
+            if first and result.made:
+                _print_run_check(replica.pipe)
         if result.failed:
             raise ImageRunError(f"{len(result.failed)} image(s) failed: " + "; ".join(result.failed))
         return result if first else None
@@ -106,3 +108,11 @@ class RunJob:
                                 torch_dtype=torch_dtype(self.args.dtype), max_memory=max_memory,
                                 call=replica_call, group_size=self.args.group_size, strategy=strategy,
                                 timeout=timedelta(seconds=self.args.timeout))
+
+
+def _print_run_check(pipe: Any) -> None:
+    """The log's measured vs predicted seconds per component (`pipe.placement_report()`); the first image's call
+    pays for warm-up, so a profile is corrected from the second on."""
+    report = getattr(pipe, "placement_report", None)
+    if callable(report):
+        print(in_flag_names(report()), flush=True)

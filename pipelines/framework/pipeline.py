@@ -39,6 +39,7 @@ from ..loading.request import (
     resolve_request,
 )
 from ..loading.pipeline_loader import load_pipeline, plan_folder
+from ..loading.run_check import placement_report
 
 
 @library_class
@@ -93,6 +94,12 @@ class Pipeline(PipelineComponents):
         `device_map="balanced"`); builds on meta and reads no weights."""
         request, components = _request(cls, pretrained, keywords, entry=PIPELINE_PLAN)
         return plan_folder(cls, request, passed=components, generic=request.options.generic)
+
+    def placement_report(self) -> str:
+        """Measured vs predicted seconds per component of the first calls since `from_pretrained(device_map=...)`
+        placed the pipeline; a figure off by more than 20% corrects this machine's profile (see
+        `pipelines.loading.run_check`). A CallError when the pipeline is not placed."""
+        return placement_report(self)
 
     def enable_model_cpu_offload(self, device: torch.device | int | str | None = None) -> None:
         """Whole components move to `device` when called, in model-graph order; the previous one goes back.

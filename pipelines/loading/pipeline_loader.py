@@ -66,6 +66,7 @@ from .planning import (
     with_notes,
 )
 from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
+from .run_check import start_run_check
 
 
 # (component whose outputs travel, component whose device they are joined on)
@@ -237,6 +238,10 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
     plan = with_measured_disk_speed(plan_folder_pipeline(pipe, request, metas, passed), metas)
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, metas, passed, request)
+    if request.device_map.hooks:  # every placed run checks its plan: pipe.placement_report()
+        planned = request.device_map.kind is not DeviceMapKind.SAVED_PLAN  # a saved plan is followed, not re-made
+        start_run_check(pipe, plan, replan=(lambda: plan_folder(cls, request, passed=passed, generic=generic))
+                        if planned else None)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
         if request.device_map.kind is DeviceMapKind.SINGLE_DEVICE:  # as diffusers: "cuda" keeps .to() allowed
@@ -426,6 +431,8 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
         for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
             remove_layerwise_casting(modules[name])
         raise
+    if request.device_map.hooks:
+        start_run_check(pipe, plan)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
     return plan

@@ -38,4 +38,9 @@ CASES = [
     Case(name="cli: run --group-size without torchrun",
          run=cli("run", "{pipe}", "--prompts", "{pipe}/model_index.json", "--out", "{tmp}/o", "--group-size", "2"),
          error=CLI, words=("--group-size", "torchrun")),
+    Case(name="cli: calibrate for no time at all", run=cli("calibrate", "--seconds", "0"),
+         error=CLI, words=("--seconds 0", "more than 0")),
+    Case(name="cli: calibrate's drive folder is a file",
+         run=cli("calibrate", "--quick", "--disk-folder", "{pipe}/model_index.json"),
+         error=CLI, words=("--disk-folder", "is a file, not a folder")),
 ]
