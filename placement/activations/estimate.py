@@ -106,7 +106,7 @@ def estimate_call(
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):
-        key = None if keep_values else cache_key(module, method, (args, kwargs), dtype)
+        key = None if keep_values else cache_key(module, method, _as_run((args, kwargs), dtype), dtype)
         answer = cached(module, key)
         if answer is None:
             try:
@@ -130,6 +130,20 @@ def estimate_activations(
 ) -> int:
     """`estimate_call(...).peak_bytes`: what the call adds on top of the weights."""
     return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
+
+
+def _as_run(inputs: Any, dtype: torch.dtype | None) -> Any:
+    """The inputs as the run sees them (`_FakeCopies.inputs`: on meta, floating ones cast to `dtype`), for the
+    cache's key: a float32 and a bfloat16 latent are one estimate at bfloat16 (FLUX's first step and the others)."""
+    converted: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, so one tensor given twice stays one
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in converted:
+            meta = tensor.detach().to("meta")
+            converted[id(tensor)] = meta.to(dtype) if dtype is not None and meta.is_floating_point() else meta
+        return converted[id(tensor)]
+
+    return tree_map_only(torch.Tensor, convert, inputs)
 
 
 def _fallen_back(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
