@@ -36,6 +36,7 @@ from ..hf.diffusers_pipeline import (
 )
 from .limits import check_call_limits
 from .meta import layerwise_label
+from .planning_progress import planning_progress
 from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
@@ -58,11 +59,22 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
-                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None) -> placement.Plan:
+                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None,
+                 progress: bool = True) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
     followed, anything else planned by `placement.plan` at `scope`. `estimating`: the context activation estimates
     run in; `sizing_dtypes`: what placement sizes at where it differs from `dtypes`; `advise`: the components built
-    by this load, for the single change that would make the plan fit (`suggestions`)."""
+    by this load, for the single change that would make the plan fit (`suggestions`); `progress`: a bar on stderr
+    when planning takes more than a couple of seconds (`planning_progress`)."""
+    with planning_progress(enabled=progress):
+        return _plan_modules(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes, max_memory=max_memory,
+                             offload_folder=offload_folder, call=call, pinned=pinned, scope=scope,
+                             estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
+
+
+def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
+                  offload_folder, call, pinned: Mapping[str, Any], scope: Scope, estimating, advise, sizing_dtypes,
+                  gpu) -> placement.Plan:
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value

@@ -28,6 +28,7 @@ from .fallback import EstimateFallback, ValuesGuessed, current_fallbacks, is_mod
 from .fake_tensors import FusedAttentionAccounting, MetaConstants, shape_only_stand_ins, to_meta
 from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
 from .memo import BlockMemo, CachedCall, cache_key, cached, memo_enabled, remember
+from .progress import estimate_started
 from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, observers_deferred
 from ..errors import PlanError
 from ..sizing import kept_fp32_module_names
@@ -103,6 +104,7 @@ def estimate_call(
     only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
     """
     _check_call(module, method)
+    estimate_started(f"{type(module).__name__}.{method}")
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):

@@ -32,6 +32,7 @@ from torch import nn
 
 from .calls import BLOCK_INDEX_ATTRIBUTES, Effects, Entry, ReplayDiverged, call_signature, module_state
 from .fake_tensors import to_meta
+from .progress import block_called
 from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, only_observed
 
 MEMO_ENV = "PLACEMENT_BLOCK_MEMO"
@@ -95,6 +96,7 @@ class BlockMemo:
                   run: Callable[[], Any], inputs: tuple[tuple, dict]) -> Any:
         """`run()`, recorded or replayed by (`identity_of()`, the signature of `inputs`); `owner`: the module
         whose submodules' calls a replay reports."""
+        block_called()
         off = self.diverged or self._failures.get(group, 0) >= _GIVE_UP
         signature = None if off else call_signature(inputs, offsets=False)
         if signature is None:
