@@ -16,6 +16,7 @@ that run fails, there is no output: with `outputs_needed` the estimate raises as
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 import weakref
 from contextvars import ContextVar
@@ -31,13 +32,15 @@ from torch._subclasses.fake_tensor import (
     UnsupportedFakeTensorException,
     UnsupportedOperatorException,
 )
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Fake tensors' own refusals: the op needs values, has an output sized by values, or has no fake kernel.
 _FAKE_REFUSALS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
-                  UnsupportedFakeTensorException, GuardOnDataDependentSymNode)
-_VALUE_REFUSALS = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+                  UnsupportedFakeTensorException)
+_VALUE_REFUSALS = (DataDependentOutputException, DynamicOutputShapeException)
+# Symbolic shapes' refusal of a branch on data, looked up only once its module is loaded (it imports sympy,
+# half a second `import placement` does not need; an error of its type cannot exist before).
+_SYMBOLIC_SHAPES = "torch.fx.experimental.symbolic_shapes"
 # What torch's kernels and the model's shape checks raise for shapes that do not fit.
 _SHAPE_ERRORS = (RuntimeError, ValueError, IndexError, NotImplementedError, AssertionError)
 _TORCH = Path(torch.__file__).resolve().parent
@@ -50,7 +53,7 @@ _SHAPE_CHECKING_STAND_INS = (_ESTIMATOR / "fake_tensors.py",)
 
 def is_model_failure(error: BaseException) -> bool:
     """Whether `error`, raised by a call on fake tensors, is the model's (module doc), not a bug of ours."""
-    if isinstance(error, _FAKE_REFUSALS):
+    if isinstance(error, (*_FAKE_REFUSALS, *_guard_errors())):
         return True
     if not isinstance(error, _SHAPE_ERRORS):
         return False
@@ -65,7 +68,12 @@ def is_model_failure(error: BaseException) -> bool:
 
 def reads_values(error: BaseException) -> bool:
     """Whether `error` says the call needs tensor values (a `.tolist()`, a branch on data, a value-sized output)."""
-    return isinstance(error, _VALUE_REFUSALS)
+    return isinstance(error, (*_VALUE_REFUSALS, *_guard_errors()))
+
+
+def _guard_errors() -> tuple[type, ...]:
+    module = sys.modules.get(_SYMBOLIC_SHAPES)
+    return () if module is None else (module.GuardOnDataDependentSymNode,)
 
 
 def _inside(file: Path, directory: Path) -> bool:
