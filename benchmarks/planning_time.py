@@ -25,6 +25,10 @@ to time):
 - flux-folder: `Pipeline.plan_placement` of a FLUX.1-dev folder (real configs, full depth; stand-in tokenizers
   and scheduler, `real_folders.py`) for `call={"height": 1024, "width": 1024, "num_inference_steps": 28}` on
   one 24 GiB GPU in bf16: the whole plan, call capture (FluxPipeline's own __call__ on stand-ins) included;
+- qwen-folder: the same for a Qwen-Image folder (Qwen2.5-VL 7B text encoder, the 20B MMDiT, its causal VAE)
+  at 1024x1024, 50 steps, on one 80 GiB GPU;
+- tiny-tiled: `placement plan tiny-dit ... --height 512 --width 512` (issue 41): the tiny preset's VAE
+  offers tiling with 32-pixel tiles, so the plan estimates a decode of 21x21 = 441 tiles;
 - wan22-folder: the same for a Wan 2.2 A14B folder (two 14B experts switching at boundary_ratio 0.875) at
   480x832x81, 40 steps, on one 80 GiB GPU.
 """
@@ -48,6 +52,8 @@ HERE = Path(__file__).resolve().parent
 # The issue's command, with the CPU budget given: detected, it is the RAM free when the benchmark runs (another
 # program's use can make the plan fail, or choose another one), so the time would depend on the neighbours.
 CLI_ARGS = "plan flux-like --max-memory 0=24GiB,cpu=64GiB --dtype bf16 --height 1024 --width 1024 --steps 28"
+# Issue 41's first-hour command: the tiny preset's VAE decodes 512x512 in 21x21 tiles of 32 pixels when tiled.
+TILED_ARGS = "plan tiny-dit --max-memory 0=1GiB,cpu=64GiB --height 512 --width 512"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +63,7 @@ class Row:
     prepare: Callable[[], Callable[[], object]]  # runs in the child, untimed; returns the work to time
 
 
-def _cli() -> Callable[[], object]:
+def _cli(arguments: str = CLI_ARGS) -> Callable[[], object]:
     # What the command imports on its way (the CLI defers them so `placement --help` is quick): imports, not
     # planning. Without .pyc files (PYTHONDONTWRITEBYTECODE, as on this project's machines) they cost 0.2-0.4 s.
     from pipelines.cli import advice, targets as resolve, targets  # noqa: F401
@@ -65,9 +71,9 @@ def _cli() -> Callable[[], object]:
 
     def plan() -> int:
         with contextlib.redirect_stdout(io.StringIO()):
-            code = main(CLI_ARGS.split())
+            code = main(arguments.split())
         if code != 0:
-            raise SystemExit(f"placement {CLI_ARGS} exited with {code}")
+            raise SystemExit(f"placement {arguments} exited with {code}")
         return code
 
     return plan
@@ -123,6 +129,11 @@ ROWS = [
     Row(name="flux-folder", measures="plan_placement of a FLUX.1-dev folder, call 1024x1024, 28 steps (capture)",
         prepare=lambda: _folder_plan("flux1-dev", {"height": 1024, "width": 1024, "num_inference_steps": 28},
                                      {0: "24GiB", "cpu": "64GiB"})),
+    Row(name="qwen-folder", measures="plan_placement of a Qwen-Image folder, call 1024x1024, 50 steps (capture)",
+        prepare=lambda: _folder_plan("qwen-image", {"height": 1024, "width": 1024, "num_inference_steps": 50},
+                                     {0: "80GiB", "cpu": "128GiB"})),
+    Row(name="tiny-tiled", measures=f"placement {TILED_ARGS} (441 tiles of the tiny VAE's decode)",
+        prepare=lambda: _cli(TILED_ARGS)),
     Row(name="wan22-folder", measures="plan_placement of a Wan 2.2 A14B folder, call 480x832x81, 40 steps (capture)",
         prepare=lambda: _folder_plan("wan2.1-t2v-14b", {"height": 480, "width": 832, "num_frames": 81,
                                                          "num_inference_steps": 40},

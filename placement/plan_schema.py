@@ -134,6 +134,8 @@ class ComponentPlan(FrozenModel):
     device_map: dict[str, PlanDevice]
     placed_bytes: dict[PlanDevice, int]  # weight bytes per device, in device order (sums to `bytes`)
     activation_bytes: Optional[int] = None
+    # Why its activations are not counted though the plan has a call (its estimate failed; weights only), or None.
+    activations_not_counted: Optional[str] = None
     # Its streaming working set: host-homed weights on the execution device at once (per call + in flight).
     streamed_unit_bytes: int = 0
     pinned: bool = False  # placed by the caller (dict strategy or already-dispatched), not by the strategy

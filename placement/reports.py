@@ -47,6 +47,7 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan],
                          f"({device.left / device.budget:.1%}, under {TIGHT_SHARE:.0%}); the activation estimate's "
                          "error can exceed that. Give it a larger budget or plan with a smaller call.")
     notes += [note for component in components for note in technique_notes(component)]
+    notes += [not_counted_note(component) for component in components if component.activations_not_counted]
     if components and all(c.execution_device == "cpu" for c in components):
         total = format_bytes(sum(c.bytes for c in components))
         return notes + [f"Every component executes on the CPU ({total} of weights at CPU speed, typically 10-100x "
@@ -60,6 +61,14 @@ def verdict_warnings(components: list[ComponentPlan], devices: list[DevicePlan],
 
 
 _TECHNIQUE_WORDS = {"vae_tiling": "VAE tiling", "vae_slicing": "VAE slicing"}
+
+
+def not_counted_note(component: ComponentPlan) -> str:
+    """What a plan whose call could not be estimated for `component` does not guarantee."""
+    return (f"{component.name}: activations NOT counted (weights only): {component.activations_not_counted}. The "
+            f"plan does not guarantee that {component.name}'s call fits: its device needs room for its activations "
+            f"beyond the predicted peak. Give its peak with placement.plan(activations={{'{component.name}': "
+            "<bytes>}), or leave room on its device.")
 
 
 def technique_notes(component: ComponentPlan) -> list[str]:
@@ -198,7 +207,8 @@ def _component_table(plan: Plan) -> list[str]:
     for name, component in plan.components.items():
         cells = [format_bytes(component.placed_bytes[d]) if d in component.placed_bytes else EMPTY for d in devices]
         kind = component.kind.value + (" (pinned)" if component.pinned else "")
-        own = [EMPTY if component.activation_bytes is None else format_bytes(component.activation_bytes)]
+        own = [EMPTY if component.activation_bytes is None else "not counted" if component.activations_not_counted
+               else format_bytes(component.activation_bytes)]
         dtype = component.dtype or "as built"  # plans saved before every component stated its dtype
         rows.append([name, kind, dtype, device_label(component.execution_device), *own[: len(activations)], *cells])
     totals = [format_bytes(entry.weight_bytes) for entry in plan.devices]

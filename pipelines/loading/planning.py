@@ -4,6 +4,7 @@ in already dispatched, and with `call=` the activation peak of each component fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import warnings
@@ -17,6 +18,7 @@ import placement
 from placement import estimate_call
 from placement.transfers.inputs import measure_disk_read
 from placement.activations import ActivationEstimateError
+from placement.activations.fallback import EstimateFallback, weights_only_fallback
 from placement.errors import DoesNotFitError
 from placement.plan_schema import DEFAULT_DISK_SOURCE
 from placement.sizing import dtype_for, dtype_label
@@ -34,6 +36,7 @@ from ..hf.diffusers_pipeline import (
 )
 from .limits import check_call_limits
 from .meta import layerwise_label
+from .planning_progress import planning_progress
 from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
 from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
@@ -56,11 +59,22 @@ def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
-                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None) -> placement.Plan:
+                 advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None,
+                 progress: bool = True) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
     followed, anything else planned by `placement.plan` at `scope`. `estimating`: the context activation estimates
     run in; `sizing_dtypes`: what placement sizes at where it differs from `dtypes`; `advise`: the components built
-    by this load, for the single change that would make the plan fit (`suggestions`)."""
+    by this load, for the single change that would make the plan fit (`suggestions`); `progress`: a bar on stderr
+    when planning takes more than a couple of seconds (`planning_progress`)."""
+    with planning_progress(enabled=progress):
+        return _plan_modules(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes, max_memory=max_memory,
+                             offload_folder=offload_folder, call=call, pinned=pinned, scope=scope,
+                             estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
+
+
+def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
+                  offload_folder, call, pinned: Mapping[str, Any], scope: Scope, estimating, advise, sizing_dtypes,
+                  gpu) -> placement.Plan:
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -72,8 +86,16 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     if call is not None:
         check_call_limits(sizes, max_memory, pipe=pipe)  # an absurd call: refused before minutes of estimating
     module_order: dict[str, list[str]] = {}
-    described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
-                                                        dtypes=dtypes, estimating=estimating)
+    # A component whose call cannot be estimated is planned on its weights, said so, rather than refusing the call.
+    with weights_only_fallback() as fallbacks:
+        described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
+                                                            dtypes=dtypes, estimating=estimating)
+        planned, activations = (None, None) if call is None else _planned_call(
+            pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
+        work = {} if planned is None else work_arguments(described, modules, dtypes=dtypes, estimating=estimating)
+    if planned is not None and fallbacks.records:  # no technique is planned on activations that are not counted
+        planned = dataclasses.replace(planned, runs={name: runs for name, runs in planned.runs.items()
+                                                     if name not in modules or not fallbacks.of(modules[name])})
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
                      pinned=dict(pinned) or None, scope=scope.value,
@@ -86,10 +108,7 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
         return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
                                                             "module_order": module_order or None})
 
-    planned, activations = (None, None) if call is None else _planned_call(
-        pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
-    if planned is not None:
-        arguments.update(work_arguments(described, modules, dtypes=dtypes, estimating=estimating))
+    arguments.update(work)
     try:
         outcome = attempt(plan_for, None) if planned is None else \
             plan_with_vae_techniques(plan_for, planned, activations, options)
@@ -104,10 +123,27 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
     if call is not None:
-        plan = plan.with_inputs(call=recorded_call(call))
+        plan = with_estimate_fallbacks(plan.with_inputs(call=recorded_call(call)), modules, fallbacks.records)
     if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
         plan = plan.with_advice(_advice(plan, advise, replanning(outcome.activations)))
     return plan
+
+
+def with_estimate_fallbacks(plan: placement.Plan, modules: Mapping[str, nn.Module],
+                            records: Sequence[EstimateFallback]) -> placement.Plan:
+    """The plan with each component whose call could not be estimated marked "activations not counted" (its
+    verdict says what the plan therefore does not guarantee), and a warning naming it and why."""
+    components = dict(plan.components)
+    for name, module in modules.items():
+        mine = [record for record in records if record.module() is module]
+        if not mine or name not in components:
+            continue
+        why = "; ".join(record.explanation for record in mine)
+        components[name] = components[name].model_copy(update={"activations_not_counted": why})
+        warnings.warn(f"The plan counts {name}'s weights only, not its activations: {why}. It does not guarantee "
+                      f"that {name}'s call fits; give its peak with placement.plan(activations={{'{name}': "
+                      "<bytes>}) or leave room on its device.", UserWarning, stacklevel=caller_stacklevel())
+    return plan.model_copy(update={"components": components})
 
 
 def with_measured_disk_speed(plan: placement.Plan, metas: Mapping[str, Any]) -> placement.Plan:
@@ -187,7 +223,8 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     if hasattr(pipe, "activation_inputs") or hasattr(pipe, "runs_per_call") or not is_capturable(pipe):
         return _self_described(pipe, modules, call)
     try:
-        with estimating():
+        # The capture passes each output to the next component: a fallback needs one (`weights_only_fallback`).
+        with estimating(), weights_only_fallback(outputs_needed=True):
             captured = capture_call(capturable(pipe), modules, call or {},
                                     dtype_of=lambda name: dtype_for(dtypes, name))
     except (CallSpecError, ActivationEstimateError) as error:

@@ -13,23 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 from torch import nn
 import torch._subclasses.fake_tensor as fake_tensor_module
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from .fallback import EstimateFallback, ValuesGuessed, current_fallbacks, is_model_failure, reads_values
 from .fake_tensors import FusedAttentionAccounting, MetaConstants, shape_only_stand_ins, to_meta
 from .isolation import accelerate_hooks_bypassed, collection_paused, module_state_kept, torch_silenced
 from .memo import BlockMemo, CachedCall, cache_key, cached, memo_enabled, remember
+from .progress import estimate_started
 from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, observers_deferred
 from ..errors import PlanError
 from ..sizing import kept_fp32_module_names
+
+if TYPE_CHECKING:  # imported where measured: torch.distributed is 150 modules `import placement` does not need
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 # Fake tensors claim `meta`: model code written to be planned on meta already skips its value checks there
 # (`if not x.is_meta: int(x.max())`), which fake tensors, having no values, could not run.
@@ -46,16 +51,19 @@ class ActivationEstimateError(PlanError, RuntimeError):
     """The module's call could not run on fake tensors (wrong example inputs, data-dependent code, ...): one line,
     the full error in `__cause__`; `for_component(name)` names the pipeline component, as planners raise it."""
 
-    def __init__(self, message: str, *, call: str = "", cause: str = "") -> None:
+    def __init__(self, message: str, *, call: str = "", cause: str = "", model_failure: bool = False,
+                 reads_values: bool = False) -> None:
         super().__init__(message)
         self.call, self.cause = call, cause
+        # The model's reason (`fallback.is_model_failure`), and whether it is that the call reads tensor values.
+        self.model_failure, self.reads_values = model_failure, reads_values
 
     def for_component(self, name: str) -> "ActivationEstimateError":
         return ActivationEstimateError(
             f"Could not estimate the activations of component {name!r} ({self.call}): {self.cause}. To plan "
             f"anyway, leave {name!r} out of the estimate: plan without call= (weights only), or give its peak "
             f"yourself with placement.plan(activations={{{name!r}: <bytes>, ...}}).",
-            call=self.call, cause=self.cause,
+            call=self.call, cause=self.cause, model_failure=self.model_failure, reads_values=self.reads_values,
         )
 
 
@@ -68,6 +76,9 @@ class CallEstimate:
     # What the call computes and touches (`tracking.FlopTally`): for the plan's time model.
     flops: int = 0
     bytes_touched: int = 0
+    # None: the peak is the estimate. Else why the call could not be estimated: `peak_bytes` is 0, activations not
+    # counted (`fallback.weights_only_fallback`); `output` is None when even a run with guessed values failed.
+    fallback: str | None = None
 
 
 def estimate_call(
@@ -93,13 +104,17 @@ def estimate_call(
     only). The module's `CallObserver`s are told the calls of the run that counts, once it has ended.
     """
     _check_call(module, method)
+    estimate_started(f"{type(module).__name__}.{method}")
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     with accelerate_hooks_bypassed(module):
-        key = None if keep_values else cache_key(module, method, (args, kwargs), dtype)
+        key = None if keep_values else cache_key(module, method, _as_run((args, kwargs), dtype), dtype)
         answer = cached(module, key)
         if answer is None:
-            answer = _run(module, method, args, kwargs, dtype, keep_values)
+            try:
+                answer = _run(module, method, args, kwargs, dtype, keep_values)
+            except ActivationEstimateError as error:
+                return _fallen_back(module, method, args, kwargs, dtype, keep_values, error)
             remember(module, key, answer)
             if key is not None:  # the caller gets its own copy: what it does with it cannot reach the cache
                 answer = dataclasses.replace(answer, output=to_meta(answer.output))
@@ -119,6 +134,50 @@ def estimate_activations(
     return estimate_call(module, args, kwargs, method=method, dtype=dtype).peak_bytes
 
 
+def _as_run(inputs: Any, dtype: torch.dtype | None) -> Any:
+    """The inputs as the run sees them (`_FakeCopies.inputs`: on meta, floating ones cast to `dtype`), for the
+    cache's key: a float32 and a bfloat16 latent are one estimate at bfloat16 (FLUX's first step and the others)."""
+    converted: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, so one tensor given twice stays one
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in converted:
+            meta = tensor.detach().to("meta")
+            converted[id(tensor)] = meta.to(dtype) if dtype is not None and meta.is_floating_point() else meta
+        return converted[id(tensor)]
+
+    return tree_map_only(torch.Tensor, convert, inputs)
+
+
+def _fallen_back(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
+                 keep_values: bool, error: ActivationEstimateError) -> CallEstimate:
+    """Within `weights_only_fallback`, a failure of the model's answered with a stated weights-only estimate
+    (`fallback` module doc); anything else, or no collector, raises `error` as it is."""
+    collector = current_fallbacks()
+    if collector is None or not error.model_failure:
+        raise error
+    if error.reads_values and not keep_values and any(isinstance(leaf, torch.Tensor) and _has_values(leaf)
+                                                              for leaf in tree_leaves((args, kwargs))):
+        try:  # its real integer inputs' values may be what it reads (Lumina 2's mask lengths): a real estimate
+            return estimate_call(module, args, kwargs, method=method, dtype=dtype, keep_values=True)
+        except ActivationEstimateError:
+            pass
+    try:
+        with observers_deferred(module):
+            guessed = _run_once(module, method, args, kwargs, dtype, keep_values, with_memo=False, guessing=True)
+    except ActivationEstimateError:
+        guessed = None
+    else:  # the order its submodules ran in (a plausible one: the guessed branch's), for the plan's unit order
+        notify_paths(module, guessed.calls)
+    if guessed is None and collector.outputs_needed:
+        raise error
+    collector.add(EstimateFallback(module=weakref.ref(module), call=error.call, reason=error.cause,
+                                   output_known=guessed is not None, reads_values=error.reads_values))
+    if guessed is None:
+        return CallEstimate(peak_bytes=0, output=None, fallback=error.cause)
+    return CallEstimate(peak_bytes=0, output=guessed.output, flops=guessed.flops,
+                        bytes_touched=guessed.bytes_touched, fallback=error.cause)
+
+
 def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
          keep_values: bool = False) -> CachedCall:
     # The module's observers are told the calls of the run that counts, after it (`observers_deferred`).
@@ -132,8 +191,9 @@ def _run(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch
 
 
 def _run_once(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: torch.dtype | None,
-              keep_values: bool, *, with_memo: bool) -> CachedCall | None:
-    """The call on fake tensors; None when the block memo found a replay would not be exact."""
+              keep_values: bool, *, with_memo: bool, guessing: bool = False) -> CachedCall | None:
+    """The call on fake tensors; None when the block memo found a replay would not be exact. `guessing`: the
+    values the call reads are guessed (`fallback.ValuesGuessed`), for its output's shapes only."""
     # Plain tensor attributes the module keeps outside its parameters and buffers (a 0-d scale, say) are
     # real; let the fake mode wrap them on the fly rather than refuse the call.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -152,7 +212,8 @@ def _run_once(module: nn.Module, method: str, args: tuple, kwargs: dict, dtype: 
                 memo.installed(module) if memo is not None else contextlib.nullcontext():
             with torch.inference_mode(), fake_mode, _reparametrize_module(module, weights):
                 # The tally below the tracker: the tracker sees each op whole, as the tally's module doc says.
-                with FusedAttentionAccounting(tally.attention), MetaConstants(), tally, tracker:
+                with FusedAttentionAccounting(tally.attention), MetaConstants(), tally, tracker, \
+                        ValuesGuessed() if guessing else contextlib.nullcontext():
                     # Looked up here: with the hooks bypassed, `forward` is the module's own again.
                     output = getattr(module, method)(*fake_args, **fake_kwargs)
     except Exception as error:  # re-raised with what the caller needs to fix it
@@ -252,7 +313,7 @@ def _failure(module: nn.Module, method: str, args: tuple, kwargs: dict, error: E
         f"Could not estimate the activations of {call}: {cause}. Check that the example inputs match the model's "
         "config; code that needs tensor values (e.g. `if mask.any():`, `.item()`) cannot run without data and "
         "must branch on shapes instead.",
-        call=call, cause=cause,
+        call=call, cause=cause, model_failure=is_model_failure(error), reads_values=reads_values(error),
     )
 
 
@@ -281,6 +342,8 @@ def measure_activations(
     `torch.inference_mode()`: inputs, intermediates and output, as `estimate_activations` counts them."""
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
+    from torch.distributed._tools.mem_tracker import MemTracker  # lazily: see the TYPE_CHECKING import
+
     inputs = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
     tracker = MemTracker()
     tracker.track_external(module, *inputs)
@@ -289,7 +352,7 @@ def measure_activations(
     return activation_peak(tracker)
 
 
-def activation_peak(tracker: MemTracker) -> int:
+def activation_peak(tracker: "MemTracker") -> int:
     """The peak bytes a finished MemTracker saw on its one device, parameters and buffers left out."""
     peaks = tracker.get_tracker_snapshot("peak")
     if not peaks:

@@ -23,6 +23,7 @@ import functools
 import os
 import weakref
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
@@ -31,6 +32,7 @@ from torch import nn
 
 from .calls import BLOCK_INDEX_ATTRIBUTES, Effects, Entry, ReplayDiverged, call_signature, module_state
 from .fake_tensors import to_meta
+from .progress import block_called
 from .tracking import CallLog, FlopTally, LiveStorageTracker, notify_paths, only_observed
 
 MEMO_ENV = "PLACEMENT_BLOCK_MEMO"
@@ -53,11 +55,14 @@ class BlockMemo:
         # after `_GIVE_UP` of those, the group runs without the memo's bookkeeping.
         self._failures: dict[Hashable, int] = {}
         self.diverged = False  # a replay did otherwise than its run: the estimate is to run again without the memo
+        self.replays = 0  # calls answered by a replay
+        self._root: nn.Module | None = None
 
     @contextlib.contextmanager
     def installed(self, root: nn.Module) -> Iterator[None]:
         """Within it, `root`'s candidate blocks go through the memo (their `forward` patched, then restored)."""
         patched = []
+        self._root, token = root, _active.set(self)  # for `same_work_by_layout` functions the call runs
         try:
             # Decided before any is patched: a candidate holding others would see their wrappers as foreign.
             chosen = [(group, block) for group, blocks in candidates(root).items() for block in blocks
@@ -67,6 +72,7 @@ class BlockMemo:
                 block.forward = functools.partial(self._call, group, block, block.forward)
             yield
         finally:
+            _active.reset(token)
             for block, own in reversed(patched):
                 if own is None:
                     del block.forward
@@ -74,29 +80,47 @@ class BlockMemo:
                     block.forward = own
 
     def _call(self, group: Hashable, block: nn.Module, forward: Callable, *args, **kwargs) -> Any:
+        return self._memoized(group, block, lambda: module_state(block, ignore=_IDENTITY_IGNORES),
+                              functools.partial(forward, *args, **kwargs), (args, kwargs))
+
+    def call_function(self, function: Callable, args: tuple, kwargs: dict, position: str | None = None) -> Any:
+        """`function(*args, **kwargs)` through the memo (`same_work_by_layout`): the callables among its arguments
+        are part of the key by identity, the keyword `position` not at all, the rest as a block's inputs are."""
+        callables = tuple(_identity(value) for value in (*args, *kwargs.values()) if _is_callable(value))
+        inputs = (tuple(map(_stand_in, args)),
+                  {name: _stand_in(value) for name, value in kwargs.items() if name != position})
+        return self._memoized(("function", function), self._root, lambda: (function, callables),
+                              functools.partial(function, *args, **kwargs), inputs)
+
+    def _memoized(self, group: Hashable, owner: nn.Module, identity_of: Callable[[], Hashable],
+                  run: Callable[[], Any], inputs: tuple[tuple, dict]) -> Any:
+        """`run()`, recorded or replayed by (`identity_of()`, the signature of `inputs`); `owner`: the module
+        whose submodules' calls a replay reports."""
+        block_called()
         off = self.diverged or self._failures.get(group, 0) >= _GIVE_UP
-        signature = None if off else call_signature((args, kwargs), offsets=False)
+        signature = None if off else call_signature(inputs, offsets=False)
         if signature is None:
-            return forward(*args, **kwargs)
-        entry = Entry.of((args, kwargs))
-        identity = module_state(block, ignore=_IDENTITY_IGNORES)
+            return run()
+        entry = Entry.of(inputs)
+        identity = identity_of()
         key = (identity, signature, entry.layout)
         record = self._records.get(key)
         if record is not None:
             self._tally.add(record.flops, record.bytes_touched)  # the same work as its first run
+            self.replays += 1
             try:
                 with self._tally.paused():  # its stand-in tensors are no work
-                    return record.replay(block, (args, kwargs), self._tracker)
+                    return record.replay(owner, inputs, self._tracker)
             except ReplayDiverged:
                 self.diverged = True
                 raise
         before, live, start = self._tracker.counted_storages(), self._tracker.live_bytes, len(self._log.calls)
         flops, touched = self._tally.flops, self._tally.bytes_touched
         with self._tracker.window() as window:
-            output = forward(*args, **kwargs)
+            output = run()
         effects = None
-        if module_state(block, ignore=_IDENTITY_IGNORES) == identity:
-            effects = Effects.of(output, (args, kwargs), entry, before, self._tracker.counted_storages(),
+        if identity_of() == identity:
+            effects = Effects.of(output, inputs, entry, before, self._tracker.counted_storages(),
                                  grown=self._tracker.live_bytes - live)
         if effects is None:
             self._failures[group] = self._failures.get(group, 0) + 1
@@ -104,8 +128,46 @@ class BlockMemo:
             self._records[key] = _Record(
                 transient_bytes=window.transient_bytes, effects=effects, flops=self._tally.flops - flops,
                 bytes_touched=self._tally.bytes_touched - touched,
-                children=self._log.paths(block, start, len(self._log.calls)))
+                children=self._log.paths(owner, start, len(self._log.calls)))
         return output
+
+
+_CALLABLE = "<callable, keyed by identity>"  # what a callable argument is in a function's signature
+
+
+def _is_callable(value: Any) -> bool:
+    return callable(value) and not isinstance(value, (torch.Tensor, type))
+
+
+def _stand_in(value: Any) -> Any:
+    return _CALLABLE if _is_callable(value) else value
+
+
+def _identity(function: Callable) -> tuple:
+    """A callable argument by identity: its function and the object it is bound to (alive while the call runs)."""
+    return getattr(function, "__func__", function), id(getattr(function, "__self__", None))
+
+
+_active: ContextVar["BlockMemo | None"] = ContextVar("placement_block_memo", default=None)
+
+
+def same_work_by_layout(function: Callable | None = None, *, position: str | None = None) -> Callable:
+    """Marks a function whose calls do the same work (allocations, FLOPs) whenever its tensor arguments have the
+    same shapes, strides and dtypes and its other arguments are equal (callables: the same ones), wherever the
+    tensors start in their storages and whatever its keyword `position` says (where it reads and writes, not how
+    much): a loop body such as one tile of a tiled decode. Within an estimate (the block memo on), such calls are
+    run once and replayed (`BlockMemo`); elsewhere it is the plain function."""
+    if function is None:
+        return functools.partial(same_work_by_layout, position=position)
+
+    @functools.wraps(function)
+    def memoized(*args, **kwargs):
+        memo = _active.get()
+        if memo is None:
+            return function(*args, **kwargs)
+        return memo.call_function(function, args, kwargs, position)
+
+    return memoized
 
 
 def candidates(root: nn.Module) -> dict[Hashable, list[nn.Module]]:

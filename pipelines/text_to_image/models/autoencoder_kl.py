@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from pydantic import PositiveInt, model_validator
 from torch import nn
 
+from placement.activations.memo import same_work_by_layout
+
 from ...errors import CallError
 from ...folder.class_registry import library_class
 from ...framework.modeling import ModelConfig, ModelMixin
@@ -165,17 +167,33 @@ class TileGrid:
 
     def weights(self, index: int, scale: float, device, dtype) -> torch.Tensor:
         """Tile `index`'s blend weight in output pixels: a ramp across each overlap, flat elsewhere."""
-        out_size = round(self.size * scale)
-        position = torch.arange(out_size, dtype=torch.float32, device=device) + 0.5
-        weight = torch.ones(out_size, dtype=torch.float32, device=device)
+        return _ramp(round(self.size * scale), *self._overlaps(index, scale), device=device, dtype=dtype)
+
+    def all_weights(self, scale: float, device, dtype) -> list[torch.Tensor]:
+        """Every tile's `weights`, each distinct ramp made once (evenly spread tiles share their overlaps)."""
+        made: dict[tuple, torch.Tensor] = {}
+        for index in range(len(self.starts)):
+            overlaps = self._overlaps(index, scale)
+            if overlaps not in made:
+                made[overlaps] = _ramp(round(self.size * scale), *overlaps, device=device, dtype=dtype)
+        return [made[self._overlaps(index, scale)] for index in range(len(self.starts))]
+
+    def _overlaps(self, index: int, scale: float) -> tuple[float | None, float | None]:
+        """The output pixels tile `index` shares with the tile before it and the one after it (None: no such tile)."""
         start = self.starts[index]
-        if index > 0:
-            overlap = (self.starts[index - 1] + self.size - start) * scale
-            weight = torch.minimum(weight, position / overlap)
-        if index < len(self.starts) - 1:
-            overlap = (start + self.size - self.starts[index + 1]) * scale
-            weight = torch.minimum(weight, (out_size - position) / overlap)
-        return weight.to(dtype)
+        before = (self.starts[index - 1] + self.size - start) * scale if index > 0 else None
+        after = (start + self.size - self.starts[index + 1]) * scale if index < len(self.starts) - 1 else None
+        return before, after
+
+
+def _ramp(size: int, before: float | None, after: float | None, *, device, dtype) -> torch.Tensor:
+    position = torch.arange(size, dtype=torch.float32, device=device) + 0.5
+    weight = torch.ones(size, dtype=torch.float32, device=device)
+    if before is not None:
+        weight = torch.minimum(weight, position / before)
+    if after is not None:
+        weight = torch.minimum(weight, (size - position) / after)
+    return weight.to(dtype)
 
 
 def blend_tiles(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, tile_size: int, overlap: int,
@@ -184,21 +202,42 @@ def blend_tiles(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, 
     height, width = x.shape[-2:]
     rows = TileGrid.cover(height, tile_size, overlap, align)
     cols = TileGrid.cover(width, tile_size, overlap, align)
-    canvas = weight_sum = None
+    first = fn(x[..., :rows.size, :cols.size])
+    out_h, out_w = round(height * scale), round(width * scale)
+    canvas = first.new_zeros(*first.shape[:-2], out_h, out_w)
+    weight_sum = first.new_zeros(out_h, out_w)
+    row_weights = rows.all_weights(scale, first.device, first.dtype)
+    col_weights = cols.all_weights(scale, first.device, first.dtype)
     for i, top in enumerate(rows.starts):
         for j, left in enumerate(cols.starts):
-            tile = fn(x[..., top:top + rows.size, left:left + cols.size])
-            if canvas is None:
-                out_h, out_w = round(height * scale), round(width * scale)
-                canvas = tile.new_zeros(*tile.shape[:-2], out_h, out_w)
-                weight_sum = tile.new_zeros(out_h, out_w)
-            weight = (rows.weights(i, scale, tile.device, tile.dtype)[:, None]
-                      * cols.weights(j, scale, tile.device, tile.dtype)[None, :])
-            out_top, out_left = round(top * scale), round(left * scale)
-            region = (..., slice(out_top, out_top + tile.shape[-2]), slice(out_left, out_left + tile.shape[-1]))
-            canvas[region] += tile * weight
-            weight_sum[region[1:]] += weight
+            if first is None:
+                _blend_tile(fn, x, canvas, weight_sum, row_weights[i], col_weights[j], tile=(rows.size, cols.size),
+                            scale=scale, at=(top, left))
+            else:  # decoded already, for the canvas's shape
+                _add_tile(first, canvas, weight_sum, row_weights[i], col_weights[j], scale=scale, at=(top, left))
+                first = None
     return canvas / weight_sum
+
+
+# Tiles of one shape do the same work wherever they are (`at` only says where they read and write): an estimate
+# runs one tile of each kind and replays the others.
+@same_work_by_layout(position="at")
+def _blend_tile(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, canvas: torch.Tensor,
+                weight_sum: torch.Tensor, row_weight: torch.Tensor, col_weight: torch.Tensor, *,
+                tile: tuple[int, int], scale: float, at: tuple[int, int]) -> None:
+    top, left = at
+    decoded = fn(x[..., top:top + tile[0], left:left + tile[1]])
+    _add_tile(decoded, canvas, weight_sum, row_weight, col_weight, scale=scale, at=at)
+
+
+def _add_tile(decoded: torch.Tensor, canvas: torch.Tensor, weight_sum: torch.Tensor, row_weight: torch.Tensor,
+              col_weight: torch.Tensor, *, scale: float, at: tuple[int, int]) -> None:
+    """Add `decoded`, weighted, into the `canvas` region of the tile read at `at`, and its weight into `weight_sum`."""
+    top, left = round(at[0] * scale), round(at[1] * scale)
+    region = (slice(top, top + decoded.shape[-2]), slice(left, left + decoded.shape[-1]))
+    weight = row_weight[:, None] * col_weight[None, :]
+    canvas[(..., *region)] += decoded * weight
+    weight_sum[region] += weight
 
 
 Method = TypeVar("Method", bound=Callable)
