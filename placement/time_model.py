@@ -18,6 +18,31 @@ if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this mod
 # bytes moved per run into a time a user can weigh. Real machines vary by 2x either way; the bytes are exact.
 PCIE_BYTES_PER_S = 25e9
 DISK_BYTES_PER_S = 3e9
+# The rules `pricing.price` applies beyond the profile's rates, each fitted to benchmarks/data/published_runs.csv
+# (benchmarks/published_runs.py prints the rows and how each is predicted):
+# attention kernels' speed relative to eager SDPA (FlashAttention-2 on CUDA); FA3 and SageAttention run ~1.6x FA2 on
+# Hopper (the FA3 paper's bf16 figures), capped at the matmul efficiency.
+ATTENTION_BACKENDS = {"sdpa": 1.0, "flash2": 1.0, "flash3": 1.6, "sage": 1.6}
+# torch.compile's speedup of a whole forward (fused norms, RoPE and modulation): Wan 2.1 14B on an H100, 4.60 s
+# eager vs 3.77 s compiled (diffusers PR 11605).
+COMPILED_SPEEDUP = 1.22
+# A pageable (not page-locked) host -> GPU copy goes through the driver's bounce buffer: this share of the pinned
+# rate (diffusers' group offload without streams moved FLUX.1-dev's transformer at ~14 GB/s on an H100).
+PAGEABLE_SHARE = 0.36
+# Moving a component back to pageable host RAM (diffusers' model offload after each component) writes new pages.
+HOST_WRITE_BYTES_PER_S = 2.5e9
+# Fixed seconds per tensor copied synchronously by a module's `.to()` (launch, allocation): FLUX's VAE moved whole
+# on an H100 (0.152 s against 0.130 s resident for 0.17 GB).
+TENSOR_COPY_S = 50e-6
+# Fixed seconds per tensor accelerate's sequential offload pays at every run (its per-module hook moves each tensor
+# with set_module_tensor_to_device, synchronously): FLUX.1-dev on an H100 took 68.4 s sequential against 47.7 s
+# for the same bytes in diffusers' block offload (28 steps x 1160 tensors).
+HOOK_TENSOR_S = 0.6e-3
+# Fixed seconds per streamed block a prefetching runtime waits on, by runtime: module hooks that synchronize the
+# copy stream from the host leave the GPU idle while the host launches the block's kernels (diffusers' group offload
+# with streams exposes 0.32 s per 40-block Wan forward on an H100 where the copies themselves hide); a runtime that
+# only orders streams on the device (SGLang's layerwise offload) pays nothing measurable.
+BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
                  "streamed block before them starts, each copy hidden by the compute since then")
 
