@@ -172,12 +172,18 @@ def invalid_fields_text(error: ValidationError, what: str) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(the whole object)"
+        inner = item.get("ctx", {}).get("error")
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown field {where!r} (value {item['input']!r}): this version does not read it")
+        elif isinstance(inner, PlanError):  # a nested model that says its own fields (a GPU profile in a plan)
+            lines.append(f"in {where!r}: " + str(inner).removesuffix(FIX))
         else:
             message = item["msg"].removeprefix("Value error, ")
             lines.append(f"field {where!r} = {item['input']!r}: {message}")
-    return f"Invalid {what}: " + "; ".join(lines) + ". Fix or drop these fields."
+    return f"Invalid {what}: " + "; ".join(lines) + FIX
+
+
+FIX = ". Fix or drop these fields."
 
 
 def compute_dtype(label: Optional[str]) -> Optional[str]:
