@@ -17,6 +17,8 @@ import difflib
 import functools
 import math
 import re
+import statistics
+import time
 from typing import Optional
 
 import torch
@@ -37,8 +39,15 @@ LINK_EFFICIENCY = 0.63
 # GB/s per lane and direction, after line coding (128b/130b from gen 3 on; gen 6: 64 GT/s PAM4 in 256-byte FLITs).
 PCIE_LANE_GB_S = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 PCIE_LANES = (1, 2, 4, 8, 16)
-# A desktop CPU's realistic PyTorch GEMM rate (16 AVX-512/AMX cores peak at 1-2 TFLOPS fp32; half in mixed ops).
-CPU_FLOPS = 0.5e12
+# The CPU computes what a plan leaves on it at this machine's own rate, measured once per process
+# (`cpu_flops_per_s`: a small GEMM in the component's dtype, scaled by `CPU_FORWARD_EFFICIENCY`). A stated figure
+# (0.5 TFLOPS, a 16-core desktop) predicted a tiny DiT's 2-step 512x512 call on a 2-core machine at 1.4 s; it took
+# 31.4 s: a CPU's speed varies 50x between machines, so it is measured, never assumed.
+CPU_MATMUL_SIDE = 512  # 0.27 GFLOP per product: milliseconds on any CPU
+CPU_MEASURE_SECONDS = 0.02
+# Share of a CPU's GEMM rate a whole forward reaches (convolutions, norms, attention and elementwise ops run below
+# the GEMM's rate, and eager PyTorch adds per-op overhead on small tensors).
+CPU_FORWARD_EFFICIENCY = 0.3
 
 
 class Efficiency(BaseModel):
@@ -184,6 +193,23 @@ def invalid_fields_text(error: ValidationError, what: str) -> str:
 
 
 FIX = ". Fix or drop these fields."
+
+
+@functools.cache
+def cpu_flops_per_s(dtype: str = "float32") -> float:
+    """FLOP/s a forward in `dtype` (a compute dtype name) reaches on this machine's CPU: a `CPU_MATMUL_SIDE` GEMM
+    timed for at least `CPU_MEASURE_SECONDS` (once per process and dtype; the median product, so one preempted
+    product does not set it), times `CPU_FORWARD_EFFICIENCY`."""
+    torch_dtype = getattr(torch, dtype, None) if dtype in ("float32", "bfloat16", "float16") else torch.float32
+    a = torch.randn(CPU_MATMUL_SIDE, CPU_MATMUL_SIDE).to(torch_dtype)
+    b = torch.randn(CPU_MATMUL_SIDE, CPU_MATMUL_SIDE).to(torch_dtype)
+    torch.mm(a, b)  # warm-up: the first product pays for thread-pool start and kernel selection
+    timings, start = [], time.perf_counter()
+    while len(timings) < 5 or time.perf_counter() - start < CPU_MEASURE_SECONDS:
+        before = time.perf_counter()
+        torch.mm(a, b)
+        timings.append(max(time.perf_counter() - before, 1e-9))
+    return 2 * CPU_MATMUL_SIDE**3 / statistics.median(timings) * CPU_FORWARD_EFFICIENCY
 
 
 def compute_dtype(label: Optional[str]) -> Optional[str]:
@@ -403,5 +429,5 @@ def _copy_bytes_per_s(device: torch.device) -> float:
     return 2 * COPY_BYTES / _timed(lambda: target.copy_(source), MEASURE_REPEATS)
 
 
-__all__ = ["ARCHITECTURES", "choose_gpu", "COMPUTE_EFFICIENCY", "Efficiency", "invalid_fields_text", "CPU_FLOPS", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY",
+__all__ = ["ARCHITECTURES", "choose_gpu", "COMPUTE_EFFICIENCY", "Efficiency", "invalid_fields_text", "cpu_flops_per_s", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY",
            "MEMORY_EFFICIENCY", "PROFILES", "gpu_profile", "match_device_name", "measure_gpu_profile"]

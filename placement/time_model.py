@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
+from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile, compute_dtype, cpu_flops_per_s
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
     from .plan_schema import ComponentPlan, Plan
@@ -92,10 +92,18 @@ class CallTime:
         """Components whose compute is not known (no FLOPs: planned without a call, or a plan before v4)."""
         return [c.name for c in self.components if c.compute_s is None]
 
+    @property
+    def device(self) -> str:
+        """What runs the call: the GPU, "the CPU" when every component computes there, or the GPU with the
+        components the CPU computes named ("RTX 4090 (text_encoder on the CPU)")."""
+        on_cpu = [c.name for c in self.components if c.on_cpu]
+        if on_cpu and len(on_cpu) == len(self.components):
+            return "the CPU"
+        return short_name(self.gpu) + (f" ({', '.join(on_cpu)} on the CPU)" if on_cpu else "")
+
     def summary(self) -> str:
         """"about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed"."""
-        text = (f"about {seconds_text(self.seconds)} per call on {short_name(self.gpu)}: compute "
-                f"{seconds_text(self.compute_s)}")
+        text = f"about {seconds_text(self.seconds)} per call on {self.device}: compute {seconds_text(self.compute_s)}"
         if self.copy_s:
             text += f", copies {seconds_text(self.copy_s)} of which {seconds_text(self.exposed_s)} exposed"
         if self.uncounted:
@@ -105,12 +113,12 @@ class CallTime:
 
 def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProfile, dtype: Optional[str], *,
                 on_cpu: bool = False) -> Optional[float]:
-    """Seconds of one run: max(FLOPs / FLOP/s, bytes touched / memory bandwidth) on `gpu`, `CPU_FLOPS` on the
-    CPU; None without FLOPs."""
+    """Seconds of one run: max(FLOPs / FLOP/s, bytes touched / memory bandwidth) on `gpu`; on the CPU at this
+    machine's measured rate in the component's dtype (`cpu_flops_per_s`); None without FLOPs."""
     if flops is None:
         return None
     if on_cpu:
-        return flops / CPU_FLOPS
+        return flops / cpu_flops_per_s(compute_dtype(dtype) or "float32")
     memory = (bytes_touched or 0) / gpu.memory_bytes_per_s
     return max(flops / gpu.flops_per_s(dtype), memory)
 

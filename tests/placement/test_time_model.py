@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import placement
 from placement import Plan
 from placement.errors import PlanError
-from placement.gpu_profiles import (ARCHITECTURES, CPU_FLOPS, DEFAULT_GPU, LINK_EFFICIENCY, MEMORY_EFFICIENCY,
+from placement.gpu_profiles import (ARCHITECTURES, cpu_flops_per_s, DEFAULT_GPU, LINK_EFFICIENCY, MEMORY_EFFICIENCY,
                                     PROFILES, gpu_profile, match_device_name)
 from placement.sizes import GiB
 
@@ -190,13 +191,24 @@ def test_compute_longer_than_a_copy_hides_every_copy_but_the_first_without_resid
     assert vae_time.exposed_s == pytest.approx(vae.streamed_per_run_bytes / blocks / LINK)  # only the first copy
 
 
-def test_a_component_on_the_cpu_computes_at_the_stated_cpu_rate_and_moves_nothing():
+def test_a_component_on_the_cpu_computes_at_this_cpus_measured_rate_moves_nothing_and_names_the_cpu():
     with pytest.warns(UserWarning, match="degrades to 'cpu'"):
         plan = placement.plan(pipeline(), max_memory={"cpu": "64GiB"}, flops_per_run={"denoiser": 10**12},
                               runs_per_call={"denoiser": 3})
+    rate = cpu_flops_per_s("float32")  # measured once per process: the same figure the plan used
+    assert 1e8 < rate < 1e14 and cpu_flops_per_s("float32") == rate
     denoiser = next(c for c in plan.time_per_call().components if c.name == "denoiser")
-    assert denoiser.on_cpu and denoiser.compute_s == pytest.approx(3 * 10**12 / CPU_FLOPS) and denoiser.copy_s == 0
-    assert plan.seconds_per_call == pytest.approx(3 * 10**12 / CPU_FLOPS)
+    assert denoiser.on_cpu and denoiser.compute_s == pytest.approx(3 * 10**12 / rate) and denoiser.copy_s == 0
+    assert plan.seconds_per_call == pytest.approx(3 * 10**12 / rate)
+    assert "per call on the CPU" in plan.verdict.time and "RTX 4090" not in plan.verdict.time
+
+
+def test_a_plan_that_computes_one_component_on_the_cpu_names_it_beside_the_gpu():
+    time = plan_for({"denoiser": 10**12}).time_per_call()
+    assert time.device == "RTX 4090"
+    mixed = dataclasses.replace(time, components=tuple(dataclasses.replace(c, on_cpu=c.name == "vae")
+                                                        for c in time.components))
+    assert mixed.device == "RTX 4090 (vae on the CPU)" and "on RTX 4090 (vae on the CPU)" in mixed.summary()
 
 
 def test_without_flops_a_plan_states_bytes_only():
