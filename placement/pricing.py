@@ -76,8 +76,9 @@ class Mode:
     `prefetch` blocks in flight, the non-block rest resident, as SGLang's layerwise offload and our streaming).
     `pinned`: host memory is page-locked (else pageable); `home`: "cpu" or "disk" (read at the disk's speed);
     `runtime`: what waits on each streamed block (`time_model.BLOCK_SYNC_S`): "hooks" (module hooks that sync the
-    copy stream from the host, as diffusers' group offload and this library's streaming) or "engine" (a runtime
-    that never blocks the host on a copy, as SGLang's layerwise offload)."""
+    copy stream from the host, as diffusers' group offload) or "engine" (copies ordered by events on the device,
+    the host never blocked: SGLang's layerwise offload, and this library's streaming, hooks/group_offload/
+    transfer.py)."""
 
     kind: str = "resident"
     resident_blocks: int = 0

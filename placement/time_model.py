@@ -41,7 +41,8 @@ HOOK_TENSOR_S = 0.6e-3
 # Fixed seconds per streamed block a prefetching runtime waits on, by runtime: module hooks that synchronize the
 # copy stream from the host leave the GPU idle while the host launches the block's kernels (diffusers' group offload
 # with streams exposes 0.32 s per 40-block Wan forward on an H100 where the copies themselves hide); a runtime that
-# only orders streams on the device (SGLang's layerwise offload) pays nothing measurable.
+# only orders streams on the device (SGLang's layerwise offload; this library's streaming waits on events, so a
+# plan's `seconds_per_call` prices its blocks as "engine") pays nothing measurable.
 BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
 # The model's error band: benchmarks/published_runs.py predicts the field's published runs with this median
 # absolute error (and 31 of 35 within 20%). Plans state it, and the search only moves more bytes per call for a
