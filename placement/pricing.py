@@ -166,7 +166,7 @@ def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: floa
                                     block_copy=block_copy, prefetch=mode.prefetch,
                                     leading_resident=mode.kind == "layerwise", sync=BLOCK_SYNC_S[mode.runtime])
     copy = work.runs * work.chunks * streamed * block_copy
-    exposed = work.runs * work.chunks * per_pass - compute
+    exposed = round(work.runs * work.chunks * per_pass - compute, 9)  # to the nanosecond: float noise is not time
     return _timed(work, compute, copy, max(0.0, exposed))
 
 

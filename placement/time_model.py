@@ -107,8 +107,10 @@ class CallTime:
         return short_name(self.gpu) + (f" ({', '.join(on_cpu)} on the CPU)" if on_cpu else "")
 
     def summary(self) -> str:
-        """"about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed"."""
-        text = f"about {seconds_text(self.seconds)} per call on {self.device}: compute {seconds_text(self.compute_s)}"
+        """"about 14 s per call on RTX 4090, +-15%: compute 13.6 s, copies 0.9 s of which 0.3 s exposed" (the band:
+        `ERROR_BAND`, what the model misses published runs by)."""
+        text = (f"about {seconds_text(self.seconds)} per call on {self.device}, +-{ERROR_BAND:.0%}: compute "
+                f"{seconds_text(self.compute_s)}")
         if self.copy_s:
             text += f", copies {seconds_text(self.copy_s)} of which {seconds_text(self.exposed_s)} exposed"
         if self.uncounted:
