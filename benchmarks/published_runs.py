@@ -78,8 +78,8 @@ class Expressed:
 
 def read_rows(path: Path) -> list[dict]:
     """The CSV's rows; a row whose resolution says "per repro" takes the frame count its source's repro states."""
-    with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    with open(path, newline="") as handle:  # a short row's missing cells read as empty, not None
+        rows = [{key: value or "" for key, value in row.items() if key is not None} for row in csv.DictReader(handle)]
     if rows and not {"pipeline", "gpu", "config", "resolution", "steps"} <= set(rows[0]):
         raise SystemExit(f"{path}: not in calibration.csv's format (module doc): columns {', '.join(rows[0])}.")
     repro = {}

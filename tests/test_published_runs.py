@@ -73,6 +73,13 @@ def test_a_row_is_read_into_the_pipeline_gpu_call_scope_and_modes_it_states(tmp_
     assert {m["kind"] for m in encoders.modes.values()} == {"model_offload"}
 
 
+def test_a_short_row_reads_as_empty_cells_and_is_listed_with_why(tmp_path, capsys):
+    path = write(tmp_path / "runs.csv", ROWS[:1])
+    path.write_text(path.read_text() + "https://example.org,diffusers,Wan 2.1 14B transformer, one forward\n")
+    assert published_runs.run(path) == (published_runs.run(write(tmp_path / "one.csv", ROWS[:1]))[0], 1)
+    assert "the GPU is not named" in capsys.readouterr().out
+
+
 def test_a_file_that_is_not_in_the_format_is_refused_with_its_columns(tmp_path):
     path = tmp_path / "other.csv"
     path.write_text("a,b\n1,2\n")
