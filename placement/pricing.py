@@ -153,18 +153,19 @@ def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: floa
         copy = work.weight_bytes / speed + work.tensors * TENSOR_COPY_S
         back = work.weight_bytes / HOST_WRITE_BYTES_PER_S if mode.back_to_host else 0.0
         return _timed(work, compute, copy + back, copy + back)
-    if mode.kind in ("sequential", "group"):
+    if mode.kind in ("sequential", "group"):  # every weight (the blocks and the rest's group) at every pass
         passes = work.runs * work.chunks
         per_tensor = HOOK_TENSOR_S if mode.kind == "sequential" else TENSOR_COPY_S
-        copy = passes * (work.streamed_bytes / speed + work.tensors * per_tensor)
+        copy = passes * (work.weight_bytes / speed + work.tensors * per_tensor)
         return _timed(work, compute, copy, copy)
-    streamed = work.blocks - (mode.resident_blocks if mode.kind == "layerwise" else 0)
+    layerwise = mode.kind == "layerwise"  # its non-block rest stays resident; group offload moves it as a group too
+    streamed = work.blocks - (mode.resident_blocks if layerwise else 0)
     if streamed <= 0:
         return _timed(work, compute, 0.0, 0.0)
-    block_copy = work.streamed_bytes / work.blocks / speed
+    block_copy = (work.streamed_bytes if layerwise else work.weight_bytes) / work.blocks / speed
     per_pass = streamed_run_seconds(run_s / work.chunks, blocks=work.blocks, streamed=streamed,
                                     block_copy=block_copy, prefetch=mode.prefetch,
-                                    leading_resident=mode.kind == "layerwise", sync=BLOCK_SYNC_S[mode.runtime])
+                                    leading_resident=layerwise, sync=BLOCK_SYNC_S[mode.runtime])
     copy = work.runs * work.chunks * streamed * block_copy
     exposed = round(work.runs * work.chunks * per_pass - compute, 9)  # to the nanosecond: float noise is not time
     return _timed(work, compute, copy, max(0.0, exposed))
