@@ -40,11 +40,14 @@ LINK_EFFICIENCY = 0.63
 PCIE_LANE_GB_S = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 PCIE_LANES = (1, 2, 4, 8, 16)
 # The CPU computes what a plan leaves on it at this machine's own rate, measured once per process
-# (`cpu_flops_per_s`: a small GEMM in the component's dtype, scaled by `CPU_FORWARD_EFFICIENCY`). A stated figure
-# (0.5 TFLOPS, a 16-core desktop) predicted a tiny DiT's 2-step 512x512 call on a 2-core machine at 1.4 s; it took
-# 31.4 s: a CPU's speed varies 50x between machines, so it is measured, never assumed.
-CPU_MATMUL_SIDE = 512  # 0.27 GFLOP per product: milliseconds on any CPU
-CPU_MEASURE_SECONDS = 0.02
+# (`cpu_flops_per_s`: a GEMM in the component's dtype, scaled by `CPU_FORWARD_EFFICIENCY`). A stated figure
+# (0.5 TFLOPS, a 16-core desktop) predicted tiny-dit's 2-step 512x512 call on a 2-core machine at 1.4 s; it took
+# 31.4 s: a CPU's speed varies 50x between machines, so it is measured, never assumed (measured so, the same call
+# is predicted 79 s and took 58 s on a 2-core machine at load 11).
+# 2.1 GFLOP per product: large enough for the GEMM's sustained rate (a 512 product ran at 30% of it on a loaded
+# 2-core machine), milliseconds on a desktop CPU, about 50 ms on a loaded 2-core one.
+CPU_MATMUL_SIDE = 1024
+CPU_MEASURE_SECONDS = 0.1
 # Share of a CPU's GEMM rate a whole forward reaches (convolutions, norms, attention and elementwise ops run below
 # the GEMM's rate, and eager PyTorch adds per-op overhead on small tensors).
 CPU_FORWARD_EFFICIENCY = 0.3
@@ -198,14 +201,14 @@ FIX = ". Fix or drop these fields."
 @functools.cache
 def cpu_flops_per_s(dtype: str = "float32") -> float:
     """FLOP/s a forward in `dtype` (a compute dtype name) reaches on this machine's CPU: a `CPU_MATMUL_SIDE` GEMM
-    timed for at least `CPU_MEASURE_SECONDS` (once per process and dtype; the median product, so one preempted
-    product does not set it), times `CPU_FORWARD_EFFICIENCY`."""
+    timed 3 to 9 times, for up to `CPU_MEASURE_SECONDS` (once per process and dtype; the median product, so one
+    preempted product does not set it), times `CPU_FORWARD_EFFICIENCY`."""
     torch_dtype = getattr(torch, dtype, None) if dtype in ("float32", "bfloat16", "float16") else torch.float32
     a = torch.randn(CPU_MATMUL_SIDE, CPU_MATMUL_SIDE).to(torch_dtype)
     b = torch.randn(CPU_MATMUL_SIDE, CPU_MATMUL_SIDE).to(torch_dtype)
     torch.mm(a, b)  # warm-up: the first product pays for thread-pool start and kernel selection
     timings, start = [], time.perf_counter()
-    while len(timings) < 5 or time.perf_counter() - start < CPU_MEASURE_SECONDS:
+    while len(timings) < 3 or (len(timings) < 9 and time.perf_counter() - start < CPU_MEASURE_SECONDS):
         before = time.perf_counter()
         torch.mm(a, b)
         timings.append(max(time.perf_counter() - before, 1e-9))
