@@ -176,7 +176,8 @@ def streamed_run_seconds(run_s: float, *, blocks: int, streamed: int, block_copy
     """Seconds of one pass over `blocks` equal blocks computing `run_s` in all, `streamed` of them copied in on one
     copy stream (the last ones when `leading_resident`, else every block), each copy `block_copy` seconds, started
     once the copy before it is done and a slot of `prefetch` blocks ahead is free; a streamed block's compute waits
-    for its copy and pays `BLOCK_SYNC_S`. The first copy starts with the pass (a run starts cold)."""
+    for its copy and pays `sync` (`BLOCK_SYNC_S` of its runtime). The first copy starts with the pass (a run
+    starts cold)."""
     compute = run_s / blocks
     first_streamed = blocks - streamed if leading_resident else 0
     done, copy_done, started = 0.0, 0.0, []
