@@ -11,19 +11,21 @@ images, 480x832x49 video, batch 1; 28 steps, times the denoiser's passes per ste
 component computes per run at that call (FLOPs and bytes touched) is counted on the same fake tensors as its activation
 estimate (`placement.activations.tracking.FlopTally`, through call capture), kept in data/time_per_call_work.json.
 
-Every column is predicted by one time model (`placement.time_model`) on one GPU profile (`placement.gpu_profiles`:
-datasheet peaks at the stated efficiencies; the host link is the profile's PCIe link at 0.8), so the columns differ
-only by what each technique moves and whether its copies overlap compute:
+Every column is predicted by one time model (`placement.time_model`, the anchors through `placement.price`) on one
+GPU profile (`placement.gpu_profiles`: datasheet peaks at its architecture's fitted efficiencies; the host link is the
+profile's PCIe link at `LINK_EFFICIENCY` pinned, `PAGEABLE_SHARE` of that pageable), so the columns differ only by
+what each technique moves, how (pinned or pageable, whole or per tensor) and whether its copies overlap compute:
 - ours: `placement.plan(..., gpu=)` on one GPU of that many GiB (what stays resident, what loads per call, what streams);
   `plan.seconds_per_call` (streamed blocks interleaved with the kept ones, each copy sent when the streamed block
   before it starts; per-call loads exposed);
 - compute: the compute alone, every weight resident (no technique is faster on that GPU);
-- model offload (`enable_model_cpu_offload`): each component moved whole when it runs: every byte once per call,
-  synchronously (exposed);
-- group (`enable_group_offload(offload_type="block_level")`) without streams: every block at every run, synchronously;
-  with streams (`use_stream=True`): the same bytes, the next block prefetched: each copy hidden by the compute of the
-  block before it (every block streams: no kept blocks between them, unlike ours);
-- sequential offload (`enable_sequential_cpu_offload`): every module at every run, synchronously.
+- model offload (`enable_model_cpu_offload`): each component moved whole when it runs, from pageable memory, and
+  back to host RAM when the next one runs: every byte once per call each way, synchronously (exposed);
+- group (`enable_group_offload(offload_type="block_level")`) without streams: every block at every run, synchronously,
+  pageable; with streams (`use_stream=True`): the same bytes from a pinned copy, the next block prefetched on one
+  copy stream, each block paying the hooks' sync (`BLOCK_SYNC_S`);
+- sequential offload (`enable_sequential_cpu_offload`): every tensor at every run through accelerate's per-module
+  hooks (`HOOK_TENSOR_S` each), pageable, synchronously.
 Host RAM each needs (second table, GiB, "pinned" in brackets), at its peak once the pipeline is set up, weights only:
 - ours: `plan.host_memory` (host-homed weights once, plus the staging of disk-homed ones; pinned: what moves per call);
 - model offload: every weight once in host RAM (accelerate's `cpu_offload_with_hook` moves a component, never copies
@@ -113,27 +115,33 @@ def ours(pipeline, work, gpu: str, gib: int):
     return plan.seconds_per_call, plan
 
 
+# Each diffusers technique as it moves weights (module doc), priced by `placement.price` with the same rules as ours.
+ANCHOR_MODES = {
+    "model": dict(kind="model_offload", pinned=False, back_to_host=True),  # accelerate moves whole modules, pageable
+    "group": dict(kind="group", pinned=False),  # blocks moved at every run, synchronously, pageable
+    "group+streams": dict(kind="group_streams", pinned=True),  # a pinned copy of every tensor, the next prefetched
+    "sequential": dict(kind="sequential", pinned=False),  # accelerate's per-module hooks, every tensor every run
+}
+
+
 def anchors(pipeline, work, gpu: str, gib: int) -> dict[str, float | None]:
     """The diffusers techniques' seconds per call (module doc), None where one does not fit."""
+    from placement.pricing import ComponentWork, Mode, price
     from transfers import group_offload, model_offload, sequential_offload
 
-    profile = gpu_profile(gpu)
-    link = profile.link_bytes_per_s
     parts, gibs = pipeline.parts, [gib]
-    run_s = {p.name: run_seconds(work.get(p.name, (0, 0))[0], work.get(p.name, (0, 0))[1], profile, DTYPE_LABEL)
-             for p in parts}
-    compute = sum(p.runs * run_s[p.name] for p in parts)
-    every_run = sum(p.runs * p.bytes for p in parts) / link
-    streamed = sum(exposed_copy_seconds(run_s=run_s[p.name], weight_bytes=p.bytes, loaded_bytes=0,
-                                        streamed_bytes=p.bytes, streamed_blocks=max(1, len(p.units)), runs=p.runs,
-                                        link=link) for p in parts)
-    return {
-        "compute": compute,
-        "model": None if model_offload(parts, gibs) is None else compute + sum(p.bytes for p in parts) / link,
-        "group": None if group_offload(parts, gibs) is None else compute + every_run,
-        "group+streams": None if group_offload(parts, gibs) is None else compute + streamed,
-        "sequential": None if sequential_offload(parts, gibs) is None else compute + every_run,
-    }
+    works = [ComponentWork(name=p.name, weight_bytes=p.bytes, runs=p.runs, blocks=max(1, len(p.blocks)),
+                           block_bytes=sum(p.blocks) or None,
+                           tensors=max(1, sum(1 for _ in pipeline.modules[p.name].parameters())),
+                           matmul_flops=work.get(p.name, (0, 0))[0], bytes_touched=work.get(p.name, (0, 0))[1])
+             for p in parts]
+    fits = {"model": model_offload(parts, gibs), "group": group_offload(parts, gibs),
+            "group+streams": group_offload(parts, gibs), "sequential": sequential_offload(parts, gibs)}
+    seconds = {"compute": price(works, gpu).seconds}
+    for column, mode in ANCHOR_MODES.items():
+        modes = {w.name: Mode(**mode) for w in works}
+        seconds[column] = None if fits[column] is None else price(works, gpu, modes).seconds
+    return seconds
 
 
 def _cell(seconds: float | None, missing: str = "-") -> str:
@@ -217,7 +225,8 @@ def published(*, estimate: bool) -> None:
     profile = gpu_profile("rtx5090")
     print(f"\nPublished: SGLang PR #31538, Qwen-Image ({len(layers)} layers of {layer_bytes / GiB:.2f} GiB, rest "
           f"{rest / GiB:.2f} GiB), one RTX 5090, denoise seconds for {SGLANG_RUNS} runs; predicted with "
-          f"{profile.bf16_tflops:g} TFLOPS x 0.6 and {profile.link_bytes_per_s / 1e9:g} GB/s:")
+          f"{profile.bf16_tflops:g} TFLOPS x {profile.efficiency.matmul:g} and {profile.link_bytes_per_s / 1e9:g} GB/s "
+          "(benchmarks/published_runs.py prices these rows by their stated mechanism):")
     saved = json.loads(WORK.read_text())["work"] if WORK.exists() else {}
     for side in (1024, 512):
         key = f"qwen-image@{side}"
@@ -252,7 +261,8 @@ def implied(count: int, layer_bytes: float) -> None:
           f"layer copy of {copy * 1000:.1f} ms ({layer_bytes / copy / 1e9:.1f} GB/s) and a layer's compute of "
           f"{compute * 1000:.1f} ms per run: the copy outlasts the compute, the regime our model predicts for this "
           "image DiT on this card at both sizes, where resident layers save their whole copy. The gap at 'all "
-          "streamed' is mostly the link: we assume the profile's 50.4 GB/s; SGLang's copies ran nearer 36 GB/s. "
+          "streamed' is mostly the link: the profile's PCIe 5.0 x16 at LINK_EFFICIENCY (39.7 GB/s, fitted to the "
+          "published copies); SGLang's ran nearer 36 GB/s. "
           "The call SGLang ran is not stated in the PR's table: its compute per layer lies between ours at 512x512 "
           "and at 1024x1024.")
 

@@ -5,6 +5,7 @@ the reference policy (`reference_policy.py`) and the lower bound of our memory m
     python benchmarks/transfers.py --smoke          # 2 pipelines x 2 inventories, seconds
     python benchmarks/transfers.py --only flux1-dev wan2.1-t2v-14b --inventories 1x24 2x16
     python benchmarks/transfers.py --estimate       # re-estimate the activation peaks (cached in data/)
+    python benchmarks/transfers.py --gpu h100       # ours planned for seconds on that profile (issue 38's check)
 
 Pipelines: benchmarks/data/real_pipelines.json and extra_pipelines.json (marked *), built on meta at real
 size in bf16 (`placement_quality.build_component`). The call: 1024x1024 images, 480x832x49 video, batch 1,
@@ -42,6 +43,11 @@ What each anchor moves, from its semantics (diffusers 0.42):
   (`placement.cost.streaming_premium`: (runs_k - 1) x forced_k).
 Ratios are ours / theirs over the scenarios where the pipeline does not fit resident and both fit (< 1: we
 move less); the summary gives their median and worst (largest).
+
+With `--gpu NAME` our plan is made for seconds on that GPU profile (FLOPs and bytes touched per run from
+data/time_per_call_work.json, as benchmarks/time_per_call.py counts them), and the summary lists every scenario
+where it moves more than twice the reference's bytes with the predicted gain over our bytes-only plan, against the
+time model's error band (`placement.time_model.ERROR_BAND`): more bytes are only worth a gain beyond the band.
 """
 
 from __future__ import annotations
@@ -196,16 +202,44 @@ def _phase_room(part: Part, gibs) -> int:
 
 def ours(pipeline: Pipeline, gibs) -> tuple[int | None, float]:
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = placement.plan(pipeline.modules, max_memory={**{i: g * GiB for i, g in enumerate(gibs)},
-                                                             "cpu": 1024 * GiB},
-                              graph=pipeline.edges, dtype=DTYPE, activations=pipeline.activations,
-                              runs_per_call=pipeline.runs)
+    plan = _plan(pipeline, gibs, GPU)
     seconds = time.perf_counter() - start
     if any(c.execution_device == "cpu" for c in plan.components.values()):
         return None, seconds  # something computes on the CPU: not comparable
+    if GPU is not None:
+        by_bytes = _plan(pipeline, gibs, None)
+        predicted = plan.time_per_call().seconds
+        GAINS[(pipeline.name.rstrip("*"), tuple(gibs))] = (1 - predicted / _priced(by_bytes, plan), predicted)
     return plan.transfer_bytes_per_call, seconds
+
+
+def _plan(pipeline: Pipeline, gibs, gpu):
+    """Our plan: for bytes (`gpu` None), or for seconds on `gpu` with the pipeline's FLOPs per run."""
+    timing = {}
+    if gpu is not None:
+        work = json.loads((DATA / "time_per_call_work.json").read_text())["work"][pipeline.name.rstrip("*")]
+        timing = {"gpu": gpu, "flops_per_run": {n: w[0] for n, w in work.items() if n in pipeline.modules},
+                  "bytes_touched_per_run": {n: w[1] for n, w in work.items() if n in pipeline.modules}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return placement.plan(pipeline.modules, max_memory={**{i: g * GiB for i, g in enumerate(gibs)},
+                                                            "cpu": 1024 * GiB},
+                              graph=pipeline.edges, dtype=DTYPE, activations=pipeline.activations,
+                              runs_per_call=pipeline.runs, **timing)
+
+
+def _priced(plan, timed) -> float:
+    """`plan`'s seconds per call with `timed`'s FLOPs and GPU (a bytes-only plan priced as the timed one is)."""
+    from placement.time_model import component_time
+
+    return sum(component_time(c.model_copy(update={"flops_per_run": timed.components[n].flops_per_run,
+                                                   "bytes_touched_per_run": timed.components[n].bytes_touched_per_run}),
+                              timed.gpu, timed.link_bandwidth, timed.disk_read_bandwidth).total_s
+               for n, c in plan.components.items())
+
+
+GPU = None  # --gpu: plan for seconds on this profile
+GAINS: dict[tuple, tuple[float, float]] = {}  # (pipeline, GiBs) -> (predicted gain over the bytes-only plan, s)
 
 
 # --- building the pipelines -------------------------------------------------------------------------------------
@@ -326,6 +360,8 @@ def summary(rows, times) -> None:
         if ratios:
             worse = sum(r > 1.0 + 1e-9 for r in ratios)
             print(f"{column:<12}{len(ratios):>10}{statistics.median(ratios):>10.3f}{max(ratios):>10.3f}{worse:>11}")
+    if GPU is not None:
+        band_check(rows)
     print("\nThe issue's anchor rows (GiB per call, seconds at 25 GB/s):")
     for key in ANCHOR_ROWS:
         if key in rows:
@@ -335,18 +371,42 @@ def summary(rows, times) -> None:
               f"max {max(times) * 1000:.0f} ms over {len(times)} scenarios.")
 
 
+def band_check(rows) -> None:
+    """Scenarios where our plan for seconds moves more than twice the reference's bytes, with its predicted gain
+    over our bytes-only plan against the error band (module doc)."""
+    from placement.time_model import ERROR_BAND
+
+    print(f"\nPlanned for seconds on {GPU}: ours / reference bytes, worst {_worst(rows):.2f}; scenarios moving more "
+          f"than 2x the reference's bytes (gain: predicted seconds saved over our bytes-only plan; band "
+          f"+-{ERROR_BAND:.0%}):")
+    offenders = 0
+    for (name, label), row in rows.items():
+        if row["ours"] and row["reference"] and row["ours"] > 2 * row["reference"]:
+            gain, seconds = GAINS.get((name, tuple(INVENTORIES[label])), (0.0, 0.0))
+            offenders += gain <= ERROR_BAND
+            print(f"  {name:<20}{label:>6}  {row['ours'] / row['reference']:6.2f}x bytes  gain {gain:6.1%}  "
+                  f"({seconds:.1f} s per call){'  <- within the band' if gain <= ERROR_BAND else ''}")
+    print(f"  {offenders} scenario(s) move more than 2x the reference's bytes for a gain within the band.")
+
+
+def _worst(rows) -> float:
+    ratios = [row["ours"] / row["reference"] for row in rows.values() if row["ours"] and row["reference"]]
+    return max(ratios, default=0.0)
+
+
 def main(argv: list[str] | None = None) -> None:
-    global DTYPE
+    global DTYPE, GPU
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=(), help="pipeline keys (default: all)")
     parser.add_argument("--inventories", nargs="*", default=list(INVENTORIES), choices=list(INVENTORIES))
     parser.add_argument("--steps", type=int, default=28, help="denoising steps per call (default 28)")
     parser.add_argument("--estimate", action="store_true", help="re-estimate the activation peaks")
     parser.add_argument("--smoke", action="store_true", help="2 pipelines x 2 inventories")
+    parser.add_argument("--gpu", default=None, help="plan for seconds on this GPU profile (module doc)")
     args = parser.parse_args(argv)
     import torch
 
-    DTYPE = torch.bfloat16
+    DTYPE, GPU = torch.bfloat16, args.gpu
     only, inventories = (SMOKE if args.smoke else (tuple(args.only), args.inventories))
     run(tuple(only), list(inventories), steps=args.steps, estimate=args.estimate)
 

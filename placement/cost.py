@@ -12,7 +12,7 @@ import networkx as nx
 
 from .devices import Device, is_accelerator
 from .errors import PlanError
-from .time_model import DISK_BYTES_PER_S, copy_bandwidth, exposed_copy_seconds
+from .time_model import DISK_BYTES_PER_S, ERROR_BAND, copy_bandwidth, exposed_copy_seconds
 
 if TYPE_CHECKING:
     from .memory_model import Ledger
@@ -90,7 +90,8 @@ def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) 
 @dataclass(frozen=True, kw_only=True)
 class PlanCost:
     """Lower is better, field by field: CPU-executed weights (a CPU forward is 10-100x slower than streaming the
-    same weights) dominate; then the copy seconds compute does not hide, closer than `seconds_tie` counting as
+    same weights) dominate; then the copy seconds compute does not hide, closer than the error band of the call's
+    seconds (`seconds_tie`, the band's share of the compute, plus its share of the smaller exposed) counting as
     equal (the model is an estimate); then bytes per call, crossing edges, the fullest accelerator's share.
     Components placed before the strategy (pinned) count in none. Ties go to the candidate tried first."""
 
@@ -112,7 +113,10 @@ class PlanCost:
         if self.cpu_bytes != other.cpu_bytes:
             return -1 if self.cpu_bytes < other.cpu_bytes else 1
         gap = self.exposed_seconds - other.exposed_seconds
-        if abs(gap) > max(self.seconds_tie, other.seconds_tie):
+        tie = max(self.seconds_tie, other.seconds_tie)
+        if tie > 0:  # the band of the faster candidate's whole call: its compute and its exposed copies
+            tie += SECONDS_TIE_SHARE * min(self.exposed_seconds, other.exposed_seconds)
+        if abs(gap) > tie:
             return -1 if gap < 0 else 1
         mine = (self.transfer_bytes, self.crossing_edges, self.fullest_share)
         theirs = (other.transfer_bytes, other.crossing_edges, other.fullest_share)
@@ -125,10 +129,11 @@ class PlanCost:
                    fullest_share=0.0)
 
 
-# Exposed seconds closer than this share of the call's accelerator compute tie, and bytes decide: the time model
-# is an estimate (its efficiencies are stated, not measured), so a plan that moves 2.6x the bytes to be predicted
-# 0.6% faster is not worth its copies, its pinned RAM and the bus it shares with the other GPUs.
-SECONDS_TIE_SHARE = 0.02
+# Never trade certain bytes for uncertain seconds: exposed seconds closer than the time model's error band of the
+# call's seconds tie, and bytes decide. The model predicts published runs to +-15% (`time_model.ERROR_BAND`), so a
+# plan that moves 12x the bytes to be predicted 4% faster is not worth its copies, its pinned RAM and the bus it
+# shares with the other GPUs (sd35-large on 2x12 GiB, H100 profile: benchmarks/transfers.py --gpu h100).
+SECONDS_TIE_SHARE = ERROR_BAND
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .devices import detect_accelerators, is_accelerator
 from .errors import PlanError
-from .gpu_profiles import CPU_FLOPS, GpuProfile, choose_gpu, match_device_name
+from .gpu_profiles import CPU_FORWARD_EFFICIENCY, GpuProfile, choose_gpu, cpu_flops_per_s, match_device_name
 
 PROFILE_VERSION = 1
 CACHE_ENV = "PLACEMENT_CACHE_DIR"  # where the profile lives instead of the user's cache (tests, shared machines)
@@ -203,12 +203,13 @@ def machine_choice(accelerators, path: Optional[Path] = None) -> Optional[Machin
 
 
 def _cpu_flops(profile: MachineProfile) -> Optional[float]:
-    """The CPU's forward FLOP/s: its measured fp32 matmul at `FORWARD_SHARE`, times its correction."""
+    """The CPU's forward FLOP/s: its measured fp32 matmul at the share a CPU forward reaches
+    (`gpu_profiles.CPU_FORWARD_EFFICIENCY`, as for the rate measured per process), times its correction."""
     rate = (profile.host.matmul_flops.get("float32") if profile.host is not None else None)
     correction = profile.corrections.get(CPU_NAME)
     if rate is None and correction is None:
         return None
-    base = CPU_FLOPS if rate is None else rate * FORWARD_SHARE
+    base = cpu_flops_per_s("float32") if rate is None else rate * CPU_FORWARD_EFFICIENCY
     return base * (correction.compute_scale if correction is not None else 1.0)
 
 

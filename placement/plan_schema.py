@@ -13,14 +13,15 @@ import json
 from enum import Enum
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr, StrictInt, computed_field, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, PrivateAttr, StrictInt, ValidationError, computed_field,
+                      field_validator, model_validator)
 
 from .cost import bytes_per_call
 from .host_memory import HostMemory, budget_note, host_memory
 from .devices import Device, device_label, is_accelerator, normalize_device
 from .drawings import plan_svg, timeline as predicted_timeline
 from .errors import PlanError
-from .gpu_profiles import GpuProfile, gpu_profile
+from .gpu_profiles import GpuProfile, gpu_profile, invalid_fields_text
 from .reports import explain_plan, fullest_device, verdict_warnings, with_breakdown
 from .sizes import format_bytes
 from .time_model import DISK_BYTES_PER_S, PCIE_BYTES_PER_S, plan_time, time_line
@@ -53,6 +54,11 @@ class PlanInputs(FrozenModel):
     gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
     # The accelerators the planning machine had (virtual ones included); a plan for more is simulated.
     accelerators_present: Optional[int] = None
+
+    @field_validator("link_bandwidth", mode="before")
+    @classmethod
+    def _positive_speed(cls, value):
+        return None if value is None else positive_number(value)
 
     @classmethod
     def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
@@ -145,6 +151,13 @@ class ComponentPlan(FrozenModel):
     flops_per_run: Optional[int] = None
     bytes_touched_per_run: Optional[int] = None
 
+    @field_validator("flops_per_run", "bytes_touched_per_run", mode="before")
+    @classmethod
+    def _work_counts(cls, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"must be a whole number >= 0 (or null: not known), got {value!r}")
+        return value
+
 
 class DevicePlan(FrozenModel):
     """One device's budget and what it holds: predicted_peak = resident weight_bytes + activation_peak (the
@@ -227,6 +240,13 @@ class Verdict(FrozenModel):
         return text + "."
 
 
+def positive_number(value) -> float:
+    """A plan's bytes/s field: a positive finite number (a bool, a string, zero or a negative is refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"must be a positive finite number of bytes per second, got {value!r}")
+    return float(value)
+
+
 _DERIVED = ("verdict", "transfer_bytes_per_call", "transfer_seconds_per_call", "seconds_per_call", "host_memory")
 DEFAULT_GPU_SOURCE = "assumed: no GPU named (gpu=) or present"
 
@@ -256,6 +276,11 @@ class Plan(FrozenModel):
     # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from.
     disk_read_bandwidth: float = DISK_BYTES_PER_S
     disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
+
+    @field_validator("link_bandwidth", "disk_read_bandwidth", mode="before")
+    @classmethod
+    def _positive_speed(cls, value):
+        return positive_number(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -425,7 +450,10 @@ class Plan(FrozenModel):
         if not isinstance(data, dict):
             raise PlanError(f"Not a plan JSON file: the top level is a {type(data).__name__}, not an object.")
         cls._read_version(data)  # a version it cannot read raises the PlanError itself, outside pydantic's wrapping
-        return cls.model_validate(data)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise PlanError(invalid_fields_text(error, "plan file")) from None
 
     def to_svg(self) -> str:
         """A bar per device against its budget, then the components with the edges that cross devices, in SVG."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .gpu_profiles import CPU_FLOPS, DEFAULT_GPU, PROFILES, GpuProfile
+from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile, compute_dtype, cpu_flops_per_s
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
     from .plan_schema import ComponentPlan, Plan
@@ -18,6 +18,36 @@ if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this mod
 # bytes moved per run into a time a user can weigh. Real machines vary by 2x either way; the bytes are exact.
 PCIE_BYTES_PER_S = 25e9
 DISK_BYTES_PER_S = 3e9
+# The rules `pricing.price` applies beyond the profile's rates, each fitted to benchmarks/data/published_runs.csv
+# (benchmarks/published_runs.py prints the rows and how each is predicted):
+# attention kernels' speed relative to eager SDPA (FlashAttention-2 on CUDA); FA3 and SageAttention run ~1.6x FA2 on
+# Hopper (the FA3 paper's bf16 figures), capped at the matmul efficiency.
+ATTENTION_BACKENDS = {"sdpa": 1.0, "flash2": 1.0, "flash3": 1.6, "sage": 1.6}
+# torch.compile's speedup of a whole forward (fused norms, RoPE and modulation): Wan 2.1 14B on an H100, 4.60 s
+# eager vs 3.77 s compiled (diffusers PR 11605).
+COMPILED_SPEEDUP = 1.22
+# A pageable (not page-locked) host -> GPU copy goes through the driver's bounce buffer: this share of the pinned
+# rate (diffusers' group offload without streams moved FLUX.1-dev's transformer at ~14 GB/s on an H100).
+PAGEABLE_SHARE = 0.36
+# Moving a component back to pageable host RAM (diffusers' model offload after each component) writes new pages.
+HOST_WRITE_BYTES_PER_S = 2.5e9
+# Fixed seconds per tensor copied synchronously by a module's `.to()` (launch, allocation): FLUX's VAE moved whole
+# on an H100 (0.152 s against 0.130 s resident for 0.17 GB).
+TENSOR_COPY_S = 50e-6
+# Fixed seconds per tensor accelerate's sequential offload pays at every run (its per-module hook moves each tensor
+# with set_module_tensor_to_device, synchronously): FLUX.1-dev on an H100 took 68.4 s sequential against 47.7 s
+# for the same bytes in diffusers' block offload (28 steps x 1160 tensors).
+HOOK_TENSOR_S = 0.6e-3
+# Fixed seconds per streamed block a prefetching runtime waits on, by runtime: module hooks that synchronize the
+# copy stream from the host leave the GPU idle while the host launches the block's kernels (diffusers' group offload
+# with streams exposes 0.32 s per 40-block Wan forward on an H100 where the copies themselves hide); a runtime that
+# only orders streams on the device (SGLang's layerwise offload; this library's streaming waits on events, so a
+# plan's `seconds_per_call` prices its blocks as "engine") pays nothing measurable.
+BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
+# The model's error band, from benchmarks/published_runs.py's spread: three in four of the 35 published runs it
+# expresses are predicted within 15% (the median within 7%; 31 of 35 within 20%). Plans state it, and the search
+# only moves more bytes per call for a predicted gain beyond it (cost.PlanCost).
+ERROR_BAND = 0.15
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
                  "streamed block before them starts, each copy hidden by the compute since then")
 
@@ -67,9 +97,19 @@ class CallTime:
         """Components whose compute is not known (no FLOPs: planned without a call, or a plan before v4)."""
         return [c.name for c in self.components if c.compute_s is None]
 
+    @property
+    def device(self) -> str:
+        """What runs the call: the GPU, "the CPU" when every component computes there, or the GPU with the
+        components the CPU computes named ("RTX 4090 (text_encoder on the CPU)")."""
+        on_cpu = [c.name for c in self.components if c.on_cpu]
+        if on_cpu and len(on_cpu) == len(self.components):
+            return "the CPU"
+        return short_name(self.gpu) + (f" ({', '.join(on_cpu)} on the CPU)" if on_cpu else "")
+
     def summary(self) -> str:
-        """"about 14 s per call on RTX 4090: compute 13.6 s, copies 0.9 s of which 0.3 s exposed"."""
-        text = (f"about {seconds_text(self.seconds)} per call on {short_name(self.gpu)}: compute "
+        """"about 14 s per call on RTX 4090, +-15%: compute 13.6 s, copies 0.9 s of which 0.3 s exposed" (the band:
+        `ERROR_BAND`, what the model misses published runs by)."""
+        text = (f"about {seconds_text(self.seconds)} per call on {self.device}, +-{ERROR_BAND:.0%}: compute "
                 f"{seconds_text(self.compute_s)}")
         if self.copy_s:
             text += f", copies {seconds_text(self.copy_s)} of which {seconds_text(self.exposed_s)} exposed"
@@ -80,12 +120,12 @@ class CallTime:
 
 def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProfile, dtype: Optional[str], *,
                 on_cpu: bool = False) -> Optional[float]:
-    """Seconds of one run: max(FLOPs / FLOP/s, bytes touched / memory bandwidth) on `gpu`, `CPU_FLOPS` on the
-    CPU; None without FLOPs."""
+    """Seconds of one run: max(FLOPs / FLOP/s, bytes touched / memory bandwidth) on `gpu`; on the CPU at this
+    machine's measured rate in the component's dtype (`cpu_flops_per_s`); None without FLOPs."""
     if flops is None:
         return None
     if on_cpu:
-        return flops / (gpu.cpu_flops or CPU_FLOPS)
+        return flops / (gpu.cpu_flops or cpu_flops_per_s(compute_dtype(dtype) or "float32"))
     memory = (bytes_touched or 0) / gpu.memory_bytes_per_s
     return max(flops / gpu.flops_per_s(dtype), memory)
 

@@ -33,8 +33,9 @@ def seconds_with(plan, flops) -> float:
 
 
 def test_a_plan_moves_more_bytes_when_they_hide_behind_compute_and_is_faster_for_it():
-    # 8 heavy runs of about 0.3 s hide its streamed blocks; loading both per call leaves 14 GiB exposed (11% of it).
-    memory, options, flops = {0: "12GiB", "cpu": "64GiB"}, {**OPTIONS, "runs_per_call": {"heavy": 8, "light": 4}}, {
+    # 4 heavy runs of about 0.5 s hide its streamed blocks; loading both per call leaves 14 GiB exposed (about a
+    # quarter of the call: beyond the model's error band, so the bytes are worth it).
+    memory, options, flops = {0: "12GiB", "cpu": "64GiB"}, {**OPTIONS, "runs_per_call": {"heavy": 4, "light": 4}}, {
         "heavy": 3 * 10**13, "light": 10**9}
     by_bytes = placement.plan(pipeline(), max_memory=memory, **options)
     by_seconds = placement.plan(pipeline(), max_memory=memory, flops_per_run=flops, **options)
@@ -62,8 +63,19 @@ def test_with_no_compute_to_hide_behind_the_plan_is_the_one_bytes_choose():
     assert by_seconds.transfer_bytes_per_call == by_bytes.transfer_bytes_per_call
 
 
+def test_more_bytes_for_a_gain_inside_the_error_band_lose_to_fewer_bytes():
+    # 8 heavy runs hide the streamed blocks, and loading both per call exposes 14 GiB: about 13% of the call, less
+    # than the band the model states (SECONDS_TIE_SHARE), so the plan keeps the fewer bytes.
+    memory, options = {0: "12GiB", "cpu": "64GiB"}, {**OPTIONS, "runs_per_call": {"heavy": 8, "light": 4}}
+    flops = {"heavy": 3 * 10**13, "light": 10**9}
+    by_bytes = placement.plan(pipeline(), max_memory=memory, **options)
+    by_seconds = placement.plan(pipeline(), max_memory=memory, flops_per_run=flops, **options)
+    gain = 1 - by_seconds.seconds_per_call / seconds_with(by_bytes, flops)
+    assert by_seconds.transfer_bytes_per_call == by_bytes.transfer_bytes_per_call and abs(gain) < SECONDS_TIE_SHARE
+
+
 def test_a_gain_within_the_models_tie_keeps_the_plan_that_moves_fewer_bytes():
-    # Streaming the heavy component would be predicted 0.7% faster for 14x the bytes: within SECONDS_TIE_SHARE.
+    # Streaming the heavy component would be predicted a little faster for 14x the bytes: within the error band.
     memory = {0: "10GiB", "cpu": "64GiB"}
     flops = {"heavy": 10**14, "light": 10**9}
     by_bytes = placement.plan(pipeline(), max_memory=memory, **OPTIONS)

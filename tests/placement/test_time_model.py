@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import placement
 from placement import Plan
 from placement.errors import PlanError
-from placement.gpu_profiles import (COMPUTE_EFFICIENCY, CPU_FLOPS, DEFAULT_GPU, LINK_EFFICIENCY, MEMORY_EFFICIENCY,
+from placement.gpu_profiles import (ARCHITECTURES, cpu_flops_per_s, DEFAULT_GPU, LINK_EFFICIENCY, MEMORY_EFFICIENCY,
                                     PROFILES, gpu_profile, match_device_name)
 from placement.sizes import GiB
 
@@ -22,8 +23,8 @@ from synthetic import component, whole
 
 ACTIVATIONS = {"text_encoder": GiB // 4, "denoiser": GiB, "vae": 2 * GiB}
 LINK = 25e9
-# float32 synthetic components compute at the RTX 4090's plain fp32 rate, at the stated efficiency.
-FP32_RATE = 82.6e12 * COMPUTE_EFFICIENCY
+# float32 synthetic components compute at the RTX 4090's plain fp32 rate, at its architecture's stated efficiency.
+FP32_RATE = 82.6e12 * ARCHITECTURES["ada"].matmul
 
 
 def pipeline():
@@ -57,7 +58,7 @@ def test_a_name_that_only_contains_a_shorter_key_is_not_that_gpu():
 
 
 def test_an_unknown_gpu_is_refused_with_the_known_ones_and_the_closest():
-    with pytest.raises(PlanError, match=r"Did you mean 'rtx4090'.*Known: rtx3090, rtx4090") as error:
+    with pytest.raises(PlanError, match=r"Did you mean 'rtx4090'.*Known: rtx3060ti, rtx3090, rtx4090") as error:
         gpu_profile("rtx4080")
     assert isinstance(error.value, ValueError) and isinstance(error.value, PlanError)
     for key in PROFILES:
@@ -70,16 +71,18 @@ def test_every_profile_states_peaks_the_link_and_rates_at_the_stated_efficiencie
     for profile in PROFILES.values():
         assert profile.bf16_tflops > profile.fp32_tflops > 0 and profile.memory_gb_s > 0
         assert profile.fp8_tflops is None or profile.fp8_tflops > profile.bf16_tflops
+        assert profile.architecture in ARCHITECTURES  # every row states its efficiencies
         assert profile.flops_per_s("bfloat16 (requested)") == pytest.approx(profile.bf16_tflops * 1e12
-                                                                             * COMPUTE_EFFICIENCY)
+                                                                             * profile.efficiency.matmul)
         assert profile.flops_per_s("float32 (as built)") == pytest.approx(profile.fp32_tflops * 1e12
-                                                                          * COMPUTE_EFFICIENCY)
+                                                                          * profile.efficiency.matmul)
         assert profile.flops_per_s("nf4 (bitsandbytes), compute bfloat16 (checkpoint)") == \
             profile.flops_per_s("bfloat16")  # quantized weights compute in 16 bits
         assert profile.memory_bytes_per_s == pytest.approx(profile.memory_gb_s * 1e9 * MEMORY_EFFICIENCY)
-    # PCIe 4.0 x16: 31.5 GB/s raw, 25.2 at the stated efficiency (the default link assumed today is 25 GB/s).
-    assert gpu_profile("rtx4090").link_bytes_per_s == pytest.approx(31.504e9 * LINK_EFFICIENCY, rel=1e-3)
-    assert gpu_profile("rtx5090").link_bytes_per_s == pytest.approx(2 * 25.2e9, rel=1e-3)
+    # PCIe 4.0 x16: 31.5 GB/s raw, 19.8 at the efficiency published copies reach; PCIe 5.0 twice that.
+    assert gpu_profile("rtx4090").link_bytes_per_s == pytest.approx(31.504e9 * LINK_EFFICIENCY, rel=5e-3)
+    assert gpu_profile("rtx5090").link_bytes_per_s == pytest.approx(2 * 31.504e9 * LINK_EFFICIENCY, rel=5e-3)
+    assert gpu_profile("b300").link_bytes_per_s == pytest.approx(16 * 7.563e9 * LINK_EFFICIENCY, rel=5e-3)
 
 
 # --- FLOPs counted with the estimate ---------------------------------------------------------------------------
@@ -188,13 +191,24 @@ def test_compute_longer_than_a_copy_hides_every_copy_but_the_first_without_resid
     assert vae_time.exposed_s == pytest.approx(vae.streamed_per_run_bytes / blocks / LINK)  # only the first copy
 
 
-def test_a_component_on_the_cpu_computes_at_the_stated_cpu_rate_and_moves_nothing():
+def test_a_component_on_the_cpu_computes_at_this_cpus_measured_rate_moves_nothing_and_names_the_cpu():
     with pytest.warns(UserWarning, match="degrades to 'cpu'"):
         plan = placement.plan(pipeline(), max_memory={"cpu": "64GiB"}, flops_per_run={"denoiser": 10**12},
                               runs_per_call={"denoiser": 3})
+    rate = cpu_flops_per_s("float32")  # measured once per process: the same figure the plan used
+    assert 1e8 < rate < 1e14 and cpu_flops_per_s("float32") == rate
     denoiser = next(c for c in plan.time_per_call().components if c.name == "denoiser")
-    assert denoiser.on_cpu and denoiser.compute_s == pytest.approx(3 * 10**12 / CPU_FLOPS) and denoiser.copy_s == 0
-    assert plan.seconds_per_call == pytest.approx(3 * 10**12 / CPU_FLOPS)
+    assert denoiser.on_cpu and denoiser.compute_s == pytest.approx(3 * 10**12 / rate) and denoiser.copy_s == 0
+    assert plan.seconds_per_call == pytest.approx(3 * 10**12 / rate)
+    assert "per call on the CPU" in plan.verdict.time and "RTX 4090" not in plan.verdict.time
+
+
+def test_a_plan_that_computes_one_component_on_the_cpu_names_it_beside_the_gpu():
+    time = plan_for({"denoiser": 10**12}).time_per_call()
+    assert time.device == "RTX 4090"
+    mixed = dataclasses.replace(time, components=tuple(dataclasses.replace(c, on_cpu=c.name == "vae")
+                                                        for c in time.components))
+    assert mixed.device == "RTX 4090 (vae on the CPU)" and "on RTX 4090 (vae on the CPU), +-15%" in mixed.summary()
 
 
 def test_without_flops_a_plan_states_bytes_only():
@@ -211,17 +225,19 @@ def test_the_gpu_assumed_is_stated_and_a_named_gpu_brings_its_link():
     assert assumed.link_bandwidth == 25e9  # the link assumed as before: nothing named
     named = plan_for(flops, gpu="rtx5090", link_bandwidth=None)
     assert named.gpu.key == "rtx5090" and named.gpu_source == "named (gpu=)" and named.inputs.gpu == "rtx5090"
-    assert named.link_bandwidth == pytest.approx(50.4e9) and "PCIe 5.0 x16" in named.link_bandwidth_source
+    assert named.link_bandwidth == pytest.approx(gpu_profile("rtx5090").link_bytes_per_s) \
+        and "PCIe 5.0 x16" in named.link_bandwidth_source
     assert named.seconds_per_call < assumed.seconds_per_call
     on_h100 = named.time_per_call("h100")  # the same plan on another GPU: float32 runs on its plain cores
     assert on_h100.gpu.key == "h100"
-    assert on_h100.compute_s == pytest.approx(named.time_per_call().compute_s * 104.8 / 66.9)
+    rate = {key: gpu_profile(key).fp32_tflops * gpu_profile(key).efficiency.matmul for key in ("rtx5090", "h100")}
+    assert on_h100.compute_s == pytest.approx(named.time_per_call().compute_s * rate["rtx5090"] / rate["h100"])
 
 
 def test_the_time_shows_in_the_verdict_explain_and_the_svg():
     plan = plan_for({"text_encoder": 10**12, "denoiser": 10**13, "vae": 10**12})
     time = plan.time_per_call()
-    assert plan.verdict.time.startswith(f"Predicted: about ") and "per call on RTX 4090: compute" in plan.verdict.time
+    assert plan.verdict.time.startswith(f"Predicted: about ") and "per call on RTX 4090, +-15%: compute" in plan.verdict.time
     assert "exposed" in plan.verdict.time and time.exposed_s < time.copy_s
     text = plan.explain()
     assert plan.verdict.time in text.splitlines()[:2]
