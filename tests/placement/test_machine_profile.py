@@ -14,6 +14,7 @@ import pytest
 import placement
 from placement.calibration import Shapes, calibrate
 from placement.errors import PlanError
+from placement.gpu_profiles import CPU_FORWARD_EFFICIENCY
 from placement.machine_profile import (CACHE_ENV, VIRTUAL_NAME, DeviceMeasurement, MachineProfile, load_profile,
                                        machine_choice, profile_path, save_profile)
 
@@ -58,7 +59,7 @@ def test_the_profile_is_saved_as_versioned_json_and_a_cpu_plan_names_it(cache):
 
     plan = plan_one({"cpu": "1GiB"})  # no accelerator: everything on the CPU, priced by the measured CPU
     assert "CPU and disk: profile: measured on this machine" in plan.gpu_source and str(path) in plan.gpu_source
-    assert plan.gpu.cpu_flops == pytest.approx(load_profile().host.matmul_flops["float32"] * 0.8)
+    assert plan.gpu.cpu_flops == pytest.approx(load_profile().host.matmul_flops["float32"] * CPU_FORWARD_EFFICIENCY)
     assert plan.disk_read_bandwidth == load_profile().host.disk_read_bytes_per_s
     assert "profile: measured on this machine" in plan.explain()
     named = placement.plan({"denoiser": component([0.5, 0.5], unit=2**20)}, max_memory={"cpu": "1GiB"},
