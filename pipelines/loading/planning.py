@@ -188,7 +188,7 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
         return _self_described(pipe, modules, call)
     try:
         with estimating():
-            captured = capture_call(capturable(pipe), modules, call or {},
+            captured = capture_call(capturable(pipe), modules, call,
                                     dtype_of=lambda name: dtype_for(dtypes, name))
     except (CallSpecError, ActivationEstimateError) as error:
         if call is not None:
