@@ -276,7 +276,7 @@ class _Recorder:
                 example = replace(example, keep_values=True)
                 return example, self._run(module, example, self.dtype_of(name))
         except ActivationEstimateError as error:
-            raise error.for_component(name) from error
+            raise _empty_tokens(name, example) or error.for_component(name) from error
         finally:
             self._inside = False
 
@@ -298,6 +298,22 @@ class _Recorder:
                             peaks={name: max(known.peak for known in found) for name, found in estimated.items()},
                             module_order={name: found[0].order for name, found in estimated.items()},
                             work=dict(self.work))
+
+
+def _empty_tokens(name: str, example: ExampleCall) -> CallSpecError | None:
+    """Where a component failed on a token sequence of no tokens, the error that says why it had none."""
+    leaves, _ = tree_flatten((example.args, dict(example.kwargs)))
+    empty = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and not leaf.is_floating_point()
+                  and leaf.dim() >= 2 and leaf.shape[-1] == 0), None)
+    if empty is None:
+        return None
+    return CallSpecError(
+        f"call=: {name} was called on a sequence of no tokens ({str(empty.dtype).removeprefix('torch.')}"
+        f"{list(empty.shape)}), which it cannot run on, in this call as in diffusers' own: the tokenizer gave no "
+        "token for a prompt (most pipelines' default negative prompt is \"\"; the model's published tokenizer "
+        "adds its special tokens to every text, this one adds none). Load the model's own tokenizer, or give a "
+        "non-empty negative_prompt."
+    )
 
 
 def _reads_values(error: ActivationEstimateError) -> bool:

@@ -164,3 +164,21 @@ def test_a_strength_that_leaves_no_denoising_step_is_said_so(tmp_path):
     with pytest.raises(CallSpecError, match=r"strength=0.2 of num_inference_steps=2 leaves no denoising step .*"
                                             r"at least 0.5 or at least 5 num_inference_steps"):
         described(pipe, call)
+
+
+def test_cogviews_glm_encoder_is_planned_at_its_real_sequence_lengths(tmp_path):
+    """CogView4 pads GLM's ids to a multiple of 16; GLM's tokenizer puts `[gMASK]<sop>` before every text, so its
+    default negative prompt "" is 16 ids, and the prompt the longest the call allows."""
+    calls = described(tiny_dits.cogview4(tmp_path), {"height": 1024, "width": 1024, "num_inference_steps": 1})
+    assert sorted(example.args[0].shape[1] for example in calls.calls["text_encoder"]) == [16, 1024]
+
+
+def test_a_tokenizer_that_gives_no_token_is_named_as_the_cause(tmp_path):
+    pipe = tiny_dits.cogview4(tmp_path)
+    pipe.tokenizer = llm_tokenizer("PreTrainedTokenizerFast")  # without GLM's prefix: "" is no token
+    call = {"prompt": "a cat", "height": 32, "width": 32, "num_inference_steps": 1}
+    with pytest.raises(RuntimeError):
+        pipe(**call, output_type="pt")  # diffusers' own call fails too
+    with pytest.raises(CallSpecError, match=r"text_encoder was called on a sequence of no tokens \(int64\[1, 0\]\)"
+                                            r".*non-empty negative_prompt"):
+        described(pipe, call)
