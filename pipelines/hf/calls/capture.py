@@ -158,27 +158,17 @@ def _captured_with_inputs(pipe: Any, modules: Mapping[str, nn.Module], call: Map
     """The call as given; again with stand-ins for the image inputs it leaves out where the pipeline fails
     without them (which it says by failing: most refuse in their own checks, some fail further in)."""
     arguments = call_arguments(type(pipe), call)
-    try:
-        return _captured(pipe, modules, arguments, dtype_of, known)
-    except _PipelineFailed as failed:
-        if not missing_inputs(type(pipe), arguments):
-            raise failed.error from failed.error.__cause__
-    try:
-        return _captured(pipe, modules, call_arguments(type(pipe), call, with_stand_ins=True), dtype_of, known)
-    except _PipelineFailed as failed:
-        raise failed.error from failed.error.__cause__
-
-
-class _PipelineFailed(Exception):
-    """The pipeline's own code failed on the call (not one of our checks): `error` says how to the user."""
-
-    def __init__(self, error: CallSpecError) -> None:
-        super().__init__(str(error))
-        self.error = error
+    outcome = _captured(pipe, modules, arguments, dtype_of, known)
+    if isinstance(outcome, CallSpecError) and missing_inputs(type(pipe), arguments):
+        outcome = _captured(pipe, modules, call_arguments(type(pipe), call, with_stand_ins=True), dtype_of, known)
+    if isinstance(outcome, CallSpecError):
+        raise outcome from outcome.__cause__
+    return outcome
 
 
 def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[str, Any],
-              dtype_of: Callable[[str], torch.dtype | None], known: dict) -> CapturedCall:
+              dtype_of: Callable[[str], torch.dtype | None], known: dict) -> CapturedCall | CallSpecError:
+    """The call captured, or the pipeline's own code failing on it as the error to raise (ours are raised)."""
     recorder = _Recorder(modules, dtype_of, known, room=HostRoom.now(type(pipe).__name__))
     with contextlib.ExitStack() as stack:
         # The libraries' warnings about the call (a long prompt truncated, which the default prompt is on purpose)
@@ -198,7 +188,7 @@ def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[st
         except Exception as error:
             failure = _no_steps(pipe, arguments, error) or _capture_failure(pipe, recorder, error)
             failure.__cause__ = error
-            raise _PipelineFailed(failure) from error
+            return failure
     return recorder.result()
 
 

@@ -182,3 +182,18 @@ def test_a_tokenizer_that_gives_no_token_is_named_as_the_cause(tmp_path):
     with pytest.raises(CallSpecError, match=r"text_encoder was called on a sequence of no tokens \(int64\[1, 0\]\)"
                                             r".*non-empty negative_prompt"):
         described(pipe, call)
+
+
+def test_a_plan_made_with_the_users_objects_in_call_leaves_them_alone(tmp_path):
+    from pipelines import Pipeline
+
+    tiny_dits.pixart(tmp_path / "parts").save_pretrained(tmp_path / "pixart")
+    generator = torch.Generator().manual_seed(7)
+    state = generator.get_state()
+    called = []
+    plan = Pipeline.plan_placement(tmp_path / "pixart", max_memory={0: "1GiB", "cpu": "2GiB"},
+                                   call={**SIZES, "num_inference_steps": 2, "generator": generator,
+                                         "callback": lambda *args: called.append(args)})
+    assert plan.activations_accounted and plan.components["transformer"].activation_bytes > 0
+    assert torch.equal(generator.get_state(), state) and called == []
+    assert plan.inputs.call["height"] == 16  # the plan records the call (the objects by their repr)
