@@ -46,8 +46,9 @@ def call_parameters(pipeline_class: type) -> dict[str, inspect.Parameter]:
 
 
 def call_arguments(pipeline_class: type, call: Mapping[str, Any], *, with_stand_ins: bool = False) -> dict[str, Any]:
-    """The keyword arguments of the `__call__` that `call` describes; `with_stand_ins`: a blank stand-in for every
-    image input the call leaves out too (for a pipeline that cannot run without them)."""
+    """The keyword arguments of the `__call__` that `call` describes: a blank stand-in for each image input it gives
+    as a size or leaves out where the signature requires it (ChronoEdit's `image`); `with_stand_ins`: for every image
+    input it leaves out (for a pipeline that fails without them)."""
     parameters = call_parameters(pipeline_class)
     name = pipeline_class.__name__
     call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
@@ -67,7 +68,8 @@ def call_arguments(pipeline_class: type, call: Mapping[str, Any], *, with_stand_
     for key in STAND_IN_INPUTS:
         if key in parameters:
             value = arguments.get(key)
-            if _is_size(value) or (value is None and with_stand_ins):
+            required = parameters[key].default is inspect.Parameter.empty
+            if _is_size(value) or (value is None and (with_stand_ins or required)):
                 arguments[key] = _stand_in(name, key, value, call, parameters)
     return arguments
 

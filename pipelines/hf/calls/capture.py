@@ -1,7 +1,9 @@
 """Call capture: what one call of a diffusers pipeline runs of each component, learned by running the pipeline's
 own `__call__` once with each module's forward a recorder that answers outputs of the right shapes (estimated on
 fake tensors, which is also the activation estimate). So every diffusers class is planned for the call it really
-makes without code naming it; the few things capture cannot see by itself are the overrides below."""
+makes without code naming it; the few things capture cannot see by itself are the overrides below. What is passed
+to the `__call__` (defaults, stand-ins, the user's objects detached) is `arguments.py`'s; what it may take of the
+host's memory, `host_memory.py`'s."""
 
 from __future__ import annotations
 
@@ -26,11 +28,9 @@ from placement.activations.isolation import loggers_at_error
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError
-from .arguments import (STAND_IN_INPUTS, call_arguments, call_parameters, detached, missing_inputs, recorded_call,
-                        small_default_call)
+from .arguments import call_arguments, call_parameters, detached, missing_inputs, small_default_call
+from .arguments import recorded_call  # noqa: F401 (where planning and the e2e tests import it)
 from .host_memory import HostRoom, check_host_room
-
-__all__ = ["STAND_IN_INPUTS", "CapturedCall", "ExampleCall", "capture_call", "recorded_call"]
 
 
 # Keys of `call=` that say how many times the denoiser runs, not what it runs on (our pipelines' `runs_per_call`).
