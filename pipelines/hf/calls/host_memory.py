@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import psutil
 from torch import nn
 
 from placement.sizes import format_bytes
 
 from ...errors import CallSpecError
-from .arguments import call_parameters, default_sizes
+from .arguments import STAND_IN_INPUTS, call_parameters, default_sizes
 
 # The fewest bytes of an element the pipeline holds: bf16/fp16 outputs (float32 ones take twice as much).
 _FEWEST_BYTES = 2
@@ -23,6 +24,8 @@ _CHANNELS = 3
 # Of the memory available when a capture begins, the share it may take: the rest is the machine's (other
 # processes, the allocator's slack).
 _SHARE = 0.8
+# A tokenizer's `model_max_length` above this is transformers' "no limit" (1e30), not a length.
+_LONGEST_TOKENIZER = 1 << 20
 
 
 def available_host_bytes() -> int:
@@ -61,8 +64,8 @@ def _count(value: Any) -> int:
 
 
 def _decoded(pipe: Any, call: Mapping[str, Any], copies: int) -> tuple[int, str] | None:
-    sizes = {**default_sizes(pipe), **{key: call[key] for key in ("height", "width", "num_frames")
-                                       if isinstance(call.get(key), int)}}
+    sizes = {**default_sizes(pipe), **_image_size(call), **{key: call[key] for key in ("height", "width", "num_frames")
+                                                             if isinstance(call.get(key), int)}}
     if "height" not in sizes or "width" not in sizes:
         return None
     frames = _count(sizes.get("num_frames", 1))
@@ -72,11 +75,32 @@ def _decoded(pipe: Any, call: Mapping[str, Any], copies: int) -> tuple[int, str]
             f"{_CHANNELS} channels x {_FEWEST_BYTES} bytes")
 
 
+def _image_size(call: Mapping[str, Any]) -> dict[str, int]:
+    """The height and width of the image the call gives (a size, a PIL image, an array or a tensor), where the
+    pipeline takes its output's size from it (img2img)."""
+    for key in STAND_IN_INPUTS:
+        value = call.get(key)
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, tuple) and len(value) >= 2 and all(isinstance(side, int) for side in value):
+            height, width = value[-2:]
+        elif isinstance(getattr(value, "size", None), tuple):  # PIL: (width, height)
+            width, height = value.size
+        elif len(getattr(value, "shape", ())) >= 2:
+            height, width = (value.shape[-3:-1] if isinstance(value, np.ndarray) else value.shape[-2:])
+        else:
+            continue
+        return {"height": int(height), "width": int(width)}
+    return {}
+
+
 def _embedded(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any],
               copies: int) -> tuple[int, str] | None:
     """The widest text encoder's output for each image: its hidden size x the call's token count."""
     parameters = call_parameters(type(pipe))
     tokens = call.get("max_sequence_length", getattr(parameters.get("max_sequence_length"), "default", None))
+    if not isinstance(tokens, int):  # CLIP's pipelines pad to the tokenizer's length
+        tokens = getattr(getattr(pipe, "tokenizer", None), "model_max_length", None)
+        tokens = tokens if isinstance(tokens, int) and tokens <= _LONGEST_TOKENIZER else None
     widths = [width for name, module in modules.items() if name.startswith("text_encoder")
               for width in [_hidden_size(module)] if width]
     if not widths or not isinstance(tokens, int) or tokens < 1:

@@ -221,3 +221,10 @@ def test_a_plan_made_with_the_users_objects_in_call_leaves_them_alone(tmp_path):
     assert plan.activations_accounted and plan.components["transformer"].activation_bytes > 0
     assert torch.equal(generator.get_state(), state) and called == []
     assert plan.inputs.call["height"] == 16  # the plan records the call (the objects by their repr)
+
+
+def test_an_img2img_call_too_large_for_the_host_is_sized_by_its_image_and_tokenizer(tmp_path):
+    """SD img2img takes its size from the image and pads prompts to CLIP's length: both weigh in."""
+    with pytest.raises(CallSpecError, match=r"10,000,000 x 1 frame\(s\) of 16x16 pixels.*10,000,000 x 16 tokens"):
+        described(tiny_unets.sd_img2img(tmp_path), {"prompt": "a cat", "image": image(16),
+                                                    "num_images_per_prompt": 10**7})
