@@ -24,6 +24,8 @@ _CHANNELS = 3
 # Of the memory available when a capture begins, the share it may take: the rest is the machine's (other
 # processes, the allocator's slack).
 _SHARE = 0.8
+# Answers smaller than this are not weighed (nor the process's size read for them).
+_SMALL_ANSWER = 1 << 20
 # A tokenizer's `model_max_length` above this is transformers' "no limit" (1e30), not a length.
 _LONGEST_TOKENIZER = 1 << 20
 
@@ -134,6 +136,8 @@ class HostRoom:
                    room=int(available_host_bytes() * _SHARE))
 
     def check(self, size: int, what: str) -> None:
+        if size < _SMALL_ANSWER:
+            return  # a small answer fills no host; the large ones that follow are weighed with all grown before them
         grown = max(psutil.Process().memory_info().rss - self.start, 0)
         if grown + size > self.room:
             raise CallSpecError(

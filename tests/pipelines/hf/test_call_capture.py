@@ -177,7 +177,7 @@ def test_a_blank_output_that_would_fill_the_host_is_refused_before_it_is_allocat
     monkeypatch.setattr("pipelines.hf.calls.capture.check_host_room", lambda *args: None)  # past the first check
     monkeypatch.setattr(host_memory, "available_host_bytes", lambda: 2**20)
     with pytest.raises(CallSpecError, match=r"text_encoder.forward's output needs .* Nothing more was allocated"):
-        described(pipe, {**SIZES, "batch_size": 300})
+        described(pipe, {**SIZES, "batch_size": 2000})
 
 
 def test_a_strength_that_leaves_no_denoising_step_is_said_so(tmp_path):
