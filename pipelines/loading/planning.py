@@ -225,7 +225,7 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     try:
         # The capture passes each output to the next component: a fallback needs one (`weights_only_fallback`).
         with estimating(), weights_only_fallback(outputs_needed=True):
-            captured = capture_call(capturable(pipe), modules, call or {},
+            captured = capture_call(capturable(pipe), modules, call,
                                     dtype_of=lambda name: dtype_for(dtypes, name))
     except (CallSpecError, ActivationEstimateError) as error:
         if call is not None:

@@ -1,13 +1,14 @@
 """Call capture: what one call of a diffusers pipeline runs of each component, learned by running the pipeline's
 own `__call__` once with each module's forward a recorder that answers outputs of the right shapes (estimated on
 fake tensors, which is also the activation estimate). So every diffusers class is planned for the call it really
-makes without code naming it; the few things capture cannot see by itself are the overrides below."""
+makes without code naming it; the few things capture cannot see by itself are the overrides below. What is passed
+to the `__call__` (defaults, stand-ins, the user's objects detached) is `arguments.py`'s; what it may take of the
+host's memory, `host_memory.py`'s."""
 
 from __future__ import annotations
 
 import contextlib
-import difflib
-import inspect
+import math
 import sys
 import traceback
 import types
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
-from PIL import Image
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
@@ -28,110 +28,9 @@ from placement.activations.isolation import loggers_at_error
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError
-
-
-OUR_KEYS = ("batch_size",)
-# One spelling for every pipeline: a video pipeline's `num_videos_per_prompt` taken as `num_images_per_prompt` too.
-ALIASES = {"num_images_per_prompt": "num_videos_per_prompt"}
-# The prompt planned for when call= gives none: long enough that every tokenizer truncates it at the pipeline's
-# maximum sequence length, so pipelines that drop padding tokens (Qwen-Image, Z-Image) plan for their longest
-# text, as those that pad to the maximum do.
-DEFAULT_PROMPT = " ".join(["a lighthouse on a rocky coast at dusk, waves, gulls, warm light,"] * 64)
-
-
-def call_arguments(pipeline_class: type, call: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of the `__call__` that `call` describes."""
-    parameters = {name: parameter for name, parameter in inspect.signature(pipeline_class.__call__).parameters.items()
-                  if name != "self" and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL,
-                                                               inspect.Parameter.VAR_KEYWORD)}
-    name = pipeline_class.__name__
-    call = {ALIASES[key] if key not in parameters and ALIASES.get(key) in parameters else key: value
-            for key, value in call.items()}
-    _check_keys(name, call, parameters)
-    arguments = {key: value for key, value in call.items() if key in parameters}
-    batch = call.get("batch_size", 1)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise CallSpecError(f"call= for {name}: batch_size must be a positive int (the number of prompts), got "
-                            f"{batch!r}.")
-    if "prompt" in parameters and arguments.get("prompt") is None and "prompt_embeds" not in arguments:
-        arguments["prompt"] = DEFAULT_PROMPT if batch == 1 else [DEFAULT_PROMPT] * batch
-    elif batch != 1 and isinstance(arguments.get("prompt"), str):
-        arguments["prompt"] = [arguments["prompt"]] * batch
-    if "output_type" in parameters and "output_type" not in call:
-        arguments["output_type"] = "pt"  # tensors out: no conversion to PIL images of a blank result
-    for key in STAND_IN_INPUTS:
-        if key in parameters:
-            value = arguments.get(key)
-            if value is None or _is_size(value):
-                arguments[key] = _stand_in(name, key, value, call, parameters)
-    return arguments
-
-
-def _check_keys(name: str, call: Mapping[str, Any], parameters: Mapping[str, inspect.Parameter]) -> None:
-    sizes_images = any(key in parameters for key in STAND_IN_INPUTS)
-    known = set(parameters) | set(OUR_KEYS) | ({"height", "width", "num_frames"} if sizes_images else set())
-    unknown = [key for key in call if key not in known]
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(key, sorted(known), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise CallSpecError(
-            f"call= for {name}: unknown keyword {key!r}{hint}; call= takes what {name}.__call__ takes "
-            f"({', '.join(sorted(parameters))}), and batch_size, vae_tiling, vae_slicing."
-        )
-
-
-def _is_size(value: Any) -> bool:
-    return isinstance(value, tuple) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
-
-
-def _stand_in(name: str, key: str, value: Any, call: Mapping[str, Any],
-              parameters: Mapping[str, inspect.Parameter]) -> Any:
-    """A blank input of the size `value` gives, else of the call's height and width (and frames for a video)."""
-    video = key in VIDEO_INPUTS and "num_frames" in parameters
-    if value is None:
-        missing = [size for size in ("height", "width") if not isinstance(call.get(size), int)]
-        if missing:
-            raise CallSpecError(
-                f"call= for {name} needs {' and '.join(missing)} to plan for its {key!r} input (or give it: "
-                f"{key}=({'frames, ' if video else ''}height, width) or the real {'frames' if video else 'image'})."
-            )
-        frames = call.get("num_frames", parameters.get("num_frames") and parameters["num_frames"].default)
-        value = (frames, call["height"], call["width"]) if video else (call["height"], call["width"])
-    if len(value) != (3 if video else 2) or min(value) < 1:
-        raise CallSpecError(f"call= for {name}: {key}={value!r} is not a size; give "
-                            f"({'frames, ' if video else ''}height, width) in pixels.")
-    mode = "L" if "mask" in key else "RGB"
-    if video:
-        frames, height, width = value
-        return [Image.new(mode, (width, height)) for _ in range(frames)]
-    height, width = value
-    return Image.new(mode, (width, height))
-
-
-def recorded_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """`call` as a plan records it (JSON): an image as [height, width], frames as [frames, height, width], a tensor
-    as its shape; numbers, strings and their lists as they are; anything else by its repr."""
-    return {key: _recorded(value) for key, value in call.items()}
-
-
-def _recorded(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Image.Image):
-        return [value.height, value.width]
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return list(shape)
-    if isinstance(value, (list, tuple)):
-        items = [_recorded(item) for item in value]
-        if items and all(isinstance(item, list) and len(item) == 2 and isinstance(value[0], Image.Image)
-                         for item in items):
-            return [len(items), *items[0]]  # frames of one size
-        return items
-    if isinstance(value, Mapping):
-        return {str(key): _recorded(item) for key, item in value.items()}
-    return repr(value)
+from .arguments import call_arguments, call_parameters, detached, missing_inputs, small_default_call
+from .arguments import recorded_call  # noqa: F401 (where planning and the e2e tests import it)
+from .host_memory import HostRoom, check_host_room
 
 
 # Keys of `call=` that say how many times the denoiser runs, not what it runs on (our pipelines' `runs_per_call`).
@@ -154,14 +53,6 @@ class ExampleCall:
         """Peak activation bytes of this call on `module` (see `placement.estimate_call`)."""
         return estimate_call(module, self.args, dict(self.kwargs), method=self.method, dtype=dtype,
                              keep_values=self.keep_values).peak_bytes
-
-
-# Inputs a call needs that `call=` may leave out: without them an img2img, inpaint, ControlNet or image-to-video
-# pipeline refuses to run (or, for an optional conditioning image such as FLUX Kontext's, plans a smaller call
-# than the one it is for). A blank one of the call's size costs what a real one does: only sizes matter.
-STAND_IN_INPUTS = ("image", "mask_image", "control_image", "video", "mask")
-# Of those, the ones a video pipeline takes as a list of frames (Wan VACE's `video` and `mask`).
-VIDEO_INPUTS = ("video", "mask")
 
 
 @contextlib.contextmanager
@@ -245,11 +136,40 @@ class CapturedCall:
                 for name, (flops, touched) in self.work.items()}
 
 
-def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any], *,
+def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *,
                  dtype_of: Callable[[str], torch.dtype | None]) -> CapturedCall:
-    """Run `pipe(**call)` with each of `modules` replaced by a recorder; `dtype_of(name)`: each one's run dtype."""
+    """Run `pipe(**call)` with each of `modules` replaced by a recorder; `dtype_of(name)`: each one's run dtype.
+    `call` None: the pipeline's default call at a small size (`small_default_call`: for its runs), else at its
+    own sizes where it refuses the small one. Image inputs the call leaves out stay out unless the pipeline cannot
+    run without them (then blank ones of the call's size)."""
+    known: dict[tuple, _Estimated] = {}  # estimates shared by the attempts: each distinct call is estimated once
+    if call is not None:
+        check_host_room(pipe, modules, call)
+    else:
+        try:
+            return _captured_with_inputs(pipe, modules, small_default_call(pipe), dtype_of, known)
+        except CallSpecError:
+            call = {}
+    return _captured_with_inputs(pipe, modules, call, dtype_of, known)
+
+
+def _captured_with_inputs(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str, Any],
+                          dtype_of: Callable[[str], torch.dtype | None], known: dict) -> CapturedCall:
+    """The call as given; again with stand-ins for the image inputs it leaves out where the pipeline fails
+    without them (which it says by failing: most refuse in their own checks, some fail further in)."""
     arguments = call_arguments(type(pipe), call)
-    recorder = _Recorder(modules, dtype_of)
+    outcome = _captured(pipe, modules, arguments, dtype_of, known)
+    if isinstance(outcome, CallSpecError) and missing_inputs(type(pipe), arguments):
+        outcome = _captured(pipe, modules, call_arguments(type(pipe), call, with_stand_ins=True), dtype_of, known)
+    if isinstance(outcome, CallSpecError):
+        raise outcome from outcome.__cause__
+    return outcome
+
+
+def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[str, Any],
+              dtype_of: Callable[[str], torch.dtype | None], known: dict) -> CapturedCall | CallSpecError:
+    """The call captured, or the pipeline's own code failing on it as the error to raise (ours are raised)."""
+    recorder = _Recorder(modules, dtype_of, known, room=HostRoom.now(type(pipe).__name__))
     with contextlib.ExitStack() as stack:
         # The libraries' warnings about the call (a long prompt truncated, which the default prompt is on purpose)
         # say nothing about the plan.
@@ -260,23 +180,35 @@ def capture_call(pipe: Any, modules: Mapping[str, nn.Module], call: Mapping[str,
             stack.enter_context(recorder.standing_in(name, module))
         try:  # the user's random state is left as it was: the capture's latents draw from a fork of it
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                pipe(**arguments)
-        except (ActivationEstimateError, CallSpecError):
+                pipe(**detached(arguments))
+        except CallSpecError:
             raise
+        except ActivationEstimateError as error:
+            raise _no_steps(pipe, arguments, error) or error
         except Exception as error:
-            raise _capture_failure(pipe, recorder, error) from error
+            failure = _no_steps(pipe, arguments, error) or _capture_failure(pipe, recorder, error)
+            failure.__cause__ = error
+            return failure
     return recorder.result()
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Estimated:
+    """One distinct call of a component, estimated on fake tensors: its example, output, work, peak, order."""
+
+    example: ExampleCall
+    output: Any
+    work: tuple[int, int]
+    peak: int
+    order: list[str]
+
+
 class _Recorder:
-    def __init__(self, modules: Mapping[str, nn.Module], dtype_of: Callable[[str], torch.dtype | None]) -> None:
-        self.modules, self.dtype_of = modules, dtype_of
-        self.examples: dict[str, dict[tuple, ExampleCall]] = {}
-        self.outputs: dict[tuple, Any] = {}
-        self.peaks: dict[str, int] = {}
+    def __init__(self, modules: Mapping[str, nn.Module], dtype_of: Callable[[str], torch.dtype | None],
+                 known: dict[tuple, _Estimated], *, room: HostRoom) -> None:
+        self.modules, self.dtype_of, self.known, self.room = modules, dtype_of, known, room
+        self.used: dict[str, dict[tuple, None]] = {}  # per component, its distinct calls in the order first made
         self.work: dict[str, tuple[int, int]] = {}  # component -> FLOPs, bytes touched, over all its calls
-        self.work_of: dict[tuple, tuple[int, int]] = {}  # a distinct call -> its FLOPs, bytes touched
-        self.orders: dict[str, list[str]] = {}
         self.runs: Counter = Counter()
         self.last: str | None = None  # the component called last (for an error's message)
         self._inside = False  # True while a component runs on fake tensors: its own calls go through
@@ -306,20 +238,21 @@ class _Recorder:
         # small, for models that size tensors by them.
         meta_args, meta_kwargs = map_tensors(lambda t: t.to("meta") if t.is_floating_point() else t, (args, kwargs))
         key = (name, method, _signature(meta_args, meta_kwargs))
-        if key not in self.outputs:
+        if key not in self.known:
             example = ExampleCall(args=meta_args, kwargs=meta_kwargs, method=method,
                                   keep_values=sized_by_values(module))  # its output's shape: its own code's
             with record_module_order(module) as order:
                 example, estimate = self._estimate(name, module, example)
-            self.examples.setdefault(name, {})[key] = example
-            self.outputs[key] = estimate.output
-            self.work_of[key] = (estimate.flops, estimate.bytes_touched)
-            self.peaks[name] = max(self.peaks.get(name, 0), estimate.peak_bytes)
-            self.orders.setdefault(name, order)
+            self.known[key] = _Estimated(example=example, output=estimate.output, peak=estimate.peak_bytes,
+                                         work=(estimate.flops, estimate.bytes_touched), order=order)
+        self.used.setdefault(name, {})[key] = None
+        estimated = self.known[key]
+        leaves = [leaf for leaf in tree_flatten(estimated.output)[0] if isinstance(leaf, torch.Tensor)]
+        self.room.check(sum(leaf.numel() * leaf.element_size() for leaf in leaves), f"{name}.{method}'s output")
         flops, touched = self.work.get(name, (0, 0))
-        self.work[name] = (flops + self.work_of[key][0], touched + self.work_of[key][1])
+        self.work[name] = (flops + estimated.work[0], touched + estimated.work[1])
         return map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
-                           self.outputs[key])
+                           estimated.output)
 
     def _estimate(self, name: str, module: nn.Module, example: ExampleCall) -> tuple[ExampleCall, Any]:
         """The call run on fake tensors; again with its integer inputs' values when it reads them."""
@@ -333,7 +266,7 @@ class _Recorder:
                 example = replace(example, keep_values=True)
                 return example, self._run(module, example, self.dtype_of(name))
         except ActivationEstimateError as error:
-            raise error.for_component(name) from error
+            raise _empty_tokens(name, example) or error.for_component(name) from error
         finally:
             self._inside = False
 
@@ -349,9 +282,28 @@ class _Recorder:
             vars(module).update(recorders)
 
     def result(self) -> CapturedCall:
-        return CapturedCall(calls={name: list(found.values()) for name, found in self.examples.items()},
+        estimated = {name: [self.known[key] for key in keys] for name, keys in self.used.items()}
+        return CapturedCall(calls={name: [known.example for known in found] for name, found in estimated.items()},
                             runs={name: count for name, count in self.runs.items() if count},
-                            peaks=dict(self.peaks), module_order=dict(self.orders), work=dict(self.work))
+                            peaks={name: max(known.peak for known in found) for name, found in estimated.items()},
+                            module_order={name: found[0].order for name, found in estimated.items()},
+                            work=dict(self.work))
+
+
+def _empty_tokens(name: str, example: ExampleCall) -> CallSpecError | None:
+    """Where a component failed on a token sequence of no tokens, the error that says why it had none."""
+    leaves, _ = tree_flatten((example.args, dict(example.kwargs)))
+    empty = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and not leaf.is_floating_point()
+                  and leaf.dim() >= 2 and leaf.shape[-1] == 0), None)
+    if empty is None:
+        return None
+    return CallSpecError(
+        f"call=: {name} was called on a sequence of no tokens ({str(empty.dtype).removeprefix('torch.')}"
+        f"{list(empty.shape)}), which it cannot run on, in this call as in diffusers' own: the tokenizer gave no "
+        "token for a prompt (most pipelines' default negative prompt is \"\"; the model's published tokenizer "
+        "adds its special tokens to every text, this one adds none). Load the model's own tokenizer, or give a "
+        "non-empty negative_prompt."
+    )
 
 
 def _reads_values(error: ActivationEstimateError) -> bool:
@@ -405,11 +357,37 @@ def _cpu_class(original: type) -> type:
     return _CPU_CLASSES[original]
 
 
+def _no_steps(pipe: Any, arguments: Mapping[str, Any], error: Exception) -> CallSpecError | None:
+    """Where an img2img or inpaint call's `strength` leaves no denoising step (diffusers' StableDiffusion
+    img2img then fails on an empty batch, in the VAE's decode), the error that says so; None for other failures."""
+    parameters = call_parameters(type(pipe))
+    if "strength" not in parameters or "num_inference_steps" not in parameters:
+        return None
+    strength = arguments.get("strength", parameters["strength"].default)
+    steps = arguments.get("num_inference_steps", parameters["num_inference_steps"].default)
+    if not isinstance(strength, (int, float)) or not isinstance(steps, int) or not 0 <= strength <= 1 \
+            or steps < 1 or steps * strength >= 1:
+        return None
+    name = type(pipe).__name__
+    cause = error.cause if isinstance(error, ActivationEstimateError) else _reason(error)
+    remedy = "a strength above 0" if strength == 0 else \
+        f"a strength of at least {1 / steps:.3g} or at least {math.ceil(1 / strength)} num_inference_steps"
+    return CallSpecError(
+        f"call= for {name}: strength={strength} of num_inference_steps={steps} leaves no denoising step "
+        f"(int({steps} x {strength}) = 0), and {name}.__call__ fails on such a call ({cause}). Give {remedy}."
+    )
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _capture_failure(pipe: Any, recorder: _Recorder, error: Exception) -> CallSpecError:
     """The pipeline refused the call (its own checks: a ValueError), or its code could not run on stand-ins: the
     message says which, where in the pipeline's code, and after which component."""
     name = type(pipe).__name__
-    reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    reason = _reason(error)
     if isinstance(error, ValueError):
         return CallSpecError(f"call= for {name}: {name}.__call__ refuses this call ({reason}). Change call= as it "
                              "says.")

@@ -26,9 +26,10 @@ VARIANTS = {
     "StableDiffusionXLControlNetPipeline": (tiny_unets.sdxl_controlnet, SIZE),
     "StableDiffusionInpaintPipeline": (tiny_unets.sd_inpaint, SIZE),
     "FluxControlNetPipeline": (tiny_dits.flux_controlnet, {**SIZE, "max_sequence_length": 8}),
-    # Kontext would resize its image to a preferred resolution and the call up to max_area (1024x1024): kept at 64
+    # Kontext would resize its image to a preferred resolution and the call up to max_area (1024x1024): kept at 64;
+    # its image is optional (without it, text-to-image): given, for the edit's estimates
     "FluxKontextPipeline": (tiny_dits.flux_kontext, {**SIZE, "max_sequence_length": 8, "_auto_resize": False,
-                                                     "max_area": 64 * 64}),
+                                                     "max_area": 64 * 64, "image": (64, 64)}),
     "FluxFillPipeline": (tiny_dits.flux_fill, {**SIZE, "max_sequence_length": 8}),
 }
 

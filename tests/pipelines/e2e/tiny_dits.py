@@ -173,6 +173,11 @@ def chroma(root):
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
 
 
+# What GLM-4's tokenizer puts before every text, as CogView4's published one does: without it the default negative
+# prompt "" is no token at all, and GLM cannot run on an empty sequence (diffusers' own call fails alike).
+GLM_PREFIX = ("[gMASK]", "<sop>")
+
+
 def cogview4(root):
     glm = transformers.GlmConfig(hidden_size=32, intermediate_size=8, num_hidden_layers=2, num_attention_heads=4,
                                  head_dim=8, vocab_size=LLM_VOCAB, pad_token_id=0)
@@ -181,7 +186,7 @@ def cogview4(root):
             patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4, num_attention_heads=4, out_channels=4,
             text_embed_dim=32, time_embed_dim=8, condition_dim=4)),
         vae=seeded(lambda: flow_vae(4)), text_encoder=seeded(lambda: transformers.GlmModel(glm).eval()),
-        tokenizer=llm_tokenizer("PreTrainedTokenizerFast"),
+        tokenizer=llm_tokenizer("PreTrainedTokenizerFast", prefix=GLM_PREFIX),
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256,
                                                             use_dynamic_shifting=True, time_shift_type="linear"))
 

@@ -32,15 +32,19 @@ def t5_tokenizer():
     return _real_folders.t5_tokenizer()
 
 
-def llm_tokenizer(class_name: str):
-    """A byte-level BPE without merges (one token per byte) in the class an LLM pipeline expects."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def llm_tokenizer(class_name: str, *, prefix: tuple[str, ...] = ()):
+    """A byte-level BPE without merges (one token per byte) in the class an LLM pipeline expects; `prefix`: special
+    tokens it puts before every text, as GLM's puts `[gMASK]<sop>` (so an empty prompt is two tokens, not none)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    specials = ["<pad>", "<s>", "</s>", "<unk>", *prefix]
     vocab = {token: index for index, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
+    if prefix:
+        backend.post_processor = processors.TemplateProcessing(
+            single=" ".join([*prefix, "$A"]), special_tokens=[(token, vocab[token]) for token in prefix])
     return getattr(transformers, class_name)(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
                                              pad_token="<pad>", unk_token="<unk>")
 
