@@ -9,11 +9,14 @@ dependency is imported somewhere. Module names map to distributions through the 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("placement", "hooks", "pipelines")
@@ -85,3 +88,31 @@ def test_no_benchmark_or_test_helper_shadows_an_installed_module():
     shadowing = sorted(str(path.relative_to(ROOT)) for folder in folders for path in folder.glob("*.py")
                        if path.stem in installed)
     assert shadowing == [], f"rename these: they share a name with an installed or standard module: {shadowing}"
+
+
+def lowest_script():
+    """.ci/lowest.py, the constraints CI's lowest-versions stage installs with (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("ci_lowest", ROOT / ".ci" / "lowest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_lowest_versions_run_pins_every_requirement_to_its_floor():
+    """Adding a dependency or an extra cannot skip CI's second stage: each requirement of pyproject.toml is pinned
+    to its `>=` floor (torch to the one build CI has), so a floor that stops installing or passing fails CI."""
+    lowest = lowest_script()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    runtime, optional = declared()
+    pinned = lowest.constraints(pyproject)
+    assert set(pinned) == runtime | optional
+    floors = {requirement_name(r): re.search(r">=\s*([^,;\s]+)", r).group(1) for r in lowest.requirements(pyproject)}
+    assert pinned == {**floors, **lowest.KEPT}
+    assert "peft" in pinned and "pytest" in pinned  # the extras are read, not only `dependencies`
+
+
+def test_a_requirement_without_a_floor_is_refused_by_name():
+    lowest = lowest_script()
+    pyproject = '[project]\ndependencies = ["torch>=2.4"]\n[project.optional-dependencies]\nx = ["newpkg<2"]\n'
+    with pytest.raises(lowest.FloorMissing, match=r"'newpkg<2' has 0 '>=' floors"):
+        lowest.constraints(pyproject)

@@ -189,3 +189,12 @@ def update_documents() -> None:
 if __name__ == "__main__":
     if "--update" in sys.argv:
         update_documents()
+
+
+def test_ci_runs_the_readme_test_command_as_written():
+    """.ci/run's first stage is the README's second command (install the extras, run the suite) verbatim, so CI
+    tests what a user who copies it gets; its second stage installs the floors pyproject.toml states."""
+    commands = [block.text.strip() for block in blocks("README.md") if block.kind == "bash"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pytest" in commands[1] and commands[1] in ci.splitlines()
+    assert "python .ci/lowest.py" in ci and "set -euo pipefail" in ci
