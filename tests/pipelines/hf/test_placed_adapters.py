@@ -223,7 +223,6 @@ def test_after_reset_the_lora_stays_and_the_methods_are_diffusers_own(flux, expe
     pipe.set_lora_device(["a"], "cpu")
 
 
-PEFT_FOR_TRANSFORMERS = tuple(int(part) for part in peft.__version__.split(".")[:2]) >= (0, 22)
 # Each placement kind of the CLIP text encoder (transformers' own load_adapter path): whole on a GPU, split over
 # two, run on the CPU, offloaded to host RAM and executed on a GPU, homed on disk.
 TEXT_ENCODER_PLACEMENTS = {
@@ -245,8 +244,6 @@ def text_encoder_lora(flux):
     return generate(reference)
 
 
-@pytest.mark.skipif(not PEFT_FOR_TRANSFORMERS, reason=f"transformers 5 loads text-encoder adapters only with "
-                    f"peft >= 0.22 (installed: {peft.__version__}); the transformer's LoRA is tested above")
 @pytest.mark.parametrize("placement", TEXT_ENCODER_PLACEMENTS)
 def test_a_text_encoder_lora_follows_the_text_encoder_wherever_it_is(placement, flux, text_encoder_lora, gpus):
     device_map = {"transformer": 0, "text_encoder": TEXT_ENCODER_PLACEMENTS[placement], "text_encoder_2": 1, "vae": 1}
