@@ -21,10 +21,11 @@ Reading a row:
   "1 call" or "one forward" = 1, else the default; passes per step: the pipeline's (2 with classifier-free guidance).
 - config: "no offload" / "resident" / "... off": resident; enable_model_cpu_offload: diffusers' model offload
   (pageable, moved back); enable_sequential_cpu_offload: per tensor, pageable; "group offload (RAM)": blocks
-  without streams (pageable); other group offload: with streams (pinned); SGLang's "component cpu_offload" and
+  without streams (pageable); other group offload: with streams (pinned); "low_cpu_mem_usage" (pin per onload):
+  group offload with streams that page-locks each block when it loads (`Mode.pin_per_onload`); SGLang's "component cpu_offload" and
   "--text-encoder-cpu-offload": whole component per call (pinned); "layerwise" (SGLang): blocks streamed, prefetch
-  and leading resident layers as stated, pinned; "torch.compile": compiled. Dynamic VRAM, disk offload, pin per
-  onload and unrecorded resident counts are not expressible.
+  and leading resident layers as stated, pinned; "torch.compile": compiled. Dynamic VRAM, disk offload and
+  unrecorded resident counts are not expressible.
 - system: SGLang runs are priced as SGLang computes (its DiT's fused kernels as `compiled`, FlashAttention-3 on
   Hopper and datacenter Blackwell; its text encoders and VAEs eager) and streams (runtime "engine": no host sync per block); everything else as diffusers does
   (eager SDPA unless the row says torch.compile; runtime "hooks").
@@ -58,7 +59,6 @@ GPU_NAMES = ((r"RTX 5090", "rtx5090"), (r"RTX 5060", "rtx5060"), (r"RTX 4090", "
              (r"RTX PRO 5000", "rtxpro5000"), (r"RTX 3060 Ti", "rtx3060ti"))
 NOT_EXPRESSIBLE_CONFIG = ((r"dynamic VRAM|aimdo|fast-disk|pinned in RAM", "ComfyUI's dynamic VRAM keeps an unstated "
                            "share resident"), (r"offload_to_disk_path", "the drive's read speed is not stated"),
-                          (r"low_cpu_mem_usage", "pinning per onload is not a mode the model prices"),
                           (r"best resident|not recorded", "the resident layer count is not recorded"))
 
 
@@ -193,6 +193,8 @@ def _modes(row: dict, scope: list[str], assumptions: list[str]) -> dict:
         return {c: dict(kind="model_offload", pinned=False, back_to_host=True) for c in scope}
     if re.search(r"enable_sequential_cpu_offload", config):
         return {c: dict(kind="sequential", pinned=False) for c in scope}
+    if re.search(r"low_cpu_mem_usage", config):  # diffusers' group offload pinning each block as it loads
+        return {c: dict(kind="group_streams", pinned=False, pin_per_onload=True, compiled=compiled) for c in denoiser}
     if re.search(r"group offload", config, re.I):
         streams = bool(re.search(r"stream", config))
         if not streams and "(RAM)" not in config:
