@@ -10,7 +10,10 @@ The rules are `time_model`'s (its constants are stated and fitted to benchmarks/
 - compute: matmul, attention and convolution FLOPs each at their share of the peak for the chip's architecture
   (`gpu_profiles.ARCHITECTURES`), the attention backend's and torch.compile's factors; never faster than the bytes
   it touches at the memory's speed;
-- copies: pinned at the link's sustained rate, pageable at `PAGEABLE_SHARE` of it; a fixed `TENSOR_COPY_S` per
+- copies: pinned at the link's sustained rate, pageable at `PAGEABLE_SHARE` of it (a pinned-memory budget smaller
+  than the weights, `Mode.pinned_bytes`: that share of every copy pinned, the rest pageable); pinning per onload
+  (`Mode.pin_per_onload`) copies at the pinned rate but first page-locks the bytes on the host at
+  `PIN_BYTES_PER_S`, exposed whole (the launching thread does it, so compute cannot hide it); a fixed `TENSOR_COPY_S` per
   tensor copied synchronously (a module's `.to()`; `HOOK_TENSOR_S` through accelerate's per-module hooks) and
   `BLOCK_SYNC_S` per block a prefetching runtime waits on; offloading a component back to pageable host memory at `HOST_WRITE_BYTES_PER_S`;
 - overlap: one copy stream, blocks in order, a block's copy starting once the one before it is copied and a slot
@@ -26,7 +29,8 @@ from typing import Mapping, Optional, Sequence, Union
 from .errors import PlanError
 from .gpu_profiles import GpuProfile, gpu_profile
 from .time_model import (ATTENTION_BACKENDS, BLOCK_SYNC_S, COMPILED_SPEEDUP, DISK_BYTES_PER_S, HOOK_TENSOR_S,
-                         HOST_WRITE_BYTES_PER_S, PAGEABLE_SHARE, TENSOR_COPY_S, CallTime, ComponentTime)
+                         HOST_WRITE_BYTES_PER_S, PAGEABLE_SHARE, PIN_BYTES_PER_S, TENSOR_COPY_S, CallTime,
+                         ComponentTime)
 
 MODES = ("resident", "model_offload", "sequential", "group", "group_streams", "layerwise")
 
@@ -74,7 +78,10 @@ class Mode:
     run, synchronously, as `enable_group_offload` without streams); "group_streams" (the same with the next block
     prefetched on a side stream); "layerwise" (`resident_blocks` leading blocks kept, the rest streamed with
     `prefetch` blocks in flight, the non-block rest resident, as SGLang's layerwise offload and our streaming).
-    `pinned`: host memory is page-locked (else pageable); `home`: "cpu" or "disk" (read at the disk's speed);
+    `pinned`: host memory is page-locked (else pageable); `pinned_bytes`: with `pinned`, how many of the
+    component's weight bytes the host could page-lock (None: all; the rest copy at the pageable rate);
+    `pin_per_onload`: weights rest pageable and each load page-locks its bytes first (diffusers'
+    `low_cpu_mem_usage=True`); `home`: "cpu" or "disk" (read at the disk's speed);
     `runtime`: what waits on each streamed block (`time_model.BLOCK_SYNC_S`): "hooks" (module hooks that sync the
     copy stream from the host, as diffusers' group offload) or "engine" (copies ordered by events on the device,
     the host never blocked: SGLang's layerwise offload, and this library's streaming, hooks/group_offload/
@@ -84,6 +91,8 @@ class Mode:
     resident_blocks: int = 0
     prefetch: int = 1
     pinned: bool = True
+    pinned_bytes: Optional[int] = None
+    pin_per_onload: bool = False
     back_to_host: bool = False
     compiled: bool = False
     attention: str = "sdpa"
@@ -103,6 +112,12 @@ class Mode:
                 or self.resident_blocks < 0:
             raise PlanError(f"Mode resident_blocks={self.resident_blocks!r} must be an int >= 0.")
         _check_count("Mode.prefetch", self.prefetch)
+        if self.pinned_bytes is not None:
+            if isinstance(self.pinned_bytes, bool) or not isinstance(self.pinned_bytes, int) or self.pinned_bytes < 0:
+                raise PlanError(f"Mode pinned_bytes={self.pinned_bytes!r} must be an int >= 0 (None: all pinned).")
+            if not self.pinned or self.pin_per_onload:
+                raise PlanError("Mode pinned_bytes is the page-locked share of weights pinned ahead: it needs "
+                                "pinned=True and pin_per_onload=False.")
 
 
 def price(components: Sequence[ComponentWork], gpu: Union[str, GpuProfile, dict],
@@ -143,32 +158,51 @@ def compute_seconds(work: ComponentWork, gpu: GpuProfile, mode: Mode) -> float:
 def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: float, disk: float) -> ComponentTime:
     """`work`'s seconds per call placed as `mode` (module doc)."""
     run_s = compute_seconds(work, gpu, mode)
-    speed = link if mode.pinned else link * PAGEABLE_SHARE
-    if mode.home == "disk":
-        speed = min(speed, disk)
+    speed = copy_bytes_per_s(work, mode, link, disk)
+    pin = 1 / PIN_BYTES_PER_S if mode.pin_per_onload else 0.0  # host seconds per byte, exposed whole
     compute = work.runs * run_s
     if mode.kind == "resident":
         return _timed(work, compute, 0.0, 0.0)
     if mode.kind == "model_offload":
-        copy = work.weight_bytes / speed + work.tensors * TENSOR_COPY_S
+        copy = work.weight_bytes * (1 / speed + pin) + work.tensors * TENSOR_COPY_S
         back = work.weight_bytes / HOST_WRITE_BYTES_PER_S if mode.back_to_host else 0.0
         return _timed(work, compute, copy + back, copy + back)
     if mode.kind in ("sequential", "group"):  # every weight (the blocks and the rest's group) at every pass
         passes = work.runs * work.chunks
         per_tensor = HOOK_TENSOR_S if mode.kind == "sequential" else TENSOR_COPY_S
-        copy = passes * (work.weight_bytes / speed + work.tensors * per_tensor)
+        copy = passes * (work.weight_bytes * (1 / speed + pin) + work.tensors * per_tensor)
         return _timed(work, compute, copy, copy)
     layerwise = mode.kind == "layerwise"  # its non-block rest stays resident; group offload moves it as a group too
     streamed = work.blocks - (mode.resident_blocks if layerwise else 0)
     if streamed <= 0:
         return _timed(work, compute, 0.0, 0.0)
-    block_copy = (work.streamed_bytes if layerwise else work.weight_bytes) / work.blocks / speed
+    block_bytes = (work.streamed_bytes if layerwise else work.weight_bytes) / work.blocks
+    block_copy = block_bytes / speed
     per_pass = streamed_run_seconds(run_s / work.chunks, blocks=work.blocks, streamed=streamed,
                                     block_copy=block_copy, prefetch=mode.prefetch,
                                     leading_resident=layerwise, sync=BLOCK_SYNC_S[mode.runtime])
-    copy = work.runs * work.chunks * streamed * block_copy
+    pinning = work.runs * work.chunks * streamed * block_bytes * pin
+    copy = work.runs * work.chunks * streamed * block_copy + pinning
     exposed = round(work.runs * work.chunks * per_pass - compute, 9)  # to the nanosecond: float noise is not time
-    return _timed(work, compute, copy, max(0.0, exposed))
+    return _timed(work, compute, copy, max(0.0, exposed) + pinning)
+
+
+def copy_bytes_per_s(work: ComponentWork, mode: Mode, link: float, disk: float) -> float:
+    """The host -> GPU rate of `work`'s copies placed as `mode`: pinned (ahead or per onload) at the link's rate,
+    pageable at `PAGEABLE_SHARE` of it; a pinned budget short of the weights pins that share of every copy (the
+    blocks are alike, so each is as pinned as the whole) and pays the pageable rate for the rest; disk-homed
+    weights at no more than the disk's rate."""
+    pageable = link * PAGEABLE_SHARE
+    if mode.pin_per_onload:
+        speed = link
+    elif not mode.pinned:
+        speed = pageable
+    elif mode.pinned_bytes is None or mode.pinned_bytes >= work.weight_bytes:
+        speed = link
+    else:
+        share = mode.pinned_bytes / work.weight_bytes  # seconds per byte: pinned share at the link, rest pageable
+        speed = 1 / (share / link + (1 - share) / pageable)
+    return min(speed, disk) if mode.home == "disk" else speed
 
 
 def streamed_run_seconds(run_s: float, *, blocks: int, streamed: int, block_copy: float, prefetch: int,
@@ -211,4 +245,4 @@ def _check_count(name: str, value) -> None:
         raise PlanError(f"{name}={value!r} must be an int >= 1.")
 
 
-__all__ = ["ComponentWork", "MODES", "Mode", "compute_seconds", "price", "streamed_run_seconds"]
+__all__ = ["ComponentWork", "MODES", "Mode", "compute_seconds", "copy_bytes_per_s", "price", "streamed_run_seconds"]

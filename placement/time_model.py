@@ -29,6 +29,13 @@ COMPILED_SPEEDUP = 1.22
 # A pageable (not page-locked) host -> GPU copy goes through the driver's bounce buffer: this share of the pinned
 # rate (diffusers' group offload without streams moved FLUX.1-dev's transformer at ~14 GB/s on an H100).
 PAGEABLE_SHARE = 0.36
+# Pinning host memory when a block is loaded (diffusers' group offload with `low_cpu_mem_usage=True`: each onload
+# page-locks a fresh copy of the block, `tensor.pin_memory()`) is host work on the thread that launches the kernels,
+# so compute does not hide it: FLUX.1-dev's transformer (23.8 GB) with block-level offload took 7.614 s per forward
+# pinned per onload against 1.950 s pinned ahead on the same machine (diffusers PR 11106): 5.66 s per 23.8 GB.
+# (Leaf-level groups paid 0.85 s there: many small pins interleave with the GPU's queued work; the rule prices the
+# block-level case, the one an offloading plan uses.)
+PIN_BYTES_PER_S = 4.2e9
 # Moving a component back to pageable host RAM (diffusers' model offload after each component) writes new pages.
 HOST_WRITE_BYTES_PER_S = 2.5e9
 # Fixed seconds per tensor copied synchronously by a module's `.to()` (launch, allocation): FLUX's VAE moved whole

@@ -4,6 +4,7 @@ the summary line; not the accuracy, which the benchmark itself reports on the fi
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import published_runs  # noqa: E402
+from placement.time_model import PIN_BYTES_PER_S  # noqa: E402
 
 COLUMNS = ("source_url", "system", "pipeline", "gpu", "link", "dtype", "resolution", "steps", "config",
            "resident_fraction_or_blocks", "seconds_per_step", "seconds_total", "notes")
@@ -71,6 +73,31 @@ def test_a_row_is_read_into_the_pipeline_gpu_call_scope_and_modes_it_states(tmp_
     encoders = published_runs.express(rows[1], pipelines)
     assert encoders.scope == ["text_encoder", "text_encoder_2"]
     assert {m["kind"] for m in encoders.modes.values()} == {"model_offload"}
+
+
+def test_pinning_per_onload_reads_as_its_mode_and_costs_the_host_pinning(tmp_path):
+    pipelines = published_runs.json.loads(published_runs.PIPELINES.read_text())["pipelines"]
+    row = {"system": "diffusers", "pipeline": "Flux transformer, 5 forwards", "gpu": "H100", "resolution": "1024x1024",
+           "steps": "5", "config": "block_level + low_cpu_mem_usage (pin per onload)", "seconds_per_step": "7.6"}
+    ahead = dict(row, config="group offload block_level")
+    onload, pinned = (published_runs.express(r, pipelines)
+                      for r in published_runs.read_rows(write(tmp_path / "runs.csv", [row, ahead])))
+    assert onload.modes["transformer"]["kind"] == pinned.modes["transformer"]["kind"] == "group_streams"
+    assert onload.modes["transformer"]["pin_per_onload"] and "pin_per_onload" not in pinned.modes["transformer"]
+    extra = published_runs.predict(onload, pipelines).seconds - published_runs.predict(pinned, pipelines).seconds
+    weights = published_runs.BF16_BYTES * pipelines["flux1-dev"]["components"]["transformer"]["params"]
+    assert extra == pytest.approx(5 * weights / PIN_BYTES_PER_S)  # every forward pins every block, exposed
+
+
+def test_a_miss_says_what_the_measurement_implies_and_the_guidance_reading_that_would_fit(tmp_path, capsys):
+    # Qwen-Image resident on an H100 measured at twice the one-pass prediction: compute, and CFG's second pass
+    qwen = {"system": "SGLang diffusion", "pipeline": "Qwen-Image", "gpu": "H100", "resolution": "default",
+            "steps": "default", "config": "no DiT offload", "seconds_total": "15.4"}
+    streamed = dict(qwen, config="--dit-layerwise-offload true (1 layer + 1 prefetch)", seconds_total="75")
+    published_runs.run(write(tmp_path / "runs.csv", [qwen, streamed]))
+    first, second = [line for line in capsys.readouterr().out.splitlines() if "miss:" in line]
+    assert re.search(r"compute at 0\.[45]\dx the predicted rate", first) and "with classifier-free guidance (2 passes a step, not stated)" in first
+    assert "copies ran unhidden at 30 GB/s" in second and "classifier-free" not in second  # 2 passes: 103 s, no fit
 
 
 def test_a_short_row_reads_as_empty_cells_and_is_listed_with_why(tmp_path, capsys):

@@ -9,7 +9,7 @@ import placement
 from placement import ComponentWork, Mode, PlanError, price
 from placement.gpu_profiles import gpu_profile
 from placement.time_model import (ATTENTION_BACKENDS, BLOCK_SYNC_S, COMPILED_SPEEDUP, HOOK_TENSOR_S,
-                                  HOST_WRITE_BYTES_PER_S, PAGEABLE_SHARE, TENSOR_COPY_S)
+                                  HOST_WRITE_BYTES_PER_S, PAGEABLE_SHARE, PIN_BYTES_PER_S, TENSOR_COPY_S)
 
 GB = 10**9
 H100 = gpu_profile("h100")
@@ -100,6 +100,35 @@ def test_disk_homed_weights_copy_at_the_disks_speed():
     assert slow.components[0].copy_s == pytest.approx(28 * GB / (2 * GB) + 1100 * TENSOR_COPY_S)
 
 
+def test_pinning_per_onload_pays_the_host_pinning_exposed_on_top_of_the_pinned_copies():
+    # synchronous kinds: every copy pinned first, then moved at the pinned rate
+    group = seconds(dit(), "group", pin_per_onload=True)
+    assert group.exposed_s == pytest.approx(4 * (28 * GB / LINK + 28 * GB / PIN_BYTES_PER_S + 1100 * TENSOR_COPY_S))
+    whole = seconds(dit(), "model_offload", pinned=False, pin_per_onload=True)
+    assert whole.exposed_s == pytest.approx(28 * GB / LINK + 28 * GB / PIN_BYTES_PER_S + 1100 * TENSOR_COPY_S)
+    # streamed kinds: the copies still hide behind compute, the host's pinning does not (the launching thread pins)
+    ahead = seconds(dit(), "group_streams", runtime="engine")
+    onload = seconds(dit(), "group_streams", runtime="engine", pin_per_onload=True)
+    assert onload.exposed_s - ahead.exposed_s == pytest.approx(4 * 28 * GB / PIN_BYTES_PER_S)
+    assert onload.compute_s == ahead.compute_s
+    layerwise = seconds(dit(), "layerwise", runtime="engine", resident_blocks=10, pin_per_onload=True)
+    kept = seconds(dit(), "layerwise", runtime="engine", resident_blocks=10)
+    assert layerwise.exposed_s - kept.exposed_s == pytest.approx(4 * 30 * (27 * GB / 40) / PIN_BYTES_PER_S)
+    assert seconds(dit(), pin_per_onload=True).total_s == seconds(dit()).total_s  # resident: nothing loads
+
+
+def test_a_pinned_budget_short_of_the_weights_pays_the_pageable_rate_for_the_rest():
+    def group(**mode):
+        return seconds(dit(), "group", **mode).exposed_s - 4 * 1100 * TENSOR_COPY_S
+
+    assert group(pinned_bytes=28 * GB) == pytest.approx(group()) == pytest.approx(4 * 28 * GB / LINK)
+    assert group(pinned_bytes=0) == pytest.approx(group(pinned=False))
+    # a quarter pinned: a quarter of every copy at the link's rate, three quarters pageable
+    assert group(pinned_bytes=7 * GB) == pytest.approx(4 * (7 * GB / LINK + 21 * GB / (LINK * PAGEABLE_SHARE)))
+    streamed = [seconds(dit(matmul_flops=1e13), "layerwise", pinned_bytes=b).total_s for b in (28 * GB, 14 * GB, 0)]
+    assert streamed == sorted(streamed)  # less pinned, never faster
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda: ComponentWork(name="t", weight_bytes=-1), r"t\.weight_bytes=-1 must be a non-negative"),
     (lambda: ComponentWork(name="t", weight_bytes=1, matmul_flops="many"), r"t\.matmul_flops='many'"),
@@ -111,6 +140,8 @@ def test_disk_homed_weights_copy_at_the_disks_speed():
     (lambda: Mode(kind="layerwise", resident_blocks=-2), r"resident_blocks=-2"),
     (lambda: Mode(prefetch=0), r"Mode\.prefetch=0"),
     (lambda: Mode(runtime="mine"), r"runtime='mine'"),
+    (lambda: Mode(pinned_bytes=-1), r"pinned_bytes=-1 must be an int >= 0"),
+    (lambda: Mode(pinned=False, pinned_bytes=4), r"pinned_bytes is the page-locked share .* needs pinned=True"),
     (lambda: price([dit()], H100, link_bandwidth=0), r"link_bandwidth=0 must be a positive"),
     (lambda: price([dit()], H100, disk_read_bandwidth=-3e9), r"disk_read_bandwidth=-3000000000.0"),
     (lambda: price([dit()], H100, {"unet": "resident"}), r"modes name 'unet', which are not among"),
