@@ -63,3 +63,31 @@ def test_binary_cross_entropy_is_refused_under_autocast_as_on_cuda():
     x = torch.rand(4).to(gpu)
     with torch.autocast(gpu.type, dtype=torch.float16), pytest.raises(RuntimeError, match="unsafe to autocast"):
         F.binary_cross_entropy(x, x)
+
+
+class RotaryInFloat32(nn.Module):
+    """Opens an autocast region on its input's device type, as Mochi's RoPE does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, torch.float32):
+            return self.proj(x).cos()
+
+
+def test_an_autocast_region_on_meta_is_estimated_and_torch_autocast_comes_back():
+    """Call capture runs the model on meta, which torch has no autocast for ("unsupported autocast device_type
+    'meta'" refused Mochi's every call= plan): the region runs uncast, the same bytes as without it."""
+    from placement.activations.estimate import estimate_activations
+
+    plain = torch.autocast
+    with torch.device("meta"):
+        model = RotaryInFloat32()
+    x = torch.empty(4, 16, 8, device="meta")
+    peak = estimate_activations(model, (x,))
+    assert peak >= 2 * x.numel() * x.element_size()  # the projection and its cosine, in float32
+    assert torch.autocast is plain and torch.amp.autocast is plain
+    with pytest.raises(RuntimeError, match="unsupported autocast device_type 'meta'"):
+        model(x)  # outside an estimate, torch's own answer
