@@ -52,12 +52,12 @@ SPLIT_BY_THE_PLANNER = {"PixArtSigmaPipeline", "LTXPipeline", "AnimateDiffPipeli
 def split_budgets(folder, case) -> dict:
     """Two GPUs, each with room for half of the other components and 60% of the denoiser (plus the largest
     activation and the runtime overhead where the plan charges them): the denoiser cannot stay whole."""
-    plan = Pipeline.plan_placement(folder, max_memory={0: "8GiB", 1: "8GiB", "cpu": "8GiB"}, call=case.call,
+    plan = Pipeline.plan_placement(folder, max_memory={0: "8GiB", 1: "8GiB", "cpu": "8GiB"}, call=case.planning_call,
                                    **case.load)
     denoiser = denoiser_of(plan)
     others = sum(component.bytes for name, component in plan.components.items() if name != denoiser)
     transient = max(component.activation_bytes or 0 for component in plan.components.values())
-    overhead = ACCELERATOR_RUNTIME_OVERHEAD if case.call is not None else 0
+    overhead = ACCELERATOR_RUNTIME_OVERHEAD if case.planning_call is not None else 0
     budget = overhead + transient + int(0.6 * plan.components[denoiser].bytes) + others // 2 + 1
     return {0: f"{budget}B", 1: f"{budget}B", "cpu": "4GiB"}
 
@@ -71,7 +71,7 @@ def test_a_denoiser_the_planner_splits_runs_equal_to_diffusers(saved, case):
     folder = saved(case)
     expected = run(getattr(diffusers, case.name.split(" ")[0]).from_pretrained(folder, **case.load), case)
     pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory=split_budgets(folder, case),
-                                    progress=False, call=case.call, **case.load)
+                                    progress=False, call=case.planning_call, **case.load)
     kind = pipe.placement_plan.components[denoiser_of(pipe.placement_plan)].kind.value
     assert (kind == "split") == (case.name in SPLIT_BY_THE_PLANNER), kind
     assert_same_output(run(pipe, case), expected)

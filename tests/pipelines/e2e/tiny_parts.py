@@ -32,8 +32,15 @@ def t5_tokenizer():
     return _real_folders.t5_tokenizer()
 
 
-def llm_tokenizer(class_name: str):
-    """A byte-level BPE without merges (one token per byte) in the class an LLM pipeline expects."""
+# A chat template for the pipelines that prompt their LLM as a chat (FLUX.2 klein, HunyuanVideo 1.5): each
+# message's text between <s> and </s>, then an open <s> for the answer.
+CHAT_TEMPLATE = ("{% for message in messages %}<s>{{ message['content'] if message['content'] is string else "
+                 "message['content'][0]['text'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>{% endif %}")
+
+
+def llm_tokenizer(class_name: str, *, chat: bool = False):
+    """A byte-level BPE without merges (one token per byte) in the class an LLM pipeline expects (`chat`: with
+    `CHAT_TEMPLATE`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -42,7 +49,8 @@ def llm_tokenizer(class_name: str):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return getattr(transformers, class_name)(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                             pad_token="<pad>", unk_token="<unk>")
+                                             pad_token="<pad>", unk_token="<unk>",
+                                             **({"chat_template": CHAT_TEMPLATE} if chat else {}))
 
 
 LLM_VOCAB = 300  # above the byte-level tokenizer's 260 ids

@@ -1,5 +1,5 @@
-"""Tiny video pipelines (CogVideoX, LTX-Video, LTX-2, HunyuanVideo, Wan 2.1 I2V, Wan VACE), built by diffusers
-from `tiny_parts` at the sizes of diffusers' own tests."""
+"""Tiny video pipelines (CogVideoX, LTX-Video, LTX-2, HunyuanVideo and 1.5, Mochi, Wan 2.1 I2V, Wan VACE, Wan 2.2,
+SkyReels V2), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
 
 from __future__ import annotations
 
@@ -130,3 +130,47 @@ def ltx2(root):
             output_sampling_rate=16000)),
         text_encoder=seeded(lambda: transformers.Gemma3ForConditionalGeneration(gemma).eval()),
         tokenizer=llm_tokenizer("GemmaTokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def mochi(root):
+    return diffusers.MochiPipeline(
+        transformer=seeded(lambda: diffusers.MochiTransformer3DModel(
+            patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+            in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=4,
+            activation_fn="swiglu", max_sequence_length=16)),
+        vae=seeded(lambda: diffusers.AutoencoderKLMochi(
+            latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
+            decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1))),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def hunyuan_video15(root):
+    """HunyuanVideo 1.5 text-to-video: a Qwen2.5-VL text model prompted as a chat, and a ByT5 glyph encoder."""
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    qwen = transformers.Qwen2_5_VLTextConfig(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=LLM_VOCAB, bos_token_id=1, eos_token_id=2,
+        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"})
+    return diffusers.HunyuanVideo15Pipeline(
+        transformer=seeded(lambda: diffusers.HunyuanVideo15Transformer3DModel(
+            in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+            num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32,
+            image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v")),
+        vae=seeded(lambda: diffusers.AutoencoderKLHunyuanVideo15(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+            spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+            upsample_match_channel=False)),
+        text_encoder=seeded(lambda: transformers.Qwen2_5_VLTextModel(qwen).eval()),
+        tokenizer=llm_tokenizer("Qwen2TokenizerFast", chat=True),
+        text_encoder_2=seeded(t5_encoder), tokenizer_2=transformers.ByT5Tokenizer(),
+        guider=ClassifierFreeGuidance(guidance_scale=1.0),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def skyreels_v2(root):
+    return diffusers.SkyReelsV2Pipeline(
+        transformer=seeded(lambda: diffusers.SkyReelsV2Transformer3DModel(**WAN_TRANSFORMER)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True))
