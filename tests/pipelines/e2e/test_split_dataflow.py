@@ -49,7 +49,8 @@ def test_a_denoiser_split_where_its_forward_mixes_runs_equal_to_diffusers(saved,
 # denoiser fits whole here: its Gemma2 encoder's activation at the captured prompt length is the largest
 # transient, and the budget below leaves room for it.
 SPLIT_BY_THE_PLANNER = {"PixArtSigmaPipeline", "LTXPipeline", "AnimateDiffPipeline", "FluxKontextPipeline",
-                        "FluxImg2ImgPipeline", "ChromaPipeline", "FluxInpaintPipeline", "FluxFillPipeline"}
+                        "FluxImg2ImgPipeline", "ChromaPipeline", "FluxInpaintPipeline", "FluxFillPipeline",
+                        "Flux2KleinPipeline"}
 
 
 def split_budgets(folder, case) -> dict:
