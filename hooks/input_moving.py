@@ -33,7 +33,11 @@ from .transfer_meter import place_of_device
 
 def move_to_device(data: Any, device: torch.device, place: Device | None = None) -> Any:
     """`data` with every tensor on `device`, the caller's lists and dicts kept; with `place`, each tensor not
-    there yet is counted as an input moved there."""
+    there yet is counted as an input moved there. A `torch.device` argument naming another accelerator of the
+    same kind names `device` instead: the module makes its tensors where it runs (Mochi's transformer passes its
+    own device to its RoPE, which builds positions there and meets its frequencies, moved here)."""
+    if isinstance(data, torch.device):
+        return device if data.type == device.type and data.type not in ("cpu", "meta") else data
     if isinstance(data, torch.Tensor):
         if place is not None and meter.metering():
             data = _count_input(data, place)

@@ -156,6 +156,19 @@ def _is_contiguous(assignment: Mapping[str, Device], units: Sequence[SplitUnit])
     return True
 
 
+def two_way_splits(module: nn.Module, size: ComponentSize, devices: tuple[Device, Device] = (0, 1)) -> list[dict]:
+    """Every split of `module` over two devices the planner may choose, whatever the budgets: its units in
+    execution order cut once between two of them, tied units kept together (`{path: device}`, merged)."""
+    units = size.split_units
+    tied_groups = _tied_unit_groups(module, units)
+    splits = []
+    for cut in range(1, len(units)):
+        assignment = {unit.path: devices[index >= cut] for index, unit in enumerate(units)}
+        if all(len({assignment[path] for path in group}) == 1 for group in tied_groups):
+            splits.append(merge_to_prefixes(assignment))
+    return splits
+
+
 def _tied_unit_groups(module: nn.Module, units: Sequence[SplitUnit]) -> list[set[str]]:
     """Sets of unit paths that share a tied parameter and so must sit on one device."""
     groups = find_tied_parameters(module)

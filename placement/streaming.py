@@ -3,6 +3,10 @@ planner (`streaming_working_set`), so they never disagree (here because `hooks` 
 
 A block list is an `nn.ModuleList` / `nn.Sequential` found at any depth (T5's `encoder.block`); its children are
 the blocks, moved one at a time and never looked into. Everything else is the "rest", resident while the module runs.
+
+A unit is moved by hooks on the module it names, so it must be a module that is called: a child without a forward
+of its own (a bare `nn.Module()` stage holding `block` and `upsample`, as the LDM-style VAEs of LTX-2's audio and
+others build, whose parent calls `self.up[i].block[j]`) is never called, and stands for its called parts instead.
 """
 
 from __future__ import annotations
@@ -26,9 +30,27 @@ class BlockList:
 
     @property
     def blocks(self) -> list[tuple[str, nn.Module]]:
-        """(qualified path, block) for each child, in order."""
-        return [(f"{self.path}.{name}" if self.path else name, block)
-                for name, block in self.container.named_children()]
+        """(qualified path, block) for each child, in order (a child that is never called: its called parts)."""
+        return [part for name, block in self.container.named_children()
+                for part in called_parts(f"{self.path}.{name}" if self.path else name, block)]
+
+
+def never_called(module: nn.Module) -> bool:
+    """Whether `module` has no forward of its own (`nn.Module()`, `nn.ModuleList`, `nn.ModuleDict`): its parent
+    calls its children directly, so a hook on it never fires."""
+    return type(module).forward is nn.Module.forward
+
+
+def _holds_tensors(module: nn.Module) -> bool:
+    return bool(module._parameters) or bool(module._buffers)
+
+
+def called_parts(path: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of `module`, or where it is never called, of its called descendants (the modules a hook
+    fires on; none for an empty one); a container holding tensors of its own stays whole (no part carries them)."""
+    if not never_called(module) or _holds_tensors(module):
+        return [(path, module)]
+    return [part for name, child in module.named_children() for part in called_parts(f"{path}.{name}", child)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +129,7 @@ def _rest_pieces(module: nn.Module, prefix: str, sizes, out: list[TransferUnit])
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(child, BLOCK_CONTAINERS):
             continue
-        if _holds_block_list(child):
+        if _holds_block_list(child) or called_parts(path, child) != [(path, child)]:  # its parts move, not it
             _rest_pieces(child, path, sizes, out)
         elif sizes.get(path, 0) > 0:
             out.append(TransferUnit(path=path, bytes=sizes[path], block=False))

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .errors import InvalidDeviceError
+from .virtual_autocast import register_autocast_kernels
 
 aten = torch.ops.aten
 
@@ -346,7 +347,7 @@ def ensure_backend() -> None:
         autograd = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
         autograd.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
         torch.Tensor.data = DATA_PROPERTY  # `cpu_tensor.data = virtual_tensor`, as CUDA allows (tensor.py)
-        _STATE["library"] = (fallback, kernels, autograd)
+        _STATE["library"] = (fallback, kernels, autograd, *register_autocast_kernels())
 
 
 def _register_device_type() -> None:
@@ -363,6 +364,9 @@ def _device_module() -> types.ModuleType:
                "empty_cache": None}
     for name, answer in answers.items():
         setattr(module, name, lambda *args, answer=answer, **kwargs: answer)
+    # torch.autocast asks a PrivateUse1 backend which lower precisions it takes: CUDA's two. A model that opens
+    # `torch.autocast(x.device.type, ...)` (Mochi's RoPE) then runs as on CUDA (float32 there: disabled, warned).
+    module.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     return module
 
 

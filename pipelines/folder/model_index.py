@@ -9,6 +9,7 @@ load that straddled a save starts again."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import time
@@ -137,6 +138,9 @@ def spec_for(obj: Any) -> ComponentSpec:
         return ComponentSpec(library=None, class_name=None)
     cls = type(obj)
     top_level = cls.__module__.split(".")[0]
+    pipeline_module = _diffusers_pipeline_dir(cls)
+    if pipeline_module is not None:  # what diffusers writes for a class of a pipeline's own module
+        return ComponentSpec(library=pipeline_module, class_name=cls.__name__)
     if top_level in HF_LIBRARIES:
         return ComponentSpec(library=top_level, class_name=cls.__name__)
     if is_library_class(cls):
@@ -169,6 +173,9 @@ def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: boo
         (cls for cls in known if (cls.__module__, cls.__name__) == (library, class_name)), None)
     if found is not None:
         return found
+    pipeline_module = diffusers_pipeline_module(library)
+    if pipeline_module is not None:  # diffusers' own code, read as diffusers' loader reads such an entry
+        return _class_in(pipeline_module, f"diffusers.pipelines.{library}", class_name, component)
     if not trust_remote_code:
         raise UntrustedClassError(
             f"Component {component!r}: model_index.json names class {class_name!r} in module {library!r}, which is "
@@ -178,6 +185,32 @@ def resolve_class(spec: ComponentSpec, *, component: str, trust_remote_code: boo
             "this folder's code, pass trust_remote_code=True."
         )
     return _class_in(_import_library(library, component), library, class_name, component)
+
+
+def diffusers_pipeline_module(library: str):
+    """The `diffusers.pipelines` submodule named `library` (`"ltx2"`), or None. diffusers saves a class of a
+    pipeline's own module (LTX-2's `connectors`, `LTX2TextConnectors` in diffusers/pipelines/ltx2/) as
+    `[pipeline module, ClassName]` and its loader takes any library that is an attribute of `diffusers.pipelines`
+    (`get_class_obj_and_candidates`); only a submodule diffusers ships is taken here, so a folder can name
+    nothing but installed diffusers code."""
+    if not library.isidentifier() or importlib.util.find_spec("diffusers") is None:
+        return None
+    import diffusers.pipelines
+
+    try:
+        found = getattr(diffusers.pipelines, library)  # diffusers' lazy module imports its own submodule
+    except (AttributeError, ImportError, RuntimeError):  # RuntimeError: a submodule's missing optional backend
+        return None
+    return found if getattr(found, "__name__", None) == f"diffusers.pipelines.{library}" else None
+
+
+def _diffusers_pipeline_dir(cls: type) -> str | None:
+    """The library diffusers writes for `cls` when `cls` lives in a pipeline's own module (diffusers'
+    `_fetch_class_library_tuple`: the module's parent package, when it is a `diffusers.pipelines` submodule)."""
+    parts = cls.__module__.split(".")
+    if len(parts) > 2 and parts[:2] == ["diffusers", "pipelines"] and diffusers_pipeline_module(parts[-2]):
+        return parts[-2]
+    return None
 
 
 def _import_library(library: str, component: str):

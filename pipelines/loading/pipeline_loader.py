@@ -13,12 +13,13 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from hooks.dispatch import undispatch
+from hooks.dispatch import DiskWeights, undispatch
 from hooks.errors import OffloadConflictError
 from hooks.hook_utils import add_hook_last
 from hooks.input_moving import DeliverOutputsHook
 from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
 from hooks.techniques import apply_component_plan
+from placement.device_maps import flatten_device_map
 from placement.devices import Accelerators, torch_device
 from placement.plan_schema import ComponentPlan, Plan
 
@@ -51,9 +52,11 @@ from .placing import (
     attach_plan_runtime,
     check_plan_devices,
     check_requested_devices,
+    move_entries,
     place_component,
     read_component,
     unplace,
+    write_disk_entries,
 )
 from .planning import (
     caller_stacklevel,
@@ -335,7 +338,8 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                     if module is not metas[name].module:  # read by its owner: its module replaces the meta one
                         install_component(pipe, name, module)
                 else:
-                    _move_passed(name, pipe.components[name], component, request.accelerators)
+                    disk_weights[name] = _move_passed(name, pipe.components[name], component, request.accelerators,
+                                                      request.options.offload_folder)
             # The whole plan's runtime at once: the components on one accelerator share its per-call coordinator.
             attach_plan_runtime({name: pipe.components[name] for name in touched}, plan, hooks=hooks,
                                 disk_weights=disk_weights)
@@ -363,15 +367,14 @@ def _check_registered(pipe: Any, meta: MetaComponent) -> None:
         )
 
 
-def _move_passed(name: str, module: nn.Module, component, accelerators: Accelerators) -> None:
-    """A plain component passed in: moved to the plan's devices (never cast: it is the caller's object)."""
-    for path, device in sorted(component.device_map.items(), key=lambda item: len(item[0])):
-        if device == "disk":
-            raise PipelineLoadError(
-                f"Component {name!r} was passed in and planned to 'disk', but its weights are not in a checkpoint "
-                "file that disk offload could read; give the CPU a larger max_memory, or save and load it instead."
-            )
-        module.get_submodule(path).to(torch_device(device, accelerators))
+def _move_passed(name: str, module: nn.Module, component, accelerators: Accelerators,
+                 offload_folder) -> DiskWeights | None:
+    """A plain component passed in: moved to the plan's devices (never cast: it is the caller's object); its
+    "disk" entries written to `offload_folder` and served from there, as for a component its owner reads (the
+    planner plans the disk only with an offload_folder; reset_device_map() brings them back)."""
+    flat = flatten_device_map(module, component.device_map)
+    move_entries(module, flat, accelerators, to_cpu=True)
+    return write_disk_entries(module, flat, name, offload_folder)
 
 
 def _origin_device(module: nn.Module) -> torch.device:

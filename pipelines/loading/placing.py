@@ -68,11 +68,13 @@ def _owner_device(device: Device, accelerators: Accelerators) -> torch.device:
     return _HOST
 
 
-def move_entries(module: nn.Module, flat: Mapping[str, Device], accelerators: Accelerators) -> None:
-    """Every accelerator entry of the plan moved to its device, tensors as they are (quantized ones keep their
-    format: `.to()` of a torchao/quanto/bitsandbytes tensor moves its inner data and scales)."""
-    for path, device in flat.items():
-        if not is_accelerator(device):
+def move_entries(module: nn.Module, flat: Mapping[str, Device], accelerators: Accelerators, *,
+                 to_cpu: bool = False) -> None:
+    """Every accelerator entry of the plan (and with `to_cpu` every CPU entry) moved to its device, tensors as they
+    are (quantized ones keep their format: `.to()` of a torchao/quanto/bitsandbytes tensor moves its inner data
+    and scales). Shorter keys first: a longer key inside one wins."""
+    for path, device in sorted(flat.items(), key=lambda item: len(item[0])):
+        if not (is_accelerator(device) or (to_cpu and device == "cpu")):
             continue
         target = torch_device(device, accelerators)
         owner = _owner_of(module, path)

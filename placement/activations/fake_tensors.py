@@ -5,7 +5,9 @@ Shape-only stand-ins: 1. constants made on `meta` (`MetaConstants` makes them on
 small constants' values); 2. MoE routing read from values (every token to experts 0..k-1: the largest per-expert
 batch any routing gives, an upper bound); 3. HiDream's unpatchify by sizes held in a tensor (its reshape-only
 `is_training` branch); 4. bitsandbytes layers built on meta, which cannot forward without a quant state (the
-weight dequantized into a temporary, then one `F.linear`).
+weight dequantized into a temporary, then one `F.linear`); 5. `torch.autocast(x.device.type, ...)` opened by a
+model's own code (Mochi's RoPE) on meta, a device torch has no autocast for: the region runs with nothing cast
+(an autocast to float32 is disabled on CUDA anyway; a lower precision one is counted at full width, an upper bound).
 
 `FusedAttentionAccounting`: on a GPU, scaled-dot-product attention runs a fused kernel that never holds the
 L x S score matrix; meta's math path builds it, ~10x too high at image sequence lengths. The Python call is
@@ -106,6 +108,25 @@ def sized_by_values(module: nn.Module) -> bool:
     return any(_unpatchifies_by_values(sub) and not _forces_inference_output(sub) for sub in module.modules())
 
 
+class _AutocastOnMeta(torch.amp.autocast_mode.autocast):
+    """`torch.autocast`, with a region opened for the meta device run uncast (5.)."""
+
+    def __init__(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled=None) -> None:
+        if device_type == "meta":
+            device_type, enabled = "cpu", False  # a disabled region: whatever autocast is on stays as it is
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+@contextmanager
+def _autocast_on_meta() -> Iterator[None]:
+    plain = torch.autocast, torch.amp.autocast
+    torch.autocast = torch.amp.autocast = _AutocastOnMeta
+    try:
+        yield
+    finally:
+        torch.autocast, torch.amp.autocast = plain
+
+
 @contextmanager
 def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Iterator[None]:
     """Within it, `module`'s MoE routing (2.) and value-sized unpatchify (3.) run without data, and its
@@ -123,7 +144,8 @@ def shape_only_stand_ins(module: nn.Module, *, values_kept: bool = False) -> Ite
             sub.unpatchify = types.MethodType(_shape_only_unpatchify, sub)
             patched.append((sub, "unpatchify"))
     try:
-        yield
+        with _autocast_on_meta():
+            yield
     finally:
         for sub, name in patched:
             delattr(sub, name)

@@ -274,3 +274,41 @@ def test_a_dispatched_whole_component_refuses_other_offloading_until_undispatche
     undispatch(model)
     apply_group_offloading(model, GroupOffloadingConfig(onload_device="cpu"))
     undispatch(model)
+
+
+class Positions(nn.Module):
+    """Holds no weights; builds positions on the `device` its caller names and meets frequencies it is given, as
+    Mochi's RoPE does (the caller passes `device=hidden_states.device`)."""
+
+    def forward(self, frequencies, count, device=None):
+        positions = torch.arange(count, device=device, dtype=torch.float32)
+        return positions[:, None] * frequencies[None, :]
+
+
+class WithPositions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frequencies = nn.Parameter(torch.linspace(0.1, 1.0, 4))
+        self.embed = nn.Linear(4, 4)
+        self.positions = Positions()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.embed(x)
+        return self.head(h + self.positions(self.frequencies, x.shape[0], device=h.device))
+
+
+def test_a_device_argument_crossing_a_cut_names_the_device_the_module_runs_on():
+    """Split so that `positions` runs on GPU 1 while its caller's device is GPU 0: the device its caller names
+    crosses the cut like a tensor (before, arange on vgpu:0 met the frequencies moved to vgpu:1)."""
+    torch.manual_seed(0)
+    model = WithPositions()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+    device_map = {"frequencies": 0, "embed": 0, "positions": 1, "head": 1}
+    dispatch(place_resident_weights(model, device_map), device_map)
+    with torch.no_grad():
+        assert_same_output(model(x.to(torch_device(0))).cpu(), expected)
+    undispatch(model)
+    assert move_to_device(torch.device("cpu"), torch_device(1)) == torch.device("cpu")  # the host stays the host

@@ -13,8 +13,11 @@ from torch import nn
 
 import placement
 from hooks import GroupOffloadingConfig, apply_group_offloading, group_offloading_session, remove_group_offloading
+from hooks.techniques import apply_plan
+from placement.devices import torch_device
 from placement.sizing import size_module
-from placement.streaming import block_groups, streaming_working_set
+from placement.streaming import block_groups, streaming_working_set, transfer_units
+from resident_weights import place_resident_weights
 from same_output import assert_same_output
 
 transformers = pytest.importorskip("transformers")
@@ -169,3 +172,50 @@ def test_t5_stream_prefetch_on_gpu_stays_within_the_planned_working_set():
     assert max(resident for _, resident in log) <= streaming_working_set(plain, size_module(plain))
     assert any(len(groups) == 3 for groups, _ in log)  # rest + the running block + the prefetched one
     remove_group_offloading(model)
+
+
+def ltx2_audio_vae() -> nn.Module:
+    """LTX-2's audio VAE, LDM-style: `decoder.up` holds bare `nn.Module()` stages (`block`, `upsample`) and
+    `decoder.mid` another; the decoder calls `self.up[i].block[j]`, never a stage, never `mid`."""
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLLTX2Audio(base_channels=4, output_channels=2, ch_mult=(1, 2), num_res_blocks=1,
+                                            in_channels=2, resolution=32, latent_channels=2, mel_bins=8).eval()
+
+
+def test_a_container_that_is_never_called_streams_as_its_called_parts():
+    vae = ltx2_audio_vae()
+    blocks = block_groups(vae).block_paths
+    assert "decoder.up.1" not in blocks and {"decoder.up.1.block.0", "decoder.up.1.upsample"} <= set(blocks)
+    assert all(type(vae.get_submodule(path)).forward is not nn.Module.forward for path in blocks)
+    size = size_module(vae)
+    units = transfer_units(vae, size)
+    assert "decoder.mid" not in {unit.path for unit in units} and "decoder.mid.block_1" in {u.path for u in units}
+    assert sum(unit.bytes for unit in units) == size.total  # every tensor in exactly one unit
+
+
+def test_a_vae_whose_stages_are_never_called_streams_on_a_strict_virtual_gpu(monkeypatch):
+    """Streamed onto vgpu:0 block by block, then planned with a per-call budget: before, the stage's group never
+    loaded (its hook never fired) and a convolution met `vgpu:0 and cpu`."""
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    latents = torch.randn(1, 2, 4, 4)
+    expected = ltx2_audio_vae().decode(latents).sample
+    vae = ltx2_audio_vae()
+    apply_group_offloading(vae, GroupOffloadingConfig(onload_device=torch_device(0)))
+    with torch.no_grad():
+        assert_same_output(vae.decode(latents).sample.cpu(), expected)
+    remove_group_offloading(vae)
+    # Planned: a GPU with room for its working set only, the rest streamed (the blocks) block by block.
+    vae = ltx2_audio_vae()
+    budget = streaming_working_set(vae, size_module(vae))
+    plan = placement.plan({"audio_vae": vae}, max_memory={0: f"{budget}B", "cpu": "1GiB"})
+    planned = plan.components["audio_vae"]
+    assert planned.execution_device == 0 and planned.transfer is not None
+    moved = [*planned.transfer.streamed_modules, *planned.transfer.per_call_modules]
+    assert {"decoder.up.1.block.0", "decoder.up.1.upsample"} <= set(moved)
+    assert all(type(vae.get_submodule(path)).forward is not nn.Module.forward for path in moved)
+    place_resident_weights(vae, planned.device_map)
+    placed = apply_plan({"audio_vae": vae}, plan)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_same_output(vae.decode(latents.to(torch_device(0))).sample.cpu(), expected)
+    placed.remove()

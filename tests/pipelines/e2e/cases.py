@@ -28,10 +28,18 @@ class Case:
     inputs: Callable[[], dict]
     video: bool = False
     load: dict = field(default_factory=dict)  # from_pretrained keywords, ours and diffusers' alike
+    # Why call capture cannot plan this class' call yet (issue 41's capture items; the call= test is an expected
+    # failure naming it, and every other test plans without call=); "" where it can.
+    capture_fails: str = ""
 
     @property
     def call(self) -> dict:
         return {key: value for key, value in self.inputs().items() if key not in ("generator", "output_type")}
+
+    @property
+    def planning_call(self) -> dict | None:
+        """The `call=` the tests other than the call= test plan with: None where capture cannot plan it."""
+        return None if self.capture_fails else self.call
 
 
 def image(side: int) -> Image.Image:
@@ -123,4 +131,16 @@ CASES = [
     _video_case("WanPipeline (Wan 2.2, two experts)", tiny_videos.wan22, 16, 9),
     _image_case("QwenImagePipeline (true CFG)", tiny_dits.qwen_image, 32,
                 extra={"negative_prompt": "bad quality", "true_cfg_scale": 4.0}),
+    # the classes of issue 41
+    _video_case("MochiPipeline", tiny_videos.mochi, 16, 7,
+                capture_fails="Mochi's attention packs the prompt by its mask (aten.nonzero, a data-dependent shape)"),
+    _video_case("LTX2Pipeline", tiny_videos.ltx2, 32, 5, extra={"negative_prompt": ""}),
+    Case(name="HunyuanVideo15Pipeline", build=tiny_videos.hunyuan_video15, video=True,
+         inputs=inputs(height=16, width=16, num_frames=9),
+         capture_fails="its transformer branches on data (`if is_t2v:`, DataDependentOutputException)"),
+    _image_case("Flux2KleinPipeline", tiny_dits.flux2_klein, 16, extra={"text_encoder_out_layers": (1,)},
+                capture_fails="capture puts a blank stand-in image into `image`, planning text-to-image as an edit "
+                              "(refused below 64 px, where diffusers runs)"),
+    _video_case("SkyReelsV2Pipeline", tiny_videos.skyreels_v2, 16, 9),
+    _image_case("HiDreamImagePipeline", tiny_dits.hidream, 32),
 ]

@@ -50,11 +50,11 @@ def denoiser_of(plan: Plan) -> str:
 def budget_ladder(folder: Path, case) -> dict[str, dict]:
     """label -> max_memory, from roomy to none: GPU budgets are above what every plan with `call=` charges an
     accelerator anyway (the largest activation and the runtime overhead) by a share of the weights."""
-    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=case.call, **case.load)
+    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=case.planning_call, **case.load)
     denoiser = plan.components[denoiser_of(plan)].bytes
     weights = sum(component.bytes for component in plan.components.values())
     transient = max(component.activation_bytes or 0 for component in plan.components.values())
-    base = transient + (ACCELERATOR_RUNTIME_OVERHEAD if case.call is not None else 0)
+    base = transient + (ACCELERATOR_RUNTIME_OVERHEAD if case.planning_call is not None else 0)
 
     def gpus(bytes_each: float, count: int = 1, cpu: str = "4GiB") -> dict:
         return {**{index: f"{base + int(bytes_each)}B" for index in range(count)}, "cpu": cpu}
@@ -82,7 +82,8 @@ class Reach:
 
 
 def _plan(folder: Path, case, max_memory: dict, offload_folder: Path) -> Plan:
-    return Pipeline.plan_placement(folder, max_memory=max_memory, call=case.call, offload_folder=offload_folder,
+    return Pipeline.plan_placement(folder, max_memory=max_memory, call=case.planning_call,
+                                   offload_folder=offload_folder,
                                    **case.load)
 
 

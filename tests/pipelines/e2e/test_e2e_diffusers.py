@@ -32,8 +32,11 @@ def two_virtual_gpus(monkeypatch):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
     # diffusers 0.42's Wan I2V and VACE pipelines call ftfy.fix_text even when ftfy is not installed (WanPipeline
     # checks); without it here, a stand-in that leaves the prompt as it is, as WanPipeline does.
-    for module in ("pipeline_wan_i2v", "pipeline_wan_vace"):
-        wan = getattr(diffusers.pipelines.wan, module)
+    # SkyReels V2's pipeline (Wan's code) the same.
+    from diffusers.pipelines.skyreels_v2 import pipeline_skyreels_v2
+
+    for wan in (diffusers.pipelines.wan.pipeline_wan_i2v, diffusers.pipelines.wan.pipeline_wan_vace,
+                pipeline_skyreels_v2):
         if not hasattr(wan, "ftfy"):
             monkeypatch.setattr(wan, "ftfy", types.SimpleNamespace(fix_text=lambda text: text), raising=False)
 
@@ -54,13 +57,14 @@ def saved(tmp_path_factory):
     return folder
 
 
-def two_gpu_budgets(folder, case) -> dict:
+def two_gpu_budgets(folder, case, call="the case's") -> dict:
     """Budgets that make "balanced" use both GPUs: each holds the largest component, or 60% of the weights,
     beside the largest activation and the runtime overhead (what a plan with `call=` charges), not all of it."""
-    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=case.call, **case.load)
+    call = case.call if call == "the case's" else call
+    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call=call, **case.load)
     sizes = [component.bytes for component in plan.components.values()]
     transient = max(component.activation_bytes or 0 for component in plan.components.values())
-    overhead = ACCELERATOR_RUNTIME_OVERHEAD
+    overhead = ACCELERATOR_RUNTIME_OVERHEAD if call is not None else 0
     budget = overhead + transient + max(max(sizes), int(0.6 * sum(sizes)))
     return {0: f"{budget}B", 1: f"{budget}B", "cpu": "4GiB"}  # exact bytes: tiny models, tiny budgets
 
@@ -80,7 +84,14 @@ def has_hooks(pipe) -> list[str]:
             if hasattr(sub, "_hf_hook")]
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in CASES])
+def call_cells() -> list:
+    """Every case; those whose call capture fails for a reason issue 41 names, expected to fail (strictly: the
+    mark comes off when capture plans them)."""
+    return [pytest.param(case, id=case.name, marks=[pytest.mark.xfail(strict=True, reason=case.capture_fails)]
+                         if case.capture_fails else []) for case in CASES]
+
+
+@pytest.mark.parametrize("case", call_cells())
 def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case):
     folder = saved(case)
     reference_class = getattr(diffusers, case.name.split(" ")[0])
@@ -101,11 +112,25 @@ def test_loads_places_runs_equal_to_diffusers_and_resets(saved, case):
     assert plan.activations_accounted and plan.inputs.call == recorded_call(case.call)
     assert plan.inputs.runs_per_call == runs
     # activations for each component the call runs; none for one it never runs (AnimateDiff's motion adapter,
-    # merged into its UNet). The latent decoder (`vae`, Kandinsky 3's `movq`) runs by `decode`, which the
-    # forward counts above do not see.
+    # merged into its UNet). The latent decoders (`vae`, Kandinsky 3's `movq`, LTX-2's `audio_vae`) run by
+    # `decode`, which the forward counts above do not see.
     assert {name for name, component in plan.components.items() if component.activation_bytes > 0} == \
-        set(runs) | ({"vae", "movq"} & set(plan.components))
+        set(runs) | ({"vae", "movq", "audio_vae"} & set(plan.components))
     assert_same_output(run(pipe, case), expected)
     pipe.reset_device_map()
     assert pipe.hf_device_map is None and not has_hooks(pipe)
 
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in CASES if case.capture_fails])
+def test_a_class_call_capture_cannot_plan_yet_runs_placed_equal_to_diffusers(saved, case):
+    """The classes whose call= test is an expected failure, planned without call= (the default call's estimate)
+    on both GPUs, run equal to diffusers' plain load, and reset."""
+    folder = saved(case)
+    expected = run(getattr(diffusers, case.name.split(" ")[0]).from_pretrained(folder, **case.load), case)
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory=two_gpu_budgets(folder, case, None),
+                                    progress=False, **case.load)
+    assert {component.execution_device for component in pipe.placement_plan.components.values()} == {0, 1}
+    assert_same_output(run(pipe, case), expected)
+    pipe.reset_device_map()
+    assert pipe.hf_device_map is None and not has_hooks(pipe)

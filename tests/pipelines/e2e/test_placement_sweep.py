@@ -99,7 +99,8 @@ def test_every_placement_kind_lives_a_whole_life_equal_to_diffusers(swept, case,
     if cell.component is None:  # not reachable: the planner says why at the budget meant for it
         assert cell.why.startswith(("at ", "refused at ")) and ": " in cell.why, cell.why
         return
-    pipe = Pipeline.from_pretrained(sweep.folder, device_map="balanced", max_memory=cell.max_memory, call=case.call,
+    pipe = Pipeline.from_pretrained(sweep.folder, device_map="balanced", max_memory=cell.max_memory,
+                                    call=case.planning_call,
                                     offload_folder=sweep.offload, progress=False, **case.load)
     assert kind_of(pipe.placement_plan.components[cell.component]) == kind
     assert_same_output(run(pipe, case), sweep.expected)

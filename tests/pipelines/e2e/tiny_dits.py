@@ -1,5 +1,5 @@
 """Tiny image DiT pipelines (PixArt-Sigma, Sana, Qwen-Image, SD3 without T5, AuraFlow, Lumina2, Z-Image, the
-FLUX.1 variants), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
+FLUX.1 variants, FLUX.2 klein, HiDream), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
 
 from __future__ import annotations
 
@@ -199,3 +199,41 @@ def sana_sprint(root):
             num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
             sample_size=32, qk_norm="rms_norm_across_heads", guidance_embeds=True)),
         vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer, scheduler=diffusers.SCMScheduler())
+
+
+def flux2_klein(root):
+    """FLUX.2 klein: a Qwen3 prompted as a chat, the states of chosen layers (`text_encoder_out_layers`)."""
+    qwen3 = transformers.Qwen3Config(intermediate_size=16, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     num_key_value_heads=2, vocab_size=LLM_VOCAB, max_position_embeddings=512)
+    return diffusers.Flux2KleinPipeline(
+        transformer=seeded(lambda: diffusers.Flux2Transformer2DModel(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=16, timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+            guidance_embeds=False)),
+        text_encoder=seeded(lambda: transformers.Qwen3ForCausalLM(qwen3).eval()),
+        tokenizer=llm_tokenizer("Qwen2TokenizerFast", chat=True),
+        vae=seeded(lambda: diffusers.AutoencoderKLFlux2(
+            sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+            up_block_types=("UpDecoderBlock2D",), block_out_channels=(4,), layers_per_block=1, latent_channels=1,
+            norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def hidream(root):
+    """HiDream-I1: two CLIPs, a T5 and a Llama whose chosen layers feed the MoE transformer's blocks."""
+    clip = clip_config(max_position_embeddings=128, vocab_size=1000)
+    llama = transformers.LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=16,
+                                     intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                                     vocab_size=LLM_VOCAB)
+    return diffusers.HiDreamImagePipeline(
+        transformer=seeded(lambda: diffusers.HiDreamImageTransformer2DModel(
+            patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+            num_attention_heads=4, caption_channels=[32, 16], text_emb_dim=64, num_routed_experts=4,
+            num_activated_experts=2, axes_dims_rope=(4, 2, 2), max_resolution=(32, 32), llama_layers=(0, 1)).eval()),
+        vae=seeded(lambda: diffusers.AutoencoderKL(scaling_factor=0.3611, shift_factor=0.1159)),
+        text_encoder=seeded(lambda: transformers.CLIPTextModelWithProjection(clip).eval()),
+        tokenizer=clip_tokenizer(root / "vocab"),
+        text_encoder_2=seeded(lambda: transformers.CLIPTextModelWithProjection(clip).eval()),
+        tokenizer_2=clip_tokenizer(root / "vocab"), text_encoder_3=seeded(t5_encoder), tokenizer_3=t5_tokenizer(),
+        text_encoder_4=seeded(lambda: transformers.LlamaForCausalLM(llama).eval()),
+        tokenizer_4=llm_tokenizer("PreTrainedTokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())

@@ -32,9 +32,16 @@ def t5_tokenizer():
     return _real_folders.t5_tokenizer()
 
 
-def llm_tokenizer(class_name: str, *, prefix: tuple[str, ...] = ()):
+# A chat template for the pipelines that prompt their LLM as a chat (FLUX.2 klein, HunyuanVideo 1.5): each
+# message's text between <s> and </s>, then an open <s> for the answer.
+CHAT_TEMPLATE = ("{% for message in messages %}<s>{{ message['content'] if message['content'] is string else "
+                 "message['content'][0]['text'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>{% endif %}")
+
+
+def llm_tokenizer(class_name: str, *, prefix: tuple[str, ...] = (), chat: bool = False):
     """A byte-level BPE without merges (one token per byte) in the class an LLM pipeline expects; `prefix`: special
-    tokens it puts before every text, as GLM's puts `[gMASK]<sop>` (so an empty prompt is two tokens, not none)."""
+    tokens it puts before every text, as GLM's puts `[gMASK]<sop>` (so an empty prompt is two tokens, not none);
+    `chat`: with `CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     specials = ["<pad>", "<s>", "</s>", "<unk>", *prefix]
@@ -46,7 +53,8 @@ def llm_tokenizer(class_name: str, *, prefix: tuple[str, ...] = ()):
         backend.post_processor = processors.TemplateProcessing(
             single=" ".join([*prefix, "$A"]), special_tokens=[(token, vocab[token]) for token in prefix])
     return getattr(transformers, class_name)(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                             pad_token="<pad>", unk_token="<unk>")
+                                             pad_token="<pad>", unk_token="<unk>",
+                                             **({"chat_template": CHAT_TEMPLATE} if chat else {}))
 
 
 LLM_VOCAB = 300  # above the byte-level tokenizer's 260 ids

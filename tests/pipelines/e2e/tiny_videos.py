@@ -1,5 +1,5 @@
-"""Tiny video pipelines (CogVideoX, LTX-Video, HunyuanVideo, Wan 2.1 I2V, Wan VACE), built by diffusers from
-`tiny_parts` at the sizes of diffusers' own tests."""
+"""Tiny video pipelines (CogVideoX, LTX-Video, LTX-2, HunyuanVideo and 1.5, Mochi, Wan 2.1 I2V, Wan VACE, Wan 2.2,
+SkyReels V2), built by diffusers from `tiny_parts` at the sizes of diffusers' own tests."""
 
 from __future__ import annotations
 
@@ -88,3 +88,89 @@ def wan22(root):
         transformer_2=seeded(lambda: diffusers.WanTransformer3DModel(**{**WAN_TRANSFORMER, "num_layers": 1})),
         boundary_ratio=0.875, vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
         tokenizer=t5_tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+def ltx2(root):
+    """LTX-2 (video and audio): a Gemma 3 encoder whose every layer's states feed `connectors`, a class of the
+    pipeline's own module (diffusers saves it as ["ltx2", "LTX2TextConnectors"]), and an audio VAE and vocoder."""
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    text = transformers.Gemma3TextConfig(
+        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        num_hidden_layers=2, vocab_size=LLM_VOCAB, sliding_window=4, max_position_embeddings=64)
+    vision = transformers.SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2,
+                                             num_hidden_layers=1, image_size=8, patch_size=4)
+    gemma = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=1,
+                                      image_token_index=LLM_VOCAB - 1, boi_token_index=LLM_VOCAB - 2,
+                                      eoi_token_index=LLM_VOCAB - 3)
+    heads = dict(num_attention_heads=2, attention_head_dim=8, num_layers=1, num_learnable_registers=None)
+    return diffusers.LTX2Pipeline(
+        transformer=seeded(lambda: diffusers.LTX2VideoTransformer3DModel(
+            in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+            cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+            audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=16,
+            rope_double_precision=False, rope_type="split")),
+        connectors=seeded(lambda: LTX2TextConnectors(
+            caption_channels=16, text_proj_in_factor=text.num_hidden_layers + 1, connector_rope_base_seq_len=32,
+            rope_double_precision=False, rope_type="split",
+            **{f"{stream}_connector_{key}": value for stream in ("video", "audio") for key, value in heads.items()})),
+        vae=seeded(lambda: diffusers.AutoencoderKLLTX2Video(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,),
+            layers_per_block=(1,), decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,),
+            decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False), downsample_type=("spatial",),
+            upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False, patch_size=1,
+            patch_size_t=1, encoder_causal=True, decoder_causal=False)),
+        audio_vae=seeded(lambda: diffusers.AutoencoderKLLTX2Audio(
+            base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+            resolution=32, latent_channels=2, mel_bins=8)),
+        vocoder=seeded(lambda: LTX2Vocoder(
+            in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+            upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+            output_sampling_rate=16000)),
+        text_encoder=seeded(lambda: transformers.Gemma3ForConditionalGeneration(gemma).eval()),
+        tokenizer=llm_tokenizer("GemmaTokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def mochi(root):
+    return diffusers.MochiPipeline(
+        transformer=seeded(lambda: diffusers.MochiTransformer3DModel(
+            patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+            in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=4,
+            activation_fn="swiglu", max_sequence_length=16)),
+        vae=seeded(lambda: diffusers.AutoencoderKLMochi(
+            latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
+            decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1))),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def hunyuan_video15(root):
+    """HunyuanVideo 1.5 text-to-video: a Qwen2.5-VL text model prompted as a chat, and a ByT5 glyph encoder."""
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    qwen = transformers.Qwen2_5_VLTextConfig(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=LLM_VOCAB, bos_token_id=1, eos_token_id=2,
+        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"})
+    return diffusers.HunyuanVideo15Pipeline(
+        transformer=seeded(lambda: diffusers.HunyuanVideo15Transformer3DModel(
+            in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+            num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32,
+            image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v")),
+        vae=seeded(lambda: diffusers.AutoencoderKLHunyuanVideo15(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+            spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+            upsample_match_channel=False)),
+        text_encoder=seeded(lambda: transformers.Qwen2_5_VLTextModel(qwen).eval()),
+        tokenizer=llm_tokenizer("Qwen2TokenizerFast", chat=True),
+        text_encoder_2=seeded(t5_encoder), tokenizer_2=transformers.ByT5Tokenizer(),
+        guider=ClassifierFreeGuidance(guidance_scale=1.0),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def skyreels_v2(root):
+    return diffusers.SkyReelsV2Pipeline(
+        transformer=seeded(lambda: diffusers.SkyReelsV2Transformer3DModel(**WAN_TRANSFORMER)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True))

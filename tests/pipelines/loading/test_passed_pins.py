@@ -68,3 +68,25 @@ def test_pin_names_only_components_passed_in(saved):
     folder, _ = saved
     with pytest.raises(pipelines.LoadError, match=r"pin=\['vae'\] names \['vae'\], which were not passed"):
         TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, pin=["vae"])
+
+
+def test_a_passed_component_planned_partly_on_disk_is_served_from_the_offload_folder(two_gpus, saved, tmp_path):
+    """The planner plans the disk for a component passed in as for any other (an offload_folder given); the load
+    writes its disk entries there and serves them, as for a component its owner reads. Before, the plan was made
+    and then refused by the loader. reset_device_map() gives the caller the whole module back, on the CPU."""
+    folder, expected = saved
+    plan = TextToImagePipeline.plan_placement(folder, max_memory={0: "8GiB", "cpu": "8GiB"})
+    weights = sum(component.bytes for component in plan.components.values())
+    denoiser = _denoiser_loaded_by_default(folder)
+    before = {name: tensor.clone() for name, tensor in denoiser.state_dict().items()}
+    pipe = TextToImagePipeline.from_pretrained(
+        folder, device_map="balanced", max_memory={0: f"{int(0.5 * weights)}B", "cpu": f"{int(0.1 * weights)}B"},
+        offload_folder=tmp_path / "offload", denoiser=denoiser, progress=False)
+    component = pipe.placement_plan.components["denoiser"]
+    assert "disk" in component.devices and component.execution_device == 0 and pipe.denoiser is denoiser
+    assert list((tmp_path / "offload" / "denoiser").glob("*.safetensors"))
+    assert_same_output(generate(pipe), expected)
+    pipe.reset_device_map()
+    after = denoiser.state_dict()
+    assert all(tensor.device.type == "cpu" for tensor in after.values())
+    assert all(torch.equal(after[name], tensor) for name, tensor in before.items())
