@@ -118,3 +118,28 @@ def test_tiny_flux_weights_are_seeded_and_leave_the_callers_rng_alone():
     assert torch.equal(torch.random.get_rng_state(), before)
     two = catalog._seeded_module(*catalog.TINY_FLUX["transformer"])
     assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
+
+
+def test_a_twin_process_that_wrote_the_folder_first_is_read_and_no_draft_is_left(monkeypatch):
+    """Replicas started together write the same preset at once: one rename wins, the others read its folder."""
+    import shutil
+
+    folder = catalog.preset_folder("sd15")
+    shutil.rmtree(folder)
+    write = catalog._write
+
+    def write_beside_a_twin(draft, *args):
+        write(draft, *args)
+        write(folder, *args)  # the twin renamed its copy into place meanwhile
+
+    monkeypatch.setattr(catalog, "_write", write_beside_a_twin)
+    assert catalog.preset_folder("sd15") == folder and (folder / "model_index.json").is_file()
+    assert [path.name for path in catalog.presets_home().iterdir() if path.name.startswith(".")] == []
+
+
+def test_an_unknown_preset_names_the_presets():
+    from pipelines.errors import LoadError
+
+    with pytest.raises(LoadError, match="Unknown preset 'flux2'; the presets built from diffusers classes are "
+                                        "tiny-flux, flux, sd15"):
+        catalog.preset_folder("flux2")
