@@ -35,8 +35,9 @@ from accelerate import dispatch_model, init_empty_weights  # noqa: E402
 from accelerate.hooks import remove_hook_from_module  # noqa: E402
 
 from hooks.dispatch import dispatch, undispatch  # noqa: E402
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
-DATA = Path(__file__).resolve().parent / "data" / "real_pipelines.json"
+DATA = PIPELINES_DATA / "real_pipelines.json"
 
 
 def published_config(pipeline: str, component: str) -> dict:

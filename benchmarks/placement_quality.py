@@ -49,10 +49,11 @@ import placement
 from placement.devices import HOST_DEVICES
 from placement.sizing import size_module
 from quality_optimum import PEAKS, activation_peaks, print_optimum_table
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
 GiB = 1024**3
 DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_SCENARIOS = DATA / "real_pipelines.json"  # a copy of the shared scenarios, committed
+DEFAULT_SCENARIOS = PIPELINES_DATA / "real_pipelines.json"  # a copy of the shared scenarios, committed
 INVENTORIES = {
     "1x24": [24], "2x24": [24, 24], "2x16": [16, 16], "4x16": [16] * 4, "2x12": [12, 12], "2x11": [11, 11],
     "1x80": [80], "2x80": [80, 80], "24+12": [24, 12], "48+24+24": [48, 24, 24], "4x24": [24] * 4,

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
+
 HERE = Path(__file__).resolve().parent
 # The command, with the CPU budget given: detected, it is the RAM free when the benchmark runs (another
 # program's use can make the plan fail, or choose another one), so the time would depend on the neighbours.
@@ -84,7 +86,7 @@ def _estimates(pipeline: str, components: tuple[str, ...]) -> Callable[[], objec
     from placement_quality import build_component
     from real_calls import DTYPE, inputs_for
 
-    real = json.loads((HERE / "data" / "real_pipelines.json").read_text())["pipelines"][pipeline]["components"]
+    real = json.loads((PIPELINES_DATA / "real_pipelines.json").read_text())["pipelines"][pipeline]["components"]
     calls = []
     for name in components:
         module = build_component(real[name])[0].eval()

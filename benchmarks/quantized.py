@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 FAMILIES = {"flux1-dev": "real_pipelines.json", "qwen-image": "extra_pipelines.json",
@@ -44,7 +46,7 @@ SHORT = {"fits on accelerators": "fits", "fits with offloading": "offl", "runs p
 
 def write_folder(family: str, root: Path) -> Path:
     """A configs-only diffusers pipeline folder of `family` (its module components only)."""
-    spec = json.loads((DATA / FAMILIES[family]).read_text())["pipelines"][family]
+    spec = json.loads((PIPELINES_DATA / FAMILIES[family]).read_text())["pipelines"][family]
     folder = root / family
     index = {"_class_name": spec["pipeline_class"], "_diffusers_version": "0.42.1"}
     for name, component in spec["components"].items():

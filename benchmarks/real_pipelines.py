@@ -36,6 +36,7 @@ from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from pipelines.loading.planning import modules_and_edges
 from placement_quality import DTYPE, GiB, diffusers_assignment, gpu_budgets
 from real_folders import PIPELINES, captured, meta_pipeline
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
 DATA = Path(__file__).resolve().parent / "data"
 INVENTORIES = {"1x24": [24], "2x24": [24, 24], "4x24": [24] * 4, "1x48": [48], "2x16": [16, 16],
@@ -62,7 +63,7 @@ class Cell:
 
 
 def load_families(only: tuple[str, ...]) -> list[Family]:
-    real = json.loads((DATA / "real_pipelines.json").read_text())["pipelines"]
+    real = json.loads((PIPELINES_DATA / "real_pipelines.json").read_text())["pipelines"]
     families = []
     for key, entry in PIPELINES.items():
         if only and key not in only:

@@ -37,9 +37,10 @@ from placement import ReplicaFit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from placement_quality import DTYPE, Pipeline, load_pipelines  # noqa: E402  (a sibling script, not a package)
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
 GiB = 1024**3
-SCENARIOS = Path(__file__).resolve().parent / "data" / "real_pipelines.json"
+SCENARIOS = PIPELINES_DATA / "real_pipelines.json"
 INVENTORIES = {"1x80": [80], "2x24": [24] * 2, "4x24": [24] * 4, "8x16": [16] * 8, "8x80": [80] * 8}
 HOST_RAM = 1024 * GiB
 SMOKE = ("sd15", "flux1-dev")

@@ -69,6 +69,7 @@ from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 from placement.streaming import streaming_working_set, transfer_units
 from placement.transfers.blocks import spreadable
 from reference_policy import ReferenceComponent, reference_transfer
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
 GiB = 1024**3
 LINK = 25e9
@@ -249,7 +250,7 @@ def load_pipelines(only, *, steps: int, estimate: bool) -> list[Pipeline]:
     from placement_quality import build_component
     from real_folders import PIPELINES, captured, meta_pipeline
 
-    real = json.loads((DATA / "real_pipelines.json").read_text())["pipelines"]
+    real = json.loads((PIPELINES_DATA / "real_pipelines.json").read_text())["pipelines"]
     peaks = json.loads(PEAKS.read_text())["peaks"] if PEAKS.exists() and not estimate else {}
     found = []
     for key, entry in PIPELINES.items():

@@ -28,6 +28,7 @@ import torch
 from pipelines.hf.calls.capture import ExampleCall
 from pipelines.hf.calls.vae_techniques import WithTechniques, tile_description
 from placement.plan_schema import MemoryTechnique
+from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the published configs, package data
 
 DATA = Path(__file__).resolve().parent / "data"
 DTYPE = torch.bfloat16
@@ -43,7 +44,7 @@ def vae_of(family: str):
     from accelerate import init_empty_weights
 
     for name in ("real_pipelines.json", "extra_pipelines.json"):
-        entries = json.loads((DATA / name).read_text())["pipelines"]
+        entries = json.loads((PIPELINES_DATA / name).read_text())["pipelines"]
         if family in entries:
             spec = entries[family]["components"]["vae"]
             with init_empty_weights():

@@ -1,5 +1,6 @@
-"""What users touch: cli/, distributed/, text_to_image/, framework/ (the user base classes), loading/, hf/ (the
-diffusers/transformers bridge), folder/, checkpoint/, errors.py; each subpackage imports only those below it.
+"""What users touch: cli/, distributed/, presets/ (the folders of the presets built from diffusers classes),
+text_to_image/, framework/ (the user base classes), loading/, hf/ (the diffusers/transformers bridge), folder/,
+checkpoint/, errors.py; each subpackage imports only those below it.
 
 Names are imported on first use (PEP 562), so that `placement --help` does not import torch. The class registry
 is told here which library classes a saved folder may name, so that it never names this package itself.

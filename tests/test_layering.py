@@ -4,15 +4,16 @@
 Packages: pipelines -> hooks -> placement.
 Inside `pipelines`, each layer may import only the layers after it in `PIPELINES_LAYERS`:
 
-    cli -> distributed -> (the package face) -> text_to_image -> framework -> loading -> hf -> folder -> checkpoint
-        -> errors
+    cli -> distributed -> (the package face) -> presets -> text_to_image -> framework -> loading -> hf -> folder
+        -> checkpoint -> errors
 
 Why this order, following the data: `checkpoint` is the file format (it reads and writes tensors and config files,
 knows nothing of pipelines, and imports no `hooks`); `folder` says what a saved folder is in terms of those files
 (model_index.json, classes, Hub, snapshots, saving); `hf` describes diffusers/transformers classes and pipeline
 folders in terms of our folder model; `loading` is the one loader built from all three (and `hooks`); `framework`
 holds the user base classes whose entry points call the loader; `text_to_image` is a user of the framework; the
-package face exports all of that lazily; `distributed` and `cli` run pipelines and may look classes up by name on
+package face exports all of that lazily; `presets` writes the folders of the presets built from diffusers classes
+(their configs are package data), which the commands then read as any folder; `distributed` and `cli` run pipelines and may look classes up by name on
 the face. `errors` (pipelines/errors.py) is the middle of the error tree, below everything that raises.
 """
 
@@ -24,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {"placement": {"hooks", "pipelines"}, "hooks": {"pipelines"}}
 FACE = "<face>"  # pipelines/__init__.py: `import pipelines`, `from pipelines import X`
-PIPELINES_LAYERS = ("cli", "distributed", FACE, "text_to_image", "framework", "loading", "hf", "folder",
+PIPELINES_LAYERS = ("cli", "distributed", FACE, "presets", "text_to_image", "framework", "loading", "hf", "folder",
                     "checkpoint", "errors")
 NO_RUNTIME = {"checkpoint", "errors"}  # the file format imports no `hooks`
 

@@ -157,9 +157,11 @@ def strategy_arg(text: str):
     return int(stripped) if stripped.isdigit() else stripped
 
 
-# The presets' names (a test holds them equal to pipelines.text_to_image.presets.PRESETS), so that a TARGET naming
-# nothing is told before torch loads.
-PRESET_NAMES = ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like")
+# The presets' names (a test holds them equal to pipelines.text_to_image.presets.PRESETS, our own models built in
+# memory, then pipelines.presets.catalog.FOLDER_PRESETS, diffusers' classes), so that a TARGET naming nothing is
+# told before torch loads.
+PRESET_NAMES = ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like",
+                "tiny-flux", "flux", "sd15", "sdxl", "sd3-medium", "sd35-large", "wan2.1-t2v-14b")
 
 
 def target_problem(target: str) -> str | None:
@@ -178,6 +180,24 @@ def target_problem(target: str) -> str | None:
         return (f"No such folder: {target!r} (looked for {str(path.resolve())!r}). Check the path; a Hub id is "
                 "written owner/name.")
     return None
+
+
+# The presets of real pipelines: their published configs, no weights (pipelines.presets.catalog.REAL_PRESETS, held
+# equal by a test), with the Hub id whose weights run them.
+CONFIGS_ONLY_PRESETS = {"flux": "black-forest-labs/FLUX.1-dev", "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+                        "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
+                        "sd3-medium": "stabilityai/stable-diffusion-3-medium-diffusers",
+                        "sd35-large": "stabilityai/stable-diffusion-3.5-large",
+                        "wan2.1-t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers"}
+
+
+def configs_only_preset(target: str) -> str | None:
+    """Why a real preset cannot run (it has configs, no weights), with what to run instead; None otherwise."""
+    if target not in CONFIGS_ONLY_PRESETS or Path(target).exists():
+        return None
+    return (f"The {target} preset has the published configs only, no weights: it is for `placement plan {target}` and "
+            f"`placement inspect {target}`. To make images, run the real model ({CONFIGS_ONLY_PRESETS[target]}, or its "
+            "folder), or the runnable tiny-flux preset.")
 
 
 def preset_typo(target: str) -> str | None:

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     picture = args.output.with_name("plan.svg")
     write_text(picture, simulated.to_svg())
     print(f"\nThat plan's picture: {picture} (open it in a browser).")
-    print(f"Done in {time.perf_counter() - started:.1f} s. Next: placement plan flux-like "
+    print(f"Done in {time.perf_counter() - started:.1f} s. Next: placement plan flux "
           "--max-memory 2x24GiB --dtype bf16 --height 1024 --width 1024 --svg flux.svg")
     return 0
 

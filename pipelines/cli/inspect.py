@@ -21,7 +21,7 @@ def register(subparsers) -> None:
         "inspect", help="list a pipeline's components, sizes per dtype and what each could run on",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", help="a preset (tiny-unet, tiny-dit, sdxl-like, flux-like), a folder or a Hub id")
+    parser.add_argument("target", help="a preset (flux, sdxl, sd35-large, tiny-flux, ...; see the README), a folder or a Hub id")
     parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
                         help="budgets to judge against, e.g. 2x24GiB or 0=24GiB,1=12GiB (default: detect)")
     parser.add_argument("--dtype", type=dtype_arg, default=None,

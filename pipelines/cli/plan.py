@@ -1,6 +1,7 @@
 """`placement plan TARGET --max-memory 0=24GiB,1=24GiB`: where a pipeline would go, without loading weights.
 
-TARGET is a preset name (built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
+TARGET is a preset name (flux, sdxl, ...: the real pipeline's published configs; tiny-flux; our own tiny-dit, ...;
+all built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
 are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and for
 diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation
 peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call, of
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
         "plan", help="plan a pipeline's placement without loading weights",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", help="a preset (tiny-unet, tiny-dit, sdxl-like, flux-like), a folder or a Hub id")
+    parser.add_argument("target", help="a preset (flux, sdxl, sd35-large, tiny-flux, ...; see the README), a folder or a Hub id")
     parser.add_argument("--max-memory", type=budgets_arg, default=None, metavar="BUDGETS",
                         help="budgets, e.g. 0=24GiB,1=24GiB,cpu=64GiB or 2x24GiB (default: detect this machine's)")
     parser.add_argument("--strategy", type=strategy_arg, default="balanced",
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         return early
 
     from .advice import plan_with_advice
-    from .targets import TargetPlanner, complete_call, in_flag_names, resolve_budgets_arg, warnings_once
+    from .targets import (TargetPlanner, complete_call, in_flag_names, preset_summary, resolve_budgets_arg,
+                          warnings_once)
 
     report = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON, SVG or trace alone
     example = args.max_memory.text if args.max_memory is not None else "0=24GiB"
@@ -77,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
                                         suggest_gpus=True)
         printed_anyway += plan.warnings  # explain() lists them: do not print them twice
+    summary = preset_summary(args.target)
+    if summary is not None:  # which real classes a preset's name stands for
+        print(summary, file=report)
     if planner.call is not None:  # what the activation peaks below are for
         said = ", ".join(f"{key}={value}" for key, value in planner.call.items())
         default = f" ({' and '.join(defaulted)}: the pipeline's default)" if defaulted else ""

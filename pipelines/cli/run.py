@@ -10,8 +10,9 @@ Each image is written as soon as it is made: DIR/00000.png, ... and DIR/run.json
 rank, GPUs, seconds), each file whole or not at all. A rerun skips the images already made (--overwrite makes
 them again); Ctrl-C stops after the current image. One bar counts the steps of every image, with an ETA.
 Prompt i uses seed SEED + i, so its image does not depend on which replica made it. Height, width, steps and
-guidance default to the pipeline's own. TARGET is a pipeline folder, a Hub id or a preset (built with random
-weights from seed 0 on every rank: its images are noise).
+guidance default to the pipeline's own. TARGET is a pipeline folder, a Hub id or a preset with weights (tiny-flux,
+tiny-unet, tiny-dit; random weights from seed 0, the same on every rank: its images are noise). The real presets
+(flux, sdxl, ...) have configs only: plan them, and run the real model's folder or Hub id.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from .args import (budgets_arg, dtype_arg, finite_float_arg, path_problem, positive_int_arg, refused, strategy_arg,
-                   target_problem)
+from .args import (budgets_arg, configs_only_preset, dtype_arg, finite_float_arg, path_problem, positive_int_arg,
+                   refused, strategy_arg, target_problem)
 
 
 def register(subparsers) -> None:
@@ -31,7 +32,7 @@ def register(subparsers) -> None:
         "run", help="generate one image per prompt; under torchrun, one pipeline replica per process",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-unet, tiny-dit, ...)")
+    parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-flux, tiny-dit, ...)")
     parser.add_argument("--prompts", type=Path, required=True, metavar="FILE", help="one prompt per line")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where images and run.json go")
     parser.add_argument("--height", type=positive_int_arg("--height", "1024"), default=None,
@@ -61,7 +62,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    early = refused(args, target_problem(args.target) or path_problem(args.out, flag="--out", folder=True))
+    early = refused(args, target_problem(args.target) or configs_only_preset(args.target)
+                    or path_problem(args.out, flag="--out", folder=True))
     if early is not None:  # said before torch loads (seconds)
         return early
 
@@ -116,8 +118,12 @@ def _pipeline_folder(target: str):
     configs downloaded; a folder: by its absolute path), or a preset saved into a temporary folder (each rank
     its own)."""
     from ..text_to_image.pipeline import TextToImagePipeline
-    from .targets import is_preset, target_folder
+    from .targets import is_folder_preset, is_preset, target_folder
 
+    if is_folder_preset(target):
+        folder = target_folder(target)  # written once into the user's cache: every rank reads the same files
+        yield str(folder), folder, f"preset {target} (seed 0)"
+        return
     if not is_preset(target):
         configs = target_folder(target)
         yield target, configs, str(Path(target).resolve()) if Path(target).exists() else target

@@ -28,35 +28,54 @@ from placement.sizes import parse_budget
 from ..distributed.replica import folder_pipeline_class
 from ..errors import LoadError
 from ..hf.quiet import hf_libraries, quiet
-from .args import BUDGET_EXAMPLE, BudgetsArg, target_problem
+from .args import BUDGET_EXAMPLE, PRESET_NAMES, BudgetsArg, target_problem
 
 
 STEPS = "num_inference_steps"
 
 
 def is_preset(target: str) -> bool:
+    """A preset of our own models (tiny-dit, ...), built in memory; the diffusers presets are folders."""
     from ..text_to_image.presets import PRESETS
 
     return target in PRESETS and not Path(target).exists()
 
 
+def is_folder_preset(target: str) -> bool:
+    """A preset built from diffusers classes (flux, tiny-flux, ...): a folder written into the user's cache."""
+    from ..presets.catalog import is_folder_preset as named
+
+    return named(target) and not Path(target).exists()
+
+
+def preset_summary(target: str) -> Optional[str]:
+    """For a preset built from diffusers classes, the line that names its classes; None for any other TARGET."""
+    from ..presets.catalog import describe
+
+    return describe(target) if is_folder_preset(target) else None
+
+
 def target_folder(target: str) -> Path:
-    """TARGET as a local folder (a Hub id: its configs downloaded); not found: what TARGET may have meant."""
+    """TARGET as a local folder (a preset's: written once; a Hub id: its configs downloaded); not found: what
+    TARGET may have meant."""
     from ..folder.sources import resolve_pipeline_folder
-    from ..text_to_image.presets import PRESETS
+    from ..presets.catalog import preset_folder
 
     problem = target_problem(target)  # the commands ask it first, before torch loads; here for every other caller
     if problem is not None:
         raise LoadError(problem)
     if Path(target).expanduser().exists():
         return resolve_pipeline_folder(Path(target).expanduser(), weights=False)
+    if is_folder_preset(target):
+        with quiet():
+            return preset_folder(target)
     try:
         return resolve_pipeline_folder(target, weights=False)
     except Exception as error:  # the Hub (or the network) said no: say what TARGET may be
-        close = difflib.get_close_matches(target, PRESETS, n=1)
+        close = difflib.get_close_matches(target, PRESET_NAMES, n=1)
         guess = f"; did you mean {close[0]!r}?" if close else ""
         raise LoadError(
-            f"{target!r} is not a preset ({', '.join(PRESETS)}{guess}), nor a local folder, and the Hub did not "
+            f"{target!r} is not a preset ({', '.join(PRESET_NAMES)}{guess}), nor a local folder, and the Hub did not "
             f"give it: {type(error).__name__}: {error}"
         ) from error
 

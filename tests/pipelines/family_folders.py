@@ -1,26 +1,19 @@
 """Folders and pipelines of the real diffusers families, at depth 1 and real widths, for call= tests.
 
-The folders are `benchmarks/real_folders.py`'s (published configs, stand-in tokenizers and schedulers, no weights);
-`meta_pipeline(key)` is the diffusers pipeline of one, its modules built on meta as planning builds them, and
+The folders are `pipelines/presets/real_folders.py`'s (published configs, stand-in tokenizers and schedulers, no
+weights); `meta_pipeline(key)` is the diffusers pipeline of one, its modules built on meta as planning builds them, and
 `build_modules(key, device="cpu")` the same modules with random weights, for measuring real runs.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
 
-_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-real_folders = sys.modules.get("real_folders")  # benchmarks/ is no package: loaded by path, once
-if real_folders is None:
-    _spec = importlib.util.spec_from_file_location("real_folders", _BENCHMARKS / "real_folders.py")
-    real_folders = sys.modules["real_folders"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(real_folders)
+from pipelines.presets import real_folders
 
 PIPELINES = real_folders.PIPELINES
 

@@ -16,8 +16,8 @@ from test_block_memo import assert_same_estimate
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 
-_REAL = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "real_pipelines.json")
-                   .read_text())["pipelines"]
+_DATA = Path(__file__).resolve().parents[2] / "pipelines" / "presets" / "data"  # the real pipelines' configs
+_REAL = json.loads((_DATA / "real_pipelines.json").read_text())["pipelines"]
 BF16 = torch.bfloat16
 
 

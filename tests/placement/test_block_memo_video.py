@@ -24,8 +24,8 @@ TINY_WAN_21 = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
 TINY_WAN_22 = dict(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                    temperal_downsample=[False, True, True], is_residual=True, patch_size=2, in_channels=12,
                    out_channels=12, scale_factor_spatial=16, latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
-_REAL = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "real_pipelines.json")
-                   .read_text())["pipelines"]
+_DATA = Path(__file__).resolve().parents[2] / "pipelines" / "presets" / "data"  # the real pipelines' configs
+_REAL = json.loads((_DATA / "real_pipelines.json").read_text())["pipelines"]
 
 
 def meta(*shape):

@@ -42,9 +42,11 @@ def test_a_mistyped_strategy_is_refused_with_the_closest_name_before_anything_is
 
     assert STRATEGY_NAMES == tuple(kind.value for kind in NAMED_STRATEGIES)  # the CLI's copy, kept torch-free
     from pipelines.cli.args import PRESET_NAMES
+    from pipelines.presets.catalog import FOLDER_PRESETS
     from pipelines.text_to_image.presets import PRESETS
 
-    assert PRESET_NAMES == tuple(PRESETS)  # the CLI's copy too: a mistyped preset is told before torch loads
+    # the CLI's copy too (our own models', then the diffusers ones'): a mistyped preset is told before torch loads
+    assert PRESET_NAMES == (*PRESETS, *FOLDER_PRESETS)
     code, err = argparse_exit(["run", "tiny-dit", "--prompts", "p.txt", "--out", "o", "--strategy", "balance"], capsys)
     assert code == 2 and "unknown strategy 'balance' (did you mean 'balanced'?)" in err
     # every device spelling placement.devices.normalize_device reads passes on to it (the CLI's copy of them)

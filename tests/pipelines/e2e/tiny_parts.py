@@ -5,21 +5,12 @@ VAEs and denoisers at the smallest sizes diffusers' own tests use (tests/pipelin
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import diffusers
 import torch
 import transformers
 
-# The CLIP and T5 tokenizers are the benchmarks' stand-ins (benchmarks/ is no package: loaded by path, once).
-_real_folders = sys.modules.get("real_folders")
-if _real_folders is None:
-    _spec = importlib.util.spec_from_file_location(
-        "real_folders", Path(__file__).resolve().parents[3] / "benchmarks" / "real_folders.py")
-    _real_folders = sys.modules["real_folders"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_real_folders)
+# The CLIP and T5 tokenizers are the real presets' stand-ins (and the benchmarks').
+from pipelines.presets import real_folders as _real_folders
 
 CLIP_LENGTH = 16  # the tiny CLIPs' position table, and their tokenizers' padding length
 
