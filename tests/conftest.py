@@ -1,12 +1,13 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
 from placement.devices import VIRTUAL_STRICT_ENV
-from placement.machine_profile import CACHE_ENV
+from placement.machine_profile import CACHE_ENV, FILE_NAME
 
 # No property test's verdict depends on the machine's speed: no per-example deadline, no "generation too slow"
 # health check (both wall-clock limits), for the tests that set their own settings too (they inherit these).
@@ -30,7 +31,19 @@ def pytest_configure(config):
     os.environ[VIRTUAL_STRICT_ENV] = "0" if config.getoption("--virtual-not-strict") else "1"
     # Plans use this machine's profile (`placement calibrate`) where one is saved: never the user's own in tests,
     # so every plan is the same on every machine; a test that wants one saves it into its own folder.
-    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="placement-test-cache-")
+    os.environ[CACHE_ENV] = SUITE_CACHE[0] = tempfile.mkdtemp(prefix="placement-test-cache-")
+
+
+SUITE_CACHE = [""]  # this process's cache folder (pytest_configure): the only one the fixture below empties
+
+
+@pytest.fixture(autouse=True)
+def no_machine_profile_from_an_earlier_test():
+    """Each test starts without a machine profile: a placed run saves its corrections into the (per-worker) cache,
+    and a later test's plan would read them (its link and compute rates then depend on what ran before it)."""
+    if SUITE_CACHE[0]:
+        Path(SUITE_CACHE[0], FILE_NAME).unlink(missing_ok=True)
+    yield
 
 
 def pytest_collection_modifyitems(config, items):

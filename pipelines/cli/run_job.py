@@ -113,6 +113,7 @@ class RunJob:
 def _print_run_check(pipe: Any) -> None:
     """The log's measured vs predicted seconds per component (`pipe.placement_report()`); the first image's call
     pays for warm-up, so a profile is corrected from the second on."""
-    report = getattr(pipe, "placement_report", None)
-    if callable(report):
-        print(in_flag_names(report()), flush=True)
+    from ..loading.run_check import is_checked
+
+    if is_checked(pipe):  # a pipeline loaded on one device (a replica on the CPU) has no plan's seconds to check
+        print(in_flag_names(pipe.placement_report()), flush=True)

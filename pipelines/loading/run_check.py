@@ -48,15 +48,20 @@ def start_run_check(pipe: Any, plan: Plan, *, replan: Optional[Callable[[], Plan
     pipe.placement_report = types.MethodType(placement_report, pipe)
 
 
+def is_checked(pipe: Any) -> bool:
+    """Whether `pipe`'s current placement times its calls (one made on a single device, "cpu", has no hooks)."""
+    check = _CHECKS.get(pipe)
+    return check is not None and getattr(pipe, "placement_plan", None) is check.plan
+
+
 def placement_report(pipe: Any) -> str:
     """Measured vs predicted seconds per component of the pipeline's calls timed so far; the corrections they
     make to this machine's profile, and whether another placement would now be faster."""
-    check = _CHECKS.get(pipe)
-    plan = getattr(pipe, "placement_plan", None)
-    if check is None or plan is not check.plan:
+    if not is_checked(pipe):
         raise CallError(f"{type(pipe).__name__}.placement_report(): this pipeline is not placed by a plan (load it "
                         "with device_map=..., or place it with pipelines.place) or was reset since; place it, call "
                         "it, then ask again.")
+    check, plan = _CHECKS[pipe], pipe.placement_plan
     lines = [plan_line(plan)]
     chosen = _last_calls(check.timing.calls())
     if not chosen:

@@ -13,6 +13,7 @@ import torch
 
 from pipelines import TextToImagePipeline
 from pipelines.loading import planning_progress
+from placement.activations import memo as estimate_memo
 from placement.activations.estimate import estimate_call
 from placement.activations.progress import progress_reported
 
@@ -53,6 +54,9 @@ def folder(tmp_path_factory):
 
 
 def test_planning_on_a_terminal_shows_the_bar_past_its_delay(folder, monkeypatch):
+    # Estimated afresh: an earlier test of this process may have estimated the same call, which the estimate cache
+    # then answers without an estimate to show.
+    monkeypatch.setenv(estimate_memo.CACHE_ENV, "0")
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setattr(planning_progress, "PLANNING_BAR_DELAY", 0.0)

@@ -18,7 +18,7 @@ from placement.budgets import apply_accelerator_margin, detect_budgets
 from placement.devices import accelerators_present, detect_accelerators, torch_device
 from placement.errors import InvalidDeviceError
 
-from pipeline_fixtures import generate, has_hooks, save_preset
+from pipeline_fixtures import generate, has_hooks, holds_no_copy, save_preset
 from same_output import assert_same_output
 
 KiB = 1024
@@ -130,12 +130,12 @@ def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual,
     assert isinstance(offloaded._hf_hook, ResidencyHook)
     assert offloaded._hf_hook.execution_device == torch_device(plan.components[by_kind["offloaded"]].execution_device)
     # Homed on disk: per-call residency reads its per-call and streamed modules from the checkpoint's own files
-    # (nothing written to the offload folder); no weight of it is held in host RAM.
+    # (no copy written to the offload folder: at most links pinning them); no weight of it is held in host RAM.
     disk = pipe.components[by_kind["disk"]]
     transfer = plan.components[by_kind["disk"]].transfer
     assert set(hook_counts(disk)) == {"ResidencyHook", "StreamedBlockHook"} and transfer.streamed_modules
     assert not any(p.device.type == "cpu" for p in disk.parameters())
-    assert not any((tmp_path / "offload").rglob("*.safetensors"))
+    assert holds_no_copy(tmp_path / "offload", folder)
 
     pipe.reset_device_map()
     assert not has_hooks(pipe)
