@@ -96,7 +96,7 @@ class BlockMemo:
 
     def _memoized(self, group: Hashable, owner: nn.Module, identity_of: Callable[[], Hashable],
                   run: Callable[[], Any], inputs: tuple[tuple, dict],
-                  untouched: Callable[[], Hashable] = tuple) -> Any:
+                  untouched: Callable[[], Any] = tuple) -> Any:
         """`run()`, recorded or replayed by (`identity_of()`, the signature of `inputs`); `owner`: the module
         whose submodules' calls a replay reports; `untouched()`: what the run must leave as it was to be recorded
         (the KV cache's other layers, `own_cache_slots`)."""
@@ -137,7 +137,7 @@ class BlockMemo:
         return output
 
 
-def own_cache_slots(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple[tuple, dict], Callable[[], Hashable]]:
+def own_cache_slots(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple[tuple, dict], Callable[[], Any]]:
     """A block's inputs as the memo describes them, and what the block must leave untouched. A transformers KV
     cache (an object holding `layers`, one per decoder layer: `DynamicCache`) is no input a signature can
     describe; but a decoder layer reads and writes only its own layer of it, the one its `layer_idx` names (the
@@ -157,10 +157,11 @@ def own_cache_slots(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple[
     def slot(value: Any) -> Any:
         return vars(value.layers[index]) if any(value is cache for cache in caches) else value
 
-    def others() -> Hashable:
-        return tuple((_identities(vars(cache)), len(cache.layers),
-                      tuple(_identities(vars(layer)) for i, layer in enumerate(cache.layers) if i != index))
-                     for cache in caches)
+    def others() -> _SameObjects:  # each cache's attributes, its layers (none added), the other layers' attributes
+        return _SameObjects([pair for cache in caches for attributes in
+                             (vars(cache), dict(enumerate(cache.layers)),
+                              *(vars(layer) for i, layer in enumerate(cache.layers) if i != index))
+                             for pair in attributes.items()])
 
     return (tuple(map(slot, args)), {name: slot(value) for name, value in kwargs.items()}), others
 
@@ -171,8 +172,19 @@ def _layered_cache(value: Any) -> bool:
         and all(isinstance(getattr(layer, "__dict__", None), dict) for layer in layers)
 
 
-def _identities(attributes: dict) -> tuple:
-    return tuple((name, id(value)) for name, value in attributes.items())
+class _SameObjects:
+    """Attributes by identity: equal when the names are and each value is the same object (a tensor replaced is
+    a change; compared by `is`, never by value). The snapshot holds its objects, so no id is reused meanwhile."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameObjects) and len(self.pairs) == len(other.pairs) and all(
+            name == other_name and value is other_value
+            for (name, value), (other_name, other_value) in zip(self.pairs, other.pairs))
+
+    __hash__ = None  # compared, never a key
 
 
 _CALLABLE = "<callable, keyed by identity>"  # what a callable argument is in a function's signature
