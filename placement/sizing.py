@@ -182,11 +182,13 @@ def kept_fp32_module_names(module: nn.Module, dtype: torch.dtype | None) -> set[
 def dtype_label(module: nn.Module, dtype: torch.dtype | None, *, origin: str | None = None) -> str:
     """The dtype a plan states: "bfloat16 (requested; float32 kept: wo)", "float32 (as built)", or a quantized
     format, "nf4 (bitsandbytes), compute bfloat16 (checkpoint)"; `origin` replaces "requested"/"as built"."""
-    quantized = quantization_label([tensor for _, tensor in named_module_tensors(module, recurse=True)])
+    tensors = list(named_module_tensors(module, recurse=True))  # one walk of the module for both questions
+    quantized = quantization_label([tensor for _, tensor in tensors])
     if quantized is not None:
         return f"{quantized} ({origin or 'as built'})"
     if dtype is not None:
-        kept = sorted(kept_fp32_module_names(module, dtype) & _tensor_name_parts(module))
+        parts = {part for name, _ in tensors for part in name.split(".")}
+        kept = sorted(kept_fp32_module_names(module, dtype) & parts)
         detail = origin or "requested"
         if kept:
             detail += f"; float32 kept: {', '.join(kept)}"
@@ -202,10 +204,6 @@ def tensor_dtypes(module: nn.Module) -> str:
             by_dtype[tensor.dtype] = by_dtype.get(tensor.dtype, 0) + tensor.numel() * tensor.element_size()
     ordered = sorted(by_dtype, key=lambda d: (-by_dtype[d], str(d)))
     return "+".join(_dtype_name(d) for d in ordered) or "no floating tensors"
-
-
-def _tensor_name_parts(module: nn.Module) -> set[str]:
-    return {part for name, _ in named_module_tensors(module, recurse=True) for part in name.split(".")}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

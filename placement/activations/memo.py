@@ -7,7 +7,8 @@ tensors costs as much as the first and tells nothing new. Candidates are the rep
 Sequential and the estimated module's children. A replay allocates and frees the first run's transient at once
 (every tracker sees its peak), rebuilds its outputs and list/dict writes (`calls.Effects`), counts its FLOPs
 again and reports its submodules' calls in order. A run is recorded only when what it did can be described;
-blocks with foreign hooks are never replayed; a replay that diverges reruns the estimate without the memo.
+blocks with foreign hooks are never replayed; a replay that diverges reruns the estimate without the memo. A
+decoder layer's transformers KV cache stands for the one layer of it the block writes (`own_cache_slots`).
 
 The cache key holds everything an estimate depends on (module state, method, inputs, dtype, torch's default
 dtype, whether the memo is on), so a changed module never gets a stale answer and two modules of equal state
@@ -80,8 +81,9 @@ class BlockMemo:
                     block.forward = own
 
     def _call(self, group: Hashable, block: nn.Module, forward: Callable, *args, **kwargs) -> Any:
+        inputs, others = own_cache_slots(block, args, kwargs)
         return self._memoized(group, block, lambda: module_state(block, ignore=_IDENTITY_IGNORES),
-                              functools.partial(forward, *args, **kwargs), (args, kwargs))
+                              functools.partial(forward, *args, **kwargs), inputs, untouched=others)
 
     def call_function(self, function: Callable, args: tuple, kwargs: dict, position: str | None = None) -> Any:
         """`function(*args, **kwargs)` through the memo (`same_work_by_layout`): the callables among its arguments
@@ -93,9 +95,11 @@ class BlockMemo:
                               functools.partial(function, *args, **kwargs), inputs)
 
     def _memoized(self, group: Hashable, owner: nn.Module, identity_of: Callable[[], Hashable],
-                  run: Callable[[], Any], inputs: tuple[tuple, dict]) -> Any:
+                  run: Callable[[], Any], inputs: tuple[tuple, dict],
+                  untouched: Callable[[], Any] = tuple) -> Any:
         """`run()`, recorded or replayed by (`identity_of()`, the signature of `inputs`); `owner`: the module
-        whose submodules' calls a replay reports."""
+        whose submodules' calls a replay reports; `untouched()`: what the run must leave as it was to be recorded
+        (the KV cache's other layers, `own_cache_slots`)."""
         block_called()
         off = self.diverged or self._failures.get(group, 0) >= _GIVE_UP
         signature = None if off else call_signature(inputs, offsets=False)
@@ -116,10 +120,11 @@ class BlockMemo:
                 raise
         before, live, start = self._tracker.counted_storages(), self._tracker.live_bytes, len(self._log.calls)
         flops, touched = self._tally.flops, self._tally.bytes_touched
+        kept = untouched()
         with self._tracker.window() as window:
             output = run()
         effects = None
-        if identity_of() == identity:
+        if identity_of() == identity and untouched() == kept:
             effects = Effects.of(output, inputs, entry, before, self._tracker.counted_storages(),
                                  grown=self._tracker.live_bytes - live)
         if effects is None:
@@ -130,6 +135,56 @@ class BlockMemo:
                 bytes_touched=self._tally.bytes_touched - touched,
                 children=self._log.paths(owner, start, len(self._log.calls)))
         return output
+
+
+def own_cache_slots(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple[tuple, dict], Callable[[], Any]]:
+    """A block's inputs as the memo describes them, and what the block must leave untouched. A transformers KV
+    cache (an object holding `layers`, one per decoder layer: `DynamicCache`) is no input a signature can
+    describe; but a decoder layer reads and writes only its own layer of it, the one its `layer_idx` names (the
+    only thing the index is for: `calls.BLOCK_INDEX_ATTRIBUTES`). So the cache stands for that layer's attributes,
+    a dict (`vars`) the replay rewrites as it rewrites a list or dict input (`calls.Effects`): Qwen2.5-VL's 28
+    layers, each filling its empty layer of the cache, are run once and replayed 27 times. `untouched()`: the
+    identities of everything else of each cache (its own attributes, its other layers'), which a run must leave
+    as they were to be recorded."""
+    caches = [value for value in (*args, *kwargs.values()) if _layered_cache(value)]
+    if not caches:
+        return (args, kwargs), tuple
+    indexes = {getattr(module, "layer_idx", None) for module in block.modules()} - {None}
+    index = next(iter(indexes)) if len(indexes) == 1 else None
+    if not isinstance(index, int) or not all(0 <= index < len(cache.layers) for cache in caches):
+        return (args, kwargs), tuple  # no single layer of the cache is the block's own: described as it is
+
+    def slot(value: Any) -> Any:
+        return vars(value.layers[index]) if any(value is cache for cache in caches) else value
+
+    def others() -> _SameObjects:  # each cache's attributes, its layers (none added), the other layers' attributes
+        return _SameObjects([pair for cache in caches for attributes in
+                             (vars(cache), dict(enumerate(cache.layers)),
+                              *(vars(layer) for i, layer in enumerate(cache.layers) if i != index))
+                             for pair in attributes.items()])
+
+    return (tuple(map(slot, args)), {name: slot(value) for name, value in kwargs.items()}), others
+
+
+def _layered_cache(value: Any) -> bool:
+    layers = getattr(value, "layers", None)
+    return not isinstance(value, (nn.Module, torch.Tensor)) and type(layers) is list \
+        and all(isinstance(getattr(layer, "__dict__", None), dict) for layer in layers)
+
+
+class _SameObjects:
+    """Attributes by identity: equal when the names are and each value is the same object (a tensor replaced is
+    a change; compared by `is`, never by value). The snapshot holds its objects, so no id is reused meanwhile."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameObjects) and len(self.pairs) == len(other.pairs) and all(
+            name == other_name and value is other_value
+            for (name, value), (other_name, other_value) in zip(self.pairs, other.pairs))
+
+    __hash__ = None  # compared, never a key
 
 
 _CALLABLE = "<callable, keyed by identity>"  # what a callable argument is in a function's signature

@@ -285,3 +285,62 @@ def test_a_storage_allocated_where_a_freed_one_was_gets_another_key():
         pytest.skip("this interpreter did not reuse the freed storage's address")
     assert storage_key(tensor) != first
     assert storage_key(tensor) == storage_key(tensor[1:])  # views still share their storage's key
+
+
+class _Layer:  # one layer of a KV cache, as transformers' DynamicLayer holds it
+    def __init__(self) -> None:
+        self.keys, self.is_initialized, self.peeked = None, False, False
+
+
+class _Cache:
+    def __init__(self, layers: int) -> None:
+        self.layers = [_Layer() for _ in range(layers)]
+
+
+class CachingBlock(nn.Module):
+    """Appends its keys to its own layer of the cache (`layer_idx`); `nosy`: also marks the next layer (a plain
+    write no output or storage shows) or appends its keys there too (`nosy="keys"`)."""
+
+    def __init__(self, dim: int, layer_idx: int, nosy: str | None = None):
+        super().__init__()
+        self.layer_idx, self.nosy = layer_idx, nosy
+        self.key, self.out = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, cache):
+        following = cache.layers[(self.layer_idx + 1) % len(cache.layers)]
+        for layer in [cache.layers[self.layer_idx], *([following] if self.nosy == "keys" else [])]:
+            keys = self.key(x)
+            layer.keys = keys if layer.keys is None else torch.cat([layer.keys, keys], dim=1)
+            layer.is_initialized = True
+        if self.nosy == "mark":
+            following.peeked = True
+        return x + self.out(cache.layers[self.layer_idx].keys[:, -x.shape[1]:])
+
+
+class CachingChain(nn.Module):
+    def __init__(self, nosy: str | None = None, depth: int = 4, dim: int = 32):
+        super().__init__()
+        self.depth = depth
+        self.blocks = nn.ModuleList(CachingBlock(dim, i, nosy) for i in range(depth))
+
+    def forward(self, x):
+        cache = _Cache(self.depth)
+        for block in self.blocks:
+            x = block(x, cache)
+        return x, [layer.keys for layer in cache.layers], [layer.peeked for layer in cache.layers]
+
+
+@pytest.mark.parametrize("nosy, replayed", [(None, 3), ("mark", 0), ("keys", 0)])
+def test_blocks_writing_their_own_layer_of_a_kv_cache_are_replayed_others_run(monkeypatch, nosy, replayed):
+    """A block takes a KV cache (an object of `layers`) and writes the layer its `layer_idx` names: replayed, the
+    replay writing the replaying block's own layer. A block that writes another layer too is never recorded."""
+    with init_empty_weights():
+        chain = CachingChain(nosy).eval()
+    x = torch.empty(2, 16, 32, device="meta")
+    assert_same_estimate(monkeypatch, chain, (x,), replayed=replayed)
+    left = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv(MEMO_ENV, memo)
+        _, keys, peeked = placement.estimate_call(chain, (x,)).output
+        left[memo] = [tuple(k.shape) for k in keys], peeked
+    assert left["1"] == left["0"] == ([(2, 32 if nosy == "keys" else 16, 32)] * 4, [nosy == "mark"] * 4)

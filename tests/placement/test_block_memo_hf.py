@@ -11,6 +11,7 @@ import pytest
 import torch
 from accelerate import init_empty_weights
 
+import placement
 from test_block_memo import assert_same_estimate
 
 diffusers = pytest.importorskip("diffusers")
@@ -150,3 +151,39 @@ def test_real_configs_at_the_real_call(monkeypatch, which):
         model, call = built(diffusers.AutoencoderKL, real_config("flux1-dev", "vae")), ((meta(1, 16, 128, 128),), None)
     method = "decode" if which == "vae" else "forward"
     assert_same_estimate(monkeypatch, model, *call, method=method, dtype=BF16)
+
+
+def _llm(kind: str, layers: int = 4):
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256)
+    if kind == "llama":
+        return built(transformers.LlamaModel, common)
+    if kind == "gemma2":  # sliding and full attention layers alternate, each kind its own layer of the cache
+        return built(transformers.Gemma2Model, {**common, "head_dim": 16, "sliding_window": 8})
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(common, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64))
+    with init_empty_weights():
+        return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("kind, replayed", [("llama", 3), ("gemma2", 2), ("qwen2.5-vl", 3)])
+def test_decoder_layers_filling_a_kv_cache_are_replayed(monkeypatch, kind, replayed):
+    """Issue 38: an LLM encoder called as pipelines call it (ids, mask, every hidden state; transformers makes a
+    DynamicCache that each layer fills) replays its identical layers, each writing its own layer of the cache:
+    the peak, the calls and the FLOPs are those of the full run, and so is the cache it returns."""
+    model = _llm(kind)
+    ids = torch.zeros(2, 24, dtype=torch.long, device="meta")
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones(2, 24, dtype=torch.long, device="meta"),
+              "output_hidden_states": True}
+    assert_same_estimate(monkeypatch, model, (), kwargs, replayed=replayed, dtype=BF16)
+    results = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("PLACEMENT_BLOCK_MEMO", memo)
+        estimate = placement.estimate_call(model, (), kwargs, dtype=BF16)
+        cache = estimate.output.past_key_values
+        results[memo] = (estimate.peak_bytes, estimate.flops, estimate.bytes_touched,
+                         [(type(layer).__name__, tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype)
+                          for layer in cache.layers])
+    assert results["1"] == results["0"]
+    assert len(results["1"][3]) == 4 and results["1"][1] > 0

@@ -103,6 +103,23 @@ def _mentions(module: types.ModuleType, text: str) -> bool:
 
 
 @contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's CPU ops on one thread while the call is captured. Its real tensors are the pipeline's own small ones
+    (latents, timesteps, the scheduler's steps on the stand-in outputs) and the components run on fake tensors:
+    an op of a few MiB split over OpenMP threads costs more in their fork and join than in its arithmetic, and on
+    a loaded machine the threads spin waiting for cores (28 scheduler steps: ~1.2 s of CPU with 2 threads, ~0.05
+    s with one). Every op, and so every estimate, is the same; torch's setting is restored after."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def progress_bar_off(pipe: Any) -> Iterator[None]:
     """No step bar while planning: the user sees the plan, not a bar of a call that is not really run."""
     saved = dict(getattr(pipe, "_progress_bar_config", {}) or {})
@@ -174,7 +191,7 @@ def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[st
         # The libraries' warnings about the call (a long prompt truncated, which the default prompt is on purpose)
         # say nothing about the plan.
         for context in (optional_text_cleaning(pipe), progress_bar_off(pipe), blank_results_not_converted(pipe),
-                        _executing_on_the_cpu(pipe), loggers_at_error("diffusers", "transformers")):
+                        _executing_on_the_cpu(pipe), loggers_at_error("diffusers", "transformers"), one_thread()):
             stack.enter_context(context)
         for name, module in modules.items():
             stack.enter_context(recorder.standing_in(name, module))

@@ -6,6 +6,8 @@ is refused before any work; and a strength that leaves no denoising step gets th
 
 from __future__ import annotations
 
+import contextlib
+
 import diffusers
 import pytest
 import torch
@@ -228,3 +230,38 @@ def test_an_img2img_call_too_large_for_the_host_is_sized_by_its_image_and_tokeni
     with pytest.raises(CallSpecError, match=r"10,000,000 x 1 frame\(s\) of 16x16 pixels.*10,000,000 x 16 tokens"):
         described(tiny_unets.sd_img2img(tmp_path), {"prompt": "a cat", "image": image(16),
                                                     "num_images_per_prompt": 10**7})
+
+
+def test_the_capture_runs_torch_on_one_thread_and_describes_the_same_call(tmp_path, monkeypatch):
+    """The capture's real tensors (latents, the scheduler's steps) run on one CPU thread (issue 38: on a loaded
+    2-core machine OpenMP's threads cost more than the arithmetic): the call it describes is the one described
+    with torch's threads as they were, and the setting is given back, also when the pipeline refuses the call."""
+    from pipelines.hf.calls import capture
+
+    pipe = tiny_dits.pixart(tmp_path)
+    call = {**SIZES, "num_inference_steps": 3}
+    seen = []
+    step = type(pipe.scheduler).step
+    monkeypatch.setattr(type(pipe.scheduler), "step",
+                        lambda *args, **kwargs: (seen.append(torch.get_num_threads()), step(*args, **kwargs))[1])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = described(pipe, call)
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+        seen.clear()
+        monkeypatch.setattr(capture, "one_thread", contextlib.nullcontext)
+        two = described(pipe, call)
+        assert set(seen) == {2}
+        monkeypatch.undo()
+        with pytest.raises(CallSpecError):  # PixArt refuses sizes not divisible by 8
+            described(pipe, {**call, "height": 15})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert (one.runs, dict(one.peaks), dict(one.work), dict(one.module_order)) == \
+        (two.runs, dict(two.peaks), dict(two.work), dict(two.module_order))
+    assert {name: [(c.method, [tuple(a.shape) for a in c.args if isinstance(a, torch.Tensor)]) for c in calls]
+            for name, calls in one.calls.items()} == \
+        {name: [(c.method, [tuple(a.shape) for a in c.args if isinstance(a, torch.Tensor)]) for c in calls]
+         for name, calls in two.calls.items()}

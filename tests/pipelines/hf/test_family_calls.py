@@ -6,6 +6,8 @@ reduced depth and real widths, is within 10% of torch's MemTracker on a real CPU
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._pytree import tree_map_with_path
@@ -53,6 +55,33 @@ def test_a_folder_of_each_family_plans_for_its_call(tmp_path, key):
     device = next(d for d in plan.devices if d.device == 0)
     assert device.activation_peak == max(c.activation_bytes for c in plan.components.values()
                                          if c.execution_device == 0)
+
+
+@pytest.mark.parametrize("key", ["flux1-dev", pytest.param("qwen-image", marks=pytest.mark.slow)])
+def test_the_capture_on_one_thread_plans_the_same_as_on_torchs_threads(tmp_path, monkeypatch, key):
+    """Issue 38: the capture runs torch on one CPU thread (`capture.one_thread`); on the real configs every peak,
+    run per call and FLOP count of the plan is the one planned with torch's threads as they were."""
+    from pipelines.hf.calls import capture
+    from placement.activations import memo
+
+    folder = write_configs_folder(tmp_path / key, key)
+    call = {"height": 1024, "width": 1024, "num_inference_steps": 3}
+
+    def planned() -> dict:
+        memo.forget()  # each plan estimated afresh, not answered from the first one's cache
+        plan = Pipeline.plan_placement(folder, max_memory={0: "24GiB", "cpu": "64GiB"}, torch_dtype=torch.bfloat16,
+                                       call=call)
+        return plan.model_dump(mode="json")
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = planned()
+        monkeypatch.setattr(capture, "one_thread", contextlib.nullcontext)
+        assert planned() == one
+    finally:
+        torch.set_num_threads(threads)
+    assert all(component["activation_bytes"] > 0 for component in one["components"].values())
 
 
 def _batch(calls, name: str) -> int:
