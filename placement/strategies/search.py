@@ -189,9 +189,18 @@ class Residency:
         executing.update({name: choice.home for name in filled})
         moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
         cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger,
-                                     exposed_seconds=self._exposed(splits, hosts))
+                                     exposed_seconds=self._exposed(splits, hosts),
+                                     spans=self._spans(whole, filled, splits, choice.home))
         return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=whole, filled=filled, hosts=hosts,
                          splits=splits, timed=self.request.costs.timing is not None)
+
+    def _spans(self, whole: dict, filled: dict[str, Filled], splits: dict[str, HostSplit], home: int) -> list:
+        """The devices each component of the request spans (its weights, its execution, its per-call blocks): what
+        `cost.split_devices` counts. Pinned components, placed before, count in none."""
+        ours = {r.name for r in self.order}
+        spans = [placed.plan.placed_bytes for name, placed in whole.items() if name in ours]
+        spans += [[*found.resident, home, *splits[name].away.values()] for name, found in filled.items()]
+        return spans
 
     def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
         """The option's copy seconds compute does not hide; 0 when no FLOPs are known."""
