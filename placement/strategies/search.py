@@ -32,7 +32,10 @@ def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Ma
     placements = Placements(by_name=dict(best.whole))
     by_name = {r.name: r for r in order}
     levels = dict(zip((r.name for r in order), best.choice.levels))
-    ordered = sorted(best.filled, key=lambda name: (bool(best.filled[name].host), levels[name] is Level.STREAM))
+    # The FILL ones that stay whole before the split ones: their room was reserved (`reserve_phases`) before any
+    # FILL one was filled, so a split one is listed after what it was split beside.
+    ordered = sorted(best.filled, key=lambda name: (bool(best.filled[name].host), levels[name] is Level.STREAM,
+                                                    len(best.filled[name].resident) > 1))
     for name in ordered:
         request, filled = by_name[name], best.filled[name]
         placements.add(_placed(request, filled, best, runs.get(name, 1)))

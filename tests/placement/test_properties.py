@@ -76,6 +76,9 @@ def make_plan(names, structures, max_memory, edges, activations, strategy):
 # plans moving the same bytes the one splitting fewer components wins (`cost.PlanCost.split_devices`).
 @example((["c0", "c1", "c2", "c3"], [([1, 1, 1, 2, 8, 8], 0), ([1], 0), ([2, 1, 4, 7], 0), ([7], 0)],
           {0: 13 * UNIT, 1: 34 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
+# c2 (3.25 GiB) is split beside c0's phase, reserved on GPU 1 before c2 was filled: c0, whole, is listed before it.
+@example((["c0", "c1", "c2"], [([1, 1], 3), ([1, 1], 3), ([1, 1, 1, 7], 3)],
+          {0: 6 * UNIT, 1: 17 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
 def test_plan_properties(scenario):
     names, structures, max_memory, edges, activations, strategy = scenario
     try:
