@@ -79,6 +79,10 @@ def make_plan(names, structures, max_memory, edges, activations, strategy):
 # c2 (3.25 GiB) is split beside c0's phase, reserved on GPU 1 before c2 was filled: c0, whole, is listed before it.
 @example((["c0", "c1", "c2"], [([1, 1], 3), ([1, 1], 3), ([1, 1, 1, 7], 3)],
           {0: 6 * UNIT, 1: 17 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
+# c1 is split beside c2's phase, reserved on GPU 2 before c1 was placed: c2, whole, is listed before it.
+@example((["c0", "c1", "c2"], [([1, 1], 1), ([1, 1, 6, 1], 0), ([1, 1, 4], 0)],
+          {0: 10 * UNIT, 1: 14 * UNIT, 2: 15 * UNIT, "cpu": 2 * UNIT}, [], {"c0": 0, "c1": 2 * UNIT, "c2": 5 * UNIT},
+          "balanced"))
 def test_plan_properties(scenario):
     names, structures, max_memory, edges, activations, strategy = scenario
     try:
