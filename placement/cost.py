@@ -92,16 +92,17 @@ class PlanCost:
     """Lower is better, field by field: CPU-executed weights (a CPU forward is 10-100x slower than streaming the
     same weights) dominate; then the copy seconds compute does not hide, closer than the error band of the call's
     seconds (`seconds_tie`, the band's share of the compute, plus its share of the smaller exposed) counting as
-    equal (the model is an estimate); then bytes per call, crossing edges, the accelerators components are split
-    over (`split_devices`: a split is a fallback, so of two plans moving the same bytes the one keeping more
-    components whole wins, however much emptier the other's fullest accelerator), the fullest accelerator's share.
+    equal (the model is an estimate); then bytes per call, crossing edges, the components split over several
+    accelerators (`split_components`: a split is a fallback, so of two plans moving the same bytes the one keeping
+    more components whole wins, however much emptier the other's fullest accelerator), the fullest accelerator's
+    share.
     Components placed before the strategy (pinned) count in none. Ties go to the candidate tried first."""
 
     cpu_bytes: int
     exposed_seconds: float = 0.0
     transfer_bytes: int
     crossing_edges: int
-    split_devices: int = 0
+    split_components: int = 0
     fullest_share: float = 0.0
     seconds_tie: float = field(default=0.0, compare=False)  # `Timing.tie`: 0 when no FLOPs are known
 
@@ -121,8 +122,8 @@ class PlanCost:
             tie += SECONDS_TIE_SHARE * min(self.exposed_seconds, other.exposed_seconds)
         if abs(gap) > tie:
             return -1 if gap < 0 else 1
-        mine = (self.transfer_bytes, self.crossing_edges, self.split_devices, self.fullest_share)
-        theirs = (other.transfer_bytes, other.crossing_edges, other.split_devices, other.fullest_share)
+        mine = (self.transfer_bytes, self.crossing_edges, self.split_components, self.fullest_share)
+        theirs = (other.transfer_bytes, other.crossing_edges, other.split_components, other.fullest_share)
         return (mine > theirs) - (mine < theirs)
 
     @classmethod
@@ -207,14 +208,14 @@ class CostModel:
         """The cost from its parts: `executing` maps each placed component to its execution device, `spans` lists
         per component the devices it keeps weights on, executes on or loads blocks onto."""
         return PlanCost(cpu_bytes=cpu_bytes, exposed_seconds=exposed_seconds, transfer_bytes=transfer_bytes,
-                        crossing_edges=crossings(self.graph, executing), split_devices=split_devices(spans),
+                        crossing_edges=crossings(self.graph, executing), split_components=split_components(spans),
                         fullest_share=fullest_share(ledger), seconds_tie=0.0 if self.timing is None else self.timing.tie)
 
 
-def split_devices(spans: Iterable[Iterable[Device]]) -> int:
-    """The accelerators beyond the first each component spans (`spans`: the devices of each), summed: every one is a
-    device change inside the component at each of its runs, and a split only a fallback when whole does not fit."""
-    return sum(max(len({d for d in devices if is_accelerator(d)}) - 1, 0) for devices in spans)
+def split_components(spans: Iterable[Iterable[Device]]) -> int:
+    """How many components span more than one accelerator (`spans`: the devices of each): a split is only a
+    fallback when whole does not fit, and every split changes device inside the component at each of its runs."""
+    return sum(1 for devices in spans if len({d for d in devices if is_accelerator(d)}) > 1)
 
 
 def crossings(graph: nx.DiGraph, executing: Mapping[str, Device]) -> int:

@@ -203,7 +203,7 @@ class Residency:
 
     def _spans(self, whole: dict, filled: dict[str, Filled], splits: dict[str, HostSplit], home: int) -> list:
         """The devices each component of the request spans (its weights, its execution, its per-call blocks): what
-        `cost.split_devices` counts. Pinned components, placed before, count in none."""
+        `cost.split_components` counts. Pinned components, placed before, count in none."""
         ours = {r.name for r in self.order}
         spans = [placed.plan.placed_bytes for name, placed in whole.items() if name in ours]
         spans += [[*found.resident, home, *splits[name].away.values()] for name, found in filled.items()]

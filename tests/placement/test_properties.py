@@ -73,7 +73,7 @@ def make_plan(names, structures, max_memory, edges, activations, strategy):
 @given(scenarios())
 # Nothing fits whole-only and nothing moves per call either way: c0 (5.25 GiB) fits whole on GPU 1, and the search
 # once split it over both GPUs for an emptier fullest GPU (hypothesis 6.100 found it). A split is a fallback: of
-# plans moving the same bytes the one splitting fewer components wins (`cost.PlanCost.split_devices`).
+# plans moving the same bytes the one splitting fewer components wins (`cost.PlanCost.split_components`).
 @example((["c0", "c1", "c2", "c3"], [([1, 1, 1, 2, 8, 8], 0), ([1], 0), ([2, 1, 4, 7], 0), ([7], 0)],
           {0: 13 * UNIT, 1: 34 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
 # c2 (3.25 GiB) is split beside c0's phase, reserved on GPU 1 before c2 was filled: c0, whole, is listed before it.
