@@ -92,13 +92,17 @@ class PlanCost:
     """Lower is better, field by field: CPU-executed weights (a CPU forward is 10-100x slower than streaming the
     same weights) dominate; then the copy seconds compute does not hide, closer than the error band of the call's
     seconds (`seconds_tie`, the band's share of the compute, plus its share of the smaller exposed) counting as
-    equal (the model is an estimate); then bytes per call, crossing edges, the fullest accelerator's share.
+    equal (the model is an estimate); then bytes per call, crossing edges, the components split over several
+    accelerators (`split_components`: a split is a fallback, so of two plans moving the same bytes the one keeping
+    more components whole wins, however much emptier the other's fullest accelerator), the fullest accelerator's
+    share.
     Components placed before the strategy (pinned) count in none. Ties go to the candidate tried first."""
 
     cpu_bytes: int
     exposed_seconds: float = 0.0
     transfer_bytes: int
     crossing_edges: int
+    split_components: int = 0
     fullest_share: float = 0.0
     seconds_tie: float = field(default=0.0, compare=False)  # `Timing.tie`: 0 when no FLOPs are known
 
@@ -118,8 +122,8 @@ class PlanCost:
             tie += SECONDS_TIE_SHARE * min(self.exposed_seconds, other.exposed_seconds)
         if abs(gap) > tie:
             return -1 if gap < 0 else 1
-        mine = (self.transfer_bytes, self.crossing_edges, self.fullest_share)
-        theirs = (other.transfer_bytes, other.crossing_edges, other.fullest_share)
+        mine = (self.transfer_bytes, self.crossing_edges, self.split_components, self.fullest_share)
+        theirs = (other.transfer_bytes, other.crossing_edges, other.split_components, other.fullest_share)
         return (mine > theirs) - (mine < theirs)
 
     @classmethod
@@ -194,14 +198,24 @@ class CostModel:
                 (name, plans[name].bytes, t.loaded_per_call_bytes, t.streamed_per_run_bytes, len(t.streamed_modules),
                  t.runs_per_call, plans[name].kind)
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
-        return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed)
+        spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
+                  *t.per_call_devices.values()] for name, t in transfers.items())
+        return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed,
+                       spans=spans)
 
     def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Ledger,
-           exposed_seconds: float = 0.0) -> PlanCost:
-        """The cost from its parts: `executing` maps each placed component to its execution device."""
+           exposed_seconds: float = 0.0, spans: Iterable[Iterable[Device]] = ()) -> PlanCost:
+        """The cost from its parts: `executing` maps each placed component to its execution device, `spans` lists
+        per component the devices it keeps weights on, executes on or loads blocks onto."""
         return PlanCost(cpu_bytes=cpu_bytes, exposed_seconds=exposed_seconds, transfer_bytes=transfer_bytes,
-                        crossing_edges=crossings(self.graph, executing), fullest_share=fullest_share(ledger),
-                        seconds_tie=0.0 if self.timing is None else self.timing.tie)
+                        crossing_edges=crossings(self.graph, executing), split_components=split_components(spans),
+                        fullest_share=fullest_share(ledger), seconds_tie=0.0 if self.timing is None else self.timing.tie)
+
+
+def split_components(spans: Iterable[Iterable[Device]]) -> int:
+    """How many components span more than one accelerator (`spans`: the devices of each): a split is only a
+    fallback when whole does not fit, and every split changes device inside the component at each of its runs."""
+    return sum(1 for devices in spans if len({d for d in devices if is_accelerator(d)}) > 1)
 
 
 def crossings(graph: nx.DiGraph, executing: Mapping[str, Device]) -> int:

@@ -171,7 +171,10 @@ def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, in
         return activation + loaded, activation, loaded, loaded
     if component.execution_device == device:
         streamed = component.streamed_unit_bytes if component.kind.value in _STREAMED_KINDS else 0
-        loaded = min(transfer.loaded_per_call_bytes, streamed) if transfer is not None and streamed else 0
+        # What loads per call HERE: the working set less the blocks in flight (blocks it loads per call onto
+        # another accelerator, `per_call_devices`, are that device's); at most what it loads per call in all.
+        loaded = (min(transfer.loaded_per_call_bytes, max(streamed - transfer.stream_buffer_bytes, 0))
+                  if transfer is not None and streamed else 0)
         return activation + streamed, activation, streamed, loaded
     if is_accelerator(device) and device in component.placed_bytes and component.kind.value != "whole":
         return activation, activation, 0, 0

@@ -11,9 +11,9 @@ from functools import partial
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from ..cost import PlanCost, least_cost, minimum_phase_weights
+from ..cost import PlanCost, host_bytes, least_cost, minimum_phase_weights
 from ..device_maps import merge_to_prefixes
-from ..devices import device_label
+from ..devices import device_label, is_accelerator
 from ..errors import PlacementError
 from ..memory_model import Ledger
 from ..plan_schema import ComponentPlan, Fallback, PlacementKind
@@ -28,14 +28,21 @@ from .state import (ComponentRequest, Context, Placed, PlacementState, Placement
 
 
 def residency_state(best: Evaluated, order: Sequence[ComponentRequest], runs: Mapping[str, int]) -> PlacementState:
-    """The plan of a residency option: resident ones first, then the demoted ones: FILL, then STREAM."""
-    placements = Placements(by_name=dict(best.whole))
+    """The plan of a residency option: the pinned ones (placed before), the resident ones kept whole, the resident
+    ones split, then the demoted ones: FILL, then STREAM. The non-WHOLE components' room was reserved on the home
+    (`reserve_phases`) before any component was placed, so a split one is listed after those it was split beside."""
     by_name = {r.name: r for r in order}
     levels = dict(zip((r.name for r in order), best.choice.levels))
-    ordered = sorted(best.filled, key=lambda name: (bool(best.filled[name].host), levels[name] is Level.STREAM))
-    for name in ordered:
-        request, filled = by_name[name], best.filled[name]
-        placements.add(_placed(request, filled, best, runs.get(name, 1)))
+    placements = Placements(by_name={name: placed for name, placed in best.whole.items() if name not in by_name})
+    built = {name: placed for name, placed in best.whole.items() if name in by_name}
+    built.update({name: _placed(by_name[name], filled, best, runs.get(name, 1)) for name, filled in best.filled.items()})
+
+    def listed(name: str) -> tuple:
+        plan = built[name].plan
+        return (host_bytes(plan) > 0, levels[name] is Level.STREAM,
+                sum(1 for device in plan.placed_bytes if is_accelerator(device)) > 1)
+    for name in sorted(built, key=listed):
+        placements.add(built[name])
     headline = (
         "The components do not all fit resident beside each other's phases: of the plans that execute "
         f"everything on an accelerator, this one {_best_at(best)} "
@@ -189,9 +196,18 @@ class Residency:
         executing.update({name: choice.home for name in filled})
         moved = sum(split.bytes_per_call(self.runs.get(name, 1)) for name, split in splits.items())
         cost = self.request.costs.of(cpu_bytes=0, transfer_bytes=moved, executing=executing, ledger=ledger,
-                                     exposed_seconds=self._exposed(splits, hosts))
+                                     exposed_seconds=self._exposed(splits, hosts),
+                                     spans=self._spans(whole, filled, splits, choice.home))
         return Evaluated(choice=choice, cost=cost, ledger=ledger, whole=whole, filled=filled, hosts=hosts,
                          splits=splits, timed=self.request.costs.timing is not None)
+
+    def _spans(self, whole: dict, filled: dict[str, Filled], splits: dict[str, HostSplit], home: int) -> list:
+        """The devices each component of the request spans (its weights, its execution, its per-call blocks): what
+        `cost.split_components` counts. Pinned components, placed before, count in none."""
+        ours = {r.name for r in self.order}
+        spans = [placed.plan.placed_bytes for name, placed in whole.items() if name in ours]
+        spans += [[*found.resident, home, *splits[name].away.values()] for name, found in filled.items()]
+        return spans
 
     def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
         """The option's copy seconds compute does not hide; 0 when no FLOPs are known."""

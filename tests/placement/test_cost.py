@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from placement.cost import (
     STREAM_BUFFER_BLOCKS, PlanCost, bytes_per_call, least_bytes_per_call, least_cost, least_moved, least_streamed_per_run,
-    minimum_phase_weights, stream_buffer, stream_buffer_by_size, streaming_premium, working_set,
+    minimum_phase_weights, split_components, stream_buffer, stream_buffer_by_size, streaming_premium, working_set,
 )
 from placement.plan_schema import ComponentTransfer
 from placement.sizing import size_module
@@ -74,6 +74,25 @@ def test_a_bound_compares_below_every_cost_with_those_bytes():
     bound = PlanCost.at_least(5 * GiB)
     assert bound <= PlanCost(cpu_bytes=0, transfer_bytes=5 * GiB, crossing_edges=0, fullest_share=0.3)
     assert bound < PlanCost(cpu_bytes=1, transfer_bytes=0, crossing_edges=0)
+
+
+def test_a_split_costs_more_than_a_fuller_accelerator_and_less_than_bytes_or_crossings():
+    # A split is a fallback: at equal bytes and crossings, keeping components whole beats an emptier fullest GPU.
+    whole = PlanCost(cpu_bytes=0, transfer_bytes=0, crossing_edges=0, split_components=1, fullest_share=0.941)
+    spread = PlanCost(cpu_bytes=0, transfer_bytes=0, crossing_edges=0, split_components=2, fullest_share=0.923)
+    assert whole < spread
+    assert PlanCost(cpu_bytes=0, transfer_bytes=1, crossing_edges=0) > spread
+    assert PlanCost(cpu_bytes=0, transfer_bytes=0, crossing_edges=1) > spread
+    assert PlanCost.at_least(0) <= spread  # the search's bound stays a bound
+
+
+def test_split_components_counts_the_components_over_more_than_one_accelerator():
+    # Host devices are no split (offloading is priced in bytes); an accelerator named twice (weights and execution)
+    # counts once; a block loaded per call onto another GPU is a device change too. Keeping one more component
+    # whole beats spreading the split one over fewer GPUs: one over three GPUs counts as one.
+    assert split_components([[0], [1, 1], ["cpu", 0], ["disk", "cpu", 1]]) == 0
+    assert split_components([[0, 1], [0, 1, 2], ["cpu", 1, 0]]) == 3
+    assert split_components([]) == 0
 
 
 def test_the_bounds_leave_out_the_blocks_the_call_never_runs():

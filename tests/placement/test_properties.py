@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 
 import networkx as nx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import placement
@@ -71,6 +71,18 @@ def make_plan(names, structures, max_memory, edges, activations, strategy):
 
 @SETTINGS
 @given(scenarios())
+# Nothing fits whole-only and nothing moves per call either way: c0 (5.25 GiB) fits whole on GPU 1, and the search
+# once split it over both GPUs for an emptier fullest GPU (hypothesis 6.100 found it). A split is a fallback: of
+# plans moving the same bytes the one splitting fewer components wins (`cost.PlanCost.split_components`).
+@example((["c0", "c1", "c2", "c3"], [([1, 1, 1, 2, 8, 8], 0), ([1], 0), ([2, 1, 4, 7], 0), ([7], 0)],
+          {0: 13 * UNIT, 1: 34 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
+# c2 (3.25 GiB) is split beside c0's phase, reserved on GPU 1 before c2 was filled: c0, whole, is listed before it.
+@example((["c0", "c1", "c2"], [([1, 1], 3), ([1, 1], 3), ([1, 1, 1, 7], 3)],
+          {0: 6 * UNIT, 1: 17 * UNIT, "cpu": 2 * UNIT}, [], None, "balanced"))
+# c1 is split beside c2's phase, reserved on GPU 2 before c1 was placed: c2, whole, is listed before it.
+@example((["c0", "c1", "c2"], [([1, 1], 1), ([1, 1, 6, 1], 0), ([1, 1, 4], 0)],
+          {0: 10 * UNIT, 1: 14 * UNIT, 2: 15 * UNIT, "cpu": 2 * UNIT}, [], {"c0": 0, "c1": 2 * UNIT, "c2": 5 * UNIT},
+          "balanced"))
 def test_plan_properties(scenario):
     names, structures, max_memory, edges, activations, strategy = scenario
     try:

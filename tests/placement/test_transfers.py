@@ -69,6 +69,24 @@ def test_what_does_not_fit_is_loaded_per_call_when_the_phase_has_room():
     assert plan.device(0).predicted_peak <= 8 * GiB
 
 
+def test_a_block_loaded_per_call_onto_another_gpu_counts_there_not_on_the_execution_device():
+    # c0 runs twice on GPU 1, whose 1 GiB of room holds only its two largest blocks in flight; GPU 0 has room for one
+    # more block, loaded there once per call. GPU 1's working set is the blocks in flight, GPU 0's that block.
+    unit = GiB // 4
+    comps = {"c0": component([1, 1, 1, 3], unit=unit), "c1": component([1], head=1, unit=unit),
+             "c2": component([1], head=1, unit=unit), "c3": component([2, 3], unit=unit)}
+    plan = placement.plan(comps, max_memory={0: 5 * unit, 1: 8 * unit, "cpu": "250GiB"},
+                          activations=dict.fromkeys(comps, 0), runs_per_call={"c0": 2})
+    c0 = plan.components["c0"]
+    transfer = c0.transfer
+    assert c0.execution_device == 1 and transfer.per_call_devices == {"blocks.2": 0}
+    assert transfer.loaded_per_call_bytes == unit and transfer.stream_buffer_bytes == 4 * unit
+    assert c0.streamed_unit_bytes == transfer.stream_buffer_bytes  # nothing it loads per call is on GPU 1
+    assert plan.device(0).phases["c0"] == unit
+    assert (plan.device(0).loaded_per_call, plan.device(1).loaded_per_call) == (unit, 0)
+    assert plan.device(1).streaming_working_set == 4 * unit
+
+
 def test_two_gpus_a_resident_split_beats_streaming():
     # The denoiser (16.5 GiB) fits on neither 12 GiB GPU; split over both it stays resident, and the
     # encoder, which runs once, streams into what is left: 8.5 GiB per call instead of 28 x the denoiser.
