@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .devices import detect_accelerators
+from .gpu_profiles import cuda_seconds
 from .machine_profile import VIRTUAL_NAME, DeviceMeasurement, HostMeasurement, MachineProfile, today
 from .transfers.inputs import measure_disk_read
 
@@ -148,13 +149,7 @@ def _per_second(work: Callable[[], object], amount: float, device: torch.device,
     once = max(time.perf_counter() - start, 1e-6)
     repeats = max(2, min(1000, int(seconds / once)))
     if cuda:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(repeats):
-            work()
-        end.record()
-        end.synchronize()
-        elapsed = begin.elapsed_time(end) / 1000
+        elapsed = cuda_seconds(work, repeats) * repeats
     else:
         start = time.perf_counter()
         for _ in range(repeats):

@@ -409,7 +409,7 @@ def _cuda_device(index: int) -> torch.device:  # the seam tests replace to run t
     return torch.device("cuda", index)
 
 
-def _timed(work, repeats: int) -> float:
+def cuda_seconds(work, repeats: int) -> float:
     """Seconds one `work()` takes on the current stream, by CUDA events, after one warm-up call."""
     work()
     torch.cuda.synchronize()
@@ -425,15 +425,15 @@ def _timed(work, repeats: int) -> float:
 def _matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     a = torch.randn(MATMUL_SIDE, MATMUL_SIDE, device=device, dtype=dtype)
     b = torch.randn(MATMUL_SIDE, MATMUL_SIDE, device=device, dtype=dtype)
-    return 2 * MATMUL_SIDE**3 / _timed(lambda: torch.mm(a, b), MEASURE_REPEATS)
+    return 2 * MATMUL_SIDE**3 / cuda_seconds(lambda: torch.mm(a, b), MEASURE_REPEATS)
 
 
 def _copy_bytes_per_s(device: torch.device) -> float:
     """Bytes read plus written per second by a device -> device copy."""
     source = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
-    return 2 * COPY_BYTES / _timed(lambda: target.copy_(source), MEASURE_REPEATS)
+    return 2 * COPY_BYTES / cuda_seconds(lambda: target.copy_(source), MEASURE_REPEATS)
 
 
-__all__ = ["ARCHITECTURES", "choose_gpu", "COMPUTE_EFFICIENCY", "Efficiency", "invalid_fields_text", "cpu_flops_per_s", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY",
+__all__ = ["ARCHITECTURES", "choose_gpu", "COMPUTE_EFFICIENCY", "Efficiency", "invalid_fields_text", "cpu_flops_per_s", "cuda_seconds", "DEFAULT_GPU", "GpuProfile", "LINK_EFFICIENCY",
            "MEMORY_EFFICIENCY", "PROFILES", "gpu_profile", "match_device_name", "measure_gpu_profile"]
