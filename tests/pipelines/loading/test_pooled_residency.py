@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hooks import measure_transfers
+from hooks.transfer_meter import Payload
 from pipelines import Pipeline
 from placement.devices import is_accelerator
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
@@ -73,6 +74,18 @@ def weights_on(pipe) -> dict:
     return found
 
 
+def planned_onto(plan) -> dict:
+    """Host -> GPU bytes per call the plan sends onto each GPU: a component's moved bytes go to its execution
+    device (these plans load nothing per call onto another GPU)."""
+    found: dict = {}
+    for component in plan.components.values():
+        transfer = component.transfer
+        if transfer is not None and transfer.bytes_per_call:
+            assert not transfer.per_call_devices
+            found[component.execution_device] = found.get(component.execution_device, 0) + transfer.bytes_per_call
+    return found
+
+
 def run(pipe, extra):
     with torch.no_grad():
         return pipe(**inputs(extra)).images.cpu()
@@ -112,6 +125,7 @@ def test_the_denoiser_keeps_blocks_on_both_gpus_streams_the_rest_and_computes_th
     assert_same_output(second, expected)
     assert meter.weights.host_to_accelerator_bytes == plan.transfer_bytes_per_call  # to the byte
     assert meter.weights.accelerator_to_accelerator_bytes == 0  # weights never hop between GPUs
+    assert meter.onto(Payload.WEIGHTS) == planned_onto(plan)  # each GPU's link carries what the plan sends it
     assert meter.inputs.accelerator_to_accelerator_bytes > 0  # activations cross at the span boundaries
     for handle in handles:
         handle.remove()
