@@ -86,7 +86,9 @@ class StreamedBlockHook(GroupMemberHook):
 class ResidencyConfig:
     """A component's placement with its transfer model. Every host-homed tensor is under exactly one of
     `per_call_modules` / `streamed_modules`; `per_call_devices`: per-call modules loaded onto another accelerator;
-    `coordinators` (one per accelerator, shared by a pipeline's components; missing: unlimited room);
+    `streamed_devices`: streamed modules that stream onto another accelerator, through its own stream buffers (each GPU
+    runs its span of blocks: pooled residency); `coordinators` (one per accelerator, shared by a pipeline's
+    components; missing: unlimited room);
     `activation_bytes`: what runs need besides weights on each accelerator used; `use_stream` None: on CUDA."""
 
     execution_device: Device
@@ -94,6 +96,7 @@ class ResidencyConfig:
     per_call_modules: tuple[str, ...] = ()
     streamed_modules: tuple[str, ...] = ()
     per_call_devices: Mapping[str, Device] = field(default_factory=dict)
+    streamed_devices: Mapping[str, Device] = field(default_factory=dict)
     disk_weights: Mapping[str, Mapping[str, str]] | None = None
     coordinators: Mapping[Device, DeviceCoordinator] = field(default_factory=dict)
     activation_bytes: int = 0
@@ -109,9 +112,11 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
         raise OffloadConfigError(f"Per-call residency executes on an accelerator, not {place!r}.")
     device_map = flatten_device_map(module, {key: normalize_device(d) for key, d in config.device_map.items()})
     away = {path: normalize_device(d) for path, d in config.per_call_devices.items()}
-    _check_lists(module, device_map, config, away)
+    streams_away = {path: normalize_device(d) for path, d in config.streamed_devices.items()}
+    _check_lists(module, device_map, config, away, streams_away)
     transfers = _transfers(config.use_stream)
-    per_call, streamed = _build_units(module, config, place, away, transfers)
+    per_call, streamed = _build_units(module, config, place, away, streams_away, transfers)
+    away = {**away, **streams_away}  # where each module that leaves the execution device runs
     per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
     blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
     session, here = None, transfers(place)
@@ -161,7 +166,7 @@ def remove_residency(module: nn.Module) -> None:
 
 
 def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: ResidencyConfig,
-                 away: Mapping[str, Device]) -> None:
+                 away: Mapping[str, Device], streams_away: Mapping[str, Device]) -> None:
     """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once."""
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
@@ -179,6 +184,11 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     if strays:
         raise OffloadConfigError(f"{what}: per_call_devices {strays} must name per-call modules (of "
                                 f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
+    strays = {path: device for path, device in streams_away.items()
+              if path not in config.streamed_modules or not is_accelerator(device)}
+    if strays:
+        raise OffloadConfigError(f"{what}: streamed_devices {strays} must name streamed modules (of "
+                                f"{list(config.streamed_modules)}) and accelerators. Re-plan.")
     homes = tensor_devices(module, device_map)  # a tied tensor once, under its first name
     names_of = {names[0]: names for names in distinct_tensor_names(module)}
     covered: dict[str, list[str]] = {}
@@ -198,8 +208,10 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
 
 
 def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away: Mapping[str, Device],
-                 transfers) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
-    """The per-call units by the accelerator they load onto, and the streamed units (onto `place`)."""
+                 streams_away: Mapping[str, Device], transfers
+                 ) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
+    """The per-call units by the accelerator they load onto, and the streamed units (onto `place`, or the
+    accelerator whose span they run in)."""
     entries = collect_entries(module)
     block_paths = block_groups(module).block_paths
     claimed: set[int] = set()
@@ -217,7 +229,8 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
     for path in config.per_call_modules:
         onto = away.get(path, place)
         per_call.setdefault(onto, []).extend(units(path, onto))
-    return per_call, [group for path in config.streamed_modules for group in units(path, place)]
+    return per_call, [group for path in config.streamed_modules
+                      for group in units(path, streams_away.get(path, place))]
 
 
 def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> ModuleGroup:
@@ -295,8 +308,9 @@ def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Dev
 
 def _runs_on(path: str, device_map: Mapping[str, Device], away: Mapping[str, Device], place: Device) -> Device:
     """The accelerator a module runs on: where it is loaded per call, else its resident entry's, else `place`."""
-    if path in away:
-        return away[path]
+    moved = owning_key(path, list(away)) if away else None
+    if moved is not None:
+        return away[moved]
     owner = owning_key(path, [key for key in device_map if key])
     home = device_map.get(owner) if owner is not None else device_map.get("")
     return home if is_accelerator(home) else place
@@ -319,7 +333,8 @@ def room_on(plan: Plan, place: Device) -> int | None:
 def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyConfig:
     transfer, place = component.transfer, component.execution_device
     coordinators = {}
-    for device in _devices_used(place, component.device_map, transfer.per_call_devices):
+    for device in _devices_used(place, component.device_map,
+                                {**transfer.per_call_devices, **transfer.streamed_devices}):
         key = (Technique.PER_CALL_RESIDENCY, device)
         if key not in context.shared:
             room = None if context.plan is None else room_on(context.plan, device)
@@ -328,7 +343,8 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
     return ResidencyConfig(execution_device=place, device_map=component.device_map,
                            per_call_modules=tuple(transfer.per_call_modules),
                            streamed_modules=tuple(transfer.streamed_modules),
-                           per_call_devices=dict(transfer.per_call_devices), disk_weights=context.disk_weights,
+                           per_call_devices=dict(transfer.per_call_devices),
+                           streamed_devices=dict(transfer.streamed_devices), disk_weights=context.disk_weights,
                            coordinators=coordinators, activation_bytes=component.activation_bytes or 0,
                            name=component.name)
 
@@ -351,13 +367,14 @@ class ResidencyEdit(GroupsEdit):
         problems = self.stand_ins.put_back(self.module)
         phase, config = self.phase, self.phase.config
         away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
+        streams_away = {path: normalize_device(device) for path, device in config.streamed_devices.items()}
 
         def specs_for(entries):
             block_paths = block_groups(self.module).block_paths
             for kind, paths in (("per_call", config.per_call_modules), ("streamed", config.streamed_modules)):
                 for path in paths:
                     for spec in unit_specs(self.module, path, block_paths, entries):
-                        onto = away.get(path, phase.place) if kind == "per_call" else phase.place
+                        onto = (away if kind == "per_call" else streams_away).get(path, phase.place)
                         self.kinds[id(spec)] = (kind, onto)
                         yield spec
 

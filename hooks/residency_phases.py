@@ -68,8 +68,7 @@ class DeviceShare:
 
     @property
     def transient_bytes(self) -> int:
-        here = self.coordinator.place == self.phase.place
-        return self.phase.activation_bytes + (self.phase.stream_buffer_bytes if here else 0)
+        return self.phase.activation_bytes + self.phase.stream_buffer_bytes_on(self.coordinator.place)
 
     @property
     def loaded_bytes(self) -> int:
@@ -129,8 +128,15 @@ class ComponentPhase:
     @property
     def stream_buffer_bytes(self) -> int:
         """What streaming keeps on the execution device at once, as the planner counts it (`cost.working_set`)."""
-        blocks = self.session.groups if self.session is not None else []
-        return working_set(sum(group.num_bytes for group in self.per_run), (group.num_bytes for group in blocks))
+        return self.stream_buffer_bytes_on(self.place)
+
+    def stream_buffer_bytes_on(self, place: Device) -> int:
+        """What streaming keeps on `place` at once: each GPU streams the blocks of its own span through its own
+        buffers (pooled residency); the rest streamed per run goes to the execution device."""
+        blocks = [group for group in (self.session.groups if self.session is not None else [])
+                  if group.onload_place == place]
+        rest = sum(group.num_bytes for group in self.per_run) if place == self.place else 0
+        return working_set(rest, (group.num_bytes for group in blocks))
 
     def enter(self) -> None:
         self.depth += 1
