@@ -51,8 +51,8 @@ HOOK_TENSOR_S = 0.6e-3
 # only orders streams on the device (SGLang's layerwise offload; this library's streaming waits on events, so a
 # plan's `seconds_per_call` prices its blocks as "engine") pays nothing measurable.
 BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
-# The model's error band, from benchmarks/published_runs.py's spread: three in four of the 35 published runs it
-# expresses are predicted within 15% (the median within 7%; 31 of 35 within 20%). Plans state it, and the search
+# The model's error band, from benchmarks/published_runs.py's spread: four in five of the 35 published runs it
+# expresses are predicted within 15% (28; the median within 7%; 32 of 35 within 20%). Plans state it, and the search
 # only moves more bytes per call for a predicted gain beyond it (cost.PlanCost).
 ERROR_BAND = 0.15
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
