@@ -1,7 +1,7 @@
 """Bytes moved per call when the pipeline does not fit: ours vs diffusers' offloads, a hand-picked mix of them,
 the reference policy (`reference_policy.py`) and the lower bound of our memory model.
 
-    python benchmarks/transfers.py                  # every real pipeline x 8 inventories (a few minutes)
+    python benchmarks/transfers.py                  # every real pipeline x 10 inventories (a few minutes)
     python benchmarks/transfers.py --smoke          # 2 pipelines x 2 inventories, seconds
     python benchmarks/transfers.py --only flux1-dev wan2.1-t2v-14b --inventories 1x24 2x16
     python benchmarks/transfers.py --estimate       # re-estimate the activation peaks (cached in data/)
@@ -43,6 +43,9 @@ What each anchor moves, from its semantics (diffusers 0.42):
   (`placement.cost.streaming_premium`: (runs_k - 1) x forced_k).
 Ratios are ours / theirs over the scenarios where the pipeline does not fit resident and both fit (< 1: we
 move less); the summary gives their median and worst (largest).
+
+Multi-GPU rows (2x8 ... 4x24) are also held to the bound, which pools every GPU's room (issue 39: within 1.5x), and
+with `--gpu NAME` their predicted seconds to our plan on one of their GPUs (issue 39: no worse).
 
 With `--gpu NAME` our plan is made for seconds on that GPU profile (FLOPs and bytes touched per run from
 data/time_per_call_work.json, as benchmarks/time_per_call.py counts them), and the summary lists every scenario
