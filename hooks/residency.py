@@ -119,11 +119,9 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     away = {**away, **streams_away}  # where each module that leaves the execution device runs
     per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
     blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
-    session, here = None, transfers(place)
-    if blocks:
-        session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
-                                      groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
-    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session,
+    sessions = {onto: _session(onto, [group for group in blocks if group.onload_place == onto], transfers)
+                for onto in dict.fromkeys(group.onload_place for group in blocks)}
+    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, sessions=sessions,
                            activation_bytes=config.activation_bytes, config=config)
     for device in _devices_used(place, device_map, away):
         phase.share(config.coordinators, device, per_call.get(device, []))
@@ -140,6 +138,13 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     module.hf_device_map = dict(device_map)
     return Handle(technique=Technique.PER_CALL_RESIDENCY, module=module, config=config, remover=remove_residency,
                   state=phase)
+
+
+def _session(place: Device, blocks: list[ModuleGroup], transfers) -> GroupOffloadSession:
+    """The streamed blocks onto one accelerator and their prefetch chain: each GPU sends its first block when a
+    run starts and the next one when a block starts, on its own link, whatever the other GPUs do."""
+    config = GroupOffloadingConfig(onload_device=place, use_stream=transfers(place).prefetches)
+    return GroupOffloadSession(config=config, groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
 
 
 def _transfers(use_stream: bool | None) -> Callable[[Device], BlockingTransfer | StreamTransfer]:
@@ -245,7 +250,7 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> M
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
              away: Mapping[str, Device], blocks: list[ModuleGroup]) -> None:
-    _hook_blocks(blocks, phase.session)
+    _hook_blocks(blocks, phase.sessions)
     for entry, place, back in input_routes(module, device_map, phase.place, away):
         hook = HandBackHook(place, back=back) if back is not None else MoveInputsHook(torch_device(place), place=place)
         add_hook_last(entry, hook)
@@ -255,10 +260,11 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
                        module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
 
 
-def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> None:
+def _hook_blocks(blocks: list[ModuleGroup], sessions: Mapping[Device, GroupOffloadSession]) -> None:
     for group in blocks:
         for member in group.modules:
-            add_hook_first(member, StreamedBlockHook(group=group, session=session, is_root=False))
+            add_hook_first(member, StreamedBlockHook(group=group, session=sessions[group.onload_place],
+                                                     is_root=False))
 
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
@@ -360,8 +366,8 @@ class ResidencyEdit(GroupsEdit):
 
     @property
     def groups(self) -> list[ModuleGroup]:
-        session = self.phase.session
-        return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
+        sessions = self.phase.sessions.values()
+        return [*self.phase.per_call, *self.phase.per_run, *(group for session in sessions for group in session.groups)]
 
     def close(self) -> list[str]:
         problems = self.stand_ins.put_back(self.module)
@@ -400,9 +406,9 @@ class ResidencyEdit(GroupsEdit):
         phase = self.phase
         if kind == "per_call":
             phase.shares[onto].per_call.append(group)
-        elif group.release is ReleaseRule.AFTER_LAST_MODULE and phase.session is not None:
-            phase.session.groups.append(group)
-            _hook_blocks([group], phase.session)
+        elif group.release is ReleaseRule.AFTER_LAST_MODULE and onto in phase.sessions:
+            phase.sessions[onto].groups.append(group)
+            _hook_blocks([group], phase.sessions)
         else:
             phase.per_run.append(group)
 
@@ -412,8 +418,8 @@ class ResidencyEdit(GroupsEdit):
         for share in phase.shares.values():
             share.per_call[:] = [group for group in share.per_call if group.entries]
         phase.per_run[:] = [group for group in phase.per_run if group.entries]
-        if phase.session is not None:
-            phase.session.groups[:] = [group for group in phase.session.groups if group.entries]
+        for session in phase.sessions.values():
+            session.groups[:] = [group for group in session.groups if group.entries]
 
     def homes(self) -> dict[str, Device]:
         """Resident tensors at their device-map entry's device, grouped ones where their store keeps them."""

@@ -47,7 +47,11 @@ def test_each_gpu_streams_its_own_span_and_the_call_computes_the_plain_run():
     for path in STREAMED:
         inner = denoiser.get_submodule(f"{path}.attn")  # runs inside the block, once its group is on its GPU
         inner.register_forward_pre_hook(lambda m, _, path=path: where.setdefault(path, set()).add(m.weight.device))
+    first = denoiser.blocks[0].attn  # GPU 0's span starts: GPU 1's first streamed block is already on its way
+    first.register_forward_pre_hook(lambda *_: where.setdefault("blocks.4 at the run's start", set()).add(
+        denoiser.blocks[4].attn.weight.device))
     run(modules)  # the first call traces the prefetch order
+    where.clear()
     with measure_transfers() as meter:
         output = run(modules)
     assert_decoded(output, expected)
@@ -55,7 +59,8 @@ def test_each_gpu_streams_its_own_span_and_the_call_computes_the_plain_run():
     assert meter.weights.host_to_accelerator_bytes == placement.transfer_bytes_per_call == STEPS * sum(streamed.values())
     assert meter.onto(Payload.WEIGHTS) == {0: STEPS * streamed["blocks.1"], 1: STEPS * streamed["blocks.4"]}
     assert meter.weights.accelerator_to_accelerator_bytes == 0
-    assert where == {"blocks.1": {torch_device(0)}, "blocks.4": {torch_device(1)}}
+    assert where == {"blocks.1": {torch_device(0)}, "blocks.4": {torch_device(1)},
+                     "blocks.4 at the run's start": {torch_device(1)}}  # each GPU prefetches its own chain
     # Per step, h crosses once each way at GPU 1's span; cond goes to GPU 1 for each of its three blocks.
     assert meter.inputs.accelerator_to_accelerator_bytes == STEPS * (2 + 3) * 32 * 4
     assert denoiser.blocks[4].attn.weight.device.type == "cpu"  # streamed: back on the host between runs
