@@ -12,7 +12,7 @@ import networkx as nx
 
 from .devices import Device, is_accelerator
 from .errors import PlanError
-from .time_model import DISK_BYTES_PER_S, ERROR_BAND, copy_bandwidth, exposed_copy_seconds
+from .time_model import DISK_BYTES_PER_S, ERROR_BAND, copy_bandwidth, exposed_copy_seconds, stream_links
 
 if TYPE_CHECKING:
     from .memory_model import Ledger
@@ -161,11 +161,13 @@ class Timing:
     def exposed(self, parts: Iterable[tuple]) -> float:
         """Exposed copy seconds per call, as the Plan's `seconds_per_call` counts them, summed over `parts`:
         (name, weight bytes, loaded, streamed, streamed blocks, runs, kind or host: "disk" reads at the disk's
-        speed); rounded to the microsecond, so float noise between two equal candidates never outranks bytes."""
+        speed, and optionally how many host links its streamed blocks alternate over, `time_model.stream_links`);
+        rounded to the microsecond, so float noise between two equal candidates never outranks bytes."""
         return round(sum(exposed_copy_seconds(
             run_s=self.run_seconds.get(name, 0.0), weight_bytes=weight_bytes, loaded_bytes=loaded,
-            streamed_bytes=streamed, streamed_blocks=blocks, runs=runs, link=copy_bandwidth(kind, self.link, self.disk))
-            for name, weight_bytes, loaded, streamed, blocks, runs, kind in parts), 6)
+            streamed_bytes=streamed, streamed_blocks=blocks, runs=runs, link=copy_bandwidth(kind, self.link, self.disk),
+            links=links[0] if links else 1)
+            for name, weight_bytes, loaded, streamed, blocks, runs, kind, *links in parts), 6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +198,7 @@ class CostModel:
         if self.timing is not None:
             exposed = self.timing.exposed(
                 (name, plans[name].bytes, t.loaded_per_call_bytes, t.streamed_per_run_bytes, len(t.streamed_modules),
-                 t.runs_per_call, plans[name].kind)
+                 t.runs_per_call, plans[name].kind, stream_links(t.streamed_devices))
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
                   *t.per_call_devices.values(), *t.streamed_devices.values()] for name, t in transfers.items())

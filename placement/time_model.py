@@ -138,12 +138,16 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
 
 
 def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
-                         streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
+                         streamed_blocks: int, runs: int, link: float, overlap: bool = True,
+                         links: int = 1) -> float:
     """Copy seconds per call compute does not hide: the per-call loads whole (nothing is known to leave room for
     them earlier), plus at every run each streamed block's copy beyond the compute since it was sent. The runtime
     sends a block when the streamed one before it starts (one side stream); the kept compute is spread evenly
     over the gaps, blocks equal in size and compute per byte (a DiT's). Synchronous copies (`overlap=False`,
-    sequential offload) are exposed whole."""
+    sequential offload) are exposed whole. Streamed blocks alternating between `links` GPUs (pooled residency: each
+    GPU's own host link and prefetch chain, each block sent when its chain's previous one starts) arrive one per
+    1/`links` of a copy when copies bound the run: the same steady state as one chain on a link `links` times as
+    fast, so they are priced so (the activations' hops between the GPUs are not priced)."""
     exposed = loaded_bytes / link
     if not streamed_bytes:
         return exposed
@@ -152,6 +156,7 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     block_bytes = streamed_bytes / streamed_blocks
     copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
     gap = run_s * max(weight_bytes - streamed_bytes, 0) / max(weight_bytes, 1) / streamed_blocks  # kept, before each
+    copy /= max(links, 1)
     per_run = max(0.0, copy - gap) + (streamed_blocks - 1) * max(0.0, copy - compute - gap)
     return exposed + runs * per_run
 
@@ -195,9 +200,15 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
-        runs=runs, link=speed)
+        runs=runs, link=speed, links=stream_links(transfer.streamed_devices))
     return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                          copy_s=transfer.bytes_per_call / speed, exposed_s=exposed)
+
+
+def stream_links(streamed_devices) -> int:
+    """How many host links a component's streamed blocks come over: its execution device's, and one per other
+    accelerator it streams blocks onto (`ComponentTransfer.streamed_devices`, pooled residency)."""
+    return 1 + len(set(streamed_devices.values()))
 
 
 def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
