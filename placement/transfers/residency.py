@@ -255,9 +255,11 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
                         interleave=True)  # no other choice; kept blocks spread between the streamed ones
             _place_size(state, [u for u in members if u.path in spread], everywhere, filled,
                         interleave=len(everywhere) == 1)
+    buffer = stream_buffer(u.bytes for u in filled.host if u.block)
     for device, taken in filled.resident.items():
-        spans = device != home  # its phase there: its activations
-        ledger.add(device, weights=sum(u.bytes for u in taken), transient=activation if spans else 0, phase=name)
+        spans = device != home  # its phase there: its activations (and where it streams onto, its buffer)
+        ledger.add(device, weights=sum(u.bytes for u in taken), phase=name,
+                   transient=(activation + (buffer if device == reserve_on else 0)) if spans else 0)
     # On its home, the least it now needs (its transfer may load more per call: set with it).
     ledger.set_phase(home, name, activation + minimum_phase_weights(filled.host))
     return filled
