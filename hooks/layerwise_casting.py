@@ -19,7 +19,7 @@ from torch import nn
 
 from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, remove_hooks_of_type
-from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
+from .techniques import Handle, Technique, TechniqueConfig, TechniqueSpec, check_compatible, register
 from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = ["SPEC", "DEFAULT_SKIP_MODULES_CLASSES", "DEFAULT_SKIP_MODULES_PATTERN", "LayerwiseCastingConfig",
@@ -38,7 +38,7 @@ DEFAULT_SKIP_MODULES_PATTERN = ("norm", "emb")
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerwiseCastingConfig:
+class LayerwiseCastingConfig(TechniqueConfig, technique="layerwise casting", name="LAYERWISE_CASTING"):
     """Dtypes may be strings ("float8_e4m3fn"); `skip_modules_pattern`: regexes searched in qualified names
     (None: the default; `()`: by class only). Normalised and checked on construction."""
 
