@@ -11,6 +11,7 @@ import torch
 from accelerate.hooks import remove_hook_from_module
 from torch import nn
 
+import hooks
 from hooks import (
     GroupOffloadingConfig,
     OffloadConfigError,
@@ -159,3 +160,42 @@ def test_storage_dtype_this_torch_cannot_hold():
 def test_uncast_layers_in_another_dtype_are_a_clear_error():
     with pytest.raises(OffloadConfigError, match=r"norm\.weight \(torch.float32\).*torch_dtype=torch.bfloat16"):
         apply_layerwise_casting(make())  # default compute dtype bf16; the fp32 norm cannot take bf16 inputs
+
+
+def _weight_bytes(model, dtype_of):
+    return sum(p.numel() * dtype_of(name).itemsize for name, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
+@pytest.mark.parametrize("to_disk", [False, True], ids=["ram", "disk"])
+def test_accelerates_cast_hooks_compose_with_group_offloading_on_an_accelerator(offload_type, to_disk, tmp_path,
+                                                                                   monkeypatch):
+    """The cast hooks are accelerate's (`accelerate.hooks.LayerwiseCastingHook`); under group offloading's stores
+    onto a (strict virtual) accelerator, the groups move the small dtype and the upcast happens there: each call
+    moves the stored bytes once and brings no weight back."""
+    from accelerate.hooks import LayerwiseCastingHook as AccelerateCastingHook
+
+    from hooks import measure_transfers
+    from placement.devices import torch_device
+
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    model = make()
+    with torch.no_grad():
+        exact = rounded_copy(model, CAST, torch.float8_e4m3fn)(TOKENS)
+    apply_layerwise_casting(model, compute_dtype=torch.float32)
+    assert all(isinstance(hook, AccelerateCastingHook) for name in CAST
+               for hook in hooks.hook_utils.hooks_of(model.get_submodule(name)))
+    stored = _weight_bytes(model, lambda name: model.get_submodule(name.rpartition(".")[0]).weight.dtype)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device=0, offload_type=offload_type,
+                                                        offload_to_disk_path=tmp_path if to_disk else None))
+    with torch.no_grad():
+        for _ in range(2):
+            with measure_transfers() as meter:
+                out = model(TOKENS.to(torch_device(0)))
+            assert_same_output(out.cpu(), exact)
+            assert meter.weights.host_to_accelerator_bytes == stored < _weight_bytes(model, lambda _: torch.float32)
+            assert meter.weights.accelerator_to_host_bytes == 0
+            assert model.head.weight.dtype == torch.float8_e4m3fn
+    remove_group_offloading(model)
+    remove_layerwise_casting(model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
