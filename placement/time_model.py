@@ -132,6 +132,25 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
     return max(flops / gpu.flops_per_s(dtype), memory)
 
 
+def host_copy_rate(link: float, pinned_share: float = 1.0, pageable: Optional[float] = None) -> float:
+    """Host -> GPU bytes/s of copies whose `pinned_share` comes from page-locked memory at `link` and the rest
+    from pageable memory at `pageable` (default `PAGEABLE_SHARE` of the link; never above it): the bytes are
+    alike, so each copy is that mix and its seconds per byte add."""
+    pageable = min(link, link * PAGEABLE_SHARE if pageable is None else pageable)
+    if pinned_share >= 1.0:
+        return link
+    share = max(0.0, pinned_share)
+    return 1 / (share / link + (1 - share) / pageable)
+
+
+def plan_copy_rate(plan: Plan, gpu: GpuProfile) -> float:
+    """The host -> GPU bytes/s a plan's copies run at: its link, with the share of the moving bytes its "cpu"
+    budget cannot page-lock (`host_memory.HostMemory.pinned_share`) at the pageable rate (the profile's measured
+    one, where `placement calibrate` measured it)."""
+    return host_copy_rate(plan.link_bandwidth, plan.host_memory.pinned_share,
+                          gpu.measured_pageable_link_bytes_per_s)
+
+
 def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
                    disk: float = DISK_BYTES_PER_S) -> ComponentTime:
     """`component`'s seconds per call on `gpu`, the link and the disk reading `link` and `disk` bytes/s."""
@@ -153,10 +172,12 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
 
 
 def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
-    """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default)."""
+    """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default),
+    its copies at `plan_copy_rate` (what its host budget cannot pin copies at the pageable rate)."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
-    return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
-                    components=tuple(component_time(c, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)
+    link = plan_copy_rate(plan, gpu)
+    return CallTime(gpu=gpu, link_bandwidth=link,
+                    components=tuple(component_time(c, gpu, link, plan.disk_read_bandwidth)
                                      for c in plan.components.values()))
 
 
