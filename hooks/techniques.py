@@ -37,9 +37,6 @@ class _Techniques(type):
     def __iter__(cls) -> Iterator["Technique"]:
         return iter(cls._declared)
 
-    def __len__(cls) -> int:
-        return len(cls._declared)
-
     def __call__(cls, value: "Technique | str") -> "Technique":
         if isinstance(value, Technique):
             return value
@@ -87,12 +84,6 @@ class Technique(metaclass=_Techniques):
 
     def __reduce__(self):
         return getattr, (Technique, self.name)  # copies and pickles are the one member
-
-    def __copy__(self) -> "Technique":
-        return self
-
-    def __deepcopy__(self, memo) -> "Technique":
-        return self
 
 
 class TechniqueConfig:

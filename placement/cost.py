@@ -7,7 +7,7 @@ benchmarks alike, so that bytes are counted in one place (docs/design.md, "When 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
 import networkx as nx
 
@@ -54,14 +54,10 @@ class Placed(Protocol):
     placed_bytes: Mapping[Device, int]
 
 
-class Load(Protocol):
-    budget: Optional[int]
-
-
 class Peaks(Protocol):
-    """The search's running memory account (`memory_model.Ledger`)."""
+    """The search's running memory account (`memory_model.Ledger`): each device's load has a `budget`."""
 
-    loads: Mapping[Device, Load]
+    loads: Mapping[Device, Any]
     accelerators: list[int]
 
     def peak(self, device: Device) -> int: ...

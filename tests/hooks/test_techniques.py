@@ -1,9 +1,11 @@
 """The technique table: one row per technique, one calling shape, one conflict check, every pair covered."""
 
+import copy
 import dataclasses
 import importlib
 import inspect
 import itertools
+import pickle
 import pkgutil
 import types
 
@@ -115,6 +117,7 @@ def test_each_config_class_declares_its_technique_and_the_face_exports_each_row(
     assert Technique.undeclared() == []  # every technique a row names is declared by some file
     for technique, spec in TECHNIQUES.items():
         assert spec.config_class.technique is technique and Technique(technique.value) is technique
+        assert copy.deepcopy(technique) is technique and pickle.loads(pickle.dumps(technique)) is technique
         for part in (spec.config_class, spec.apply, spec.remove):
             assert getattr(hooks, part.__name__) is part and part.__name__ in hooks.__all__
     # Users and messages read the values; they stay as they were.
