@@ -2,16 +2,19 @@
 
     apply_layerwise_casting(denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
 
-Each Linear / Conv layer carries accelerate's cast hook (`accelerate.hooks.LayerwiseCastingHook`: the layer to
-`compute_dtype` for its forward, back to `storage_dtype` after it), which composes with group offloading's RAM and
-disk stores, per-call residency and model offload (tests/hooks/test_layerwise_casting.py). Norms and embeddings are
-skipped by default (small, precision sensitive). Apply it before group offloading or per-call residency (the groups
-then hold the small dtype); removing it leaves the rounding.
+Each Linear / Conv layer's hook puts a `compute_dtype` copy in the module for its forward only, and puts the
+stored tensor back after it. Norms and embeddings are skipped by default (small, precision sensitive). Apply it
+before group offloading or per-call residency (the groups then hold the small dtype); removing it leaves the
+rounding.
 
-The hooks are attached here, not by accelerate's `attach_layerwise_casting_hooks` (`accelerate.big_modeling`), for
-two reasons: its `add_hook_to_module(append=True)` detaches the hooks already on a layer and initialises them again
-(a device map's or offload's hooks; `hook_utils.add_hook_last` keeps them as they are), and its hooks neither name
-their technique for the conflict table nor cast the layer back when removed (`LayerwiseCastingHook` below adds both).
+Why not accelerate's hooks (`accelerate.hooks.LayerwiseCastingHook`, attached by
+`accelerate.big_modeling.attach_layerwise_casting_hooks`): they compose with group offloading's stores during a
+call, but their `post_forward` casts the layer down again (`module.to(storage_dtype)`) instead of putting the
+stored tensor back, so a call under `torch.inference_mode()` (every pipeline's `__call__`) leaves inference tensors
+as the stored weights, and group offloading applied after that call (`pipe.enable_group_offload`) fails making
+them parameters ("Setting requires_grad=True on inference tensor"); it also costs a second cast per layer per
+call. Their attach function also detaches the hooks already on a layer and initialises them again (`append=True`;
+`hook_utils.add_hook_last` keeps them). tests/hooks/test_layerwise_casting.py shows the inference-mode case.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from accelerate.hooks import LayerwiseCastingHook as AccelerateCastingHook
+from accelerate.hooks import ModelHook
 from torch import nn
 
 from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, remove_hooks_of_type
 from .techniques import Handle, Technique, TechniqueConfig, TechniqueSpec, check_compatible, register
+from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = ["SPEC", "DEFAULT_SKIP_MODULES_CLASSES", "DEFAULT_SKIP_MODULES_PATTERN", "LayerwiseCastingConfig",
            "LayerwiseCastingHook", "apply_layerwise_casting", "layerwise_casting_fields", "remove_layerwise_casting"]
@@ -67,21 +71,40 @@ class LayerwiseCastingConfig(TechniqueConfig, technique="layerwise casting", nam
         )
 
 
-class LayerwiseCastingHook(AccelerateCastingHook):
-    """accelerate's cast hook (the layer to `compute_dtype` for its forward, back to `storage_dtype` after it),
-    naming its technique for the table and casting the layer back to `compute_dtype` when removed."""
-
+class LayerwiseCastingHook(ModelHook):
     technique = Technique.LAYERWISE_CASTING
 
-    def __init__(self, *, config: LayerwiseCastingConfig) -> None:
-        super().__init__(config.storage_dtype, config.compute_dtype, non_blocking=False)
+    def __init__(self, *, entries: tuple[ModelTensor, ...], config: LayerwiseCastingConfig) -> None:
+        self.entries = entries
         self.config = config
+        self._swapped: list[tuple[ModelTensor, torch.Tensor, torch.Tensor]] = []
 
     def __repr__(self) -> str:
-        return f"LayerwiseCastingHook({self.storage_dtype} -> {self.compute_dtype})"
+        return f"LayerwiseCastingHook({self.config.storage_dtype} -> {self.config.compute_dtype})"
+
+    def pre_forward(self, module, *args, **kwargs):
+        self._swapped = []
+        for entry in self.entries:
+            stored = entry.get()
+            if stored.dtype != self.config.storage_dtype:
+                continue  # already upcast by an enclosing call of the same module
+            entry.set(stored.to(self.config.compute_dtype))
+            self._swapped.append((entry, stored, entry.get()))
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        for entry, stored, upcast in self._swapped:
+            # Another technique (group offloading) may already have swapped the tensor out; leave its choice.
+            if entry.get() is upcast:
+                entry.set(stored)
+        self._swapped = []
+        return output
 
     def detach_hook(self, module):
-        return module.to(dtype=self.compute_dtype)
+        for entry in self.entries:
+            if entry.get().dtype == self.config.storage_dtype:
+                entry.set(entry.get().to(self.config.compute_dtype))
+        return module
 
 
 LAYERWISE_CASTING_FIELDS = ("storage_dtype", "compute_dtype", "skip_modules_pattern", "skip_modules_classes")
@@ -116,8 +139,14 @@ def apply_layerwise_casting(
     targets = [(name, layer) for name, layer in module.named_modules()
                if isinstance(layer, CASTABLE_LAYERS) and not config.skips(name, layer)]
     _check_dtypes(module, config, targets)
+    entries = collect_entries(module)
     for _, layer in targets:
-        add_hook_last(layer, LayerwiseCastingHook(config=config))  # its init_hook casts the layer to storage
+        layer_entries = tuple(entries[tid] for tid in direct_tensor_ids(layer)
+                              if entries[tid].get().is_floating_point())
+        for entry in layer_entries:
+            if entry.get().dtype != config.storage_dtype:  # a tied tensor is cast once
+                entry.set(entry.get().detach().to(config.storage_dtype))
+        add_hook_last(layer, LayerwiseCastingHook(entries=layer_entries, config=config))
     return Handle(technique=Technique.LAYERWISE_CASTING, module=module, config=config,
                   remover=remove_layerwise_casting)
 

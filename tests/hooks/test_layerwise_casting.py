@@ -11,7 +11,6 @@ import torch
 from accelerate.hooks import remove_hook_from_module
 from torch import nn
 
-import hooks
 from hooks import (
     GroupOffloadingConfig,
     OffloadConfigError,
@@ -168,13 +167,9 @@ def _weight_bytes(model, dtype_of):
 
 @pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
 @pytest.mark.parametrize("to_disk", [False, True], ids=["ram", "disk"])
-def test_accelerates_cast_hooks_compose_with_group_offloading_on_an_accelerator(offload_type, to_disk, tmp_path,
-                                                                                   monkeypatch):
-    """The cast hooks are accelerate's (`accelerate.hooks.LayerwiseCastingHook`); under group offloading's stores
-    onto a (strict virtual) accelerator, the groups move the small dtype and the upcast happens there: each call
-    moves the stored bytes once and brings no weight back."""
-    from accelerate.hooks import LayerwiseCastingHook as AccelerateCastingHook
-
+def test_casting_composes_with_group_offloading_on_an_accelerator(offload_type, to_disk, tmp_path, monkeypatch):
+    """Under group offloading's stores onto a (strict virtual) accelerator, the groups move the small dtype and
+    the upcast happens there: each call moves the stored bytes once and brings no weight back."""
     from hooks import measure_transfers
     from placement.devices import torch_device
 
@@ -183,8 +178,6 @@ def test_accelerates_cast_hooks_compose_with_group_offloading_on_an_accelerator(
     with torch.no_grad():
         exact = rounded_copy(model, CAST, torch.float8_e4m3fn)(TOKENS)
     apply_layerwise_casting(model, compute_dtype=torch.float32)
-    assert all(isinstance(hook, AccelerateCastingHook) for name in CAST
-               for hook in hooks.hook_utils.hooks_of(model.get_submodule(name)))
     stored = _weight_bytes(model, lambda name: model.get_submodule(name.rpartition(".")[0]).weight.dtype)
     apply_group_offloading(model, GroupOffloadingConfig(onload_device=0, offload_type=offload_type,
                                                         offload_to_disk_path=tmp_path if to_disk else None))
@@ -199,3 +192,31 @@ def test_accelerates_cast_hooks_compose_with_group_offloading_on_an_accelerator(
     remove_group_offloading(model)
     remove_layerwise_casting(model)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_an_inference_mode_call_leaves_group_offloading_possible_as_accelerates_cast_hooks_do_not():
+    """Why the cast hooks are ours (module docstring): accelerate's cast the layer down again after each forward,
+    so under `torch.inference_mode()` (a pipeline's `__call__`) the stored weights become inference tensors and
+    group offloading applied afterwards cannot make them parameters. Ours put the stored tensor back."""
+    from accelerate.hooks import LayerwiseCastingHook, add_hook_to_module
+
+    theirs = make()
+    for name in CAST:
+        add_hook_to_module(theirs.get_submodule(name), LayerwiseCastingHook(torch.float8_e4m3fn, torch.float32,
+                                                                            non_blocking=False), append=True)
+    with torch.inference_mode():
+        theirs(TOKENS)
+    assert theirs.head.weight.is_inference()
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        apply_group_offloading(theirs, GroupOffloadingConfig(onload_device="cpu"))
+
+    ours = make()
+    with torch.no_grad():
+        exact = rounded_copy(ours, CAST, torch.float8_e4m3fn)(TOKENS)
+    apply_layerwise_casting(ours, compute_dtype=torch.float32)
+    with torch.inference_mode():
+        ours(TOKENS)
+    assert not ours.head.weight.is_inference() and ours.head.weight.dtype == torch.float8_e4m3fn
+    apply_group_offloading(ours, GroupOffloadingConfig(onload_device="cpu"))
+    with torch.no_grad():
+        assert_same_output(ours(TOKENS), exact)
