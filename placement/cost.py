@@ -1,7 +1,7 @@
 """What a plan costs: the one formula for the bytes a call moves, the copy seconds compute does not hide of them
 (`exposed_copy_seconds`), the stream buffer, the bounds derived from them, and the order candidate plans compare in
-(`PlanCost`), read by the Plan, the transfer model, the search and the
-benchmarks alike, so that bytes are counted in one place (docs/design.md, "When it does not fit").
+(`PlanCost`), read by the Plan, the time model, the transfer model, the search and the benchmarks alike, so that
+bytes are counted in one place (docs/design.md, "When it does not fit").
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Transfer(Protocol):
     bytes_per_call: int
 
 
-class Placed(Protocol):
+class PlacedComponent(Protocol):
     """A component's placement (`plan_records.ComponentPlan`)."""
 
     kind: str
@@ -250,7 +250,7 @@ class CostModel:
         known.update({r.name: given.get(r.name, known.get(r.name, 1)) for r in requests})
         return cls(graph=graph, runs=known, timing=timing)
 
-    def cost(self, plans: Mapping[str, Placed], transfers: Mapping[str, Transfer], ledger: Peaks) -> PlanCost:
+    def cost(self, plans: Mapping[str, PlacedComponent], transfers: Mapping[str, Transfer], ledger: Peaks) -> PlanCost:
         """The cost of a complete set of placements: `plans` of every component placed, `transfers` of the
         components the strategy placed (the ones that count)."""
         cpu = sum(plans[name].bytes for name in transfers if not is_accelerator(plans[name].execution_device))
@@ -305,6 +305,6 @@ def runs_per_call(graph: nx.DiGraph, name: str) -> int:
     return runs
 
 
-def host_bytes(plan: Placed) -> int:
+def host_bytes(plan: PlacedComponent) -> int:
     """Weight bytes the plan keeps off the accelerators (CPU RAM, disk)."""
     return sum(n for device, n in plan.placed_bytes.items() if not is_accelerator(device))
