@@ -42,6 +42,7 @@ class Transfer(Protocol):
     streamed_per_run_bytes: int
     streamed_modules: list[str]
     per_call_devices: Mapping[str, int]
+    streamed_devices: Mapping[str, int]
     bytes_per_call: int
 
 
@@ -263,7 +264,7 @@ class CostModel:
                  t.runs_per_call, plans[name].kind)
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
-                  *t.per_call_devices.values()] for name, t in transfers.items())
+                  *t.per_call_devices.values(), *t.streamed_devices.values()] for name, t in transfers.items())
         return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed,
                        spans=spans)
 
