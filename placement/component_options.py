@@ -21,6 +21,7 @@ from .sizes import format_bytes
 
 _OFF_ACCELERATORS = (PlacementKind.OFFLOADED, PlacementKind.DISK, PlacementKind.CPU)
 _WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
+_BEST = (0, list(VerdictKind).index(VerdictKind.FITS), 0)  # a plan that fits, every weight on the accelerators
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +89,8 @@ def choose_techniques(search: Callable[[Mapping[str, int]], Plan], activations: 
                                                          for name, used in techniques.items()}})
             if trial.key < best.key:
                 best, chosen = trial, dict(techniques)
+            if best.key == _BEST:  # nothing later can do better: spare its estimate
+                break
     for warning in best.warnings:
         warnings.warn(warning.message, warning.category, stacklevel=3)
     if best.plan is None:

@@ -22,7 +22,7 @@ from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_ca
 from hooks.techniques import apply_component_plan
 import placement
 from placement.device_maps import flatten_device_map
-from placement.devices import Accelerators, torch_device
+from placement.devices import Accelerators, detected_for_load, torch_device
 from placement.plan_schema import ComponentPlan, Plan
 
 from ..checkpoint import WeightsNotFoundError, find_weights
@@ -222,7 +222,7 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (for `Pipeline` itself, the diffusers class its folder names unless `generic`), each
     module placed; reloaded if the folder was saved over while it loaded."""
-    with quiet(preload=hf_libraries(request.folder)):
+    with quiet(preload=hf_libraries(request.folder)), detected_for_load(request.accelerators):
         return read_snapshot(request.folder, functools.partial(_load_once, cls, request, passed, generic),
                              discard=lambda pipe: _discard(pipe, passed))
 
@@ -263,7 +263,7 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
 
 def plan_folder(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    with quiet(preload=hf_libraries(request.folder)):
+    with quiet(preload=hf_libraries(request.folder)), detected_for_load(request.accelerators):
         return read_snapshot(request.folder, functools.partial(_plan_once, cls, request, passed, generic))
 
 
@@ -435,10 +435,11 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
 
     try:
-        plan = plan_components(pipe, request, {}, pins=pins, formats=formats_of_modules(modules),
-                               passed_origin="as it is, placed by pipelines.place")
-        check_plan_devices(plan, request.accelerators)
-        place_pipeline(pipe, plan, {}, modules, request)
+        with detected_for_load(request.accelerators):
+            plan = plan_components(pipe, request, {}, pins=pins, formats=formats_of_modules(modules),
+                                   passed_origin="as it is, placed by pipelines.place")
+            check_plan_devices(plan, request.accelerators)
+            place_pipeline(pipe, plan, {}, modules, request)
     except BaseException:
         for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
             remove_layerwise_casting(modules[name])
