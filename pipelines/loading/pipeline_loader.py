@@ -298,7 +298,7 @@ def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaCom
     formats = formats_of_metas(metas) if formats is None else formats
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
     origins = {name: component_origin(metas[name]) if name in metas else passed_origin for name in modules}
-    notes = [*notes, *pin_notes]
+    notes = [*pin_notes, *notes]  # the pins' notes first, as the plan says them
     options = request.options
     if request.device_map.kind is DeviceMapKind.SAVED_PLAN:  # followed as it is: checked, not planned
         plan = check_saved_plan(request.device_map.value, modules, dtypes)

@@ -52,6 +52,7 @@ from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, n
 from .suggestions import Replanning, suggestions
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
+_CONTEXTLIB = contextlib.__file__
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
 
 
@@ -253,9 +254,10 @@ def _smaller_call_runs(pipe, modules: Mapping[str, nn.Module], dtypes, estimatin
 
 
 def caller_stacklevel() -> int:
-    """The `stacklevel` of the first frame outside this library (its three packages), for warnings."""
+    """The `stacklevel` of the first frame outside this library (its three packages) and the context managers
+    it runs in (`planning_call`), for warnings."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and _in_library(frame.f_code.co_filename):
+    while frame is not None and (_in_library(frame.f_code.co_filename) or frame.f_code.co_filename == _CONTEXTLIB):
         frame, level = frame.f_back, level + 1
     return level
 
