@@ -73,8 +73,8 @@ def counted(monkeypatch):
 
 
 def load_and_plan(counted: Counted, folder, **options):
-    """The load, checked to call the planner once at most 5 calls deep and to detect the accelerators once; and
-    plan_placement with the same options, checked to give the load's plan."""
+    """The load and plan_placement with the same options, each checked to call the planner once at most 5 calls
+    deep and to detect the accelerators once, and plan_placement to give the load's plan."""
     counted.reset()
     pipe = pipelines.Pipeline.from_pretrained(folder, device_map="balanced", progress=False, **options)
     assert len(counted.depths) == 1 and 0 < counted.depths[0] <= 5, counted.depths
@@ -82,6 +82,7 @@ def load_and_plan(counted: Counted, folder, **options):
     counted.reset()
     plan = pipelines.Pipeline.plan_placement(folder, device_map="balanced", **options)
     assert len(counted.depths) == 1 and 0 < counted.depths[0] <= 5, counted.depths
+    assert counted.detections == 1
     assert plan == pipe.placement_plan
     return pipe, plan
 
