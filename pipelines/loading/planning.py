@@ -37,7 +37,8 @@ from ..hf.diffusers_pipeline import (
 from .limits import check_call_limits
 from .meta import layerwise_label
 from .planning_progress import planning_progress
-from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
+from .memory_techniques import (PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques,
+                                with_required_techniques)
 from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
 
@@ -90,6 +91,7 @@ def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: 
     with weights_only_fallback() as fallbacks:
         described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
                                                             dtypes=dtypes, estimating=estimating)
+        options = options if described is None else options.requiring(described.required)
         planned, activations = (None, None) if call is None else _planned_call(
             pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
         work = {} if planned is None else work_arguments(described, modules, dtypes=dtypes, estimating=estimating)
@@ -113,6 +115,8 @@ def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: 
         outcome = attempt(plan_for, None) if planned is None else \
             plan_with_vae_techniques(plan_for, planned, activations, options)
         plan = outcome.result()
+        if planned is None and options.required:  # a VAE that runs only tiled, say: tiled even without call=
+            plan = with_required_techniques(plan, options, modules)
     except DoesNotFitError as error:
         if advise and device_map.kind is DeviceMapKind.STRATEGY:
             with warnings.catch_warnings():
@@ -200,6 +204,7 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     when a dict, receives each component's submodule paths in the order the call runs them."""
     options, sizes = VaeOptions.split(call)
     described = describe_call(pipe, modules, sizes, dtypes=torch_dtype)
+    options = options.requiring(described.required)
     return estimate_peaks(described, modules, torch_dtype=torch_dtype, module_order=module_order,
                           techniques=options.forced_for(modules, described.calls))
 
@@ -214,6 +219,7 @@ class DescribedCall:
     peaks: Mapping[str, int] = field(default_factory=dict)
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
     work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
+    required: Mapping[str, Any] = field(default_factory=dict)  # VAE -> a technique it cannot run the call without
 
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
@@ -236,7 +242,8 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     # A module the call never runs (AnimateDiff's motion_adapter, merged into its UNet) needs no activations.
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
-                         module_order=captured.module_order, work=captured.work_per_run())
+                         module_order=captured.module_order, work=captured.work_per_run(),
+                         required=captured.required)
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:
