@@ -49,6 +49,13 @@ def test_skyreels_v2_plans_its_540p_call_with_every_activation_counted(skyreels,
     assert plan.inputs.runs_per_call["transformer"] == 100  # 50 steps, two passes each (guidance)
 
 
+def test_skyreels_v2_diffusion_forcing_plans_its_per_frame_timesteps_at_540p(tmp_path):
+    folder = saved(tiny_videos.skyreels_v2_df, tmp_path / "pipe")
+    plan = Pipeline.plan_placement(folder, max_memory=ROOMY, call={**SKYREELS_540P, "num_frames": 97})
+    assert not any(component.activations_not_counted for component in plan.components.values())
+    assert plan.components["transformer"].activation_bytes > 0
+
+
 def test_more_frames_more_activations(skyreels):
     peaks = [Pipeline.plan_placement(skyreels, max_memory=ROOMY, call={**SKYREELS_540P, "num_frames": frames,
                                                                         "num_inference_steps": 1})

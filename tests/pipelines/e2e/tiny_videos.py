@@ -190,3 +190,11 @@ def allegro(root, *, tile: int = 128):
             up_block_types=("AllegroUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
             layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4, sample_size=tile)),
         text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.DDIMScheduler())
+
+
+def skyreels_v2_df(root):
+    """SkyReels V2 diffusion forcing: a timestep per latent frame (`enable_diffusion_forcing`), the same parts."""
+    return diffusers.SkyReelsV2DiffusionForcingPipeline(
+        transformer=seeded(lambda: diffusers.SkyReelsV2Transformer3DModel(**WAN_TRANSFORMER)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True))
