@@ -145,4 +145,6 @@ CASES = [
     _image_case("HiDreamImagePipeline", tiny_dits.hidream, 32),
     # classes tried for issue 41's closing note
     _video_case("SkyReelsV2DiffusionForcingPipeline", tiny_videos.skyreels_v2_df, 16, 9),
+    _image_case("CogView3PlusPipeline", tiny_dits.cogview3plus, 16, sequence=False,
+                extra={"negative_prompt": "bad quality", "max_sequence_length": SEQUENCE}),
 ]
