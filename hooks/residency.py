@@ -40,8 +40,8 @@ from . import transfer_meter as meter
 from .hook_utils import add_hook_first, add_hook_last, hooks_of, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
 from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
-from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from .techniques import register
+from .techniques import Handle, PlanContext, Technique, TechniqueConfig, TechniqueSpec, check_compatible
+from .techniques import follows_transfer_plan, register
 from .tensor_slots import collect_entries, named_tensors
 
 HOST = ("cpu", "disk")
@@ -83,7 +83,7 @@ class StreamedBlockHook(GroupMemberHook):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResidencyConfig:
+class ResidencyConfig(TechniqueConfig, technique="per-call residency", name="PER_CALL_RESIDENCY"):
     """A component's placement with its transfer model. Every host-homed tensor is under exactly one of
     `per_call_modules` / `streamed_modules`; `per_call_devices`: per-call modules loaded onto another accelerator;
     `streamed_devices`: streamed modules that stream onto another accelerator, through its own stream buffers (each GPU
