@@ -36,6 +36,19 @@ def tiny_flux_folder(folder: Path) -> Path:
     return folder
 
 
+def deeper_flux_folder(folder: Path, seed: int = 1, **transformer) -> Path:
+    """The `tiny-flux` preset with its transformer's config changed by `transformer` (e.g. more single-stream
+    blocks) and its weights drawn from `seed`."""
+    tiny_flux_folder(folder)
+    config = {**catalog.TINY_FLUX["transformer"][2], **transformer}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = diffusers.FluxTransformer2DModel.from_config(config).eval()
+    shutil.rmtree(folder / "transformer")
+    model.save_pretrained(folder / "transformer")
+    return folder
+
+
 CLIP_LENGTH = 16  # the tiny CLIP's position table and its tokenizer's padding length (as diffusers' tests use)
 
 
