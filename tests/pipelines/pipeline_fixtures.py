@@ -49,6 +49,22 @@ def deeper_flux_folder(folder: Path, seed: int = 1, **transformer) -> Path:
     return folder
 
 
+def tiny_flux_on_meta() -> diffusers.FluxPipeline:
+    """The `tiny-flux` preset's pipeline with every module built on meta from its config (as planning builds them),
+    its tokenizers and scheduler read from the preset's folder."""
+    from accelerate import init_empty_weights
+
+    modules = {}
+    for name, (library, class_name, config) in catalog.TINY_FLUX.items():
+        cls = getattr(diffusers if library == "diffusers" else transformers, class_name)
+        with init_empty_weights():
+            module = cls.from_config(config) if library == "diffusers" else cls(cls.config_class(**config))
+        if hasattr(module, "tie_weights"):
+            module.tie_weights()  # ties made inside init_empty_weights are broken on leaving it
+        modules[name] = module.eval()
+    return diffusers.FluxPipeline.from_pretrained(catalog.preset_folder("tiny-flux"), **modules)
+
+
 CLIP_LENGTH = 16  # the tiny CLIP's position table and its tokenizer's padding length (as diffusers' tests use)
 
 
