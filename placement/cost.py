@@ -199,7 +199,7 @@ class CostModel:
                  t.runs_per_call, plans[name].kind)
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
-                  *t.per_call_devices.values()] for name, t in transfers.items())
+                  *t.per_call_devices.values(), *t.streamed_devices.values()] for name, t in transfers.items())
         return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed,
                        spans=spans)
 

@@ -107,6 +107,9 @@ class ComponentTransfer(FrozenModel):
     stream_buffer_bytes: int = 0
     # Per-call modules brought to another accelerator than the execution device, module -> accelerator.
     per_call_devices: dict[str, int] = {}
+    # Streamed modules streamed onto another accelerator than the execution device, module -> accelerator: the
+    # GPU whose span of blocks they run in, through its own stream buffers (pooled residency).
+    streamed_devices: dict[str, int] = {}
 
     @property
     def bytes_per_call(self) -> int:

@@ -225,7 +225,9 @@ class GroupMemberHook(ModelHook):
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
             trace.compute_started(module)
-        device, place = self.session.onload_device, self.session.onload_place
+        # Where its group was brought: the session's device, or (pooled residency) the GPU whose span it runs in.
+        owner = self.group if self.group is not None else self.session
+        device, place = owner.onload_device, owner.onload_place
         moved = move_to_device((args, kwargs), device, place)
         self._entered = self.is_root and meter.enter_place(place)
         return moved
