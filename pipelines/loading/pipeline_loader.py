@@ -331,7 +331,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
     read_bytes = sum(b for name in metas for d, b in plan.components[name].placed_bytes.items() if d != "disk")
     hooks = request.device_map.hooks
     try:
-        with load_progress(read_bytes, enabled=request.options.progress):
+        with load_progress(read_bytes, enabled=request.options.progress) as bar:
             for name in plan.execution_order:
                 component = plan.components[name]
                 if component.pinned and name in passed and (
@@ -347,6 +347,7 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
                         offload_folder=request.options.offload_folder)
                     if module is not metas[name].module:  # read by its owner: its module replaces the meta one
                         install_component(pipe, name, module)
+                    _read_up_to(bar, name, plan, metas)
                 else:
                     disk_weights[name] = _move_passed(name, pipe.components[name], component, request.accelerators,
                                                       request.options.offload_folder)
@@ -366,6 +367,15 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
         for module in hooked_pinned:
             unhook_pinned(module)
         raise
+
+
+def _read_up_to(bar, done: str, plan: Plan, metas: Mapping[str, MetaComponent]) -> None:
+    """The bar at the planned bytes of every component read so far: the plan counts buffers no checkpoint holds
+    (CLIP's `position_ids`) and an owner's own load reads without our bar, so the reads alone would stop short."""
+    order = [name for name in plan.execution_order if name in metas]
+    done_bytes = sum(b for name in order[: order.index(done) + 1]
+                     for d, b in plan.components[name].placed_bytes.items() if d != "disk")
+    bar.update(max(0, min(done_bytes, bar.total) - bar.n))
 
 
 def _check_registered(pipe: Any, meta: MetaComponent) -> None:

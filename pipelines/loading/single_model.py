@@ -35,18 +35,21 @@ MODEL_PATTERNS = ["*.json", "*.safetensors"]
 
 
 def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
-               torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
-               offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
-               subfolder: str | None = None, progress: bool = True, hub: HubOptions = HubOptions(),
+               torch_dtype: Any = None, dtype: Any = None, quantization_config: Any = None,
+               layerwise_casting: Any = None, offload_folder: str | Path | None = None, variant: str | None = None,
+               config: str | Path | None = None, subfolder: str | None = None, progress: bool = True,
+               hub: HubOptions = HubOptions(),
                **keywords: Any) -> nn.Module:
     """The model saved in `pretrained` (a folder, a Hub id, or a single file with `config=` the local folder of its
     config.json), as its own class, placed by our plan. `device_map`: accelerate's model-level strategies, a dict
-    {submodule: device}, one device, or None (the CPU). `layerwise_casting`: one storage dtype (fp8). diffusers'
+    {submodule: device}, one device, or None (the CPU). `dtype`: diffusers' and transformers' newer spelling of
+    `torch_dtype` (both only when they agree). `layerwise_casting`: one storage dtype (fp8). diffusers'
     download keywords go into `hub`; its other loading keywords are accepted or refused by name."""
     hub = _keywords(keywords, hub, entry=load_model)
     check_requested_devices(DeviceMapRequest.interpret(device_map), detect_accelerators())
     with quiet(preload=_libraries(pretrained, config, subfolder)):  # only our own bar and messages
         request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                               dtype=dtype,
                                quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                                offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                                progress=progress, hub=hub, weights_required=True)
@@ -54,13 +57,15 @@ def load_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: 
 
 
 def plan_model(pretrained: str | Path, *, device_map: Any = "auto", max_memory: Mapping | None = None,
-               torch_dtype: Any = None, quantization_config: Any = None, layerwise_casting: Any = None,
-               offload_folder: str | Path | None = None, variant: str | None = None, config: str | Path | None = None,
-               subfolder: str | None = None, hub: HubOptions = HubOptions(), **keywords: Any) -> Plan:
+               torch_dtype: Any = None, dtype: Any = None, quantization_config: Any = None,
+               layerwise_casting: Any = None, offload_folder: str | Path | None = None, variant: str | None = None,
+               config: str | Path | None = None, subfolder: str | None = None, hub: HubOptions = HubOptions(),
+               **keywords: Any) -> Plan:
     """The plan `load_model` would follow with the same arguments; reads configs and headers only."""
     hub = _keywords(keywords, hub, entry=plan_model)
     with quiet(preload=_libraries(pretrained, config, subfolder)):
         request, meta = _build(pretrained, device_map=device_map, max_memory=max_memory, torch_dtype=torch_dtype,
+                               dtype=dtype,
                                quantization_config=quantization_config, layerwise_casting=layerwise_casting,
                                offload_folder=offload_folder, variant=variant, config=config, subfolder=subfolder,
                                progress=False, hub=hub, weights_required=False)

@@ -39,12 +39,13 @@ def test_dtype_is_torch_dtype(folder):
         Pipeline.from_pretrained(folder, torch_dtype=torch.float32, dtype=torch.float16)
 
 
-@pytest.mark.xfail(strict=True, raises=pipelines.UnknownKeywordError,
-                   reason="issue 40: the own ModelMixin.from_pretrained took diffusers' dtype=; load_model must too "
-                          "(then drop this mark)")
 def test_model_entry_takes_dtype(folder):
     model = pipelines.load_model(folder / "text_encoder_2", dtype=torch.float16, progress=False)
     assert model.encoder.block[0].layer[0].SelfAttention.q.weight.dtype == torch.float16
+    plan = pipelines.plan_model(folder / "text_encoder_2", dtype=torch.float16, max_memory={0: "1GiB"})
+    assert plan == pipelines.plan_model(folder / "text_encoder_2", torch_dtype=torch.float16, max_memory={0: "1GiB"})
+    with pytest.raises(LoadError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
+        pipelines.load_model(folder / "text_encoder_2", torch_dtype=torch.float32, dtype=torch.float16)
 
 
 def test_model_dtype_and_use_safetensors(folder):
@@ -168,9 +169,6 @@ def test_load_progress_is_one_bar_in_bytes_labelled_by_component(folder, monkeyp
     assert [label for label in bar.labels[1:]] == [f"Loading {name}" for name in pipe.placement_plan.components]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40: the bar's total is the plan's bytes, which count CLIP's position_ids "
-                                       "(a buffer no checkpoint holds, 616 bytes): it stops short (the own models "
-                                       "had no such buffer); then drop this mark")
 def test_the_load_bar_ends_full(folder, monkeypatch):
     (bar,), _ = load_bars(folder, monkeypatch)
     assert bar.n == bar.total
