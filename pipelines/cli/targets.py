@@ -9,10 +9,12 @@ downsampling). A number not found this way stays unknown, and the plan is made f
 
 from __future__ import annotations
 
+import ast
 import difflib
 import inspect
 import re
 import sys
+import textwrap
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,7 +158,7 @@ def default_call(folder: Path, pipeline_class: type) -> dict[str, Any]:
     runtime = _runtime_class(folder, pipeline_class)
     defaults = {} if runtime is None else class_defaults(runtime)
     if "height" not in defaults or "width" not in defaults:
-        side = _default_sample_pixels(folder)
+        side = _default_sample_pixels(folder, runtime)
         if side is not None:
             defaults = {"height": side, "width": side, **defaults}
     return {key: defaults[key] for key in KEYS if key in defaults}
@@ -199,13 +201,30 @@ def _runtime_class(folder: Path, pipeline_class: type) -> Optional[type]:
     return diffusers_pipeline_class(index)
 
 
-def _default_sample_pixels(folder: Path) -> Optional[int]:
-    vae = _config(folder / "vae")
-    channels = vae.get("block_out_channels")
-    for denoiser in DENOISERS:
-        sample_size = _config(folder / denoiser).get("sample_size")
-        if isinstance(sample_size, int) and isinstance(channels, list) and channels:
-            return sample_size * 2 ** (len(channels) - 1)
+def _default_sample_pixels(folder: Path, runtime: Optional[type]) -> Optional[int]:
+    """diffusers' rule for `height=None`: the denoiser's `sample_size`, else the pipeline's own
+    `default_sample_size` (FluxPipeline's 128), times the VAE's scale factor."""
+    channels = _config(folder / "vae").get("block_out_channels")
+    if not isinstance(channels, list) or not channels:
+        return None
+    sizes = (_config(folder / denoiser).get("sample_size") for denoiser in DENOISERS)
+    sample_size = next((size for size in sizes if isinstance(size, int)), None) or _class_sample_size(runtime)
+    return None if sample_size is None else sample_size * 2 ** (len(channels) - 1)
+
+
+def _class_sample_size(runtime: Optional[type]) -> Optional[int]:
+    """The number a pipeline's `__init__` sets `self.default_sample_size` to when its denoiser's config has none
+    (`= 128`, or the `else 128` of `config.sample_size if ... else 128`), read from its source, never run."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(runtime.__init__)))
+    except (AttributeError, OSError, TypeError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(target, ast.Attribute) and target.attr ==
+                                                "default_sample_size" for target in node.targets):
+            numbers = [leaf.value for leaf in ast.walk(node.value) if isinstance(leaf, ast.Constant)
+                       and type(leaf.value) is int]
+            return numbers[-1] if numbers else None
     return None
 
 

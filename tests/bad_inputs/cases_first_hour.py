@@ -174,8 +174,7 @@ CASES = [
          error=CLI, words=("--steps", "0 is not 1 or more", "see 'placement plan --help'")),
     Case(name="cli: plan --steps alone plans at the pipeline's own size",
          run=cli("plan", "tiny-flux", "--max-memory", "2x8GiB,cpu=8GiB", "--steps", "28"), error=None,
-         known_gap="issue 40: a diffusers pipeline folder gives no default image size (FluxPipeline's is "
-                   "default_sample_size x vae_scale_factor); the own presets had one"),
+         words=("height=256, width=256", "the pipeline's default")),
     Case(name="cli: plan without its target", run=cli("plan"),
          error=CLI, words=("required: target", "see 'placement plan --help'")),
     Case(name="cli: a negative device id in --max-memory", run=cli("plan", "tiny-flux", "--max-memory", "-1=24GiB"),

@@ -251,3 +251,17 @@ def test_torchrun_on_a_cpu_honours_virtual_accelerators_budgets_and_group_size(t
     assert no_accelerator.returncode != 0 and f"{ROOT / 'pipelines'}" not in no_accelerator.stderr
     assert no_accelerator.stderr.count("this machine has no accelerator") == 1  # said once, by rank 0
     assert "PLACEMENT_VIRTUAL_ACCELERATORS=N" in no_accelerator.stderr
+
+
+@pytest.mark.parametrize("preset, side", [("flux", 1024), ("tiny-flux", 256), ("sd15", 512), ("sdxl", 1024)])
+def test_a_diffusers_folders_default_size_follows_diffusers_rule(tmp_path, monkeypatch, preset, side):
+    """height=None in diffusers: the denoiser's sample_size, else the pipeline's own default_sample_size (FluxPipeline
+    sets 128 in its __init__, read from its source), times the VAE's scale factor."""
+    from pipelines.cli.targets import default_call
+    from pipelines.distributed.replica import folder_pipeline_class
+    from pipelines.presets.catalog import preset_folder
+
+    monkeypatch.setenv("PLACEMENT_CACHE_DIR", str(tmp_path))
+    folder = preset_folder(preset)
+    call = default_call(folder, folder_pipeline_class(folder))
+    assert (call["height"], call["width"]) == (side, side)

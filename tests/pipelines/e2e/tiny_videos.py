@@ -19,7 +19,7 @@ def cogvideox(root):
         vae=seeded(lambda: diffusers.AutoencoderKLCogVideoX(
             in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
             up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
-            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4, sample_size=tile)),
+            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4)),
         text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.DDIMScheduler())
 
 
