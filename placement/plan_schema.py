@@ -22,13 +22,15 @@ from .devices import Device, device_label, is_accelerator, normalize_device
 from .drawings import plan_svg, timeline as predicted_timeline
 from .errors import PlanError
 from .gpu_profiles import GpuProfile, gpu_profile, invalid_fields_text
+from .guidance import GuidanceParallel
 from .reports import explain_plan, fullest_device, verdict_warnings, with_breakdown
 from .sizes import format_bytes
 from .time_model import DISK_BYTES_PER_S, PCIE_BYTES_PER_S, plan_time, time_line
 
 # 1: no schema_version (older files). 2: inputs, verdict, memory breakdown. 3: the transfer model (older files:
 # transfer None, no phases). 4: the time model (older: no FLOPs). 5: host memory and the disk read speed.
-SCHEMA_VERSION = 5
+# 6: guidance branches in parallel (older: none).
+SCHEMA_VERSION = 6
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 DEFAULT_DISK_SOURCE = "assumed: NVMe"
@@ -54,6 +56,7 @@ class PlanInputs(FrozenModel):
     gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
     # The accelerators the planning machine had (virtual ones included); a plan for more is simulated.
     accelerators_present: Optional[int] = None
+    guidance_parallel: Optional[bool] = None  # as given: None, the planner decided by predicted seconds
 
     @field_validator("link_bandwidth", mode="before")
     @classmethod
@@ -62,11 +65,12 @@ class PlanInputs(FrozenModel):
 
     @classmethod
     def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
-               link_bandwidth=None, accelerators_present=None, gpu=None) -> "PlanInputs":
+               link_bandwidth=None, accelerators_present=None, gpu=None, guidance_parallel=None) -> "PlanInputs":
         return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
                    offload_folder=None if offload_folder is None else str(offload_folder), call=call,
                    runs_per_call=None if runs_per_call is None else dict(runs_per_call),
-                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu)
+                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu,
+                   guidance_parallel=guidance_parallel)
 
 
 def _plain(value: Any) -> Any:
@@ -276,6 +280,8 @@ class Plan(FrozenModel):
     # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from.
     disk_read_bandwidth: float = DISK_BYTES_PER_S
     disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
+    # Per denoiser that runs guidance, whether its branches run on two GPUs at once, and why (older files: none).
+    guidance_parallel: list[GuidanceParallel] = []
 
     @field_validator("link_bandwidth", "disk_read_bandwidth", mode="before")
     @classmethod

@@ -300,7 +300,7 @@ def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaCom
         plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
                             max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call,
                             pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
-                            gpu=options.gpu, progress=options.progress,
+                            gpu=options.gpu, progress=options.progress, guidance_parallel=options.guidance_parallel,
                             sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
                                            for name in modules})
         return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)

@@ -60,21 +60,23 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
                  advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None,
-                 progress: bool = True) -> placement.Plan:
+                 progress: bool = True, guidance_parallel: bool | None = None) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
     followed, anything else planned by `placement.plan` at `scope`. `estimating`: the context activation estimates
     run in; `sizing_dtypes`: what placement sizes at where it differs from `dtypes`; `advise`: the components built
     by this load, for the single change that would make the plan fit (`suggestions`); `progress`: a bar on stderr
-    when planning takes more than a couple of seconds (`planning_progress`)."""
+    when planning takes more than a couple of seconds (`planning_progress`); `guidance_parallel`: whether guidance
+    branches may run on two GPUs (`placement.plan`), from what the capture learned of the call's guidance."""
     with planning_progress(enabled=progress):
         return _plan_modules(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes, max_memory=max_memory,
                              offload_folder=offload_folder, call=call, pinned=pinned, scope=scope,
-                             estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
+                             estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu,
+                             guidance_parallel=guidance_parallel)
 
 
 def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
                   offload_folder, call, pinned: Mapping[str, Any], scope: Scope, estimating, advise, sizing_dtypes,
-                  gpu) -> placement.Plan:
+                  gpu, guidance_parallel=None) -> placement.Plan:
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
     strategy = device_map.value
@@ -99,7 +101,8 @@ def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: 
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
                      pinned=dict(pinned) or None, scope=scope.value,
-                     runs_per_call=None if described is None else described.runs, gpu=gpu)
+                     runs_per_call=None if described is None else described.runs, gpu=gpu,
+                     guidance=None if described is None else described.guidance, guidance_parallel=guidance_parallel)
 
     def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
         return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
@@ -214,6 +217,7 @@ class DescribedCall:
     peaks: Mapping[str, int] = field(default_factory=dict)
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
     work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
+    guidance: Mapping[str, Any] = field(default_factory=dict)  # {component: GuidanceCall}, captured
 
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
@@ -236,7 +240,8 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     # A module the call never runs (AnimateDiff's motion_adapter, merged into its UNet) needs no activations.
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
-                         module_order=captured.module_order, work=captured.work_per_run())
+                         module_order=captured.module_order, work=captured.work_per_run(),
+                         guidance=captured.guidance)
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:

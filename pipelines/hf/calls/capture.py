@@ -25,11 +25,13 @@ from placement import estimate_call
 from placement.activations import ActivationEstimateError
 from placement.activations.fake_tensors import map_tensors, sized_by_values
 from placement.activations.isolation import loggers_at_error
+from placement.guidance import GuidanceCall
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError
 from .arguments import call_arguments, call_parameters, detached, missing_inputs, small_default_call
 from .arguments import recorded_call  # noqa: F401 (where planning and the e2e tests import it)
+from .guidance import GuidanceWatch
 from .host_memory import HostRoom, check_host_room
 
 
@@ -146,6 +148,8 @@ class CapturedCall:
     # Per component, what all its calls of this pipeline call compute and touch together: (FLOPs, bytes touched),
     # from each distinct call's estimate times how often it was made (`placement.estimate_call(...).flops`).
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per component run at every denoising step, how it runs classifier-free guidance (`guidance.GuidanceWatch`).
+    guidance: dict[str, GuidanceCall] = field(default_factory=dict)
 
     def work_per_run(self) -> dict[str, tuple[int, int]]:
         """(FLOPs, bytes touched) per run: the call's total over the component's runs."""
@@ -195,6 +199,7 @@ def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[st
             stack.enter_context(context)
         for name, module in modules.items():
             stack.enter_context(recorder.standing_in(name, module))
+        stack.enter_context(recorder.guidance.stepping(pipe))
         try:  # the user's random state is left as it was: the capture's latents draw from a fork of it
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 pipe(**detached(arguments))
@@ -229,6 +234,7 @@ class _Recorder:
         self.runs: Counter = Counter()
         self.last: str | None = None  # the component called last (for an error's message)
         self._inside = False  # True while a component runs on fake tensors: its own calls go through
+        self.guidance = GuidanceWatch()
 
     @contextlib.contextmanager
     def standing_in(self, name: str, module: nn.Module) -> Iterator[None]:
@@ -268,8 +274,11 @@ class _Recorder:
         self.room.check(sum(leaf.numel() * leaf.element_size() for leaf in leaves), f"{name}.{method}'s output")
         flops, touched = self.work.get(name, (0, 0))
         self.work[name] = (flops + estimated.work[0], touched + estimated.work[1])
-        return map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
-                           estimated.output)
+        output = map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
+                             estimated.output)
+        if method == "forward":
+            self.guidance.forward(name, args, kwargs, estimated.output)
+        return output
 
     def _estimate(self, name: str, module: nn.Module, example: ExampleCall) -> tuple[ExampleCall, Any]:
         """The call run on fake tensors; again with its integer inputs' values when it reads them."""
@@ -304,7 +313,7 @@ class _Recorder:
                             runs={name: count for name, count in self.runs.items() if count},
                             peaks={name: max(known.peak for known in found) for name, found in estimated.items()},
                             module_order={name: found[0].order for name, found in estimated.items()},
-                            work=dict(self.work))
+                            work=dict(self.work), guidance=self.guidance.learned())
 
 
 def _empty_tokens(name: str, example: ExampleCall) -> CallSpecError | None:
