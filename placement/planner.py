@@ -65,8 +65,7 @@ def plan(
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
     runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None, gpu=None,
     flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
-    disk_read_bandwidth=None,
-    guidance: Optional[Mapping[str, GuidanceCall]] = None, guidance_parallel: Optional[bool] = None,
+    disk_read_bandwidth=None, guidance: Optional[Mapping[str, GuidanceCall]] = None, guidance_parallel=None,
 ) -> Plan:
     """Plan where each module component (name -> nn.Module, usually on meta, in pipeline order) lives and runs.
     Builds nothing, loads nothing.
@@ -84,20 +83,17 @@ def plan(
     gpu: the profile the seconds assume ("rtx4090", "h100", "measure"); None: this machine's CUDA GPU or assumed.
     flops_per_run / bytes_touched_per_run: {component: per run at the call} (`estimate_call(...).flops`); with
         them the plan predicts seconds per call, without them only bytes.
-    guidance / guidance_parallel: {component: how the call runs its guidance} (call capture's `GuidanceCall`);
-        whether its branches may run on two GPUs at once: None, the predicted seconds decide; True, wherever it
-        applies; False, never (`guidance_choice`).
+    guidance / guidance_parallel: call capture's {component: GuidanceCall}; None/True/False (`guidance_choice`).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
-    runs = check_runs_per_call(runs_per_call, modules)
+    runs, guidance_parallel = check_runs_per_call(runs_per_call, modules), check_guidance_parallel(guidance_parallel)
     bandwidth = check_link_bandwidth(link_bandwidth)
     disk = None if disk_read_bandwidth is None else check_disk_read_bandwidth(disk_read_bandwidth)
     work = {name: (check_per_run(flops_per_run, modules, "flops_per_run").get(name),
                    check_per_run(bytes_touched_per_run, modules, "bytes_touched_per_run").get(name))
             for name in modules}
     profile = None if gpu is None else gpu_profile(gpu)  # a misspelt name fails before any planning
-    guidance_parallel = check_guidance_parallel(guidance_parallel)
     spec = _parse_strategy(strategy, scope, modules)
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
@@ -126,10 +122,10 @@ def plan(
                                max_memory=None if max_memory is None else budgets.given(),
                                runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
                                gpu=None if profile is None else profile.key, guidance_parallel=guidance_parallel)
-    placed = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
-                       activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
-                       gpu=effective, work=work, machine_link=None if machine is None else machine.link)
-    placed = choose_guidance_parallel(placed, guidance, guidance_parallel)
+    placed = choose_guidance_parallel(_assemble(
+        spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
+        activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth, gpu=effective,
+        work=work, machine_link=None if machine is None else machine.link), guidance, guidance_parallel)
     if disk is None:  # the assumed disk speed the plan has
         return placed
     given = disk_read_bandwidth is not None or machine is None or machine.disk is None
