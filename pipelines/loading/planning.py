@@ -46,14 +46,15 @@ _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("p
 
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
-                  modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None) -> placement.Plan:
+                  modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None,
+                  guidance_parallel=None) -> placement.Plan:
     """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta);
     `device_map` may also be a saved plan or a flat `hf_device_map`."""
     if modules is None:
         modules, edges = modules_and_edges(pipe)
     return plan_modules(pipe, modules, edges=edges, device_map=DeviceMapRequest.interpret(device_map),
                         dtypes=torch_dtype, max_memory=max_memory, offload_folder=offload_folder, call=call,
-                        pinned=pinned, gpu=gpu)
+                        pinned=pinned, gpu=gpu, guidance_parallel=guidance_parallel)
 
 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
