@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from placement.devices import Device, torch_device
+from placement.drawings import COMPUTE_END, COMPUTE_START
 from placement.guidance import GuidanceMode
 
 from . import trace
@@ -109,11 +110,7 @@ class BranchingForward:
         self.replica, self._parameters = self._built(), _parameter_ids(module)
         trace.label_block(self.replica, trace.BlockLabel(component=config.component, path="",
                                                          place=config.replica_device))
-        # Traces show the home branch too (a component run whole is labelled by nothing else).
-        self._labelled_home = trace.block_label(module) is None
-        if self._labelled_home:
-            trace.label_block(module, trace.BlockLabel(component=config.component, path="",
-                                                       place=config.execution_device))
+        self._home_label = trace.BlockLabel(component=config.component, path="", place=config.execution_device)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._settle()
@@ -131,7 +128,7 @@ class BranchingForward:
         (home_args, home_kwargs), (away_args, away_kwargs) = halves
         away = self._submit(away_args, away_kwargs)
         try:
-            near = self.inner(*home_args, **home_kwargs)
+            near = self._at_home(home_args, home_kwargs)
         finally:
             far = self._gathered(away.result())
         return _concatenated(near, far)
@@ -145,7 +142,19 @@ class BranchingForward:
             self._pending = _Pending(future=future)
             return LazyOutput(future, self._gathered)
         pending.paired = True  # this call is the first one's partner: it runs at home while the first computes
-        return self.inner(*args, **kwargs)
+        return self._at_home(args, kwargs)
+
+    def _at_home(self, args: tuple, kwargs: dict) -> Any:
+        """The home branch, marked in a trace as computing on the execution device (the module's own call is not:
+        it only hands the other branch to the replica)."""
+        recording = trace.active_trace()
+        if recording is not None:
+            recording.record(COMPUTE_START, self._home_label, device=self.home)
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            if recording is not None:
+                recording.record(COMPUTE_END, self._home_label, device=self.home)
 
     def _settle(self) -> None:
         """A branch whose partner already ran is waited for before another starts (one replica run at a time)."""
@@ -204,8 +213,6 @@ class BranchingForward:
             self._pending = None
         self._pool.shutdown(wait=True)
         self.replica = None
-        if self._labelled_home:
-            trace.unlabel_block(self._module)
 
 
 @dataclass(kw_only=True)

@@ -46,14 +46,6 @@ def label_block(module: nn.Module, label: BlockLabel) -> None:
     _BLOCKS[module] = label
 
 
-def block_label(module: nn.Module) -> "BlockLabel | None":
-    return _BLOCKS.get(module)
-
-
-def unlabel_block(module: nn.Module) -> None:
-    _BLOCKS.pop(module, None)
-
-
 def label_group(group, label: BlockLabel) -> None:
     _GROUPS[group] = label
 
@@ -172,5 +164,5 @@ def _copy(kind: str, group, device: torch.device, stream) -> None:
         _ACTIVE.record(kind, label, nbytes=group.num_bytes, device=device, stream=stream)
 
 
-__all__ = ["BlockLabel", "CallTrace", "TraceEvent", "active_trace", "block_label", "compute_started", "copy_done", "copy_issued",
-           "label_block", "label_group", "record_into", "trace_calls", "unlabel_block"]
+__all__ = ["BlockLabel", "CallTrace", "TraceEvent", "active_trace", "compute_started", "copy_done", "copy_issued",
+           "label_block", "label_group", "record_into", "trace_calls"]

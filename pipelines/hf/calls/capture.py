@@ -148,7 +148,7 @@ class CapturedCall:
     # Per component, what all its calls of this pipeline call compute and touch together: (FLOPs, bytes touched),
     # from each distinct call's estimate times how often it was made (`placement.estimate_call(...).flops`).
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # Per component run at every denoising step, how it runs classifier-free guidance (`guidance.GuidanceWatch`).
+    # Per denoiser (its forward the last before a scheduler step), how it runs classifier-free guidance.
     guidance: dict[str, GuidanceCall] = field(default_factory=dict)
 
     def work_per_run(self) -> dict[str, tuple[int, int]]:

@@ -64,13 +64,17 @@ class GuidanceWatch:
             vars(scheduler).pop("step", None)
 
     def learned(self) -> dict[str, GuidanceCall]:
-        """Per component run in at least two denoising steps, how it runs guidance (`GuidanceMode`)."""
-        steps = len(self.latent_batches)
+        """Per denoiser (a component whose forward is the last before a scheduler step), how it runs guidance
+        (`GuidanceMode`), from the steps it made."""
+        last = {}  # step -> the component whose forward came last before it
+        for forward in self.forwards:
+            if forward.step < len(self.latent_batches):
+                last[forward.step] = forward.component
         found = {}
-        for name in dict.fromkeys(forward.component for forward in self.forwards):
-            mine = [forward for forward in self.forwards if forward.component == name and forward.step < steps]
-            if len({forward.step for forward in mine}) >= 2:
-                found[name] = _mode(name, mine, self.latent_batches)
+        for name in dict.fromkeys(last.values()):
+            steps = {step for step, component in last.items() if component == name}
+            found[name] = _mode(name, [f for f in self.forwards if f.component == name and f.step in steps],
+                                self.latent_batches)
         return found
 
 
