@@ -36,7 +36,9 @@ from placement.guidance import GuidanceMode
 
 from . import trace
 from .errors import PlacementRuntimeError
-from .input_moving import move_to_device, remove_glue, restore_entry_methods
+from .hook_utils import hooks_of
+from .input_moving import MoveInputsHook, first_tensor, move_to_device, remove_glue, restore_entry_methods
+from .transfer_meter import place_of_device
 from .lazy_output import LazyOutput, resolved
 from .run_timing import remove_run_timing
 
@@ -130,17 +132,18 @@ class BranchingForward:
         try:
             near = self._at_home(home_args, home_kwargs)
         finally:
-            far = self._gathered(away.result())
-        return _concatenated(near, far)
+            far = away.result()
+        first = first_tensor(near)
+        return _concatenated(near, self._gathered(far, self.home if first is None else first.device))
 
     # --- two calls per step: the first on the replica, returned at once -----------------------------------------
     def _alternating(self, args: tuple, kwargs: dict) -> Any:
         args, kwargs = resolved((args, kwargs))
         pending = self._pending
         if pending is None:
-            future = self._submit(args, kwargs)
+            future, target = self._submit(args, kwargs), self._output_device(args, kwargs)
             self._pending = _Pending(future=future)
-            return LazyOutput(future, self._gathered)
+            return LazyOutput(future, lambda output: self._gathered(output, target))
         pending.paired = True  # this call is the first one's partner: it runs at home while the first computes
         return self._at_home(args, kwargs)
 
@@ -175,8 +178,16 @@ class BranchingForward:
         with torch.inference_mode(inference), torch.set_grad_enabled(grad), _on_device(self.away):
             return self.replica(*args, **kwargs)
 
-    def _gathered(self, output: Any) -> Any:
-        return move_to_device(output, self.home, self.config.execution_device)
+    def _gathered(self, output: Any, device: torch.device) -> Any:
+        """The replica's outputs where the module's own would be (counted as moved from the replica's GPU)."""
+        return move_to_device(output, device, place_of_device(device))
+
+    def _output_device(self, args: tuple, kwargs: dict) -> torch.device:
+        """Where the module's own call leaves its outputs: the caller's device where its input-moving hook moves
+        them back (`io_same_device`), else the execution device."""
+        hook = next((hook for hook in hooks_of(self._module) if isinstance(hook, MoveInputsHook)), None)
+        first = first_tensor([args, kwargs]) if hook is not None and hook.io_same_device else None
+        return self.home if first is None else first.device
 
     def _built(self) -> nn.Module:
         """A copy of the module's structure holding copies of its tensors on the replica's GPU (read from where

@@ -85,8 +85,9 @@ def _decide(plan: Plan, component: ComponentPlan, call: GuidanceCall,
 def _why_not_whole(component: ComponentPlan) -> str:
     if component.kind is PlacementKind.WHOLE and is_accelerator(component.execution_device):
         return ""
-    where = "the CPU" if component.execution_device == "cpu" else f"{component.kind.value} over {component.devices}"
-    return (f"it is placed {where}; guidance branches run in parallel only where the denoiser is whole on one GPU "
+    where = "runs on the CPU" if component.execution_device == "cpu" else \
+        f"is placed {component.kind.value} ({component.devices})"
+    return (f"it {where}; guidance branches run in parallel only where the denoiser is whole on one GPU "
             "and a second GPU holds a copy (pooled residency over GPUs is the option for a denoiser that fits none)")
 
 
@@ -105,9 +106,11 @@ def _replica_device(plan: Plan, component: ComponentPlan, call: GuidanceCall) ->
                 f"{format_bytes(_gather(call))} the replica's outputs take when gathered there")
     if not roomy:
         best = max(others, key=_room)
-        return (f"a second copy needs {format_bytes(needed)} ({format_bytes(component.bytes)} of weights, "
-                f"{format_bytes(needed - component.bytes)} of activations) on another GPU; the most left is "
-                f"{format_bytes(max(_room(best), 0))} on {device_label(best.device)}")
+        overhead = _overhead_if_unused(best, plan)
+        extra = f", {format_bytes(overhead)} of runtime overhead on a GPU not used yet" if overhead else ""
+        return (f"a second copy needs {format_bytes(needed + overhead)} ({format_bytes(component.bytes)} of "
+                f"weights, {format_bytes(needed - component.bytes)} of activations{extra}) on another GPU; the most "
+                f"left is {format_bytes(max(_room(best), 0))} on {device_label(best.device)}")
     return max(roomy, key=_room).device
 
 

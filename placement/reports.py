@@ -288,7 +288,8 @@ def guidance_lines(plan: Plan) -> list[str]:
     lines = ["", "Guidance branches (classifier-free guidance's two branches per step):"]
     for record in plan.guidance_parallel:
         lines.append(f"  {record.summary()}")
-        lines += [f"    other option: {option}" for option in record.options]
+        if record.options:
+            lines.append(f"    options: {'; '.join(record.options)}")
     return lines
 
 

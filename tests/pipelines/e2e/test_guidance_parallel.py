@@ -72,7 +72,8 @@ def test_guidance_in_parallel_is_chosen_and_runs_equal_to_diffusers(saved, case,
     # the predicted seconds: about half the denoising (two calls: exactly half the compute, plus the copies)
     assert record.seconds_parallel < 0.75 * record.seconds_one_gpu
     explained = pipe.placement_plan.explain()
-    assert "transformer: guidance in parallel on GPUs 0 and 1" in explained and "one GPU (GPU 0)" in explained
+    assert "transformer: guidance in parallel on GPUs 0 and 1" in explained
+    assert "options: guidance in parallel on GPUs 0 and 1: " in explained and "; one GPU (GPU 0): " in explained
     # the replica's weights are charged to GPU 1, beside what it already held
     assert pipe.placement_plan.device(1).weight_bytes >= record.replica_bytes == \
         pipe.placement_plan.components["transformer"].bytes
