@@ -142,8 +142,13 @@ class BranchingForward:
         pending = self._pending
         if pending is None:
             future, target = self._submit(args, kwargs), self._output_device(args, kwargs)
-            self._pending = _Pending(future=future)
-            return LazyOutput(future, lambda output: self._gathered(output, target))
+            pending = self._pending = _Pending(future=future)
+
+            def gathered(output: Any) -> Any:
+                pending.used = True  # the pipeline used it before calling again: no partner in this step
+                return self._gathered(output, target)
+
+            return LazyOutput(future, gathered)
         pending.paired = True  # this call is the first one's partner: it runs at home while the first computes
         return self._at_home(args, kwargs)
 
@@ -160,9 +165,10 @@ class BranchingForward:
                 recording.record(COMPUTE_END, self._home_label, device=self.home)
 
     def _settle(self) -> None:
-        """A branch whose partner already ran is waited for before another starts (one replica run at a time)."""
+        """A branch whose partner already ran, or whose output the pipeline used, is done with: waited for before
+        another starts (one replica run at a time). One merely finished is not: its partner may still come."""
         pending = self._pending
-        if pending is not None and (pending.paired or pending.future.done()):
+        if pending is not None and (pending.paired or pending.used):
             pending.future.result()
             self._pending = None
 
@@ -229,7 +235,8 @@ class BranchingForward:
 @dataclass(kw_only=True)
 class _Pending:
     future: Future
-    paired: bool = False
+    paired: bool = False  # its partner call ran at home
+    used: bool = False  # the pipeline used its output
 
 
 class ReplicaEditor:

@@ -16,26 +16,42 @@ from torch.utils._pytree import tree_map
 
 # The deferred steps from the branch's whole output to what the pipeline holds: picks and slices.
 _Step = Callable[[Any], Any]
+_MISSING = object()
+
+
+class _Branch:
+    """The branch's whole output, gathered once however many parts of it the pipeline holds."""
+
+    def __init__(self, future: Future, gather: Callable[[Any], Any]) -> None:
+        self.future, self._gather = future, gather
+        self._value: Any = _MISSING
+
+    def value(self) -> Any:
+        if self._value is _MISSING:
+            self._value = self._gather(self.future.result())
+        return self._value
 
 
 class LazyOutput:
     """The branch's output, or a part of it (`steps` applied to it once it is there)."""
 
-    def __init__(self, future: Future, gather: Callable[[Any], Any], steps: tuple[_Step, ...] = ()) -> None:
-        self._future, self._gather, self._steps = future, gather, steps
+    def __init__(self, future: Future, gather: Callable[[Any], Any], steps: tuple[_Step, ...] = (), *,
+                 branch: _Branch | None = None) -> None:
+        self._branch = branch or _Branch(future, gather)
+        self._steps = steps
         self._value: Any = _MISSING
 
     def resolve(self) -> Any:
-        """Wait for the branch, gather its output and apply the deferred steps (once)."""
+        """Wait for the branch, gather its output (once) and apply the deferred steps (once)."""
         if self._value is _MISSING:
-            value = self._gather(self._future.result())
+            value = self._branch.value()
             for step in self._steps:
                 value = step(value)
             self._value = value
         return self._value
 
     def _then(self, step: _Step) -> "LazyOutput":
-        return LazyOutput(self._future, self._gather, (*self._steps, step))
+        return LazyOutput(self._branch.future, None, (*self._steps, step), branch=self._branch)
 
     def __getitem__(self, key: Any) -> "LazyOutput":
         return self._then(lambda value: value[key])
@@ -53,16 +69,13 @@ class LazyOutput:
         return func(*args, **kwargs)
 
     def __repr__(self) -> str:
-        state = "done" if self._future.done() else "computing"
+        state = "done" if self._branch.future.done() else "computing"
         return f"LazyOutput({state}, {len(self._steps)} deferred step(s))"
 
 
 def resolved(value: Any) -> Any:
     """`value` with every `LazyOutput` in it (nested in tuples, lists, dicts) resolved."""
     return tree_map(lambda leaf: leaf.resolve() if isinstance(leaf, LazyOutput) else leaf, value)
-
-
-_MISSING = object()
 
 
 def _forwarding(name: str):

@@ -45,23 +45,27 @@ class GuidanceWatch:
 
     @contextlib.contextmanager
     def stepping(self, pipe: Any) -> Iterator[None]:
-        """The pipeline's scheduler counts its steps and the latents it steps while the call is captured."""
+        """The pipeline's scheduler counts its steps and the latents it steps while the call is captured. Its class
+        is swapped for a counting subclass (not its `step` attribute): a pipeline that copies its scheduler (LTX-2's
+        audio one) gets a copy that steps itself, uncounted."""
         scheduler = getattr(pipe, "scheduler", None)
-        step = getattr(scheduler, "step", None)
-        if not callable(step):
+        original = type(scheduler)
+        if not callable(getattr(original, "step", None)):
             yield
             return
+        watch = self
 
-        def counted(*args, **kwargs):
-            sample = kwargs.get("sample", args[2] if len(args) > 2 else None)
-            self.latent_batches.append(_batch(sample) if isinstance(sample, torch.Tensor) else None)
-            return step(*args, **kwargs)
+        def step(this, *args, **kwargs):
+            if this is scheduler:
+                sample = kwargs.get("sample", args[2] if len(args) > 2 else None)
+                watch.latent_batches.append(_batch(sample) if isinstance(sample, torch.Tensor) else None)
+            return original.step(this, *args, **kwargs)
 
-        vars(scheduler)["step"] = counted
+        scheduler.__class__ = type(original.__name__, (original,), {"step": step, "__module__": original.__module__})
         try:
             yield
         finally:
-            vars(scheduler).pop("step", None)
+            scheduler.__class__ = original
 
     def learned(self) -> dict[str, GuidanceCall]:
         """Per denoiser (a component whose forward is the last before a scheduler step), how it runs guidance
