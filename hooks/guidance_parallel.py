@@ -141,7 +141,8 @@ class BranchingForward:
         args, kwargs = resolved((args, kwargs))
         pending = self._pending
         if pending is None:
-            future, target = self._submit(args, kwargs), self._output_device(args, kwargs)
+            target = self._output_device(args, kwargs)
+            future = self._submit(args, kwargs)
             pending = self._pending = _Pending(future=future)
 
             def gathered(output: Any) -> Any:
@@ -174,7 +175,9 @@ class BranchingForward:
 
     # --- the replica ----------------------------------------------------------------------------------------------
     def _submit(self, args: tuple, kwargs: dict) -> Future:
-        moved = move_to_device((args, kwargs), self.away, self.config.replica_device)
+        # Fresh containers: `move_to_device` updates lists and dicts in place, and these are the pipeline's.
+        leaves, spec = tree_flatten((args, kwargs))
+        moved = move_to_device(tree_unflatten(leaves, spec), self.away, self.config.replica_device)
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         return self._pool.submit(self._run_replica, moved, grad, inference)
 
