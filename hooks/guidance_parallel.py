@@ -43,6 +43,9 @@ from .lazy_output import LazyOutput, resolved
 from .run_timing import remove_run_timing
 
 _ATTRIBUTE = "forward"  # the instance attribute the branching forward takes (the module's own stays the class's)
+# The traced blocks of the two branches: named apart from the component's own run (block ""), which a placed run's
+# timing (`hooks.run_timing`) counts once per run.
+HOME_BRANCH, REPLICA_BRANCH = "guidance branch (home)", "guidance branch (replica)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +113,10 @@ class BranchingForward:
         self._pending: _Pending | None = None
         self._lock = threading.Lock()
         self.replica, self._parameters = self._built(), _parameter_ids(module)
-        trace.label_block(self.replica, trace.BlockLabel(component=config.component, path="",
+        trace.label_block(self.replica, trace.BlockLabel(component=config.component, path=REPLICA_BRANCH,
                                                          place=config.replica_device))
-        self._home_label = trace.BlockLabel(component=config.component, path="", place=config.execution_device)
+        self._home_label = trace.BlockLabel(component=config.component, path=HOME_BRANCH,
+                                            place=config.execution_device)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._settle()
@@ -224,7 +228,7 @@ class BranchingForward:
                 self._pending.future.result()
                 self._pending = None
             self.replica, self._parameters = self._built(), _parameter_ids(self._module)
-            trace.label_block(self.replica, trace.BlockLabel(component=self.config.component, path="",
+            trace.label_block(self.replica, trace.BlockLabel(component=self.config.component, path=REPLICA_BRANCH,
                                                              place=self.config.replica_device))
 
     def close(self) -> None:
