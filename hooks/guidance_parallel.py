@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,7 @@ class BranchingForward:
         self._module = module
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{config.component}-replica")
         self._pending: _Pending | None = None
+        self._cannot_halve = False
         self._lock = threading.Lock()
         self.replica, self._parameters = self._built(), _parameter_ids(module)
         trace.label_block(self.replica, trace.BlockLabel(component=config.component, path=REPLICA_BRANCH,
@@ -128,10 +130,21 @@ class BranchingForward:
 
     # --- a batch of two: the halves at once ---------------------------------------------------------------------
     def _halves(self, args: tuple, kwargs: dict) -> Any:
-        halves = _halved((args, kwargs))
+        halves = None if self._cannot_halve else _halved((args, kwargs))
         if halves is None:  # an odd batch, or no batch: nothing to cut
             return self.inner(*args, **kwargs)
-        (home_args, home_kwargs), (away_args, away_kwargs) = halves
+        try:
+            return self._at_once(*halves)
+        except RuntimeError as error:  # a model whose batch does not cut along its first input's leading size
+            self._cannot_halve = True
+            warnings.warn(
+                f"{self.config.component}: its batch of two could not run as two halves ({error}); it runs whole on "
+                f"its execution device from now on. Load with guidance_parallel=False to free the replica's GPU.",
+                RuntimeWarning, stacklevel=2)
+            return self.inner(*args, **kwargs)
+
+    def _at_once(self, home: tuple, away: tuple) -> Any:
+        (home_args, home_kwargs), (away_args, away_kwargs) = home, away
         away = self._submit(away_args, away_kwargs)
         try:
             near = self._at_home(home_args, home_kwargs)
