@@ -7,6 +7,7 @@ the VAE's activation is what does not fit, and what would."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -17,13 +18,14 @@ import placement
 from placement.activations import ActivationEstimateError
 from placement.errors import DoesNotFitError
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
-from placement.plan_schema import MemoryTechnique
+from placement.plan_schema import MemoryTechnique, PlannedTechnique
 from placement.sizes import format_bytes
 from placement.sizing import dtype_for
 
 from ..errors import CallSpecError
 from ..hf.calls.capture import TECHNIQUE_KEYS as CALL_TECHNIQUE_KEYS
 from ..hf.calls.vae_techniques import (
+    RequiredTechnique,
     WithTechniques,
     enable_techniques,
     is_on,
@@ -49,7 +51,7 @@ def activation_does_not_fit(plan_for: Callable, call, base, vaes: Mapping[str, t
     best = {name: frozenset(t for t in offered if options.allows(t) and (t is not MemoryTechnique.VAE_SLICING
                                                                           or batched(call.runs[name])))
             for name, offered in vaes.items()}
-    lines = [_needs(name, call, best[name], without.plan.components[name].bytes) for name in vaes]
+    lines = [_needs(name, call, best[name], without.plan.components[name].bytes, options) for name in vaes]
     offers = [*_allowed_techniques(plan_for, call, base, vaes, options, attempt),
               *_smaller_call(plan_for, call, base, best, attempt)]
     offers.append(_room_offer(call, best, without.plan))
@@ -60,7 +62,13 @@ def activation_does_not_fit(plan_for: Callable, call, base, vaes: Mapping[str, t
     )
 
 
-def _needs(name: str, call, techniques: frozenset, weights: int) -> str:
+def _needs(name: str, call, techniques: frozenset, weights: int, options: VaeOptions) -> str:
+    if name in options.required:  # it cannot decode whole: only its required technique's figure exists
+        needed = options.required[name]
+        return (f"{name} has {format_bytes(weights)} of weights and needs "
+                f"{format_bytes(call.peak(name, {needed.technique}))} of activations for this call "
+                f"({_call_text(call.sizes)}) with {needed.technique.value}, which it cannot run without "
+                f"({needed.reason})")
     text = f"{name} has {format_bytes(weights)} of weights and needs {format_bytes(call.peak(name, ()))} of " \
            f"activations for this call ({_call_text(call.sizes)}) decoded whole"
     if MemoryTechnique.VAE_TILING in techniques:
@@ -141,6 +149,8 @@ class VaeOptions:
     """What `call=` says of each technique: True forces it, False forbids it, None lets the plan decide."""
 
     wanted: Mapping[MemoryTechnique, bool | None] = field(default_factory=dict)
+    # {VAE: a technique its own code cannot run the call without} (call capture's `RequiredTechnique`): forced.
+    required: Mapping[str, RequiredTechnique] = field(default_factory=dict)
 
     @classmethod
     def split(cls, call: Mapping[str, Any]) -> tuple["VaeOptions", dict[str, Any]]:
@@ -152,6 +162,17 @@ class VaeOptions:
                 raise CallSpecError(f"call= {key} must be True, False or None (let the plan decide), got {value!r}.")
             wanted[technique] = value
         return cls(wanted=wanted), {key: value for key, value in call.items() if key not in TECHNIQUE_KEYS}
+
+    def requiring(self, required: Mapping[str, RequiredTechnique]) -> "VaeOptions":
+        """These options with the techniques the call's VAEs cannot run without; `call=` forbidding one of
+        them is an error that says why."""
+        for name, needed in required.items():
+            if self.wanted.get(needed.technique) is False:
+                raise CallSpecError(
+                    f"call= forbids {needed.technique.value} ({needed.technique.value}=False), but {name} cannot "
+                    f"run this call without it ({needed.reason}; diffusers' own pipeline needs it on too). Leave "
+                    f"{needed.technique.value} out of call= or set it True.")
+        return dataclasses.replace(self, required={**self.required, **required})
 
     def allows(self, technique: MemoryTechnique) -> bool:
         return self.wanted.get(technique) is not False
@@ -167,8 +188,12 @@ class VaeOptions:
                 found = ", ".join(f"{name} ({type(module).__name__})" for name, module in modules.items()) or "none"
                 raise CallSpecError(f"call= asks for {key}=True, but no component this call decodes with offers "
                                     f"it (components: {found}); leave {key} out.")
-        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t)))
+        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t))
+                                or self._required(name, t))
                 for name, offered in vaes.items()}
+
+    def _required(self, name: str, technique: MemoryTechnique) -> bool:
+        return name in self.required and self.required[name].technique is technique
 
 
 def vae_components(modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, tuple]:
@@ -252,15 +277,29 @@ def technique_choices(call: PlannedCall, activations: Mapping[str, int],
         call.known[(name, techniques)] = activations[name]  # estimated so by the caller
     return placement.TechniqueChoices(
         candidates=_candidates(options, vaes, call.runs, forced), peak=call.peak, forced=forced,
-        forced_reasons={name: {technique: _forced_reason(technique, options) for technique in techniques}
+        forced_reasons={name: {technique: _forced_reason(technique, options, name) for technique in techniques}
                         for name, techniques in forced.items()},
         details={name: {MemoryTechnique.VAE_TILING: tile_description(call.modules[name])} for name in vaes})
 
 
-def _forced_reason(technique: MemoryTechnique, options: VaeOptions) -> str:
+def _forced_reason(technique: MemoryTechnique, options: VaeOptions, name: str) -> str:
     key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
     return f"asked for in call= ({key}=True)" if options.wanted.get(technique) else \
+        f"required: {options.required[name].reason}" if options._required(name, technique) else \
         "on already in the component given (it stays on)"
+
+
+def with_required_techniques(plan: placement.Plan, options: VaeOptions) -> placement.Plan:
+    """A plan made without `call=` with the techniques its VAEs cannot run without recorded (the load turns them
+    on, as diffusers' users do by hand), each with why. With `call=` the planner records them as forced
+    (`technique_choices`)."""
+    components = dict(plan.components)
+    for name, needed in options.required.items():
+        if name in components:
+            record = PlannedTechnique(technique=needed.technique, activation_bytes_without=None,
+                                      reason=f"{_forced_reason(needed.technique, options, name)}.")
+            components[name] = components[name].model_copy(update={"memory_techniques": [record]})
+    return plan.model_copy(update={"components": components})
 
 
 def _candidates(options: VaeOptions, vaes: Mapping[str, tuple], runs, forced) -> list[dict[str, frozenset]]:

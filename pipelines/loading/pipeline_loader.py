@@ -31,7 +31,7 @@ from ..errors import MissingComponentsError, PipelineLoadError
 from ..folder.components import PipelineComponents, module_dtype, record_origins, remember_origins, with_undo_calls
 from ..folder.model_index import ModelIndex, read_snapshot
 from ..folder.sources import ComponentSource, component_sources, load_non_module, weights_name_for
-from ..hf.adapters import follow_adapters
+from ..hf.adapters import check_adapter_loads, follow_adapters
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.owner_saving import save_components_atomically
@@ -240,6 +240,7 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
                                for name, meta in build_components(opened, request, weights_required=True).items()})
         pipe = construct(opened.target, opened.index, {**components, **passed}, request.folder)
         save_components_atomically(pipe, opened.modules)  # diffusers' own saves write in place
+        check_adapter_loads(pipe, opened.modules)  # a bad LoRA named as on a placed pipeline
         return pipe
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}

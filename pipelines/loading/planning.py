@@ -47,6 +47,7 @@ from .memory_techniques import (
     component_peak,
     technique_choices,
     vae_components,
+    with_required_techniques,
 )
 from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
@@ -129,6 +130,7 @@ def prepare_plan(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     with weights_only_fallback() as fallbacks:
         described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
                                                             dtypes=dtypes, estimating=estimating)
+        options = options if described is None else options.requiring(described.required)
         planned, activations = (None, None) if call is None else _planned_call(
             pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
         work = {} if planned is None else work_arguments(described, modules, dtypes=dtypes, estimating=estimating)
@@ -191,6 +193,8 @@ def _plan_with(modules: Mapping[str, nn.Module], arguments: Mapping[str, Any],
 def finish_plan(plan: placement.Plan, prepared: PreparedPlan) -> placement.Plan:
     """The plan with the call it was made for, the components whose activations are not counted, and the
     single changes that would do better (`plan.advise()`, worked out when asked)."""
+    if prepared.planned is None and prepared.options.required:  # a VAE that runs only tiled: tiled without call=
+        plan = with_required_techniques(plan, prepared.options)
     if prepared.call is not None:
         plan = with_estimate_fallbacks(plan.with_inputs(call=recorded_call(prepared.call)), prepared.modules,
                                        prepared.fallbacks)
@@ -278,6 +282,7 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     when a dict, receives each component's submodule paths in the order the call runs them."""
     options, sizes = VaeOptions.split(call)
     described = describe_call(pipe, modules, sizes, dtypes=torch_dtype)
+    options = options.requiring(described.required)
     return estimate_peaks(described, modules, torch_dtype=torch_dtype, module_order=module_order,
                           techniques=options.forced_for(modules, described.calls))
 
@@ -293,6 +298,7 @@ class DescribedCall:
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
     work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
     guidance: Mapping[str, Any] = field(default_factory=dict)  # {component: GuidanceCall}, captured
+    required: Mapping[str, Any] = field(default_factory=dict)  # VAE -> a technique it cannot run the call without
 
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
@@ -316,7 +322,7 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
                          module_order=captured.module_order, work=captured.work_per_run(),
-                         guidance=captured.guidance)
+                         guidance=captured.guidance, required=captured.required)
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:
