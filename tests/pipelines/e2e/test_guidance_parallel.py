@@ -203,7 +203,7 @@ def test_the_branching_forward_refuses_a_call_without_guidance():
 
 
 MORE = ["PixArtSigmaPipeline", "StableDiffusionXLImg2ImgPipeline", "WanImageToVideoPipeline",
-        "WanPipeline (Wan 2.2, two experts)", "CogVideoXPipeline", "AnimateDiffPipeline"]
+        "WanPipeline (Wan 2.2, two experts)", "AnimateDiffPipeline"]
 # AnimateDiff's UNetMotionModel does not run as two halves of its batch (an attention in its transformer blocks
 # meets 128 against 256): the runtime says so once and runs the batch whole at home, equal to diffusers.
 CANNOT_HALVE = {"AnimateDiffPipeline"}
