@@ -32,6 +32,7 @@ from . import transfer_meter as meter
 from .errors import OffloadConfigError
 from .editing import is_streamed, mapped_homes, settle
 from .gather import served_slots, unwrap
+from .guidance_parallel import remove_guidance_parallel
 from .hook_utils import add_hook_last, find_hooks, has_hook, hooks_of, runs_forward
 from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_entry_methods, move_to_device
 from .input_moving import remove_glue, restore_entry_methods
@@ -179,7 +180,9 @@ def serve_from_host(module: nn.Module, place: Device, weights_map=None, tied_par
 
 def undispatch(module: nn.Module) -> None:
     """Remove every accelerate hook under `module`; offloaded weights come back as CPU tensors (disk ones too:
-    accelerate would leave them on meta), so `.to()` works. Weights on accelerators stay."""
+    accelerate would leave them on meta), so `.to()` works. Weights on accelerators stay; a guidance replica is
+    freed."""
+    remove_guidance_parallel(module)  # first: its forward wraps the hooks' own
     remove_run_timing(module)  # first: it wraps the entry methods restored below
     for _, submodule, hook in find_hooks(module, AlignDevicesHook):
         _materialize_disk_weights(submodule, hook)

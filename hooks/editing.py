@@ -22,6 +22,7 @@ from placement.device_maps import owning_key
 from placement.devices import Device, is_accelerator, torch_device
 
 from .errors import OffloadConflictError
+from .guidance_parallel import ReplicaEditor, branching
 from .hook_utils import add_hook_last, find_hooks, hooks_of
 from .input_moving import MoveInputsHook, is_on
 from .techniques import TECHNIQUES, techniques_on
@@ -75,6 +76,8 @@ def _editors(module: nn.Module) -> list:
     """The input-moving hooks' follower, and the editor of the technique whose hooks sit highest (ties: table
     order)."""
     editors: list = [WrappedLayers(module)]
+    if branching(module) is not None:  # last to close: its replica is rebuilt from the edited module
+        editors.insert(0, ReplicaEditor(module))
     present = techniques_on(module)
     order = list(TECHNIQUES)
     for technique in sorted(present, key=lambda t: (_depth(present[t]), order.index(t))):

@@ -22,6 +22,7 @@ from placement.devices import is_accelerator
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 
 from .errors import OffloadConfigError, OffloadConflictError, PlacementRuntimeError
+from .guidance_parallel import GuidanceParallelConfig, apply_guidance_parallel
 from .hook_utils import hooks_of
 
 
@@ -349,10 +350,24 @@ def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
                 continue
             weights = (disk_weights or {}).get(name)
             handles[name] = apply_component_plan(modules[name], component, disk_weights=weights, context=context)
+        handles.update(_guidance_replicas(modules, plan, skipped))
     except BaseException:
         PlacedModules(handles=handles, context=context).remove()
         raise
     return PlacedModules(handles=handles, context=context)
+
+
+def _guidance_replicas(modules: Mapping[str, nn.Module], plan: Plan, skipped: set[str]) -> dict[str, Any]:
+    """The replicas the plan gives denoisers whose guidance branches run on two GPUs (`guidance_parallel`), once
+    every component is placed; keyed "<component> (guidance replica)", removed before the components' own."""
+    handles = {}
+    for record in plan.guidance_parallel:
+        if record.applied and record.component not in skipped:
+            config = GuidanceParallelConfig(component=record.component, mode=record.mode,
+                                            execution_device=record.devices[0], replica_device=record.devices[1])
+            handles[f"{record.component} (guidance replica)"] = apply_guidance_parallel(modules[record.component],
+                                                                                       config)
+    return handles
 
 
 __all__ = ["OFFLOADING", "TECHNIQUES", "Handle", "PlacedModules", "PlanContext", "Technique", "TechniqueConfig",

@@ -34,6 +34,7 @@ class PlanInputs(FrozenModel):
     gpu: Optional[str] = None  # the GPU profile's key, as named (None: detected or assumed)
     # The accelerators the planning machine had (virtual ones included); a plan for more is simulated.
     accelerators_present: Optional[int] = None
+    guidance_parallel: Optional[bool] = None  # as given: None, the planner decided by predicted seconds
 
     @field_validator("link_bandwidth", mode="before")
     @classmethod
@@ -42,11 +43,12 @@ class PlanInputs(FrozenModel):
 
     @classmethod
     def record(cls, *, strategy, max_memory, dtype, offload_folder, call=None, runs_per_call=None,
-               link_bandwidth=None, accelerators_present=None, gpu=None) -> "PlanInputs":
+               link_bandwidth=None, accelerators_present=None, gpu=None, guidance_parallel=None) -> "PlanInputs":
         return cls(strategy=_plain(strategy), max_memory=max_memory, dtype=_plain(dtype),
                    offload_folder=None if offload_folder is None else str(offload_folder), call=call,
                    runs_per_call=None if runs_per_call is None else dict(runs_per_call),
-                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu)
+                   link_bandwidth=link_bandwidth, accelerators_present=accelerators_present, gpu=gpu,
+                   guidance_parallel=guidance_parallel)
 
 
 def _plain(value: Any) -> Any:

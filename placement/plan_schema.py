@@ -18,6 +18,7 @@ from .devices import Device, is_accelerator, normalize_device
 from .drawings import plan_svg, timeline as predicted_timeline
 from .errors import PlanError
 from .gpu_profiles import GpuProfile, gpu_profile, invalid_fields_text
+from .guidance import GuidanceParallel
 from .host_memory import HostMemory, budget_note, host_memory
 # The records, re-exported: `plan_schema` stays the one place a reader of plans imports from.
 from .plan_records import (ComponentPlan, ComponentTransfer, DevicePlan, Fallback, FrozenModel, MemoryTechnique,
@@ -29,7 +30,8 @@ from .time_model import plan_time, time_line
 
 # 1: no schema_version (older files). 2: inputs, verdict, memory breakdown. 3: the transfer model (older files:
 # transfer None, no phases). 4: the time model (older: no FLOPs). 5: host memory and the disk read speed.
-SCHEMA_VERSION = 5
+# 6: guidance branches in parallel (older: none).
+SCHEMA_VERSION = 6
 DEFAULT_LINK_BANDWIDTH = PCIE_BYTES_PER_S
 DEFAULT_LINK_SOURCE = "assumed: PCIe 4.0 x16"
 DEFAULT_DISK_SOURCE = "assumed: NVMe"
@@ -62,6 +64,8 @@ class Plan(FrozenModel):
     # Disk read bytes/s the seconds of disk-homed weights assume, and where it came from.
     disk_read_bandwidth: float = DISK_BYTES_PER_S
     disk_read_bandwidth_source: str = DEFAULT_DISK_SOURCE
+    # Per denoiser that runs guidance, whether its branches run on two GPUs at once, and why (older files: none).
+    guidance_parallel: list[GuidanceParallel] = []
 
     @field_validator("link_bandwidth", "disk_read_bandwidth", mode="before")
     @classmethod

@@ -27,6 +27,8 @@ from .graph import build_graph, crossing_edges, execution_order
 from .memory_model import Ledger
 from .transfers.residency import complete_transfers
 from .transfers.blocks import idle_units
+from .guidance import GuidanceCall
+from .guidance_choice import check_guidance_parallel, choose_guidance_parallel
 from .gpu_profiles import GpuProfile, choose_gpu, gpu_profile
 from .machine_profile import machine_choice
 from .time_model import run_seconds, short_name
@@ -68,6 +70,7 @@ def plan(
     flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
     disk_read_bandwidth=None, techniques: Optional[TechniqueChoices] = None,
     format_limits: Optional[Mapping[str, FormatLimit]] = None,
+    guidance: Optional[Mapping[str, GuidanceCall]] = None, guidance_parallel: Optional[bool] = None,
 ) -> Plan:
     """Plan where each module component (name -> nn.Module, usually on meta, in pipeline order) lives and runs.
     Builds nothing, loads nothing.
@@ -88,6 +91,7 @@ def plan(
     techniques: the memory techniques (VAE tiling/slicing) the plan may turn on where `activations` do not fit,
         with each component's peak under them (`TechniqueChoices`); the plan records those it chose.
     format_limits: {component: FormatLimit}, placements its weight format cannot run in (never planned).
+    guidance / guidance_parallel: call capture's {component: GuidanceCall}; None/True/False (`guidance_choice`).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
@@ -124,8 +128,10 @@ def plan(
         inputs=PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
                                  max_memory=None if max_memory is None else budgets.given(),
                                  runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
-                                 gpu=None if profile is None else profile.key))
-    return choose_techniques(functools.partial(_searched, search), given, techniques)
+                                 gpu=None if profile is None else profile.key,
+                                 guidance_parallel=check_guidance_parallel(guidance_parallel)))
+    return choose_guidance_parallel(choose_techniques(functools.partial(_searched, search), given, techniques),
+                                    guidance, guidance_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -197,8 +197,8 @@ EMPTY = "."
 def explain_plan(plan: Plan) -> str:
     """The verdict, a components x devices table, the device, transfer and time tables, then the reasons."""
     lines = [*verdict_lines(plan), *simulated_lines(plan), "", f"Placement plan (strategy {plan.strategy!r})", ""]
-    lines += [*_component_table(plan), "", *_device_table(plan), *transfer_lines(plan), *time_lines(plan), "",
-              _activation_note(plan), *budget_source_lines(plan)]
+    lines += [*_component_table(plan), "", *_device_table(plan), *transfer_lines(plan), *time_lines(plan),
+              *guidance_lines(plan), "", _activation_note(plan), *budget_source_lines(plan)]
     edges = ", ".join(f"{a} -> {b}" for a, b in plan.crossing_edges) or "none"
     lines.append(f"Edges crossing devices: {edges}")
     if plan.map_reasons or plan.left_empty:
@@ -289,6 +289,18 @@ def time_lines(plan: Plan) -> list[str]:
              *map(format_seconds, (c.copy_s, c.exposed_s, c.total_s))] for c in time.components]
     rows.append(["total", "", *map(format_seconds, (time.compute_s, time.copy_s, time.exposed_s, time.seconds))])
     return ["", title, *aligned_columns(header, rows, left=1)]
+
+
+def guidance_lines(plan: Plan) -> list[str]:
+    """Per denoiser that runs guidance: what the plan chose for its branches, and what each other option costs."""
+    if not plan.guidance_parallel:
+        return []
+    lines = ["", "Guidance branches (classifier-free guidance's two branches per step):"]
+    for record in plan.guidance_parallel:
+        lines.append(f"  {record.summary()}")
+        if record.options:
+            lines.append(f"    options: {'; '.join(record.options)}")
+    return lines
 
 
 def simulated_lines(plan: Plan) -> list[str]:

@@ -6,7 +6,7 @@ Components run one after another, so a call's seconds are their sum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from .cost import copy_bandwidth, exposed_copy_seconds, stream_links
@@ -14,6 +14,7 @@ from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile, compute_dtype, cpu_
 from .rates import DISK_BYTES_PER_S, ERROR_BAND
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
+    from .guidance import GuidanceParallel
     from .plan_records import ComponentPlan
     from .plan_schema import Plan
 
@@ -173,12 +174,42 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
 
 def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
     """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default),
-    its copies at `plan_copy_rate` (what its host budget cannot pin copies at the pageable rate)."""
+    its copies at `plan_copy_rate` (what its host budget cannot pin copies at the pageable rate); a denoiser whose
+    guidance branches run on two GPUs (`plan.guidance_parallel`) at its parallel seconds (GPU to GPU copies at the
+    plan's pinned link rate)."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
     link = plan_copy_rate(plan, gpu)
-    return CallTime(gpu=gpu, link_bandwidth=link,
-                    components=tuple(component_time(c, gpu, link, plan.disk_read_bandwidth)
-                                     for c in plan.components.values()))
+    parallel = {record.component: record for record in plan.guidance_parallel if record.applied}
+    times = []
+    for component in plan.components.values():
+        time = component_time(component, gpu, link, plan.disk_read_bandwidth)
+        record = parallel.get(component.name)
+        if record is not None and time.compute_s is not None:
+            seconds = guidance_parallel_seconds(component, record, gpu, plan.link_bandwidth)
+            time = replace(time, compute_s=seconds)
+        times.append(time)
+    return CallTime(gpu=gpu, link_bandwidth=link, components=tuple(times))
+
+
+def guidance_parallel_seconds(component: ComponentPlan, record: GuidanceParallel, gpu: GpuProfile,
+                              peer_link: float) -> Optional[float]:
+    """The component's compute seconds per call with its guidance branches on two GPUs at once: a batch of two
+    runs half the batch on each (half the FLOPs; its weights read in full by both, its activations halved), two
+    calls run in pairs; plus the inputs sent to the replica and its outputs brought back at `peer_link` (a GPU to
+    GPU copy over PCIe without NVLink), exposed whole: the branch waits for its inputs, the pipeline for its
+    outputs. None without FLOPs."""
+    transfer = component.transfer
+    runs = 1 if transfer is None else transfer.runs_per_call
+    flops, touched = component.flops_per_run, component.bytes_touched_per_run or 0
+    if flops is None:
+        return None
+    copies = record.peer_bytes_per_call / peer_link
+    if record.mode.value == "batch of two":
+        weights = min(component.bytes, touched)
+        half = run_seconds(flops // 2, weights + (touched - weights) // 2, gpu, component.dtype)
+        return runs * half + copies
+    run_s = run_seconds(flops, touched, gpu, component.dtype)
+    return (runs + 1) // 2 * run_s + copies
 
 
 def time_line(plan: Plan) -> Optional[str]:

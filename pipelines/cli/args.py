@@ -270,6 +270,21 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
                              "run, rounded as the pipeline rounds it (default: the pipeline's own)")
 
 
+GUIDANCE_PARALLEL = {"auto": None, "on": True, "off": False}
+
+
+def add_guidance_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    """--guidance-parallel {auto,on,off}: `guidance_parallel=` None / True / False."""
+    parser.add_argument("--guidance-parallel", choices=sorted(GUIDANCE_PARALLEL), default="auto",
+                        help="run classifier-free guidance's two branches on two GPUs that each hold the denoiser: "
+                             "auto (default: where predicted faster), on (wherever it applies; the plan says why "
+                             "not elsewhere), off")
+
+
+def guidance_parallel_arg(args: argparse.Namespace):
+    return GUIDANCE_PARALLEL[getattr(args, "guidance_parallel", "auto")]
+
+
 def call_spec(args: argparse.Namespace) -> dict | None:
     """`call=` from the call flags given (None when none is); a size left out is the pipeline's own, filled later."""
     keys = ("height", "width", "batch_size", "num_images_per_prompt", "guidance_scale", "num_frames",

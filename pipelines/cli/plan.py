@@ -22,8 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-from .args import (add_call_arguments, budgets_arg, call_spec, dtype_arg, layerwise_casting_arg, output_arg,
-                   path_problem, refused, strategy_arg, target_problem, write_text)
+from .args import (add_call_arguments, add_guidance_parallel_argument, budgets_arg, call_spec, dtype_arg,
+                   guidance_parallel_arg, layerwise_casting_arg, output_arg, path_problem, refused, strategy_arg,
+                   target_problem, write_text)
 
 
 def register(subparsers) -> None:
@@ -43,6 +44,7 @@ def register(subparsers) -> None:
     parser.add_argument("--gpu", default=None, metavar="NAME",
                         help="the GPU the predicted seconds per call assume, e.g. rtx4090, h100, a100-80gb "
                              "(default: this machine's, else a stated default; a wrong name lists the known ones)")
+    add_guidance_parallel_argument(parser)
     add_call_arguments(parser)
     parser.add_argument("--json", type=output_arg, default=None, metavar="FILE",
                         help="also write the plan as JSON ('-': to stdout)")
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         max_memory = resolve_budgets_arg(args.max_memory, "--max-memory")
         planner = TargetPlanner(target=args.target, device_map=args.strategy, max_memory=max_memory,
                                 offload_folder=args.offload_folder, call=call_spec(args),
-                                layerwise_casting=args.layerwise_casting, gpu=args.gpu)
+                                layerwise_casting=args.layerwise_casting, gpu=args.gpu,
+                                guidance_parallel=guidance_parallel_arg(args))
         defaulted = complete_call(planner)
         plan, advice = plan_with_advice(planner, dtype=args.dtype, max_memory=max_memory, budgets_example=example,
                                         suggest_gpus=True)

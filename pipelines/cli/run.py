@@ -23,8 +23,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from .args import (budgets_arg, configs_only_preset, dtype_arg, finite_float_arg, path_problem, positive_int_arg,
-                   refused, strategy_arg, target_problem)
+from .args import (add_guidance_parallel_argument, budgets_arg, configs_only_preset, dtype_arg, finite_float_arg,
+                   path_problem, positive_int_arg, refused, strategy_arg, target_problem)
 
 
 def register(subparsers) -> None:
@@ -53,6 +53,7 @@ def register(subparsers) -> None:
                         help="one node's budgets, e.g. 0=80GiB,1=80GiB,cpu=512GiB (default: detected)")
     parser.add_argument("--group-size", type=positive_int_arg("--group-size", "2"), default=None,
                         help="GPUs per replica under torchrun (default: the size that gives the most replicas)")
+    add_guidance_parallel_argument(parser)
     parser.add_argument("--overwrite", action="store_true", help="make every image again, even those in DIR")
     parser.add_argument("--wait", action="store_true",
                         help="another run writing into DIR: wait for it to finish, then go on (default: refuse)")

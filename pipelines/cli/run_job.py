@@ -16,7 +16,7 @@ from ..distributed.job import ImagesInterrupted, RunResult, make_images
 from ..distributed.replica import Launch
 from ..errors import ImageRunError
 from ..hf.quiet import quiet
-from .args import torch_dtype
+from .args import guidance_parallel_arg, torch_dtype
 from . import EXIT_INTERRUPTED
 from .targets import STEPS, TargetPlanner, hf_libraries, in_flag_names, warnings_once
 
@@ -74,7 +74,8 @@ class RunJob:
         if plan_call and STEPS in self.call:
             plan_call[STEPS] = self.call[STEPS]
         planner = TargetPlanner(target=str(self.configs), device_map=self.args.strategy, max_memory=max_memory,
-                                offload_folder=None, call=plan_call or None)
+                                offload_folder=None, call=plan_call or None,
+                                guidance_parallel=guidance_parallel_arg(self.args))
         example = self.args.max_memory.text if self.args.max_memory is not None else "0=24GiB"
         plan, advice = plan_with_advice(planner, dtype=self.args.dtype, max_memory=max_memory,
                                         budgets_example=example)
@@ -107,7 +108,8 @@ class RunJob:
             return load_replica(self.source, self.prompts, pipeline_class=self.cls,
                                 torch_dtype=torch_dtype(self.args.dtype), max_memory=max_memory,
                                 call=replica_call, group_size=self.args.group_size, strategy=strategy,
-                                timeout=timedelta(seconds=self.args.timeout))
+                                timeout=timedelta(seconds=self.args.timeout),
+                                guidance_parallel=guidance_parallel_arg(self.args))
 
 
 def _print_run_check(pipe: Any) -> None:

@@ -95,6 +95,7 @@ class TargetPlanner:
     call: Optional[Mapping[str, Any]]
     layerwise_casting: Optional[Mapping[str, str]] = None
     gpu: Optional[str] = None
+    guidance_parallel: Optional[bool] = None  # --guidance-parallel: None (auto), True (on), False (off)
     notes: list[str] = field(default_factory=list)
     _folder: Optional[Path] = field(default=None, repr=False)  # a Hub id: downloaded once
 
@@ -108,7 +109,8 @@ class TargetPlanner:
         from ..text_to_image.pipeline import TextToImagePipeline
 
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
-                       offload_folder=self.offload_folder, call=self.call, gpu=self.gpu)
+                       offload_folder=self.offload_folder, call=self.call, gpu=self.gpu,
+                       guidance_parallel=self.guidance_parallel)
         if is_preset(self.target):
             with quiet():
                 pipe = TextToImagePipeline.from_preset(self.target, device="meta")

@@ -179,13 +179,15 @@ class Replica:
 def load_replica(pretrained: str | Path, inputs: Sequence[Any], *, pipeline_class: Optional[type] = None,
                  torch_dtype=None, max_memory: Optional[Mapping] = None, call: Optional[Mapping[str, Any]] = None,
                  group_size: Optional[int] = None, strategy: str = "balanced",
-                 timeout: timedelta = DEFAULT_TIMEOUT, progress: Optional[bool] = None) -> Replica:
+                 timeout: timedelta = DEFAULT_TIMEOUT, progress: Optional[bool] = None,
+                 guidance_parallel: Optional[bool] = None) -> Replica:
     """This rank's replica of the pipeline in `pretrained` and its share of `inputs` (see the module doc); run
     plainly, one replica over the whole machine (`device_map=strategy`) with all the inputs."""
     launch = Launch.from_env()
     exchange = Exchange(launch, timeout=timeout)
     cls = pipeline_class or folder_pipeline_class(pretrained)
-    options = dict(torch_dtype=torch_dtype, call=call, progress=launch.rank == 0 if progress is None else progress)
+    options = dict(torch_dtype=torch_dtype, call=call, progress=launch.rank == 0 if progress is None else progress,
+                   guidance_parallel=guidance_parallel)
     if not launch.distributed:  # one process, the whole machine: errors surface as they are
         pipe = cls.from_pretrained(pretrained, device_map=strategy, max_memory=max_memory, **options)
         return Replica(pipe=pipe, launch=launch, group=None, share=list(enumerate(inputs)), exchange=exchange)

@@ -309,6 +309,7 @@ def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaCom
                 pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
                 max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call, pinned=pins,
                 estimating=functools.partial(computing_on_meta, metas), advise=metas, gpu=options.gpu,
+                guidance_parallel=options.guidance_parallel,
                 sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None for name in modules},
                 format_limits=format_limits(formats))
             with planning_call(prepared):

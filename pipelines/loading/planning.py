@@ -58,21 +58,22 @@ _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("p
 
 
 def plan_pipeline(pipe, *, device_map, max_memory, torch_dtype, offload_folder, call, pinned: Mapping[str, Any],
-                  modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None) -> placement.Plan:
+                  modules: Mapping[str, nn.Module] | None = None, edges=None, gpu=None,
+                  guidance_parallel=None) -> placement.Plan:
     """`placement.plan` over the module components of a pipeline already built (a preset, a pipeline on meta);
     `device_map` may also be a saved plan or a flat `hf_device_map`."""
     if modules is None:
         modules, edges = modules_and_edges(pipe)
     return plan_modules(pipe, modules, edges=edges, device_map=DeviceMapRequest.interpret(device_map),
                         dtypes=torch_dtype, max_memory=max_memory, offload_folder=offload_folder, call=call,
-                        pinned=pinned, gpu=gpu)
+                        pinned=pinned, gpu=gpu, guidance_parallel=guidance_parallel)
 
 
 def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes,
                  max_memory, offload_folder, call, pinned: Mapping[str, Any],
                  scope: Scope = Scope.PIPELINE, estimating=contextlib.nullcontext,
                  advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None,
-                 progress: bool = True) -> placement.Plan:
+                 progress: bool = True, guidance_parallel: bool | None = None) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
     followed, anything else planned by one `placement.plan` call at `scope` (`prepare_plan`, `planning_call`,
     `finish_plan`); a pipeline load does the same in `pipeline_loader.plan_components`."""
@@ -81,7 +82,8 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
     with planning_progress(enabled=progress):
         prepared = prepare_plan(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes,
                                 max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=pinned,
-                                scope=scope, estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
+                                scope=scope, estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu,
+                                guidance_parallel=guidance_parallel)
         with planning_call(prepared):
             plan = placement.plan(modules, **prepared.arguments)
     return finish_plan(plan, prepared)
@@ -111,8 +113,10 @@ class PreparedPlan:
 def prepare_plan(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
                  offload_folder, call, pinned: Mapping[str, Any], scope: Scope = Scope.PIPELINE,
                  estimating=contextlib.nullcontext, advise=None, sizing_dtypes=None, gpu=None,
-                 format_limits: Mapping[str, placement.FormatLimit] | None = None) -> PreparedPlan:
-    """The keywords of the one `placement.plan` call for `modules` (see `PreparedPlan`)."""
+                 format_limits: Mapping[str, placement.FormatLimit] | None = None,
+                 guidance_parallel: bool | None = None) -> PreparedPlan:
+    """The keywords of the one `placement.plan` call for `modules` (see `PreparedPlan`); `guidance_parallel`:
+    whether guidance branches may run on two GPUs, from what the capture learned of the call's guidance."""
     strategy = device_map.value
     if device_map.kind is DeviceMapKind.PINS and scope is Scope.PIPELINE:
         strategy = nest_flat_device_map(strategy, modules)
@@ -138,6 +142,7 @@ def prepare_plan(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
                      pinned=dict(pinned) or None, scope=scope.value, activations=activations,
                      runs_per_call=None if described is None else described.runs, gpu=gpu,
                      module_order=module_order or None, format_limits=format_limits or None,
+                     guidance=None if described is None else described.guidance, guidance_parallel=guidance_parallel,
                      techniques=None if planned is None else technique_choices(planned, activations, options), **work)
     return PreparedPlan(modules=modules, arguments=arguments, call=call, device_map=device_map, advise=advise,
                         fallbacks=tuple(fallbacks.records), planned=planned, options=options)
@@ -292,6 +297,7 @@ class DescribedCall:
     peaks: Mapping[str, int] = field(default_factory=dict)
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
     work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
+    guidance: Mapping[str, Any] = field(default_factory=dict)  # {component: GuidanceCall}, captured
     required: Mapping[str, Any] = field(default_factory=dict)  # VAE -> a technique it cannot run the call without
 
 
@@ -316,7 +322,7 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
                          module_order=captured.module_order, work=captured.work_per_run(),
-                         required=captured.required)
+                         guidance=captured.guidance, required=captured.required)
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:

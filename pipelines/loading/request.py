@@ -79,6 +79,9 @@ class LoadOptions:
     # The GPU the plan's predicted seconds per call assume ("rtx4090", "h100", or a `GpuProfile`): for a plan
     # made for another machine; None: this machine's GPU, else a stated default (`placement.plan(gpu=)`).
     gpu: Any = _option(takes=PIPELINE_ONLY)
+    # Whether the denoiser's guidance branches may run on two GPUs at once (`placement.plan(guidance_parallel=)`):
+    # None, the predicted seconds decide; True, wherever it applies (else the plan says why not); False, never.
+    guidance_parallel: bool | None = _option(takes=PIPELINE_ONLY)
     # The load's byte bar; a plan reads no weights and draws none (taken so that the same keywords plan).
     progress: bool = _option(True)
     # A folder naming a diffusers class loads as a generic Pipeline instead (each component an attribute).

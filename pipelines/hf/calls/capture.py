@@ -27,11 +27,13 @@ from placement.activations import ActivationEstimateError, CallEstimate
 from placement.activations.fake_tensors import map_tensors, sized_by_values
 from placement.activations.fallback import EstimateFallback, current_fallbacks
 from placement.activations.isolation import loggers_at_error
+from placement.guidance import GuidanceCall
 from placement.unit_order import record_module_order
 
 from ...errors import CallSpecError
 from .arguments import call_arguments, call_parameters, detached, missing_inputs, small_default_call
 from .arguments import recorded_call  # noqa: F401 (where planning and the e2e tests import it)
+from .guidance import GuidanceWatch
 from .host_memory import HostRoom, check_host_room
 from .latent_output import latents_shaped_output
 from .vae_techniques import RequiredTechnique, techniques_on, techniques_to_try
@@ -150,6 +152,8 @@ class CapturedCall:
     # Per component, what all its calls of this pipeline call compute and touch together: (FLOPs, bytes touched),
     # from each distinct call's estimate times how often it was made (`placement.estimate_call(...).flops`).
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per denoiser (its forward the last before a scheduler step), how it runs classifier-free guidance.
+    guidance: dict[str, GuidanceCall] = field(default_factory=dict)
     # Per VAE, a technique its own code refuses this call without (`vae_techniques.RequiredTechnique`): its
     # example calls and peak are the ones with it on.
     required: dict[str, RequiredTechnique] = field(default_factory=dict)
@@ -202,6 +206,7 @@ def _captured(pipe: Any, modules: Mapping[str, nn.Module], arguments: Mapping[st
             stack.enter_context(context)
         for name, module in modules.items():
             stack.enter_context(recorder.standing_in(name, module))
+        stack.enter_context(recorder.guidance.stepping(pipe))
         try:  # the user's random state is left as it was: the capture's latents draw from a fork of it
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 pipe(**detached(arguments))
@@ -238,6 +243,7 @@ class _Recorder:
         self.guessed: dict[str, str] = {}  # component -> why its output was guessed (`_latents_shaped`)
         self.required: dict[str, RequiredTechnique] = {}  # component -> what it cannot run without
         self._inside = False  # True while a component runs on fake tensors: its own calls go through
+        self.guidance = GuidanceWatch()
 
     @contextlib.contextmanager
     def standing_in(self, name: str, module: nn.Module) -> Iterator[None]:
@@ -277,8 +283,11 @@ class _Recorder:
         self.room.check(sum(leaf.numel() * leaf.element_size() for leaf in leaves), f"{name}.{method}'s output")
         flops, touched = self.work.get(name, (0, 0))
         self.work[name] = (flops + estimated.work[0], touched + estimated.work[1])
-        return map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
-                           estimated.output)
+        output = map_tensors(lambda tensor: torch.zeros(tensor.shape, dtype=tensor.dtype, device=_CPU),
+                             estimated.output)
+        if method == "forward":
+            self.guidance.forward(name, args, kwargs, estimated.output)
+        return output
 
     def _estimate(self, name: str, module: nn.Module, example: ExampleCall) -> tuple[ExampleCall, Any]:
         """The call run on fake tensors; again with its integer inputs' values when it reads them."""
@@ -356,7 +365,7 @@ class _Recorder:
                             runs={name: count for name, count in self.runs.items() if count},
                             peaks={name: max(known.peak for known in found) for name, found in estimated.items()},
                             module_order={name: found[0].order for name, found in estimated.items()},
-                            work=dict(self.work), required=dict(self.required))
+                            work=dict(self.work), guidance=self.guidance.learned(), required=dict(self.required))
 
 
 def _empty_tokens(name: str, example: ExampleCall) -> CallSpecError | None:
