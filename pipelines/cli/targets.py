@@ -242,6 +242,7 @@ def _config(component: Path) -> dict:
 def complete_call(planner: "TargetPlanner") -> list[str]:
     """Fill `planner.call`'s missing height and width with the pipeline's default size; returns the keys filled."""
     call = planner.call
+    _check_strength(planner)
     missing = [key for key in ("height", "width") if call is not None and key not in call]
     if not missing:
         return []
@@ -252,6 +253,20 @@ def complete_call(planner: "TargetPlanner") -> list[str]:
                                "make it at: give --height and --width too.")
     planner.call = {**{key: call.get(key, defaults.get(key)) for key in ("height", "width")}, **call}
     return missing
+
+
+def _check_strength(planner: "TargetPlanner") -> None:
+    """`--strength` on a pipeline whose call takes none (it makes images from noise): said in flag words, before
+    call= refuses the keyword in Python's."""
+    if not planner.call or "strength" not in planner.call or is_preset(planner.target):
+        return
+    folder = planner.folder()
+    with quiet(preload=hf_libraries(folder)):
+        runtime = _runtime_class(folder, folder_pipeline_class(folder))
+    if runtime is not None and "strength" not in inspect.signature(runtime.__call__).parameters:
+        raise LoadError(f"--strength {planner.call['strength']}: {runtime.__name__} does not start from an image (its "
+                        "call takes no strength), so no share of its steps is skipped; leave --strength out, or plan "
+                        "an image-to-image or inpainting pipeline.")
 
 
 def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:

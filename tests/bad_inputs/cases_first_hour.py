@@ -167,9 +167,7 @@ CASES = [
          error=CLI, words=("not UTF-8", "line 1", "Save it as UTF-8")),
     Case(name="cli: plan --strength on a pipeline that does not start from an image",
          run=cli("plan", "tiny-flux", "--max-memory", "cpu=2GiB", "--height", "64", "--width", "64", "--strength", "0.5"),
-         error=CLI, words=("--strength 0.5", "does not start from an image"),
-         known_gap="issue 40: for a diffusers pipeline the refusal names call='s keyword 'strength' and FluxPipeline's "
-                   "arguments, not the --strength flag and why"),
+         error=CLI, words=("--strength 0.5", "does not start from an image", "leave --strength out")),
     Case(name="cli: plan --steps 0", run=cli("plan", "tiny-flux", "--steps", "0"),
          error=CLI, words=("--steps", "0 is not 1 or more", "see 'placement plan --help'")),
     Case(name="cli: plan --steps alone plans at the pipeline's own size",
