@@ -2,11 +2,12 @@
 
 Where a technique keeps weights elsewhere the module holds `meta` placeholders; each row's `gather` says where
 they are read from (`served_slots`: offloading `AlignDevicesHook`s' `weights_map`s; `group_slots`: offload
-groups' disk stores). Nothing moves: no hook fires, no group is onloaded, the transfer meter counts nothing.
+groups' disk stores); diffusers' own disk group offloading is read from its groups' files (`diffusers_disk_slots`). Nothing moves: no hook fires, no group is onloaded, the transfer meter counts nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import torch
 from accelerate.hooks import AlignDevicesHook
 from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset
 from accelerate.utils.modeling import named_module_tensors
+from safetensors import safe_open
 from torch import nn
 
 from .hook_utils import find_hooks
@@ -60,7 +62,21 @@ class _LastGroup:
         return self.tensors
 
 
-Source = _ServedWeight | _GroupWeight
+class _DiffusersDiskWeight:
+    """A tensor of a group diffusers' own `enable_group_offload(offload_to_disk_path=...)` wrote to its file: the
+    module keeps an uninitialised placeholder of the right shape (not `meta`), so it is always read from the file."""
+
+    def __init__(self, path: str, key: str) -> None:
+        self.path = path
+        self.key = key
+
+    def read(self, cache: "_LastGroup | None" = None) -> torch.Tensor:
+        with safe_open(self.path, framework="pt", device="cpu") as file:
+            return file.get_tensor(self.key)
+
+
+Source = _ServedWeight | _GroupWeight | _DiffusersDiskWeight
+_DIFFUSERS_GROUP_HOOK = "group_offloading"  # diffusers.hooks.group_offloading._GROUP_OFFLOADING
 
 
 class OffloadedWeights(Mapping[str, torch.Tensor]):
@@ -92,6 +108,7 @@ def offloaded_weights(module: nn.Module) -> OffloadedWeights:
     slots: dict[SlotKey, Source] = {}
     for gather in dict.fromkeys(row.gather for row in TECHNIQUES.values() if row.gather is not None):
         slots.update(gather(module))
+    slots.update(diffusers_disk_slots(module))
     sources: dict[str, Source] = {}
     for prefix, submodule in module.named_modules(remove_duplicate=False):
         for attribute in [*submodule._parameters, *submodule._buffers]:
@@ -99,6 +116,24 @@ def offloaded_weights(module: nn.Module) -> OffloadedWeights:
             if source is not None:
                 sources[f"{prefix}.{attribute}" if prefix else attribute] = source
     return OffloadedWeights(sources)
+
+
+def diffusers_disk_slots(module: nn.Module) -> dict[SlotKey, Source]:
+    """The tensors of `module` that diffusers' disk group offloading keeps in its groups' files (`ModuleGroup.
+    tensor_to_key` into `safetensors_file_path`), once written there."""
+    files: dict[int, tuple[str, str]] = {}
+    for submodule in module.modules():
+        registry = getattr(submodule, "_diffusers_hook", None)
+        hook = None if registry is None else registry.hooks.get(_DIFFUSERS_GROUP_HOOK)
+        group = getattr(hook, "group", None)
+        path = getattr(group, "safetensors_file_path", None)
+        if getattr(group, "offload_to_disk_path", None) and path and os.path.exists(path):
+            files.update({id(tensor): (path, key) for tensor, key in group.tensor_to_key.items()})
+    if not files:
+        return {}
+    return {(id(owner), attribute): _DiffusersDiskWeight(*files[id(tensor)])
+            for owner in module.modules() for attribute, tensor in [*owner._parameters.items(), *owner._buffers.items()]
+            if tensor is not None and id(tensor) in files}
 
 
 def unserved_placeholders(module: nn.Module, weights: OffloadedWeights) -> list[str]:
@@ -116,7 +151,7 @@ def offloaded_weights_in_state_dict(module: nn.Module) -> Iterator[OffloadedWeig
         read: dict[int, torch.Tensor] = {}
         for name in weights:
             key, source = prefix + name, weights.source_of(name)
-            if key in state_dict and state_dict[key].is_meta:
+            if key in state_dict and (state_dict[key].is_meta or isinstance(source, _DiffusersDiskWeight)):
                 if id(source) not in read:
                     read[id(source)] = weights.read(source)
                 state_dict[key] = read[id(source)]

@@ -67,12 +67,7 @@ def load_plan(folder):
     return Pipeline.plan_placement(folder, max_memory=BUDGETS)
 
 
-GROUP_DISK_GAP = pytest.mark.xfail(strict=True, reason=(
-    "issue 40: diffusers' disk group offload leaves placeholder tensors in the modules (diffusers' own save writes "
-    "NaNs from them too); our save read the own pipeline's group store, and must read diffusers' (then drop this)"))
-
-
-@pytest.mark.parametrize("technique", [pytest.param("group-disk", marks=GROUP_DISK_GAP), "sequential"])
+@pytest.mark.parametrize("technique", ["group-disk", "sequential"])
 def test_after_reset_saving_reads_the_offload_techniques_stores(virtual, saved, tmp_path, technique):
     folder, _, expected = saved
     pipe = load(folder, device_map="balanced", max_memory=BUDGETS)
