@@ -32,7 +32,7 @@ import sys
 from pipelines.cli import main
 results = []
 for argv in (["--help"], ["plan", "--help"], ["inspect", "--help"], ["demo", "--help"], ["plan"],
-             ["plan", "tiny-dit", "--max-memory", "24GiB"], ["plan", "tiny-dit", "--dtype", "fp7"], ["bogus"]):
+             ["plan", "tiny-flux", "--max-memory", "24GiB"], ["plan", "tiny-flux", "--dtype", "fp7"], ["bogus"]):
     try:
         code = main(argv)
     except SystemExit as exit:
@@ -58,7 +58,7 @@ from pipelines.cli import main
 results = []
 for argv in (["plan", "/no/such/folder"], ["run", "/no/such", "--prompts", "p.txt", "--out", "o"],
              ["inspect", "/no/such"], ["plan", "tiny_dit"], ["plan", "./no-such", "--svg", "{tmp_path}"],
-             ["run", "tiny-dit", "--prompts", "p.txt", "--out", "{out_file}"]):
+             ["run", "tiny-flux", "--prompts", "p.txt", "--out", "{out_file}"]):
     results.append(main(argv))
 print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
 """
@@ -79,7 +79,7 @@ print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
 
 
 def test_the_no_accelerator_warning_is_printed_once_in_flag_names():
-    done = placement_command("plan", "tiny-dit", "--max-memory", "cpu=8GiB")
+    done = placement_command("plan", "tiny-flux", "--max-memory", "cpu=8GiB")
     both = done.stdout + done.stderr
     assert done.returncode == 0, both
     assert both.count("No accelerator to plan for") == 1
@@ -88,7 +88,7 @@ def test_the_no_accelerator_warning_is_printed_once_in_flag_names():
 
 
 def test_a_device_named_twice_is_refused_without_a_traceback():
-    done = placement_command("plan", "tiny-dit", "--max-memory", "0=1GiB,cuda:0=2GiB")
+    done = placement_command("plan", "tiny-flux", "--max-memory", "0=1GiB,cuda:0=2GiB")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--max-memory 0=1GiB,cuda:0=2GiB names GPU 0 twice ('0' and 'cuda:0'); keep one." in done.stderr
 
@@ -97,6 +97,6 @@ def test_a_device_named_twice_is_refused_without_a_traceback():
 def test_errors_name_flags_not_keyword_arguments(capsys):
     from pipelines.cli import main
 
-    assert main(["plan", "sdxl-like", "--max-memory", "0=1GiB,cpu=2GiB"]) == 2
+    assert main(["plan", "sdxl", "--max-memory", "0=1GiB,cpu=2GiB"]) == 2
     err = capsys.readouterr().err
     assert "--offload-folder DIR" in err and "offload_folder" not in err and "a larger --max-memory" in err

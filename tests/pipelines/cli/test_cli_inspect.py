@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
 
 def test_inspect_a_preset_lists_components_classes_sizes_and_where_each_could_run(capsys):
-    assert main(["inspect", "sdxl-like", "--max-memory", "0=8GiB,cpu=64GiB"]) == 0
+    assert main(["inspect", "sdxl", "--max-memory", "0=8GiB,cpu=64GiB"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == "sdxl-like: 4 module components, and scheduler, tokenizer"
@@ -26,7 +26,7 @@ def test_inspect_a_preset_lists_components_classes_sizes_and_where_each_could_ru
 
 
 def test_inspect_a_folder_at_a_dtype(tmp_path, capsys):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
+    folder, _ = save_preset(tmp_path / "tiny-flux")
     assert main(["inspect", str(folder), "--dtype", "bf16", "--max-memory", "2x1GiB"]) == 0
     out = capsys.readouterr().out
     assert "DiT" in out and "could run on (bfloat16)" in out and "whole on GPU 0, GPU 1" in out
@@ -34,7 +34,7 @@ def test_inspect_a_folder_at_a_dtype(tmp_path, capsys):
 
 def test_plan_svg_is_written_and_names_every_component_and_device(tmp_path, capsys):
     target = tmp_path / "pictures" / "plan.svg"
-    assert main(["plan", "flux-like", "--max-memory", "2x24GiB", "--dtype", "bf16", "--svg", str(target)]) == 0
+    assert main(["plan", "flux", "--max-memory", "2x24GiB", "--dtype", "bf16", "--svg", str(target)]) == 0
     assert f"Plan picture written to {target}" in capsys.readouterr().out
     texts = [t.text for t in ET.parse(target).getroot().iter("{http://www.w3.org/2000/svg}text")]
     assert {"text_encoder", "text_encoder_2", "denoiser", "vae", "GPU 0", "GPU 1", "CPU"} <= set(texts)

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("run") / "tiny-dit"
-    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
+    folder = tmp_path_factory.mktemp("run") / "tiny-flux"
+    TextToImagePipeline.from_preset("tiny-flux", seed=0).save_pretrained(folder)
     return folder
 
 
