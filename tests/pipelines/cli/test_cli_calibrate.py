@@ -62,6 +62,6 @@ def test_run_logs_measured_against_predicted_per_component(cache, tmp_path, caps
     out = capsys.readouterr().out
     assert code == 0
     assert "Measured vs predicted per component, call 2 of the calls timed:" in out  # two images: two calls
-    for name in ("text_encoder", "denoiser", "vae"):
+    for name in ("text_encoder", "text_encoder_2", "transformer", "vae"):
         assert any(line.strip().startswith(f"{name} ") and "measured" in line and "predicted" in line
                    for line in out.splitlines())

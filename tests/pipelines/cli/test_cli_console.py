@@ -57,7 +57,7 @@ import sys
 from pipelines.cli import main
 results = []
 for argv in (["plan", "/no/such/folder"], ["run", "/no/such", "--prompts", "p.txt", "--out", "o"],
-             ["inspect", "/no/such"], ["plan", "tiny_dit"], ["plan", "./no-such", "--svg", "{tmp_path}"],
+             ["inspect", "/no/such"], ["plan", "tiny_flux"], ["plan", "./no-such", "--svg", "{tmp_path}"],
              ["run", "tiny-flux", "--prompts", "p.txt", "--out", "{out_file}"]):
     results.append(main(argv))
 print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
@@ -70,7 +70,7 @@ print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
                          f"{str(Path(target).resolve())!r}). Check the path; a Hub id is written owner/name."
                          for command, target in (("plan", "/no/such/folder"), ("run", "/no/such"),
                                                  ("inspect", "/no/such"))]
-    assert lines[3].startswith("placement plan: error: 'tiny_dit' is not a preset; did you mean 'tiny-dit'?")
+    assert lines[3].startswith("placement plan: error: 'tiny_flux' is not a preset; did you mean 'tiny-flux'?")
     assert lines[4] == f"placement plan: error: --svg {str(tmp_path)!r} is a folder; name a file in it, e.g. " \
                        f"{str(tmp_path / 'plan.svg')!r}."
     assert lines[5] == f"placement run: error: --out {str(out_file)!r} is a file, not a folder; name a folder (it " \

@@ -18,7 +18,7 @@ def test_plan_with_a_call_on_a_named_gpu_prints_the_seconds_per_call(tmp_path, c
     out = capsys.readouterr().out
     assert code == 0
     line = next(line for line in out.splitlines() if line.startswith("Predicted: about"))
-    # tiny-dit is planned onto the CPU here (no accelerator holds anything): the predicted time names the CPU that
+    # tiny-flux is planned onto the CPU here (no accelerator holds anything): the predicted time names the CPU that
     # runs it, not the profile named for the GPU (issue 41: it said "on H100" for a CPU-only plan)
     assert "per call on the CPU, +-15%: compute" in line and line.endswith("(named (--gpu)).")
     assert "Predicted time per call on H100" in out
@@ -46,7 +46,7 @@ def test_plan_timeline_writes_the_predicted_call_as_a_chrome_trace(tmp_path, cap
     assert code == 0 and f"Predicted timeline written to {target}" in out
     events = json.loads(target.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
-    runs = [e for e in spans if e["args"]["component"] == "denoiser" and e["args"]["block"] == ""]
+    runs = [e for e in spans if e["args"]["component"] == "transformer" and e["args"]["block"] == ""]
     assert len(runs) == 4 and all(e["dur"] > 0 for e in runs)  # one span per step, with its compute
     assert [e["ts"] for e in runs] == sorted(e["ts"] for e in runs)
     assert {e["args"]["name"] for e in events if e["ph"] == "M"} >= {"compute", "copy"}
