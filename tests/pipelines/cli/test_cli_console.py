@@ -84,7 +84,8 @@ def test_the_no_accelerator_warning_is_printed_once_in_flag_names():
     assert done.returncode == 0, both
     assert both.count("No accelerator to plan for") == 1
     assert "--max-memory 0=24GiB,..." in both and "max_memory={" not in both
-    assert done.stdout.startswith("Verdict: runs on the CPU only")
+    preset, verdict = done.stdout.splitlines()[:2]  # which classes the preset stands for, then the verdict
+    assert preset.startswith("Preset tiny-flux: ") and verdict.startswith("Verdict: runs on the CPU only")
 
 
 def test_a_device_named_twice_is_refused_without_a_traceback():
