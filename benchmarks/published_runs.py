@@ -21,6 +21,9 @@ Reading a row:
   GPUs, sequence parallelism or no GPU named: not expressible.
 - resolution "WxH" or "WxHxNf", "720p", else the pipeline's default call (an assumption, named); steps an integer,
   "1 call" or "one forward" = 1, else the default; passes per step: the pipeline's (2 with classifier-free guidance).
+  Resolution and steps both "default" (the source ran the system with its own defaults, its command naming
+  neither; "default (not stated)" is a source that does not say): the system's default call where the pipeline's
+  entry records one (`system_calls`, with its source: SGLang's Qwen-Image runs guidance by default, two passes).
 - config: "no offload" / "resident" / "... off": resident; enable_model_cpu_offload: diffusers' model offload
   (pageable, moved back); enable_sequential_cpu_offload: per tensor, pageable; "group offload (RAM)": blocks
   without streams (pageable); other group offload: with streams (pinned); "low_cpu_mem_usage" (pin per onload):
@@ -116,6 +119,7 @@ def express(row: dict, pipelines: dict) -> Union[Expressed, str]:
         return "no single measured number (a range or several runs)"
     entry = pipelines[key]
     call = _call(row, entry["default_call"], assumptions)
+    call.update(_system_call(row, entry, assumptions))
     scope = _scope(row, entry)
     modes = {c: {**spec, "runtime": runtime} for c, spec in _modes(row, scope, assumptions).items()}
     if runtime == "engine":  # SGLang's own fused kernels, and FlashAttention-3 where the GPU has it
@@ -171,6 +175,19 @@ def _call(row: dict, default: dict, assumptions: list[str]) -> dict:
     if re.search(r"one forward|forwards", row["pipeline"]):
         call["passes"] = 1  # a forward is what was timed
     return call
+
+
+def _system_call(row: dict, entry: dict, assumptions: list[str]) -> dict:
+    """What the system's own defaults change in the call, for a row whose source ran them (resolution and steps
+    both exactly "default"), from the pipeline entry's `system_calls`; {} otherwise."""
+    if not (row["resolution"].strip() == row["steps"].strip() == "default"):
+        return {}
+    system = row.get("system") or ""
+    found = next((spec for name, spec in entry.get("system_calls", {}).items() if name in system), None)
+    if found is None:
+        return {}
+    assumptions.append(f"the system's defaults ran: {found['why']} ({found['source']})")
+    return {"passes": found["passes"]}
 
 
 def _scope(row: dict, entry: dict) -> list[str]:

@@ -108,6 +108,10 @@ class GpuProfile(BaseModel):
     architecture: Optional[str] = None
     # A measured pageable (unpinned) host -> GPU copy's bytes/s; None: `time_model.PAGEABLE_SHARE` of the pinned.
     measured_pageable_link_bytes_per_s: Optional[float] = None
+    # A measured profile's forward attention and convolution TFLOP/s in 16 bits (`placement calibrate`'s SDPA and
+    # 3x3 conv, `machine_profile`); None: the architecture's fitted shares of the peak (`ARCHITECTURES`).
+    measured_attention_tflops: Optional[float] = None
+    measured_conv_tflops: Optional[float] = None
 
     def __init__(self, **fields):
         try:
@@ -116,7 +120,8 @@ class GpuProfile(BaseModel):
             raise PlanError(invalid_fields_text(error, "GPU profile")) from None
 
     @field_validator("bf16_tflops", "fp8_tflops", "fp32_tflops", "memory_gb_s", "measured_link_bytes_per_s",
-                     "measured_pageable_link_bytes_per_s", "cpu_flops", mode="before")
+                     "measured_pageable_link_bytes_per_s", "cpu_flops", "measured_attention_tflops",
+                     "measured_conv_tflops", mode="before")
     @classmethod
     def _positive(cls, value):
         if value is None:
@@ -149,8 +154,25 @@ class GpuProfile(BaseModel):
 
     @property
     def efficiency(self) -> Efficiency:
-        """What share of the peaks a real forward reaches on this chip (`ARCHITECTURES`)."""
-        return ARCHITECTURES.get(self.architecture or "", DEFAULT_EFFICIENCY)
+        """What share of the peaks a real forward reaches on this chip (`ARCHITECTURES`); attention and convolution
+        at their measured rates where this profile was measured (`measured_attention_tflops`, `..._conv_...`)."""
+        fitted = ARCHITECTURES.get(self.architecture or "", DEFAULT_EFFICIENCY)
+        measured = {kind: rate / self.bf16_tflops for kind, rate in
+                    (("attention", self.measured_attention_tflops), ("conv", self.measured_conv_tflops)) if rate}
+        return fitted.model_copy(update=measured) if measured else fitted
+
+    @property
+    def efficiency_source(self) -> str:
+        """Where `efficiency`'s attention and convolution shares come from, as explain() says it."""
+        measured = [kind for kind, rate in (("attention", self.measured_attention_tflops),
+                                            ("conv", self.measured_conv_tflops)) if rate]
+        fitted = f"{self.architecture}'s fitted shares" if self.architecture in ARCHITECTURES else \
+            "the default shares (no architecture)"
+        if not measured:
+            return f"attention and conv at {fitted} of the peak"
+        rest = [kind for kind in ("attention", "conv") if kind not in measured]
+        text = f"{' and '.join(measured)} at the rate measured on this machine"
+        return text + (f", {rest[0]} at {fitted} of the peak" if rest else "")
 
     @property
     def link_bytes_per_s(self) -> float:

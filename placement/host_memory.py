@@ -36,6 +36,16 @@ class HostMemory(BaseModel):
         return self.host_homed_bytes + self.staging_bytes
 
     @property
+    def pinned_share(self) -> float:
+        """The share of `pinned_bytes` the "cpu" budget lets the runtime page-lock: page-locked RAM can never be
+        paged out, so it is what the budget holds beside the host RAM that stays pageable (the rest of the moving
+        bytes copy at the pageable rate, `time_model.host_copy_rate`); 1.0 with no budget or nothing to pin."""
+        if self.budget is None or not self.pinned_bytes:
+            return 1.0
+        room = self.budget - (self.total_bytes - self.pinned_bytes)
+        return min(1.0, max(0.0, room / self.pinned_bytes))
+
+    @property
     def over_budget(self) -> Optional[int]:
         """Bytes the budget is short of (None: it holds them, or there is none)."""
         if self.budget is None or self.total_bytes <= self.budget:
@@ -49,6 +59,9 @@ class HostMemory(BaseModel):
                 "pinned on CUDA (what moves per call)")
         if self.budget is not None:
             text += f"; cpu budget {format_bytes(self.budget)}"
+        if self.pinned_share < 1.0:
+            text += (f"; the budget page-locks {self.pinned_share:.0%} of what moves, the rest copies at the "
+                     "pageable rate")
         return text + "."
 
 

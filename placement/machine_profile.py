@@ -4,8 +4,10 @@ JSON in the user's cache. Plans made here without `gpu=` use it where it matches
 name it: "profile: measured on this machine 2026-12-08 (~/.cache/pipeline-placement/machine-profile.json)".
 
 Only the figures the time model reads become a `GpuProfile`: the measured bf16/fp32 matmul rates (a forward reaches
-`FORWARD_SHARE` of a large GEMM's), the device copy speed, the pinned host -> GPU copy; a correction multiplies
-the compute rates (`compute_scale`) or replaces the link speed.
+`FORWARD_SHARE` of a large GEMM's), the attention rate (SDPA: a forward's attention is that kernel at such
+shapes) and the convolution rate (a VAE's convolutions at `FORWARD_SHARE` of a large 3x3 conv's, the norms and
+resampling between them costing the rest), the device copy speed, the pinned and pageable host -> GPU copies;
+a correction multiplies the compute rates (`compute_scale`) or replaces the link speed.
 """
 
 from __future__ import annotations
@@ -221,10 +223,10 @@ def _corrected(base: GpuProfile, correction: Optional[Correction], measured: Opt
     notes = ""
     if correction is not None and correction.compute_scale != 1.0:
         # A run's compute is FLOP- or memory-bound (time_model.run_seconds): the correction scales both.
-        update.update(bf16_tflops=base.bf16_tflops * correction.compute_scale,
-                      fp32_tflops=base.fp32_tflops * correction.compute_scale,
-                      memory_gb_s=base.memory_gb_s * correction.compute_scale,
-                      fp8_tflops=None if base.fp8_tflops is None else base.fp8_tflops * correction.compute_scale)
+        scaled = ("bf16_tflops", "fp32_tflops", "memory_gb_s", "fp8_tflops", "measured_attention_tflops",
+                  "measured_conv_tflops")
+        update.update({field: getattr(base, field) * correction.compute_scale for field in scaled
+                       if getattr(base, field) is not None})
         notes += f", compute x{correction.compute_scale:.2g}"
     if correction is not None and correction.link_bytes_per_s is not None:
         update["measured_link_bytes_per_s"] = correction.link_bytes_per_s
@@ -261,7 +263,17 @@ def gpu_from_measurement(measured: DeviceMeasurement) -> GpuProfile:
         memory_gb_s=(_peak_for(memory, "memory_gb_s", None) if memory  # calibrate always measures it; a
                      else known.memory_gb_s if known is not None else 1000.0),  # hand-written one may not
         pcie_gen=known.pcie_gen if known is not None else 4,
-        measured_link_bytes_per_s=measured.pinned_copy_bytes_per_s)
+        measured_link_bytes_per_s=measured.pinned_copy_bytes_per_s,
+        measured_pageable_link_bytes_per_s=measured.pageable_copy_bytes_per_s,
+        measured_attention_tflops=_sixteen_bit(measured.attention_flops, 1.0),
+        measured_conv_tflops=_sixteen_bit(measured.conv_flops, FORWARD_SHARE))
+
+
+def _sixteen_bit(rates: dict[str, float], share: float) -> Optional[float]:
+    """TFLOP/s a forward reaches from measured `rates` by dtype (bf16, else fp16, else fp32: what was measured),
+    at `share` of the kernel's; None when none was measured."""
+    rate = rates.get("bfloat16") or rates.get("float16") or rates.get("float32")
+    return None if not rate else rate * share / 1e12
 
 
 __all__ = ["CACHE_ENV", "CPU_NAME", "Correction", "DeviceMeasurement", "HostMeasurement", "MachineChoice",

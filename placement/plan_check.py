@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 
 from .devices import Device, is_accelerator
 from .gpu_profiles import DEFAULT_GPU, PROFILES
-from .time_model import ComponentTime, component_time, seconds_text, short_name
+from .time_model import ComponentTime, component_time, plan_copy_rate, seconds_text, short_name
 
 OFF_BY = 0.2  # a measured figure further than this share from its prediction corrects the profile
 # Below these, per-operation overhead (Python, kernel launches), not throughput, decides the seconds: such figures
@@ -120,7 +120,7 @@ def check_plan(plan, measured: Mapping[str, MeasuredCall], *, device: Optional[s
         component = plan.components.get(name)
         if component is None:
             continue
-        predicted = component_time(component, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)
+        predicted = component_time(component, gpu, plan_copy_rate(plan, gpu), plan.disk_read_bandwidth)
         if call.blocking:
             exposed = call.copy_seconds
         else:  # a side stream's copies overlap compute: their exposed part priced at the speed they moved

@@ -10,8 +10,9 @@ The rules are `time_model`'s (its constants are stated and fitted to benchmarks/
 - compute: matmul, attention and convolution FLOPs each at their share of the peak for the chip's architecture
   (`gpu_profiles.ARCHITECTURES`), the attention backend's and torch.compile's factors; never faster than the bytes
   it touches at the memory's speed;
-- copies: pinned at the link's sustained rate, pageable at `PAGEABLE_SHARE` of it (a pinned-memory budget smaller
-  than the weights, `Mode.pinned_bytes`: that share of every copy pinned, the rest pageable); pinning per onload
+- copies: pinned at the link's sustained rate, pageable at `PAGEABLE_SHARE` of it or at the profile's measured
+  pageable rate (a pinned-memory budget smaller than the weights, `Mode.pinned_bytes`: that share of every copy
+  pinned, the rest pageable: `time_model.host_copy_rate`, the planner's rule too); pinning per onload
   (`Mode.pin_per_onload`) copies at the pinned rate but first page-locks the bytes on the host at
   `PIN_BYTES_PER_S`, exposed whole (the launching thread does it, so compute cannot hide it); a fixed `TENSOR_COPY_S` per
   tensor copied synchronously (a module's `.to()`; `HOOK_TENSOR_S` through accelerate's per-module hooks) and
@@ -29,8 +30,8 @@ from typing import Mapping, Optional, Sequence, Union
 from .errors import PlanError
 from .gpu_profiles import GpuProfile, gpu_profile
 from .time_model import (ATTENTION_BACKENDS, BLOCK_SYNC_S, COMPILED_SPEEDUP, DISK_BYTES_PER_S, HOOK_TENSOR_S,
-                         HOST_WRITE_BYTES_PER_S, PAGEABLE_SHARE, PIN_BYTES_PER_S, TENSOR_COPY_S, CallTime,
-                         ComponentTime)
+                         HOST_WRITE_BYTES_PER_S, PIN_BYTES_PER_S, TENSOR_COPY_S, CallTime, ComponentTime,
+                         host_copy_rate)
 
 MODES = ("resident", "model_offload", "sequential", "group", "group_streams", "layerwise")
 
@@ -131,6 +132,8 @@ def price(components: Sequence[ComponentWork], gpu: Union[str, GpuProfile, dict]
     _check_number("link_bandwidth", link, minimum=0.0, strict=True)
     disk = DISK_BYTES_PER_S if disk_read_bandwidth is None else disk_read_bandwidth
     _check_number("disk_read_bandwidth", disk, minimum=0.0, strict=True)
+    # A measured pageable rate belongs to the measured link; a link given here keeps `PAGEABLE_SHARE` of it.
+    pageable = profile.measured_pageable_link_bytes_per_s if link_bandwidth is None else None
     modes = dict(modes or {})
     unknown = sorted(set(modes) - {c.name for c in components})
     if unknown:
@@ -139,7 +142,8 @@ def price(components: Sequence[ComponentWork], gpu: Union[str, GpuProfile, dict]
     timed = []
     for work in components:
         mode = modes.get(work.name, Mode())
-        timed.append(component_price(work, profile, Mode(kind=mode) if isinstance(mode, str) else mode, link, disk))
+        timed.append(component_price(work, profile, Mode(kind=mode) if isinstance(mode, str) else mode, link, disk,
+                                     pageable))
     return CallTime(gpu=profile, link_bandwidth=link, components=tuple(timed))
 
 
@@ -155,10 +159,12 @@ def compute_seconds(work: ComponentWork, gpu: GpuProfile, mode: Mode) -> float:
     return max(seconds, max(work.bytes_touched, work.weight_bytes) / gpu.memory_bytes_per_s)  # reads every weight
 
 
-def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: float, disk: float) -> ComponentTime:
-    """`work`'s seconds per call placed as `mode` (module doc)."""
+def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: float, disk: float,
+                    pageable: Optional[float] = None) -> ComponentTime:
+    """`work`'s seconds per call placed as `mode` (module doc); `pageable`: the pageable copies' bytes/s (None:
+    `PAGEABLE_SHARE` of the link)."""
     run_s = compute_seconds(work, gpu, mode)
-    speed = copy_bytes_per_s(work, mode, link, disk)
+    speed = copy_bytes_per_s(work, mode, link, disk, pageable)
     pin = 1 / PIN_BYTES_PER_S if mode.pin_per_onload else 0.0  # host seconds per byte, exposed whole
     compute = work.runs * run_s
     if mode.kind == "resident":
@@ -187,21 +193,22 @@ def component_price(work: ComponentWork, gpu: GpuProfile, mode: Mode, link: floa
     return _timed(work, compute, copy, max(0.0, exposed) + pinning)
 
 
-def copy_bytes_per_s(work: ComponentWork, mode: Mode, link: float, disk: float) -> float:
+def copy_bytes_per_s(work: ComponentWork, mode: Mode, link: float, disk: float,
+                     pageable: Optional[float] = None) -> float:
     """The host -> GPU rate of `work`'s copies placed as `mode`: pinned (ahead or per onload) at the link's rate,
-    pageable at `PAGEABLE_SHARE` of it; a pinned budget short of the weights pins that share of every copy (the
-    blocks are alike, so each is as pinned as the whole) and pays the pageable rate for the rest; disk-homed
-    weights at no more than the disk's rate."""
-    pageable = link * PAGEABLE_SHARE
+    pageable at `pageable` (default `PAGEABLE_SHARE` of the link); a pinned budget short of the weights pins that
+    share of every copy (the blocks are alike, so each is as pinned as the whole) and pays the pageable rate for
+    the rest (`time_model.host_copy_rate`, the planner's rule too); disk-homed weights at no more than the disk's
+    rate."""
     if mode.pin_per_onload:
-        speed = link
+        share = 1.0
     elif not mode.pinned:
-        speed = pageable
-    elif mode.pinned_bytes is None or mode.pinned_bytes >= work.weight_bytes:
-        speed = link
+        share = 0.0
+    elif mode.pinned_bytes is None or not work.weight_bytes:
+        share = 1.0
     else:
-        share = mode.pinned_bytes / work.weight_bytes  # seconds per byte: pinned share at the link, rest pageable
-        speed = 1 / (share / link + (1 - share) / pageable)
+        share = mode.pinned_bytes / work.weight_bytes
+    speed = host_copy_rate(link, share, pageable)
     return min(speed, disk) if mode.home == "disk" else speed
 
 

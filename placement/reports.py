@@ -272,7 +272,7 @@ def time_lines(plan: Plan) -> list[str]:
     gpu = time.gpu
     title = (f"Predicted time per call on {short_name(gpu)} ({plan.gpu_source}; {gpu.bf16_tflops:g} bf16 / "
              f"{gpu.fp32_tflops:g} fp32 TFLOPS, {gpu.memory_gb_s:g} GB/s memory, at the efficiencies of "
-             f"placement.gpu_profiles; {OVERLAP_MODEL}):")
+             f"placement.gpu_profiles, {gpu.efficiency_source}; {OVERLAP_MODEL}):")
     header = ["component", "runs", "compute", "copies", "exposed", "total"]
     rows = [[c.name, str(c.runs),
              "?" if c.compute_s is None else format_seconds(c.compute_s) + (" (CPU)" if c.on_cpu else ""),

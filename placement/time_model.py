@@ -51,8 +51,8 @@ HOOK_TENSOR_S = 0.6e-3
 # only orders streams on the device (SGLang's layerwise offload; this library's streaming waits on events, so a
 # plan's `seconds_per_call` prices its blocks as "engine") pays nothing measurable.
 BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
-# The model's error band, from benchmarks/published_runs.py's spread: three in four of the 35 published runs it
-# expresses are predicted within 15% (the median within 7%; 31 of 35 within 20%). Plans state it, and the search
+# The model's error band, from benchmarks/published_runs.py's spread: four in five of the 35 published runs it
+# expresses are predicted within 15% (28; the median within 7%; 32 of 35 within 20%). Plans state it, and the search
 # only moves more bytes per call for a predicted gain beyond it (cost.PlanCost).
 ERROR_BAND = 0.15
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
@@ -156,6 +156,25 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     return exposed + runs * per_run
 
 
+def host_copy_rate(link: float, pinned_share: float = 1.0, pageable: Optional[float] = None) -> float:
+    """Host -> GPU bytes/s of copies whose `pinned_share` comes from page-locked memory at `link` and the rest
+    from pageable memory at `pageable` (default `PAGEABLE_SHARE` of the link; never above it): the bytes are
+    alike, so each copy is that mix and its seconds per byte add."""
+    pageable = min(link, link * PAGEABLE_SHARE if pageable is None else pageable)
+    if pinned_share >= 1.0:
+        return link
+    share = max(0.0, pinned_share)
+    return 1 / (share / link + (1 - share) / pageable)
+
+
+def plan_copy_rate(plan: Plan, gpu: GpuProfile) -> float:
+    """The host -> GPU bytes/s a plan's copies run at: its link, with the share of the moving bytes its "cpu"
+    budget cannot page-lock (`host_memory.HostMemory.pinned_share`) at the pageable rate (the profile's measured
+    one, where `placement calibrate` measured it)."""
+    return host_copy_rate(plan.link_bandwidth, plan.host_memory.pinned_share,
+                          gpu.measured_pageable_link_bytes_per_s)
+
+
 def copy_bandwidth(kind: str, link: float, disk: float = DISK_BYTES_PER_S) -> float:
     """The bytes/s copies of a component placed `kind` ("disk": disk-homed) get: the link's, capped at the disk's."""
     return min(link, disk) if kind == "disk" else link
@@ -182,10 +201,12 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
 
 
 def plan_time(plan: Plan, gpu: Optional[GpuProfile] = None) -> CallTime:
-    """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default)."""
+    """The plan's seconds per call on `gpu` (default: the plan's profile; a file before v4 has none: the default),
+    its copies at `plan_copy_rate` (what its host budget cannot pin copies at the pageable rate)."""
     gpu = gpu or plan.gpu or PROFILES[DEFAULT_GPU]
-    return CallTime(gpu=gpu, link_bandwidth=plan.link_bandwidth,
-                    components=tuple(component_time(c, gpu, plan.link_bandwidth, plan.disk_read_bandwidth)
+    link = plan_copy_rate(plan, gpu)
+    return CallTime(gpu=gpu, link_bandwidth=link,
+                    components=tuple(component_time(c, gpu, link, plan.disk_read_bandwidth)
                                      for c in plan.components.values()))
 
 

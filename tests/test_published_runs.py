@@ -90,14 +90,29 @@ def test_pinning_per_onload_reads_as_its_mode_and_costs_the_host_pinning(tmp_pat
 
 
 def test_a_miss_says_what_the_measurement_implies_and_the_guidance_reading_that_would_fit(tmp_path, capsys):
-    # Qwen-Image resident on an H100 measured at twice the one-pass prediction: compute, and CFG's second pass
-    qwen = {"system": "SGLang diffusion", "pipeline": "Qwen-Image", "gpu": "H100", "resolution": "default",
-            "steps": "default", "config": "no DiT offload", "seconds_total": "15.4"}
+    # Qwen-Image resident on an H100 measured at twice the one-pass prediction, by a source that does not say
+    # what it ran: compute, and CFG's second pass as a diagnosis only
+    qwen = {"system": "SGLang diffusion", "pipeline": "Qwen-Image", "gpu": "H100", "resolution": "default (not stated)",
+            "steps": "default (not stated)", "config": "no DiT offload", "seconds_total": "15.4"}
     streamed = dict(qwen, config="--dit-layerwise-offload true (1 layer + 1 prefetch)", seconds_total="75")
     published_runs.run(write(tmp_path / "runs.csv", [qwen, streamed]))
     first, second = [line for line in capsys.readouterr().out.splitlines() if "miss:" in line]
     assert re.search(r"compute at 0\.[45]\dx the predicted rate", first) and "with classifier-free guidance (2 passes a step, not stated)" in first
     assert "copies ran unhidden at 30 GB/s" in second and "classifier-free" not in second  # 2 passes: 103 s, no fit
+
+
+def test_a_row_that_ran_the_systems_defaults_takes_its_default_guidance_and_says_so(tmp_path):
+    pipelines = published_runs.json.loads(published_runs.PIPELINES.read_text())["pipelines"]
+    ran = {"system": "SGLang diffusion", "pipeline": "Qwen-Image", "gpu": "H100", "resolution": "default",
+           "steps": "default", "config": "no DiT offload", "seconds_total": "15.4"}
+    unknown = dict(ran, resolution="default (not stated)", steps="default (not stated)")
+    diffusers = dict(ran, system="diffusers")
+    defaults, unstated, other = (published_runs.express(row, pipelines) for row in
+                                 published_runs.read_rows(write(tmp_path / "runs.csv", [ran, unknown, diffusers])))
+    assert (defaults.call["passes"], unstated.call["passes"], other.call["passes"]) == (2, 1, 1)
+    assert any("guidance_scale 4.0" in note and "sglang" in note for note in defaults.assumptions)
+    one, two = (published_runs.predict(e, pipelines).components for e in (unstated, defaults))
+    assert [c.runs for c in two if c.name == "transformer"] == [2 * c.runs for c in one if c.name == "transformer"]
 
 
 def test_a_short_row_reads_as_empty_cells_and_is_listed_with_why(tmp_path, capsys):

@@ -127,3 +127,36 @@ def test_calibrate_on_cuda_measures_each_gpu_and_a_plan_for_it_names_the_profile
     plan = plan_one({0: "4GiB", "cpu": "1GiB"})
     assert plan.gpu.name == first.name and plan.gpu_source.startswith("profile: measured on this machine")
     assert plan.link_bandwidth == first.pinned_copy_bytes_per_s
+
+
+def test_measured_attention_conv_and_pageable_rates_feed_the_time_model_and_are_named(cache, monkeypatch):
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    from placement.machine_profile import FORWARD_SHARE
+    from placement.pricing import ComponentWork, Mode, price
+
+    measured = DeviceMeasurement(index=0, name=VIRTUAL_NAME, kind="vgpu", pinned_copy_bytes_per_s=4e9,
+                                 pageable_copy_bytes_per_s=1e9, memory_bytes_per_s=1e12,
+                                 matmul_flops={"float32": 1e11, "bfloat16": 2e11},
+                                 attention_flops={"float32": 3e10, "bfloat16": 5e10}, conv_flops={"bfloat16": 4e10})
+    save_profile(MachineProfile(measured_on="2026-12-08", gpus=[measured]))
+    plan = plan_one({0: "2GiB", "cpu": "1GiB"})
+    gpu = plan.gpu
+    assert (gpu.measured_attention_tflops, gpu.measured_conv_tflops) == pytest.approx((0.05, 0.04 * FORWARD_SHARE))
+    assert gpu.measured_pageable_link_bytes_per_s == 1e9
+    assert "attention and conv at the rate measured on this machine" in plan.explain()
+    # price(): each kind of FLOPs at its measured rate (attention at the SDPA's, convolutions at FORWARD_SHARE
+    # of the 3x3 conv's), the matmuls at FORWARD_SHARE of the GEMM's; pageable copies at the measured rate.
+    work = ComponentWork(name="vae", weight_bytes=10**6, matmul_flops=2e11, attention_flops=5e10, conv_flops=4e10)
+    time = price([work], gpu)
+    assert time.compute_s == pytest.approx(2e11 / (2e11 * FORWARD_SHARE) + 1.0 + 1 / FORWARD_SHARE)
+    offloaded = price([work], gpu, {"vae": Mode(kind="group", pinned=False)})
+    assert offloaded.copy_s == pytest.approx(10**6 / 1e9 + work.tensors * 50e-6)
+    # Without a measured profile the same work takes the architecture's fitted shares, and explain() says so.
+    fitted = placement.plan({"denoiser": component([0.5, 0.5], unit=2**20)}, max_memory={0: "2GiB", "cpu": "1GiB"},
+                            flops_per_run={"denoiser": FLOPS}, gpu="rtx4090")
+    assert fitted.gpu.measured_attention_tflops is None
+    assert "attention and conv at ada's fitted shares of the peak" in fitted.explain()
+    efficiency = fitted.gpu.efficiency
+    assert price([work], "rtx4090").compute_s == pytest.approx(
+        2e11 / (165.2e12 * efficiency.matmul) + 5e10 / (165.2e12 * efficiency.attention)
+        + 4e10 / (165.2e12 * efficiency.conv))

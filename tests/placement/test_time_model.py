@@ -273,3 +273,40 @@ def test_the_time_survives_a_json_round_trip_and_older_files_load_without_it():
 def test_bad_flops_per_run_is_a_clear_error(flops, match):
     with pytest.raises(PlanError, match=match):
         placement.plan(pipeline(), max_memory={0: "12GiB", "cpu": "64GiB"}, flops_per_run=flops)
+
+
+def with_cpu_budget(plan: Plan, budget: int) -> Plan:
+    devices = [d.model_copy(update={"budget": budget}) if d.device == "cpu" else d for d in plan.devices]
+    return plan.model_copy(update={"devices": devices})
+
+
+def test_a_host_budget_that_pins_half_of_what_moves_prices_its_copies_between_pinned_and_pageable():
+    from placement.time_model import PAGEABLE_SHARE, host_copy_rate
+
+    plan = plan_for({"text_encoder": round(0.1 * FP32_RATE), "denoiser": round(0.25 * FP32_RATE), "vae": 0})
+    memory = plan.host_memory
+    assert memory.pinned_share == 1.0 and memory.pinned_bytes > 0  # 64 GiB holds it all
+    unpinned = memory.total_bytes - memory.pinned_bytes  # what stays pageable needs its room first
+    half = with_cpu_budget(plan, unpinned + memory.pinned_bytes // 2)
+    none = with_cpu_budget(plan, unpinned)
+    assert half.host_memory.pinned_share == pytest.approx(0.5, abs=1e-9) and none.host_memory.pinned_share == 0.0
+    assert "page-locks 50% of what moves" in half.host_memory.summary()
+    pinned_s, half_s, pageable_s = (p.seconds_per_call for p in (plan, half, none))
+    assert pinned_s < half_s < pageable_s
+    # Half the bytes at the link, half at the pageable rate: their seconds per byte add.
+    rate = host_copy_rate(LINK, 0.5)
+    assert rate == pytest.approx(1 / (0.5 / LINK + 0.5 / (LINK * PAGEABLE_SHARE)))
+    assert half.time_per_call().copy_s == pytest.approx(plan.transfer_bytes_per_call / rate)
+    assert none.time_per_call().copy_s == pytest.approx(plan.transfer_bytes_per_call / (LINK * PAGEABLE_SHARE))
+    assert plan.time_per_call().copy_s == pytest.approx(plan.transfer_seconds_per_call)  # all pinned: the link's
+
+
+def test_a_measured_pageable_rate_prices_what_the_budget_cannot_pin():
+    from placement.time_model import host_copy_rate
+
+    plan = plan_for({"text_encoder": 0, "denoiser": round(0.25 * FP32_RATE), "vae": 0})
+    unpinned = plan.host_memory.total_bytes - plan.host_memory.pinned_bytes
+    measured = plan.gpu.model_copy(update={"measured_pageable_link_bytes_per_s": 5e9})
+    short = with_cpu_budget(plan, unpinned)
+    assert short.time_per_call(measured).copy_s == pytest.approx(plan.transfer_bytes_per_call / 5e9)
+    assert host_copy_rate(LINK, 0.0, pageable=2 * LINK) == LINK  # a pageable copy never beats a pinned one
