@@ -197,7 +197,8 @@ class Family:
 
 
 def family_of(cls: type) -> ModelFamily:
-    """The family of a component class, resolved once: by its base class, else by the library it comes from."""
+    """The family of a component class, resolved once: by the library it comes from, else by its base class (a
+    user's model is a diffusers `ModelMixin` + `ConfigMixin`, or a transformers `PreTrainedModel`)."""
     if isinstance(cls, type) and issubclass(cls, OwnModel):
         return OWN
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -207,9 +208,17 @@ def family_of(cls: type) -> ModelFamily:
         return DIFFUSERS
     if top_level == "transformers":
         return TRANSFORMERS
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel
+
+    if issubclass(cls, ModelMixin):
+        return DIFFUSERS
+    if issubclass(cls, PreTrainedModel):
+        return TRANSFORMERS
     raise FolderError(
-        f"{cls.__module__}.{cls.__name__} is an nn.Module but neither a pipelines.ModelMixin nor a diffusers or "
-        "transformers model, so it cannot be built from a config.json; derive it from pipelines.ModelMixin."
+        f"{cls.__module__}.{cls.__name__} is an nn.Module but neither a diffusers ModelMixin (with ConfigMixin) nor "
+        "a transformers PreTrainedModel, so it cannot be built from a config.json; derive it from "
+        "diffusers.ModelMixin and diffusers.ConfigMixin."
     )
 
 

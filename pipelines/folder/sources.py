@@ -18,7 +18,7 @@ from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..checkpoint.index import is_plain_file_name
 from ..checkpoint import WeightsNotFoundError
 from ..errors import FolderError
-from .class_registry import LIBRARY, find_library_class
+from .class_registry import LIBRARY, find_library_class, find_registered_named
 from .families import Family, ModelFamily, family_of  # noqa: F401 (Family: the families by name, for callers)
 from .model_index import ComponentSpec, ModelIndex, resolve_class
 from .paths import looks_like_a_path
@@ -185,6 +185,9 @@ def model_folder_class(folder: Path) -> type:
     config = read_config_dict(folder)
     class_name = config.get(CLASS_NAME_KEY)
     architectures = config.get("architectures") or []
+    registered = find_registered_named(class_name) if isinstance(class_name, str) else None
+    if registered is not None:  # a user's model class (diffusers writes its name without its module)
+        return registered
     if isinstance(class_name, str) and find_library_class(class_name) is not None and "_diffusers_version" not in config:
         spec = ComponentSpec(library=LIBRARY, class_name=class_name)
     elif isinstance(class_name, str):
