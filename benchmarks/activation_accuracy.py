@@ -47,7 +47,8 @@ class MathPathAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        query, key, value = args[:3]
+        named = dict(zip(("query", "key", "value"), args))  # diffusers passes them by keyword
+        query, key, value = (kwargs.get(name, named.get(name)) for name in ("query", "key", "value"))
         scores = query @ key.transpose(-2, -1) * query.shape[-1] ** -0.5
         return scores.softmax(dim=-1) @ value
 
