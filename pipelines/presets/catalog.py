@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import LoadError
+from ..hf.quiet import HF_LIBRARIES, quiet
 from . import real_folders
 
 # CLI name: the family in data/ (real_pipelines.json, extra_pipelines.json).
@@ -87,7 +88,8 @@ def preset_folder(name: str) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     draft = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=home))
     try:
-        _write(draft, name, pipeline_class, modules)
+        with quiet(preload=HF_LIBRARIES):  # their "Writing model shards" bars: the folder is the library's business
+            _write(draft, name, pipeline_class, modules)
         draft.rename(folder)
     except OSError:
         if not (folder / "model_index.json").is_file():  # not a twin process that renamed its copy first
