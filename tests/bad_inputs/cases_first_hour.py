@@ -139,7 +139,7 @@ def _hub_checked(tmp: Path, target: str):
 
 def _laptop_plan(tmp: Path):
     with _a_16_gib_laptop(tmp):
-        return cli("plan", "flux-like")(tmp)
+        return cli("plan", "flux")(tmp)
 
 
 CASES = [
@@ -166,26 +166,26 @@ CASES = [
                            before=lambda tmp: (tmp / "prompts.txt").write_bytes(b"un caf\xe9\n")),
          error=CLI, words=("not UTF-8", "line 1", "Save it as UTF-8")),
     Case(name="cli: plan --strength on a pipeline that does not start from an image",
-         run=cli("plan", "tiny-dit", "--max-memory", "cpu=2GiB", "--strength", "0.5"),
-         error=CLI, words=("--strength 0.5", "does not start from an image")),
-    Case(name="cli: plan --steps 0", run=cli("plan", "tiny-dit", "--steps", "0"),
+         run=cli("plan", "tiny-sd15", "--max-memory", "cpu=2GiB", "--strength", "0.5"),
+         error=CLI, words=("unknown keyword 'strength'", "StableDiffusionPipeline.__call__")),
+    Case(name="cli: plan --steps 0", run=cli("plan", "tiny-flux", "--steps", "0"),
          error=CLI, words=("--steps", "0 is not 1 or more", "see 'placement plan --help'")),
     Case(name="cli: plan --steps alone plans at the pipeline's own size",
-         run=cli("plan", "tiny-dit", "--max-memory", "2x8GiB,cpu=8GiB", "--steps", "28"), error=None),
+         run=cli("plan", "tiny-sd15", "--max-memory", "2x8GiB,cpu=8GiB", "--steps", "28"), error=None),
     Case(name="cli: plan without its target", run=cli("plan"),
          error=CLI, words=("required: target", "see 'placement plan --help'")),
-    Case(name="cli: a negative device id in --max-memory", run=cli("plan", "tiny-dit", "--max-memory", "-1=24GiB"),
+    Case(name="cli: a negative device id in --max-memory", run=cli("plan", "tiny-flux", "--max-memory", "-1=24GiB"),
          error=CLI, words=("'-1' is negative", "numbered from 0")),
-    Case(name="cli: ':' for '=' in --max-memory", run=cli("plan", "tiny-dit", "--max-memory", "0:24GiB"),
+    Case(name="cli: ':' for '=' in --max-memory", run=cli("plan", "tiny-flux", "--max-memory", "0:24GiB"),
          error=CLI, words=("':'", "write 0=24GiB")),
-    Case(name="cli: a strategy one letter short", run=cli("plan", "tiny-dit", "--strategy", "balance"),
+    Case(name="cli: a strategy one letter short", run=cli("plan", "tiny-flux", "--strategy", "balance"),
          error=CLI, words=("'balance'", "did you mean 'balanced'")),
-    Case(name="cli: a preset typed with '_'", run=lambda tmp: _hub_checked(tmp, "tiny_dit"),
-         error=CLI, words=("'tiny_dit' is not a preset", "did you mean 'tiny-dit'"),
+    Case(name="cli: a preset typed with '_'", run=lambda tmp: _hub_checked(tmp, "tiny_flux"),
+         error=CLI, words=("'tiny_flux' is not a preset", "did you mean 'tiny-flux'"),
          harm=lambda tmp: (tmp / "hub-asked").exists()),
-    Case(name="cli: plan --json into a folder", run=cli("plan", "tiny-dit", "--json", "{tmp}"),
+    Case(name="cli: plan --json into a folder", run=cli("plan", "tiny-flux", "--json", "{tmp}"),
          error=CLI, words=("--json", "is a folder; name a file")),
-    Case(name="cli: plan flux-like on a machine without a GPU", run=lambda tmp: _laptop_plan(tmp),
+    Case(name="cli: plan flux on a machine without a GPU", run=lambda tmp: _laptop_plan(tmp),
          error=CLI, words=("Likeliest fixes first: (1)", "--dtype bf16 --max-memory 2x24GiB,cpu=64GiB",
                            "(2) Its weights must go to disk")),
     Case(name="cli: --version", run=cli("--version"), error=None),
