@@ -130,6 +130,6 @@ def test_launch_reads_torchruns_environment(monkeypatch):
 def test_run_with_no_prompt_is_an_error_without_traceback(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    assert main(["run", "tiny-dit", "--prompts", str(empty), "--out", str(tmp_path / "out")]) == 2
+    assert main(["run", "tiny-flux", "--prompts", str(empty), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "has no prompt" in err and "Traceback" not in err
