@@ -55,7 +55,8 @@ from pathlib import Path
 
 import placement
 from placement.gpu_profiles import PROFILES, gpu_profile
-from placement.time_model import exposed_copy_seconds, run_seconds
+from placement.cost import exposed_copy_seconds
+from placement.time_model import run_seconds
 
 GiB = 1024**3
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,7 +1,7 @@
 """Bytes moved per call when the pipeline does not fit: ours vs diffusers' offloads, a hand-picked mix of them,
 the reference policy (`reference_policy.py`) and the lower bound of our memory model.
 
-    python benchmarks/transfers.py                  # every real pipeline x 8 inventories (a few minutes)
+    python benchmarks/transfers.py                  # every real pipeline x 10 inventories (a few minutes)
     python benchmarks/transfers.py --smoke          # 2 pipelines x 2 inventories, seconds
     python benchmarks/transfers.py --only flux1-dev wan2.1-t2v-14b --inventories 1x24 2x16
     python benchmarks/transfers.py --estimate       # re-estimate the activation peaks (cached in data/)
@@ -44,6 +44,9 @@ What each anchor moves, from its semantics (diffusers 0.42):
 Ratios are ours / theirs over the scenarios where the pipeline does not fit resident and both fit (< 1: we
 move less); the summary gives their median and worst (largest).
 
+Multi-GPU rows (2x8 ... 4x24) are also held to the bound, which pools every GPU's room (issue 39: within 1.5x), and
+with `--gpu NAME` their predicted seconds to our plan on one of their GPUs (issue 39: no worse).
+
 With `--gpu NAME` our plan is made for seconds on that GPU profile (FLOPs and bytes touched per run from
 data/time_per_call_work.json, as benchmarks/time_per_call.py counts them), and the summary lists every scenario
 where it moves more than twice the reference's bytes with the predicted gain over our bytes-only plan, against the
@@ -76,7 +79,7 @@ LINK = 25e9
 DATA = Path(__file__).resolve().parent / "data"
 PEAKS = DATA / "transfer_activation_peaks.json"
 INVENTORIES = {"1x12": [12], "1x16": [16], "1x24": [24], "1x32": [32], "1x48": [48], "2x8": [8, 8],
-               "2x12": [12, 12], "2x16": [16, 16]}  # fmt: skip
+               "2x12": [12, 12], "2x16": [16, 16], "2x24": [24, 24], "4x24": [24] * 4}  # fmt: skip
 IMAGE_CALL = {"height": 1024, "width": 1024, "batch_size": 1}
 VIDEO_CALL = {"height": 480, "width": 832, "num_frames": 49, "batch_size": 1}
 ANCHOR_ROWS = [("flux1-dev", "1x24"), ("cogvideox-5b", "1x24"), ("hunyuanvideo", "1x32"), ("wan2.1-t2v-1.3b", "1x16"),
@@ -211,6 +214,9 @@ def ours(pipeline: Pipeline, gibs) -> tuple[int | None, float]:
         by_bytes = _plan(pipeline, gibs, None)
         predicted = plan.time_per_call().seconds
         GAINS[(pipeline.name.rstrip("*"), tuple(gibs))] = (1 - predicted / _priced(by_bytes, plan), predicted)
+        if len(gibs) > 1:  # the same GPUs, one of them: what the second card buys (issue 39)
+            ONE_GPU[(pipeline.name.rstrip("*"), tuple(gibs))] = (predicted, _plan(pipeline, gibs[:1], GPU)
+                                                                  .time_per_call().seconds)
     return plan.transfer_bytes_per_call, seconds
 
 
@@ -241,6 +247,8 @@ def _priced(plan, timed) -> float:
 
 GPU = None  # --gpu: plan for seconds on this profile
 GAINS: dict[tuple, tuple[float, float]] = {}  # (pipeline, GiBs) -> (predicted gain over the bytes-only plan, s)
+ONE_GPU: dict[tuple, tuple[float, float]] = {}  # (pipeline, GiBs) -> (our predicted s, the one-GPU plan's s)
+POOLED_LIMIT = 1.5  # issue 39: every multi-GPU scenario within this factor of the pooled bound (bytes)
 
 
 # --- building the pipelines -------------------------------------------------------------------------------------
@@ -361,8 +369,10 @@ def summary(rows, times) -> None:
         if ratios:
             worse = sum(r > 1.0 + 1e-9 for r in ratios)
             print(f"{column:<12}{len(ratios):>10}{statistics.median(ratios):>10.3f}{max(ratios):>10.3f}{worse:>11}")
+    pooled_check(rows)
     if GPU is not None:
         band_check(rows)
+        one_gpu_check()
     print("\nThe issue's anchor rows (GiB per call, seconds at 25 GB/s):")
     for key in ANCHOR_ROWS:
         if key in rows:
@@ -388,6 +398,34 @@ def band_check(rows) -> None:
             print(f"  {name:<20}{label:>6}  {row['ours'] / row['reference']:6.2f}x bytes  gain {gain:6.1%}  "
                   f"({seconds:.1f} s per call){'  <- within the band' if gain <= ERROR_BAND else ''}")
     print(f"  {offenders} scenario(s) move more than 2x the reference's bytes for a gain within the band.")
+
+
+def pooled_check(rows) -> None:
+    """Multi-GPU scenarios that move something: ours against the bound, which pools every GPU's room (issue 39)."""
+    pooled = {key: row for key, row in rows.items() if len(INVENTORIES[key[1]]) > 1 and row["ours"] and row["bound"]}
+    if not pooled:
+        return
+    print(f"\nSeveral GPUs, pooled: ours / bound where ours moves something (the bound pools every GPU's room; "
+          f"limit {POOLED_LIMIT:g}x):")
+    for (name, label), row in pooled.items():
+        ratio = row["ours"] / row["bound"]
+        print(f"  {name:<20}{label:>6}  {ratio:6.2f}x  ({_cell(row['ours']).strip()} vs {_cell(row['bound']).strip()})"
+              f"{'  <- over the limit' if ratio > POOLED_LIMIT else ''}")
+    over = sum(row["ours"] / row["bound"] > POOLED_LIMIT for row in pooled.values())
+    print(f"  {over} of {len(pooled)} scenario(s) over {POOLED_LIMIT:g}x the bound.")
+
+
+def one_gpu_check() -> None:
+    """Every multi-GPU scenario's predicted seconds against the plan on one of its GPUs (issue 39: no worse)."""
+    print(f"\nPredicted seconds per call on {GPU}: ours on the GPUs vs our plan on one of them (issue 39: no worse):")
+    worse = 0
+    for (name, gibs), (ours_s, one_s) in ONE_GPU.items():
+        label = next(k for k, v in INVENTORIES.items() if tuple(v) == gibs)
+        flag = ours_s > one_s * (1 + 1e-9)
+        worse += flag
+        print(f"  {name:<20}{label:>6}  {ours_s:9.1f} s  one GPU {one_s:9.1f} s  ({ours_s / one_s:5.2f}x)"
+              f"{'  <- slower than one GPU' if flag else ''}")
+    print(f"  {worse} of {len(ONE_GPU)} scenario(s) predicted slower than on one of their GPUs.")
 
 
 def _worst(rows) -> float:

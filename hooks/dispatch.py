@@ -37,7 +37,7 @@ from .input_moving import MoveInputsHook, glue_parent_forward, move_inputs_of_en
 from .input_moving import remove_glue, restore_entry_methods
 from .pinned_files import PinnedWeightsLoader
 from .run_timing import remove_run_timing
-from .techniques import Handle, Technique, TechniqueSpec, follows_transfer_plan, register
+from .techniques import Handle, Technique, TechniqueConfig, TechniqueSpec, follows_transfer_plan, register
 from .techniques import streams_everything
 from .tensor_slots import StandIns, TensorSlot
 
@@ -45,7 +45,7 @@ DiskWeights = Mapping[str, Mapping[str, str]]
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeviceMapConfig:
+class DeviceMapConfig(TechniqueConfig, technique="a device map", name="DEVICE_MAP"):
     """`dispatch`'s arguments: the relative device map, where streamed parts execute, the "disk" entries' files."""
 
     device_map: Mapping[str, Device]

@@ -2,9 +2,19 @@
 
     apply_layerwise_casting(denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
 
-Each Linear / Conv layer's hook puts a `compute_dtype` copy in the module for its forward only. Norms and
-embeddings are skipped by default (small, precision sensitive). Apply it before group offloading or per-call
-residency (the groups then hold the small dtype); removing it leaves the rounding.
+Each Linear / Conv layer's hook puts a `compute_dtype` copy in the module for its forward only, and puts the
+stored tensor back after it. Norms and embeddings are skipped by default (small, precision sensitive). Apply it
+before group offloading or per-call residency (the groups then hold the small dtype); removing it leaves the
+rounding.
+
+Why not accelerate's hooks (`accelerate.hooks.LayerwiseCastingHook`, attached by
+`accelerate.big_modeling.attach_layerwise_casting_hooks`): they compose with group offloading's stores during a
+call, but their `post_forward` casts the layer down again (`module.to(storage_dtype)`) instead of putting the
+stored tensor back, so a call under `torch.inference_mode()` (every pipeline's `__call__`) leaves inference tensors
+as the stored weights, and group offloading applied after that call (`pipe.enable_group_offload`) fails making
+them parameters ("Setting requires_grad=True on inference tensor"); it also costs a second cast per layer per
+call. Their attach function also detaches the hooks already on a layer and initialises them again (`append=True`;
+`hook_utils.add_hook_last` keeps them). tests/hooks/test_layerwise_casting.py shows the inference-mode case.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from torch import nn
 
 from .errors import OffloadConfigError
 from .hook_utils import add_hook_last, remove_hooks_of_type
-from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
+from .techniques import Handle, Technique, TechniqueConfig, TechniqueSpec, check_compatible, register
 from .tensor_slots import ModelTensor, collect_entries, direct_tensor_ids
 
 __all__ = ["SPEC", "DEFAULT_SKIP_MODULES_CLASSES", "DEFAULT_SKIP_MODULES_PATTERN", "LayerwiseCastingConfig",
@@ -38,7 +48,7 @@ DEFAULT_SKIP_MODULES_PATTERN = ("norm", "emb")
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerwiseCastingConfig:
+class LayerwiseCastingConfig(TechniqueConfig, technique="layerwise casting", name="LAYERWISE_CASTING"):
     """Dtypes may be strings ("float8_e4m3fn"); `skip_modules_pattern`: regexes searched in qualified names
     (None: the default; `()`: by class only). Normalised and checked on construction."""
 

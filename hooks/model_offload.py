@@ -26,7 +26,7 @@ from . import transfer_meter as meter
 from .hook_utils import add_hook_last, hooks_of, remove_hooks_of_type
 from .input_moving import config_with_execution_device, execution_place
 from .input_moving import move_to_device, return_to_caller  # keeps the caller's lists: writes stay visible
-from .techniques import Technique, TechniqueSpec, check_compatible, register
+from .techniques import Technique, TechniqueConfig, TechniqueSpec, check_compatible, register
 
 __all__ = ["SPEC", "ComponentEntryHook", "ModelOffloadChain", "ModelOffloadConfig", "ModelOffloadHook",
            "apply_model_cpu_offload", "remove_model_cpu_offload"]
@@ -91,7 +91,7 @@ class ComponentEntryHook(ModelHook):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelOffloadConfig:
+class ModelOffloadConfig(TechniqueConfig, technique="model offload", name="MODEL_OFFLOAD"):
     execution_device: Any = None  # an accelerator index, "cuda:1", a torch.device; None: the first accelerator
 
 

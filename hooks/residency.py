@@ -40,8 +40,8 @@ from . import transfer_meter as meter
 from .hook_utils import add_hook_first, add_hook_last, hooks_of, remove_hooks_of_type
 from .input_moving import MoveInputsHook, move_inputs_of_entry_methods, restore_entry_methods, return_to_caller
 from .residency_phases import ComponentPhase, DeviceCoordinator, DeviceShare
-from .techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from .techniques import register
+from .techniques import Handle, PlanContext, Technique, TechniqueConfig, TechniqueSpec, check_compatible
+from .techniques import follows_transfer_plan, register
 from .tensor_slots import collect_entries, named_tensors
 
 HOST = ("cpu", "disk")
@@ -83,10 +83,12 @@ class StreamedBlockHook(GroupMemberHook):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResidencyConfig:
+class ResidencyConfig(TechniqueConfig, technique="per-call residency", name="PER_CALL_RESIDENCY"):
     """A component's placement with its transfer model. Every host-homed tensor is under exactly one of
     `per_call_modules` / `streamed_modules`; `per_call_devices`: per-call modules loaded onto another accelerator;
-    `coordinators` (one per accelerator, shared by a pipeline's components; missing: unlimited room);
+    `streamed_devices`: streamed modules that stream onto another accelerator, through its own stream buffers (each GPU
+    runs its span of blocks: pooled residency); `coordinators` (one per accelerator, shared by a pipeline's
+    components; missing: unlimited room);
     `activation_bytes`: what runs need besides weights on each accelerator used; `use_stream` None: on CUDA."""
 
     execution_device: Device
@@ -94,6 +96,7 @@ class ResidencyConfig:
     per_call_modules: tuple[str, ...] = ()
     streamed_modules: tuple[str, ...] = ()
     per_call_devices: Mapping[str, Device] = field(default_factory=dict)
+    streamed_devices: Mapping[str, Device] = field(default_factory=dict)
     disk_weights: Mapping[str, Mapping[str, str]] | None = None
     coordinators: Mapping[Device, DeviceCoordinator] = field(default_factory=dict)
     activation_bytes: int = 0
@@ -109,16 +112,16 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
         raise OffloadConfigError(f"Per-call residency executes on an accelerator, not {place!r}.")
     device_map = flatten_device_map(module, {key: normalize_device(d) for key, d in config.device_map.items()})
     away = {path: normalize_device(d) for path, d in config.per_call_devices.items()}
-    _check_lists(module, device_map, config, away)
+    streams_away = {path: normalize_device(d) for path, d in config.streamed_devices.items()}
+    _check_lists(module, device_map, config, away, streams_away)
     transfers = _transfers(config.use_stream)
-    per_call, streamed = _build_units(module, config, place, away, transfers)
+    per_call, streamed = _build_units(module, config, place, away, streams_away, transfers)
+    away = {**away, **streams_away}  # where each module that leaves the execution device runs
     per_run = [group for group in streamed if group.release is ReleaseRule.WHEN_IDLE]
     blocks = [group for group in streamed if group.release is ReleaseRule.AFTER_LAST_MODULE]
-    session, here = None, transfers(place)
-    if blocks:
-        session = GroupOffloadSession(config=GroupOffloadingConfig(onload_device=place, use_stream=here.prefetches),
-                                      groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
-    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, session=session,
+    sessions = {onto: _session(onto, [group for group in blocks if group.onload_place == onto], transfers)
+                for onto in dict.fromkeys(group.onload_place for group in blocks)}
+    phase = ComponentPhase(name=type(module).__name__, place=place, per_run=per_run, sessions=sessions,
                            activation_bytes=config.activation_bytes, config=config)
     for device in _devices_used(place, device_map, away):
         phase.share(config.coordinators, device, per_call.get(device, []))
@@ -135,6 +138,13 @@ def apply_residency(module: nn.Module, config: ResidencyConfig) -> Handle:
     module.hf_device_map = dict(device_map)
     return Handle(technique=Technique.PER_CALL_RESIDENCY, module=module, config=config, remover=remove_residency,
                   state=phase)
+
+
+def _session(place: Device, blocks: list[ModuleGroup], transfers) -> GroupOffloadSession:
+    """The streamed blocks onto one accelerator and their prefetch chain: each GPU sends its first block when a
+    run starts and the next one when a block starts, on its own link, whatever the other GPUs do."""
+    config = GroupOffloadingConfig(onload_device=place, use_stream=transfers(place).prefetches)
+    return GroupOffloadSession(config=config, groups=blocks, prefetches=True, disk_folder=None, prefetch_first=True)
 
 
 def _transfers(use_stream: bool | None) -> Callable[[Device], BlockingTransfer | StreamTransfer]:
@@ -161,7 +171,7 @@ def remove_residency(module: nn.Module) -> None:
 
 
 def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: ResidencyConfig,
-                 away: Mapping[str, Device]) -> None:
+                 away: Mapping[str, Device], streams_away: Mapping[str, Device]) -> None:
     """Listed paths exist, hold only host-homed tensors, and cover every host-homed tensor exactly once."""
     what = type(module).__name__
     listed = [*config.per_call_modules, *config.streamed_modules]
@@ -179,6 +189,11 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
     if strays:
         raise OffloadConfigError(f"{what}: per_call_devices {strays} must name per-call modules (of "
                                 f"{list(config.per_call_modules)}) and accelerators. Re-plan.")
+    strays = {path: device for path, device in streams_away.items()
+              if path not in config.streamed_modules or not is_accelerator(device)}
+    if strays:
+        raise OffloadConfigError(f"{what}: streamed_devices {strays} must name streamed modules (of "
+                                f"{list(config.streamed_modules)}) and accelerators. Re-plan.")
     homes = tensor_devices(module, device_map)  # a tied tensor once, under its first name
     names_of = {names[0]: names for names in distinct_tensor_names(module)}
     covered: dict[str, list[str]] = {}
@@ -198,8 +213,10 @@ def _check_lists(module: nn.Module, device_map: Mapping[str, Device], config: Re
 
 
 def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away: Mapping[str, Device],
-                 transfers) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
-    """The per-call units by the accelerator they load onto, and the streamed units (onto `place`)."""
+                 streams_away: Mapping[str, Device], transfers
+                 ) -> tuple[dict[Device, list[ModuleGroup]], list[ModuleGroup]]:
+    """The per-call units by the accelerator they load onto, and the streamed units (onto `place`, or the
+    accelerator whose span they run in)."""
     entries = collect_entries(module)
     block_paths = block_groups(module).block_paths
     claimed: set[int] = set()
@@ -217,7 +234,8 @@ def _build_units(module: nn.Module, config: ResidencyConfig, place: Device, away
     for path in config.per_call_modules:
         onto = away.get(path, place)
         per_call.setdefault(onto, []).extend(units(path, onto))
-    return per_call, [group for path in config.streamed_modules for group in units(path, place)]
+    return per_call, [group for path in config.streamed_modules
+                      for group in units(path, streams_away.get(path, place))]
 
 
 def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> ModuleGroup:
@@ -232,7 +250,7 @@ def _group(spec: GroupSpec, entries, place: Device, transfer, disk_weights) -> M
 
 def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device],
              away: Mapping[str, Device], blocks: list[ModuleGroup]) -> None:
-    _hook_blocks(blocks, phase.session)
+    _hook_blocks(blocks, phase.sessions)
     for entry, place, back in input_routes(module, device_map, phase.place, away):
         hook = HandBackHook(place, back=back) if back is not None else MoveInputsHook(torch_device(place), place=place)
         add_hook_last(entry, hook)
@@ -242,10 +260,11 @@ def _install(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, 
                        module.register_forward_hook(lambda *_: phase.exit(), always_call=True)]
 
 
-def _hook_blocks(blocks: list[ModuleGroup], session: GroupOffloadSession) -> None:
+def _hook_blocks(blocks: list[ModuleGroup], sessions: Mapping[Device, GroupOffloadSession]) -> None:
     for group in blocks:
         for member in group.modules:
-            add_hook_first(member, StreamedBlockHook(group=group, session=session, is_root=False))
+            add_hook_first(member, StreamedBlockHook(group=group, session=sessions[group.onload_place],
+                                                     is_root=False))
 
 
 def _label(module: nn.Module, phase: ComponentPhase, device_map: Mapping[str, Device], away: Mapping[str, Device],
@@ -295,8 +314,9 @@ def input_routes(module: nn.Module, device_map: Mapping[str, Device], place: Dev
 
 def _runs_on(path: str, device_map: Mapping[str, Device], away: Mapping[str, Device], place: Device) -> Device:
     """The accelerator a module runs on: where it is loaded per call, else its resident entry's, else `place`."""
-    if path in away:
-        return away[path]
+    moved = owning_key(path, list(away)) if away else None
+    if moved is not None:
+        return away[moved]
     owner = owning_key(path, [key for key in device_map if key])
     home = device_map.get(owner) if owner is not None else device_map.get("")
     return home if is_accelerator(home) else place
@@ -319,7 +339,8 @@ def room_on(plan: Plan, place: Device) -> int | None:
 def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyConfig:
     transfer, place = component.transfer, component.execution_device
     coordinators = {}
-    for device in _devices_used(place, component.device_map, transfer.per_call_devices):
+    for device in _devices_used(place, component.device_map,
+                                {**transfer.per_call_devices, **transfer.streamed_devices}):
         key = (Technique.PER_CALL_RESIDENCY, device)
         if key not in context.shared:
             room = None if context.plan is None else room_on(context.plan, device)
@@ -328,7 +349,8 @@ def _plan_config(component: ComponentPlan, context: PlanContext) -> ResidencyCon
     return ResidencyConfig(execution_device=place, device_map=component.device_map,
                            per_call_modules=tuple(transfer.per_call_modules),
                            streamed_modules=tuple(transfer.streamed_modules),
-                           per_call_devices=dict(transfer.per_call_devices), disk_weights=context.disk_weights,
+                           per_call_devices=dict(transfer.per_call_devices),
+                           streamed_devices=dict(transfer.streamed_devices), disk_weights=context.disk_weights,
                            coordinators=coordinators, activation_bytes=component.activation_bytes or 0,
                            name=component.name)
 
@@ -344,20 +366,21 @@ class ResidencyEdit(GroupsEdit):
 
     @property
     def groups(self) -> list[ModuleGroup]:
-        session = self.phase.session
-        return [*self.phase.per_call, *self.phase.per_run, *(session.groups if session is not None else [])]
+        sessions = self.phase.sessions.values()
+        return [*self.phase.per_call, *self.phase.per_run, *(group for session in sessions for group in session.groups)]
 
     def close(self) -> list[str]:
         problems = self.stand_ins.put_back(self.module)
         phase, config = self.phase, self.phase.config
         away = {path: normalize_device(device) for path, device in config.per_call_devices.items()}
+        streams_away = {path: normalize_device(device) for path, device in config.streamed_devices.items()}
 
         def specs_for(entries):
             block_paths = block_groups(self.module).block_paths
             for kind, paths in (("per_call", config.per_call_modules), ("streamed", config.streamed_modules)):
                 for path in paths:
                     for spec in unit_specs(self.module, path, block_paths, entries):
-                        onto = away.get(path, phase.place) if kind == "per_call" else phase.place
+                        onto = (away if kind == "per_call" else streams_away).get(path, phase.place)
                         self.kinds[id(spec)] = (kind, onto)
                         yield spec
 
@@ -383,9 +406,9 @@ class ResidencyEdit(GroupsEdit):
         phase = self.phase
         if kind == "per_call":
             phase.shares[onto].per_call.append(group)
-        elif group.release is ReleaseRule.AFTER_LAST_MODULE and phase.session is not None:
-            phase.session.groups.append(group)
-            _hook_blocks([group], phase.session)
+        elif group.release is ReleaseRule.AFTER_LAST_MODULE and onto in phase.sessions:
+            phase.sessions[onto].groups.append(group)
+            _hook_blocks([group], phase.sessions)
         else:
             phase.per_run.append(group)
 
@@ -395,8 +418,8 @@ class ResidencyEdit(GroupsEdit):
         for share in phase.shares.values():
             share.per_call[:] = [group for group in share.per_call if group.entries]
         phase.per_run[:] = [group for group in phase.per_run if group.entries]
-        if phase.session is not None:
-            phase.session.groups[:] = [group for group in phase.session.groups if group.entries]
+        for session in phase.sessions.values():
+            session.groups[:] = [group for group in session.groups if group.entries]
 
     def homes(self) -> dict[str, Device]:
         """Resident tensors at their device-map entry's device, grouped ones where their store keeps them."""

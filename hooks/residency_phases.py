@@ -68,8 +68,7 @@ class DeviceShare:
 
     @property
     def transient_bytes(self) -> int:
-        here = self.coordinator.place == self.phase.place
-        return self.phase.activation_bytes + (self.phase.stream_buffer_bytes if here else 0)
+        return self.phase.activation_bytes + self.phase.stream_buffer_bytes_on(self.coordinator.place)
 
     @property
     def loaded_bytes(self) -> int:
@@ -88,16 +87,18 @@ class DeviceShare:
 
 
 class ComponentPhase:
-    """One component's shares, per-run units and streamed session; `enter`/`exit` nest."""
+    """One component's shares, per-run units and streamed sessions (one per accelerator it streams onto: each GPU
+    prefetches its own span's blocks through its own buffers); `enter`/`exit` nest."""
 
-    def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup], session: GroupOffloadSession | None,
-                 activation_bytes: int = 0, config=None) -> None:
+    def __init__(self, *, name: str, place: Device, per_run: list[ModuleGroup],
+                 sessions: Mapping[Device, GroupOffloadSession] | None = None, activation_bytes: int = 0,
+                 config=None) -> None:
         self.name = name
         self.config = config  # what it was applied with (an edit regroups its units by the same lists)
         self.place = place  # its execution device
         self.activation_bytes = activation_bytes  # what its runs need besides weights, on every device it uses
         self.per_run = per_run  # streamed units needed through a whole run (the rest of a streamed module)
-        self.session = session
+        self.sessions: dict[Device, GroupOffloadSession] = dict(sessions or {})
         self.shares: dict[Device, DeviceShare] = {}
         self.depth = 0
         # Torch hooks that start and end a run (also when the forward raised), not the accelerate hook's
@@ -129,8 +130,14 @@ class ComponentPhase:
     @property
     def stream_buffer_bytes(self) -> int:
         """What streaming keeps on the execution device at once, as the planner counts it (`cost.working_set`)."""
-        blocks = self.session.groups if self.session is not None else []
-        return working_set(sum(group.num_bytes for group in self.per_run), (group.num_bytes for group in blocks))
+        return self.stream_buffer_bytes_on(self.place)
+
+    def stream_buffer_bytes_on(self, place: Device) -> int:
+        """What streaming keeps on `place` at once: each GPU streams the blocks of its own span through its own
+        buffers (pooled residency); the rest streamed per run goes to the execution device."""
+        blocks = self.sessions[place].groups if place in self.sessions else []
+        rest = sum(group.num_bytes for group in self.per_run if group.onload_place == place)
+        return working_set(rest, (group.num_bytes for group in blocks))
 
     def enter(self) -> None:
         self.depth += 1
@@ -139,16 +146,16 @@ class ComponentPhase:
                 share.coordinator.make_room(share)
             onload_together(self.per_call)  # every device's copies started before any is waited for
             onload_together(self.per_run)
-            if self.session is not None:
-                self.session.begin_call()
+            for session in self.sessions.values():  # each GPU's first streamed block is sent now
+                session.begin_call()
 
     def exit(self) -> None:
         if self.depth == 0:
             return
         self.depth -= 1
         if self.depth == 0:
-            if self.session is not None:
-                self.session.end_call()
+            for session in self.sessions.values():
+                session.end_call()
             for group in self.per_run:
                 group.offload()
 
@@ -162,8 +169,8 @@ class ComponentPhase:
                 share.coordinator.phases.remove(share)
         for group in [*self.per_call, *self.per_run]:
             group.restore()
-        if self.session is not None:
-            self.session.close()
+        for session in self.sessions.values():
+            session.close()
 
 
 __all__ = ["ComponentPhase", "DeviceCoordinator", "DeviceShare"]

@@ -19,13 +19,13 @@ from .dispatch import device_map_editor, serve_weights
 from .gather import served_slots
 from .hook_utils import remove_hooks_of_type
 from .input_moving import MoveInputsHook, config_with_execution_device, execution_place
-from .techniques import Handle, Technique, TechniqueSpec, check_compatible, register
+from .techniques import Handle, Technique, TechniqueConfig, TechniqueSpec, check_compatible, register
 
 __all__ = ["SPEC", "SequentialOffloadConfig", "apply_sequential_cpu_offload", "remove_sequential_cpu_offload"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class SequentialOffloadConfig:
+class SequentialOffloadConfig(TechniqueConfig, technique="sequential offload", name="SEQUENTIAL_OFFLOAD"):
     execution_device: Any = None  # an accelerator index, "cuda:1", a torch.device; None: the first accelerator
 
 

@@ -1,15 +1,19 @@
-"""The technique table: each technique's file registers its row (`TechniqueSpec`), and readers (the conflict
-check, the plan dispatcher, `editing`, `gather`) iterate over the rows, never asking which hook type a module
-carries. Our hooks name their technique in a `technique` class attribute; accelerate's are recognised by type.
+"""The technique table: each technique's file declares its technique (its config class names it, `TechniqueConfig`)
+and registers its row (`TechniqueSpec`); `hooks/__init__.py` imports every file of the package (`load_techniques`)
+and exports each row's config, apply and remove (`technique_face`), so a new technique is its file and its test row.
+Readers (the conflict check, the plan dispatcher, `editing`, `gather`) iterate over the rows, never asking which
+hook type a module carries. Our hooks name their technique in a `technique` class attribute; accelerate's are
+recognised by type.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import importlib
+import pkgutil
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from accelerate.hooks import AlignDevicesHook, CpuOffload, ModelHook
 from torch import nn
@@ -17,17 +21,81 @@ from torch import nn
 from placement.devices import is_accelerator
 from placement.plan_schema import ComponentPlan, Plan, PlacementKind
 
-from .errors import OffloadConflictError, PlacementRuntimeError
+from .errors import OffloadConfigError, OffloadConflictError, PlacementRuntimeError
 from .hook_utils import hooks_of
 
 
-class Technique(str, Enum):
-    DEVICE_MAP = "a device map"
-    MODEL_OFFLOAD = "model offload"
-    SEQUENTIAL_OFFLOAD = "sequential offload"
-    GROUP_OFFLOAD = "group offloading"
-    LAYERWISE_CASTING = "layerwise casting"
-    PER_CALL_RESIDENCY = "per-call residency"
+class _Techniques(type):
+    """`Technique.NAME` names a technique before or after its file declares it (rows refuse techniques of files
+    imported later); iterating gives the declared ones in declaration order; `Technique(value)` finds one by value."""
+
+    def __getattr__(cls, name: str) -> "Technique":
+        if not name.isupper():
+            raise AttributeError(name)
+        return cls._named.setdefault(name, cls._make(name))
+
+    def __iter__(cls) -> Iterator["Technique"]:
+        return iter(cls._declared)
+
+    def __call__(cls, value: "Technique | str") -> "Technique":
+        if isinstance(value, Technique):
+            return value
+        found = [t for t in cls._declared if t.value == value]
+        if not found:
+            raise OffloadConfigError(f"No technique {value!r}; the techniques are {[t.value for t in cls._declared]}.")
+        return found[0]
+
+
+class Technique(metaclass=_Techniques):
+    """A runtime technique: `name` as code spells it (`Technique.GROUP_OFFLOAD`), `value` as users and messages
+    read it ("group offloading"). One object per name, declared by its technique's config class."""
+
+    __slots__ = ("name", "value")
+    _named: ClassVar[dict[str, "Technique"]] = {}
+    _declared: ClassVar[list["Technique"]] = []
+
+    @classmethod
+    def _make(cls, name: str) -> "Technique":
+        member = object.__new__(cls)
+        member.name, member.value = name, None
+        return member
+
+    @classmethod
+    def declare(cls, name: str, value: str) -> "Technique":
+        """`Technique.<name>`, read as `value`; declaring a name or a value twice is refused."""
+        member = getattr(cls, name)
+        if member.value is not None or any(t.value == value for t in cls._declared):
+            raise PlacementRuntimeError(f"Technique {name} ({value!r}) is declared twice; each technique's file "
+                                        "declares its own, once.")
+        member.value = value
+        cls._declared.append(member)
+        return member
+
+    @classmethod
+    def undeclared(cls) -> list[str]:
+        """Names used (`Technique.NAME`) that no file declared: a misspelt technique in some row."""
+        return [name for name, member in cls._named.items() if member.value is None]
+
+    def __repr__(self) -> str:
+        return f"Technique.{self.name}"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __reduce__(self):
+        return getattr, (Technique, self.name)  # copies and pickles are the one member
+
+
+class TechniqueConfig:
+    """The base of a technique's config class, which declares its technique (as a config names its owner):
+    `class FooConfig(TechniqueConfig, technique="foo streaming", name="FOO")` makes `Technique.FOO`, read
+    "foo streaming", with `FooConfig.technique` bound to it."""
+
+    technique: ClassVar[Technique]
+
+    def __init_subclass__(cls, *, technique: str, name: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.technique = Technique.declare(name, technique)
 
 
 @dataclass(kw_only=True)
@@ -45,7 +113,7 @@ class TechniqueSpec:
     """One row of the technique table."""
 
     technique: Technique
-    config_class: type
+    config_class: type[TechniqueConfig]
     apply: Callable[..., Any]  # apply(module, config) -> a handle with .remove()
     remove: Callable[[nn.Module], None]  # removes the technique from a module's tree, whoever applied it
     # The techniques already on a tree that applying this one refuses -> why ("" = they would fight over weights),
@@ -150,7 +218,12 @@ OFFLOADING: set[Technique] = set()
 
 
 def register(spec: TechniqueSpec) -> TechniqueSpec:
-    """Add `spec` to `TECHNIQUES` (a technique's file calls it on its row); returns it."""
+    """Add `spec` to `TECHNIQUES` (a technique's file calls it on its row, for the technique its config class
+    declares); returns it."""
+    if spec.config_class.technique is not spec.technique:
+        raise PlacementRuntimeError(
+            f"The row of {spec.technique!r} takes {spec.config_class.__name__}, which declares "
+            f"{spec.config_class.technique!r}: a row runs the technique its config class names.")
     _ROWS[spec.technique] = spec
     ordered = sorted(_ROWS.values(), key=lambda row: list(Technique).index(row.technique))
     _ROWS.clear()
@@ -158,6 +231,19 @@ def register(spec: TechniqueSpec) -> TechniqueSpec:
     if spec.offloads_weights:
         OFFLOADING.add(spec.technique)
     return spec
+
+
+def load_techniques(package: str, path: Collection[str]) -> None:
+    """Import every module of `package` (at `path`), so that each technique's file declares and registers its
+    own row: adding a technique lists it nowhere else."""
+    for info in pkgutil.walk_packages(path, f"{package}."):
+        importlib.import_module(info.name)
+
+
+def technique_face() -> dict[str, Any]:
+    """What the package exports of each row, by name: its config class, its apply and its remove function."""
+    return {part.__name__: part for spec in TECHNIQUES.values()
+            for part in (spec.config_class, spec.apply, spec.remove)}
 
 
 def check_compatible(module: nn.Module, applying: TechniqueSpec) -> None:
@@ -269,7 +355,7 @@ def apply_plan(modules: Mapping[str, nn.Module], plan: Plan, *,
     return PlacedModules(handles=handles, context=context)
 
 
-__all__ = ["OFFLOADING", "TECHNIQUES", "Handle", "PlacedModules", "PlanContext", "Technique", "TechniqueSpec",
-           "apply_component_plan", "apply_plan", "apply_to_each", "check_compatible", "follows_transfer_plan",
-           "per_call_places", "register", "remove_technique", "streams_everything", "technique_for", "technique_of",
-           "techniques_on"]
+__all__ = ["OFFLOADING", "TECHNIQUES", "Handle", "PlacedModules", "PlanContext", "Technique", "TechniqueConfig",
+           "TechniqueSpec", "apply_component_plan", "apply_plan", "apply_to_each", "check_compatible",
+           "follows_transfer_plan", "load_techniques", "per_call_places", "register", "remove_technique",
+           "streams_everything", "technique_face", "technique_for", "technique_of", "techniques_on"]

@@ -46,9 +46,18 @@ class Traffic:
 class TransferMeter:
     def __init__(self) -> None:
         self._bytes: Counter[tuple[Payload, Direction]] = Counter()
+        self._onto: Counter[tuple[Payload, Direction, Device]] = Counter()  # by the accelerator copied onto
 
-    def add(self, payload: Payload, direction: Direction, num_bytes: int) -> None:
+    def add(self, payload: Payload, direction: Direction, num_bytes: int, *, target: Device | None = None) -> None:
         self._bytes[(payload, direction)] += num_bytes
+        if target is not None and is_accelerator(target):
+            self._onto[(payload, direction, target)] += num_bytes
+
+    def onto(self, payload: Payload, direction: Direction = Direction.HOST_TO_ACCELERATOR) -> dict[Device, int]:
+        """Bytes of `payload` copied onto each accelerator in `direction`: with several GPUs each has its own link
+        (`meter.onto(Payload.WEIGHTS)`: what each GPU's link carried from the host)."""
+        return {target: n for (kind, moved, target), n in sorted(self._onto.items(), key=str)
+                if kind is payload and moved is direction}
 
     def traffic(self, *payloads: Payload) -> Traffic:
         return Traffic(**{f"{direction.value}_bytes": sum(self._bytes[(payload, direction)] for payload in payloads)
@@ -124,7 +133,7 @@ def record(payload: Payload, num_bytes: int, *, source: Device, target: Device) 
     moved = direction(source, target)
     if moved is not None:
         for meter in _State.meters:
-            meter.add(payload, moved, num_bytes)
+            meter.add(payload, moved, num_bytes, target=target)
 
 
 tensor_bytes = storage_bytes  # what crosses the bus: a quantized tensor's packed data and scales

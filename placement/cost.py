@@ -1,26 +1,67 @@
-"""What a plan costs: the one formula for the bytes a call moves, the stream buffer, the bounds derived from them,
-and the order candidate plans compare in (`PlanCost`), read by the Plan, the transfer model, the search and the
-benchmarks alike, so that bytes are counted in one place (docs/design.md, "When it does not fit").
+"""What a plan costs: the one formula for the bytes a call moves, the copy seconds compute does not hide of them
+(`exposed_copy_seconds`), the stream buffer, the bounds derived from them, and the order candidate plans compare in
+(`PlanCost`), read by the Plan, the time model, the transfer model, the search and the benchmarks alike, so that
+bytes are counted in one place (docs/design.md, "When it does not fit").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
 import networkx as nx
 
 from .devices import Device, is_accelerator
 from .errors import PlanError
-from .time_model import DISK_BYTES_PER_S, ERROR_BAND, copy_bandwidth, exposed_copy_seconds
-
-if TYPE_CHECKING:
-    from .memory_model import Ledger
-    from .plan_schema import ComponentPlan, ComponentTransfer
-    from .strategies.state import ComponentRequest
-    from .streaming import TransferUnit
+from .rates import DISK_BYTES_PER_S, ERROR_BAND
 
 STREAM_BUFFER_BLOCKS = 2  # one block computing, the next one prefetched (on CUDA, on a side stream)
+
+
+# What the formulas read of the planner's objects, named here so that this module imports none of them (it is a
+# leaf: the Plan's records, the search and the streaming layout all import it).
+class Unit(Protocol):
+    """A transfer unit (`streaming.TransferUnit`): its bytes, and whether it is a streamable block."""
+
+    bytes: int
+    block: bool
+
+
+class Demand(Protocol):
+    """A component to place (`strategies.state.ComponentRequest`): its name and the bytes its call runs."""
+
+    name: str
+    active_bytes: int
+
+
+class Transfer(Protocol):
+    """A component's bytes moved per call (`plan_records.ComponentTransfer`)."""
+
+    runs_per_call: int
+    loaded_per_call_bytes: int
+    streamed_per_run_bytes: int
+    streamed_modules: list[str]
+    per_call_devices: Mapping[str, int]
+    streamed_devices: Mapping[str, int]
+    bytes_per_call: int
+
+
+class PlacedComponent(Protocol):
+    """A component's placement (`plan_records.ComponentPlan`)."""
+
+    kind: str
+    bytes: int
+    execution_device: Device
+    placed_bytes: Mapping[Device, int]
+
+
+class Peaks(Protocol):
+    """The search's running memory account (`memory_model.Ledger`): each device's load has a `budget`."""
+
+    loads: Mapping[Device, Any]
+    accelerators: list[int]
+
+    def peak(self, device: Device) -> int: ...
 
 
 def bytes_per_call(*, loaded: int, streamed: int, runs: int) -> int:
@@ -49,7 +90,7 @@ def working_set(rest: int, block_bytes: Iterable[int]) -> int:
     return rest + stream_buffer(block_bytes)
 
 
-def minimum_phase_weights(host: Iterable[TransferUnit]) -> int:
+def minimum_phase_weights(host: Iterable[Unit]) -> int:
     """The least a component's host-homed units need on its execution device: its working set, all blocks streamed."""
     units = list(host)
     return working_set(sum(u.bytes for u in units if not u.block), (u.bytes for u in units if u.block))
@@ -60,13 +101,13 @@ def least_bytes_per_call(host: int, *, runs: int = 1) -> int:
     return bytes_per_call(loaded=host, streamed=0, runs=runs)
 
 
-def least_moved(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> int:
+def least_moved(components: Iterable[Demand], runs: Mapping[str, int]) -> int:
     """Bytes per call `components` move at least when none of their weights stays resident: each byte their call
     runs (`active_bytes`), once. The search's bound and the order it visits its options in."""
     return sum(least_bytes_per_call(c.active_bytes, runs=runs.get(c.name, 1)) for c in components)
 
 
-def least_cost(components: Iterable[ComponentRequest], runs: Mapping[str, int]) -> "PlanCost":
+def least_cost(components: Iterable[Demand], runs: Mapping[str, int]) -> "PlanCost":
     """The least a candidate keeping `components` off the resident room can cost: the search's one bound."""
     return PlanCost.at_least(least_moved(components, runs))
 
@@ -85,6 +126,31 @@ def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) 
     if not block_bytes:
         return None
     return weights - room + stream_buffer(sorted(block_bytes)[:STREAM_BUFFER_BLOCKS])
+
+
+def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
+                         streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
+    """Copy seconds per call compute does not hide: the per-call loads whole (nothing is known to leave room for
+    them earlier), plus at every run each streamed block's copy beyond the compute since it was sent. The runtime
+    sends a block when the streamed one before it starts (one side stream); the kept compute is spread evenly
+    over the gaps, blocks equal in size and compute per byte (a DiT's). Synchronous copies (`overlap=False`,
+    sequential offload) are exposed whole."""
+    exposed = loaded_bytes / link
+    if not streamed_bytes:
+        return exposed
+    if not overlap or streamed_blocks < 1:
+        return exposed + runs * streamed_bytes / link
+    block_bytes = streamed_bytes / streamed_blocks
+    copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
+    gap = run_s * max(weight_bytes - streamed_bytes, 0) / max(weight_bytes, 1) / streamed_blocks  # kept, before each
+    per_run = max(0.0, copy - gap) + (streamed_blocks - 1) * max(0.0, copy - compute - gap)
+    return exposed + runs * per_run
+
+
+def copy_bandwidth(kind: str, link: float, disk: float = DISK_BYTES_PER_S) -> float:
+    """The bytes/s copies of a component placed `kind` ("disk": disk-homed) get: the link's, capped at the disk's."""
+    return min(link, disk) if kind == "disk" else link
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +200,7 @@ class PlanCost:
 
 
 # Never trade certain bytes for uncertain seconds: exposed seconds closer than the time model's error band of the
-# call's seconds tie, and bytes decide. The model predicts published runs to +-15% (`time_model.ERROR_BAND`), so a
+# call's seconds tie, and bytes decide. The model predicts published runs to +-15% (`rates.ERROR_BAND`), so a
 # plan that moves 12x the bytes to be predicted 4% faster is not worth its copies, its pinned RAM and the bus it
 # shares with the other GPUs (sd35-large on 2x12 GiB, H100 profile: benchmarks/transfers.py --gpu h100).
 SECONDS_TIE_SHARE = ERROR_BAND
@@ -177,7 +243,7 @@ class CostModel:
     timing: Optional[Timing] = None  # None: no component's FLOPs are known, the objective is bytes only
 
     @classmethod
-    def build(cls, graph: nx.DiGraph, requests: Sequence[ComponentRequest],
+    def build(cls, graph: nx.DiGraph, requests: Sequence[Demand],
               runs: Optional[Mapping[str, int]] = None, timing: Optional[Timing] = None) -> "CostModel":
         """`runs` as given (validated by the planner); else each graph node's `runs_per_call`, else 1."""
         given = dict(runs or {})
@@ -185,8 +251,7 @@ class CostModel:
         known.update({r.name: given.get(r.name, known.get(r.name, 1)) for r in requests})
         return cls(graph=graph, runs=known, timing=timing)
 
-    def cost(self, plans: Mapping[str, ComponentPlan], transfers: Mapping[str, ComponentTransfer],
-             ledger: Ledger) -> PlanCost:
+    def cost(self, plans: Mapping[str, PlacedComponent], transfers: Mapping[str, Transfer], ledger: Peaks) -> PlanCost:
         """The cost of a complete set of placements: `plans` of every component placed, `transfers` of the
         components the strategy placed (the ones that count)."""
         cpu = sum(plans[name].bytes for name in transfers if not is_accelerator(plans[name].execution_device))
@@ -199,11 +264,11 @@ class CostModel:
                  t.runs_per_call, plans[name].kind)
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
-                  *t.per_call_devices.values()] for name, t in transfers.items())
+                  *t.per_call_devices.values(), *t.streamed_devices.values()] for name, t in transfers.items())
         return self.of(cpu_bytes=cpu, transfer_bytes=moved, executing=executing, ledger=ledger, exposed_seconds=exposed,
                        spans=spans)
 
-    def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Ledger,
+    def of(self, *, cpu_bytes: int, transfer_bytes: int, executing: Mapping[str, Device], ledger: Peaks,
            exposed_seconds: float = 0.0, spans: Iterable[Iterable[Device]] = ()) -> PlanCost:
         """The cost from its parts: `executing` maps each placed component to its execution device, `spans` lists
         per component the devices it keeps weights on, executes on or loads blocks onto."""
@@ -224,7 +289,7 @@ def crossings(graph: nx.DiGraph, executing: Mapping[str, Device]) -> int:
                if a != b and a in executing and b in executing and executing[a] != executing[b])
 
 
-def fullest_share(ledger: Ledger) -> float:
+def fullest_share(ledger: Peaks) -> float:
     """The fullest budgeted accelerator's predicted peak as a share of its budget."""
     shares = [ledger.peak(d) / ledger.loads[d].budget for d in ledger.accelerators if ledger.loads[d].budget]
     return max(shares, default=0.0)
@@ -241,6 +306,6 @@ def runs_per_call(graph: nx.DiGraph, name: str) -> int:
     return runs
 
 
-def host_bytes(plan: ComponentPlan) -> int:
+def host_bytes(plan: PlacedComponent) -> int:
     """Weight bytes the plan keeps off the accelerators (CPU RAM, disk)."""
     return sum(n for device, n in plan.placed_bytes.items() if not is_accelerator(device))

@@ -19,10 +19,12 @@ from .devices import Device, device_label
 from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile
 from .reports import format_seconds, simulated_lines
 from .sizes import format_bytes
-from .time_model import copy_bandwidth, run_seconds
+from .cost import copy_bandwidth
+from .time_model import run_seconds
 
 if TYPE_CHECKING:  # plan_schema imports this module for Plan.to_svg() and Plan.timeline()
-    from .plan_schema import ComponentPlan, Plan
+    from .plan_records import ComponentPlan
+    from .plan_schema import Plan
 
 WIDTH = 960
 MARGIN = 20

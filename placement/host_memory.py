@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from .devices import is_accelerator
 from .sizes import format_bytes
 
-if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived field)
-    from .plan_schema import ComponentPlan, DevicePlan
+if TYPE_CHECKING:
+    from .plan_records import ComponentPlan, DevicePlan
 
 
 class HostMemory(BaseModel):

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .budgets import Budgets
 from .devices import Device, is_accelerator
-from .plan_schema import DevicePlan
+from .plan_records import DevicePlan
 
 # Charged once per accelerator in use: the CUDA context with cuBLAS/cuDNN workspaces (300-600 MiB, outside the
 # caching allocator) plus the allocator's rounding and fragmentation during a forward (a few hundred MiB).

@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from .devices import device_label, is_accelerator
 from .sizes import format_bytes
-from .time_model import OVERLAP_MODEL, PCIE_BYTES_PER_S, DISK_BYTES_PER_S, copy_bandwidth, short_name
+from .cost import copy_bandwidth
+from .rates import DISK_BYTES_PER_S, PCIE_BYTES_PER_S
+from .time_model import OVERLAP_MODEL, short_name
 
 if TYPE_CHECKING:  # plan_schema imports this module for the Plan's derived fields and reports
-    from .plan_schema import ComponentPlan, DevicePlan, Plan
+    from .plan_records import ComponentPlan, DevicePlan
+    from .plan_schema import Plan
 
 
 # Under this share left, a device is warned about: the activation estimate and the allocator's rounding are each

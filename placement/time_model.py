@@ -9,15 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from .cost import copy_bandwidth, exposed_copy_seconds
 from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile, compute_dtype, cpu_flops_per_s
+from .rates import DISK_BYTES_PER_S, ERROR_BAND
 
 if TYPE_CHECKING:  # the plan's records, read only (plan_schema imports this module for its derived fields)
-    from .plan_schema import ComponentPlan, Plan
+    from .plan_records import ComponentPlan
+    from .plan_schema import Plan
 
-# Typical sustained host-to-device bandwidth (PCIe 4.0 x16, pinned memory) and NVMe read bandwidth, to turn
-# bytes moved per run into a time a user can weigh. Real machines vary by 2x either way; the bytes are exact.
-PCIE_BYTES_PER_S = 25e9
-DISK_BYTES_PER_S = 3e9
 # The rules `pricing.price` applies beyond the profile's rates, each fitted to benchmarks/data/published_runs.csv
 # (benchmarks/published_runs.py prints the rows and how each is predicted):
 # attention kernels' speed relative to eager SDPA (FlashAttention-2 on CUDA); FA3 and SageAttention run ~1.6x FA2 on
@@ -51,10 +50,6 @@ HOOK_TENSOR_S = 0.6e-3
 # only orders streams on the device (SGLang's layerwise offload; this library's streaming waits on events, so a
 # plan's `seconds_per_call` prices its blocks as "engine") pays nothing measurable.
 BLOCK_SYNC_S = {"hooks": 5.5e-3, "engine": 0.0}
-# The model's error band, from benchmarks/published_runs.py's spread: four in five of the 35 published runs it
-# expresses are predicted within 15% (28; the median within 7%; 32 of 35 within 20%). Plans state it, and the search
-# only moves more bytes per call for a predicted gain beyond it (cost.PlanCost).
-ERROR_BAND = 0.15
 OVERLAP_MODEL = ("per-call loads exposed whole; streamed blocks interleaved with the kept ones and sent when the "
                  "streamed block before them starts, each copy hidden by the compute since then")
 
@@ -137,25 +132,6 @@ def run_seconds(flops: Optional[int], bytes_touched: Optional[int], gpu: GpuProf
     return max(flops / gpu.flops_per_s(dtype), memory)
 
 
-def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
-                         streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
-    """Copy seconds per call compute does not hide: the per-call loads whole (nothing is known to leave room for
-    them earlier), plus at every run each streamed block's copy beyond the compute since it was sent. The runtime
-    sends a block when the streamed one before it starts (one side stream); the kept compute is spread evenly
-    over the gaps, blocks equal in size and compute per byte (a DiT's). Synchronous copies (`overlap=False`,
-    sequential offload) are exposed whole."""
-    exposed = loaded_bytes / link
-    if not streamed_bytes:
-        return exposed
-    if not overlap or streamed_blocks < 1:
-        return exposed + runs * streamed_bytes / link
-    block_bytes = streamed_bytes / streamed_blocks
-    copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
-    gap = run_s * max(weight_bytes - streamed_bytes, 0) / max(weight_bytes, 1) / streamed_blocks  # kept, before each
-    per_run = max(0.0, copy - gap) + (streamed_blocks - 1) * max(0.0, copy - compute - gap)
-    return exposed + runs * per_run
-
-
 def host_copy_rate(link: float, pinned_share: float = 1.0, pageable: Optional[float] = None) -> float:
     """Host -> GPU bytes/s of copies whose `pinned_share` comes from page-locked memory at `link` and the rest
     from pageable memory at `pageable` (default `PAGEABLE_SHARE` of the link; never above it): the bytes are
@@ -173,11 +149,6 @@ def plan_copy_rate(plan: Plan, gpu: GpuProfile) -> float:
     one, where `placement calibrate` measured it)."""
     return host_copy_rate(plan.link_bandwidth, plan.host_memory.pinned_share,
                           gpu.measured_pageable_link_bytes_per_s)
-
-
-def copy_bandwidth(kind: str, link: float, disk: float = DISK_BYTES_PER_S) -> float:
-    """The bytes/s copies of a component placed `kind` ("disk": disk-homed) get: the link's, capped at the disk's."""
-    return min(link, disk) if kind == "disk" else link
 
 
 def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,

@@ -35,8 +35,8 @@ from ..hook_utils import add_hook_first, find_hooks, hooks_of, remove_hooks_of_t
 from ..hook_utils import running_ancestor
 from ..input_moving import ReturnOutputsHook, move_to_device, restore_entry_methods, return_to_caller
 from ..input_moving import run_entry_methods_through
-from ..techniques import Handle, PlanContext, Technique, TechniqueSpec, check_compatible, follows_transfer_plan
-from ..techniques import register, streams_everything
+from ..techniques import Handle, PlanContext, Technique, TechniqueConfig, TechniqueSpec, check_compatible
+from ..techniques import follows_transfer_plan, register, streams_everything
 from ..tensor_slots import StandIns, named_tensors
 
 __all__ = ["SPEC", "GroupMemberHook", "GroupOffloadEdit", "GroupsEdit", "GroupOffloadHook", "GroupOffloadingConfig",
@@ -51,7 +51,7 @@ UNSUPPORTED = ("block_modules", "exclude_kwargs")
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupOffloadingConfig:
+class GroupOffloadingConfig(TechniqueConfig, technique="group offloading", name="GROUP_OFFLOAD"):
     """How to group-offload a module; normalised on construction."""
 
     onload_device: torch.device | int | str
@@ -225,7 +225,9 @@ class GroupMemberHook(ModelHook):
                 self.session.group_first_used(self.group)
             self.group.wait_until_ready()
             trace.compute_started(module)
-        device, place = self.session.onload_device, self.session.onload_place
+        # Where its group was brought: the session's device, or (pooled residency) the GPU whose span it runs in.
+        owner = self.group if self.group is not None else self.session
+        device, place = owner.onload_device, owner.onload_place
         moved = move_to_device((args, kwargs), device, place)
         self._entered = self.is_root and meter.enter_place(place)
         return moved

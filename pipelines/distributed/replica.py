@@ -11,7 +11,15 @@ could differ as free memory moves, and one node's groups must be disjoint. Each 
 group's `max_memory`, so it plans exactly that group), or without accelerators onto the CPU (GPU budgets or a
 `group_size` there are an error, never ignored). A status is then all-gathered, so a failure on one rank raises
 ReplicaLoadError on all, naming each failed rank. Replicas exchange only small objects, always over Gloo (a
-Gloo group beside NCCL under CUDA), so no exchange needs a GPU."""
+Gloo group beside NCCL under CUDA), so no exchange needs a GPU.
+
+Why not `accelerate.PartialState` (its `split_between_processes`, `utils.gather_object`): a replica is a GPU group,
+and PartialState sets each process's CUDA device to `cuda:<local rank>` when it starts (a CUDA context on another
+group's GPU when groups hold more than one); its `gather_object` all-gathers over the default group (NCCL under
+CUDA: every status exchange would need a GPU, even one reporting that planning failed before any was chosen),
+flattens one level of what each rank sends (a rank's `(label, place, error)` tuple comes back as loose items), and
+has no gather to rank 0 alone; and its split gives contiguous chunks, where rounds of one image per rank want every
+`world_size`-th input, so the images finish, and a stopped run resumes, in input order."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from ..errors import PlanError
 from ..gpu_profiles import MEASURED_BYTES, measure_cuda_link
 from ..plan_schema import DEFAULT_LINK_BANDWIDTH
 from ..sizes import parse_size
-from ..time_model import DISK_BYTES_PER_S
+from ..rates import DISK_BYTES_PER_S
 
 
 def component_mapping(values: Optional[Mapping], modules: Mapping, argument: str, shape: str) -> dict:

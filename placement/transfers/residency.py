@@ -17,7 +17,7 @@ from ..cost import STREAM_BUFFER_BLOCKS, bytes_per_call, minimum_phase_weights, 
 from ..device_maps import owning_key
 from ..devices import Device, is_accelerator
 from ..memory_model import Ledger
-from ..plan_schema import ComponentPlan, ComponentTransfer
+from ..plan_records import ComponentPlan, ComponentTransfer
 from ..streaming import TransferUnit
 from .blocks import away_rooms, is_idle, kept_evenly, moved_evenly, phase_room
 

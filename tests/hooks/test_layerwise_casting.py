@@ -159,3 +159,64 @@ def test_storage_dtype_this_torch_cannot_hold():
 def test_uncast_layers_in_another_dtype_are_a_clear_error():
     with pytest.raises(OffloadConfigError, match=r"norm\.weight \(torch.float32\).*torch_dtype=torch.bfloat16"):
         apply_layerwise_casting(make())  # default compute dtype bf16; the fp32 norm cannot take bf16 inputs
+
+
+def _weight_bytes(model, dtype_of):
+    return sum(p.numel() * dtype_of(name).itemsize for name, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
+@pytest.mark.parametrize("to_disk", [False, True], ids=["ram", "disk"])
+def test_casting_composes_with_group_offloading_on_an_accelerator(offload_type, to_disk, tmp_path, monkeypatch):
+    """Under group offloading's stores onto a (strict virtual) accelerator, the groups move the small dtype and
+    the upcast happens there: each call moves the stored bytes once and brings no weight back."""
+    from hooks import measure_transfers
+    from placement.devices import torch_device
+
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
+    model = make()
+    with torch.no_grad():
+        exact = rounded_copy(model, CAST, torch.float8_e4m3fn)(TOKENS)
+    apply_layerwise_casting(model, compute_dtype=torch.float32)
+    stored = _weight_bytes(model, lambda name: model.get_submodule(name.rpartition(".")[0]).weight.dtype)
+    apply_group_offloading(model, GroupOffloadingConfig(onload_device=0, offload_type=offload_type,
+                                                        offload_to_disk_path=tmp_path if to_disk else None))
+    with torch.no_grad():
+        for _ in range(2):
+            with measure_transfers() as meter:
+                out = model(TOKENS.to(torch_device(0)))
+            assert_same_output(out.cpu(), exact)
+            assert meter.weights.host_to_accelerator_bytes == stored < _weight_bytes(model, lambda _: torch.float32)
+            assert meter.weights.accelerator_to_host_bytes == 0
+            assert model.head.weight.dtype == torch.float8_e4m3fn
+    remove_group_offloading(model)
+    remove_layerwise_casting(model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_an_inference_mode_call_leaves_group_offloading_possible_as_accelerates_cast_hooks_do_not():
+    """Why the cast hooks are ours (module docstring): accelerate's cast the layer down again after each forward,
+    so under `torch.inference_mode()` (a pipeline's `__call__`) the stored weights become inference tensors and
+    group offloading applied afterwards cannot make them parameters. Ours put the stored tensor back."""
+    from accelerate.hooks import LayerwiseCastingHook, add_hook_to_module
+
+    theirs = make()
+    for name in CAST:
+        add_hook_to_module(theirs.get_submodule(name), LayerwiseCastingHook(torch.float8_e4m3fn, torch.float32,
+                                                                            non_blocking=False), append=True)
+    with torch.inference_mode():
+        theirs(TOKENS)
+    assert theirs.head.weight.is_inference()
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        apply_group_offloading(theirs, GroupOffloadingConfig(onload_device="cpu"))
+
+    ours = make()
+    with torch.no_grad():
+        exact = rounded_copy(ours, CAST, torch.float8_e4m3fn)(TOKENS)
+    apply_layerwise_casting(ours, compute_dtype=torch.float32)
+    with torch.inference_mode():
+        ours(TOKENS)
+    assert not ours.head.weight.is_inference() and ours.head.weight.dtype == torch.float8_e4m3fn
+    apply_group_offloading(ours, GroupOffloadingConfig(onload_device="cpu"))
+    with torch.no_grad():
+        assert_same_output(ours(TOKENS), exact)

@@ -1,11 +1,15 @@
 """The technique table: one row per technique, one calling shape, one conflict check, every pair covered."""
 
+import copy
 import dataclasses
 import importlib
 import inspect
 import itertools
+import pickle
 import pkgutil
+import types
 
+import accelerate.hooks
 import pytest
 import torch
 from torch import nn
@@ -107,6 +111,66 @@ def test_the_table_decides_every_pair(present, applying):
 
 def test_rows_are_registered_in_technique_order():
     assert list(TECHNIQUES) == list(Technique)
+
+
+def test_each_config_class_declares_its_technique_and_the_face_exports_each_row():
+    assert Technique.undeclared() == []  # every technique a row names is declared by some file
+    for technique, spec in TECHNIQUES.items():
+        assert spec.config_class.technique is technique and Technique(technique.value) is technique
+        assert copy.deepcopy(technique) is technique and pickle.loads(pickle.dumps(technique)) is technique
+        for part in (spec.config_class, spec.apply, spec.remove):
+            assert getattr(hooks, part.__name__) is part and part.__name__ in hooks.__all__
+    # Users and messages read the values; they stay as they were.
+    assert {t.value for t in Technique} == {"a device map", "model offload", "sequential offload",
+                                            "group offloading", "layerwise casting", "per-call residency"}
+    with pytest.raises(hooks.OffloadConfigError, match="No technique 'group offload'.*group offloading"):
+        hooks.remove_technique(make(), "group offload")
+
+
+@pytest.fixture
+def scratch_table(monkeypatch):
+    """The technique table and declarations as they are, restored after the test."""
+    monkeypatch.setattr(Technique, "_named", dict(Technique._named))
+    monkeypatch.setattr(Technique, "_declared", list(Technique._declared))
+    monkeypatch.setattr(hooks.techniques, "_ROWS", dict(hooks.techniques._ROWS))
+    monkeypatch.setattr(hooks.techniques, "TECHNIQUES", types.MappingProxyType(hooks.techniques._ROWS))
+    monkeypatch.setattr(hooks.techniques, "OFFLOADING", set(hooks.OFFLOADING))
+
+
+def test_a_new_technique_is_its_own_file(scratch_table):
+    """What a new technique's file does, alone: its config class declares it, its row registers it (refusing a
+    technique by name, declared or not yet), and the table, the conflict check and the face know it."""
+    from hooks.techniques import TechniqueConfig, TechniqueSpec, register, technique_face
+
+    @dataclasses.dataclass(frozen=True)
+    class EchoConfig(TechniqueConfig, technique="echo", name="ECHO"):
+        note: str = ""
+
+    class EchoHook(accelerate.hooks.ModelHook):
+        technique = Technique.ECHO
+
+    def apply_echo(module, config):
+        hooks.check_compatible(module, row)
+        accelerate.hooks.add_hook_to_module(module, EchoHook(), append=True)
+        return hooks.Handle(technique=Technique.ECHO, module=module, config=config, remover=remove_echo)
+
+    def remove_echo(module):
+        accelerate.hooks.remove_hook_from_module(module)
+
+    row = register(TechniqueSpec(technique=Technique.ECHO, config_class=EchoConfig, apply=apply_echo,
+                                 remove=remove_echo, refuses={Technique.MODEL_OFFLOAD: "echoes need their weights"}))
+    assert Technique.ECHO in list(Technique) and str(Technique.ECHO) == "echo" and EchoConfig.technique is Technique.ECHO
+    assert hooks.techniques.TECHNIQUES[Technique.ECHO] is row
+    assert {"EchoConfig", "apply_echo", "remove_echo"} <= set(technique_face())
+    model = make()
+    apply(Technique.MODEL_OFFLOAD, model)
+    with pytest.raises(OffloadConflictError, match="Cannot apply echo .* already has model offload.*echoes need"):
+        apply_echo(model, EchoConfig())
+    with pytest.raises(PlacementError, match="declared twice"):
+        Technique.declare("ECHO", "echo")
+    with pytest.raises(PlacementError, match="declares Technique.ECHO"):
+        register(dataclasses.replace(row, technique=Technique.GROUP_OFFLOAD))
+    TECHNIQUES[Technique.MODEL_OFFLOAD].remove(model)
 
 
 @pytest.mark.parametrize("technique", [t for t in Technique if TECHNIQUES[t].editor is not None])
