@@ -3,6 +3,7 @@
 from .activations.estimate import ActivationEstimateError, CallEstimate, estimate_activations, estimate_call
 from .planner import plan
 from .budgets import Budgets, ZeroBudgetWarning, resolve_budgets
+from .component_options import FormatLimit, TechniqueChoices
 from .devices import Device, normalize_device
 from .errors import DoesNotFitError, InvalidDeviceError, PlacementError, PlanError
 from .graph import build_graph, execution_order
@@ -14,6 +15,7 @@ from .sizes import format_size, parse_size
 from .unit_order import trace_module_order
 
 __all__ = [
+    "FormatLimit", "TechniqueChoices",
     "ACCELERATOR_RUNTIME_OVERHEAD", "ActivationEstimateError", "Budgets", "CallEstimate", "ComponentPlan",
     "ComponentWork", "Mode",
     "ComponentTransfer", "Device", "DevicePlan", "DoesNotFitError", "Fallback", "InvalidDeviceError",

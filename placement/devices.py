@@ -7,9 +7,11 @@ makes the library see N CPU-backed accelerators, strict (`placement.virtual`) un
 
 from __future__ import annotations
 
+import contextlib
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -65,8 +67,28 @@ class Accelerators:
         return torch.device(self.kind, index)
 
 
+# The accelerators of the load in progress (`detected_for_load`); None outside one: each call detects afresh.
+_LOAD_ACCELERATORS: ContextVar[Optional[Accelerators]] = ContextVar("placement_load_accelerators", default=None)
+
+
+@contextlib.contextmanager
+def detected_for_load(accelerators: Accelerators) -> Iterator[Accelerators]:
+    """Within one load, `detect_accelerators()` answers `accelerators` (detected once at its start): its plan,
+    budgets, profile and hooks see the same devices, and the device is not probed again per step. Scoped to the
+    load, not cached: the next load detects again, so a device change between loads is seen."""
+    token = _LOAD_ACCELERATORS.set(accelerators)
+    try:
+        yield accelerators
+    finally:
+        _LOAD_ACCELERATORS.reset(token)
+
+
 def detect_accelerators() -> Accelerators:
-    """The accelerators present: `PLACEMENT_VIRTUAL_ACCELERATORS` if set, else CUDA, else XPU, else MPS."""
+    """The accelerators present: `PLACEMENT_VIRTUAL_ACCELERATORS` if set, else CUDA, else XPU, else MPS (within a
+    load, those it detected at its start: `detected_for_load`)."""
+    held = _LOAD_ACCELERATORS.get()
+    if held is not None:
+        return held
     virtual = virtual_accelerator_count()
     if virtual is not None:
         return Accelerators(count=virtual, kind=BACKEND_NAME if strict_virtual_accelerators() else "cpu", virtual=True)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from torch import nn
 
 from .budgets import MARGIN_DESCRIPTION, Budgets, resolve_budgets, with_detected_cpu_note
+from .component_options import FormatLimit, TechniqueChoices, choose_techniques, kept_whole_notes
 from .cost import Timing
 from .devices import Device, accelerators_present, is_accelerator
 from .transfers.inputs import (
@@ -63,7 +66,8 @@ def plan(
     module_order: Optional[Mapping[str, Sequence[str]]] = None,
     runs_per_call: Optional[Mapping[str, int]] = None, link_bandwidth=None, gpu=None,
     flops_per_run: Optional[Mapping[str, int]] = None, bytes_touched_per_run: Optional[Mapping[str, int]] = None,
-    disk_read_bandwidth=None,
+    disk_read_bandwidth=None, techniques: Optional[TechniqueChoices] = None,
+    format_limits: Optional[Mapping[str, FormatLimit]] = None,
 ) -> Plan:
     """Plan where each module component (name -> nn.Module, usually on meta, in pipeline order) lives and runs.
     Builds nothing, loads nothing.
@@ -81,6 +85,9 @@ def plan(
     gpu: the profile the seconds assume ("rtx4090", "h100", "measure"); None: this machine's CUDA GPU or assumed.
     flops_per_run / bytes_touched_per_run: {component: per run at the call} (`estimate_call(...).flops`); with
         them the plan predicts seconds per call, without them only bytes.
+    techniques: the memory techniques (VAE tiling/slicing) the plan may turn on where `activations` do not fit,
+        with each component's peak under them (`TechniqueChoices`); the plan records those it chose.
+    format_limits: {component: FormatLimit}, placements its weight format cannot run in (never planned).
     """
     modules = _module_components(components)
     _check_dtype_keys(dtype, modules)
@@ -95,38 +102,83 @@ def plan(
     budgets = resolve_budgets(max_memory)
     model_graph = build_graph(list(modules), graph)
     order = execution_order(model_graph, list(modules))
-    requests = _requests(modules, order, dtype, _activations(activations, modules), module_order or {})
+    given = _activations(activations, modules)
+    requests = _requests(modules, order, dtype, given, module_order or {}, _limits(format_limits, modules))
     # A dict strategy's pins, validated even when the strategy degrades below (a degraded one places none).
     asked = _component_pins(spec, requests, budgets, given=max_memory is not None)
     notes: list[str] = []
     spec = _degrade_without_accelerators(spec, budgets, notes, detected=max_memory is None)
-    ledger = Ledger(budgets, activations_accounted=activations is not None)
-    context = Context(has_offload_folder=offload_folder is not None)
+    accelerators = Ledger(budgets, activations_accounted=False).accelerators
+    # Without gpu=, this machine's profile (`placement calibrate`, corrected by placed runs) where there is one.
+    machine = None if profile is not None else machine_choice(accelerators)
+    disk_given = disk is not None or machine is None or machine.disk is None
+    if machine is not None and disk is None and machine.disk is not None:
+        disk = machine.disk[0]
+    search = _Search(
+        spec=spec, order=order, graph=model_graph, requests=requests, budgets=budgets, asked=asked, pinned=pinned,
+        notes=tuple(notes), activations_accounted=activations is not None,
+        context=Context(has_offload_folder=offload_folder is not None), runs=runs, work=work,
+        gpu=profile if machine is None else machine.gpu, machine=machine, disk=disk, disk_given=disk_given,
+        link=_search_link(bandwidth if link_bandwidth is not None else None, bandwidth, profile, machine),
+        bandwidth=link_bandwidth and bandwidth,
+        inputs=PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
+                                 max_memory=None if max_memory is None else budgets.given(),
+                                 runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
+                                 gpu=None if profile is None else profile.key))
+    return choose_techniques(functools.partial(_searched, search), given, techniques)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Search:
+    """What one search over the components needs besides their activations: `plan()` runs it once, and once more
+    per technique set `techniques` offers when the plan without them does not fit (`choose_techniques`)."""
+
+    spec: StrategySpec
+    order: Sequence[str]
+    graph: object
+    requests: Mapping[str, ComponentRequest]
+    budgets: Budgets
+    asked: Mapping
+    pinned: Optional[Mapping]
+    notes: tuple[str, ...]
+    activations_accounted: bool
+    context: Context  # shared: its split cache holds across the searches of one plan() call
+    runs: Mapping[str, int]
+    work: Mapping[str, tuple]
+    gpu: Optional[GpuProfile]
+    machine: object
+    disk: Optional[float]
+    disk_given: bool
+    link: float
+    bandwidth: Optional[float]
+    inputs: PlanInputs
+
+
+def _searched(search: _Search, activation_bytes: Mapping[str, int]) -> Plan:
+    """The Plan of one search, the components carrying `activation_bytes`."""
+    requests = {name: request if activation_bytes.get(name) == request.activation
+                else dataclasses.replace(request, activation=activation_bytes.get(name))
+                for name, request in search.requests.items()}
+    notes = list(search.notes)
+    ledger = Ledger(search.budgets, activations_accounted=search.activations_accounted)
     try:
         placements = Placements()
-        _place_pins({} if spec.degraded else asked, pinned, requests, ledger, context, placements, notes)
-        # Without gpu=, this machine's profile (`placement calibrate`, corrected by placed runs) where there is one.
-        machine = None if profile is not None else machine_choice(ledger.accelerators)
-        if machine is not None and disk is None and machine.disk is not None:
-            disk = machine.disk[0]
-        effective = profile if machine is None else machine.gpu
-        link = _search_link(bandwidth if link_bandwidth is not None else None, bandwidth, profile, machine)
-        costs = _cost_model(model_graph, requests, runs, work, effective, ledger.accelerators, disk, link)
-        state = _place_the_rest(spec, requests, ledger, context, placements, costs)
+        _place_pins({} if search.spec.degraded else search.asked, search.pinned, requests, ledger, search.context,
+                    placements, notes)
+        costs = _cost_model(search.graph, requests, search.runs, search.work, search.gpu, ledger.accelerators,
+                            search.disk, search.link)
+        state = _place_the_rest(search.spec, requests, ledger, search.context, placements, costs)
     except DoesNotFitError as error:  # what the message cannot say by itself
-        raise with_detected_cpu_note(error, budgets)
-    inputs = PlanInputs.record(strategy=strategy, dtype=dtype, offload_folder=offload_folder,
-                               max_memory=None if max_memory is None else budgets.given(),
-                               runs_per_call=runs_per_call, link_bandwidth=link_bandwidth and bandwidth,
-                               gpu=None if profile is None else profile.key)
-    placed = _assemble(spec, order, model_graph, state, requests, notes + list(state.warnings), budgets, inputs,
-                       activations_accounted=activations is not None, bandwidth=link_bandwidth and bandwidth,
-                       gpu=effective, work=work, machine_link=None if machine is None else machine.link)
-    if disk is None:  # the assumed disk speed the plan has
+        raise with_detected_cpu_note(error, search.budgets)
+    placed = _assemble(search.spec, search.order, search.graph, state, requests,
+                       notes + list(state.warnings) + kept_whole_notes(state.by_name, requests), search.budgets,
+                       search.inputs, activations_accounted=search.activations_accounted, bandwidth=search.bandwidth,
+                       gpu=search.gpu, work=search.work,
+                       machine_link=None if search.machine is None else search.machine.link)
+    if search.disk is None:  # the assumed disk speed the plan has
         return placed
-    given = disk_read_bandwidth is not None or machine is None or machine.disk is None
-    return placed.model_copy(update={"disk_read_bandwidth": disk,
-                                     "disk_read_bandwidth_source": "given" if given else machine.disk[1]})
+    return placed.model_copy(update={"disk_read_bandwidth": search.disk, "disk_read_bandwidth_source":
+                                     "given" if search.disk_given else search.machine.disk[1]})
 
 
 def _search_link(given: Optional[float], default: float, named: Optional[GpuProfile], machine) -> float:
@@ -165,9 +217,17 @@ def _timing(work: Mapping[str, tuple], requests, profile: Optional[GpuProfile], 
     return Timing.build(seconds, runs, link=link, disk=disk)
 
 
-def _requests(modules, order, dtype, activation_bytes, traced) -> dict[str, ComponentRequest]:
+def _requests(modules, order, dtype, activation_bytes, traced, limits) -> dict[str, ComponentRequest]:
     return {name: _request(name, modules[name], dtype_for(dtype, name), activation_bytes.get(name), position,
-                           traced.get(name)) for position, name in enumerate(order)}
+                           traced.get(name), limits.get(name)) for position, name in enumerate(order)}
+
+
+def _limits(format_limits, modules: Mapping[str, nn.Module]) -> dict[str, FormatLimit]:
+    given = component_mapping(format_limits, modules, "format_limits", "{component: FormatLimit}")
+    wrong = {name: type(limit).__name__ for name, limit in given.items() if not isinstance(limit, FormatLimit)}
+    if wrong:
+        raise PlanError(f"format_limits values must be placement.FormatLimit; got {wrong}.")
+    return dict(given)
 
 
 def _assemble(spec, order, model_graph, state, requests, notes, budgets, inputs: PlanInputs, *,
@@ -235,7 +295,7 @@ def _component_pins(spec: StrategySpec, requests, budgets: Budgets, *, given: bo
 
 
 def _request(name: str, module: nn.Module, dtype, activation: Optional[int], position: int,
-             traced_order: Optional[Sequence[str]]) -> ComponentRequest:
+             traced_order: Optional[Sequence[str]], limit: Optional[FormatLimit]) -> ComponentRequest:
     size = size_module(module, dtype)
     if traced_order:
         size = dataclasses.replace(size, split_units=order_units(size.split_units, traced_order))
@@ -243,7 +303,7 @@ def _request(name: str, module: nn.Module, dtype, activation: Optional[int], pos
     return ComponentRequest(
         name=name, module=module, size=size, dtype=dtype, activation=activation, position=position,
         streamed=streaming_working_set(module, size), units=units,
-        idle=idle_units(module, units, traced_order) if traced_order else frozenset(),
+        idle=idle_units(module, units, traced_order) if traced_order else frozenset(), limit=limit,
     )
 
 

@@ -6,6 +6,7 @@ weights read from disk, `set_lora_device`) is refused before anything changes.""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -42,6 +43,38 @@ def follow_adapters(pipe: Any) -> None:
             _wrap_all(module, MODEL_METHODS, lambda args, kwargs, name=name, module=module: {name: module},
                       kinds=_kinds(pipe))
     _wrap_all(pipe, PIPELINE_METHODS, lambda args, kwargs: _loadable(pipe), kinds=_kinds(pipe))
+
+
+def check_adapter_loads(pipe: Any, names: Iterable[str]) -> None:
+    """A pipeline loaded without device_map (and its components `names`, those the load built): its adapter loads
+    fail as a placed one's do, the pipeline put back and the file named (`_load_checked`), not with diffusers' or
+    peft's raw error. Only the loads are wrapped, by `CheckedAdapterLoad` objects: the pipeline still pickles and
+    deep-copies; placing it later wraps these as it wraps diffusers' own methods."""
+    owners = [(pipe, ("load_lora_weights",))]
+    owners += [(getattr(pipe, name, None), LOADING) for name in names]
+    for owner, methods in owners:
+        for method in methods:
+            if callable(getattr(type(owner), method, None)) and method not in vars(owner):
+                setattr(owner, method, CheckedAdapterLoad(owner, method))
+
+
+class CheckedAdapterLoad:
+    """`type(owner).<name>(owner, ...)` through `_load_checked`, with that method's signature. A plain object, not
+    a closure, so its owner pickles and deep-copies (as `owner_saving.AtomicSave`)."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        signature = inspect.signature(getattr(type(self.owner), self.name))
+        return signature.replace(parameters=list(signature.parameters.values())[1:])  # without `self`
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        method = functools.partial(getattr(type(self.owner), self.name), self.owner)
+        modules = {type(self.owner).__name__: self.owner} if isinstance(self.owner, nn.Module) else \
+            _loadable(self.owner)
+        return _load_checked(method, self.name, modules, args, kwargs)
 
 
 def _wrap_all(owner: Any, names: Iterable[str], touched: Callable, *, kinds: Callable[[], Mapping[str, str]]) -> None:
@@ -259,4 +292,4 @@ def _is_placed(module: nn.Module) -> bool:
     return any(hooks_of(submodule) for submodule in module.modules())
 
 
-__all__ = ["MODEL_METHODS", "PIPELINE_METHODS", "follow_adapters"]
+__all__ = ["MODEL_METHODS", "PIPELINE_METHODS", "check_adapter_loads", "follow_adapters"]

@@ -1,5 +1,6 @@
 """The load options of formats of their own (quantization, fp8 layerwise casting, pins), checked before anything
-is built, and what each quantized format can do once placed, checked when the plan is made.
+is built, and what each quantized format can do once placed: a planner input (`format_limits`), and checked
+on the plan made (`check_planned_formats`).
 
 What a format can do in our runtime (`_REFUSED`, tested in tests/pipelines/loading/test_quantized_offload.py):
 - bitsandbytes: a 4-/8-bit weight is a `Params4bit`/`Int8Params` whose quantization state lives beside its
@@ -16,19 +17,18 @@ path, read by its `from_single_file` (`WeightsReader.OWNER`) with the model's co
 
 from __future__ import annotations
 
-import warnings
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from hooks.layerwise_casting import apply_layerwise_casting
 from hooks.techniques import PlanContext, follows_transfer_plan
-from placement.devices import device_label, is_accelerator
-from placement.errors import PlacementError
-from placement.plan_schema import ComponentPlan, PlacementKind, Plan, VerdictKind
+from placement import FormatLimit
+from placement.devices import is_accelerator
+from placement.plan_schema import ComponentPlan, PlacementKind, Plan
 from placement.sizing import tensor_format
 from placement.sizes import format_bytes
 
@@ -57,8 +57,7 @@ from ..hf.single_file import (
     meta_checkpoint,
 )
 from .meta import MetaComponent, WeightsReader, casting_config, layerwise_label, with_layerwise_casting
-from .planning import caller_stacklevel
-from .request import DeviceMapKind, DeviceMapRequest, LoadRequest
+from .request import LoadRequest
 
 
 class Runtime(str, Enum):
@@ -204,37 +203,21 @@ def check_planned_formats(plan: Plan, formats: Formats) -> None:
         raise LoadError(next(iter(refused.values())))
 
 
-def respect_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan], device_map: DeviceMapRequest) -> Plan:
-    """`plan_around_formats` for a plan the strategy made; a plan the caller gave is followed as it is, only checked."""
-    if device_map.kind is DeviceMapKind.STRATEGY:
-        return plan_around_formats(plan, formats, replan)
-    check_planned_formats(plan, formats)
-    return plan
+_PLANNED_KINDS = {Runtime.GROUP_OFFLOADED: PlacementKind.OFFLOADED, Runtime.DISK: PlacementKind.DISK}
 
 
-def plan_around_formats(plan: Plan, formats: Formats, replan: Callable[[dict], Plan]) -> Plan:
-    """`plan`, or, when it offloads a component whose format cannot be offloaded, the plan made again with that
-    component kept whole on the accelerator with the largest budget; the error when that cannot fit either."""
-    refused = refused_components(plan, formats)
-    accelerators = [device for device in plan.devices if is_accelerator(device.device) and device.budget]
-    if not refused or not accelerators:
-        check_planned_formats(plan, formats)
-        return plan
-    target = max(accelerators, key=lambda device: device.budget).device
-    with warnings.catch_warnings(record=True) as caught:  # shown only if this plan is the one kept
-        warnings.simplefilter("always")
-        try:
-            retried = replan({name: {"": target} for name in refused})
-        except PlacementError:
-            retried = None
-    if retried is None or refused_components(retried, formats) or retried.verdict.kind is VerdictKind.NO_FIT:
-        check_planned_formats(plan, formats)
-    for warning in caught:
-        warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
-    kept = ", ".join(f"{name} ({formats[name][1]})" for name in refused)
-    note = (f"{kept} kept whole on {device_label(target)}: its format cannot be offloaded, so the other components "
-            "were planned around it.")
-    return retried.model_copy(update={"warnings": [*retried.warnings, note]})
+def format_limits(formats: Formats) -> dict[str, FormatLimit]:
+    """The planner's input for each component whose format cannot run offloaded or on disk (`_REFUSED`): the
+    search never proposes those placements. A plan the caller gives is only checked (`check_planned_formats`)."""
+    limits = {}
+    for name, (method, label) in formats.items():
+        refused = {_PLANNED_KINDS[runtime]: why for runtime, why in _REFUSED.get(method, {}).items()
+                   if runtime in _PLANNED_KINDS}
+        if refused:
+            limits[name] = FormatLimit(label=label, refused=refused,
+                                       advice={kind: _advice(name, runtime) for runtime, kind in _PLANNED_KINDS.items()
+                                               if kind in refused})
+    return limits
 
 
 def build_single_file_component(name: str, cls: type, path: Path, config_folder: Path, *,

@@ -1,11 +1,13 @@
-"""VAE tiling and slicing, planned: when a VAE's decode does not fit, the plan turns tiling (or slicing) on for it
-and the load applies it; tiling changes the decoded values slightly, so it is turned on only when needed.
+"""VAE tiling and slicing, planned: what the planner may turn on for a VAE whose decode does not fit
+(`technique_choices`, chosen inside the one `placement.plan` call, which records the choice), and the load
+applies it; tiling changes the decoded values slightly, so it is turned on only when needed.
 `call={"vae_tiling": False}` forbids a technique, `True` forces it. When nothing fits, the error says whether
 the VAE's activation is what does not fit, and what would."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -16,13 +18,14 @@ import placement
 from placement.activations import ActivationEstimateError
 from placement.errors import DoesNotFitError
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
-from placement.plan_schema import MemoryTechnique, PlacementKind, PlannedTechnique, VerdictKind
+from placement.plan_schema import MemoryTechnique, PlannedTechnique
 from placement.sizes import format_bytes
 from placement.sizing import dtype_for
 
 from ..errors import CallSpecError
 from ..hf.calls.capture import TECHNIQUE_KEYS as CALL_TECHNIQUE_KEYS
 from ..hf.calls.vae_techniques import (
+    RequiredTechnique,
     WithTechniques,
     enable_techniques,
     is_on,
@@ -48,7 +51,7 @@ def activation_does_not_fit(plan_for: Callable, call, base, vaes: Mapping[str, t
     best = {name: frozenset(t for t in offered if options.allows(t) and (t is not MemoryTechnique.VAE_SLICING
                                                                           or batched(call.runs[name])))
             for name, offered in vaes.items()}
-    lines = [_needs(name, call, best[name], without.plan.components[name].bytes) for name in vaes]
+    lines = [_needs(name, call, best[name], without.plan.components[name].bytes, options) for name in vaes]
     offers = [*_allowed_techniques(plan_for, call, base, vaes, options, attempt),
               *_smaller_call(plan_for, call, base, best, attempt)]
     offers.append(_room_offer(call, best, without.plan))
@@ -59,7 +62,13 @@ def activation_does_not_fit(plan_for: Callable, call, base, vaes: Mapping[str, t
     )
 
 
-def _needs(name: str, call, techniques: frozenset, weights: int) -> str:
+def _needs(name: str, call, techniques: frozenset, weights: int, options: VaeOptions) -> str:
+    if name in options.required:  # it cannot decode whole: only its required technique's figure exists
+        needed = options.required[name]
+        return (f"{name} has {format_bytes(weights)} of weights and needs "
+                f"{format_bytes(call.peak(name, {needed.technique}))} of activations for this call "
+                f"({_call_text(call.sizes)}) with {needed.technique.value}, which it cannot run without "
+                f"({needed.reason})")
     text = f"{name} has {format_bytes(weights)} of weights and needs {format_bytes(call.peak(name, ()))} of " \
            f"activations for this call ({_call_text(call.sizes)}) decoded whole"
     if MemoryTechnique.VAE_TILING in techniques:
@@ -132,9 +141,7 @@ def _call_text(sizes: Mapping[str, Any]) -> str:
 
 
 TECHNIQUE_KEYS = {key: MemoryTechnique(key) for key in CALL_TECHNIQUE_KEYS}  # "vae_tiling" -> VAE_TILING, ...
-_WORDS = {MemoryTechnique.VAE_TILING: "tiled", MemoryTechnique.VAE_SLICING: "sliced"}
 _VAE_METHODS = ("decode", "encode")
-_OFF_ACCELERATORS = (PlacementKind.OFFLOADED, PlacementKind.DISK, PlacementKind.CPU)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +149,8 @@ class VaeOptions:
     """What `call=` says of each technique: True forces it, False forbids it, None lets the plan decide."""
 
     wanted: Mapping[MemoryTechnique, bool | None] = field(default_factory=dict)
+    # {VAE: a technique its own code cannot run the call without} (call capture's `RequiredTechnique`): forced.
+    required: Mapping[str, RequiredTechnique] = field(default_factory=dict)
 
     @classmethod
     def split(cls, call: Mapping[str, Any]) -> tuple["VaeOptions", dict[str, Any]]:
@@ -153,6 +162,17 @@ class VaeOptions:
                 raise CallSpecError(f"call= {key} must be True, False or None (let the plan decide), got {value!r}.")
             wanted[technique] = value
         return cls(wanted=wanted), {key: value for key, value in call.items() if key not in TECHNIQUE_KEYS}
+
+    def requiring(self, required: Mapping[str, RequiredTechnique]) -> "VaeOptions":
+        """These options with the techniques the call's VAEs cannot run without; `call=` forbidding one of
+        them is an error that says why."""
+        for name, needed in required.items():
+            if self.wanted.get(needed.technique) is False:
+                raise CallSpecError(
+                    f"call= forbids {needed.technique.value} ({needed.technique.value}=False), but {name} cannot "
+                    f"run this call without it ({needed.reason}; diffusers' own pipeline needs it on too). Leave "
+                    f"{needed.technique.value} out of call= or set it True.")
+        return dataclasses.replace(self, required={**self.required, **required})
 
     def allows(self, technique: MemoryTechnique) -> bool:
         return self.wanted.get(technique) is not False
@@ -168,8 +188,12 @@ class VaeOptions:
                 found = ", ".join(f"{name} ({type(module).__name__})" for name, module in modules.items()) or "none"
                 raise CallSpecError(f"call= asks for {key}=True, but no component this call decodes with offers "
                                     f"it (components: {found}); leave {key} out.")
-        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t)))
+        return {name: frozenset(t for t in offered if t in forced or (is_on(modules[name], t) and self.allows(t))
+                                or self._required(name, t))
                 for name, offered in vaes.items()}
+
+    def _required(self, name: str, technique: MemoryTechnique) -> bool:
+        return name in self.required and self.required[name].technique is technique
 
 
 def vae_components(modules: Mapping[str, nn.Module], runs: Mapping[str, list]) -> dict[str, tuple]:
@@ -195,29 +219,13 @@ def component_peak(name: str, module: nn.Module, examples, dtype, techniques=())
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """One planning attempt: its plan or the fitting error, the warnings it gave, the activations it used."""
+    """One planning attempt (for what-would-fit offers): its plan or the fitting error, its warnings, the
+    activations it used."""
 
     plan: placement.Plan | None = None
     error: Exception | None = None
     warnings: tuple = ()
     activations: Mapping[str, int] | None = None
-
-    def result(self) -> placement.Plan:
-        if self.error is not None:
-            raise self.error
-        return self.plan
-
-    @property
-    def fits(self) -> bool:
-        return self.plan is not None and self.plan.verdict.kind is VerdictKind.FITS
-
-    @property
-    def key(self) -> tuple:
-        """Smaller is better: a plan before none, then the verdict, then the weight bytes off the accelerators."""
-        if self.plan is None:
-            return (1,)
-        off = sum(c.bytes for c in self.plan.components.values() if c.kind in _OFF_ACCELERATORS)
-        return (0, list(VerdictKind).index(self.plan.verdict.kind), off)
 
 
 def attempt(plan_for: Callable, activations: Mapping[str, int] | None) -> Outcome:
@@ -256,25 +264,42 @@ class PlannedCall:
         return peak
 
 
-def plan_with_vae_techniques(plan_for: Callable, call: PlannedCall, activations: Mapping[str, int],
-                             options: VaeOptions) -> Outcome:
-    """The plan for `call`, with VAE tiling/slicing turned on where a decode does not fit (module doc)."""
+def technique_choices(call: PlannedCall, activations: Mapping[str, int],
+                      options: VaeOptions) -> placement.TechniqueChoices | None:
+    """What the planner may turn on for the VAEs of `call` (`placement.TechniqueChoices`): the technique sets to
+    try when the plan does not fit, in order of preference (`_candidates`), each VAE's peak under them, what
+    `call=` forces (on in `activations` already) and why; None when no component of the call offers any."""
     forced = options.forced_for(call.modules, call.runs)
+    vaes = vae_components(call.modules, call.runs)
+    if not vaes:
+        return None
     for name, techniques in forced.items():
         call.known[(name, techniques)] = activations[name]  # estimated so by the caller
-    base = attempt(plan_for, activations)
-    vaes = vae_components(call.modules, call.runs)
-    best, chosen = base, dict(forced)
-    if vaes and not base.fits:
-        for techniques in _candidates(options, vaes, call.runs, forced):
-            trial = attempt(plan_for, {**activations, **{name: call.peak(name, techniques[name])
-                                                         for name in techniques}})
-            if trial.key < best.key:
-                best, chosen = trial, techniques
-    if best.plan is None:
-        raise activation_does_not_fit(plan_for, call, base, vaes, options, attempt, batched) from base.error
-    return Outcome(plan=_recorded(best.plan, chosen, forced, base, call.modules, options), warnings=best.warnings,
-                   activations=best.activations)
+    return placement.TechniqueChoices(
+        candidates=_candidates(options, vaes, call.runs, forced), peak=call.peak, forced=forced,
+        forced_reasons={name: {technique: _forced_reason(technique, options, name) for technique in techniques}
+                        for name, techniques in forced.items()},
+        details={name: {MemoryTechnique.VAE_TILING: tile_description(call.modules[name])} for name in vaes})
+
+
+def _forced_reason(technique: MemoryTechnique, options: VaeOptions, name: str) -> str:
+    key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
+    return f"asked for in call= ({key}=True)" if options.wanted.get(technique) else \
+        f"required: {options.required[name].reason}" if options._required(name, technique) else \
+        "on already in the component given (it stays on)"
+
+
+def with_required_techniques(plan: placement.Plan, options: VaeOptions) -> placement.Plan:
+    """A plan made without `call=` with the techniques its VAEs cannot run without recorded (the load turns them
+    on, as diffusers' users do by hand), each with why. With `call=` the planner records them as forced
+    (`technique_choices`)."""
+    components = dict(plan.components)
+    for name, needed in options.required.items():
+        if name in components:
+            record = PlannedTechnique(technique=needed.technique, activation_bytes_without=None,
+                                      reason=f"{_forced_reason(needed.technique, options, name)}.")
+            components[name] = components[name].model_copy(update={"memory_techniques": [record]})
+    return plan.model_copy(update={"components": components})
 
 
 def _candidates(options: VaeOptions, vaes: Mapping[str, tuple], runs, forced) -> list[dict[str, frozenset]]:
@@ -302,56 +327,6 @@ def batched(examples) -> bool:
         if args and getattr(args[0], "shape", (1,))[0] > 1:
             return True
     return False
-
-
-def _recorded(plan: placement.Plan, chosen: Mapping[str, frozenset], forced: Mapping[str, frozenset],
-              base: Outcome, modules: Mapping[str, nn.Module], options: VaeOptions) -> placement.Plan:
-    """The plan with each VAE's techniques recorded on its component (the load applies them)."""
-    components = dict(plan.components)
-    for name, techniques in chosen.items():
-        if not techniques or name not in components:
-            continue
-        component = components[name]
-        without = None if base.activations is None else base.activations.get(name)
-        tiles = tile_description(modules[name])
-        records = [PlannedTechnique(technique=technique,
-                                    activation_bytes_without=None if technique in forced.get(name, ()) else without,
-                                    reason=_reason(name, technique, component, without, forced, base, tiles,
-                                                   options))
-                   for technique in sorted(techniques, key=list(MemoryTechnique).index)]
-        components[name] = component.model_copy(update={"memory_techniques": records})
-    return plan.model_copy(update={"components": components})
-
-
-def _reason(name: str, technique: MemoryTechnique, component, without, forced, base: Outcome, tiles: str,
-            options: VaeOptions) -> str:
-    if technique in forced.get(name, ()):
-        key = next(key for key, value in TECHNIQUE_KEYS.items() if value is technique)
-        why = f"asked for in call= ({key}=True)" if options.wanted.get(technique) else \
-            "on already in the component given (it stays on)"
-        return f"{why}; its activations for this call are {_bytes(component.activation_bytes)}."
-    tiles = f" ({tiles})" if technique is MemoryTechnique.VAE_TILING else ""
-    return (f"for this call its activations are {_bytes(without)} decoded whole and "
-            f"{_bytes(component.activation_bytes)} {_WORDS[technique]}{tiles}; decoded whole, "
-            f"{_outcome_words(base)}. Forbid it with call={{'{technique.value}': False}}.")
-
-
-def _bytes(value) -> str:
-    return "unknown" if value is None else format_bytes(value)
-
-
-def _outcome_words(outcome: Outcome) -> str:
-    if outcome.plan is None:
-        return f"no plan fits ({_first_sentence(outcome.error)})"
-    moved = [f"{c.name} {'on the CPU' if c.execution_device == 'cpu' else c.kind.value}"
-             for c in outcome.plan.components.values() if c.kind in _OFF_ACCELERATORS]
-    return f"the plan {outcome.plan.verdict.kind.value}" + (f" ({', '.join(moved)})" if moved else "")
-
-
-def _first_sentence(error: Exception | None) -> str:
-    text = str(error or "").strip()
-    end = text.find(". ")
-    return text[: end if end > 0 else None].rstrip(".")
 
 
 def apply_memory_techniques(pipe: Any, plan: placement.Plan) -> dict[str, tuple[str, ...]]:

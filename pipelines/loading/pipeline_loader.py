@@ -5,6 +5,7 @@ first tensor moved undoes everything: hooks removed, loaded weights back to meta
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ from hooks.hook_utils import add_hook_last
 from hooks.input_moving import DeliverOutputsHook
 from hooks.layerwise_casting import apply_layerwise_casting, remove_layerwise_casting
 from hooks.techniques import apply_component_plan
+import placement
 from placement.device_maps import flatten_device_map
-from placement.devices import Accelerators, torch_device
+from placement.devices import Accelerators, detected_for_load, torch_device
 from placement.plan_schema import ComponentPlan, Plan
 
 from ..checkpoint import WeightsNotFoundError, find_weights
@@ -30,7 +32,7 @@ from ..folder.components import PipelineComponents, module_dtype, record_origins
 from ..folder.model_index import ModelIndex, read_snapshot
 from ..folder.families import weights_name_for
 from ..folder.sources import ComponentSource, component_sources, load_non_module
-from ..hf.adapters import follow_adapters
+from ..hf.adapters import check_adapter_loads, follow_adapters
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left
 from ..hf.owner_saving import save_components_atomically
@@ -40,10 +42,11 @@ from .formats import (
     Formats,
     build_single_file_component,
     check_format_options,
+    check_planned_formats,
+    format_limits,
     formats_of_metas,
     formats_of_modules,
     load_modules_without_device_map,
-    respect_formats,
     single_file_sources,
 )
 from .limits import BuildLimit
@@ -62,14 +65,17 @@ from .placing import (
 from .planning import (
     caller_stacklevel,
     component_origin,
+    finish_plan,
     label_dtypes,
     modules_and_edges,
     passed_pins,
-    plan_modules,
+    planning_call,
+    prepare_plan,
     with_measured_disk_speed,
     with_notes,
 )
-from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, resolve_request
+from .planning_progress import planning_progress
+from .request import DeviceMapKind, LoadOptions, LoadRequest, Scope, check_saved_plan, resolve_request
 from .run_check import start_run_check
 
 
@@ -217,8 +223,8 @@ def build_components(opened: OpenedFolder, request: LoadRequest, *, weights_requ
 def load_pipeline(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False):
     """The pipeline of `cls` (for `Pipeline` itself, the diffusers class its folder names unless `generic`), each
     module placed; reloaded if the folder was saved over while it loaded."""
-    with quiet(preload=hf_libraries(request.folder)):
-        return read_snapshot(request.folder, lambda: _load_once(cls, request, passed, generic),
+    with quiet(preload=hf_libraries(request.folder)), detected_for_load(request.accelerators):
+        return read_snapshot(request.folder, functools.partial(_load_once, cls, request, passed, generic),
                              discard=lambda pipe: _discard(pipe, passed))
 
 
@@ -235,16 +241,18 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
                                for name, meta in build_components(opened, request, weights_required=True).items()})
         pipe = construct(opened.target, opened.index, {**components, **passed}, request.folder)
         save_components_atomically(pipe, opened.modules)  # diffusers' own saves write in place
+        check_adapter_loads(pipe, opened.modules)  # a bad LoRA named as on a placed pipeline
         return pipe
     metas = build_components(opened, request, weights_required=True)
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**components, **modules, **passed}, request.folder)
-    plan = with_measured_disk_speed(plan_folder_pipeline(pipe, request, metas, passed), metas)
+    pins = passed_pins(passed, pin=request.options.pin)
+    plan = with_measured_disk_speed(plan_components(pipe, request, metas, pins=pins), metas)
     check_plan_devices(plan, request.accelerators)
     place_pipeline(pipe, plan, metas, passed, request)
     if request.device_map.hooks:  # every placed run checks its plan: pipe.placement_report()
         planned = request.device_map.kind is not DeviceMapKind.SAVED_PLAN  # a saved plan is followed, not re-made
-        start_run_check(pipe, plan, replan=(lambda: plan_folder(cls, request, passed=passed, generic=generic))
+        start_run_check(pipe, plan, replan=functools.partial(plan_folder, cls, request, passed=passed, generic=generic)
                         if planned else None)
     if not isinstance(pipe, PipelineComponents):
         attach_reset(pipe)
@@ -257,8 +265,8 @@ def _load_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
 
 def plan_folder(cls: type, request: LoadRequest, *, passed: Mapping[str, Any], generic: bool = False) -> Plan:
     """The plan `load_pipeline` would follow; every module built on meta, no weight read, nothing loaded."""
-    with quiet(preload=hf_libraries(request.folder)):
-        return read_snapshot(request.folder, lambda: _plan_once(cls, request, passed, generic))
+    with quiet(preload=hf_libraries(request.folder)), detected_for_load(request.accelerators):
+        return read_snapshot(request.folder, functools.partial(_plan_once, cls, request, passed, generic))
 
 
 def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], generic: bool) -> Plan:
@@ -276,37 +284,39 @@ def _plan_once(cls: type, request: LoadRequest, passed: Mapping[str, Any], gener
                                saved_here=opened.index.save_id is not None))
     modules = {name: meta.module for name, meta in metas.items()}
     pipe = construct(opened.target, opened.index, {**opened.non_modules(), **modules, **passed}, request.folder)
-    return with_notes(plan_folder_pipeline(pipe, request, metas, passed), notes)
-
-
-def plan_folder_pipeline(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent],
-                         passed: Mapping[str, Any]) -> Plan:
-    """The plan of a pipeline built from a folder (`from_pretrained` and `plan_placement` both call this):
-    components passed in keep their own dtype, and those already dispatched are pinned where they are."""
-    pins, notes = passed_pins(passed, pin=request.options.pin)
-    return plan_components(pipe, request, metas, pins=pins, notes=notes, formats=formats_of_metas(metas),
-                           passed_origin="passed in, as it is")
+    return plan_components(pipe, request, metas, pins=passed_pins(passed, pin=request.options.pin), notes=notes)
 
 
 def plan_components(pipe: Any, request: LoadRequest, metas: Mapping[str, MetaComponent], *,
-                    pins: Mapping[str, Any], notes: list[str], formats: Formats, passed_origin: str) -> Plan:
-    """The one plan of a pipeline's module components, whether loaded, planned or placed as built, so no entry
-    re-plans apart; each component's dtype is labelled with its origin."""
+                    pins: tuple[Mapping[str, Any], Sequence[str]], notes: Sequence[str] = (),
+                    formats: Formats | None = None, passed_origin: str = "passed in, as it is") -> Plan:
+    """The one plan of a pipeline's module components, whether loaded, planned (`from_pretrained` and
+    `plan_placement` both call this) or placed as built: one `placement.plan` call, which chooses the VAE
+    techniques and keeps each format where it runs. Components passed in keep their own dtype, and those already
+    dispatched are pinned where they are (`pins`: `passed_pins`' answer); each component's dtype is labelled with
+    its origin."""
     modules, edges = modules_and_edges(pipe)
+    pins, pin_notes = pins
+    formats = formats_of_metas(metas) if formats is None else formats
     dtypes = {name: metas[name].dtype if name in metas else None for name in modules}
     origins = {name: component_origin(metas[name]) if name in metas else passed_origin for name in modules}
+    notes = [*pin_notes, *notes]  # the pins' notes first, as the plan says them
     options = request.options
-
-    def plan_with(kept: Mapping[str, Any]) -> Plan:
-        plan = plan_modules(pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
-                            max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call,
-                            pinned={**pins, **kept}, estimating=lambda: computing_on_meta(metas), advise=metas,
-                            gpu=options.gpu, progress=options.progress,
-                            sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None
-                                           for name in modules})
-        return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
-
-    return respect_formats(plan_with({}), formats, plan_with, request.device_map)
+    if request.device_map.kind is DeviceMapKind.SAVED_PLAN:  # followed as it is: checked, not planned
+        plan = check_saved_plan(request.device_map.value, modules, dtypes)
+    else:
+        with planning_progress(enabled=options.progress):
+            prepared = prepare_plan(
+                pipe, modules, edges=edges, device_map=request.device_map, dtypes=dtypes,
+                max_memory=options.max_memory, offload_folder=options.offload_folder, call=options.call, pinned=pins,
+                estimating=functools.partial(computing_on_meta, metas), advise=metas, gpu=options.gpu,
+                sizing_dtypes={name: metas[name].sizing_dtype if name in metas else None for name in modules},
+                format_limits=format_limits(formats))
+            with planning_call(prepared):
+                plan = placement.plan(modules, **prepared.arguments)
+        plan = finish_plan(plan, prepared)
+    check_planned_formats(plan, formats)  # what the search cannot see (a given map, accelerate's weight hooks)
+    return with_notes(label_dtypes(plan, modules, dtypes, origins), notes)
 
 
 def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], passed: Mapping[str, Any],
@@ -421,16 +431,17 @@ def place(pipe: Any, *, device_map="balanced", max_memory=None, call: Mapping[st
     check_requested_devices(request.device_map, request.accelerators)
     modules, _ = modules_and_edges(pipe)
     check_format_options(request, built=[], passed=list(modules))
-    pins, notes = passed_pins(modules, pin=request.options.pin)  # before casting: its hooks are not a placement
+    pins = passed_pins(modules, pin=request.options.pin)  # before casting: its hooks are not a placement
     for name, storage in request.options.layerwise_casting.items():
         module = modules[name]
         apply_layerwise_casting(module, casting_config(module, storage, module_dtype(module)))
 
     try:
-        plan = plan_components(pipe, request, {}, pins=pins, notes=notes, formats=formats_of_modules(modules),
-                               passed_origin="as it is, placed by pipelines.place")
-        check_plan_devices(plan, request.accelerators)
-        place_pipeline(pipe, plan, {}, modules, request)
+        with detected_for_load(request.accelerators):
+            plan = plan_components(pipe, request, {}, pins=pins, formats=formats_of_modules(modules),
+                                   passed_origin="as it is, placed by pipelines.place")
+            check_plan_devices(plan, request.accelerators)
+            place_pipeline(pipe, plan, {}, modules, request)
     except BaseException:
         for name in request.options.layerwise_casting:  # nothing half-done: the casting this call applied comes off
             remove_layerwise_casting(modules[name])

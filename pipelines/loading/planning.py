@@ -24,7 +24,7 @@ from placement.plan_schema import DEFAULT_DISK_SOURCE
 from placement.sizing import dtype_for, dtype_label
 from placement.unit_order import record_module_order
 
-from ..errors import CallSpecError, FolderError
+from ..errors import CallSpecError, FolderError, LoadError
 from ..folder.components import PipelineComponents
 from ..hf.calls import capture_call
 from ..hf.calls.capture import RUN_KEYS, recorded_call
@@ -37,11 +37,23 @@ from ..hf.diffusers_pipeline import (
 from .limits import check_call_limits
 from .meta import layerwise_label
 from .planning_progress import planning_progress
-from .memory_techniques import PlannedCall, VaeOptions, attempt, component_peak, plan_with_vae_techniques
+from .memory_techniques import (
+    Outcome,
+    PlannedCall,
+    VaeOptions,
+    activation_does_not_fit,
+    attempt,
+    batched,
+    component_peak,
+    technique_choices,
+    vae_components,
+    with_required_techniques,
+)
 from .request import DeviceMapKind, DeviceMapRequest, Scope, check_saved_plan, nest_flat_device_map
 from .suggestions import Replanning, suggestions
 
 # This library's three package folders: a frame whose file lies in one of them is not the user's.
+_CONTEXTLIB = contextlib.__file__
 _LIBRARY_DIRS = tuple(Path(__file__).resolve().parents[2] / name for name in ("placement", "hooks", "pipelines"))
 
 
@@ -62,21 +74,45 @@ def plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: D
                  advise: Mapping[str, Any] | None = None, sizing_dtypes=None, gpu=None,
                  progress: bool = True) -> placement.Plan:
     """The plan of `modules` (of `pipe`, which describes its calls; None for one model): a saved plan checked and
-    followed, anything else planned by `placement.plan` at `scope`. `estimating`: the context activation estimates
-    run in; `sizing_dtypes`: what placement sizes at where it differs from `dtypes`; `advise`: the components built
-    by this load, for the single change that would make the plan fit (`suggestions`); `progress`: a bar on stderr
-    when planning takes more than a couple of seconds (`planning_progress`)."""
-    with planning_progress(enabled=progress):
-        return _plan_modules(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes, max_memory=max_memory,
-                             offload_folder=offload_folder, call=call, pinned=pinned, scope=scope,
-                             estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
-
-
-def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
-                  offload_folder, call, pinned: Mapping[str, Any], scope: Scope, estimating, advise, sizing_dtypes,
-                  gpu) -> placement.Plan:
+    followed, anything else planned by one `placement.plan` call at `scope` (`prepare_plan`, `planning_call`,
+    `finish_plan`); a pipeline load does the same in `pipeline_loader.plan_components`."""
     if device_map.kind is DeviceMapKind.SAVED_PLAN:
         return check_saved_plan(device_map.value, modules, dtypes)
+    with planning_progress(enabled=progress):
+        prepared = prepare_plan(pipe, modules, edges=edges, device_map=device_map, dtypes=dtypes,
+                                max_memory=max_memory, offload_folder=offload_folder, call=call, pinned=pinned,
+                                scope=scope, estimating=estimating, advise=advise, sizing_dtypes=sizing_dtypes, gpu=gpu)
+        with planning_call(prepared):
+            plan = placement.plan(modules, **prepared.arguments)
+    return finish_plan(plan, prepared)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedPlan:
+    """The one `placement.plan` call of a load, worked out before it is made: its keywords (`arguments`: the
+    call's runs, activation peaks and work, the VAE techniques the planner may turn on, the formats' limits), and
+    what finishing the plan, or explaining its failure, needs."""
+
+    modules: Mapping[str, nn.Module]
+    arguments: Mapping[str, Any]
+    call: Mapping[str, Any] | None
+    device_map: DeviceMapRequest
+    advise: Mapping[str, Any] | None
+    fallbacks: Sequence[EstimateFallback]
+    planned: PlannedCall | None = None  # with call=: its runs, and how to estimate other technique sets
+    options: VaeOptions = field(default_factory=VaeOptions)
+
+    def replanning(self, activations: Mapping[str, int] | None) -> Replanning:
+        """How suggestions re-plan: these arguments with `activations` fixed (no technique left to choose)."""
+        return Replanning(modules=dict(self.modules), arguments={**self.arguments, "activations": activations,
+                                                                 "techniques": None})
+
+
+def prepare_plan(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: DeviceMapRequest, dtypes, max_memory,
+                 offload_folder, call, pinned: Mapping[str, Any], scope: Scope = Scope.PIPELINE,
+                 estimating=contextlib.nullcontext, advise=None, sizing_dtypes=None, gpu=None,
+                 format_limits: Mapping[str, placement.FormatLimit] | None = None) -> PreparedPlan:
+    """The keywords of the one `placement.plan` call for `modules` (see `PreparedPlan`)."""
     strategy = device_map.value
     if device_map.kind is DeviceMapKind.PINS and scope is Scope.PIPELINE:
         strategy = nest_flat_device_map(strategy, modules)
@@ -90,6 +126,7 @@ def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: 
     with weights_only_fallback() as fallbacks:
         described = None if pipe is None else describe_call(pipe, modules, sizes if call is not None else None,
                                                             dtypes=dtypes, estimating=estimating)
+        options = options if described is None else options.requiring(described.required)
         planned, activations = (None, None) if call is None else _planned_call(
             pipe, modules, sizes, options, described, dtypes=dtypes, estimating=estimating, module_order=module_order)
         work = {} if planned is None else work_arguments(described, modules, dtypes=dtypes, estimating=estimating)
@@ -98,34 +135,69 @@ def _plan_modules(pipe, modules: Mapping[str, nn.Module], *, edges, device_map: 
                                                      if name not in modules or not fallbacks.of(modules[name])})
     arguments = dict(max_memory=max_memory, strategy=strategy, graph=edges,
                      dtype=dtypes if sizing_dtypes is None else sizing_dtypes, offload_folder=offload_folder,
-                     pinned=dict(pinned) or None, scope=scope.value,
-                     runs_per_call=None if described is None else described.runs, gpu=gpu)
+                     pinned=dict(pinned) or None, scope=scope.value, activations=activations,
+                     runs_per_call=None if described is None else described.runs, gpu=gpu,
+                     module_order=module_order or None, format_limits=format_limits or None,
+                     techniques=None if planned is None else technique_choices(planned, activations, options), **work)
+    return PreparedPlan(modules=modules, arguments=arguments, call=call, device_map=device_map, advise=advise,
+                        fallbacks=tuple(fallbacks.records), planned=planned, options=options)
 
-    def plan_for(activations: Mapping[str, int] | None) -> placement.Plan:
-        return placement.plan(modules, **arguments, activations=activations, module_order=module_order or None)
 
-    def replanning(activations) -> Replanning:
-        return Replanning(modules=dict(modules), arguments={**arguments, "activations": activations,
-                                                            "module_order": module_order or None})
-
-    arguments.update(work)
-    try:
-        outcome = attempt(plan_for, None) if planned is None else \
-            plan_with_vae_techniques(plan_for, planned, activations, options)
-        plan = outcome.result()
-    except DoesNotFitError as error:
-        if advise and device_map.kind is DeviceMapKind.STRATEGY:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                lines = suggestions(None, advise, replanning(activations))
-            error.args = (" ".join([str(error), *lines]),)
-        raise
-    for warning in outcome.warnings:  # pointed at the user's line (from_pretrained(...)), not at our insides
+@contextlib.contextmanager
+def planning_call(prepared: PreparedPlan):
+    """Around the one `placement.plan` call: its warnings pointed at the user's line (from_pretrained(...)), not
+    at our insides; a failure explained (`planning_failed`)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        except DoesNotFitError as error:
+            failure = planning_failed(error, prepared)
+            if failure is error:
+                raise
+            raise failure from error
+    for warning in caught:
         warnings.warn(warning.message, warning.category, stacklevel=caller_stacklevel())
-    if call is not None:
-        plan = with_estimate_fallbacks(plan.with_inputs(call=recorded_call(call)), modules, fallbacks.records)
-    if advise and device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
-        plan = plan.with_advice(_advice(plan, advise, replanning(outcome.activations)))
+
+
+def planning_failed(error: DoesNotFitError, prepared: PreparedPlan) -> Exception:
+    """What a plan that fits nowhere raises: a component's format named (a LoadError, before anything is read);
+    else the VAE's activations named when leaving them out would fit, with what would; with the single changes
+    that would make it fit (`suggestions`). Only this path plans again: for those what-would-fit offers."""
+    if getattr(error, "format_refused", None):
+        return LoadError(str(error))
+    planned, arguments = prepared.planned, prepared.arguments
+    if planned is not None and arguments["activations"] is not None:
+        plan_for = functools.partial(_plan_with, prepared.modules, {**arguments, "techniques": None})
+        base = Outcome(error=error, activations=arguments["activations"])
+        error = activation_does_not_fit(plan_for, planned, base, vae_components(planned.modules, planned.runs),
+                                        prepared.options, attempt, batched)
+    if prepared.advise and prepared.device_map.kind is DeviceMapKind.STRATEGY:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lines = suggestions(None, prepared.advise, prepared.replanning(arguments["activations"]))
+        error.args = (" ".join([str(error), *lines]),)
+    return error
+
+
+def _plan_with(modules: Mapping[str, nn.Module], arguments: Mapping[str, Any],
+               activations: Mapping[str, int] | None) -> placement.Plan:
+    return placement.plan(modules, **{**arguments, "activations": activations})
+
+
+def finish_plan(plan: placement.Plan, prepared: PreparedPlan) -> placement.Plan:
+    """The plan with the call it was made for, the components whose activations are not counted, and the
+    single changes that would do better (`plan.advise()`, worked out when asked)."""
+    if prepared.planned is None and prepared.options.required:  # a VAE that runs only tiled: tiled without call=
+        plan = with_required_techniques(plan, prepared.options)
+    if prepared.call is not None:
+        plan = with_estimate_fallbacks(plan.with_inputs(call=recorded_call(prepared.call)), prepared.modules,
+                                       prepared.fallbacks)
+    if prepared.advise and prepared.device_map.kind is DeviceMapKind.STRATEGY and plan.accelerators:
+        given = prepared.arguments["activations"]
+        chosen = None if given is None else {name: plan.components[name].activation_bytes for name in given
+                                             if name in plan.components}
+        plan = plan.with_advice(_advice(plan, prepared.advise, prepared.replanning(chosen)))
     return plan
 
 
@@ -176,15 +248,20 @@ def _planned_call(pipe, modules: Mapping[str, nn.Module], sizes: Mapping[str, An
         activations = estimate_peaks(described, modules, torch_dtype=dtypes, module_order=module_order,
                                      techniques=options.forced_for(modules, described.calls))
     planned = PlannedCall(runs=described.calls, modules=modules, dtypes=dtypes, sizes=sizes, estimating=estimating,
-                          describe=lambda smaller: describe_call(pipe, modules, smaller, dtypes=dtypes,
-                                                                 estimating=estimating).calls)
+                          describe=functools.partial(_smaller_call_runs, pipe, modules, dtypes, estimating))
     return planned, activations
 
 
+def _smaller_call_runs(pipe, modules: Mapping[str, nn.Module], dtypes, estimating,
+                       sizes: Mapping[str, Any]) -> Mapping[str, list]:
+    return describe_call(pipe, modules, sizes, dtypes=dtypes, estimating=estimating).calls
+
+
 def caller_stacklevel() -> int:
-    """The `stacklevel` of the first frame outside this library (its three packages), for warnings."""
+    """The `stacklevel` of the first frame outside this library (its three packages) and the context managers
+    it runs in (`planning_call`), for warnings."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and _in_library(frame.f_code.co_filename):
+    while frame is not None and (_in_library(frame.f_code.co_filename) or frame.f_code.co_filename == _CONTEXTLIB):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -200,6 +277,7 @@ def call_activations(pipe: PipelineComponents, modules: Mapping[str, nn.Module],
     when a dict, receives each component's submodule paths in the order the call runs them."""
     options, sizes = VaeOptions.split(call)
     described = describe_call(pipe, modules, sizes, dtypes=torch_dtype)
+    options = options.requiring(described.required)
     return estimate_peaks(described, modules, torch_dtype=torch_dtype, module_order=module_order,
                           techniques=options.forced_for(modules, described.calls))
 
@@ -214,6 +292,7 @@ class DescribedCall:
     peaks: Mapping[str, int] = field(default_factory=dict)
     module_order: Mapping[str, list[str]] = field(default_factory=dict)
     work: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (FLOPs, bytes touched) per run, captured
+    required: Mapping[str, Any] = field(default_factory=dict)  # VAE -> a technique it cannot run the call without
 
 
 def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None, *, dtypes=None,
@@ -236,7 +315,8 @@ def describe_call(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any
     # A module the call never runs (AnimateDiff's motion_adapter, merged into its UNet) needs no activations.
     return DescribedCall(calls={name: captured.calls.get(name, []) for name in modules}, runs=captured.runs,
                          peaks={name: captured.peaks.get(name, 0) for name in modules},
-                         module_order=captured.module_order, work=captured.work_per_run())
+                         module_order=captured.module_order, work=captured.work_per_run(),
+                         required=captured.required)
 
 
 def _self_described(pipe, modules: Mapping[str, nn.Module], call: Mapping[str, Any] | None) -> DescribedCall:

@@ -10,7 +10,9 @@ raised in this library) is raised as before.
 A caller that needs the call's output (the capture of a pipeline's `__call__` passes it to the next component) gets
 one from a second run in which each value the model reads is guessed (`ValuesGuessed`): the output's shapes, and
 what that run computes (its FLOPs, for the time model), follow the guessed branch; its memory is not used. When even
-that run fails, there is no output: with `outputs_needed` the estimate raises as without the fallback.
+that run fails, there is no output: with `outputs_needed` the estimate raises as without the fallback, unless its
+caller knows the output from the inputs (a pipeline capture: a denoiser's prediction has its latents' shape) and
+adds the record itself, with `output_taken_from` saying so.
 """
 
 from __future__ import annotations
@@ -96,13 +98,23 @@ class EstimateFallback:
     reason: str  # the failure, one line: "DataDependentOutputException: aten._local_scalar_dense.default"
     output_known: bool  # whether a run with guessed values gave the call's output (module doc)
     reads_values: bool = False  # the failure is that the call reads tensor values
+    # Where neither run gave the output and the caller took it from the inputs instead (a denoiser's prediction
+    # shaped as its latents): what it was taken from, for a person.
+    output_taken_from: str = ""
 
     @property
     def explanation(self) -> str:
         """Why, for a person: the call, the failure, and in words what it means."""
-        words = ("; its code reads tensor values (a branch or a size taken from data), which an estimate on "
-                 "fake tensors does not have") if self.reads_values else ""
-        return f"its call {self.call} could not be estimated ({self.reason}{words})"
+        if self.reads_values:
+            words = ("; its code reads tensor values (a branch or a size taken from data), which an estimate on "
+                     "fake tensors does not have")
+        elif any(refusal.__name__ in self.reason for refusal in _FAKE_REFUSALS):
+            words = "; an op fake tensors cannot run"
+        else:  # a shape error of torch's or of the model's code: its own run of these shapes meets it too
+            words = "; a shape error in the model's own code, which a real run of this call may raise too"
+        taken = (f"; its output was taken to be {self.output_taken_from}, and its compute is not in the predicted "
+                 "time") if self.output_taken_from else ""
+        return f"its call {self.call} could not be estimated ({self.reason}{words}){taken}"
 
 
 class Fallbacks:

@@ -22,8 +22,10 @@ def place_with_fallbacks(request: ComponentRequest, ledger: Ledger, context: Con
         if ledger.fits(device, weights=request.bytes, transient=request.transient):
             return place_whole(request, ledger, device)
     why = f"{request.needs()}; {rooms_text(ledger, request)}."
-    return (try_split(request, ledger, order, why, context) or try_offload(request, ledger, why)
-            or place_on_host(request, ledger, context, why))
+    split = try_split(request, ledger, order, why, context)
+    if split is None and request.refuses(PlacementKind.OFFLOADED):  # its format keeps it on the accelerators
+        raise request.refusal(PlacementKind.OFFLOADED, f"{why} No split fits either.")
+    return split or try_offload(request, ledger, why) or place_on_host(request, ledger, context, why)
 
 
 def place_whole(request: ComponentRequest, ledger: Ledger, device: Device) -> Placed:
@@ -85,6 +87,10 @@ def place_on_host(request: ComponentRequest, ledger: Ledger, context: Context, w
         fallback = Fallback(component=request.name, kind=PlacementKind.CPU, reason=reason)
         return Placed(plan=placed.plan, fallback=fallback)
     cpu_room = ledger.room("cpu", transient=request.transient)
+    if request.refuses(PlacementKind.DISK) or request.refuses(PlacementKind.OFFLOADED):
+        cpu_left = f" The CPU has {format_bytes(max(cpu_room or 0, 0))} left."
+        raise request.refusal(PlacementKind.DISK if request.refuses(PlacementKind.DISK) else PlacementKind.OFFLOADED,
+                              f"{why}{cpu_left}")
     if not context.has_offload_folder:
         cpu_left = f" The CPU has {format_bytes(max(cpu_room or 0, 0))} left." if ledger.accelerators else ""
         error = DoesNotFitError(

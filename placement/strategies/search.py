@@ -174,6 +174,7 @@ class Residency:
         kept = [d for d in accelerators if not (low_0 and d == 0 and len(accelerators) > 1)]
         self.homes = kept
         self.device_order = kept + [d for d in accelerators if d not in kept]
+        self.by_name = {r.name: r for r in order}
         self.stages: dict = {}  # (WHOLE mask, home) -> (ledger, {name: Placed}) or None
         self.splits: dict = {}  # STREAM components' host splits by room (`fill_and_split`)
 
@@ -189,7 +190,7 @@ class Residency:
         if settled is None:
             return None
         filled, splits = settled
-        hosts = _charge_hosts(ledger, filled, self.request.context.has_offload_folder)
+        hosts = _charge_hosts(ledger, filled, self.request.context.has_offload_folder, self.by_name)
         if hosts is None:
             return None
         executing = {name: placed.plan.execution_device for name, placed in whole.items()}
@@ -244,25 +245,28 @@ class Residency:
         return try_split(component, ledger, order, why, self.request.context)
 
 
-def _charge_hosts(ledger: Ledger, filled: dict[str, Filled], disk_allowed: bool) -> Optional[dict[str, str]]:
-    """Host-homed units in CPU RAM (the disk when RAM is short and allowed); None when neither has room."""
+def _charge_hosts(ledger: Ledger, filled: dict[str, Filled], disk_allowed: bool,
+                  requests: Mapping[str, ComponentRequest]) -> Optional[dict[str, str]]:
+    """Host-homed units in CPU RAM (the disk when RAM is short and allowed); None when neither has room, or when
+    the component's format cannot run from there (`ComponentRequest.limit`)."""
     hosts = {}
     for name, found in filled.items():
         size = sum(unit.bytes for unit in found.host)
         if not found.host:
             continue
-        hosts[name] = host_for(ledger, size, disk_allowed)
+        hosts[name] = host_for(ledger, size, disk_allowed, requests[name])
         if hosts[name] is None:
             return None
         ledger.add(hosts[name], weights=size)
     return hosts
 
 
-def host_for(ledger: Ledger, size: int, disk_allowed: bool) -> Optional[str]:
-    """Where `size` bytes of host-homed weights go: CPU RAM, else the disk when allowed; None when neither fits."""
-    if ledger.fits("cpu", weights=size):
+def host_for(ledger: Ledger, size: int, disk_allowed: bool, request: ComponentRequest) -> Optional[str]:
+    """Where `size` bytes of `request`'s host-homed weights go: CPU RAM, else the disk when allowed (by the caller
+    and by its format); None when neither fits."""
+    if request.host_allowed("cpu") and ledger.fits("cpu", weights=size):
         return "cpu"
-    if disk_allowed and ledger.has("disk") and ledger.fits("disk", weights=size):
+    if disk_allowed and request.host_allowed("disk") and ledger.has("disk") and ledger.fits("disk", weights=size):
         return "disk"
     return None
 
@@ -345,7 +349,8 @@ def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: b
 
     def options() -> Iterator[tuple[PlanCost, Callable[[], Optional[Candidate | Evaluated]]]]:
         if (base is None or base.cost.cpu_bytes) and ledger.accelerators:
-            pool = [r for r in request.requests if streaming_device(r, ledger, ledger.accelerators) is not None]
+            pool = [r for r in request.requests if streaming_device(r, ledger, ledger.accelerators) is not None
+                    and not r.refuses(PlacementKind.OFFLOADED)]
             for demoted_set in demotion_sets(pool, runs):
                 yield least_cost(demoted_set, runs), partial(_demotion, strategy, quick, demoted_set)
         if levels is not None:
@@ -398,7 +403,7 @@ def demoted(strategy: Strategy, request: StrategyRequest, demoted_set: tuple[Com
 def _stream(request: ComponentRequest, ledger: Ledger, context: Context) -> Optional[Placed]:
     """Weights in CPU RAM (or, when RAM is short, the offload folder), executed on an accelerator."""
     device = streaming_device(request, ledger, ledger.accelerators)
-    host = host_for(ledger, request.bytes, context.has_offload_folder)
+    host = host_for(ledger, request.bytes, context.has_offload_folder, request)
     if device is None or host is None:
         return None
     return place_streamed(request, ledger, host=host, execution_device=device, reason="")  # reason: explained

@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..component_options import FormatLimit
 from ..cost import CostModel, PlanCost
 from ..device_maps import single_device
 from ..devices import Device, device_sort_key, is_accelerator
@@ -115,6 +116,19 @@ class ComponentRequest:
     units: tuple[TransferUnit, ...] = ()  # streaming.transfer_units (empty: computed when asked for)
     # Paths of the units (modules) the planned call never runs (`idle_units`; empty without a traced call).
     idle: frozenset[str] = frozenset()
+    limit: Optional[FormatLimit] = None  # placements its weight format cannot run in (never proposed)
+
+    def refuses(self, kind: PlacementKind) -> bool:
+        return self.limit is not None and self.limit.refuses(kind)
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether its weights may be homed on `host` ("cpu" RAM or "disk") and streamed to an accelerator."""
+        return not self.refuses(PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK) and not (
+            host == "disk" and self.refuses(PlacementKind.OFFLOADED))
+
+    def refusal(self, kind: PlacementKind, why: str):
+        """The error when it can go nowhere but `kind`, which its format cannot run (`FormatLimit.error`)."""
+        return self.limit.error(self.name, self.bytes, kind, why)
 
     @property
     def layout_units(self) -> tuple[TransferUnit, ...]:

@@ -195,7 +195,51 @@ def _computed_another_version(tmp: Path) -> bool:
     return (tmp / "got").exists() and (tmp / "got").read_text() != (tmp / "expected").read_text()
 
 
+def _unplaced_lora(make):
+    """A LoRA made by `make(folder)` loaded into a FLUX pipeline loaded without device_map (issue 42's gap: it got
+    diffusers' raw error where a placed pipeline got ours); whether the transformer's keys changed is written down."""
+    def run(tmp: Path):
+        from pipelines import Pipeline
+
+        folder = tiny_flux_pipeline(tmp / "flux")
+        pipe = Pipeline.from_pretrained(folder, progress=False)
+        make(tmp / "lora")
+        keys = sorted(pipe.transformer.state_dict())
+        try:
+            pipe.load_lora_weights(tmp / "lora", adapter_name="bad")
+        finally:
+            (tmp / "keys-changed").write_text(str(sorted(pipe.transformer.state_dict()) != keys))
+    return run
+
+
+def _lora_cut_in_half(folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file({f"transformer.single_transformer_blocks.0.attn.to_q.lora_{ab}.weight": torch.zeros(4, 16)
+               for ab in "AB"}, str(folder / "pytorch_lora_weights.safetensors"))
+    data = (folder / "pytorch_lora_weights.safetensors").read_bytes()
+    (folder / "pytorch_lora_weights.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _lora_of_no_layer(folder: Path) -> None:
+    import diffusers
+
+    diffusers.FluxPipeline.save_lora_weights(folder, transformer_lora_layers={
+        f"single_transformer_blocks.0.no_such_layer.lora_{ab}.weight": torch.zeros(4, 4) for ab in "AB"})
+
+
+def _pipeline_changed(tmp: Path) -> bool:
+    return (tmp / "keys-changed").read_text() != "False"
+
+
 CASES = [
+    Case(name="formats: a LoRA cut in half on a pipeline loaded without device_map",
+         run=_unplaced_lora(_lora_cut_in_half), error=FOLDER_ERROR,
+         words=("load_lora_weights(", "lora'", "cannot be read", "cut short", "unchanged"), harm=_pipeline_changed),
+    Case(name="formats: a LoRA whose keys adapt no layer on a pipeline loaded without device_map",
+         run=_unplaced_lora(_lora_of_no_layer), error=FOLDER_ERROR,
+         words=("load_lora_weights(", "lora'", "adapt no layer", "unchanged"), harm=_pipeline_changed),
     Case(name="save: full disk saving a diffusers pipeline loaded without device_map over another version",
          run=_over_another_version(_unplaced_pipeline, 2), error=SAVE_ERROR, words=("No space left", "unchanged"),
          harm=_saved_folder_changed),

@@ -12,6 +12,7 @@ import math
 import sys
 import traceback
 import types
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,8 +23,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from placement import estimate_call
-from placement.activations import ActivationEstimateError
+from placement.activations import ActivationEstimateError, CallEstimate
 from placement.activations.fake_tensors import map_tensors, sized_by_values
+from placement.activations.fallback import EstimateFallback, current_fallbacks
 from placement.activations.isolation import loggers_at_error
 from placement.unit_order import record_module_order
 
@@ -31,6 +33,8 @@ from ...errors import CallSpecError
 from .arguments import call_arguments, call_parameters, detached, missing_inputs, small_default_call
 from .arguments import recorded_call  # noqa: F401 (where planning and the e2e tests import it)
 from .host_memory import HostRoom, check_host_room
+from .latent_output import latents_shaped_output
+from .vae_techniques import RequiredTechnique, techniques_on, techniques_to_try
 
 
 # Keys of `call=` that say how many times the denoiser runs, not what it runs on (our pipelines' `runs_per_call`).
@@ -146,6 +150,9 @@ class CapturedCall:
     # Per component, what all its calls of this pipeline call compute and touch together: (FLOPs, bytes touched),
     # from each distinct call's estimate times how often it was made (`placement.estimate_call(...).flops`).
     work: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per VAE, a technique its own code refuses this call without (`vae_techniques.RequiredTechnique`): its
+    # example calls and peak are the ones with it on.
+    required: dict[str, RequiredTechnique] = field(default_factory=dict)
 
     def work_per_run(self) -> dict[str, tuple[int, int]]:
         """(FLOPs, bytes touched) per run: the call's total over the component's runs."""
@@ -228,6 +235,8 @@ class _Recorder:
         self.work: dict[str, tuple[int, int]] = {}  # component -> FLOPs, bytes touched, over all its calls
         self.runs: Counter = Counter()
         self.last: str | None = None  # the component called last (for an error's message)
+        self.guessed: dict[str, str] = {}  # component -> why its output was guessed (`_latents_shaped`)
+        self.required: dict[str, RequiredTechnique] = {}  # component -> what it cannot run without
         self._inside = False  # True while a component runs on fake tensors: its own calls go through
 
     @contextlib.contextmanager
@@ -283,9 +292,52 @@ class _Recorder:
                 example = replace(example, keep_values=True)
                 return example, self._run(module, example, self.dtype_of(name))
         except ActivationEstimateError as error:
-            raise _empty_tokens(name, example) or error.for_component(name) from error
+            empty = _empty_tokens(name, example)
+            if empty is not None:
+                raise empty from error
+            answer = self._with_required_technique(name, module, example, error) \
+                or self._latents_shaped(name, module, example, error)
+            if answer is None:
+                raise error.for_component(name) from error
+            return example, answer
         finally:
             self._inside = False
+
+    def _with_required_technique(self, name: str, module: nn.Module, example: ExampleCall,
+                                 error: ActivationEstimateError) -> CallEstimate | None:
+        """A VAE whose own code refuses the call with its techniques off but runs it with one on (Allegro's
+        decodes only in tiles): estimated with it on, and the technique recorded as required (the plan turns it
+        on). None where no technique makes the call run."""
+        if not error.model_failure or example.method not in _ENTRY_METHODS:
+            return None
+        for technique in techniques_to_try(module):
+            try:
+                with techniques_on(module, {technique}):
+                    estimate = self._run(module, example, self.dtype_of(name))
+            except ActivationEstimateError:
+                continue
+            self.required[name] = RequiredTechnique(
+                technique=technique, reason=f"{type(module).__name__}.{example.method} without {technique.value} "
+                                            f"raises {error.cause}")
+            return estimate
+        return None
+
+    def _latents_shaped(self, name: str, module: nn.Module, example: ExampleCall,
+                        error: ActivationEstimateError) -> CallEstimate | None:
+        """Where the model's own code fails on this call (even with its values guessed) and a weights-only
+        fallback is allowed, a denoiser's answer: its activations not counted, its output its latents' shape
+        (`latent_output`), the fallback recorded for the plan to say so. None where that does not apply."""
+        fallbacks = current_fallbacks()
+        if fallbacks is None or not error.model_failure:
+            return None
+        guessed = latents_shaped_output(module, example.method, example.args, example.kwargs, self.dtype_of(name))
+        if guessed is None:
+            return None
+        fallbacks.add(EstimateFallback(module=weakref.ref(module), call=error.call, reason=error.cause,
+                                       output_known=False, reads_values=error.reads_values,
+                                       output_taken_from=guessed.taken_from))
+        self.guessed[name] = f"{name}'s output was taken to be {guessed.taken_from}: {error.cause}"
+        return CallEstimate(peak_bytes=0, output=guessed.output, fallback=error.cause)
 
     @staticmethod
     def _run(module: nn.Module, example: ExampleCall, dtype):
@@ -304,7 +356,7 @@ class _Recorder:
                             runs={name: count for name, count in self.runs.items() if count},
                             peaks={name: max(known.peak for known in found) for name, found in estimated.items()},
                             module_order={name: found[0].order for name, found in estimated.items()},
-                            work=dict(self.work))
+                            work=dict(self.work), required=dict(self.required))
 
 
 def _empty_tokens(name: str, example: ExampleCall) -> CallSpecError | None:
@@ -405,14 +457,15 @@ def _capture_failure(pipe: Any, recorder: _Recorder, error: Exception) -> CallSp
     message says which, where in the pipeline's code, and after which component."""
     name = type(pipe).__name__
     reason = _reason(error)
-    if isinstance(error, ValueError):
+    if isinstance(error, ValueError) and not recorder.guessed:  # after a guessed output: maybe the guess's
         return CallSpecError(f"call= for {name}: {name}.__call__ refuses this call ({reason}). Change call= as it "
                              "says.")
     where = _pipeline_frame(error)
     after = f" after {recorder.last}" if recorder.last else " before any component ran"
+    guessed = "".join(f"; {why}" for why in recorder.guessed.values())
     return CallSpecError(
         f"call= for {name}: its __call__ could not run on stand-in components to plan for the call ({reason}, "
-        f"at {where}{after}). Plan without call= (weights only), or give the pipeline an "
+        f"at {where}{after}{guessed}). Plan without call= (weights only), or give the pipeline an "
         "`activation_inputs(**call)` method describing each component's inputs."
     )
 

@@ -70,6 +70,22 @@ def tile_description(module: nn.Module) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RequiredTechnique:
+    """A technique a VAE cannot run the call without: its own code refuses the call with the technique off
+    (Allegro's VAE: "Decoding without tiling has not been implemented yet"; diffusers' own tests turn tiling on),
+    and runs it with the technique on. The plan turns it on whatever the budget, and says why."""
+
+    technique: MemoryTechnique
+    reason: str  # the refusal, for a person: "AutoencoderKLAllegro.decode raises NotImplementedError: ..."
+
+
+def techniques_to_try(module: nn.Module) -> tuple[MemoryTechnique, ...]:
+    """The techniques `module` offers and does not have on, tiling first (it changes the most a call needs)."""
+    offered = [technique for technique in supported_techniques(module) if not is_on(module, technique)]
+    return tuple(sorted(offered, key=lambda technique: technique is not MemoryTechnique.VAE_TILING))
+
+
+@dataclass(frozen=True, kw_only=True)
 class WithTechniques:
     """`call` estimated with `techniques` turned on in the module for the length of the estimate."""
 

@@ -143,4 +143,8 @@ CASES = [
     _image_case("Flux2KleinPipeline", tiny_dits.flux2_klein, 16, extra={"text_encoder_out_layers": (1,)}),
     _video_case("SkyReelsV2Pipeline", tiny_videos.skyreels_v2, 16, 9),
     _image_case("HiDreamImagePipeline", tiny_dits.hidream, 32),
+    # classes tried for issue 41's closing note
+    _video_case("SkyReelsV2DiffusionForcingPipeline", tiny_videos.skyreels_v2_df, 16, 9),
+    _image_case("CogView3PlusPipeline", tiny_dits.cogview3plus, 16, sequence=False,
+                extra={"negative_prompt": "bad quality", "max_sequence_length": SEQUENCE}),
 ]

@@ -33,10 +33,10 @@ def two_virtual_gpus(monkeypatch):
     # diffusers 0.42's Wan I2V and VACE pipelines call ftfy.fix_text even when ftfy is not installed (WanPipeline
     # checks); without it here, a stand-in that leaves the prompt as it is, as WanPipeline does.
     # SkyReels V2's pipeline (Wan's code) the same.
-    from diffusers.pipelines.skyreels_v2 import pipeline_skyreels_v2
+    from diffusers.pipelines.skyreels_v2 import pipeline_skyreels_v2, pipeline_skyreels_v2_diffusion_forcing
 
     for wan in (diffusers.pipelines.wan.pipeline_wan_i2v, diffusers.pipelines.wan.pipeline_wan_vace,
-                pipeline_skyreels_v2):
+                pipeline_skyreels_v2, pipeline_skyreels_v2_diffusion_forcing):
         if not hasattr(wan, "ftfy"):
             monkeypatch.setattr(wan, "ftfy", types.SimpleNamespace(fix_text=lambda text: text), raising=False)
 

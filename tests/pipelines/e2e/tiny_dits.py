@@ -237,3 +237,16 @@ def hidream(root):
         tokenizer_2=clip_tokenizer(root / "vocab"), text_encoder_3=seeded(t5_encoder), tokenizer_3=t5_tokenizer(),
         text_encoder_4=seeded(lambda: transformers.LlamaForCausalLM(llama).eval()),
         tokenizer_4=llm_tokenizer("PreTrainedTokenizerFast"), scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+
+
+def cogview3plus(root):
+    """CogView 3 Plus at the sizes of diffusers' own test (a T5 encoder, an AutoencoderKL, CogVideoX's DDIM)."""
+    return diffusers.CogView3PlusPipeline(
+        transformer=seeded(lambda: diffusers.CogView3PlusTransformer2DModel(
+            patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4, num_attention_heads=2, out_channels=4,
+            text_embed_dim=32, time_embed_dim=8, condition_dim=2, pos_embed_max_size=8, sample_size=8)),
+        vae=seeded(lambda: diffusers.AutoencoderKL(
+            block_out_channels=[32, 64], in_channels=3, out_channels=3,
+            down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
+            up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"], latent_channels=4, sample_size=128)),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.CogVideoXDDIMScheduler())

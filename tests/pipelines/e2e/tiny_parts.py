@@ -110,9 +110,12 @@ def wan_vae():
                                       temperal_downsample=[False, True, True])
 
 
+# rope_max_seq_len as the published Wan and SkyReels V2 configs (diffusers' default): its rotary table has a row per
+# latent patch along each axis, and a tiny table (diffusers' tests use 32) makes the model's own code refuse real
+# sizes (544 px is 34 patches high: `view(1, 34, 1, -1)` of 32 rows), in diffusers' run as in the plan's.
 WAN_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
                        out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-                       qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+                       qk_norm="rms_norm_across_heads", rope_max_seq_len=1024)
 
 
 def seeded(make):

@@ -19,7 +19,7 @@ def cogvideox(root):
         vae=seeded(lambda: diffusers.AutoencoderKLCogVideoX(
             in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
             up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
-            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4)),
+            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4, sample_size=tile)),
         text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.DDIMScheduler())
 
 
@@ -171,6 +171,30 @@ def hunyuan_video15(root):
 
 def skyreels_v2(root):
     return diffusers.SkyReelsV2Pipeline(
+        transformer=seeded(lambda: diffusers.SkyReelsV2Transformer3DModel(**WAN_TRANSFORMER)),
+        vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
+        tokenizer=t5_tokenizer(), scheduler=diffusers.UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True))
+
+
+def allegro(root, *, tile: int = 128):
+    """Allegro: its VAE decodes only in tiles (without tiling its decode raises NotImplementedError; diffusers' own
+    tests turn tiling on). Tiles of 24 frames x `tile` (its `sample_size`) pixels, overlapping by 8 frames x 120
+    (80) pixels: 128 decodes a 128x128x24 call as one tile; the published 320 (also diffusers' test default, which
+    decodes its 16 px call as no tile at all: blank frames) a 720x1280x88 one as 75 (128 would make it 9375)."""
+    return diffusers.AllegroPipeline(
+        transformer=seeded(lambda: diffusers.AllegroTransformer3DModel(
+            num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=1,
+            cross_attention_dim=24, sample_width=8, sample_height=8, sample_frames=8, caption_channels=32)),
+        vae=seeded(lambda: diffusers.AutoencoderKLAllegro(
+            in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 4,
+            up_block_types=("AllegroUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
+            layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4, sample_size=tile)),
+        text_encoder=seeded(t5_encoder), tokenizer=t5_tokenizer(), scheduler=diffusers.DDIMScheduler())
+
+
+def skyreels_v2_df(root):
+    """SkyReels V2 diffusion forcing: a timestep per latent frame (`enable_diffusion_forcing`), the same parts."""
+    return diffusers.SkyReelsV2DiffusionForcingPipeline(
         transformer=seeded(lambda: diffusers.SkyReelsV2Transformer3DModel(**WAN_TRANSFORMER)),
         vae=seeded(wan_vae), text_encoder=seeded(lambda: t5_encoder(transformers.UMT5EncoderModel)),
         tokenizer=t5_tokenizer(), scheduler=diffusers.UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True))

@@ -317,3 +317,24 @@ def test_a_cut_lora_or_one_whose_keys_match_nothing_is_named_and_changes_nothing
     assert "The pipeline is unchanged" in str(raised.value)
     assert set(pipe.transformer.state_dict()) == keys and set(pipe.transformer.peft_config) == {"a"}
     assert_same_output(denoise(pipe), output)
+
+
+def test_a_pipeline_loaded_without_device_map_names_a_bad_lora_and_still_pickles(flux, expected):
+    """Issue 42's gap: without device_map the adapter load was diffusers' own, and a bad file its raw error."""
+    import copy
+    import pickle
+
+    from pipelines.errors import FolderError
+
+    folder = flux / "bad-unplaced"
+    _cut_in_half(flux, folder)
+    pipe = Pipeline.from_pretrained(flux / "flux", progress=False)
+    keys = set(pipe.transformer.state_dict())
+    with pytest.raises(FolderError, match=rf"load_lora_weights\('{folder}'\): .*cannot be read .*cut short"):
+        pipe.load_lora_weights(folder, adapter_name="bad")
+    assert set(pipe.transformer.state_dict()) == keys and not getattr(pipe.transformer, "peft_config", None)
+    pipe.load_lora_weights(flux / "a", adapter_name="a")
+    assert_same_output(generate(pipe), expected["image with a"])
+    copied = copy.deepcopy(pipe)
+    assert copied.load_lora_weights.owner is copied  # the copy's loads go to the copy
+    assert type(pickle.loads(pickle.dumps(pipe))) is type(pipe)

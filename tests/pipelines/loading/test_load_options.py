@@ -159,12 +159,13 @@ def test_a_diffusers_class_with_a_call_loads_the_plan_plan_placement_gives(stric
 def test_both_entries_plan_through_the_one_function_with_equal_options(strict_two_gpus, preset, tmp_path,
                                                                        monkeypatch):
     """By construction, not by luck: each entry pair calls one planning function once, with equal options (a
-    pipeline's VAE techniques and format retries run inside it, so neither entry can re-plan apart)."""
+    pipeline's VAE techniques and formats are chosen inside its one placement.plan call, so neither entry can
+    re-plan apart)."""
     import pipelines.loading.single_model as single_model
     import pipelines.loading.pipeline_loader as pipeline_loader
 
     seen = []
-    for module, name in ((pipeline_loader, "plan_folder_pipeline"), (single_model, "_plan_own")):
+    for module, name in ((pipeline_loader, "plan_components"), (single_model, "_plan_own")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _original=original, **k: seen.append(
             (_original.__name__, _request_of(a, k).options)) or _original(*a, **k))
@@ -176,7 +177,7 @@ def test_both_entries_plan_through_the_one_function_with_equal_options(strict_tw
     TinyModel.plan_placement(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
     TinyModel.from_pretrained(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
     (pipe_plan, pipe_load, model_plan, model_load) = seen
-    assert pipe_plan == pipe_load and pipe_plan[0] == "plan_folder_pipeline"
+    assert pipe_plan == pipe_load and pipe_plan[0] == "plan_components"
     assert model_plan == model_load and model_plan[0] == "_plan_own"
 
 
