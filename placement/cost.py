@@ -129,12 +129,16 @@ def least_streamed_per_run(weights: int, room: int, block_bytes: Sequence[int]) 
 
 
 def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, streamed_bytes: int,
-                         streamed_blocks: int, runs: int, link: float, overlap: bool = True) -> float:
+                         streamed_blocks: int, runs: int, link: float, overlap: bool = True,
+                         links: int = 1) -> float:
     """Copy seconds per call compute does not hide: the per-call loads whole (nothing is known to leave room for
     them earlier), plus at every run each streamed block's copy beyond the compute since it was sent. The runtime
     sends a block when the streamed one before it starts (one side stream); the kept compute is spread evenly
     over the gaps, blocks equal in size and compute per byte (a DiT's). Synchronous copies (`overlap=False`,
-    sequential offload) are exposed whole."""
+    sequential offload) are exposed whole. Streamed blocks alternating between `links` GPUs (pooled residency: each
+    GPU's own host link and prefetch chain, each block sent when its chain's previous one starts) arrive one per
+    1/`links` of a copy when copies bound the run: the same steady state as one chain on a link `links` times as
+    fast, so they are priced so (the activations' hops between the GPUs are not priced)."""
     exposed = loaded_bytes / link
     if not streamed_bytes:
         return exposed
@@ -143,8 +147,15 @@ def exposed_copy_seconds(*, run_s: float, weight_bytes: int, loaded_bytes: int, 
     block_bytes = streamed_bytes / streamed_blocks
     copy, compute = block_bytes / link, run_s * block_bytes / max(weight_bytes, 1)
     gap = run_s * max(weight_bytes - streamed_bytes, 0) / max(weight_bytes, 1) / streamed_blocks  # kept, before each
+    copy /= max(links, 1)
     per_run = max(0.0, copy - gap) + (streamed_blocks - 1) * max(0.0, copy - compute - gap)
     return exposed + runs * per_run
+
+
+def stream_links(streamed_devices) -> int:
+    """How many host links a component's streamed blocks come over: its execution device's, and one per other
+    accelerator it streams blocks onto (`ComponentTransfer.streamed_devices`, pooled residency)."""
+    return 1 + len(set(streamed_devices.values()))
 
 
 def copy_bandwidth(kind: str, link: float, disk: float = DISK_BYTES_PER_S) -> float:
@@ -227,11 +238,13 @@ class Timing:
     def exposed(self, parts: Iterable[tuple]) -> float:
         """Exposed copy seconds per call, as the Plan's `seconds_per_call` counts them, summed over `parts`:
         (name, weight bytes, loaded, streamed, streamed blocks, runs, kind or host: "disk" reads at the disk's
-        speed); rounded to the microsecond, so float noise between two equal candidates never outranks bytes."""
+        speed, and optionally how many host links its streamed blocks alternate over, `stream_links`);
+        rounded to the microsecond, so float noise between two equal candidates never outranks bytes."""
         return round(sum(exposed_copy_seconds(
             run_s=self.run_seconds.get(name, 0.0), weight_bytes=weight_bytes, loaded_bytes=loaded,
-            streamed_bytes=streamed, streamed_blocks=blocks, runs=runs, link=copy_bandwidth(kind, self.link, self.disk))
-            for name, weight_bytes, loaded, streamed, blocks, runs, kind in parts), 6)
+            streamed_bytes=streamed, streamed_blocks=blocks, runs=runs, link=copy_bandwidth(kind, self.link, self.disk),
+            links=links[0] if links else 1)
+            for name, weight_bytes, loaded, streamed, blocks, runs, kind, *links in parts), 6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,7 +274,7 @@ class CostModel:
         if self.timing is not None:
             exposed = self.timing.exposed(
                 (name, plans[name].bytes, t.loaded_per_call_bytes, t.streamed_per_run_bytes, len(t.streamed_modules),
-                 t.runs_per_call, plans[name].kind)
+                 t.runs_per_call, plans[name].kind, stream_links(t.streamed_devices))
                 for name, t in transfers.items() if is_accelerator(plans[name].execution_device) and t.bytes_per_call)
         spans = ([*(d for d, n in plans[name].placed_bytes.items() if n), plans[name].execution_device,
                   *t.per_call_devices.values(), *t.streamed_devices.values()] for name, t in transfers.items())

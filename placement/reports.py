@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from .cost import STREAM_BUFFER_BLOCKS
 from .devices import device_label, is_accelerator
 from .sizes import format_bytes
 from .cost import copy_bandwidth
@@ -166,12 +167,18 @@ def with_breakdown(device: DevicePlan, plan: Plan) -> DevicePlan:
 def _parts(component: ComponentPlan, device, phase: int | None) -> tuple[int, int, int, int]:
     """(phase bytes, activations, streaming working set, loaded per call) of `component`'s phase on `device`:
     executing here, its activations and streaming working set; spanning it while executing elsewhere, its
-    activations; loading blocks here per call (`per_call_devices`), its activations and those blocks."""
+    activations; loading blocks here per call (`per_call_devices`) or streaming them onto it (`streamed_devices`,
+    pooled residency), its activations, those blocks and its stream buffer."""
     activation = component.activation_bytes or 0
     transfer = component.transfer
-    if transfer is not None and device != component.execution_device and device in transfer.per_call_devices.values():
-        loaded = max((phase or 0) - activation, 0)
-        return activation + loaded, activation, loaded, loaded
+    away = () if transfer is None else {*transfer.per_call_devices.values(), *transfer.streamed_devices.values()}
+    if device != component.execution_device and device in away:
+        working = max((phase or 0) - activation, 0)  # what it loads here per call and the blocks in flight here
+        streams_here = device in transfer.streamed_devices.values()
+        # Less the blocks in flight here when it streams here (its streamed blocks taken as equal in size).
+        flight = STREAM_BUFFER_BLOCKS * transfer.streamed_per_run_bytes // max(len(transfer.streamed_modules), 1)
+        loaded = max(working - flight, 0) if streams_here else working
+        return activation + working, activation, working, loaded
     if component.execution_device == device:
         streamed = component.streamed_unit_bytes if component.kind.value in _STREAMED_KINDS else 0
         # What loads per call HERE: the working set less the blocks in flight (blocks it loads per call onto

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .cost import copy_bandwidth, exposed_copy_seconds
+from .cost import copy_bandwidth, exposed_copy_seconds, stream_links
 from .gpu_profiles import DEFAULT_GPU, PROFILES, GpuProfile, compute_dtype, cpu_flops_per_s
 from .rates import DISK_BYTES_PER_S, ERROR_BAND
 
@@ -166,7 +166,7 @@ def component_time(component: ComponentPlan, gpu: GpuProfile, link: float,
     exposed = exposed_copy_seconds(
         run_s=run_s or 0.0, weight_bytes=component.bytes, loaded_bytes=transfer.loaded_per_call_bytes,
         streamed_bytes=transfer.streamed_per_run_bytes, streamed_blocks=len(transfer.streamed_modules),
-        runs=runs, link=speed)
+        runs=runs, link=speed, links=stream_links(transfer.streamed_devices))
     return ComponentTime(name=component.name, runs=runs, compute_s=None if run_s is None else runs * run_s,
                          copy_s=transfer.bytes_per_call / speed, exposed_s=exposed)
 

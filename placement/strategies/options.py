@@ -36,6 +36,7 @@ class Choice:
     levels: tuple[Level, ...]
     home: int
     in_order: bool = False  # FILL takes blocks in execution order (the reference policy's way), not largest first
+    pooled: bool = False  # the host-homed blocks stream onto the accelerator running the last span (issue 39)
 
     def streamed(self, order: Sequence[ComponentRequest]) -> list[ComponentRequest]:
         """The components this option keeps wholly off the resident room (their bytes bound its cost)."""
@@ -48,9 +49,10 @@ def priority_order(requests: Sequence[ComponentRequest], runs: Mapping[str, int]
 
 
 def residency_choices(order: Sequence[ComponentRequest], homes: Sequence[int], runs: Mapping[str, int],
-                      limit: int = EXACT_LIMIT) -> Iterator[Choice]:
+                      limit: int = EXACT_LIMIT, *, pooled: bool = False) -> Iterator[Choice]:
     """Every level x home combination (past `limit` the smallest components get fewer levels), those with the
-    fewest bytes certainly moved (the STREAM ones') first."""
+    fewest bytes certainly moved (the STREAM ones') first; with `pooled` (several accelerators) each also with
+    its streamed blocks streamed onto another accelerator."""
     options = [tuple(Level) for _ in order]
     by_size = sorted(range(len(order)), key=lambda i: (order[i].bytes, -i))
     for reduced in (Level.FILL, Level.STREAM), (Level.FILL,):
@@ -63,6 +65,8 @@ def residency_choices(order: Sequence[ComponentRequest], homes: Sequence[int], r
     for levels in combos:
         for home in homes:
             yield Choice(levels=levels, home=home)
+            if pooled and any(level is not Level.WHOLE for level in levels):
+                yield Choice(levels=levels, home=home, pooled=True)
         if all(level is Level.FILL for level in levels):  # the reference policy itself is one candidate
             yield from (Choice(levels=levels, home=home, in_order=True) for home in homes)
 

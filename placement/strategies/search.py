@@ -11,15 +11,15 @@ from functools import partial
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from ..cost import PlanCost, host_bytes, least_cost, minimum_phase_weights
+from ..cost import PlanCost, host_bytes, least_cost, minimum_phase_weights, stream_links
 from ..device_maps import merge_to_prefixes
 from ..devices import device_label, is_accelerator
 from ..errors import PlacementError
 from ..memory_model import Ledger
-from ..plan_schema import ComponentPlan, Fallback, PlacementKind
+from ..plan_schema import ComponentPlan, ComponentTransfer, Fallback, PlacementKind
 from ..sizes import format_bytes
 from ..time_model import seconds_text
-from ..transfers.residency import Filled, HostSplit, fill_resident, settle_phases, split_host_part
+from ..transfers.residency import Filled, HostSplit, fill_resident, pooled_split, settle_phases, split_host_part
 from ..transfers.blocks import away_rooms, phase_room
 from .fallbacks import place_streamed, place_whole, streamed_text, streaming_device, try_split
 from .options import Choice, Level, demotion_sets, priority_order, residency_choices
@@ -69,6 +69,8 @@ def _placed(request: ComponentRequest, filled: Filled, best: Evaluated, runs: in
         kind = PlacementKind.OFFLOADED if host == "cpu" else PlacementKind.DISK
     plan = component_plan(request, kind=kind, device_map=merge_to_prefixes(units), execution_device=home,
                           placed_bytes=placed, streamed_unit_bytes=split.phase_weights)
+    if split.streamed_away:  # pooled: marks the transfer `complete_transfers` works out (`pooled_onto`)
+        plan = plan.model_copy(update={"transfer": ComponentTransfer(streamed_devices=dict(split.streamed_away))})
     if kind is PlacementKind.WHOLE:
         return Placed(plan=plan)
     return Placed(plan=plan, fallback=Fallback(component=request.name, kind=kind, demoted=host is not None,
@@ -207,7 +209,8 @@ class Residency:
         `cost.split_components` counts. Pinned components, placed before, count in none."""
         ours = {r.name for r in self.order}
         spans = [placed.plan.placed_bytes for name, placed in whole.items() if name in ours]
-        spans += [[*found.resident, home, *splits[name].away.values()] for name, found in filled.items()]
+        spans += [[*found.resident, home, *splits[name].away.values(), *splits[name].streamed_away.values()]
+                  for name, found in filled.items()]
         return spans
 
     def _exposed(self, splits: dict[str, HostSplit], hosts: dict[str, str]) -> float:
@@ -218,7 +221,8 @@ class Residency:
         sizes = {r.name: r.bytes for r in self.order}
         return timing.exposed(
             (name, sizes[name], split.loaded_bytes, split.streamed_bytes, len(split.streamed_paths),
-             self.runs.get(name, 1), hosts.get(name))
+             self.runs.get(name, 1), hosts.get(name),
+             stream_links(split.streamed_away))
             for name, split in splits.items() if split.bytes_per_call(self.runs.get(name, 1)))
 
     def _stage(self, choice: Choice) -> Optional[tuple[Ledger, dict]]:
@@ -282,7 +286,7 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
             filled[request.name] = fill_resident(
                 ledger, name=request.name, units=request.active_units, activation=request.transient,
                 home=choice.home, devices=ledger.accelerators, spread=request.spread_blocks,
-                in_order=choice.in_order)
+                in_order=choice.in_order, reserve_on=_onto(ledger, choice))
             filled[request.name].host.extend(u for u in request.layout_units if u.path in request.idle)
         elif level is Level.STREAM:
             filled[request.name] = Filled(host=list(request.layout_units))
@@ -292,18 +296,32 @@ def fill_and_split(ledger: Ledger, choice: Choice, order: Sequence, runs, *,
             continue
         room, away = phase_room(ledger, choice.home, request), away_rooms(ledger, request, choice.home)
         host = sorted(filled[request.name].host, key=lambda unit: request.unit_rank[unit.path])  # unit order
-        key = (request.name, room, away) if len(host) == len(request.layout_units) else None
+        key = (request.name, room, away, choice.pooled) if len(host) == len(request.layout_units) else None
         split = cache.get(key) if key else None
         if split is None:
-            split = split_host_part(host, runs=runs.get(request.name, 1), room=room, idle=request.idle, away=away,
-                                    spread=request.spread_blocks)
+            split = _split(host, request, runs.get(request.name, 1), room, away, onto=_onto(ledger, choice))
             if key:
                 cache[key] = split
         if not split.fits:
             return None
         settle_phases(ledger, request, choice.home, split)
         splits[request.name] = split
+    if choice.pooled and not any(split.streamed_away for split in splits.values()):
+        return None  # nothing can stream onto another accelerator: the option without `pooled` is this one
     return filled, splits
+
+
+def _onto(ledger: Ledger, choice: Choice) -> Optional[int]:
+    """Where a pooled option streams its blocks onto: the last accelerator other than the home (the last span's)."""
+    others = [device for device in ledger.accelerators if device != choice.home]
+    return others[-1] if choice.pooled and others else None
+
+
+def _split(host, request, runs: int, room, away, *, onto: Optional[int]) -> HostSplit:
+    """The host split; with `onto`, streamed onto that accelerator where that can be, else as without."""
+    rooms = dict(runs=runs, room=room, idle=request.idle, away=away, spread=request.spread_blocks)
+    found = pooled_split(host, onto=onto, **rooms) if onto is not None else None
+    return found if found is not None else split_host_part(host, **rooms)
 
 
 def reserve_phases(ledger: Ledger, choice: Choice, order: Sequence) -> bool:
@@ -354,7 +372,7 @@ def place_searched(strategy: Strategy, request: StrategyRequest, *, residency: b
             for demoted_set in demotion_sets(pool, runs):
                 yield least_cost(demoted_set, runs), partial(_demotion, strategy, quick, demoted_set)
         if levels is not None:
-            for choice in residency_choices(levels.order, levels.homes, runs):
+            for choice in residency_choices(levels.order, levels.homes, runs, pooled=len(ledger.accelerators) > 1):
                 yield least_cost(choice.streamed(levels.order), runs), partial(levels.evaluate, choice)
 
     best = base

@@ -32,6 +32,8 @@ class HostSplit:
     idle: tuple[TransferUnit, ...] = ()  # streamed, but never run by the planned call: nothing moves
     # Per-call units loaded onto another accelerator than the execution device: path -> accelerator.
     away: Mapping[str, int] = field(default_factory=dict)
+    # Streamed units streamed onto another accelerator (its own link and stream buffer): path -> accelerator.
+    streamed_away: Mapping[str, int] = field(default_factory=dict)
 
     def away_bytes(self) -> dict[int, int]:
         """Per-call bytes loaded onto each other accelerator."""
@@ -56,8 +58,16 @@ class HostSplit:
 
     @cached_property
     def buffer_bytes(self) -> int:
-        """The streamed blocks in flight at once."""
-        return stream_buffer(unit.bytes for unit in self.streamed)
+        """The streamed blocks in flight at once on the execution device."""
+        return stream_buffer(unit.bytes for unit in self.streamed if unit.path not in self.streamed_away)
+
+    def away_buffers(self) -> dict[int, int]:
+        """The streamed blocks in flight at once on each other accelerator streamed onto."""
+        found: dict[int, list[int]] = {}
+        for unit in self.streamed:
+            if unit.path in self.streamed_away:
+                found.setdefault(self.streamed_away[unit.path], []).append(unit.bytes)
+        return {device: stream_buffer(sizes) for device, sizes in found.items()}
 
     @cached_property
     def phase_weights(self) -> int:
@@ -66,6 +76,29 @@ class HostSplit:
 
     def bytes_per_call(self, runs: int) -> int:
         return bytes_per_call(loaded=self.loaded_bytes, streamed=self.streamed_bytes, runs=runs)
+
+
+def pooled_split(host: Sequence[TransferUnit], *, runs: int, room: Optional[int], onto: int,
+                 idle: frozenset[str] = frozenset(), away: Sequence[tuple[int, int]] = (),
+                 spread: frozenset[str] = frozenset()) -> Optional[HostSplit]:
+    """`split_host_part` with every other streamed block (in execution order) streamed onto the accelerator `onto`
+    through its own host link and stream buffer (pooled residency, issue 39), the others onto the execution
+    device as before: the two prefetch chains alternate, so two copies are on their way at once; None when that
+    cannot be: a streamed block may not leave the execution device, `onto` lacks room for a buffer beside what it
+    loads per call, fewer than two blocks stream. Activations hop between the two GPUs around each block moved."""
+    if room is None or runs == 1:
+        return None
+    blocks = [u for u in host if u.block and not is_idle(u.path, idle)]
+    reserve = stream_buffer(u.bytes for u in blocks)  # at most what the buffer on `onto` holds
+    rooms = dict(away)
+    if not blocks or rooms.get(onto, 0) < reserve or not all(is_idle(u.path, spread) for u in blocks):
+        return None
+    rooms[onto] -= reserve
+    split = split_host_part(host, runs=runs, room=room, idle=idle, spread=spread,
+                            away=tuple((device, left) for device, left in rooms.items() if left > 0))
+    if not split.fits or len(split.streamed) < 2:
+        return None
+    return replace(split, streamed_away={unit.path: onto for unit in split.streamed[1::2]})
 
 
 def split_host_part(host: Sequence[TransferUnit], *, runs: int, room: Optional[int],
@@ -196,14 +229,17 @@ class Filled:
 
 
 def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], activation: int, home: int,
-                  devices: Sequence[int], spread: Collection[str], in_order: bool = False) -> Filled:
+                  devices: Sequence[int], spread: Collection[str], in_order: bool = False,
+                  reserve_on: Optional[int] = None) -> Filled:
     """Place as many `units` resident as every phase still allows, charge them to `ledger`, and return where.
 
     The rest first (needed for the whole run), on `home`; then the blocks largest first (the host keeps small
     ones: the blocks in flight take little room), or in execution order (`in_order`, the reference policy's way),
     on `home` or, for those in `spread`, on the other accelerators; one that fits nowhere stays on the host (first
-    fit decreasing). On `home` the component's own phase needs its activations and its streaming working set."""
+    fit decreasing). On `home` the component's own phase needs its activations and its streaming working set; on
+    `reserve_on` (pooled residency, `pooled_split`) its activations and the host blocks' stream buffer."""
     state = _FillState(ledger, name=name, units=units, activation=activation, home=home)
+    state.reserve_on = reserve_on
     everywhere = [home, *(d for d in devices if d != home)]
     filled = Filled()
     for unit in (u for u in units if not u.block):  # the rest runs with the inputs: on the home accelerator
@@ -219,9 +255,11 @@ def fill_resident(ledger: Ledger, *, name: str, units: Sequence[TransferUnit], a
                         interleave=True)  # no other choice; kept blocks spread between the streamed ones
             _place_size(state, [u for u in members if u.path in spread], everywhere, filled,
                         interleave=len(everywhere) == 1)
+    buffer = stream_buffer(u.bytes for u in filled.host if u.block)
     for device, taken in filled.resident.items():
-        spans = device != home  # its phase there: its activations
-        ledger.add(device, weights=sum(u.bytes for u in taken), transient=activation if spans else 0, phase=name)
+        spans = device != home  # its phase there: its activations (and where it streams onto, its buffer)
+        ledger.add(device, weights=sum(u.bytes for u in taken), phase=name,
+                   transient=(activation + (buffer if device == reserve_on else 0)) if spans else 0)
     # On its home, the least it now needs (its transfer may load more per call: set with it).
     ledger.set_phase(home, name, activation + minimum_phase_weights(filled.host))
     return filled
@@ -251,6 +289,7 @@ class _FillState:
 
     def __init__(self, ledger: Ledger, *, name: str, units: Sequence[TransferUnit], activation: int, home: int):
         self.home, self.activation = home, activation
+        self.reserve_on: Optional[int] = None
         self.limit, self.others, self.weights = {}, {}, {}
         for device in ledger.accelerators:
             load = ledger.loads[device]
@@ -273,8 +312,8 @@ class _FillState:
         if device == self.home:
             rest = self.host_rest - (0 if block else size * count)
             own = self.activation + rest + self._buffer(size, count if block else 0)
-        else:
-            own = self.activation
+        else:  # where the blocks stream onto (pooled), room kept for them in flight
+            own = self.activation + (self._buffer(size, count if block else 0) if device == self.reserve_on else 0)
         return self.weights[device] + size * count + max(self.others[device], own) <= self.limit[device]
 
     def count_fitting(self, size: int, most: int, device: int, *, block: bool) -> int:
@@ -303,9 +342,10 @@ def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
         request = requests[name]
         transfer, split = component_transfer(plan, request, runs.get(name, 1), ledger)
         update: dict = {"transfer": transfer}
-        # Only a split loading blocks per call (a component running several times, with room) grows its phase past
-        # what the strategy charged, its streaming working set; an untracked device (a dict named it) is left.
-        loads_more = split is not None and split.fits and any(unit.block for unit in split.per_call)
+        # Only a split loading blocks per call (a component running several times, with room) or streaming onto
+        # another accelerator grows its phases past what the strategy charged, its streaming working set; an untracked device (a dict named it) is left.
+        loads_more = split is not None and split.fits and (any(unit.block for unit in split.per_call)
+                                                           or bool(split.streamed_away))
         if loads_more and ledger.has(plan.execution_device):
             settle_phases(ledger, request, plan.execution_device, split)
             update["streamed_unit_bytes"] = split.phase_weights
@@ -315,10 +355,11 @@ def complete_transfers(state, requests: Mapping, runs: Mapping[str, int]):
 
 def settle_phases(ledger: Ledger, request, home: Device, split: HostSplit) -> None:
     """The component's phase on its execution device (activations, what it loads there, blocks in flight) and
-    on each accelerator it loads blocks per call onto (activations and those blocks)."""
+    on each accelerator it loads blocks per call or streams blocks onto (activations, those blocks, its buffer)."""
     ledger.set_phase(home, request.name, request.transient + split.phase_weights)
-    for device, loaded in split.away_bytes().items():
-        ledger.set_phase(device, request.name, request.transient + loaded)
+    loaded, buffers = split.away_bytes(), split.away_buffers()
+    for device in {*loaded, *buffers}:
+        ledger.set_phase(device, request.name, request.transient + loaded.get(device, 0) + buffers.get(device, 0))
 
 
 def component_transfers(by_name: Mapping, requests: Mapping, ledger: Ledger,
@@ -340,16 +381,27 @@ def component_transfer(plan: ComponentPlan, request, runs: int,
     if not host:
         return ComponentTransfer(runs_per_call=runs, resident_bytes=resident), None
     home = plan.execution_device
-    split = split_host_part(host, runs=runs, room=phase_room(ledger, home, request), idle=request.idle,
-                            away=away_rooms(ledger, request, home) if ledger.has(home) else (),
-                            spread=request.spread_blocks)
+    rooms = dict(room=phase_room(ledger, home, request), idle=request.idle, spread=request.spread_blocks,
+                 away=away_rooms(ledger, request, home) if ledger.has(home) else ())
+    onto = pooled_onto(plan)
+    split = pooled_split(host, runs=runs, onto=onto, **rooms) if onto is not None else None
+    if split is None:  # (pooled, when the search chose it and the rooms still allow it)
+        split = split_host_part(host, runs=runs, **rooms)
     transfer = ComponentTransfer(
         runs_per_call=runs, resident_bytes=resident, loaded_per_call_bytes=split.loaded_bytes,
         streamed_per_run_bytes=split.streamed_bytes, per_call_modules=[u.path for u in split.per_call],
         streamed_modules=split.streamed_paths, stream_buffer_bytes=split.buffer_bytes,
-        per_call_devices=dict(split.away),
+        per_call_devices=dict(split.away), streamed_devices=dict(split.streamed_away),
     )
     return transfer, split
+
+
+def pooled_onto(plan: ComponentPlan) -> Optional[int]:
+    """The accelerator the search chose to stream `plan`'s blocks onto (pooled residency: it marks the plan's
+    transfer, `search._placed`, and the transfer is worked out again here); None when it did not."""
+    if plan.transfer is None or not plan.transfer.streamed_devices:
+        return None
+    return next(iter(plan.transfer.streamed_devices.values()))
 
 
 def host_units(device_map: Mapping[str, Device], request) -> list[TransferUnit]:

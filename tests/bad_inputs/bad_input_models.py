@@ -70,6 +70,16 @@ def tiny_flux_transformer(folder):
     return folder
 
 
+def tiny_flux_preset(folder):
+    """The `tiny-flux` preset's folder (diffusers' FluxPipeline at tiny configs, seeded) copied into `folder`."""
+    import shutil
+
+    from pipelines.presets import catalog
+
+    shutil.copytree(catalog.preset_folder("tiny-flux"), folder, dirs_exist_ok=True)
+    return folder
+
+
 def tiny_flux_pipeline(folder):
     """A tiny FluxPipeline saved by diffusers (tokenizers and encoders from the e2e tests' tiny parts)."""
     import sys

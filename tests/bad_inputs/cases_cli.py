@@ -10,11 +10,11 @@ from catalogue import Case
 
 def run_twice_with_other_steps(tmp: Path):
     """Images of one call, then another call into the same --out."""
-    from pipelines import TextToImagePipeline
+    from bad_input_models import tiny_flux_preset
 
-    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(tmp / "tiny-dit")
+    tiny_flux_preset(tmp / "tiny-flux")
     (tmp / "prompts.txt").write_text("a lighthouse\n")
-    common = ("run", "{tmp}/tiny-dit", "--prompts", "{tmp}/prompts.txt", "--out", "{tmp}/images", "--height", "64",
+    common = ("run", "{tmp}/tiny-flux", "--prompts", "{tmp}/prompts.txt", "--out", "{tmp}/images", "--height", "64",
               "--width", "64")
     cli(*common, "--steps", "1")(tmp)
     cli(*common, "--steps", "2")(tmp)

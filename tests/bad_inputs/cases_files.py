@@ -460,15 +460,14 @@ def deleted_weights_plan(tmp: Path):
     return Pipeline.plan_placement(folder, max_memory={"cpu": "1GiB"})
 
 
-def tiny_dit_configs_only(tmp: Path, **changes):
-    """Plan a configs-only tiny-dit whose DiT config.json has `changes` (a denoiser with repeated blocks)."""
-    from pipelines import TextToImagePipeline
+def tiny_flux_configs_only(tmp: Path, **changes):
+    """Plan a configs-only tiny-flux whose transformer's config.json has `changes` (repeated blocks)."""
+    from bad_input_models import tiny_flux_preset
 
-    folder = tmp / "tiny-dit"
-    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
+    folder = tiny_flux_preset(tmp / "tiny-flux")
     for weights in folder.rglob("*.safetensors"):
         weights.unlink()
-    edit_json(folder / "denoiser" / "config.json", lambda content: content.update(changes))
+    edit_json(folder / "transformer" / "config.json", lambda content: content.update(changes))
     return Pipeline.plan_placement(folder, max_memory={0: "24GiB", "cpu": "64GiB"})
 
 
@@ -476,7 +475,7 @@ QUANTIZATION = "pipelines.errors.LoadError"
 HUGE = 10**12
 CASES += [
     Case(name="limits: a config.json of 1e12 layers",
-         run=lambda tmp: tiny_dit_configs_only(tmp, num_single_layers=HUGE),
+         run=lambda tmp: tiny_flux_configs_only(tmp, num_single_layers=HUGE),
          error="pipelines.errors.FolderError", words=(f"num_single_layers={HUGE}", "the limit is 10000")),
     Case(name="limits: a config.json 1e12 wide", run=configs_only_with("encoder", width=HUGE),
          error="placement.errors.DoesNotFitError", words=(f"width={HUGE}", "more than all budgets together")),

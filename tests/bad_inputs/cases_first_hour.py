@@ -14,16 +14,16 @@ from cases_calls import CLI, cli
 from catalogue import Case
 
 GIB = 2**30
-RUN = ("run", "{tmp}/tiny-dit", "--prompts", "{tmp}/prompts.txt", "--height", "64", "--width", "64", "--steps", "1")
+RUN = ("run", "{tmp}/tiny-flux", "--prompts", "{tmp}/prompts.txt", "--height", "64", "--width", "64", "--steps", "1")
 
 
-def with_tiny_dit(*argv: str, before=None, patch=None):
-    """`placement ARGV` after saving the tiny-dit preset to {tmp}/tiny-dit and two prompts to {tmp}/prompts.txt;
+def with_tiny_flux(*argv: str, before=None, patch=None):
+    """`placement ARGV` after copying the tiny-flux preset to {tmp}/tiny-flux and two prompts to {tmp}/prompts.txt;
     `before(tmp)` runs first, `patch(tmp)` is a context manager held around the command."""
     def run(tmp: Path):
-        from pipelines import TextToImagePipeline
+        from bad_input_models import tiny_flux_preset
 
-        TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(tmp / "tiny-dit")
+        tiny_flux_preset(tmp / "tiny-flux")
         (tmp / "prompts.txt").write_text("a lighthouse\na red fox\n")
         if before is not None:
             before(tmp)
@@ -143,26 +143,26 @@ def _laptop_plan(tmp: Path):
 
 
 CASES = [
-    Case(name="cli: run --out that is a regular file", run=with_tiny_dit(*RUN, "--out", "{tmp}/prompts.txt"),
+    Case(name="cli: run --out that is a regular file", run=with_tiny_flux(*RUN, "--out", "{tmp}/prompts.txt"),
          error=CLI, words=("--out", "prompts.txt", "is a file, not a folder"),
          harm=lambda tmp: (tmp / "prompts.txt").read_text() != "a lighthouse\na red fox\n"),
-    Case(name="cli: run --out below a regular file", run=with_tiny_dit(*RUN, "--out", "{tmp}/prompts.txt/images"),
+    Case(name="cli: run --out below a regular file", run=with_tiny_flux(*RUN, "--out", "{tmp}/prompts.txt/images"),
          error=CLI, words=("prompts.txt", "is a file, not a folder")),
     Case(name="cli: run with another --seed into a finished folder",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", "--seed", "5", before=_made_once),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", "--seed", "5", before=_made_once),
          error=CLI, words=("seed 0 (now 5)", "--overwrite")),
     Case(name="cli: run into a folder another run is writing",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", patch=_held_by_another_run),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", patch=_held_by_another_run),
          error=CLI, words=("another placement run", f"pid {os.getpid()}", "--wait")),
     Case(name="cli: run whose disk fills up while recording an image",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", patch=_disk_full_at_the_second_record),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", patch=_disk_full_at_the_second_record),
          error=CLI, words=("Cannot write", "run.json", "No space left on device", "kept"),
          harm=lambda tmp: _listed(tmp) != ["00000.png"]),
     Case(name="cli: run after a crash left an image out of run.json",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", before=_lose_the_last_record),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", before=_lose_the_last_record),
          error=None, harm=_not_repaired),
     Case(name="cli: run --prompts that is not UTF-8",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images",
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images",
                            before=lambda tmp: (tmp / "prompts.txt").write_bytes(b"un caf\xe9\n")),
          error=CLI, words=("not UTF-8", "line 1", "Save it as UTF-8")),
     Case(name="cli: plan --strength on a pipeline that does not start from an image",
@@ -195,13 +195,13 @@ CASES = [
     Case(name="cli: inspect a local folder that does not exist", run=cli("inspect", "./no-such-pipeline-folder"),
          error=CLI, words=("No such folder", "no-such-pipeline-folder")),
     Case(name="cli: run --max-memory 0=1GiB on a machine without a GPU",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", "--max-memory", "0=1GiB", patch=_no_accelerator),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", "--max-memory", "0=1GiB", patch=_no_accelerator),
          error=CLI, words=("--max-memory names GPU 0", "no accelerator", "would run on the CPU",
                            "only for cpu and disk", "PLACEMENT_VIRTUAL_ACCELERATORS=N"),
          harm=lambda tmp: (tmp / "images").exists()),
     Case(name="cli: plan a folder whose weights file was deleted",
-         run=with_tiny_dit("plan", "{tmp}/tiny-dit", "--max-memory", "cpu=1GiB",
-                           before=lambda tmp: (tmp / "tiny-dit" / "vae" / "diffusion_pytorch_model.safetensors").unlink()),
-         error=CLI, words=("cannot load as it is", "vae: No weights in", "tiny-dit/vae",
+         run=with_tiny_flux("plan", "{tmp}/tiny-flux", "--max-memory", "cpu=1GiB",
+                           before=lambda tmp: (tmp / "tiny-flux" / "vae" / "diffusion_pytorch_model.safetensors").unlink()),
+         error=CLI, words=("cannot load as it is", "vae: No weights in", "tiny-flux/vae",
                            "diffusion_pytorch_model.safetensors")),
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from bad_input_models import FLUX, tiny_flux_pipeline, tiny_pipeline
 from cases_calls import CLI, cli
-from cases_first_hour import RUN, with_tiny_dit
+from cases_first_hour import RUN, with_tiny_flux
 from catalogue import Case
 
 FOLDER_ERROR = "pipelines.errors.FolderError"
@@ -249,14 +249,14 @@ CASES = [
     Case(name="cli: plan --json on a full disk over a previous plan", run=_plan_json_on_a_full_disk,
          error=CLI, words=("Cannot write", "plan.json", "No space left", "unchanged"), harm=_previous_plan_kept),
     Case(name="cli: run whose lock file is a symlink to a file outside --out",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images",
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images",
                            before=_lock_is(lambda tmp, lock: lock.symlink_to(tmp / "precious.txt"))),
          error=CLI, words=("symbolic link", "never opens anything else"), harm=_precious_changed),
     Case(name="cli: run whose lock file is a folder",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", before=_lock_is(lambda tmp, lock: lock.mkdir())),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", before=_lock_is(lambda tmp, lock: lock.mkdir())),
          error=CLI, words=("is a folder", "choose another --out")),
     Case(name="cli: run --wait with other prompts into a finished folder",
-         run=with_tiny_dit(*RUN, "--out", "{tmp}/images", "--wait", before=_made_for_other_prompts),
+         run=with_tiny_flux(*RUN, "--out", "{tmp}/images", "--wait", before=_made_for_other_prompts),
          error=CLI, words=("other prompts", "'a red fox' (now 'a blue whale')", "--overwrite"), harm=_images_replaced),
     Case(name="formats: a .gguf file cut in half", run=_gguf(lambda data: data[: len(data) // 2]),
          error=FOLDER_ERROR, words=("f.gguf", "corrupt, truncated")),

@@ -32,13 +32,15 @@ def demoted(plan):
 
 
 @pytest.fixture(scope="module")
-def tiny_dit():
-    pipelines = pytest.importorskip("pipelines")
-    pipe = pipelines.TextToImagePipeline.from_preset("tiny-dit", device="meta")
-    components = pipe.module_components
+def tiny_flux():
+    """The tiny-flux preset on meta: its module components, their graph, sizes and streaming working sets."""
+    from pipeline_fixtures import tiny_flux_on_meta
+    from pipelines.loading.planning import modules_and_edges
+
+    components, edges = modules_and_edges(tiny_flux_on_meta())
     sizes = {name: size_module(module) for name, module in components.items()}
     streamed = {name: streaming_working_set(components[name], sizes[name]) for name in components}
-    return components, pipe.graph_edges, {name: s.total for name, s in sizes.items()}, streamed
+    return components, edges, {name: s.total for name, s in sizes.items()}, streamed
 
 
 def one_gpu_oracle(budget, sizes, streamed):
@@ -61,8 +63,8 @@ def one_gpu_oracle(budget, sizes, streamed):
     return best
 
 
-def test_stepping_budget_executes_nothing_needlessly_on_the_cpu(tiny_dit):
-    components, edges, sizes, streamed = tiny_dit
+def test_stepping_budget_executes_nothing_needlessly_on_the_cpu(tiny_flux):
+    components, edges, sizes, streamed = tiny_flux
     total = sum(sizes.values())
     previous_cpu = 0
     for step in STEPS:  # largest budget first: CPU bytes may only grow as the budget shrinks
@@ -80,12 +82,12 @@ def test_stepping_budget_executes_nothing_needlessly_on_the_cpu(tiny_dit):
             assert plan.components[name].execution_device == 0
 
 
-def test_95_percent_keeps_the_denoiser_whole_and_moves_least_of_the_text_encoders(tiny_dit):
-    components, edges, sizes, _ = tiny_dit
+def test_95_percent_keeps_the_transformer_whole_and_moves_least_of_the_text_encoders(tiny_flux):
+    components, edges, sizes, _ = tiny_flux
     plan = placement.plan(components, max_memory={0: f"{sum(sizes.values()) * 38 // 40}B", "cpu": "8GiB"}, graph=edges)
-    assert plan.components["denoiser"].kind is PlacementKind.WHOLE
+    assert plan.components["transformer"].kind is PlacementKind.WHOLE
     assert cpu_bytes(plan) == 0 and all(c.execution_device == 0 for c in plan.components.values())
-    assert demoted(plan) and "denoiser" not in demoted(plan)
+    assert demoted(plan) and "transformer" not in demoted(plan)
     # Streaming both encoders moves all of their bytes; keeping parts of them resident moves less.
     assert plan.transfer_bytes_per_call < sizes["text_encoder"] + sizes["text_encoder_2"]
     text = plan.explain()

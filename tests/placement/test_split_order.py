@@ -105,42 +105,44 @@ def test_sd15_unet_split_over_two_devices_crosses_once_without_example_inputs():
 
 
 def test_the_pipeline_planner_records_each_components_call_order_during_its_activation_estimate():
-    from pipelines import TextToImagePipeline
-    from pipelines.loading.planning import call_activations
+    from pipeline_fixtures import tiny_flux_on_meta
+    from pipelines.loading.planning import call_activations, modules_and_edges
 
-    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
-    modules = pipe.module_components
+    pipe = tiny_flux_on_meta()
+    modules, _ = modules_and_edges(pipe)
     module_order: dict[str, list[str]] = {}
     peaks = call_activations(pipe, modules, {"height": 64, "width": 64}, module_order=module_order)
     assert set(module_order) == set(peaks) == set(modules)
-    blocks = [path for path in module_order["denoiser"] if path.count(".") == 1 and "blocks" in path]
+    blocks = [path for path in module_order["transformer"] if path.count(".") == 1 and "blocks" in path]
     assert blocks and all(not hasattr(m, "_forward_pre_hooks") or not m._forward_pre_hooks
-                          for m in modules["denoiser"].modules())  # the recording hooks are gone
+                          for m in modules["transformer"].modules())  # the recording hooks are gone
 
 
-def test_blocks_the_estimate_replays_are_recorded_in_order_and_splits_cut_alike(monkeypatch):
+def test_blocks_the_estimate_replays_are_recorded_in_order_and_splits_cut_alike(monkeypatch, tmp_path):
     """The block memo replays identical blocks (their submodules never run): the recorded order and the split
     cut in it are those of a full run."""
-    from pipelines import TextToImagePipeline
-    from pipelines.loading.planning import call_activations
+    from pipeline_fixtures import deeper_flux_folder
+    from pipelines import Pipeline
+    from pipelines.loading.planning import call_activations, modules_and_edges
     from placement.activations.memo import CACHE_ENV, MEMO_ENV, _Record
 
     monkeypatch.setenv(CACHE_ENV, "0")
     replays = []
     replay = _Record.replay
     monkeypatch.setattr(_Record, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
-    pipe = TextToImagePipeline.from_preset("tiny-dit", device="meta")
-    modules = pipe.module_components
-    denoiser = modules["denoiser"]
+    # Two identical single-stream blocks, for the memo to replay the second.
+    pipe = Pipeline.from_pretrained(deeper_flux_folder(tmp_path / "flux", num_single_layers=2), progress=False)
+    modules, _ = modules_and_edges(pipe)
+    transformer = modules["transformer"]
     plans, orders = [], []
     for memo in ("1", "0"):
         monkeypatch.setenv(MEMO_ENV, memo)
         module_order: dict[str, list[str]] = {}
         call_activations(pipe, modules, {"height": 64, "width": 64}, module_order=module_order)
         orders.append(module_order)
-        rooms = {device: f"{room}B" for device, room in two_rooms(size_module(denoiser)).items()}
-        plans.append(placement.plan({"denoiser": denoiser}, max_memory=rooms,
-                                    module_order={"denoiser": module_order["denoiser"]}))
-    assert replays and orders[0] == orders[1] and "single_blocks.1.qkv" in orders[0]["denoiser"]
-    assert plans[0].components["denoiser"].kind.value == "split"
+        rooms = {device: f"{room}B" for device, room in two_rooms(size_module(transformer)).items()}
+        plans.append(placement.plan({"transformer": transformer}, max_memory=rooms,
+                                    module_order={"transformer": module_order["transformer"]}))
+    assert replays and orders[0] == orders[1] and "single_transformer_blocks.1.proj_mlp" in orders[0]["transformer"]
+    assert plans[0].components["transformer"].kind.value == "split"
     assert plans[0].device_map == plans[1].device_map

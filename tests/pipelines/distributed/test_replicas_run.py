@@ -10,14 +10,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import diffusers
 import pytest
 import torch.distributed as dist
 
-from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.distributed import Launch, load_replica
 
 from child_process import run_child
+from pipeline_fixtures import save_preset
 
 ROOT = Path(__file__).resolve().parents[3]
 CALL = ["--height", "64", "--width", "64", "--steps", "2"]
@@ -31,9 +32,7 @@ needs_torchrun = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("replicas") / "tiny-dit"
-    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
-    return folder
+    return save_preset(tmp_path_factory.mktemp("replicas") / "tiny-flux")[0]
 
 
 @pytest.fixture
@@ -76,14 +75,14 @@ def test_two_replicas_under_torchrun_make_the_images_one_process_makes(tiny, pro
 
 FLAKY_SCRIPT = """
 import os, sys
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from pipelines.distributed import ReplicaLoadError, load_replica
 
-class Flaky(TextToImagePipeline):
+class Flaky(Pipeline):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         if os.environ["RANK"] == "1":
-            raise MemoryError("no room for the denoiser on this rank")
+            raise MemoryError("no room for the transformer on this rank")
         return super().from_pretrained(*args, **kwargs)
 
 try:
@@ -105,14 +104,14 @@ def test_a_replica_that_fails_to_load_stops_every_rank_with_its_rank_and_reason(
     assert "loaded" not in launched.stdout
     for rank in (0, 1):
         assert f"rank {rank} stopped: Replica load failed on rank 1 (node 0, local rank 1) on the CPU: " \
-               "MemoryError: no room for the denoiser on this rank" in launched.stdout
+               "MemoryError: no room for the transformer on this rank" in launched.stdout
 
 
 def test_one_process_is_one_replica_with_every_input(tiny, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     with load_replica(tiny, PROMPTS, progress=False) as replica:
-        assert isinstance(replica.pipe, TextToImagePipeline)
+        assert isinstance(replica.pipe, diffusers.FluxPipeline)
         assert replica.share == list(enumerate(PROMPTS))
         assert replica.group is None and not replica.launch.distributed
         assert replica.gather(["x"]) == ["x"]

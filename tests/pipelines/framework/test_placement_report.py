@@ -12,14 +12,14 @@ from torch import nn
 
 import placement
 from hooks.run_timing import RunTiming
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from pipelines.errors import CallError
 from pipelines.loading.run_check import RunCheck, advice
 from placement.machine_profile import (CACHE_ENV, VIRTUAL_NAME, DeviceMeasurement, MachineProfile, load_profile,
                                        save_profile)
 from placement.plan_check import PlanCheck
 
-from pipeline_fixtures import CALL, generate, save_preset
+from pipeline_fixtures import CALL, generate, module_components, save_preset
 from same_output import assert_same_output
 
 SIZES = {"height": CALL["height"], "width": CALL["width"], "num_inference_steps": CALL["num_inference_steps"]}
@@ -36,13 +36,12 @@ def machine(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    folder, pipe = save_preset(tmp_path_factory.mktemp("report") / "tiny-dit")
+    folder, pipe = save_preset(tmp_path_factory.mktemp("report") / "tiny-flux")
     return folder, generate(pipe)
 
 
 def load(folder):
-    return TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory=BUDGETS, call=SIZES,
-                                               progress=False)
+    return Pipeline.from_pretrained(folder, device_map="balanced", max_memory=BUDGETS, call=SIZES, progress=False)
 
 
 def test_a_far_off_profile_is_corrected_once_and_the_report_says_what_replanning_gives(machine, saved):
@@ -61,7 +60,7 @@ def test_a_far_off_profile_is_corrected_once_and_the_report_says_what_replanning
     report = pipe.placement_report()
     lines = report.splitlines()
     assert lines[0].startswith("Plan: about") and "profile: measured on this machine" in lines[0]
-    for name in ("text_encoder", "text_encoder_2", "denoiser", "vae"):
+    for name in ("text_encoder", "text_encoder_2", "transformer", "vae"):
         row = next(line for line in lines if line.strip().startswith(name + " "))
         assert "measured" in row and "predicted" in row and row.endswith("<- off by more than 20%")
     assert f"Compute on {VIRTUAL_NAME} ran at" in report and "corrects its compute efficiency" in report
@@ -87,7 +86,7 @@ def test_the_next_plan_uses_the_correction_and_reset_ends_the_report(machine, sa
     with pytest.raises(CallError, match="placement_report\\(\\): this pipeline is not placed"):
         pipe.placement_report()
     assert all(not module._forward_pre_hooks and not module._forward_hooks
-               for module in pipe.module_components.values())  # reset takes the timing off too
+               for module in module_components(pipe).values())  # reset takes the timing off too
 
 
 class Blocks(nn.Module):
@@ -126,11 +125,11 @@ def test_on_cuda_the_report_times_by_events_and_names_the_gpu(tmp_path, monkeypa
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.delenv("PLACEMENT_VIRTUAL_ACCELERATORS", raising=False)
     folder, _ = saved
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "4GiB", "cpu": "4GiB"},
-                                               call=SIZES, progress=False)
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "4GiB", "cpu": "4GiB"}, call=SIZES,
+                                    progress=False)
     generate(pipe)
     generate(pipe)
     report = pipe.placement_report()
     assert "call 2 of the calls timed" in report
-    for name in ("text_encoder", "denoiser", "vae"):
+    for name in ("text_encoder", "transformer", "vae"):
         assert any(line.strip().startswith(f"{name} ") and "measured" in line for line in report.splitlines())

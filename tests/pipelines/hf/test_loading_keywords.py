@@ -9,10 +9,9 @@ import inspect
 import pytest
 
 import pipelines
-from pipelines import LoadError, Pipeline, TextToImagePipeline, UnknownKeywordError
+from pipelines import LoadError, Pipeline, UnknownKeywordError
 from pipelines.loading.request import PIPELINE_ARGUMENTS
 
-from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
@@ -20,14 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return save_preset(tmp_path_factory.mktemp("keywords") / "tiny-dit")[0]
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keywords") / "model"
-    tiny_model().save_pretrained(path)
-    return path
+    return save_preset(tmp_path_factory.mktemp("keywords") / "tiny-flux")[0]
 
 
 def test_the_pipeline_argument_list_is_the_entries_signatures():
@@ -38,8 +30,8 @@ def test_the_pipeline_argument_list_is_the_entries_signatures():
 
 
 @pytest.mark.parametrize("entry", ["from_pretrained", "plan_placement"])
-@pytest.mark.parametrize("cls", [TextToImagePipeline, Pipeline])
-def test_a_misspelt_pipeline_keyword_names_the_argument_it_meant(folder, cls, entry):
+def test_a_misspelt_pipeline_keyword_names_the_argument_it_meant(folder, entry):
+    cls = Pipeline
     with pytest.raises(UnknownKeywordError, match=r"unknown keyword 'max_mem' \(did you mean max_memory\?\)") as caught:
         getattr(cls, entry)(folder, max_mem={0: "1GiB"})
     assert "has no component" not in str(caught.value)
@@ -49,34 +41,34 @@ def test_a_misspelt_pipeline_keyword_names_the_argument_it_meant(folder, cls, en
 def test_a_keyword_close_to_nothing_lists_the_arguments_and_the_components(folder):
     with pytest.raises(UnknownKeywordError, match=r"unknown keyword 'zzz': its arguments are .*max_memory.*"
                                                   r"components \(passed in by name\) are \[.*'vae'"):
-        TextToImagePipeline.from_pretrained(folder, zzz=1)
+        Pipeline.from_pretrained(folder, zzz=1)
 
 
 def test_a_misspelt_component_is_suggested_too(folder):
     with pytest.raises(UnknownKeywordError, match=r"'text_encodr' \(did you mean text_encoder\?\)"):
-        TextToImagePipeline.from_pretrained(folder, text_encodr=None)
+        Pipeline.from_pretrained(folder, text_encodr=None)
 
 
 def test_a_keyword_that_is_a_component_passes_the_component(folder):
-    vae = TextToImagePipeline.from_pretrained(folder, progress=False).vae
-    pipe = TextToImagePipeline.from_pretrained(folder, vae=vae, progress=False)
+    vae = Pipeline.from_pretrained(folder, progress=False).vae
+    pipe = Pipeline.from_pretrained(folder, vae=vae, progress=False)
     assert pipe.vae is vae
 
 
-def test_diffusers_loading_keywords_that_ask_for_what_we_do_are_accepted(folder, model_folder, caplog):
+def test_diffusers_loading_keywords_that_ask_for_what_we_do_are_accepted(folder, caplog):
     with caplog.at_level("INFO", logger="pipelines.hf.loading_keywords"):
-        pipe = TextToImagePipeline.from_pretrained(folder, low_cpu_mem_usage=True, offload_state_dict=True,
+        pipe = Pipeline.from_pretrained(folder, low_cpu_mem_usage=True, offload_state_dict=True,
                                                    use_onnx=False, progress=False)
     assert pipe.vae is not None
     assert "low_cpu_mem_usage=True): accepted and not needed: every load here builds the model on meta" in caplog.text
-    plan = TextToImagePipeline.plan_placement(folder, use_safetensors=True, low_cpu_mem_usage=True,
+    plan = Pipeline.plan_placement(folder, use_safetensors=True, low_cpu_mem_usage=True,
                                               max_memory={0: "1GiB"})
     assert plan.accelerators == [0]
-    model = TinyModel.from_pretrained(model_folder, low_cpu_mem_usage=True, progress=False)
-    assert isinstance(model, TinyModel)
-    denoiser = pipelines.load_model(folder / "denoiser", device_map=None, low_cpu_mem_usage=True,
-                                    local_files_only=True, revision="main")
-    assert type(denoiser).__name__ == "DiT"
+    transformer = pipelines.load_model(folder / "transformer", device_map=None, low_cpu_mem_usage=True,
+                                       local_files_only=True, revision="main")
+    assert type(transformer).__name__ == "FluxTransformer2DModel"
+    text_encoder = pipelines.load_model(folder / "text_encoder", low_cpu_mem_usage=True, progress=False)
+    assert type(text_encoder).__name__ == "CLIPTextModel"
 
 
 @pytest.mark.parametrize("keyword, value, reason", [
@@ -88,24 +80,23 @@ def test_diffusers_loading_keywords_that_ask_for_what_we_do_are_accepted(folder,
     ("from_flax", True, "Flax weights are not read"),
     ("ignore_mismatched_sizes", True, "CheckpointShapeError"),
 ])
-def test_diffusers_loading_keywords_we_cannot_honour_are_refused_by_name(folder, model_folder, keyword, value, reason):
+def test_diffusers_loading_keywords_we_cannot_honour_are_refused_by_name(folder, keyword, value, reason):
     with pytest.raises(LoadError, match=rf"from_pretrained\({keyword}=.*\) is not supported: .*{reason}"):
-        TextToImagePipeline.from_pretrained(folder, **{keyword: value})
-    with pytest.raises(LoadError, match=rf"TinyModel.from_pretrained\({keyword}=.*{reason}"):
-        TinyModel.from_pretrained(model_folder, **{keyword: value})
+        Pipeline.from_pretrained(folder, **{keyword: value})
+    with pytest.raises(LoadError, match=rf"\({keyword}=.*{reason}"):
+        pipelines.load_model(folder / "transformer", **{keyword: value})
 
 
-def test_model_entries_and_place_name_the_argument_meant(folder, model_folder):
-    with pytest.raises(UnknownKeywordError, match=r"TinyModel.from_pretrained: unknown keyword 'max_mem' \(did you "
-                                                  r"mean max_memory\?\)"):
-        TinyModel.from_pretrained(model_folder, max_mem={0: "1GiB"})
-    with pytest.raises(UnknownKeywordError, match=r"TinyModel.plan_placement: .*'devce_map' \(did you mean device_map"):
-        TinyModel.plan_placement(model_folder, devce_map="auto")
+def test_model_entries_and_place_name_the_argument_meant(folder):
+    with pytest.raises(UnknownKeywordError, match=r"load_model: unknown keyword 'max_mem' \(did you mean max_memory\?\)"):
+        pipelines.load_model(folder / "text_encoder", max_mem={0: "1GiB"})
+    with pytest.raises(UnknownKeywordError, match=r"plan_model: .*'devce_map' \(did you mean device_map"):
+        pipelines.plan_model(folder / "text_encoder", devce_map="auto")
     with pytest.raises(UnknownKeywordError, match=r"load_model: unknown keyword 'torch_dtyp' \(did you mean torch_dtype"):
-        pipelines.load_model(folder / "denoiser", torch_dtyp=None)
+        pipelines.load_model(folder / "transformer", torch_dtyp=None)
     with pytest.raises(UnknownKeywordError, match=r"plan_model: unknown keyword 'max_mem'"):
-        pipelines.plan_model(folder / "denoiser", max_mem={0: "1GiB"})
-    pipe = TextToImagePipeline.from_pretrained(folder, progress=False)
+        pipelines.plan_model(folder / "transformer", max_mem={0: "1GiB"})
+    pipe = Pipeline.from_pretrained(folder, progress=False)
     with pytest.raises(UnknownKeywordError, match=r"pipelines.place: unknown keyword 'max_mem' \(did you mean max_memory"):
         pipelines.place(pipe, max_mem={0: "1GiB"})
     assert getattr(pipe, "hf_device_map", None) is None  # refused before anything moved

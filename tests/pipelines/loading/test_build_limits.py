@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import pipelines
-from pipelines import Pipeline, TextToImagePipeline
+from pipelines import Pipeline
 from pipelines.errors import FolderError
 from pipelines.loading import limits as build_limits
-from pipelines.text_to_image.models import dit as dit_blocks
+from diffusers.models.transformers import transformer_flux
 from placement.errors import DoesNotFitError
 
 from pipeline_fixtures import save_preset
@@ -24,14 +24,14 @@ HUGE = 10**12
 
 
 @pytest.fixture(scope="module")
-def tiny_dit(tmp_path_factory):
-    return save_preset(tmp_path_factory.mktemp("limits") / "tiny-dit")[0]
+def tiny_flux(tmp_path_factory):
+    return save_preset(tmp_path_factory.mktemp("limits") / "tiny-flux")[0]
 
 
-def configs_only(tiny_dit, tmp_path, component="denoiser", **changes):
-    """A copy of tiny-dit without weights, `changes` written into `component`'s config.json."""
+def configs_only(tiny_flux, tmp_path, component="transformer", **changes):
+    """A copy of tiny-flux without weights, `changes` written into `component`'s config.json."""
     folder = tmp_path / "pipe"
-    shutil.copytree(tiny_dit, folder)
+    shutil.copytree(tiny_flux, folder)
     for weights in folder.rglob("*.safetensors"):
         weights.unlink()
     path = folder / component / "config.json"
@@ -41,15 +41,15 @@ def configs_only(tiny_dit, tmp_path, component="denoiser", **changes):
 
 @pytest.fixture
 def constructions(monkeypatch):
-    """How many DiT blocks constructors started (the heavy step an absurd block count must never reach)."""
+    """How many FLUX single-stream blocks constructors started (the heavy step an absurd block count must never reach)."""
     counts = {"blocks": 0}
-    original = dit_blocks.SingleStreamBlock.__init__
+    original = transformer_flux.FluxSingleTransformerBlock.__init__
 
     def counting(self, *args, **kwargs):
         counts["blocks"] += 1
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(dit_blocks.SingleStreamBlock, "__init__", counting)
+    monkeypatch.setattr(transformer_flux.FluxSingleTransformerBlock, "__init__", counting)
     return counts
 
 
@@ -67,31 +67,31 @@ def asked(monkeypatch):
     return sizes
 
 
-def test_a_block_count_past_the_limit_is_refused_before_any_block_is_built(tiny_dit, tmp_path, constructions):
-    folder = configs_only(tiny_dit, tmp_path, num_single_layers=HUGE)
-    with pytest.raises(FolderError, match=rf"'denoiser'.*num_single_layers={HUGE}.*the limit is 10000"):
+def test_a_block_count_past_the_limit_is_refused_before_any_block_is_built(tiny_flux, tmp_path, constructions):
+    folder = configs_only(tiny_flux, tmp_path, num_single_layers=HUGE)
+    with pytest.raises(FolderError, match=rf"'transformer'.*num_single_layers={HUGE}.*the limit is 10000"):
         Pipeline.plan_placement(folder, max_memory=BUDGETS)
     assert constructions["blocks"] == 0
 
 
-def test_a_width_beyond_every_budget_is_refused_before_torch_allocates_it(tiny_dit, tmp_path, asked):
-    folder = configs_only(tiny_dit, tmp_path, hidden_size=HUGE, num_heads=1)
-    with pytest.raises(DoesNotFitError, match=rf"'denoiser'.*hidden_size={HUGE}.*TiB.*GPU 0 24.00 GiB \+ CPU "
+def test_a_width_beyond_every_budget_is_refused_before_torch_allocates_it(tiny_flux, tmp_path, asked):
+    folder = configs_only(tiny_flux, tmp_path, attention_head_dim=HUGE, num_attention_heads=1)
+    with pytest.raises(DoesNotFitError, match=rf"'transformer'.*attention_head_dim={HUGE}.*TiB.*GPU 0 24.00 GiB \+ CPU "
                                               r"64.00 GiB \+ disk"):
         Pipeline.plan_placement(folder, max_memory=BUDGETS)
     assert not [size for size in asked if HUGE in (size[0] if isinstance(size[0], tuple) else size)]
 
 
-def test_blocks_that_together_exceed_every_budget_are_refused_naming_their_count(tiny_dit, tmp_path, constructions):
-    folder = configs_only(tiny_dit, tmp_path, num_single_layers=5000)
+def test_blocks_that_together_exceed_every_budget_are_refused_naming_their_count(tiny_flux, tmp_path, constructions):
+    folder = configs_only(tiny_flux, tmp_path, num_single_layers=5000)
     with pytest.raises(DoesNotFitError, match=r"so far \(blocks repeated as .*num_single_layers=5000.*"
                                               r"disk 1.00 MiB"):
         Pipeline.plan_placement(folder, max_memory={"cpu": "1MiB", "disk": "1MiB"}, offload_folder=tmp_path / "o")
     assert 0 < constructions["blocks"] < 5000
 
 
-def test_a_model_within_the_budgets_is_planned_as_before(tiny_dit):
-    plan = Pipeline.plan_placement(tiny_dit, max_memory=BUDGETS)
+def test_a_model_within_the_budgets_is_planned_as_before(tiny_flux):
+    plan = Pipeline.plan_placement(tiny_flux, max_memory=BUDGETS)
     assert plan.verdict.kind.value == "fits on accelerators"
 
 
@@ -141,7 +141,7 @@ def test_transformers_and_diffusers_configs_are_held_to_the_same_limits(tmp_path
         (folder / "config.json").write_text(json.dumps(config))
 
 
-def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_estimated(tiny_dit, tmp_path,
+def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_estimated(tiny_flux, tmp_path,
                                                                                          monkeypatch):
     pytest.importorskip("diffusers")
     from family_folders import write_configs_folder
@@ -151,7 +151,7 @@ def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_est
     monkeypatch.setattr("pipelines.loading.planning._planned_call", lambda *a, **k: estimated.append(1))
     with pytest.raises(DoesNotFitError, match=r"5.46 TiB .*height=1000000, width=1000000.*largest budget "
                                               r"\(CPU: 64.00 GiB\)"):
-        TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS, call={"height": 10**6, "width": 10**6})
+        Pipeline.plan_placement(tiny_flux, max_memory=BUDGETS, call={"height": 10**6, "width": 10**6})
     with pytest.raises(DoesNotFitError, match=rf"token ids \(max_sequence_length={HUGE}"):
         Pipeline.plan_placement(wan, max_memory=BUDGETS, call={"max_sequence_length": HUGE})
     with pytest.raises(DoesNotFitError, match=r"decoded output \(height=480, width=832, num_frames=100000000"):
@@ -159,17 +159,17 @@ def test_a_call_larger_than_any_device_is_refused_before_its_activations_are_est
     assert estimated == []
 
 
-def test_a_call_key_the_pipeline_does_not_take_is_its_own_error_whatever_its_size(tiny_dit):
+def test_a_call_key_the_pipeline_does_not_take_is_its_own_error_whatever_its_size(tiny_flux):
     from pipelines.errors import CallSpecError
 
-    with pytest.raises(CallSpecError, match="does not fit TextToImagePipeline.activation_inputs"):
-        TextToImagePipeline.plan_placement(tiny_dit, max_memory=BUDGETS, call={"max_sequence_length": HUGE})
+    with pytest.raises(CallSpecError, match="unknown keyword 'strength'"):  # FluxPipeline takes none (img2img does)
+        Pipeline.plan_placement(tiny_flux, max_memory=BUDGETS, call={"strength": HUGE})
 
 
-@pytest.mark.parametrize("file", ["model_index.json", "denoiser/config.json"])
-def test_json_nested_without_end_is_named_with_the_limit(tiny_dit, tmp_path, file):
+@pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json"])
+def test_json_nested_without_end_is_named_with_the_limit(tiny_flux, tmp_path, file):
     folder = tmp_path / "pipe"
-    shutil.copytree(tiny_dit, folder)
+    shutil.copytree(tiny_flux, folder)
     (folder / file).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(FolderError, match=rf"{file}' nests its JSON more than 64 levels deep"):
         Pipeline.plan_placement(folder, max_memory=BUDGETS)

@@ -9,7 +9,7 @@ import torch
 
 import pipelines
 from hooks.layerwise_casting import LayerwiseCastingHook
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from placement.errors import PlanError
 from placement.sizing import size_module
 
@@ -43,19 +43,19 @@ def test_a_model_is_planned_at_fp8_storage_and_runs_as_diffusers_casting(tmp_pat
 
 
 def test_a_pipeline_component_is_planned_small_and_cast_at_load(tmp_path):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
-    dense = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
-    cast = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"},
-                                              layerwise_casting={"denoiser": "float8_e4m3fn"},
+    folder, _ = save_preset(tmp_path / "tiny-flux")
+    dense = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
+    cast = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"},
+                                              layerwise_casting={"transformer": "float8_e4m3fn"},
                                               call={"height": 64, "width": 64})
-    assert cast.components["denoiser"].bytes < 0.7 * dense.components["denoiser"].bytes
+    assert cast.components["transformer"].bytes < 0.7 * dense.components["transformer"].bytes
     assert cast.components["vae"].bytes == dense.components["vae"].bytes
     assert cast.activations_accounted  # the estimate ran with the cast layers computing in bf16
 
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", torch_dtype=BF16,
-                                               layerwise_casting={"denoiser": FP8}, progress=False)
-    assert any(_casting_hook(module) for module in pipe.denoiser.modules())
-    assert pipe.placement_plan.components["denoiser"].bytes == size_module(pipe.denoiser).total
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", torch_dtype=BF16,
+                                               layerwise_casting={"transformer": FP8}, progress=False)
+    assert any(_casting_hook(module) for module in pipe.transformer.modules())
+    assert pipe.placement_plan.components["transformer"].bytes == size_module(pipe.transformer).total
     assert torch.isfinite(generate(pipe).float()).all()
 
 
@@ -65,28 +65,28 @@ def _casting_hook(module) -> bool:
 
 
 def test_an_fp8_torch_dtype_is_refused_with_the_hint(tmp_path):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
-    with pytest.raises(PlanError, match=r"storage dtype.*layerwise_casting=\{'denoiser': torch.float8_e4m3fn\}"):
-        TextToImagePipeline.from_pretrained(folder, device_map="balanced", torch_dtype={"denoiser": FP8})
+    folder, _ = save_preset(tmp_path / "tiny-flux")
+    with pytest.raises(PlanError, match=r"storage dtype.*layerwise_casting=\{'transformer': torch.float8_e4m3fn\}"):
+        Pipeline.from_pretrained(folder, device_map="balanced", torch_dtype={"transformer": FP8})
     with pytest.raises(ValueError, match="layerwise_casting names \\['unet'\\]"):
-        TextToImagePipeline.plan_placement(folder, layerwise_casting={"unet": FP8})
+        Pipeline.plan_placement(folder, layerwise_casting={"unet": FP8})
 
 
 @pytest.mark.parametrize("storage", [torch.float16, "bfloat16", torch.int8, torch.float32])
 def test_a_storage_dtype_that_is_not_fp8_is_refused_at_plan_time(storage, tmp_path):
     """A 16-bit storage dtype was accepted, and the first call failed ("mat1 and mat2 must have the same dtype")."""
-    folder, _ = save_preset(tmp_path / "tiny-dit")
-    with pytest.raises(PlanError, match=r"layerwise_casting\['denoiser'\]=.*must be an fp8 dtype"):
-        TextToImagePipeline.plan_placement(folder, layerwise_casting={"denoiser": storage}, max_memory={0: "1GiB"})
+    folder, _ = save_preset(tmp_path / "tiny-flux")
+    with pytest.raises(PlanError, match=r"layerwise_casting\['transformer'\]=.*must be an fp8 dtype"):
+        Pipeline.plan_placement(folder, layerwise_casting={"transformer": storage}, max_memory={0: "1GiB"})
 
 
 def test_the_cli_plans_with_layerwise_casting(tmp_path, capsys):
     from pipelines.cli import main
 
-    folder, _ = save_preset(tmp_path / "tiny-dit")
+    folder, _ = save_preset(tmp_path / "tiny-flux")
     assert main(["plan", str(folder), "--max-memory", "0=1GiB", "--dtype", "bf16",
-                 "--layerwise-casting", "denoiser=fp8_e4m3fn"]) == 0
+                 "--layerwise-casting", "transformer=fp8_e4m3fn"]) == 0
     assert "bfloat16 (torch_dtype; layerwise float8_e4m3fn)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:  # argparse's usage error: exit code 2, one line, no traceback
-        main(["plan", str(folder), "--layerwise-casting", "denoiser=int4"])
+        main(["plan", str(folder), "--layerwise-casting", "transformer=int4"])
     assert refused.value.code == 2 and "transformer=fp8_e4m3fn" in capsys.readouterr().err

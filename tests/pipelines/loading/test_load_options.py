@@ -23,14 +23,21 @@ from pipelines.loading.request import (
 
 from checkpoint_models import TinyModel, tiny_model
 from pipeline_fixtures import save_preset
-from test_virtual_accelerators import EVERY_KIND, EVERY_KIND_STRATEGY
+from test_virtual_accelerators import EVERY_KIND_STRATEGY, every_kind
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 PACKAGE = Path(pipelines.__file__).parent
-# Per GPU, with a call's 1 GiB runtime overhead: tiny-dit's denoiser no longer fits whole (split), its text
-# encoder and VAE are offloaded; and tiny SD's VAE decodes tiled at 256x256.
-TIGHT = 2**30 + 1300 * 2**10
+# Per GPU, with a call's 1 GiB runtime overhead: 30% of tiny-flux's weights, where a text encoder no longer fits
+# whole (split) and the other is offloaded (T5's prompt cut to 16 tokens, or its activations would fill the GPUs);
+# and tiny SD's VAE decodes tiled at 256x256.
+TIGHT_FRACTION = 0.3
+TIGHT_CALL = {"height": 64, "width": 64, "max_sequence_length": 16}
 TILED = 2**30 + 4000 * 2**10
+
+
+def tight(folder) -> int:
+    plan = Pipeline.plan_placement(folder, max_memory={0: "8GiB", "cpu": "8GiB"})
+    return 2**30 + int(TIGHT_FRACTION * sum(component.bytes for component in plan.components.values()))
 
 
 def keyword_names(entry) -> list[str]:
@@ -92,7 +99,7 @@ def strict_two_gpus(monkeypatch):
 
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
-    return save_preset(tmp_path_factory.mktemp("options") / "tiny-dit")[0]
+    return save_preset(tmp_path_factory.mktemp("options") / "tiny-flux")[0]
 
 
 def assert_loaded_as_planned(cls, folder, **keywords):
@@ -115,23 +122,25 @@ def assert_loaded_as_planned(cls, folder, **keywords):
 @pytest.mark.parametrize("keywords", [
     dict(device_map="balanced"),
     dict(device_map="auto", torch_dtype=torch.bfloat16, max_memory={0: "1GiB", 1: "1GiB", "cpu": "4GiB"}),
-    dict(device_map={"vae": 1}, torch_dtype={"denoiser": torch.float16, "default": torch.float32}),
-    dict(device_map="balanced", max_memory={0: TIGHT, 1: TIGHT, "cpu": "8GiB"}, call={"height": 64, "width": 64}),
+    dict(device_map={"vae": 1}, torch_dtype={"transformer": torch.float16, "default": torch.float32}),
+    dict(device_map="balanced", max_memory="tight", call=TIGHT_CALL),
 ], ids=["balanced", "auto-bf16-budgets", "pins-dtype-dict", "call-size-tight"])
 def test_a_pipeline_loads_the_plan_plan_placement_gives(strict_two_gpus, preset, keywords):
-    plan = assert_loaded_as_planned(TextToImagePipeline, preset, **keywords)
+    if keywords.get("max_memory") == "tight":
+        keywords = {**keywords, "max_memory": {0: tight(preset), 1: tight(preset), "cpu": "8GiB"}}
+    plan = assert_loaded_as_planned(Pipeline, preset, **keywords)
     if "call" in keywords:  # the budget was chosen so that the plan splits one component and offloads others
         assert {"split", "offloaded"} <= {component.kind.value for component in plan.components.values()}
 
 
 def test_the_plan_with_every_kind_disk_included_is_the_one_loaded(strict_two_gpus, preset, tmp_path):
-    plan = assert_loaded_as_planned(TextToImagePipeline, preset, device_map=EVERY_KIND_STRATEGY,
-                                    max_memory=EVERY_KIND, offload_folder=tmp_path / "offload")
+    plan = assert_loaded_as_planned(Pipeline, preset, device_map=EVERY_KIND_STRATEGY, max_memory=every_kind(preset),
+                                    offload_folder=tmp_path / "offload")
     assert "disk" in plan.device_map.values()
 
 
 def test_plan_placement_without_device_map_is_the_default_strategy_loaded(strict_two_gpus, preset):
-    assert TextToImagePipeline.plan_placement(preset).to_json() == TextToImagePipeline.from_pretrained(
+    assert Pipeline.plan_placement(preset).to_json() == Pipeline.from_pretrained(
         preset, device_map="balanced", progress=False).placement_plan.to_json()
 
 
@@ -164,15 +173,16 @@ def test_both_entries_plan_through_the_one_function_with_equal_options(strict_tw
     import pipelines.loading.single_model as single_model
     import pipelines.loading.pipeline_loader as pipeline_loader
 
+    budget = tight(preset)  # planned before the planning functions are watched
     seen = []
     for module, name in ((pipeline_loader, "plan_components"), (single_model, "_plan_own")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _original=original, **k: seen.append(
             (_original.__name__, _request_of(a, k).options)) or _original(*a, **k))
-    keywords = dict(device_map="balanced", max_memory={0: TIGHT, 1: TIGHT, "cpu": "8GiB"}, call={"height": 64, "width": 64},
+    keywords = dict(device_map="balanced", max_memory={0: budget, 1: budget, "cpu": "8GiB"}, call=TIGHT_CALL,
                     progress=False)
-    TextToImagePipeline.plan_placement(preset, **keywords)
-    TextToImagePipeline.from_pretrained(preset, **keywords).reset_device_map()
+    Pipeline.plan_placement(preset, **keywords)
+    Pipeline.from_pretrained(preset, **keywords).reset_device_map()
     tiny_model().save_pretrained(tmp_path / "model")
     TinyModel.plan_placement(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)
     TinyModel.from_pretrained(tmp_path / "model", device_map="auto", offload_folder=tmp_path, progress=False)

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import pipelines
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from pipelines.checkpoint import WeightsNotFoundError
 from pipelines.cli import main
 from pipelines.folder.model_index import SAVE_ID_KEY
@@ -27,7 +27,7 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    return save_preset(tmp_path_factory.mktemp("missing") / "tiny-dit")[0]
+    return save_preset(tmp_path_factory.mktemp("missing") / "tiny-flux")[0]
 
 
 @pytest.fixture
@@ -42,22 +42,22 @@ def missing_notes(plan):
 
 
 def test_a_deleted_weights_file_is_an_error_on_the_plan_as_on_the_load(folder):
-    (folder / "denoiser" / WEIGHTS).unlink()
+    (folder / "transformer" / WEIGHTS).unlink()
     with pytest.raises(WeightsNotFoundError) as refused:
-        TextToImagePipeline.plan_placement(folder, max_memory=BUDGETS)
+        Pipeline.plan_placement(folder, max_memory=BUDGETS)
     said = str(refused.value)
-    assert said.startswith("This folder cannot load as it is: a component's weights are missing. denoiser: No "
-                           f"weights in {str(folder / 'denoiser')!r}: expected {WEIGHTS!r}"), said
-    with pytest.raises(WeightsNotFoundError, match=f"No weights in '{folder / 'denoiser'}'"):
-        TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory=BUDGETS, progress=False)
+    assert said.startswith("This folder cannot load as it is: a component's weights are missing. transformer: "
+                           f"No weights in {str(folder / 'transformer')!r}: expected {WEIGHTS!r}"), said
+    with pytest.raises(WeightsNotFoundError, match=f"No weights in '{folder / 'transformer'}'"):
+        Pipeline.from_pretrained(folder, device_map="balanced", max_memory=BUDGETS, progress=False)
 
 
 def test_every_missing_component_is_named_at_once(folder):
-    (folder / "denoiser" / WEIGHTS).unlink()
+    (folder / "transformer" / WEIGHTS).unlink()
     (folder / "vae" / WEIGHTS).unlink()
     with pytest.raises(WeightsNotFoundError, match="2 components' weights are missing") as refused:
         pipelines.Pipeline.plan_placement(folder, max_memory=BUDGETS)
-    assert "denoiser: No weights in" in str(refused.value) and "vae: No weights in" in str(refused.value)
+    assert "transformer: No weights in" in str(refused.value) and "vae: No weights in" in str(refused.value)
 
 
 @pytest.mark.parametrize("command", ["plan", "run"])
@@ -80,14 +80,17 @@ def test_a_configs_only_folder_is_planned_without_a_word(folder):
     index = json.loads((folder / "model_index.json").read_text())
     index.pop(SAVE_ID_KEY, None)  # not a save of this library: configs written to plan from
     (folder / "model_index.json").write_text(json.dumps(index))
-    assert missing_notes(TextToImagePipeline.plan_placement(folder, max_memory=BUDGETS)) == []
+    assert missing_notes(Pipeline.plan_placement(folder, max_memory=BUDGETS)) == []
 
 
 def test_a_saved_folder_without_any_weights_is_planned_with_a_note_per_component(folder):
+    """A folder this library saved carries its save id in model_index.json: its weights are expected."""
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, SAVE_ID_KEY: "0" * 32}))
     for weights in folder.rglob("*.safetensors"):
         weights.unlink()
-    notes = missing_notes(TextToImagePipeline.plan_placement(folder, max_memory=BUDGETS))
-    assert [note.partition(":")[0] for note in notes] == ["text_encoder", "text_encoder_2", "denoiser", "vae"]
+    notes = missing_notes(Pipeline.plan_placement(folder, max_memory=BUDGETS))
+    assert [note.partition(":")[0] for note in notes] == ["text_encoder", "text_encoder_2", "transformer", "vae"]
 
 
 def test_a_shard_missing_from_its_index_is_named_on_a_model_plan(tmp_path):

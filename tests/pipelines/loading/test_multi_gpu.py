@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 
-from pipeline_fixtures import generate, has_hooks, save_preset
-from test_virtual_accelerators import EVERY_KIND, EVERY_KIND_STRATEGY, hook_counts
+from pipeline_fixtures import generate, has_hooks, module_components, save_preset
+from test_virtual_accelerators import EVERY_KIND_STRATEGY, every_kind, hook_counts
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -21,10 +21,10 @@ def real_accelerators(monkeypatch):
 
 
 def test_every_placement_kind_over_two_gpus_matches_the_cpu_run(tmp_path):
-    folder, pipe = save_preset(tmp_path / "tiny-dit")
+    folder, pipe = save_preset(tmp_path / "tiny-flux")
     expected = generate(pipe)
-    loaded = TextToImagePipeline.from_pretrained(folder, device_map=EVERY_KIND_STRATEGY, max_memory=EVERY_KIND,
-                                                 offload_folder=tmp_path / "offload", progress=False)
+    loaded = Pipeline.from_pretrained(folder, device_map=EVERY_KIND_STRATEGY, max_memory=every_kind(folder),
+                                      offload_folder=tmp_path / "offload", progress=False)
     kinds = {name: c.kind.value for name, c in loaded.placement_plan.components.items()}
     assert sorted(kinds.values()) == ["disk", "offloaded", "split", "whole"]
     split = loaded.components[next(name for name, kind in kinds.items() if kind == "split")]
@@ -37,11 +37,11 @@ def test_every_placement_kind_over_two_gpus_matches_the_cpu_run(tmp_path):
 
 
 def test_balanced_whole_components_over_two_gpus_match_the_cpu_run(tmp_path):
-    folder, pipe = save_preset(tmp_path / "tiny-dit")
+    folder, pipe = save_preset(tmp_path / "tiny-flux")
     expected = generate(pipe)
-    loaded = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
-                                                 progress=False)
+    loaded = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                      progress=False)
     assert set(loaded.hf_device_map.values()) == {0, 1}
-    devices = {p.device.index for m in loaded.module_components.values() for p in m.parameters()}
+    devices = {p.device.index for m in module_components(loaded).values() for p in m.parameters()}
     assert devices == {0, 1}
     torch.testing.assert_close(generate(loaded), expected, atol=1e-3, rtol=0)

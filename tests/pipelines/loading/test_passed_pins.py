@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pipelines
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 
 from pipeline_fixtures import generate, save_preset
 from same_output import assert_same_output
@@ -21,53 +21,53 @@ def two_gpus(monkeypatch):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    folder, pipe = save_preset(tmp_path_factory.mktemp("pins") / "tiny-dit")
+    folder, pipe = save_preset(tmp_path_factory.mktemp("pins") / "tiny-flux")
     return folder, generate(pipe)
 
 
-def _denoiser_loaded_by_default(folder):
-    denoiser = pipelines.load_model(folder / "denoiser", device_map=None, progress=False)
-    denoiser.hf_device_map = {"": "cpu"}  # what diffusers' from_single_file / a CPU "auto" load leaves behind
-    return denoiser
+def _transformer_loaded_by_default(folder):
+    transformer = pipelines.load_model(folder / "transformer", device_map=None, progress=False)
+    transformer.hf_device_map = {"": "cpu"}  # what diffusers' from_single_file / a CPU "auto" load leaves behind
+    return transformer
 
 
 def test_a_cpu_map_from_a_default_load_is_placed_like_the_others(two_gpus, saved):
     folder, expected = saved
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
-                                               denoiser=_denoiser_loaded_by_default(folder), progress=False)
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               transformer=_transformer_loaded_by_default(folder), progress=False)
     plan = pipe.placement_plan
-    assert plan.components["denoiser"].execution_device in (0, 1) and not plan.components["denoiser"].pinned
-    assert {t.device.type for t in pipe.denoiser.parameters()} == {"vgpu"}
+    assert plan.components["transformer"].execution_device in (0, 1) and not plan.components["transformer"].pinned
+    assert {t.device.type for t in pipe.transformer.parameters()} == {"vgpu"}
     notes = [note for note in plan.warnings if "passed in with hf_device_map" in note]
-    assert len(notes) == 1 and "denoiser" in notes[0] and "placed like the other components" in notes[0]
+    assert len(notes) == 1 and "transformer" in notes[0] and "placed like the other components" in notes[0]
     assert_same_output(generate(pipe), expected)
 
 
 def test_pin_keeps_a_passed_component_where_it_is(two_gpus, saved):
     folder, expected = saved
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
-                                               denoiser=_denoiser_loaded_by_default(folder), pin=["denoiser"],
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               transformer=_transformer_loaded_by_default(folder), pin=["transformer"],
                                                progress=False)
-    component = pipe.placement_plan.components["denoiser"]
+    component = pipe.placement_plan.components["transformer"]
     assert component.pinned and component.execution_device == "cpu"
-    assert {t.device.type for t in pipe.denoiser.parameters()} == {"cpu"}
+    assert {t.device.type for t in pipe.transformer.parameters()} == {"cpu"}
     assert_same_output(generate(pipe), expected)
 
 
 def test_a_map_on_an_accelerator_is_kept_there(two_gpus, saved):
     folder, expected = saved
-    denoiser = pipelines.load_model(folder / "denoiser", device_map=1, progress=False)
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
-                                               denoiser=denoiser, progress=False)
-    assert pipe.placement_plan.components["denoiser"].pinned
-    assert pipe.placement_plan.components["denoiser"].device_map == {"": 1}
+    transformer = pipelines.load_model(folder / "transformer", device_map=1, progress=False)
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", max_memory={0: "1GiB", 1: "1GiB"},
+                                               transformer=transformer, progress=False)
+    assert pipe.placement_plan.components["transformer"].pinned
+    assert pipe.placement_plan.components["transformer"].device_map == {"": 1}
     assert_same_output(generate(pipe), expected)
 
 
 def test_pin_names_only_components_passed_in(saved):
     folder, _ = saved
     with pytest.raises(pipelines.LoadError, match=r"pin=\['vae'\] names \['vae'\], which were not passed"):
-        TextToImagePipeline.plan_placement(folder, max_memory={0: "1GiB"}, pin=["vae"])
+        Pipeline.plan_placement(folder, max_memory={0: "1GiB"}, pin=["vae"])
 
 
 def test_a_passed_component_planned_partly_on_disk_is_served_from_the_offload_folder(two_gpus, saved, tmp_path):
@@ -75,18 +75,21 @@ def test_a_passed_component_planned_partly_on_disk_is_served_from_the_offload_fo
     writes its disk entries there and serves them, as for a component its owner reads. Before, the plan was made
     and then refused by the loader. reset_device_map() gives the caller the whole module back, on the CPU."""
     folder, expected = saved
-    plan = TextToImagePipeline.plan_placement(folder, max_memory={0: "8GiB", "cpu": "8GiB"})
+    plan = Pipeline.plan_placement(folder, max_memory={0: "8GiB", "cpu": "8GiB"})
     weights = sum(component.bytes for component in plan.components.values())
-    denoiser = _denoiser_loaded_by_default(folder)
-    before = {name: tensor.clone() for name, tensor in denoiser.state_dict().items()}
-    pipe = TextToImagePipeline.from_pretrained(
-        folder, device_map="balanced", max_memory={0: f"{int(0.5 * weights)}B", "cpu": f"{int(0.1 * weights)}B"},
-        offload_folder=tmp_path / "offload", denoiser=denoiser, progress=False)
-    component = pipe.placement_plan.components["denoiser"]
-    assert "disk" in component.devices and component.execution_device == 0 and pipe.denoiser is denoiser
-    assert list((tmp_path / "offload" / "denoiser").glob("*.safetensors"))
+    transformer = _transformer_loaded_by_default(folder)
+    before = {name: tensor.clone() for name, tensor in transformer.state_dict().items()}
+    # GPU 0 a little more than the transformer (the largest component) and the CPU a twentieth of the weights:
+    # the rest of the weights, part of the transformer's among them, must go to disk.
+    gpu = int(1.1 * plan.components["transformer"].bytes)
+    pipe = Pipeline.from_pretrained(
+        folder, device_map="balanced", max_memory={0: f"{gpu}B", "cpu": f"{int(0.05 * weights)}B"},
+        offload_folder=tmp_path / "offload", transformer=transformer, progress=False)
+    component = pipe.placement_plan.components["transformer"]
+    assert "disk" in component.devices and component.execution_device == 0 and pipe.transformer is transformer
+    assert list((tmp_path / "offload" / "transformer").glob("*.safetensors"))
     assert_same_output(generate(pipe), expected)
     pipe.reset_device_map()
-    after = denoiser.state_dict()
+    after = transformer.state_dict()
     assert all(tensor.device.type == "cpu" for tensor in after.values())
     assert all(torch.equal(after[name], tensor) for name, tensor in before.items())

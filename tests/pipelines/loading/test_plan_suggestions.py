@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pipelines
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from placement.errors import PlacementError
 from placement.plan_schema import VerdictKind
 from placement.sizes import format_bytes
@@ -23,26 +23,24 @@ def suggestions(plan) -> list[str]:
 
 
 def _between_cast_and_dense(folder) -> int:
-    """A GPU budget that holds the pipeline with its denoiser in fp8 but not dense."""
+    """A GPU budget that holds the pipeline with its transformer in fp8 but not dense."""
     sizes = []
-    for casting in (None, {"denoiser": FP8}):
-        plan = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"},
-                                                  layerwise_casting=casting)
+    for casting in (None, {"transformer": FP8}):
+        plan = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"}, layerwise_casting=casting)
         sizes.append(sum(component.bytes for component in plan.components.values()))
     return sum(sizes) // 2
 
 
 def test_a_pipeline_that_streams_is_told_the_change_that_makes_it_fit(tmp_path):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
-    fits = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
+    folder, _ = save_preset(tmp_path / "tiny-flux")
+    fits = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory={0: "1GiB"})
     budget = {0: f"{_between_cast_and_dense(folder)}B", "cpu": "1GiB"}
-    plan = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)
+    plan = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)
     assert plan.verdict.kind is not VerdictKind.FITS
-    cast = TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget,
-                                              layerwise_casting={"denoiser": FP8})
+    cast = Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget, layerwise_casting={"transformer": FP8})
     assert cast.verdict.kind is VerdictKind.FITS
-    size = format_bytes(cast.components["denoiser"].bytes)
-    assert f"Suggestion: with denoiser in fp8 layerwise casting ({size}) everything fits on GPU 0." in suggestions(plan)
+    size = format_bytes(cast.components["transformer"].bytes)
+    assert f"Suggestion: with transformer in fp8 layerwise casting ({size}) everything fits on GPU 0." in suggestions(plan)
     assert not suggestions(fits) and not suggestions(cast)
 
 
@@ -66,7 +64,7 @@ def test_a_diffusers_model_is_told_its_quantized_size(tmp_path):
 
 
 def test_a_plan_that_cannot_fit_at_all_names_the_change_in_its_error(tmp_path):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
+    folder, _ = save_preset(tmp_path / "tiny-flux")
     budget = {0: f"{_between_cast_and_dense(folder)}B", "cpu": "1024B"}  # no CPU room to offload anything to
-    with pytest.raises(PlacementError, match="Suggestion: with denoiser in fp8 layerwise casting"):
-        TextToImagePipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)
+    with pytest.raises(PlacementError, match="Suggestion: with transformer in fp8 layerwise casting"):
+        Pipeline.plan_placement(folder, torch_dtype=BF16, max_memory=budget)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from pipelines.loading import planning_progress
 from placement.activations import memo as estimate_memo
 from placement.activations.estimate import estimate_call
@@ -50,7 +50,7 @@ def test_an_estimate_tells_the_listener_what_it_estimates_and_each_block_call():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return save_preset(tmp_path_factory.mktemp("progress") / "tiny-dit")[0]
+    return save_preset(tmp_path_factory.mktemp("progress") / "tiny-flux")[0]
 
 
 def test_planning_on_a_terminal_shows_the_bar_past_its_delay(folder, monkeypatch):
@@ -60,7 +60,7 @@ def test_planning_on_a_terminal_shows_the_bar_past_its_delay(folder, monkeypatch
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setattr(planning_progress, "PLANNING_BAR_DELAY", 0.0)
-    TextToImagePipeline.plan_placement(folder, max_memory={0: "2GiB"}, call=CALL)
+    Pipeline.plan_placement(folder, max_memory={0: "2GiB"}, call=CALL)
     shown = terminal.getvalue()
     assert "Planning: estimating" in shown and "block calls" in shown
 
@@ -70,6 +70,6 @@ def test_planning_is_silent_off_a_terminal_or_when_asked(folder, monkeypatch, wh
     stream = Terminal() if where.startswith("terminal") else io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     monkeypatch.setattr(planning_progress, "PLANNING_BAR_DELAY", 0.0)
-    TextToImagePipeline.plan_placement(folder, max_memory={0: "2GiB"}, call=CALL,
+    Pipeline.plan_placement(folder, max_memory={0: "2GiB"}, call=CALL,
                                        progress=not where.startswith("terminal"))
     assert stream.getvalue() == ""

@@ -14,6 +14,7 @@ import torch
 from hooks import measure_transfers
 from hooks.transfer_meter import Payload
 from pipelines import Pipeline
+from placement import planner
 from placement.devices import is_accelerator
 from placement.memory_model import ACCELERATOR_RUNTIME_OVERHEAD
 
@@ -133,5 +134,52 @@ def test_the_denoiser_keeps_blocks_on_both_gpus_streams_the_rest_and_computes_th
     for device in plan.devices:
         if is_accelerator(device.device):  # weights and blocks in flight within what the plan predicts there
             assert seen.get(device.device, 0) <= device.predicted_peak - device.overhead
+    pipe.reset_device_map()
+    assert_same_output(run(pipe, extra), expected)
+
+
+def onto_each_gpu(plan, pipe) -> dict:
+    """Host -> GPU bytes per call the plan sends onto each GPU: a block streamed onto another GPU
+    (`streamed_devices`) at every run onto that GPU, everything else a component moves onto its execution device."""
+    found: dict = {}
+    for name, component in plan.components.items():
+        transfer = component.transfer
+        if transfer is None or not transfer.bytes_per_call:
+            continue
+        module = getattr(pipe, name)
+        away = 0
+        for path, device in transfer.streamed_devices.items():
+            size = sum(t.numel() * t.element_size() for t in module.get_submodule(path).state_dict().values())
+            found[device] = found.get(device, 0) + transfer.runs_per_call * size
+            away += transfer.runs_per_call * size
+        home = component.execution_device
+        found[home] = found.get(home, 0) + transfer.bytes_per_call - away
+    return found
+
+
+def test_the_planner_streams_over_both_gpus_links_and_the_call_computes_the_plain_run(monkeypatch, tmp_path):
+    # A host link slow enough (1 MB/s) that a tiny DiT's copies bound the call by seconds, not microseconds (the
+    # search rounds exposed seconds to the microsecond): the library's own plan streams every other streamed block
+    # onto the second GPU through its own link and buffer (issue 39), and runs as the plain run.
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    monkeypatch.setattr(planner, "_search_link", lambda *_: 1e6)
+    torch.manual_seed(0)
+    built, denoiser, extra = flux(tmp_path / "parts")
+    built.save_pretrained(tmp_path / "pipe")
+    expected = run(diffusers.DiffusionPipeline.from_pretrained(tmp_path / "pipe"), extra)
+    pipe = Pipeline.from_pretrained(tmp_path / "pipe", device_map="balanced", call=planned_call(extra),
+                                    max_memory=budgets(tmp_path / "pipe", denoiser, extra), progress=False)
+    plan = pipe.placement_plan
+    transfer = plan.components[denoiser].transfer
+    home = plan.components[denoiser].execution_device
+    assert transfer.streamed_devices and home not in set(transfer.streamed_devices.values())
+    assert list(transfer.streamed_devices) == transfer.streamed_modules[1::2]
+    assert_same_output(run(pipe, extra), expected)  # the first call also loads what steady state keeps
+    with measure_transfers() as meter:
+        second = run(pipe, extra)
+    assert_same_output(second, expected)
+    assert meter.weights.host_to_accelerator_bytes == plan.transfer_bytes_per_call  # to the byte
+    assert meter.weights.accelerator_to_accelerator_bytes == 0  # weights never hop between GPUs
+    assert meter.onto(Payload.WEIGHTS) == onto_each_gpu(plan, pipe)  # each GPU's link carries its own blocks
     pipe.reset_device_map()
     assert_same_output(run(pipe, extra), expected)

@@ -19,7 +19,7 @@ import pipelines
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook
 from hooks.techniques import apply_component_plan
-from pipelines import Pipeline, TextToImagePipeline
+from pipelines import Pipeline
 from placement.devices import torch_device
 from placement.plan_schema import ComponentPlan, PlacementKind
 
@@ -142,13 +142,13 @@ def test_an_offloaded_component_returns_its_outputs_where_the_inputs_were():
 
 
 def test_a_split_entry_that_is_a_module_list_hooks_each_block(tmp_path):
-    folder, plain = save_preset(tmp_path / "tiny-dit")
+    folder, plain = save_preset(tmp_path / "tiny-flux")
     expected = generate_ours(plain)
-    denoiser_map = {"conditioning": 0, "x_embedder": 0, "context_embedder": 0, "double_blocks": 0,
-                    "single_blocks": 1, "output": 1}
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map={"denoiser": denoiser_map}, progress=False,
-                                               max_memory={0: "1GiB", 1: "1GiB"})
-    assert pipe.hf_device_map["denoiser.single_blocks"] == 1
-    for block in pipe.denoiser.single_blocks:  # the parent loops over the list: each block is where inputs arrive
+    transformer_map = {"pos_embed": 0, "time_text_embed": 0, "context_embedder": 0, "x_embedder": 0,
+                       "transformer_blocks": 0, "single_transformer_blocks": 1, "norm_out": 1, "proj_out": 1}
+    pipe = Pipeline.from_pretrained(folder, device_map={"transformer": transformer_map}, progress=False,
+                                    max_memory={0: "1GiB", 1: "1GiB"})
+    assert pipe.hf_device_map["transformer.single_transformer_blocks"] == 1
+    for block in pipe.transformer.single_transformer_blocks:  # the parent loops over the list: inputs arrive here
         assert [hook.execution_device for hook in hooks_of(block)] == [torch_device(1)]
     assert_same_output(generate_ours(pipe), expected)

@@ -1,48 +1,44 @@
-"""Issue 29 end to end: a pipeline planned by the library (its denoiser too deep to stay whole) keeps its resident
+"""Issue 29 end to end: a pipeline planned by the library (its transformer too deep to stay whole) keeps its resident
 blocks interleaved with the streamed ones, and the runtime, traced on a strict virtual accelerator, runs them as
 planned: every streamed block's copy issued before the kept block before it starts computing, the kept blocks
-moving nothing, nothing copied twice in a run, the bytes of the plan, the plain pipeline's images, and the order
+moving nothing, nothing copied twice in a run, the bytes of the plan, diffusers' own run's images, and the order
 of copies and blocks `Plan.timeline()` predicts.
 
-tiny-dit with eight single-stream blocks (the preset has two), at a budget where half of them stay resident."""
+tiny-flux with eight single-stream blocks (the preset has one), at a budget (a fraction of its weights above the
+GPU's 1 GiB of runtime overhead) where half of them stay resident."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hooks import trace_calls
-from pipelines import TextToImagePipeline
-from pipelines.text_to_image.models.dit import DiT
-from pipelines.text_to_image.presets import build_preset_components
+from pipelines import Pipeline
 from placement.drawings import COMPUTE_START, COPY_ISSUED, predicted_events
 
-from pipeline_fixtures import CALL, generate
+from pipeline_fixtures import CALL, component_bytes, deeper_flux_folder, generate
 from same_output import assert_same_output
 
-KiB, GiB = 1024, 1024**3
-PLANNED_CALL = {"height": CALL["height"], "width": CALL["width"], "num_inference_steps": CALL["num_inference_steps"]}
-SINGLE = [f"single_blocks.{i}" for i in range(8)]
+GiB = 1024**3
+SEQUENCE = {"max_sequence_length": 16}  # T5's prompt length: its activations at 512 tokens would dwarf the weights
+PLANNED_CALL = {"height": CALL["height"], "width": CALL["width"], "num_inference_steps": CALL["num_inference_steps"],
+                **SEQUENCE}
+SINGLE = [f"single_transformer_blocks.{i}" for i in range(8)]
+HALF_THE_SINGLE_BLOCKS = 0.8  # of the weights, on GPU 0: the double block and every other single block resident
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """The deeper tiny-dit saved once, and the images the plain in-memory CPU pipeline makes."""
-    parts = build_preset_components("tiny-dit", seed=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        parts["denoiser"] = DiT(DiT.presets["tiny"].model_copy(update={"num_single_layers": 8})).eval()
-    pipe = TextToImagePipeline(**parts)
-    folder = tmp_path_factory.mktemp("trace") / "deep-dit"
-    pipe.save_pretrained(folder)
-    return folder, generate(pipe)
+    """The deeper tiny-flux saved once, its weight bytes, and the images diffusers' own CPU pipeline makes."""
+    folder = deeper_flux_folder(tmp_path_factory.mktemp("trace") / "deep-flux", num_single_layers=8)
+    pipe = Pipeline.from_pretrained(folder, progress=False)  # diffusers' class, on the CPU, no placement
+    return folder, sum(component_bytes(pipe).values()), generate(pipe, **SEQUENCE)
 
 
-def denoiser_runs(events):
-    """The denoiser's block events per run: (kind, block) between each of its runs' start and end."""
+def transformer_runs(events):
+    """The transformer's block events per run: (kind, block) between each of its runs' start and end."""
     runs, current = [], None
     for event in events:
-        if event.component != "denoiser":
+        if event.component != "transformer":
             continue
         if event.block == "" and event.kind == COMPUTE_START:
             current = []
@@ -54,21 +50,21 @@ def denoiser_runs(events):
 
 def test_a_planned_streaming_run_interleaves_and_prefetches_as_its_plan_says(monkeypatch, saved):
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "1")
-    folder, expected = saved
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", max_memory={0: GiB + 760 * KiB,
-                                               "cpu": GiB}, call=PLANNED_CALL, progress=False)
+    folder, weights, expected = saved
+    pipe = Pipeline.from_pretrained(folder, device_map="balanced", call=PLANNED_CALL, progress=False,
+                                    max_memory={0: GiB + int(HALF_THE_SINGLE_BLOCKS * weights), "cpu": GiB})
     plan = pipe.placement_plan
-    denoiser = plan.components["denoiser"]
-    streamed = denoiser.transfer.streamed_modules
+    transformer = plan.components["transformer"]
+    streamed = transformer.transfer.streamed_modules
     # Half the single blocks stay resident, spread between the streamed ones (not the first four).
     assert streamed == SINGLE[1::2]
-    assert [denoiser.device_map[block] for block in SINGLE] == [0, "cpu"] * 4
+    assert [transformer.device_map[block] for block in SINGLE] == [0, "cpu"] * 4
 
-    generate(pipe)  # the first call learns the order the streamed blocks run in
+    generate(pipe, **SEQUENCE)  # the first call learns the order the streamed blocks run in
     with trace_calls() as trace:
-        images = generate(pipe)
+        images = generate(pipe, **SEQUENCE)
     assert_same_output(images, expected)
-    runs = denoiser_runs(trace.events)
+    runs = transformer_runs(trace.events)
     assert len(runs) == CALL["num_inference_steps"]
     for events in runs:
         started = [block for kind, block in events if kind == COMPUTE_START]
@@ -84,5 +80,5 @@ def test_a_planned_streaming_run_interleaves_and_prefetches_as_its_plan_says(mon
     def blocks_only(runs):
         return [[step for step in run if step[1] in SINGLE] for run in runs]
 
-    assert blocks_only(runs) == blocks_only(denoiser_runs(predicted_events(plan)))
+    assert blocks_only(runs) == blocks_only(transformer_runs(predicted_events(plan)))
     pipe.reset_device_map()

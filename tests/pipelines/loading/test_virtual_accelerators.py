@@ -13,21 +13,28 @@ import torch
 from hooks.hook_utils import hooks_of
 from hooks.input_moving import MoveInputsHook
 from hooks.residency import ResidencyHook
-from pipelines import TextToImagePipeline
+from pipelines import Pipeline
 from placement.budgets import apply_accelerator_margin, detect_budgets
 from placement.devices import accelerators_present, detect_accelerators, torch_device
 from placement.errors import InvalidDeviceError
 
-from pipeline_fixtures import generate, has_hooks, holds_no_copy, save_preset
+from pipeline_fixtures import generate, has_hooks, holds_no_copy, module_components, save_preset
 from same_output import assert_same_output
 
-KiB = 1024
-# Budgets under which tiny-dit's "sequential" plan uses every placement kind at once (found by a grid search
-# over the plan, weights only): text_encoder whole, the denoiser (332 KiB) split over both GPUs, the VAE
-# offloaded (RAM, run on a GPU), and text_encoder_2 no longer fits RAM: disk. ("balanced" keeps blocks of
-# each resident instead, issue 18, so it no longer shows every kind at once.)
-EVERY_KIND = {0: "310KiB", 1: "290KiB", "cpu": "260KiB"}
+# Budgets, as fractions of the pipeline's weights, under which tiny-flux's "sequential" plan uses every placement
+# kind at once (the middle of a region found by a grid search over the plan, weights only): the transformer (64%
+# of the weights) split over both GPUs, a component whole, one offloaded (RAM, run on a GPU) and one that no
+# longer fits RAM: disk. ("balanced" keeps blocks of each resident instead, issue 18, so it does not show every
+# kind at once.)
+EVERY_KIND_FRACTIONS = {0: 0.5, 1: 0.45, "cpu": 0.2}
 EVERY_KIND_STRATEGY = "sequential"
+
+
+def every_kind(folder) -> dict:
+    """EVERY_KIND_FRACTIONS of the weights the planner counts in `folder`, as max_memory."""
+    plan = Pipeline.plan_placement(folder, max_memory={0: "8GiB", "cpu": "8GiB"})
+    weights = sum(component.bytes for component in plan.components.values())
+    return {device: f"{int(fraction * weights)}B" for device, fraction in EVERY_KIND_FRACTIONS.items()}
 
 
 @pytest.fixture
@@ -37,13 +44,13 @@ def virtual(monkeypatch):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """tiny-dit saved once, with the images the plain in-memory CPU pipeline makes."""
-    folder, pipe = save_preset(tmp_path_factory.mktemp("virtual") / "tiny-dit")
+    """tiny-flux saved once, with the images diffusers' own CPU pipeline makes."""
+    folder, pipe = save_preset(tmp_path_factory.mktemp("virtual") / "tiny-flux")
     return folder, generate(pipe)
 
 
-def load(folder, **kwargs) -> TextToImagePipeline:
-    return TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False, **kwargs)
+def load(folder, **kwargs):
+    return Pipeline.from_pretrained(folder, device_map="balanced", progress=False, **kwargs)
 
 
 def hook_counts(module) -> dict[str, int]:
@@ -79,7 +86,7 @@ def test_balanced_over_two_virtual_gpus_is_device_mapped_with_ints_and_matches(v
     assert set(pipe.hf_device_map.values()) == {0, 1}
     assert all(isinstance(device, int) for device in pipe.hf_device_map.values())
     assert_same_output(generate(pipe), expected)
-    for name, module in pipe.module_components.items():
+    for name, module in module_components(pipe).items():
         assert hook_counts(module) == {"MoveInputsHook": 1}, name  # whole: one hook at its top, none below
         assert isinstance(module._hf_hook, MoveInputsHook)
         assert module._hf_hook.execution_device == torch_device(pipe.hf_device_map[name])
@@ -91,15 +98,15 @@ def test_balanced_over_two_virtual_gpus_is_device_mapped_with_ints_and_matches(v
 
 def test_detected_budgets_plan_onto_the_virtual_gpus(virtual, saved):
     folder, _ = saved
-    plan = TextToImagePipeline.plan_placement(folder)
+    plan = Pipeline.plan_placement(folder)
     assert plan.accelerators == [0, 1]
     assert all(component.kind.value == "whole" for component in plan.components.values())
 
 
 def test_whole_split_offloaded_and_disk_in_one_load_match_the_plain_run(virtual, saved, tmp_path):
     folder, expected = saved
-    pipe = TextToImagePipeline.from_pretrained(folder, device_map=EVERY_KIND_STRATEGY, progress=False,
-                                               max_memory=EVERY_KIND, offload_folder=tmp_path / "offload")
+    pipe = Pipeline.from_pretrained(folder, device_map=EVERY_KIND_STRATEGY, progress=False,
+                                    max_memory=every_kind(folder), offload_folder=tmp_path / "offload")
     plan = pipe.placement_plan
     kinds = {name: component.kind.value for name, component in plan.components.items()}
     assert sorted(kinds.values()) == ["disk", "offloaded", "split", "whole"]
