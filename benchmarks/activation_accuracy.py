@@ -3,21 +3,23 @@
     python benchmarks/activation_accuracy.py            # a few minutes on a 2-core machine
     python benchmarks/activation_accuracy.py --quick    # fewer sizes
 
-Table 1 (accuracy, CPU): for each component of the reference pipelines, at several image sizes, our estimate
-(`placement.estimate_activations` on the meta-built component, inputs from
-`TextToImagePipeline.activation_inputs`) against the peak measured by really running the component on CPU
-under torch's MemTracker (`placement.activations.estimate.measure_activations`). "math path" is what a plain meta/fake run gives when
-attention is left to the math fallback (the N x N score matrix), as ratios to the measured peak. The tiny
-presets have the real architectures at small widths; the "sd-vae" rows use the real SDXL VAE.
+Table 1 (accuracy, CPU): for each component of the tiny presets (`tiny-sd15`, `tiny-flux`: diffusers' and
+transformers' classes at tiny widths, random weights), at several image sizes, our estimate (`ExampleCall.estimate`
+on the meta copy of the component, its inputs captured from the pipeline's own `__call__`) against the peak
+measured by really running the component on CPU under torch's MemTracker
+(`placement.activations.estimate.measure_activations`). "math path" is what a plain meta/fake run gives when
+attention is left to the math fallback (the N x N score matrix), as ratios to the measured peak. The "sd-vae" rows
+use the real SDXL VAE (diffusers' AutoencoderKL at its published config).
 
-Table 2 (speed, meta): the estimate for each component of the real-size presets ("sdxl-like", "flux-like",
-bf16) at 512 and 1024, its size and the wall and CPU seconds it took (target: FLUX DiT at 1024 < 2 s), and
-for that row the same fake run tracked by torch's MemTracker, for comparison.
+Table 2 (speed, meta): the estimate for each component of the real presets (`sdxl`, `flux`: the published
+configs on meta, bf16) at 512 and 1024, its size and the wall and CPU seconds it took (target: FLUX's transformer
+at 1024 < 2 s), and for that row the same fake run tracked by torch's MemTracker, for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -27,8 +29,9 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from pipelines.text_to_image.models import AutoencoderKL
-from pipelines.text_to_image.pipeline import ComponentCall, TextToImagePipeline, text_to_image_activation_inputs
+from pipelines.hf.calls.capture import ExampleCall
+from pipelines.loading.planning import describe_call, modules_and_edges
+from pipelines.presets import catalog, real_folders
 from placement.activations.estimate import activation_peak, measure_activations
 from placement.activations.tracking import LiveStorageTracker
 from placement.activations.estimate import _FakeCopies
@@ -44,12 +47,13 @@ class MathPathAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        query, key, value = args[:3]
+        named = dict(zip(("query", "key", "value"), args))  # diffusers passes them by keyword
+        query, key, value = (kwargs.get(name, named.get(name)) for name in ("query", "key", "value"))
         scores = query @ key.transpose(-2, -1) * query.shape[-1] ** -0.5
         return scores.softmax(dim=-1) @ value
 
 
-def math_path_estimate(module, call: ComponentCall) -> int:
+def math_path_estimate(module, call: ExampleCall) -> int:
     """The estimate without fused-attention accounting (what meta execution of SDPA costs)."""
     fake_mode = FakeTensorMode()
     copies = _FakeCopies(fake_mode, None)  # no dtype: every tensor as it is
@@ -63,28 +67,52 @@ def math_path_estimate(module, call: ComponentCall) -> int:
     return tracker.peak_bytes
 
 
-def real_inputs(call: ComponentCall):
-    def materialize(meta):
-        return torch.randn(meta.shape, dtype=meta.dtype) if meta.is_floating_point() else torch.ones(meta.shape, dtype=meta.dtype)
+def real_inputs(call: ExampleCall):
+    def materialize(tensor):
+        if not tensor.is_meta:  # ids and masks whose values the capture kept
+            return tensor
+        if tensor.is_floating_point():
+            return torch.randn(tensor.shape, dtype=tensor.dtype)
+        return torch.ones(tensor.shape, dtype=tensor.dtype)
 
     return tree_map_only(torch.Tensor, materialize, (call.args, dict(call.kwargs)))
 
 
+def component_calls(pipe, side: int, dtype=None) -> dict[str, ExampleCall]:
+    """Each module component's first call in `pipe(prompt, height=side, width=side)`, learned from the pipeline's own
+    `__call__` (call capture, as planning learns it)."""
+    modules, _ = modules_and_edges(pipe)
+    described = describe_call(pipe, modules, {"height": side, "width": side, "num_inference_steps": 1}, dtypes=dtype)
+    return {name: calls[0] for name, calls in described.calls.items() if calls}
+
+
+def on_meta(pipe):
+    """`pipe` with a meta copy of each module component (shapes and dtypes kept, no storage)."""
+    modules, _ = modules_and_edges(pipe)
+    copies = {name: copy.deepcopy(module).to("meta") for name, module in modules.items()}
+    cls = type(pipe)
+    expected, _ = cls._get_signature_keys(cls)
+    return cls(**{name: copies.get(name, getattr(pipe, name, None)) for name in expected})
+
+
 def accuracy_rows(sides: tuple[int, ...]):
-    for preset in ("tiny-unet", "tiny-dit"):
-        on_meta = TextToImagePipeline.from_preset(preset, device="meta")
-        real = TextToImagePipeline.from_preset(preset, device="cpu", seed=0)
+    import diffusers
+
+    for preset in ("tiny-sd15", "tiny-flux"):
+        pipeline_class, _ = catalog.TINY_PRESETS[preset]
+        real = getattr(diffusers, pipeline_class).from_pretrained(catalog.preset_folder(preset))
+        meta = on_meta(real)
         for side in sides:
-            for name, call in text_to_image_activation_inputs(on_meta, side, side).items():
-                yield _accuracy_row(f"{preset}/{name}", side, getattr(on_meta, name), getattr(real, name), call)
+            for name, call in component_calls(meta, side).items():
+                yield _accuracy_row(f"{preset}/{name}", side, getattr(meta, name), getattr(real, name), call)
     # The real SDXL VAE decoder (128..512 channels), decoded for real at 128 and 256 pixels.
-    config = AutoencoderKL.presets["sdxl"]
+    config = real_folders.PIPELINES["sdxl-base-1.0"]["components"]["vae"]["config"]
     with torch.device("meta"):
-        vae_on_meta = AutoencoderKL(config).eval()
-    vae = AutoencoderKL(config).eval()
+        vae_on_meta = diffusers.AutoencoderKL.from_config(config).eval()
+    vae = diffusers.AutoencoderKL.from_config(config).eval()
     for side in (128, 256):
-        latents = torch.empty(1, config.latent_channels, side // 8, side // 8, device="meta")
-        yield _accuracy_row("sd-vae/decode", side, vae_on_meta, vae, ComponentCall(args=(latents,), method="decode"))
+        latents = torch.empty(1, vae.config.latent_channels, side // 8, side // 8, device="meta")
+        yield _accuracy_row("sd-vae/decode", side, vae_on_meta, vae, ExampleCall(args=(latents,), method="decode"))
 
 
 def _accuracy_row(label, side, module_on_meta, module, call):
@@ -97,7 +125,7 @@ def _accuracy_row(label, side, module_on_meta, module, call):
     return label, side, estimate, measured, math_path, seconds
 
 
-def memtracker_estimate(module, call: ComponentCall, dtype) -> int:
+def memtracker_estimate(module, call: ExampleCall, dtype) -> int:
     """The same fake run measured by torch's MemTracker instead of LiveStorageTracker (for the timing)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -128,14 +156,14 @@ def timed(fn, repeats: int = 2):
 
 
 def speed_rows(sides: tuple[int, ...]):
-    for preset in ("sdxl-like", "flux-like"):
-        pipe = TextToImagePipeline.from_preset(preset, device="meta")
+    for preset in ("sdxl", "flux"):
+        pipe = real_folders.meta_pipeline(catalog.REAL_PRESETS[preset])
         for side in sides:
-            for name, call in text_to_image_activation_inputs(pipe, side, side).items():
+            for name, call in component_calls(pipe, side, torch.bfloat16).items():
                 module = getattr(pipe, name)
                 estimate, wall, cpu = timed(lambda: call.estimate(module, dtype=torch.bfloat16))
                 yield f"{preset}/{name}", side, estimate, wall, cpu
-                if preset == "flux-like" and name == "denoiser" and side == max(sides):
+                if preset == "flux" and name == "transformer" and side == max(sides):
                     reference, wall, cpu = timed(lambda: memtracker_estimate(module, call, torch.bfloat16), 1)
                     yield f"  same, with MemTracker", side, reference, wall, cpu
 
@@ -160,7 +188,7 @@ def main() -> None:
     print("Speed (meta, bf16): real-size presets, best of 2 runs")
     print(f"{'component':28s} {'pixels':>7s} {'estimate GiB':>13s} {'wall s':>8s} {'cpu s':>8s}")
     for label, side, estimate, wall, cpu in speed_rows((512, 1024)):
-        target = "  (target < 2 s on a laptop CPU)" if label == "flux-like/denoiser" and side == 1024 else ""
+        target = "  (target < 2 s on a laptop CPU)" if label == "flux/transformer" and side == 1024 else ""
         print(f"{label:28s} {side:>7d} {estimate / GiB:>13.3f} {wall:>8.2f} {cpu:>8.2f}{target}")
 
 

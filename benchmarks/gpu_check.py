@@ -6,8 +6,8 @@
 1. `placement calibrate` measures the machine into a profile (a scratch cache folder unless --cache DIR), which
    every plan below uses and names.
 2. The `gpu`-marked tests (`python -m pytest -m gpu tests`); not in --cpu mode, where they would all skip.
-3. A DiT at the Flux width (3072, 24 heads; `time_per_call_gpu.DEPTH` of its layers; --cpu: 64 wide, 2 heads) from
-   random weights, in a pipeline with tiny text encoders and VAE, placed three ways: resident (every weight on
+3. diffusers' FluxTransformer2DModel at FLUX's width (3072, 24 heads; `time_per_call_gpu.DEPTH` of its layers; --cpu:
+   64 wide, 2 heads) from random weights, in a FluxPipeline with tiny text encoders and VAE, placed three ways: resident (every weight on
    the GPU), streamed (a GPU budget holding half the denoiser: the rest streams at every step) and per call (the
    denoiser's blocks loaded once per call from CPU RAM). Each is called (a warm-up, then timed calls, then one
    traced), and printed: measured vs predicted seconds per call, the trace's overlap (copy seconds no block
@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import time_per_call_gpu as timing  # noqa: E402  (the DiT, the loads, the trace's figures)
+import time_per_call_gpu as timing  # noqa: E402  (the pipeline, the loads, the trace's figures)
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1024**3
+DENOISER = "transformer"  # FluxPipeline's
 
 
 class Mode:
@@ -70,16 +71,16 @@ def per_call_plan(plan, pipe):
     """`plan` (a resident one) with the denoiser's blocks homed in CPU RAM and loaded once per call."""
     from placement.plan_schema import ComponentTransfer, PlacementKind
 
-    denoiser = pipe.components["denoiser"]
-    lists = ("double_blocks", "single_blocks")
+    denoiser = pipe.components[DENOISER]
+    lists = ("transformer_blocks", "single_transformer_blocks")  # FLUX's double- and single-stream blocks
     moved = sum(t.numel() * t.element_size() for path in lists for t in denoiser.get_submodule(path).parameters())
-    component = plan.components["denoiser"]
+    component = plan.components[DENOISER]
     transfer = ComponentTransfer(resident_bytes=component.bytes - moved, loaded_per_call_bytes=moved,
                                  streamed_per_run_bytes=0, per_call_modules=list(lists), streamed_modules=[],
                                  runs_per_call=component.transfer.runs_per_call if component.transfer else 1)
     update = dict(kind=PlacementKind.OFFLOADED, device_map={"": 0, **{path: "cpu" for path in lists}},
                   devices=[0, "cpu"], placed_bytes={0: component.bytes - moved, "cpu": moved}, transfer=transfer)
-    components = {**plan.components, "denoiser": component.model_copy(update=update)}
+    components = {**plan.components, DENOISER: component.model_copy(update=update)}
     # The GPU's room for per-call units is exactly the denoiser's blocks, so the next phase (the VAE's
     # activations) sends them back and every call loads them again (`hooks.residency.room_on`).
     resident = sum(c.placed_bytes.get(0, 0) for c in components.values())
@@ -89,9 +90,11 @@ def per_call_plan(plan, pipe):
 
 
 def load_plan(folder: Path, plan):
-    from pipelines.text_to_image.pipeline import TextToImagePipeline
+    import pipelines
 
-    return TextToImagePipeline.from_pretrained(folder, device_map=plan, torch_dtype=torch.bfloat16, progress=False)
+    pipe = pipelines.Pipeline.from_pretrained(folder, device_map=plan, torch_dtype=torch.bfloat16, progress=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def place_three_ways(mode: Mode, folder: Path) -> list[str]:

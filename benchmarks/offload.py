@@ -2,7 +2,8 @@
 
 Every technique runs the same pipeline call (same prompt, size, steps, seed) in a fresh subprocess, in
 `--rounds` alternating rounds (best kept):
-build the reference pipeline, apply the technique, one warm-up call (which also records the prefetch order
+build the pipeline (the tiny-flux preset, diffusers' FluxPipeline, with a wider FLUX transformer), apply the
+technique (this library's hooks, applied to the pipeline's components), one warm-up call (which also records the prefetch order
 of streamed group offload), then the measured call. Per-step time is the fastest denoiser call in the
 measured call, hooks included (torch forward pre/post hooks around the hooked forward): on a GPU its wall
 time (CUDA synchronised); on the CPU the CPU time of the one thread that computes (torch is set to one
@@ -16,7 +17,7 @@ On the CPU every technique executes on the CPU, so "offloading" moves nothing: t
 of the hooks themselves, and only the disk store and fp8 storage lower the peak. On a GPU the figures are the
 real trade-off.
 
-    python benchmarks/offload.py                       # DiT width 384, 4+8 blocks, 64x64, 3 steps (~3 min on 2 cores)
+    python benchmarks/offload.py                       # width 384, 4+8 blocks, 64x64, 3 steps (~3 min on 2 cores)
     python benchmarks/offload.py --hidden 1536 --size 512 --dtype bfloat16   # on a GPU
 """
 
@@ -61,7 +62,7 @@ def main() -> None:
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
     names = [name for name in TECHNIQUES if cuda or name != "group leaf + stream"]
-    print(f"device: {'cuda' if cuda else 'cpu'} | DiT hidden {args.hidden}, {args.double}+{args.single} blocks | "
+    print(f"device: {'cuda' if cuda else 'cpu'} | FLUX transformer width {args.hidden}, {args.double}+{args.single} blocks | "
           f"{args.size}x{args.size}, {args.steps} steps, {args.dtype} | best of {args.rounds} rounds | "
           f"ms/step: {'synchronised wall time' if cuda else 'CPU time of one torch thread'}")
     # Rounds alternate the techniques so a burst of load from elsewhere hits them all alike; the best of the
@@ -72,9 +73,10 @@ def main() -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=384, help="DiT hidden size (the denoiser's width)")
-    parser.add_argument("--double", type=int, default=4, help="DiT double-stream blocks")
-    parser.add_argument("--single", type=int, default=8, help="DiT single-stream blocks")
+    parser.add_argument("--hidden", type=int, default=384,
+                        help="the FLUX transformer's width (heads of 64: a multiple of 64)")
+    parser.add_argument("--double", type=int, default=4, help="double-stream blocks (FLUX's num_layers)")
+    parser.add_argument("--single", type=int, default=8, help="single-stream blocks (num_single_layers)")
     parser.add_argument("--size", type=int, default=64, help="image height and width")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -127,7 +129,7 @@ def measure(name: str, args: argparse.Namespace) -> Measurement:
     with tempfile.TemporaryDirectory() as folder:
         apply_technique(name, pipe, device, getattr(torch, args.dtype), folder)
         call(pipe, args, steps=1)  # warm-up; traces the prefetch order (the call ends with everything offloaded)
-        step_times = _time_denoiser_steps(pipe.denoiser, cuda)
+        step_times = _time_denoiser_steps(pipe.transformer, cuda)
         with PeakMemory(cuda, rss_before) as peak:
             started = time.perf_counter()
             call(pipe, args, steps=args.steps)
@@ -137,43 +139,64 @@ def measure(name: str, args: argparse.Namespace) -> Measurement:
 
 
 def build_pipeline(args: argparse.Namespace):
-    """The tiny-dit pipeline (two tiny text encoders, tiny VAE) with a mid-size DiT as the denoiser."""
+    """The tiny-flux preset (diffusers' FluxPipeline: two tiny text encoders, tiny VAE) with a mid-size FLUX
+    transformer (heads of 64, seeded with 0) as the denoiser."""
+    import diffusers
     import torch
 
-    from pipelines import TextToImagePipeline
-    from pipelines.text_to_image.models import DiT
+    from pipelines.presets.catalog import preset_folder
 
-    pipe = TextToImagePipeline.from_preset("tiny-dit")
-    tiny = pipe.denoiser.config
-    config = tiny.model_copy(update=dict(hidden_size=args.hidden, num_heads=max(1, args.hidden // 64),
-                                         num_double_layers=args.double, num_single_layers=args.single))
+    pipe = diffusers.FluxPipeline.from_pretrained(preset_folder("tiny-flux"))
+    tiny = pipe.transformer.config
     torch.manual_seed(0)
-    pipe.register_components(denoiser=DiT(type(tiny)(**config.model_dump())).eval())
-    return pipe.to(dtype=getattr(torch, args.dtype))
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=tiny.in_channels, num_layers=args.double, num_single_layers=args.single,
+        attention_head_dim=64, num_attention_heads=max(1, args.hidden // 64), axes_dims_rope=(16, 24, 24),
+        joint_attention_dim=tiny.joint_attention_dim, pooled_projection_dim=tiny.pooled_projection_dim,
+        guidance_embeds=tiny.guidance_embeds).eval()
+    pipe.register_modules(transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(getattr(torch, args.dtype))
 
 
 def apply_technique(name: str, pipe, device, dtype, folder: str) -> None:
-    from hooks import apply_layerwise_casting
+    """This library's hooks (not diffusers' own enable_* methods) on the pipeline's components, in call order."""
+    import os.path
+
+    import torch
+
+    from hooks import (GroupOffloadingConfig, ModelOffloadConfig, SequentialOffloadConfig, TECHNIQUES, Technique,
+                       apply_layerwise_casting, apply_to_each, execution_place)
+    from pipelines.loading.planning import modules_and_edges
+
+    modules, _ = modules_and_edges(pipe)
+    place = execution_place(device)
+
+    def group(*, disk: bool = False, **settings):
+        def config_for(component: str) -> GroupOffloadingConfig:  # each component's groups in its own folder
+            store = os.path.join(folder, component) if disk else None
+            return GroupOffloadingConfig(onload_device=place, offload_to_disk_path=store, **settings)
+        apply_to_each(Technique.GROUP_OFFLOAD, modules, config_for)
 
     if name == "plain":
         pipe.to(device)
-    elif name == "model offload":
-        pipe.enable_model_cpu_offload(device)
+    elif name == "model offload":  # one chain in call order: the previous component goes back when the next runs
+        pipe.placement_offload = TECHNIQUES[Technique.MODEL_OFFLOAD].apply(
+            list(modules.values()), ModelOffloadConfig(execution_device=device), standalone=[])
     elif name == "sequential offload":
-        pipe.enable_sequential_cpu_offload(device)
+        config = SequentialOffloadConfig(execution_device=place)
+        apply_to_each(Technique.SEQUENTIAL_OFFLOAD, modules, lambda component: config)
     elif name == "group block":
-        pipe.enable_group_offload(device)
+        group(offload_type="block_level")
     elif name == "group leaf":
-        pipe.enable_group_offload(device, offload_type="leaf_level")
+        group(offload_type="leaf_level")
     elif name == "group leaf + stream":
-        pipe.enable_group_offload(device, offload_type="leaf_level", use_stream=True)
+        group(offload_type="leaf_level", use_stream=True)
     elif name == "group block, disk":
-        pipe.enable_group_offload(device, offload_to_disk_path=folder)
+        group(offload_type="block_level", disk=True)
     elif name == "layerwise fp8":
         pipe.to(device)
-        import torch
-
-        apply_layerwise_casting(pipe.denoiser, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+        apply_layerwise_casting(pipe.transformer, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
     else:
         raise SystemExit(f"unknown technique {name!r}; known: {', '.join(TECHNIQUES)}")
 
@@ -182,8 +205,12 @@ def call(pipe, args: argparse.Namespace, *, steps: int):
     import torch
 
     with torch.no_grad():
-        return pipe("a lighthouse at dusk", height=args.size, width=args.size, num_inference_steps=steps,
-                    generator=torch.Generator().manual_seed(0), output_type="pt")
+        images = pipe("a lighthouse at dusk", height=args.size, width=args.size, num_inference_steps=steps,
+                      generator=torch.Generator().manual_seed(0), output_type="pt")
+    offload = getattr(pipe, "placement_offload", None)
+    if offload is not None:  # model offload: the call ends with every component back (as maybe_free_model_hooks)
+        offload.offload_all()
+    return images
 
 
 def _time_denoiser_steps(denoiser, cuda: bool) -> list[float]:

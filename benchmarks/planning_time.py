@@ -12,9 +12,9 @@ machine whose speed drifts affects both alike, and the ratio is taken per pair o
 
 Rows (add one by appending a `Row` to `ROWS`: a name, what it measures, and `prepare()` returning the callable
 to time):
-- cli: `placement plan flux-like --max-memory 0=24GiB,cpu=64GiB --dtype bf16 --height 1024 --width 1024
-  --steps 28`, in-process through `pipelines.cli.main` (the preset built on meta, every estimate, every plan it
-  tries); the issue's command with the CPU budget given, so the plan does not depend on the RAM free;
+- cli: `placement plan flux --max-memory 0=24GiB,cpu=64GiB --dtype bf16 --height 1024 --width 1024
+  --steps 28`, in-process through `pipelines.cli.main` (the preset: FLUX.1-dev's published configs, built on
+  meta; every estimate, every plan it tries); the issue's command with the CPU budget given, so the plan does not depend on the RAM free;
 - flux1-dev: the activation estimates alone of FLUX.1-dev's four components built on meta from their real
   configs (benchmarks/data/real_pipelines.json) at 1024x1024, bf16, as `real_calls.py` calls them;
 - wan-14b: the estimate of a Wan 2.1 T2V 14B transformer (the config of each of Wan 2.2 A14B's two experts)
@@ -27,8 +27,9 @@ to time):
   one 24 GiB GPU in bf16: the whole plan, call capture (FluxPipeline's own __call__ on stand-ins) included;
 - qwen-folder: the same for a Qwen-Image folder (Qwen2.5-VL 7B text encoder, the 20B MMDiT, its causal VAE)
   at 1024x1024, 50 steps, on one 80 GiB GPU;
-- tiny-tiled: `placement plan tiny-dit ... --height 512 --width 512` (issue 41): the tiny preset's VAE
-  offers tiling with 32-pixel tiles, so the plan estimates a decode of 21x21 = 441 tiles;
+- tiny-tiled: `placement plan tiny-flux ... --height 512 --width 512` (issue 41): the tiny preset's VAE
+  (diffusers' AutoencoderKL at sample_size 32) tiles with 32-pixel tiles, so the plan estimates a decode of
+  hundreds of tiles;
 - wan22-folder: the same for a Wan 2.2 A14B folder (two 14B experts switching at boundary_ratio 0.875) at
   480x832x81, 40 steps, on one 80 GiB GPU.
 """
@@ -53,9 +54,9 @@ from pipelines.presets.real_folders import DATA as PIPELINES_DATA  # the publish
 HERE = Path(__file__).resolve().parent
 # The issue's command, with the CPU budget given: detected, it is the RAM free when the benchmark runs (another
 # program's use can make the plan fail, or choose another one), so the time would depend on the neighbours.
-CLI_ARGS = "plan flux-like --max-memory 0=24GiB,cpu=64GiB --dtype bf16 --height 1024 --width 1024 --steps 28"
-# Issue 41's first-hour command: the tiny preset's VAE decodes 512x512 in 21x21 tiles of 32 pixels when tiled.
-TILED_ARGS = "plan tiny-dit --max-memory 0=1GiB,cpu=64GiB --height 512 --width 512"
+CLI_ARGS = "plan flux --max-memory 0=24GiB,cpu=64GiB --dtype bf16 --height 1024 --width 1024 --steps 28"
+# Issue 41's first-hour command: the tiny preset's VAE decodes 512x512 in tiles of 32 pixels when tiled.
+TILED_ARGS = "plan tiny-flux --max-memory 0=1GiB,cpu=64GiB --height 512 --width 512"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +135,7 @@ ROWS = [
     Row(name="qwen-folder", measures="plan_placement of a Qwen-Image folder, call 1024x1024, 50 steps (capture)",
         prepare=lambda: _folder_plan("qwen-image", {"height": 1024, "width": 1024, "num_inference_steps": 50},
                                      {0: "80GiB", "cpu": "128GiB"})),
-    Row(name="tiny-tiled", measures=f"placement {TILED_ARGS} (441 tiles of the tiny VAE's decode)",
+    Row(name="tiny-tiled", measures=f"placement {TILED_ARGS} (32-pixel tiles of the tiny VAE's decode)",
         prepare=lambda: _cli(TILED_ARGS)),
     Row(name="wan22-folder", measures="plan_placement of a Wan 2.2 A14B folder, call 480x832x81, 40 steps (capture)",
         prepare=lambda: _folder_plan("wan2.1-t2v-14b", {"height": 480, "width": 832, "num_frames": 81,

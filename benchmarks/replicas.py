@@ -13,9 +13,9 @@ weights on its GPUs) or, only when no group size gives a resident one, "streamed
 executed on the GPUs); the naive count knows only resident single-GPU copies.
 
 A second table does the same with activations, at a common call (1024x1024, one image, classifier-free
-guidance), for this library's reference presets `sdxl-like` and `flux-like` (the same component sizes as SDXL
-and FLUX.1, whose call inputs this library models): each component's activation peak is estimated on meta
-(`call_activations`) and the plans add it and the 1 GiB runtime overhead per GPU; the naive count uses the same
+guidance), for the presets `sdxl` and `flux` (SDXL base 1.0 and FLUX.1-dev: diffusers' and transformers' classes at
+the published configs, on meta): each component's activation peak is estimated on meta (`call_activations`, which
+learns each component's inputs from the pipeline's own `__call__`) and the plans add it and the 1 GiB runtime overhead per GPU; the naive count uses the same
 memory model for one whole pipeline per GPU (all weights + the largest activation peak + the overhead).
 
 Per pipeline and inventory the tables show our replicas x group size (fit), the naive count, and the ratio of
@@ -47,7 +47,7 @@ SMOKE = ("sd15", "flux1-dev")
 
 
 CALL = {"height": 1024, "width": 1024}
-PRESETS = ("sdxl-like", "flux-like")
+PRESETS = {"sdxl": "sdxl-base-1.0", "flux": "flux1-dev"}  # the CLI's preset names: the families in data/
 
 
 def ours(pipeline: Pipeline, gibs: list[int], activations: dict[str, int] | None = None) -> placement.ReplicaPlan:
@@ -67,18 +67,18 @@ def naive(pipeline: Pipeline, gibs: list[int], activations: dict[str, int] | Non
 
 
 def preset_pipelines() -> list[tuple[Pipeline, dict[str, int]]]:
-    """The reference presets on meta with each component's activation peak at CALL."""
-    from pipelines import TextToImagePipeline
-    from pipelines.loading.planning import call_activations
+    """The presets' pipelines on meta with each component's activation peak at CALL."""
+    from pipelines.loading.planning import call_activations, modules_and_edges
+    from pipelines.presets.real_folders import meta_pipeline
     from placement.sizing import size_module
 
     found = []
-    for name in PRESETS:
-        pipe = TextToImagePipeline.from_preset(name, device="meta")
-        modules = pipe.module_components
+    for name, family in PRESETS.items():
+        pipe = meta_pipeline(family)
+        modules, edges = modules_and_edges(pipe)
         activations = call_activations(pipe, modules, CALL, torch_dtype=DTYPE)
         sizes = {c: size_module(module, DTYPE) for c, module in modules.items()}
-        found.append((Pipeline(name=name, modules=modules, sizes=sizes, edges=pipe.graph_edges), activations))
+        found.append((Pipeline(name=name, modules=modules, sizes=sizes, edges=edges), activations))
     return found
 
 

@@ -3,9 +3,10 @@
     python benchmarks/time_per_call_gpu.py            # about a minute on an H200; needs CUDA
     python benchmarks/time_per_call.py --gpu          # the same
 
-A text-to-image pipeline of this library with a real-shaped denoiser (the Flux DiT's width, heads and block layout,
-`DEPTH` of its layers; tiny text encoders and VAE) is built from random weights in a temporary folder (no network)
-and loaded twice with `TextToImagePipeline.from_pretrained(call=, gpu=)`: resident (every weight on the GPU) and under
+diffusers' FluxPipeline with a real-shaped transformer (FLUX.1's width, heads and block layout, `DEPTH` of its layers;
+the tiny-flux preset's text encoders, and a tiny VAE with FLUX's 16 latent channels and 8x downsampling, so the
+transformer sees FLUX's token counts) is built from random weights in a temporary folder (no network) and loaded
+twice with `pipelines.Pipeline.from_pretrained(call=, gpu=)`: resident (every weight on the GPU) and under
 a GPU budget that holds `STREAM_SHARE` of the denoiser, so its other blocks stream at every step. Each load's plan
 predicts its seconds per call, on the GPU measured (`gpu="measure"`: a matmul and a pinned copy) and on the table's
 profile for its name. Each call is then timed (the best of `CALLS`, after a warm-up call that also learns the block
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 
 GiB = 1024**3
-DEPTH = (1, 6)  # the Flux DiT's double and single layers kept: ~1.2B parameters, 2.4 GB in bf16
+DEPTH = (1, 6)  # FLUX's double and single layers kept: ~1.2B parameters, 2.4 GB in bf16
 CALL = {"height": 1024, "width": 1024, "num_inference_steps": 8}
 STREAM_SHARE = 0.5  # the share of the denoiser the streaming budget holds
 CALLS = 3
@@ -51,30 +52,40 @@ class Measured:
 
 
 def build(folder: Path, *, depth=DEPTH, hidden: int = 3072, heads: int = 24) -> Path:
-    """A TextToImagePipeline with a Flux-shaped DiT of `depth` (double, single) layers, saved to `folder` in bf16."""
-    from pipelines.text_to_image.models import AutoencoderKL, DiT, DiTConfig, TextEncoder
-    from pipelines.text_to_image.pipeline import TextToImagePipeline
-    from pipelines.text_to_image.presets import build_preset_components
+    """diffusers' FluxPipeline with a FLUX-shaped transformer of `depth` (double, single) layers, saved to `folder`
+    in bf16 (the tiny-flux preset's text encoders; a tiny VAE that downsamples 8x into 16 channels, as FLUX's)."""
+    import diffusers
 
-    parts = build_preset_components("tiny-dit", seed=0)
-    encoder = TextEncoder.presets["tiny"]
+    from pipelines.presets.catalog import preset_folder
+
+    pipe = diffusers.FluxPipeline.from_pretrained(preset_folder("tiny-flux"))
+    text = pipe.transformer.config
+    head = hidden // heads
+    rope = (head // 8, (head - head // 8) // 2, head - head // 8 - (head - head // 8) // 2)  # FLUX: 16, 56, 56
     torch.manual_seed(0)
-    parts["denoiser"] = DiT(DiTConfig(in_channels=16, hidden_size=hidden, num_heads=heads, num_double_layers=depth[0],
-                                      num_single_layers=depth[1], joint_attention_dim=encoder.hidden_size,
-                                      pooled_projection_dim=encoder.projection_dim)).eval()
-    parts["vae"] = AutoencoderKL(AutoencoderKL.presets["tiny-16ch"]).eval()
-    pipe = TextToImagePipeline(**parts).to(torch.bfloat16)
-    pipe.save_pretrained(folder)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, block_out_channels=[8] * 4, layers_per_block=1,
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4, latent_channels=16,
+        norm_num_groups=2, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159,
+        scaling_factor=0.3611).eval()
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=depth[0], num_single_layers=depth[1], attention_head_dim=head,
+        num_attention_heads=heads, joint_attention_dim=text.joint_attention_dim,
+        pooled_projection_dim=text.pooled_projection_dim, guidance_embeds=True, axes_dims_rope=rope).eval()
+    pipe.register_modules(transformer=transformer, vae=vae)
+    pipe.to(torch.bfloat16).save_pretrained(folder)
     return folder
 
 
 def load(folder: Path, max_memory, *, gpu, call):
-    from pipelines.text_to_image.pipeline import TextToImagePipeline
+    import pipelines
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the plan states its own warnings; the ratios are the output here
-        return TextToImagePipeline.from_pretrained(folder, device_map="auto", max_memory=max_memory,
-                                                   torch_dtype=torch.bfloat16, call=call, gpu=gpu, progress=False)
+        pipe = pipelines.Pipeline.from_pretrained(folder, device_map="auto", max_memory=max_memory,
+                                                  torch_dtype=torch.bfloat16, call=call, gpu=gpu, progress=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def timed_calls(pipe, call, *, calls: int = CALLS, trace: bool) -> tuple[float, object | None]:
@@ -121,10 +132,10 @@ def streaming_budget(folder: Path, *, gpu, call=CALL) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        resident = pipelines.TextToImagePipeline.plan_placement(folder, max_memory={0: 100 * GiB, "cpu": 100 * GiB},
-                                                                 call=call, gpu=gpu, torch_dtype=torch.bfloat16)
+        resident = pipelines.Pipeline.plan_placement(folder, max_memory={0: 100 * GiB, "cpu": 100 * GiB},
+                                                     call=call, gpu=gpu, torch_dtype=torch.bfloat16)
     peak = resident.device(0).predicted_peak
-    denoiser = resident.components["denoiser"].bytes
+    denoiser = resident.components["transformer"].bytes
     return {0: int(peak - (1 - STREAM_SHARE) * denoiser), "cpu": 100 * GiB}
 
 

@@ -31,6 +31,7 @@ _EXPORTS = {
     "place": ".loading.pipeline_loader",
     "load_model": ".loading.single_model",
     "plan_model": ".loading.single_model",
+    "preset_folder": ".presets.catalog",
 }
 
 # Every name in the `__all__` of `errors.py`: a type added there is exported here without a second list.

@@ -157,11 +157,12 @@ def strategy_arg(text: str):
     return int(stripped) if stripped.isdigit() else stripped
 
 
-# The presets' names (a test holds them equal to pipelines.text_to_image.presets.PRESETS, our own models built in
-# memory, then pipelines.presets.catalog.FOLDER_PRESETS, diffusers' classes), so that a TARGET naming nothing is
-# told before torch loads.
-PRESET_NAMES = ("tiny-unet", "tiny-dit", "sdxl-like", "flux-like",
-                "tiny-flux", "flux", "sd15", "sdxl", "sd3-medium", "sd35-large", "wan2.1-t2v-14b")
+# The presets' names (a test holds them equal to pipelines.presets.catalog.FOLDER_PRESETS, diffusers' classes), so
+# that a TARGET naming nothing is told before torch loads.
+PRESET_NAMES = ("tiny-flux", "tiny-sd15", "flux", "sd15", "sdxl", "sd3-medium", "sd35-large", "wan2.1-t2v-14b")
+# The presets of the library's own models, retired with them (one model world: diffusers' and transformers'
+# classes), each with the preset that replaces it.
+RETIRED_PRESETS = {"tiny-dit": "tiny-flux", "tiny-unet": "tiny-sd15", "flux-like": "flux", "sdxl-like": "sdxl"}
 
 
 def target_problem(target: str) -> str | None:
@@ -172,6 +173,9 @@ def target_problem(target: str) -> str | None:
     path = Path(target).expanduser()
     if path.exists() or target in PRESET_NAMES:
         return None
+    if target in RETIRED_PRESETS:
+        return (f"The {target} preset (this library's own models) is retired: use {RETIRED_PRESETS[target]}, the same "
+                "layout built from diffusers' and transformers' classes.")
     typo = preset_typo(target)
     if typo is not None:  # said before the Hub is asked: a Hub id is owner/name, never one edit from a preset
         return (f"{target!r} is not a preset; did you mean {typo!r}? (the presets: {', '.join(PRESET_NAMES)}; "

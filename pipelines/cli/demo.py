@@ -1,7 +1,8 @@
 """`placement demo`: the whole workflow on a tiny pipeline, in well under a minute on a laptop CPU.
 
-Builds the "tiny-dit" preset with a fixed seed, saves it to a temporary folder, loads it back with
-device_map="balanced" over the accelerators present (the CPU when there are none), generates one image,
+Writes the "tiny-flux" preset (diffusers' FluxPipeline at tiny configs, random weights seeded with 0) into the
+user's cache once, loads it with device_map="balanced" over the accelerators present (the CPU when there are
+none), generates one image,
 prints the plan and hf_device_map, writes demo.png in the current folder, then prints the plan the same
 pipeline would get on the --simulate budgets (default: two 24 GiB GPUs) and draws it in plan.svg beside
 demo.png. The preset's weights are random (seeded), so the image is noise: the demo shows the workflow, not
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -20,6 +20,7 @@ from pathlib import Path
 from .args import budgets_arg, image_output_arg, positive_int_arg, write_file, write_text
 
 PROMPT = "a lighthouse on a cliff at sunset"
+PRESET = "tiny-flux"
 
 
 def register(subparsers) -> None:
@@ -43,40 +44,40 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..text_to_image.pipeline import TextToImagePipeline
     from placement.sizes import parse_size
 
+    from ..hf.quiet import quiet
+    from ..framework.pipeline import Pipeline
+    from ..presets.catalog import preset_folder
     from .targets import in_flag_names, resolve_budgets_arg
 
     simulate = resolve_budgets_arg(args.simulate, "--simulate")
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="placement-demo-") as scratch:
-        folder = Path(scratch) / "tiny-dit"
-        TextToImagePipeline.from_preset("tiny-dit", seed=args.seed).save_pretrained(folder)
-        print(f"Saved the tiny-dit preset (seed {args.seed}) to a temporary folder; loading it with "
-              "device_map='balanced'.\n")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the plan lists its warnings (e.g. no accelerator: CPU) below
-            pipe = TextToImagePipeline.from_pretrained(folder, device_map="balanced", progress=False)
-        print(in_flag_names(pipe.placement_plan.explain()))
-        print(f"\npipe.hf_device_map = {pipe.hf_device_map}\n")
+    with quiet():
+        folder = preset_folder(PRESET)
+    print(f"The {PRESET} preset (seed 0) is in {folder}; loading it with device_map='balanced'.\n")
+    with warnings.catch_warnings(), quiet():
+        warnings.simplefilter("ignore")  # the plan lists its warnings (e.g. no accelerator: CPU) below
+        pipe = Pipeline.from_pretrained(folder, device_map="balanced", progress=False)
+    print(in_flag_names(pipe.placement_plan.explain()))
+    print(f"\npipe.hf_device_map = {pipe.hf_device_map}\n")
 
-        generator = torch.Generator().manual_seed(args.seed)
-        image = pipe(PROMPT, height=args.size, width=args.size, num_inference_steps=args.steps,
-                     generator=generator, output_type="pil").images[0]
-        write_file(args.output, encoded(image, args.output))
-        print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}. "
-              "The preset's weights are random, so the image is noise: it shows the pipeline ran, not a picture.")
+    generator = torch.Generator().manual_seed(args.seed)
+    pipe.set_progress_bar_config(disable=True)
+    image = pipe(PROMPT, height=args.size, width=args.size, num_inference_steps=args.steps,
+                 generator=generator, output_type="pil").images[0]
+    write_file(args.output, encoded(image, args.output))
+    print(f"Generated {args.size}x{args.size} in {args.steps} steps for {PROMPT!r}: wrote {args.output}. "
+          "The preset's weights are random, so the image is noise: it shows the pipeline ran, not a picture.")
 
-        budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {parse_size(size) / 2**30:.0f} GiB"
-                            for device, size in simulate.items())
-        print(f"\nThe same pipeline planned for {budgets} and this {args.size}x{args.size} call "
-              "(planning only, nothing loaded):\n")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # listed in the plan below
-            simulated = TextToImagePipeline.plan_placement(folder, max_memory=simulate,
-                                                           call={"height": args.size, "width": args.size})
-        print(in_flag_names(simulated.explain()).replace("given (--max-memory)", "given (--simulate)"))
+    budgets = ", ".join(f"{'GPU ' if isinstance(device, int) else ''}{device}: {parse_size(size) / 2**30:.0f} GiB"
+                        for device, size in simulate.items())
+    print(f"\nThe same pipeline planned for {budgets} and this {args.size}x{args.size} call "
+          "(planning only, nothing loaded):\n")
+    with warnings.catch_warnings(), quiet():
+        warnings.simplefilter("ignore")  # listed in the plan below
+        simulated = Pipeline.plan_placement(folder, max_memory=simulate, call={"height": args.size, "width": args.size})
+    print(in_flag_names(simulated.explain()).replace("given (--max-memory)", "given (--simulate)"))
     picture = args.output.with_name("plan.svg")
     write_text(picture, simulated.to_svg())
     print(f"\nThat plan's picture: {picture} (open it in a browser).")

@@ -84,13 +84,9 @@ def meta_components(target: str):
     from ..folder.model_index import ModelIndex
     from ..folder.sources import component_sources
     from ..loading.meta import build_from_source
-    from ..text_to_image.pipeline import TextToImagePipeline
     from ..hf.quiet import quiet
-    from .targets import hf_libraries, is_preset, target_folder
+    from .targets import hf_libraries, target_folder
 
-    if is_preset(target):
-        pipe = TextToImagePipeline.from_preset(target, device="meta")
-        return pipe.module_components, [n for n in pipe.components if n not in pipe.module_components]
     folder = target_folder(target)
     with quiet(preload=hf_libraries(folder)):
         sources = component_sources(ModelIndex.read(folder), folder, skip={})

@@ -1,7 +1,7 @@
 """`placement plan TARGET --max-memory 0=24GiB,1=24GiB`: where a pipeline would go, without loading weights.
 
-TARGET is a preset name (flux, sdxl, ...: the real pipeline's published configs; tiny-flux; our own tiny-dit, ...;
-all built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
+TARGET is a preset name (flux, sdxl, ...: the real pipeline's published configs; tiny-flux, tiny-sd15: tiny configs;
+all diffusers' and transformers' classes built on meta), a pipeline folder, or a Hub id (only model_index.json and the configs
 are downloaded). `--height/--width` (with `--batch-size`, `--num-images-per-prompt`, `--guidance-scale`, and for
 diffusers pipelines `--num-frames`, `--max-sequence-length`) plan for that call: each component's activation
 peak, and per device weights + activations + overhead; `--steps` is how often the denoiser runs per call, of

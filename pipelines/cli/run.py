@@ -11,14 +11,13 @@ rank, GPUs, seconds), each file whole or not at all. A rerun skips the images al
 them again); Ctrl-C stops after the current image. One bar counts the steps of every image, with an ETA.
 Prompt i uses seed SEED + i, so its image does not depend on which replica made it. Height, width, steps and
 guidance default to the pipeline's own. TARGET is a pipeline folder, a Hub id or a preset with weights (tiny-flux,
-tiny-unet, tiny-dit; random weights from seed 0, the same on every rank: its images are noise). The real presets
+tiny-sd15; random weights from seed 0, the same on every rank: its images are noise). The real presets
 (flux, sdxl, ...) have configs only: plan them, and run the real model's folder or Hub id.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -32,7 +31,7 @@ def register(subparsers) -> None:
         "run", help="generate one image per prompt; under torchrun, one pipeline replica per process",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-flux, tiny-dit, ...)")
+    parser.add_argument("target", help="a pipeline folder, a Hub id, or a preset (tiny-flux, tiny-sd15)")
     parser.add_argument("--prompts", type=Path, required=True, metavar="FILE", help="one prompt per line")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where images and run.json go")
     parser.add_argument("--height", type=positive_int_arg("--height", "1024"), default=None,
@@ -116,19 +115,13 @@ def run(args: argparse.Namespace) -> int:
 @contextmanager
 def _pipeline_folder(target: str):
     """(what to load, a local folder with its configs, the name run.json gives it): TARGET itself (a Hub id: its
-    configs downloaded; a folder: by its absolute path), or a preset saved into a temporary folder (each rank
-    its own)."""
-    from ..text_to_image.pipeline import TextToImagePipeline
-    from .targets import is_folder_preset, is_preset, target_folder
+    configs downloaded; a folder: by its absolute path), or a preset's folder (written once into the user's
+    cache: every rank reads the same files)."""
+    from .targets import is_folder_preset, target_folder
 
     if is_folder_preset(target):
-        folder = target_folder(target)  # written once into the user's cache: every rank reads the same files
+        folder = target_folder(target)
         yield str(folder), folder, f"preset {target} (seed 0)"
         return
-    if not is_preset(target):
-        configs = target_folder(target)
-        yield target, configs, str(Path(target).resolve()) if Path(target).exists() else target
-        return
-    with tempfile.TemporaryDirectory(prefix=f"placement-run-{target}-") as folder:
-        TextToImagePipeline.from_preset(target, seed=0).save_pretrained(folder)
-        yield folder, Path(folder), f"preset {target} (seed 0)"
+    configs = target_folder(target)
+    yield target, configs, str(Path(target).resolve()) if Path(target).exists() else target

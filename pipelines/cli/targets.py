@@ -36,13 +36,6 @@ from .args import BUDGET_EXAMPLE, PRESET_NAMES, BudgetsArg, target_problem
 STEPS = "num_inference_steps"
 
 
-def is_preset(target: str) -> bool:
-    """A preset of our own models (tiny-dit, ...), built in memory; the diffusers presets are folders."""
-    from ..text_to_image.presets import PRESETS
-
-    return target in PRESETS and not Path(target).exists()
-
-
 def is_folder_preset(target: str) -> bool:
     """A preset built from diffusers classes (flux, tiny-flux, ...): a folder written into the user's cache."""
     from ..presets.catalog import is_folder_preset as named
@@ -84,9 +77,8 @@ def target_folder(target: str) -> Path:
 
 @dataclass(kw_only=True)
 class TargetPlanner:
-    """`planner(torch_dtype=...)`: the plan of TARGET with these options, made quietly.
-
-    A preset is built in memory, not loaded, so `layerwise_casting` (--layerwise-casting) applies to folders only."""
+    """`planner(torch_dtype=...)`: the plan of TARGET (a preset's folder, a folder, a Hub id) with these options,
+    made quietly."""
 
     target: str
     device_map: Any
@@ -105,50 +97,14 @@ class TargetPlanner:
         return self._folder
 
     def __call__(self, *, torch_dtype) -> Plan:
-        from ..loading.planning import plan_pipeline
-        from ..text_to_image.pipeline import TextToImagePipeline
-
         options = dict(device_map=self.device_map, max_memory=self.max_memory, torch_dtype=torch_dtype,
                        offload_folder=self.offload_folder, call=self.call, gpu=self.gpu,
                        guidance_parallel=self.guidance_parallel)
-        if is_preset(self.target):
-            with quiet():
-                pipe = TextToImagePipeline.from_preset(self.target, device="meta")
-                if self.layerwise_casting:
-                    raise LoadError(save_the_preset_first(self.target, pipe, self.layerwise_casting))
-                return plan_pipeline(pipe, pinned={}, **options)
         folder = self.folder()
         if self.layerwise_casting:
             options["layerwise_casting"] = dict(self.layerwise_casting)
         with quiet(preload=hf_libraries(folder)):
             return folder_pipeline_class(folder).plan_placement(folder, **options)
-
-
-
-def save_the_preset_first(preset: str, pipe, layerwise_casting: Mapping[str, str]) -> str:
-    """--layerwise-casting on a preset: the commands that save it into a folder of the user's and plan that folder
-    (a preset is built in memory and never saved; layerwise casting is planned from a folder's load)."""
-    from placement.sizes import format_bytes
-    from placement.sizing import size_module
-
-    components = pipe.module_components
-    unknown = [name for name in layerwise_casting if name not in components]
-    if unknown:
-        return (f"--layerwise-casting names {', '.join(map(repr, unknown))}, which the {preset} preset does not "
-                f"have; its components are {', '.join(components)}.")
-    size = sum(size_module(module).total for module in components.values())
-    casting = ",".join(f"{name}={dtype.replace('float8_', 'fp8_')}" for name, dtype in layerwise_casting.items())
-    save = (f"python -c \"from pipelines import TextToImagePipeline; TextToImagePipeline.from_preset({preset!r}, "
-            f"seed=0).save_pretrained({preset!r})\"")
-    large = (f"; they are made in RAM first, so for a preset this size plan the real model's folder or Hub id with "
-             f"--layerwise-casting instead" if size > LARGE_PRESET_BYTES else "")
-    return (f"--layerwise-casting plans the load of a saved folder, and the {preset} preset is built in memory, never "
-            f"saved. Save it into a folder here first: {save} (writes ./{preset}, {format_bytes(size)} of random "
-            f"weights{large}), then plan that folder: placement plan ./{preset} --layerwise-casting {casting} (with "
-            "your other flags).")
-
-
-LARGE_PRESET_BYTES = 4 * 2**30  # above it, saving random weights is no quick step: say what else to plan
 
 
 KEYS = ("height", "width", "num_inference_steps", "guidance_scale")
@@ -258,7 +214,7 @@ def complete_call(planner: "TargetPlanner") -> list[str]:
 def _check_strength(planner: "TargetPlanner") -> None:
     """`--strength` on a pipeline whose call takes none (it makes images from noise): said in flag words, before
     call= refuses the keyword in Python's."""
-    if not planner.call or "strength" not in planner.call or is_preset(planner.target):
+    if not planner.call or "strength" not in planner.call:
         return
     folder = planner.folder()
     with quiet(preload=hf_libraries(folder)):
@@ -270,10 +226,6 @@ def _check_strength(planner: "TargetPlanner") -> None:
 
 
 def target_defaults(planner: "TargetPlanner") -> dict[str, Any]:
-    from ..text_to_image.pipeline import TextToImagePipeline
-
-    if is_preset(planner.target):
-        return class_defaults(TextToImagePipeline)
     folder = planner.folder()
     with quiet(preload=hf_libraries(folder)):
         return default_call(folder, folder_pipeline_class(folder))

@@ -48,5 +48,12 @@ def find_registered_class(module: str, class_name: str) -> type | None:
     return _USER_CLASSES.get((module, class_name))
 
 
+def find_registered_named(class_name: str | None) -> type | None:
+    """The one registered user class named `class_name`: diffusers writes a custom pipeline's `_class_name` without
+    its module. None when no registered class, or several, have that name."""
+    found = [cls for (_, name), cls in _USER_CLASSES.items() if name == class_name]
+    return found[0] if len(found) == 1 else None
+
+
 def is_library_class(cls: type) -> bool:
     return _CLASSES.get(cls.__name__) is cls

@@ -38,7 +38,7 @@ from ..checkpoint.files import CONFIG_NAME, WeightsNaming
 from ..checkpoint.saving import atomic_folder
 from ..errors import CheckpointSaveError, FolderError
 from .model_index import MODEL_INDEX_NAME, ModelIndex, SAVE_ID_KEY, spec_for
-from .sources import OwnModel, weights_name_for
+from .families import OwnModel, weights_name_for
 
 
 _ORIGINS = "_placement_origins"  # where a pipeline keeps its record: set and read only here

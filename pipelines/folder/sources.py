@@ -1,7 +1,5 @@
 """From a pipeline folder (local, or a Hub id downloaded with only the files a load needs) to its components:
-each one's class, family (ours, diffusers, transformers, non-module: built and named differently) and subfolder.
-`OwnModel` is what the folder format and the loader read of a `pipelines.ModelMixin`, so neither imports the
-framework."""
+each one's class, family (families.py: how it is built, read and saved) and subfolder."""
 
 from __future__ import annotations
 
@@ -9,66 +7,21 @@ import errno
 import os
 import warnings
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import huggingface_hub
 from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
-from pydantic import BaseModel
-from torch import nn
 
 from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..checkpoint.index import is_plain_file_name
-from ..checkpoint import DIFFUSERS_WEIGHTS_NAME, TRANSFORMERS_WEIGHTS_NAME, WeightsNotFoundError
+from ..checkpoint import WeightsNotFoundError
 from ..errors import FolderError
-from .class_registry import LIBRARY, find_library_class
+from .class_registry import LIBRARY, find_library_class, find_registered_named
+from .families import Family, ModelFamily, family_of  # noqa: F401 (Family: the families by name, for callers)
 from .model_index import ComponentSpec, ModelIndex, resolve_class
 from .paths import looks_like_a_path
-
-
-class OwnModel(nn.Module):
-    """The contract of a model saved in this library's format, as the folder format and the loader read it."""
-
-    config_class: ClassVar[type[BaseModel]]
-    weights_name: ClassVar[str] = DIFFUSERS_WEIGHTS_NAME
-    _no_split_modules: ClassVar[list[str] | None] = None
-    _keep_in_fp32_modules: ClassVar[list[str] | None] = None
-    _tied_weights_keys: ClassVar[dict[str, str] | None] = None
-
-
-class Family(str, Enum):
-    """How a component class is built and saved."""
-
-    OWN = "own"  # a pipelines.ModelMixin (ours or a user's)
-    DIFFUSERS = "diffusers"
-    TRANSFORMERS = "transformers"
-    NON_MODULE = "non_module"  # tokenizer, scheduler, ...: from_pretrained(folder) only
-
-
-def family_of(cls: type) -> Family:
-    if isinstance(cls, type) and issubclass(cls, OwnModel):
-        return Family.OWN
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        return Family.NON_MODULE
-    top_level = cls.__module__.split(".")[0]
-    if top_level == "diffusers":
-        return Family.DIFFUSERS
-    if top_level == "transformers":
-        return Family.TRANSFORMERS
-    raise FolderError(
-        f"{cls.__module__}.{cls.__name__} is an nn.Module but neither a pipelines.ModelMixin nor a diffusers or "
-        "transformers model, so it cannot be built from a config.json; derive it from pipelines.ModelMixin."
-    )
-
-
-def weights_name_for(cls: type) -> str:
-    """The weight-file stem of a module class: transformers' "model", diffusers' name, or our class's own."""
-    family = family_of(cls)
-    if family is Family.OWN:
-        return cls.weights_name
-    return TRANSFORMERS_WEIGHTS_NAME if family is Family.TRANSFORMERS else DIFFUSERS_WEIGHTS_NAME
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,12 +89,12 @@ class ComponentSource:
 
     name: str
     cls: type
-    family: Family
+    family: ModelFamily
     folder: Path
 
     @property
     def is_module(self) -> bool:
-        return self.family is not Family.NON_MODULE
+        return self.family.is_module
 
 
 def resolve_pipeline_folder(pretrained: str | Path, *, weights: bool, hub: HubOptions = HubOptions()) -> Path:
@@ -232,6 +185,9 @@ def model_folder_class(folder: Path) -> type:
     config = read_config_dict(folder)
     class_name = config.get(CLASS_NAME_KEY)
     architectures = config.get("architectures") or []
+    registered = find_registered_named(class_name) if isinstance(class_name, str) else None
+    if registered is not None:  # a user's model class (diffusers writes its name without its module)
+        return registered
     if isinstance(class_name, str) and find_library_class(class_name) is not None and "_diffusers_version" not in config:
         spec = ComponentSpec(library=LIBRARY, class_name=class_name)
     elif isinstance(class_name, str):

@@ -27,7 +27,7 @@ from placement.plan_schema import Plan
 
 from ..checkpoint import WeightsNaming, atomic_folder, save_weights
 from ..checkpoint.files import CONFIG_NAME, write_config
-from ..folder.sources import OwnModel
+from ..folder.families import OwnModel
 from ..loading.single_model import load_own_model, plan_own_model
 from ..loading.request import (
     Entry,

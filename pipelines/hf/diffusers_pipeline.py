@@ -15,7 +15,7 @@ from torch import nn
 
 from ..checkpoint.saving import atomic_folder, check_target
 from ..errors import LoadError, MissingComponentsError
-from ..folder.class_registry import find_library_class
+from ..folder.class_registry import find_library_class, find_registered_named
 from ..folder.components import origins_of, restore_components, rewritten_entries, saving_placed
 from ..folder.model_index import ModelIndex
 from .loading_keywords import unknown_pipeline_keywords
@@ -68,11 +68,12 @@ def diffusers_pipeline_class(index: ModelIndex) -> type:
             f"model_index.json names the diffusers pipeline {index.class_name!r}, but diffusers is not installed: "
             f"pip install 'pipeline-placement[hf]', or {GENERIC_HINT}."
         ) from error
-    found = getattr(diffusers, index.class_name, None)
+    found = getattr(diffusers, index.class_name, None) or find_registered_named(index.class_name)
     if not (isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline)):
         raise LoadError(
             f"model_index.json names the pipeline class {index.class_name!r}, which diffusers "
-            f"{diffusers.__version__} does not have; upgrade diffusers, or {GENERIC_HINT}."
+            f"{diffusers.__version__} does not have; for your own DiffusionPipeline subclass, register it first "
+            f"(pipelines.register_class({index.class_name})), else upgrade diffusers, or {GENERIC_HINT}."
         )
     return found
 

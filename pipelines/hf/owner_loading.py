@@ -1,7 +1,7 @@
 """Loading a component through the library that owns its format (quantized folders, transformers checkpoints whose
-keys are renamed on load, single files), given our plan's map and dtype (`OwnerLoad`); how each family builds a
-module from its config (`construct`, `retie`). `renames_explain` tells whether transformers' own conversion
-explains a checkpoint's other key names, so a checkpoint that is simply wrong still fails with the keys named."""
+keys are renamed on load, single files), given our plan's map and dtype (`OwnerLoad`). `renames_explain` tells whether transformers' own conversion
+explains a checkpoint's other key names, so a checkpoint that is simply wrong still fails with the keys named. How
+each family builds, ties and reads its models is the family's own (pipelines/folder/families.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from ..checkpoint import tie_weights
-from ..checkpoint.files import CONFIG_NAME, read_config
-from ..errors import PipelineLoadError, WeightsNotFoundError
-from ..folder.sources import Family
+from ..errors import PipelineLoadError
+from ..folder.families import ModelFamily
 from .quantizers import ComponentQuantization, QuantizationMethod
 
 
@@ -25,7 +23,7 @@ class OwnerLoad:
     `single_file_config` (the folder holding the model's config.json, read offline) is given."""
 
     cls: type
-    family: Family
+    family: ModelFamily
     source: Path
     dtype: torch.dtype | None
     quantization: ComponentQuantization | None = None
@@ -42,7 +40,7 @@ class OwnerLoad:
         if self.single_file:
             return False
         quanto = self.quantization is not None and self.quantization.method is QuantizationMethod.QUANTO
-        return not (self.family is Family.DIFFUSERS and quanto)
+        return self.family.takes_multi_device_maps(quanto)
 
 
 def load_with_owner(owner: OwnerLoad, device_map: Mapping[str, Any], *, name: str) -> nn.Module:
@@ -51,7 +49,7 @@ def load_with_owner(owner: OwnerLoad, device_map: Mapping[str, Any], *, name: st
         module = _single_file(owner, device_map) if owner.single_file else _from_pretrained(owner, device_map)
     except (OSError, ValueError, RuntimeError, ImportError, TypeError, KeyError) as error:
         raise PipelineLoadError(
-            f"Component {name!r}: {owner.cls.__name__} could not be loaded by {owner.family.value} from "
+            f"Component {name!r}: {owner.cls.__name__} could not be loaded by {owner.family.name} from "
             f"{str(owner.source)!r}: {type(error).__name__}: {error}"
         ) from error
     return module.eval()
@@ -61,9 +59,7 @@ def _from_pretrained(owner: OwnerLoad, device_map: Mapping[str, Any]) -> nn.Modu
     arguments: dict[str, Any] = {"device_map": dict(device_map), "variant": owner.variant}
     if owner.quantization is not None and not owner.quantization.pre_quantized:
         arguments["quantization_config"] = owner.quantization.config
-    if owner.family is Family.TRANSFORMERS:
-        return owner.cls.from_pretrained(owner.source, dtype=owner.dtype, **arguments)
-    return owner.cls.from_pretrained(owner.source, torch_dtype=owner.dtype, **arguments)
+    return owner.family.from_pretrained(owner.cls, owner.source, dtype=owner.dtype, **arguments)
 
 
 def _single_file(owner: OwnerLoad, device_map: Mapping[str, Any]) -> nn.Module:
@@ -108,33 +104,10 @@ def renames_explain(module: nn.Module, checkpoint_keys: Iterable[str], *, allowe
 __all__ = ["OwnerLoad", "load_with_owner", "remove_owner_state", "renames_explain"]
 
 
-def construct(cls: type, folder: Path, family: Family) -> nn.Module:
-    """`cls` built from `folder/config.json` by its family's constructor."""
-    config_path = folder / CONFIG_NAME
-    if not config_path.is_file():
-        raise WeightsNotFoundError(f"{config_path} not found: component folder {folder.name!r} needs its config.json.")
-    if family is Family.OWN:
-        return cls(read_config(folder, cls.config_class))
-    if family is Family.DIFFUSERS:
-        return cls.from_config(cls.load_config(folder))
-    return cls._from_config(cls.config_class.from_pretrained(folder))
-
-
-def retie(module: nn.Module, family: Family) -> None:
-    """Redo the constructor's weight ties, which `init_empty_weights()` breaks."""
-    if family is Family.OWN:
-        tie_weights(module, type(module)._tied_weights_keys)
-    elif callable(getattr(module, "tie_weights", None)):
-        module.tie_weights()
-
-
-def load_without_device_map(cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
+def load_without_device_map(cls: type, folder: Path, *, family: ModelFamily, dtype: torch.dtype | None,
                             variant: str | None, quantization_config: Any = None) -> Any:
     """A component loaded by its own class to the CPU, a quantized one by its owner's quantizer."""
-    if family is Family.NON_MODULE:
-        return cls.from_pretrained(folder)
+    if not family.is_module:
+        return family.from_pretrained(cls, folder, dtype=dtype)
     extra = {} if quantization_config is None else {"quantization_config": quantization_config}
-    if family is Family.TRANSFORMERS:
-        return cls.from_pretrained(folder, dtype=dtype, variant=variant, **extra).eval()
-    # Ours and diffusers' take the same arguments.
-    return cls.from_pretrained(folder, torch_dtype=dtype, variant=variant, **extra).eval()
+    return family.from_pretrained(cls, folder, dtype=dtype, variant=variant, **extra).eval()

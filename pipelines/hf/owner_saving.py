@@ -17,7 +17,7 @@ from placement.errors import PlacementError
 from ..checkpoint.files import CONFIG_NAME, WeightsNaming
 from ..checkpoint.saving import atomic_folder, check_target
 from ..folder.components import PipelineComponents, saving_placed
-from ..folder.sources import OwnModel, weights_name_for
+from ..folder.families import OwnModel, weights_name_for
 from .diffusers_pipeline import save_placed
 from .quiet import quiet
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..checkpoint.files import read_config_dict
 from ..errors import LoadError
-from ..folder.sources import Family
+from ..folder.families import ModelFamily
 
 
 class QuantizationMethod(str, Enum):
@@ -59,7 +59,7 @@ def method_of(config: Any) -> QuantizationMethod:
         return QuantizationMethod.OTHER
 
 
-def folder_quantization(folder: Path, *, name: str = "", family: Family | None = None) -> dict | None:
+def folder_quantization(folder: Path, *, name: str = "", family: ModelFamily | None = None) -> dict | None:
     """The `quantization_config` a pre-quantized save wrote into its config.json (None when none), checked by
     the owner's config class when `family` is given."""
     if not (folder / "config.json").is_file():
@@ -67,20 +67,20 @@ def folder_quantization(folder: Path, *, name: str = "", family: Family | None =
     found = read_config_dict(folder).get("quantization_config")
     if found is None:
         return None
-    if family is not None and family is not Family.OWN:
+    if family is not None and family.quantizable:
         owner_config(found, name=name, family=family, source=f"{str(folder / 'config.json')!r} quantization_config")
     return dict(found) if isinstance(found, Mapping) else None
 
 
-def requested_quantization(quantization_config: Any, name: str, family: Family) -> Any | None:
+def requested_quantization(quantization_config: Any, name: str, family: ModelFamily) -> Any | None:
     """The config `quantization_config=` gives component `name`, or None: from a diffusers
     `PipelineQuantizationConfig` (as diffusers resolves it), a mapping `{component: config}`, or one config object."""
     if quantization_config is None:
         return None
     if _is_pipeline_config(quantization_config):
         # one of our own models gets what diffusers would give it, so that quantizing it is refused, not ignored
-        return quantization_config._resolve_quant_config(is_diffusers=family is not Family.TRANSFORMERS,
-                                                         module_name=name)
+        return quantization_config._resolve_quant_config(
+            is_diffusers=family.resolves_pipeline_configs_as_diffusers(), module_name=name)
     if isinstance(quantization_config, Mapping) and not is_config_dict(quantization_config):
         return quantization_config.get(name)
     return quantization_config
@@ -111,7 +111,7 @@ def _is_pipeline_config(config: Any) -> bool:
     return callable(getattr(config, "_resolve_quant_config", None))
 
 
-def component_quantization(quantization_config: Any, name: str, family: Family,
+def component_quantization(quantization_config: Any, name: str, family: ModelFamily,
                            folder: Path | None) -> ComponentQuantization | None:
     """The quantization of one component: the folder's (pre-quantized) merged with a requested one as the owner
     merges them, or the requested one alone; None for a dense component."""
@@ -119,7 +119,7 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
     saved = folder_quantization(folder, name=name, family=family) if folder is not None else None
     if saved is None and requested is None:
         return None
-    if family is Family.OWN:
+    if not family.quantizable:
         raise LoadError(
             f"Component {name!r} is a pipelines.ModelMixin; quantization is applied by diffusers' and transformers' "
             "quantizers to their own models only. Quantize it in memory and pass it in, or leave it dense."
@@ -127,7 +127,7 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
     if requested is not None:
         requested = owner_config(requested, name=name, family=family, source="quantization_config=")
     if saved is not None:
-        config = _auto_quantizer(family).merge_quantization_configs(saved, requested)
+        config = family.auto_quantizer().merge_quantization_configs(saved, requested)
     else:
         config = requested
     _check_library(config, name, family)
@@ -138,7 +138,7 @@ def component_quantization(quantization_config: Any, name: str, family: Family,
 _REFUSED_BY_OWNER = (ValueError, KeyError, TypeError, AssertionError, AttributeError, ImportError)
 
 
-def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
+def owner_config(value: Any, *, name: str, family: ModelFamily, source: str) -> Any:
     """`value` as its owner's config object, checked by the owner's config class (`from_dict`); anything the owner
     would not apply as asked (an unknown method, a library not installed, a field missing, contradictory fields) is
     a one-line `LoadError` naming the component, the field and the accepted values."""
@@ -147,16 +147,16 @@ def owner_config(value: Any, *, name: str, family: Family, source: str) -> Any:
             return value
         raise LoadError(
             f"Component {name!r}: {source} is {value!r}, not a quantization config; give an object with "
-            f"'quant_method' one of {_methods(family)}, as {family.value} writes it (its config's to_dict())."
+            f"'quant_method' one of {_methods(family)}, as {family.name} writes it (its config's to_dict())."
         )
     method = _method_named(value)
     if method not in _methods(family):
         raise LoadError(
-            f"Component {name!r}: {source} has quant_method={method!r}, which {family.value} does not know; the "
+            f"Component {name!r}: {source} has quant_method={method!r}, which {family.name} does not know; the "
             f"accepted values are {_methods(family)}."
         )
     try:
-        config = _auto_config(family).from_dict(dict(value))
+        config = family.config_from_dict(value)
     except _REFUSED_BY_OWNER as error:
         raise LoadError(_refusal(name, source, method, error, family)) from None
     return config
@@ -168,62 +168,38 @@ def _method_named(value: Mapping) -> str:
     return str(getattr(value.get("quant_method"), "value", value.get("quant_method")))
 
 
-def _refusal(name: str, source: str, method: str, error: Exception, family: Family) -> str:
+def _refusal(name: str, source: str, method: str, error: Exception, family: ModelFamily) -> str:
     start = f"Component {name!r}: {source} (quant_method={method!r})"
     if isinstance(error, KeyError):
         example = (" as TorchAoConfig(Int8WeightOnlyConfig()).to_dict() writes it: {'default': {'_type': "
                    "'Int8WeightOnlyConfig', '_data': {}}}" if method == "torchao" else "")
-        return f"{start} has no {error.args[0]!r} field, which {family.value}' config class needs; give it{example}."
+        return f"{start} has no {error.args[0]!r} field, which {family.name}' config class needs; give it{example}."
     if isinstance(error, ImportError):
         return f"{start} needs a library that is not installed ({error}); install it, or choose another method."
     detail = str(error).strip().rstrip(".") or type(error).__name__
-    return f"{start} is refused by {family.value}' own config class: {detail}. Fix that field."
+    return f"{start} is refused by {family.name}' own config class: {detail}. Fix that field."
 
 
-def _methods(family: Family) -> list[str]:
-    return sorted(str(method) for method in _quantizer_mapping(family))
+def _methods(family: ModelFamily) -> list[str]:
+    return sorted(str(method) for method in family.quantizer_mapping())
 
 
-def _quantizer_mapping(family: Family) -> Mapping[str, type]:
-    if family is Family.DIFFUSERS:
-        from diffusers.quantizers.auto import AUTO_QUANTIZER_MAPPING
-    else:
-        from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
-    return AUTO_QUANTIZER_MAPPING
-
-
-def _auto_config(family: Family):
-    if family is Family.DIFFUSERS:
-        from diffusers.quantizers.auto import DiffusersAutoQuantizer
-        return DiffusersAutoQuantizer  # diffusers' config-from-dict lives on its auto quantizer
-    from transformers.quantizers.auto import AutoQuantizationConfig
-    return AutoQuantizationConfig
-
-
-def _check_library(config: Any, name: str, family: Family) -> None:
+def _check_library(config: Any, name: str, family: ModelFamily) -> None:
     library = type(config).__module__.split(".")[0]
-    if isinstance(config, Mapping) or library == family.value:
+    if isinstance(config, Mapping) or library == family.name:
         return
     raise LoadError(
-        f"Component {name!r} is a {family.value} model but its quantization config is {library}' "
-        f"{type(config).__name__}; use {family.value}' own (e.g. {family.value}.BitsAndBytesConfig), as "
+        f"Component {name!r} is a {family.name} model but its quantization config is {library}' "
+        f"{type(config).__name__}; use {family.name}' own (e.g. {family.name}.BitsAndBytesConfig), as "
         "diffusers' PipelineQuantizationConfig(quant_mapping=...) requires."
     )
 
 
-def _auto_quantizer(family: Family):
-    if family is Family.DIFFUSERS:
-        from diffusers.quantizers.auto import DiffusersAutoQuantizer
-        return DiffusersAutoQuantizer
-    from transformers.quantizers.auto import AutoHfQuantizer
-    return AutoHfQuantizer
-
-
-def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name: str = ""):
+def owner_quantizer(quantization: ComponentQuantization, family: ModelFamily, *, name: str = ""):
     """The owner library's quantizer for `quantization`, its environment unchecked (planning for a GPU machine works
     on a laptop; the owner's own load checks it)."""
     try:
-        return _auto_quantizer(family).from_config(quantization.config, pre_quantized=quantization.pre_quantized)
+        return family.auto_quantizer().from_config(quantization.config, pre_quantized=quantization.pre_quantized)
     except ImportError as error:
         raise LoadError(
             f"Component {name!r}: quant_method={_method_named(_as_dict(quantization.config))!r} needs a library "
@@ -231,33 +207,9 @@ def owner_quantizer(quantization: ComponentQuantization, family: Family, *, name
         ) from None
 
 
-def compute_dtype(quantizer, family: Family, dtype: torch.dtype | None) -> torch.dtype | None:
-    """The dtype the quantizer loads the non-quantized tensors in (bitsandbytes' default when none is given)."""
-    if family is Family.DIFFUSERS:
-        return quantizer.update_torch_dtype(dtype)
-    return quantizer.update_dtype(dtype)
-
-
-def prepare_on_meta(module: nn.Module, quantizer, family: Family, *, dtype: torch.dtype | None,
-                    keep_in_fp32: list[str], checkpoint_files: list[str] | None = None) -> None:
-    """What the owner's `from_pretrained` does to the meta model before reading weights."""
-    if family is Family.DIFFUSERS:
-        quantizer.preprocess_model(model=module, device_map=None, keep_in_fp32_modules=keep_in_fp32)
-    else:
-        quantizer.preprocess_model(model=module, dtype=dtype, device_map=None, checkpoint_files=checkpoint_files)
-
-
-def quantized_parameter_names(module: nn.Module, quantizer, family: Family) -> list[str]:
+def quantized_parameter_names(module: nn.Module, quantizer, family: ModelFamily) -> list[str]:
     """The parameters the owner's quantizer quantizes when loading (its own test, asked per parameter)."""
-    names = []
-    for name, param in module.named_parameters():
-        if family is Family.DIFFUSERS:
-            needed = quantizer.check_if_quantized_param(module, param, name, {})
-        else:
-            needed = quantizer.param_needs_quantization(module, name)
-        if needed:
-            names.append(name)
-    return names
+    return [name for name, param in module.named_parameters() if family.quantizes(quantizer, module, name, param)]
 
 
 def materialize_on_meta(module: nn.Module, quantization: ComponentQuantization, names: list[str]) -> None:
@@ -317,7 +269,6 @@ def format_label(quantization: ComponentQuantization) -> str:
     return f"{quantization.method.value}"
 
 
-__all__ = ["ComponentQuantization", "QuantizationMethod", "component_quantization",
-           "compute_dtype", "folder_quantization", "format_label", "materialize_on_meta", "is_config_dict", "method_of",
-           "owner_config", "owner_quantizer", "prepare_on_meta", "quantized_parameter_names", "requested_names",
-           "requested_quantization"]
+__all__ = ["ComponentQuantization", "QuantizationMethod", "component_quantization", "folder_quantization",
+           "format_label", "materialize_on_meta", "is_config_dict", "method_of", "owner_config", "owner_quantizer",
+           "quantized_parameter_names", "requested_names", "requested_quantization"]

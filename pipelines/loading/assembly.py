@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from ..errors import FolderError, UntrustedClassError
-from ..folder.sources import Family, family_of
+from ..folder.families import family_of
 from ..folder.components import PipelineComponents, is_generic
 from ..folder.model_index import ComponentSpec, ModelIndex, resolve_class
 from ..hf.diffusers_pipeline import (
@@ -98,7 +98,7 @@ def _check_passed_modules(index: ModelIndex, passed: Mapping[str, Any], trust_re
         if value is None or isinstance(value, nn.Module) or spec is None or spec.is_absent:
             continue
         saved = _saved_class(spec, name, trust_remote_code)
-        if isinstance(saved, type) and family_of(saved) is not Family.NON_MODULE:
+        if isinstance(saved, type) and family_of(saved).is_module:
             raise FolderError(
                 f"from_pretrained({name}=...) got a {type(value).__name__}, but {name!r} is a model in this folder "
                 f"({spec.library}.{spec.class_name}); pass an nn.Module (e.g. {spec.class_name}.from_pretrained"

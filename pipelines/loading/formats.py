@@ -36,7 +36,8 @@ from ..checkpoint import find_weights
 from ..checkpoint.files import pickle_files_in
 from ..errors import LoadError
 from ..folder.components import module_dtype
-from ..folder.sources import ComponentSource, Family, family_of, weights_name_for
+from ..folder.families import DIFFUSERS, family_of, weights_name_for
+from ..folder.sources import ComponentSource
 from ..hf.owner_loading import OwnerLoad, load_without_device_map
 from ..hf.quantizers import (
     ComponentQuantization,
@@ -224,12 +225,12 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
                                 layerwise_casting: torch.dtype | None = None) -> MetaComponent:
     """Component `name` (a `cls`) as diffusers' `from_single_file(path, config=config_folder)` loads it, on meta;
     a GGUF file with diffusers' GGUF quantizer (its packed blocks kept, layers computing in `dtype`)."""
-    if family_of(cls) is not Family.DIFFUSERS:
+    if not family_of(cls).reads_single_files:
         raise LoadError(
             f"{path.name}: single-file checkpoints are read by diffusers for its own models; {cls.__name__} is not "
             "one. Load its folder instead."
         )
-    requested = requested_quantization(quantization_config, name, Family.DIFFUSERS)
+    requested = requested_quantization(quantization_config, name, DIFFUSERS)
     if is_gguf(path):
         if requested is not None:
             raise LoadError(f"{path.name} is quantized already (GGUF); leave quantization_config out for {name!r}.")
@@ -240,9 +241,9 @@ def build_single_file_component(name: str, cls: type, path: Path, config_folder:
         quantization = None if requested is None else ComponentQuantization(
             config=requested, pre_quantized=False, method=method_of(requested))
     module = build_on_meta(cls, path, config_folder, dtype=load_dtype, quantization=quantization)
-    owner = OwnerLoad(cls=cls, family=Family.DIFFUSERS, source=path, dtype=load_dtype, quantization=quantization,
+    owner = OwnerLoad(cls=cls, family=DIFFUSERS, source=path, dtype=load_dtype, quantization=quantization,
                       single_file_config=config_folder)
-    meta = MetaComponent(name=name, module=module, family=Family.DIFFUSERS, weights=None, dtype=dtype, load_dtypes={},
+    meta = MetaComponent(name=name, module=module, family=DIFFUSERS, weights=None, dtype=dtype, load_dtypes={},
                          keep_in_fp32=(), tied_weights={}, reader=WeightsReader.OWNER, owner=owner)
     return with_layerwise_casting(meta, layerwise_casting)
 
@@ -253,7 +254,7 @@ def single_file_sources(sources: Mapping[str, ComponentSource], path: Path | Non
         return set()
     checkpoint = meta_checkpoint(path)
     held = {name for name, source in sources.items()
-            if source.family is Family.DIFFUSERS and holds_component(source.cls, checkpoint, source.folder)}
+            if source.family.reads_single_files and holds_component(source.cls, checkpoint, source.folder)}
     if not held:
         models = {name: source.cls.__name__ for name, source in sources.items()}
         raise LoadError(

@@ -34,15 +34,14 @@ from ..checkpoint import (
     validate_weights,
 )
 from ..checkpoint.files import read_config_dict
-from ..folder.sources import ComponentSource, Family, weights_name_for
-from ..hf.owner_loading import OwnerLoad, construct, renames_explain, retie
+from ..folder.families import ModelFamily, family_of, weights_name_for
+from ..folder.sources import ComponentSource
+from ..hf.owner_loading import OwnerLoad, renames_explain
 from ..hf.quantizers import (
     ComponentQuantization,
     component_quantization,
-    compute_dtype as quantized_compute_dtype,
     materialize_on_meta,
     owner_quantizer,
-    prepare_on_meta,
     quantized_parameter_names,
 )
 from ..hf.single_file import largest_float_dtype
@@ -65,7 +64,7 @@ class MetaComponent:
 
     name: str
     module: nn.Module
-    family: Family
+    family: ModelFamily
     weights: WeightsIndex | None
     dtype: torch.dtype | None
     load_dtypes: Mapping[str, torch.dtype]
@@ -94,7 +93,7 @@ class MetaComponent:
         return "config.json only, no weights read: give torch_dtype to plan for the checkpoint's dtype"
 
 
-def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Path, family: Family,
+def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Path, family: ModelFamily,
                           dtype: torch.dtype | None, variant: str | None, weights: WeightsIndex | None,
                           quantization: ComponentQuantization | None) -> MetaComponent:
     """`module` prepared as its owner prepares it, each tensor in the dtype and form it will load in."""
@@ -105,10 +104,10 @@ def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Pa
         load_dtype = dtype
     if quantization is not None:
         quantizer = owner_quantizer(quantization, family, name=name)
-        load_dtype = quantized_compute_dtype(quantizer, family, load_dtype)
-        keep = sorted(kept_fp32_module_names(module, load_dtype)) if _quantizer_keeps_fp32(quantizer, family) else []
+        load_dtype = family.compute_dtype(quantizer, load_dtype)
+        keep = sorted(kept_fp32_module_names(module, load_dtype)) if family.keeps_fp32_under(quantizer) else []
         files = None if weights is None else [str(path) for path in weights.files]
-        prepare_on_meta(module, quantizer, family, dtype=load_dtype, keep_in_fp32=keep, checkpoint_files=files)
+        family.prepare_on_meta(module, quantizer, dtype=load_dtype, keep_in_fp32=keep, checkpoint_files=files)
         names = quantized_parameter_names(module, quantizer, family)
         cast_floating_meta(module, load_dtype, keep_in_fp32=keep)
         materialize_on_meta(module, quantization, names)
@@ -119,11 +118,6 @@ def build_owner_component(name: str, module: nn.Module, *, cls: type, folder: Pa
                       variant=variant)
     return MetaComponent(name=name, module=module, family=family, weights=weights, dtype=dtype, load_dtypes={},
                          keep_in_fp32=tuple(keep), tied_weights={}, reader=WeightsReader.OWNER, owner=owner)
-
-
-def _quantizer_keeps_fp32(quantizer, family: Family) -> bool:
-    """diffusers keeps `_keep_in_fp32_modules` under a quantizer only when the quantizer says so."""
-    return family is not Family.DIFFUSERS or bool(getattr(quantizer, "use_keep_in_fp32_modules", False))
 
 
 def checkpoint_float_dtype(weights: WeightsIndex | None, names: set[str] | None = None) -> torch.dtype | None:
@@ -260,17 +254,19 @@ __all__ = ["DIFFUSERS_SKIP_PATTERNS", "apply_casting", "casting_config", "cast_t
            "layerwise_label", "parse_layerwise_casting", "with_layerwise_casting"]
 
 
-def build_component(name: str, cls: type, folder: Path, *, family: Family, dtype: torch.dtype | None,
-                    variant: str | None, weights_required: bool, quantization_config: Any = None,
+def build_component(name: str, cls: type, folder: Path, *, dtype: torch.dtype | None, variant: str | None,
+                    weights_required: bool, family: ModelFamily | None = None, quantization_config: Any = None,
                     layerwise_casting: torch.dtype | None = None, limit: BuildLimit | None = None) -> MetaComponent:
     """`cls` built on meta from `folder` (config.json and safetensors headers only), each tensor in its load
-    dtype. Keys and shapes are checked for every component about to be loaded, and for our own models always.
-    A quantized component, or a transformers checkpoint whose keys are renamed on load, is read by its owner."""
+    dtype. Keys and shapes are checked for every component about to be loaded (and always where its family says).
+    A quantized component, or a checkpoint whose keys its owner renames on load, is read by its owner. `family`:
+    the class's own (`family_of(cls)`) unless the caller resolved it already."""
+    family = family or family_of(cls)
     quantization = component_quantization(quantization_config, name, family, folder)
     bits = fewest_bits(dtype, quantized=quantization is not None, layerwise=layerwise_casting is not None)
     with init_empty_weights(), _no_init_of_meta_tensors(), _within(name, folder, limit, bits=bits):
-        module = construct(cls, folder, family)
-    retie(module, family)  # init_empty_weights() breaks the constructor's ties
+        module = family.construct(cls, folder)
+    family.retie(module)  # init_empty_weights() breaks the constructor's ties
     module.eval()
     weights = _find_weights(cls, folder, variant=variant, required=weights_required)
     if quantization is not None or _renamed_on_load(module, family, weights):
@@ -293,7 +289,7 @@ def _within(name: str, folder: Path, limit: BuildLimit | None, *, bits: int) -> 
         yield
 
 
-def _build_streamed(name: str, module: nn.Module, family: Family, weights: WeightsIndex | None, *,
+def _build_streamed(name: str, module: nn.Module, family: ModelFamily, weights: WeightsIndex | None, *,
                     dtype: torch.dtype | None, weights_required: bool) -> MetaComponent:
     keep = tuple(sorted(kept_fp32_module_names(module, dtype)))
     ties: dict[str, str] = {}
@@ -301,7 +297,7 @@ def _build_streamed(name: str, module: nn.Module, family: Family, weights: Weigh
     if weights is not None:
         tensors = dict(module.state_dict(keep_vars=True))  # one walk of the module for every check below
         ties = _tied_weights(module, family, weights, tensors)
-        if weights_required or family is Family.OWN:
+        if weights_required or family.checks_every_checkpoint:
             validate_weights(module, weights, tied_weights=ties, model_tensors=tensors)
         dtypes = load_dtypes(weights, dtype, keep)
         _cast_meta(module, weights, dtypes, tensors, dtype=dtype, keep_in_fp32=keep)
@@ -310,9 +306,9 @@ def _build_streamed(name: str, module: nn.Module, family: Family, weights: Weigh
                          keep_in_fp32=keep, tied_weights=ties, reader=WeightsReader.STREAM)
 
 
-def _renamed_on_load(module: nn.Module, family: Family, weights: WeightsIndex | None) -> bool:
+def _renamed_on_load(module: nn.Module, family: ModelFamily, weights: WeightsIndex | None) -> bool:
     """A transformers checkpoint saved under its original key names, which transformers renames when loading."""
-    if family is not Family.TRANSFORMERS or weights is None:
+    if not family.renames_checkpoint_keys or weights is None:
         return False
     tensors = module.state_dict(keep_vars=True)
     if set(tensors) <= set(weights.tensors):
@@ -367,7 +363,7 @@ def _find_weights(cls: type, folder: Path, *, variant: str | None, required: boo
         return None
 
 
-def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
+def _tied_weights(module: nn.Module, family: ModelFamily, weights: WeightsIndex,
                   tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """{tied name: source name} for every parameter shared under several names whose checkpoint stores only one
     (T5's `encoder.embed_tokens.weight` -> `shared.weight`); our models' declared `_tied_weights_keys` as well."""
@@ -379,8 +375,7 @@ def _tied_weights(module: nn.Module, family: Family, weights: WeightsIndex,
     for names in names_of.values():
         sources = [name for name in names if name in weights.tensors]
         ties.update({name: sources[0] for name in names if sources and name not in weights.tensors})
-    if family is Family.OWN:
-        ties.update(type(module)._tied_weights_keys or {})
+    ties.update(family.declared_ties(module))
     return ties
 
 

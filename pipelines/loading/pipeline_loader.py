@@ -30,7 +30,8 @@ from ..checkpoint.streaming import load_progress
 from ..errors import MissingComponentsError, PipelineLoadError
 from ..folder.components import PipelineComponents, module_dtype, record_origins, remember_origins, with_undo_calls
 from ..folder.model_index import ModelIndex, read_snapshot
-from ..folder.sources import ComponentSource, component_sources, load_non_module, weights_name_for
+from ..folder.families import weights_name_for
+from ..folder.sources import ComponentSource, component_sources, load_non_module
 from ..hf.adapters import check_adapter_loads, follow_adapters
 from ..hf.diffusers_pipeline import attach_reset
 from ..hf.loading_keywords import check_no_keywords_left

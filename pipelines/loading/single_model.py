@@ -17,7 +17,7 @@ from placement.plan_schema import Plan
 
 from ..checkpoint.files import CLASS_NAME_KEY, CONFIG_NAME, read_config_dict
 from ..errors import LoadError
-from ..folder.sources import Family, HubOptions, family_of, foreign_model_folder, model_folder_class
+from ..folder.sources import HubOptions, foreign_model_folder, model_folder_class
 from ..hf.loading_keywords import check_no_keywords_left, with_hub_keywords
 from ..hf.owner_saving import save_atomically
 from ..hf.quiet import hf_libraries, quiet
@@ -101,7 +101,7 @@ def _build(pretrained, *, device_map, torch_dtype, config, subfolder, hub, weigh
         return request, meta
     cls = model_folder_class(request.folder)
     name = cls.__name__
-    meta = build_component(name, cls, request.folder, family=family_of(cls), dtype=request.dtypes.for_component(name),
+    meta = build_component(name, cls, request.folder, dtype=request.dtypes.for_component(name),
                            variant=request.options.variant, weights_required=weights_required,
                            quantization_config=request.options.quantization_config, layerwise_casting=storage,
                            limit=BuildLimit.of(request.options.max_memory, request.options.offload_folder,
@@ -184,7 +184,7 @@ def _build_own(cls: type, request: LoadRequest, *, weights_required: bool) -> Me
         )
     request.dtypes.check_names([name], of=f"model (a {name})")
     _warn_on_other_class(cls, request.folder)
-    return build_component(name, cls, request.folder, family=Family.OWN, dtype=request.dtypes.for_component(name),
+    return build_component(name, cls, request.folder, dtype=request.dtypes.for_component(name),
                            variant=request.options.variant, weights_required=weights_required)
 
 

@@ -19,9 +19,8 @@ from placement.errors import PlacementError
 from placement.plan_schema import Plan, VerdictKind
 from placement.sizes import format_bytes
 
-from ..folder.sources import Family
 from ..hf.quantizers import (
-    ComponentQuantization, QuantizationMethod, materialize_on_meta, owner_quantizer, prepare_on_meta,
+    ComponentQuantization, QuantizationMethod, materialize_on_meta, owner_quantizer,
     quantized_parameter_names,
 )
 from .meta import MetaComponent, cast_floating_meta, cast_tensor_names, casting_config, compute_dtype
@@ -115,10 +114,10 @@ def candidates(metas: Mapping[str, MetaComponent]) -> list[Candidate]:
                                build=lambda meta=meta: _layerwise_copy(meta)))
         if not any(isinstance(layer, nn.Linear) for layer in meta.module.modules()):
             continue  # the quantizers replace Linear layers only (a VAE's convolutions stay as they are)
-        if meta.family is not Family.OWN and importlib.util.find_spec("torchao") is not None:
+        if meta.family.quantizable and importlib.util.find_spec("torchao") is not None:
             found.append(Candidate(component=meta.name, label="int8 weight-only (torchao)",
                                    build=lambda meta=meta: _quantized_copy(meta, _torchao_int8(meta))))
-        if meta.family is not Family.OWN and importlib.util.find_spec("bitsandbytes") is not None:
+        if meta.family.quantizable and importlib.util.find_spec("bitsandbytes") is not None:
             found.append(Candidate(component=meta.name, label="nf4 (bitsandbytes)",
                                    build=lambda meta=meta: _quantized_copy(meta, _nf4(meta))))
     return found
@@ -141,24 +140,21 @@ def _layerwise_copy(meta: MetaComponent) -> nn.Module:
 def _quantized_copy(meta: MetaComponent, quantization: ComponentQuantization) -> nn.Module:
     module = copy.deepcopy(meta.module)
     quantizer = owner_quantizer(quantization, meta.family, name=meta.name)
-    prepare_on_meta(module, quantizer, meta.family, dtype=compute_dtype(meta), keep_in_fp32=list(meta.keep_in_fp32))
+    meta.family.prepare_on_meta(module, quantizer, dtype=compute_dtype(meta), keep_in_fp32=list(meta.keep_in_fp32),
+                                checkpoint_files=None)
     materialize_on_meta(module, quantization, quantized_parameter_names(module, quantizer, meta.family))
     return module
 
 
-def _library(meta: MetaComponent):
-    return importlib.import_module("diffusers" if meta.family is Family.DIFFUSERS else "transformers")
-
-
 def _nf4(meta: MetaComponent) -> ComponentQuantization:
-    config = _library(meta).BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    config = meta.family.library().BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                bnb_4bit_compute_dtype=compute_dtype(meta))
     return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.BITSANDBYTES_4BIT)
 
 
 def _torchao_int8(meta: MetaComponent) -> ComponentQuantization:
     from torchao.quantization import Int8WeightOnlyConfig
-    config = _library(meta).TorchAoConfig(Int8WeightOnlyConfig())
+    config = meta.family.library().TorchAoConfig(Int8WeightOnlyConfig())
     return ComponentQuantization(config=config, pre_quantized=False, method=QuantizationMethod.TORCHAO)
 
 

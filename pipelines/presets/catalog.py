@@ -5,6 +5,8 @@
   built on meta; there is nothing to run.
 - `tiny-flux`: diffusers' FluxPipeline with the same classes as `flux` (CLIPTextModel, T5EncoderModel,
   FluxTransformer2DModel, AutoencoderKL) at tiny configs and random weights seeded with 0, saved: runs on the CPU.
+- `tiny-sd15`: diffusers' StableDiffusionPipeline with the classes of `sd15` (CLIPTextModel, UNet2DConditionModel,
+  AutoencoderKL) at diffusers' own test sizes, random weights seeded with 0: the runnable UNet example.
 
 A preset's folder is written once, into `$PLACEMENT_CACHE_DIR/presets`, else `$XDG_CACHE_HOME/pipeline-placement/
 presets`, else `~/.cache/pipeline-placement/presets` (never the working directory), under a name that holds a
@@ -21,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import LoadError
+from ..hf.quiet import HF_LIBRARIES, quiet
 from . import real_folders
 
 # CLI name: the family in data/ (real_pipelines.json, extra_pipelines.json).
@@ -46,7 +49,23 @@ TINY_FLUX = {
         "latent_channels": 4, "norm_num_groups": 2, "sample_size": 32, "use_quant_conv": False,
         "use_post_quant_conv": False, "shift_factor": 0.1159, "scaling_factor": 0.3611}),
 }
-TINY_PRESETS = {"tiny-flux": ("FluxPipeline", TINY_FLUX)}
+# Stable Diffusion 1.5's layout (the UNet example) at the sizes diffusers' own StableDiffusionPipeline tests use
+# (get_dummy_components), with sd15's published VAE scaling factor.
+TINY_SD15 = {
+    "text_encoder": ("transformers", "CLIPTextModel", {
+        "hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "num_hidden_layers": 5,
+        "vocab_size": 1000, "max_position_embeddings": real_folders.CLIP_LENGTH, "bos_token_id": 0,
+        "eos_token_id": 1, "pad_token_id": 1, "layer_norm_eps": 1e-05}),
+    "unet": ("diffusers", "UNet2DConditionModel", {
+        "block_out_channels": [4, 8], "layers_per_block": 1, "sample_size": 32, "in_channels": 4,
+        "out_channels": 4, "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+        "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "cross_attention_dim": 32, "norm_num_groups": 2}),
+    "vae": ("diffusers", "AutoencoderKL", {
+        "in_channels": 3, "out_channels": 3, "block_out_channels": [4, 8], "layers_per_block": 1,
+        "down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 2,
+        "latent_channels": 4, "norm_num_groups": 2, "sample_size": 64, "scaling_factor": 0.18215}),
+}
+TINY_PRESETS = {"tiny-flux": ("FluxPipeline", TINY_FLUX), "tiny-sd15": ("StableDiffusionPipeline", TINY_SD15)}
 FOLDER_PRESETS = (*TINY_PRESETS, *REAL_PRESETS)
 SEED = 0
 
@@ -69,7 +88,8 @@ def preset_folder(name: str) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     draft = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=home))
     try:
-        _write(draft, name, pipeline_class, modules)
+        with quiet(preload=HF_LIBRARIES):  # their "Writing model shards" bars: the folder is the library's business
+            _write(draft, name, pipeline_class, modules)
         draft.rename(folder)
     except OSError:
         if not (folder / "model_index.json").is_file():  # not a twin process that renamed its copy first

@@ -139,7 +139,7 @@ def _hub_checked(tmp: Path, target: str):
 
 def _laptop_plan(tmp: Path):
     with _a_16_gib_laptop(tmp):
-        return cli("plan", "flux-like")(tmp)
+        return cli("plan", "flux")(tmp)
 
 
 CASES = [
@@ -186,7 +186,7 @@ CASES = [
          harm=lambda tmp: (tmp / "hub-asked").exists()),
     Case(name="cli: plan --json into a folder", run=cli("plan", "tiny-flux", "--json", "{tmp}"),
          error=CLI, words=("--json", "is a folder; name a file")),
-    Case(name="cli: plan flux-like on a machine without a GPU", run=lambda tmp: _laptop_plan(tmp),
+    Case(name="cli: plan flux on a machine without a GPU", run=lambda tmp: _laptop_plan(tmp),
          error=CLI, words=("Likeliest fixes first: (1)", "--dtype bf16 --max-memory 2x24GiB,cpu=64GiB",
                            "(2) Its weights must go to disk")),
     Case(name="cli: --version", run=cli("--version"), error=None),

@@ -14,7 +14,7 @@ from pipelines.cli.targets import resolve_budgets_arg
 from placement import Plan
 from placement.sizes import GiB, parse_size
 
-from pipeline_fixtures import save_preset
+from pipelines.presets.catalog import preset_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
@@ -39,18 +39,20 @@ def test_demo_writes_the_image_and_prints_both_plans(tmp_path, monkeypatch, caps
 
 def test_plan_of_a_preset_prints_the_table_and_writes_json(tmp_path, capsys):
     target = tmp_path / "out" / "plan.json"
-    code = main(["plan", "flux-like", "--max-memory", "0=24GiB,1=24GiB", "--dtype", "bf16", "--json", str(target)])
+    code = main(["plan", "flux", "--max-memory", "0=24GiB,1=24GiB", "--dtype", "bf16", "--json", str(target)])
     assert code == 0
     out = capsys.readouterr().out
-    assert "Placement plan" in out and "denoiser" in out and "GPU 1" in out
+    assert "Placement plan" in out and "transformer" in out and "GPU 1" in out
+    assert out.startswith("Preset flux: diffusers' FluxPipeline (text_encoder CLIPTextModel, text_encoder_2 "
+                          "T5EncoderModel, transformer FluxTransformer2DModel, vae AutoencoderKL)")
     plan = Plan.from_json(target.read_text())
-    assert list(plan.components) == ["text_encoder", "text_encoder_2", "denoiser", "vae"]
+    assert list(plan.components) == ["text_encoder", "text_encoder_2", "transformer", "vae"]
     assert {d for c in plan.components.values() for d in c.devices} == {0, 1}  # 31 GiB spread over two 24 GiB
     assert not plan.activations_accounted
 
 
 def test_plan_of_a_folder_with_a_call_accounts_for_activations(tmp_path, capsys):
-    folder, _ = save_preset(tmp_path / "tiny-dit")
+    folder = preset_folder("tiny-flux")
     target = tmp_path / "plan.json"
     code = main(["plan", str(folder), "--max-memory", "0=8GiB,1=8GiB", "--strategy", "sequential",
                  "--height", "64", "--width", "64", "--batch-size", "2", "--json", str(target)])
@@ -62,11 +64,11 @@ def test_plan_of_a_folder_with_a_call_accounts_for_activations(tmp_path, capsys)
 
 
 def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, capsys):
-    assert main(["plan", "tiny-dit", "--max-memory", "0=24Gx"]) == 2
+    assert main(["plan", "tiny-flux", "--max-memory", "0=24Gx"]) == 2
     err = capsys.readouterr().err
     assert "--max-memory 0=24Gx: Invalid memory size '24Gx'" in err and "Traceback" not in err
     with pytest.raises(SystemExit) as refused:  # refused while parsing the arguments: before any plan
-        main(["plan", "tiny-dit", "--strategy", "fastest", "--max-memory", "0=1GiB"])
+        main(["plan", "tiny-flux", "--strategy", "fastest", "--max-memory", "0=1GiB"])
     assert refused.value.code == 2 and "unknown strategy 'fastest'" in capsys.readouterr().err
 
     def offline(*args, **kwargs):
@@ -74,15 +76,15 @@ def test_bad_arguments_are_reported_without_a_traceback(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     assert main(["plan", "someone/no-such-pipeline"]) == 2
-    assert ("not a preset (tiny-unet, tiny-dit, sdxl-like, flux-like, tiny-flux, flux, sd15, sdxl, sd3-medium, "
+    assert ("not a preset (tiny-flux, tiny-sd15, flux, sd15, sdxl, sd3-medium, "
             "sd35-large, wan2.1-t2v-14b)") in capsys.readouterr().err
-    assert main(["plan", "tiny-dat2"]) == 2  # two edits from a preset: tried as a Hub id, then the closest preset
+    assert main(["plan", "tiny-flax2"]) == 2  # two edits from a preset: tried as a Hub id, then the closest preset
     err = capsys.readouterr().err
-    assert "did you mean 'tiny-dit'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
-    for typo in ("tiny-dtt", "tiny_dit", "Tiny-DiT", "flux-lik"):  # one edit: said at once, the Hub never asked
+    assert "did you mean 'tiny-flux'?" in err and "looked for" in err and "LocalEntryNotFoundError: offline" in err
+    for typo in ("tiny-flx", "tiny_flux", "Tiny-Flux", "tiny-sd1"):  # one edit: said at once, the Hub never asked
         assert main(["plan", typo]) == 2
         err = capsys.readouterr().err
-        # one short line: the message, the guess and the 11 presets' names
+        # one short line: the message, the guess and the presets' names
         assert f"{typo!r} is not a preset; did you mean" in err and "Hub did not" not in err and len(err) < 300
 
 
@@ -114,22 +116,21 @@ def test_help_works_and_the_console_script_is_this_main(capsys):
         assert exit_info.value.code == 0 and all(word in out for word in expected)
 
 
-def test_layerwise_casting_on_a_preset_gives_the_commands_that_make_and_plan_its_folder(tmp_path, monkeypatch,
-                                                                                        capsys):
-    """The hint names commands the user can run here (no folder `placement demo` deleted): they work as printed."""
-    import re
-    import shlex
+def test_an_old_preset_name_gets_one_line_naming_its_replacement(capsys):
+    """The presets of the library's own models are retired with them: each old name names the diffusers preset
+    that replaces it, before torch loads, for every command that takes a TARGET."""
+    for old, new in (("tiny-dit", "tiny-flux"), ("tiny-unet", "tiny-sd15"), ("flux-like", "flux"),
+                     ("sdxl-like", "sdxl")):
+        for command in (["plan", old], ["inspect", old], ["run", old, "--prompts", "p.txt", "--out", "o"]):
+            assert main(command) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"The {old} preset (this library's own models) is retired: use {new}," in err
 
-    monkeypatch.chdir(tmp_path)
-    assert main(["plan", "tiny-dit", "--layerwise-casting", "denoiser=fp8"]) == 2
-    said = capsys.readouterr().err
-    save, plan = re.search(r"Save it into a folder here first: (python -c \".*\") \(writes ./tiny-dit, .* of random "
-                           r"weights\), then plan that folder: (placement plan .*) \(with your other flags\)", said).groups()
-    assert "placement demo" not in said
-    exec(shlex.split(save)[2])  # what `python -c` would run, here
-    assert main(shlex.split(plan)[1:] + ["--max-memory", "cpu=1GiB"]) == 0
+
+def test_layerwise_casting_on_a_preset_plans_its_folder(capsys):
+    """A preset is a folder of diffusers classes, so --layerwise-casting plans its load as for any folder."""
+    assert main(["plan", "tiny-flux", "--layerwise-casting", "transformer=fp8", "--max-memory", "cpu=1GiB"]) == 0
     assert "layerwise float8_e4m3fn" in capsys.readouterr().out
-
-    assert main(["plan", "flux-like", "--layerwise-casting", "transformer=fp8"]) == 2  # a name the preset lacks
-    assert "names 'transformer', which the flux-like preset does not have; its components are text_encoder, " \
-           "text_encoder_2, denoiser, vae." in capsys.readouterr().err
+    assert main(["plan", "flux", "--layerwise-casting", "denoiser=fp8"]) == 2  # a name the preset lacks
+    assert "layerwise_casting names ['denoiser'], which are not module components of this pipeline; its module " \
+           "components are ['text_encoder', 'text_encoder_2', 'transformer', 'vae']" in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_calibrate_saves_the_profile_and_plan_names_it(cache, capsys):
     data = json.loads(saved.read_text())
     assert data["version"] == 1 and data["host"]["conv_flops"]["float32"] > 0 and data["gpus"] == []
 
-    assert main(["plan", "tiny-dit", "--max-memory", "cpu=8GiB", *CALL]) == 0
+    assert main(["plan", "tiny-flux", "--max-memory", "cpu=8GiB", *CALL]) == 0
     predicted = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Predicted: about"))
     assert "CPU and disk: profile: measured on this machine" in predicted and str(saved) in predicted
 
@@ -48,7 +48,7 @@ def test_bad_input_is_one_line_without_a_traceback(cache, tmp_path, capsys):
     assert "--disk-folder" in err and "is a file, not a folder" in err and "Traceback" not in err
     cache.mkdir(parents=True)
     (cache / "machine-profile.json").write_text("{")
-    assert main(["plan", "tiny-dit", "--max-memory", "cpu=8GiB"]) == 2
+    assert main(["plan", "tiny-flux", "--max-memory", "cpu=8GiB"]) == 2
     err = capsys.readouterr().err
     assert "machine-profile.json cannot be read" in err and "placement calibrate" in err and "Traceback" not in err
 
@@ -57,11 +57,11 @@ def test_run_logs_measured_against_predicted_per_component(cache, tmp_path, caps
     monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cube\na blue sphere\n")
-    code = main(["run", "tiny-dit", "--prompts", str(prompts), "--out", str(tmp_path / "images"),
+    code = main(["run", "tiny-flux", "--prompts", str(prompts), "--out", str(tmp_path / "images"),
                  "--max-memory", "0=2GiB,1=2GiB,cpu=4GiB", *CALL])
     out = capsys.readouterr().out
     assert code == 0
     assert "Measured vs predicted per component, call 2 of the calls timed:" in out  # two images: two calls
-    for name in ("text_encoder", "denoiser", "vae"):
+    for name in ("text_encoder", "text_encoder_2", "transformer", "vae"):
         assert any(line.strip().startswith(f"{name} ") and "measured" in line and "predicted" in line
                    for line in out.splitlines())

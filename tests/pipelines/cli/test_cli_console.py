@@ -32,7 +32,7 @@ import sys
 from pipelines.cli import main
 results = []
 for argv in (["--help"], ["plan", "--help"], ["inspect", "--help"], ["demo", "--help"], ["plan"],
-             ["plan", "tiny-dit", "--max-memory", "24GiB"], ["plan", "tiny-dit", "--dtype", "fp7"], ["bogus"]):
+             ["plan", "tiny-flux", "--max-memory", "24GiB"], ["plan", "tiny-flux", "--dtype", "fp7"], ["bogus"]):
     try:
         code = main(argv)
     except SystemExit as exit:
@@ -57,8 +57,8 @@ import sys
 from pipelines.cli import main
 results = []
 for argv in (["plan", "/no/such/folder"], ["run", "/no/such", "--prompts", "p.txt", "--out", "o"],
-             ["inspect", "/no/such"], ["plan", "tiny_dit"], ["plan", "./no-such", "--svg", "{tmp_path}"],
-             ["run", "tiny-dit", "--prompts", "p.txt", "--out", "{out_file}"]):
+             ["inspect", "/no/such"], ["plan", "tiny_flux"], ["plan", "./no-such", "--svg", "{tmp_path}"],
+             ["run", "tiny-flux", "--prompts", "p.txt", "--out", "{out_file}"]):
     results.append(main(argv))
 print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
 """
@@ -70,7 +70,7 @@ print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
                          f"{str(Path(target).resolve())!r}). Check the path; a Hub id is written owner/name."
                          for command, target in (("plan", "/no/such/folder"), ("run", "/no/such"),
                                                  ("inspect", "/no/such"))]
-    assert lines[3].startswith("placement plan: error: 'tiny_dit' is not a preset; did you mean 'tiny-dit'?")
+    assert lines[3].startswith("placement plan: error: 'tiny_flux' is not a preset; did you mean 'tiny-flux'?")
     assert lines[4] == f"placement plan: error: --svg {str(tmp_path)!r} is a folder; name a file in it, e.g. " \
                        f"{str(tmp_path / 'plan.svg')!r}."
     assert lines[5] == f"placement run: error: --out {str(out_file)!r} is a file, not a folder; name a folder (it " \
@@ -79,16 +79,17 @@ print("RESULT", results, "torch" in sys.modules, "placement" in sys.modules)
 
 
 def test_the_no_accelerator_warning_is_printed_once_in_flag_names():
-    done = placement_command("plan", "tiny-dit", "--max-memory", "cpu=8GiB")
+    done = placement_command("plan", "tiny-flux", "--max-memory", "cpu=8GiB")
     both = done.stdout + done.stderr
     assert done.returncode == 0, both
     assert both.count("No accelerator to plan for") == 1
     assert "--max-memory 0=24GiB,..." in both and "max_memory={" not in both
-    assert done.stdout.startswith("Verdict: runs on the CPU only")
+    preset, verdict = done.stdout.splitlines()[:2]  # which classes the preset stands for, then the verdict
+    assert preset.startswith("Preset tiny-flux: ") and verdict.startswith("Verdict: runs on the CPU only")
 
 
 def test_a_device_named_twice_is_refused_without_a_traceback():
-    done = placement_command("plan", "tiny-dit", "--max-memory", "0=1GiB,cuda:0=2GiB")
+    done = placement_command("plan", "tiny-flux", "--max-memory", "0=1GiB,cuda:0=2GiB")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--max-memory 0=1GiB,cuda:0=2GiB names GPU 0 twice ('0' and 'cuda:0'); keep one." in done.stderr
 
@@ -97,6 +98,6 @@ def test_a_device_named_twice_is_refused_without_a_traceback():
 def test_errors_name_flags_not_keyword_arguments(capsys):
     from pipelines.cli import main
 
-    assert main(["plan", "sdxl-like", "--max-memory", "0=1GiB,cpu=2GiB"]) == 2
+    assert main(["plan", "sdxl", "--max-memory", "0=1GiB,cpu=2GiB"]) == 2
     err = capsys.readouterr().err
     assert "--offload-folder DIR" in err and "offload_folder" not in err and "a larger --max-memory" in err

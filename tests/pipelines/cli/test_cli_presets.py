@@ -109,6 +109,34 @@ def test_tiny_flux_placed_on_two_virtual_gpus_makes_diffusers_own_cpu_image(tmp_
     assert placed.std() > 0  # an image, not a blank
 
 
+def test_tiny_sd15_the_unet_example_placed_on_two_virtual_gpus_makes_diffusers_own_cpu_image(monkeypatch):
+    """The runnable UNet preset: StableDiffusionPipeline's classes at diffusers' own test sizes, its UNet split
+    between two strict virtual GPUs (its up blocks on the other GPU), against diffusers' own CPU run."""
+    import diffusers
+    import torch
+
+    import pipelines
+
+    folder = catalog.preset_folder("tiny-sd15")
+    assert json.loads((folder / "model_index.json").read_text())["unet"] == ["diffusers", "UNet2DConditionModel"]
+    call = {"height": 64, "width": 64, "num_inference_steps": 2, "output_type": "np"}
+    reference_pipe = diffusers.StableDiffusionPipeline.from_pretrained(folder)
+    reference_pipe.set_progress_bar_config(disable=True)
+    expected = reference_pipe("a lighthouse", generator=torch.Generator("cpu").manual_seed(0), **call).images
+    split = {"text_encoder": 0, "unet": {"conv_in": 0, "time_proj": 0, "time_embedding": 0, "down_blocks": 0,
+                                         "mid_block": 0, "up_blocks": 1, "conv_norm_out": 1, "conv_act": 1,
+                                         "conv_out": 1}, "vae": 1}
+    monkeypatch.setenv("PLACEMENT_VIRTUAL_ACCELERATORS", "2")
+    pipe = pipelines.Pipeline.from_pretrained(folder, device_map=split, progress=False)
+    assert type(pipe) is diffusers.StableDiffusionPipeline
+    assert pipe.hf_device_map["unet.up_blocks"] == 1 and pipe.hf_device_map["unet.down_blocks"] == 0
+    pipe.set_progress_bar_config(disable=True)
+    placed = pipe("a lighthouse", generator=torch.Generator("cpu").manual_seed(0), **call).images
+    # float32 on both sides, the same kernels on the CPU: equal to float32 rounding (tests/same_output.py)
+    assert placed.shape == expected.shape == (1, 64, 64, 3)
+    np.testing.assert_allclose(placed, expected, atol=1e-5)
+
+
 def test_tiny_flux_weights_are_seeded_and_leave_the_callers_rng_alone():
     import torch
 
@@ -141,5 +169,5 @@ def test_an_unknown_preset_names_the_presets():
     from pipelines.errors import LoadError
 
     with pytest.raises(LoadError, match="Unknown preset 'flux2'; the presets built from diffusers classes are "
-                                        "tiny-flux, flux, sd15"):
+                                        "tiny-flux, tiny-sd15, flux, sd15"):
         catalog.preset_folder("flux2")

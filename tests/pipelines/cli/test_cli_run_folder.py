@@ -16,7 +16,6 @@ import pytest
 
 import pipelines.cli.advice
 import pipelines.distributed
-from pipelines import TextToImagePipeline
 from pipelines.cli import main
 from pipelines.distributed.images import LOCK_NAME, RunFolder, run_lock, write_atomically
 
@@ -29,8 +28,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("run") / "tiny-dit"
-    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
+    import shutil
+
+    from pipelines.presets.catalog import preset_folder
+
+    folder = tmp_path_factory.mktemp("run") / "tiny-flux"
+    shutil.copytree(preset_folder("tiny-flux"), folder)  # the preset's folder (seed 0), the test's own copy
     return folder
 
 

@@ -81,7 +81,7 @@ def test_a_full_disk_midway_keeps_the_previous_output_file_and_names_it(tmp_path
     """`placement plan --json plan.json` on a full disk destroyed the previous plan.json, left a cut file and named
     no path: every file the CLI writes goes through a temporary sibling renamed into place."""
     target = tmp_path / "outputs" / "plan.out"
-    command = ["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", flag, str(target)]
+    command = ["plan", "tiny-flux", "--max-memory", "2x1GiB,cpu=2GiB", flag, str(target)]
     assert cli.main(command) == 0
     before = target.read_bytes()
     real_fdopen = os.fdopen
@@ -99,5 +99,5 @@ def test_an_output_path_that_is_a_link_writes_the_file_it_names(tmp_path, capsys
     real.parent.mkdir()
     real.write_text("old")
     (tmp_path / "plan.json").symlink_to(real)
-    assert cli.main(["plan", "tiny-dit", "--max-memory", "2x1GiB,cpu=2GiB", "--json", str(tmp_path / "plan.json")]) == 0
+    assert cli.main(["plan", "tiny-flux", "--max-memory", "2x1GiB,cpu=2GiB", "--json", str(tmp_path / "plan.json")]) == 0
     assert (tmp_path / "plan.json").is_symlink() and json.loads(real.read_text())["schema_version"]

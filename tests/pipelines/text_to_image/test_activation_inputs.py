@@ -268,7 +268,9 @@ def test_placement_plan_cli_plans_for_images_per_prompt_and_guidance(tmp_path, c
     from placement import Plan
 
     target = tmp_path / "plan.json"
-    code = main(["plan", "tiny-dit", "--max-memory", "0=1GiB,1=1GiB", "--height", "64", "--width", "64",
+    folder = tmp_path / "tiny-dit"  # the CLI's presets are diffusers' folders: this one is saved and planned as a folder
+    TextToImagePipeline.from_preset("tiny-dit", seed=0).save_pretrained(folder)
+    code = main(["plan", str(folder), "--max-memory", "0=1GiB,1=1GiB", "--height", "64", "--width", "64",
                  "--batch-size", "2", "--num-images-per-prompt", "3", "--guidance-scale", "1", "--json", str(target)])
     assert code == 0
     out = capsys.readouterr().out
