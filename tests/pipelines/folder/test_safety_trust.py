@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from pipeline_fixtures import Encoder, EncoderConfig, TinyUserPipeline, tiny_user_pipeline
+from own_fixtures import Encoder, EncoderConfig, TinyUserPipeline, tiny_user_pipeline
 
 import pipelines
 from pipelines import Pipeline

@@ -14,7 +14,7 @@ from pipelines.checkpoint import CheckpointSaveError
 from pipelines.errors import FolderError
 from pipelines.text_to_image.schedulers import FlowMatchEulerScheduler
 
-from pipeline_fixtures import USER_IDS, Decoder, DecoderConfig, TinyUserPipeline, tiny_user_pipeline
+from own_fixtures import USER_IDS, Decoder, DecoderConfig, TinyUserPipeline, tiny_user_pipeline
 from same_output import assert_same_output
 
 
@@ -92,7 +92,7 @@ def test_user_pipeline_round_trip_without_device_map(tmp_path):
     pipe.save_pretrained(tmp_path / "user")
     index = json.loads((tmp_path / "user" / "model_index.json").read_text())
     assert index["_class_name"] == "TinyUserPipeline"
-    assert index["encoder"] == ["pipeline_fixtures", "Encoder"]
+    assert index["encoder"] == ["own_fixtures", "Encoder"]
     assert index["scheduler"] == ["pipelines", "FlowMatchEulerScheduler"]
     assert index["_model_graph"] == [["encoder", "denoiser"], ["denoiser", "decoder"]]
 
@@ -158,7 +158,7 @@ def test_required_component_absent_from_the_index_is_an_error(tmp_path):
     [
         (["pipelines", "NoSuchModel"], "not part of the 'pipelines' library"),
         (["no_such_library_xyz", "Decoder"], "module 'no_such_library_xyz'.*trust_remote_code=True"),
-        (["pipeline_fixtures", "NoSuchClass"], "class 'NoSuchClass' in module 'pipeline_fixtures'.*register_class"),
+        (["own_fixtures", "NoSuchClass"], "class 'NoSuchClass' in module 'own_fixtures'.*register_class"),
         (["pipelines", "Decoder", "extra"], r"expected \[library, ClassName\]"),
     ],
 )
@@ -196,7 +196,7 @@ def test_a_passed_non_module_where_the_folder_holds_a_model_is_an_error(tmp_path
     tiny_user_pipeline().save_pretrained(tmp_path / "user")
     for cls in (TinyUserPipeline, Pipeline):
         with pytest.raises(FolderError, match=r"decoder=\.\.\.\) got a str, but 'decoder' is a model "
-                                                         r"in this folder \(pipeline_fixtures.Decoder\)"):
+                                                         r"in this folder \(own_fixtures.Decoder\)"):
             cls.from_pretrained(tmp_path / "user", decoder="decoder/")
     other = nn.Linear(8, 3)
     assert TinyUserPipeline.from_pretrained(tmp_path / "user", decoder=other).decoder is other
