@@ -374,6 +374,8 @@ def place_pipeline(pipe: Any, plan: Plan, metas: Mapping[str, MetaComponent], pa
 def _read_up_to(bar, done: str, plan: Plan, metas: Mapping[str, MetaComponent]) -> None:
     """The bar at the planned bytes of every component read so far: the plan counts buffers no checkpoint holds
     (CLIP's `position_ids`) and an owner's own load reads without our bar, so the reads alone would stop short."""
+    if bar.disable:  # nobody sees it (no terminal): tqdm counts nothing, so there is nothing to top up
+        return
     order = [name for name in plan.execution_order if name in metas]
     done_bytes = sum(b for name in order[: order.index(done) + 1]
                      for d, b in plan.components[name].placed_bytes.items() if d != "disk")

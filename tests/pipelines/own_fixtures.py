@@ -5,10 +5,12 @@ Importable as `own_fixtures`, so model_index.json records it as the classes' lib
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
-from pipelines import ModelConfig, ModelMixin, Pipeline
+from pipelines import ModelConfig, ModelMixin, Pipeline, TextToImagePipeline
 
 
 class EncoderConfig(ModelConfig):
@@ -98,3 +100,34 @@ def tiny_user_pipeline(seed: int = 0) -> TinyUserPipeline:
 
 
 USER_IDS = torch.tensor([[1, 2, 3], [4, 5, 6]])
+CALL = dict(height=16, width=16, num_inference_steps=2, output_type="pt")
+
+
+def generate(pipe: TextToImagePipeline, **overrides) -> torch.Tensor:
+    """One seeded call with small sizes (images as a CPU tensor)."""
+    arguments = {**CALL, **overrides}
+    return pipe("a red cube", generator=torch.Generator().manual_seed(0), **arguments).images.cpu()
+
+
+def has_hooks(pipe_or_module) -> list[str]:
+    """Paths of every submodule still carrying an accelerate hook."""
+    modules = pipe_or_module.module_components.items() if isinstance(pipe_or_module, Pipeline) else [
+        ("", pipe_or_module)
+    ]
+    return [f"{name}.{path}" for name, module in modules for path, sub in module.named_modules()
+            if hasattr(sub, "_hf_hook")]
+
+
+def save_preset(folder: Path, name: str = "tiny-dit") -> tuple[Path, TextToImagePipeline]:
+    pipe = TextToImagePipeline.from_preset(name, seed=0)
+    pipe.save_pretrained(folder)
+    return folder, pipe
+
+
+def holds_no_copy(offload: Path, checkpoint: Path) -> bool:
+    """Whether `offload` holds no bytes of its own: nothing, or hard links to `checkpoint`'s files (disk-homed weights
+    are served from the checkpoint, its files pinned by links at load: `hooks.pinned_files`)."""
+    if not offload.exists():
+        return True
+    inodes = {path.stat().st_ino for path in checkpoint.rglob("*") if path.is_file()}
+    return all(path.stat().st_ino in inodes for path in offload.rglob("*") if path.is_file())

@@ -41,7 +41,7 @@ def latents_shaped_output(module: nn.Module, method: str, args: tuple, kwargs: M
     if method != "forward" or in_channels is None:
         return None
     name, latents = _latents(args, kwargs)
-    if latents is None:
+    if latents is None or latents.numel() == 0:  # an empty batch is the call's fault, not a shape to guess from
         return None
     axis = next((axis for axis in (1, latents.dim() - 1) if 0 < axis < latents.dim()
                  and latents.shape[axis] == in_channels), None)
@@ -63,7 +63,7 @@ def _decoded_image(config: Any, args: tuple, kwargs: Mapping[str, Any],
     blocks = getattr(config, "block_out_channels", None)
     name, latents = _latents(args, {"sample": kwargs.get("z", kwargs.get("sample"))})
     if None in (latent_channels, out_channels, latents) or not isinstance(blocks, (list, tuple)) or not blocks \
-            or latents.dim() != 4 or latents.shape[1] != latent_channels:
+            or latents.dim() != 4 or latents.shape[1] != latent_channels or latents.numel() == 0:
         return None
     scale = 2 ** (len(blocks) - 1)
     batch, _, height, width = latents.shape

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from pipeline_fixtures import TinyUserPipeline, tiny_user_pipeline
+from own_fixtures import TinyUserPipeline, tiny_user_pipeline
 
 from pipelines.checkpoint import CheckpointSaveError, saving as atomic, saving as weights_saving
 

@@ -25,7 +25,7 @@ from pipelines.checkpoint import CheckpointSaveError
 from pipelines.checkpoint.saving import is_write_error
 
 from child_process import run_child
-from pipeline_fixtures import tiny_user_pipeline
+from own_fixtures import tiny_user_pipeline
 
 ERRORS = {"ENOSPC": OSError(errno.ENOSPC, "No space left on device"), "EFBIG": OSError(errno.EFBIG, "File too large"),
           "EIO": OSError(errno.EIO, "Input/output error")}

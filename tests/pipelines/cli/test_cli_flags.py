@@ -155,8 +155,8 @@ def test_strength_reaches_the_call_and_is_refused_where_nothing_starts_from_an_i
     for size in (["--height", "64", "--width", "64"], []):  # alone, planned at the pipeline's own size
         assert main(["plan", "tiny-sd15", "--max-memory", "2x8GiB,cpu=8GiB", *size, "--strength", "0.5"]) == 2
         err = capsys.readouterr().err
-        assert ("call= for StableDiffusionPipeline: unknown keyword 'strength'; call= takes what "
-                "StableDiffusionPipeline.__call__") in err
+        assert "--strength 0.5: StableDiffusionPipeline does not start from an image" in err
+        assert "leave --strength out" in err and "call=" not in err
         assert "--height" not in err
 
 

@@ -89,9 +89,10 @@ def test_another_call_into_the_same_folder_is_refused_unless_overwrite(tiny, tmp
 
 
 def test_defaults_are_the_pipelines_own(tiny, tmp_path):
-    # FluxPipeline.__call__'s own (28 steps, guidance 3.5); its height=None follows no denoiser sample_size (FLUX's
-    # transformer has none), so the size stays unknown and `run` leaves it to the pipeline
-    assert default_call(tiny, Pipeline) == {"num_inference_steps": 28, "guidance_scale": 3.5}
+    # FluxPipeline.__call__'s own (28 steps, guidance 3.5); its height=None: FLUX's transformer has no sample_size,
+    # so FluxPipeline's own default_sample_size (128) times the tiny VAE's scale factor (2)
+    assert default_call(tiny, Pipeline) == {"height": 256, "width": 256, "num_inference_steps": 28,
+                                            "guidance_scale": 3.5}
 
 
 def test_defaults_of_a_diffusers_folder_follow_its_class_and_configs(tmp_path):

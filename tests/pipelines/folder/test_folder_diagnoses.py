@@ -13,7 +13,7 @@ import torch
 from pipelines import FolderError, Pipeline, TextToImagePipeline, WeightsNotFoundError
 import pipelines
 
-from pipeline_fixtures import save_preset
+from own_fixtures import save_preset
 
 pytestmark = pytest.mark.filterwarnings("ignore:No accelerator to plan for")
 

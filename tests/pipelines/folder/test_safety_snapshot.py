@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from pipeline_fixtures import TinyUserPipeline, tiny_user_pipeline
+from own_fixtures import TinyUserPipeline, tiny_user_pipeline
 
 from child_process import hang_guard
 from pipelines.errors import FolderChangedError

@@ -43,7 +43,8 @@ def test_model_entry_takes_dtype(folder):
     model = pipelines.load_model(folder / "text_encoder_2", dtype=torch.float16, progress=False)
     assert model.encoder.block[0].layer[0].SelfAttention.q.weight.dtype == torch.float16
     plan = pipelines.plan_model(folder / "text_encoder_2", dtype=torch.float16, max_memory={0: "1GiB"})
-    assert plan == pipelines.plan_model(folder / "text_encoder_2", torch_dtype=torch.float16, max_memory={0: "1GiB"})
+    same = pipelines.plan_model(folder / "text_encoder_2", torch_dtype=torch.float16, max_memory={0: "1GiB"})
+    assert plan.components == same.components  # (the rest holds what this machine measured, e.g. its disk's speed)
     with pytest.raises(LoadError, match="torch_dtype=torch.float32 and dtype=torch.float16"):
         pipelines.load_model(folder / "text_encoder_2", torch_dtype=torch.float32, dtype=torch.float16)
 

@@ -18,7 +18,7 @@ import pytest
 from hooks.errors import OffloadConflictError
 from hooks.pinned_files import PINNED_PREFIX
 
-from pipeline_fixtures import USER_IDS, TinyUserPipeline, tiny_user_pipeline
+from own_fixtures import USER_IDS, TinyUserPipeline, tiny_user_pipeline
 from placed_kinds import kind_plan
 from same_output import assert_same_output, same_output
 
@@ -135,7 +135,7 @@ def test_a_file_saved_over_between_its_header_and_its_link_is_never_pinned_as_th
         tmp_path, monkeypatch, outputs):
     """The identity is recorded before the header is read: a save landing before the link is made fails a model's
     load, and a pipeline's load (a snapshot of one save) is read again, whole, from the new version."""
-    from pipeline_fixtures import Denoiser
+    from own_fixtures import Denoiser
 
     folder, offload = tmp_path / "pipe", tmp_path / "offload"
     tiny_user_pipeline(0).save_pretrained(folder)

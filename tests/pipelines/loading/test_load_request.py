@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from checkpoint_models import TinyModel, tiny_model
-from pipeline_fixtures import save_preset
+from own_fixtures import save_preset
 from pipelines import TextToImagePipeline
 from pipelines.loading.request import (
     DeviceMapKind,

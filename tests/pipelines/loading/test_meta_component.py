@@ -14,7 +14,7 @@ import pipelines.checkpoint.index as checkpoint_index
 import pipelines.checkpoint.streaming as streaming
 import placement.devices as devices
 from checkpoint_models import TinyModel, tiny_model
-from pipeline_fixtures import has_hooks, save_preset
+from own_fixtures import has_hooks, save_preset
 from pipelines import TextToImagePipeline
 from pipelines.folder.sources import Family
 from pipelines.loading.meta import WeightsReader, build_component

@@ -19,7 +19,7 @@ from placement.errors import InvalidDeviceError, PlanError
 from placement.sizing import size_module
 from placement.streaming import streaming_working_set
 
-from pipeline_fixtures import (USER_IDS, TinyUserPipeline, generate, has_hooks, holds_no_copy, save_preset,
+from own_fixtures import (USER_IDS, TinyUserPipeline, generate, has_hooks, holds_no_copy, save_preset,
                                tiny_user_pipeline)
 from same_output import assert_same_output
 

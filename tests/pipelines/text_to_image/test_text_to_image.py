@@ -11,7 +11,7 @@ from pipelines import TextEncoder, TextToImagePipeline
 from pipelines.errors import CallError, LoadError
 from pipelines.text_to_image.pipeline import SequenceSource, text_conditioning_for
 
-from pipeline_fixtures import generate
+from own_fixtures import generate
 from same_output import assert_same_output
 
 
@@ -140,7 +140,7 @@ def test_every_call_sends_model_offloaded_components_back_even_a_failed_one(monk
 
 
 def test_freeing_model_hooks_is_a_no_op_on_a_device_mapped_pipeline(tmp_path):
-    from pipeline_fixtures import has_hooks, save_preset
+    from own_fixtures import has_hooks, save_preset
 
     folder, pipe = save_preset(tmp_path / "tiny-dit")
     with pytest.warns(UserWarning, match="No accelerator"):
